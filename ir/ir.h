@@ -1,0 +1,253 @@
+/* ir.h - the tensor IR: types, values, ops, functions, and the module's
+ * exports (builder, shape rules, printer, reader, verifier, DOT writer).
+ *
+ * An IrFunc is an SSA graph: every value is defined once, by an op or as a
+ * function argument; ops are kept in a list in which every definition comes
+ * before its uses.  Every op produces zero or one result.  Everything a
+ * function owns lives in its arena and is freed with it. */
+#ifndef GRADC_IR_H
+#define GRADC_IR_H
+
+#include "../support/support.h"
+
+/* ------------------------------------------------------------------ */
+/* Types                                                               */
+/* ------------------------------------------------------------------ */
+typedef enum {
+  IR_DT_F32,
+  IR_DT_F64,
+  IR_DT_BF16,
+  IR_DT_F16,
+  IR_DT_I32,
+  IR_DT_BOOL,
+} IrDType;
+#define IR_DT_COUNT 6
+
+#define IR_MAX_RANK 8
+typedef struct IrShape {
+  int rank;
+  int64_t dim[IR_MAX_RANK];
+} IrShape;
+
+typedef struct IrType {
+  IrDType dtype;
+  IrShape shape;
+} IrType;
+
+const char *ir_dtype_name(IrDType dt);            /* "f32" */
+bool ir_dtype_parse(const char *s, size_t n, IrDType *out);
+bool ir_dtype_is_float(IrDType dt);
+size_t ir_dtype_size(IrDType dt);                 /* bytes per element */
+int64_t ir_numel(const IrShape *s);
+bool ir_shape_eq(const IrShape *a, const IrShape *b);
+bool ir_type_eq(const IrType *a, const IrType *b);
+IrShape ir_shape_make(int rank, const int64_t *dims);
+IrShape ir_shape_scalar(void);
+/* "f32[8,12]" / "f32" for a scalar, into buf (returns buf). */
+char *ir_type_str(const IrType *t, char *buf, size_t n);
+#define IR_TYPE_STR_MAX 160
+
+/* ------------------------------------------------------------------ */
+/* Ops                                                                 */
+/* ------------------------------------------------------------------ */
+typedef enum {
+#define OP(id, name, arity, kind, shape, grad) IR_OP_##id,
+#include "ops.def"
+#undef OP
+  IR_OP_COUNT_
+} IrOpcode;
+#define IR_OP_COUNT ((int)IR_OP_COUNT_)
+
+typedef enum {
+  IR_KIND_ELEMENTWISE,
+  IR_KIND_CONST,
+  IR_KIND_REDUCE,
+  IR_KIND_MOVEMENT,
+  IR_KIND_GEMM,
+  IR_KIND_NN,
+  IR_KIND_WINDOW,
+  IR_KIND_COLLECTIVE,
+  IR_KIND_OUTPUT,
+} IrOpKind;
+
+typedef struct IrOpInfo {
+  const char *name;
+  int arity; /* -1: variadic */
+  IrOpKind kind;
+} IrOpInfo;
+
+extern const IrOpInfo ir_op_info[IR_OP_COUNT];
+bool ir_opcode_parse(const char *s, size_t n, IrOpcode *out);
+
+/* Attributes: small key/value pairs on ops, printed as {key=value, ...}. */
+typedef enum {
+  IR_ATTR_INT,
+  IR_ATTR_FLOAT,
+  IR_ATTR_BOOL,
+  IR_ATTR_STR,
+  IR_ATTR_INTS,
+} IrAttrKind;
+
+typedef struct IrAttr {
+  const char *key;
+  IrAttrKind kind;
+  int64_t i;     /* INT, BOOL */
+  double f;      /* FLOAT */
+  const char *s; /* STR */
+  const int64_t *ints; /* INTS */
+  int n;               /* INTS: count */
+} IrAttr;
+
+IrAttr ir_attr_int(const char *key, int64_t v);
+IrAttr ir_attr_float(const char *key, double v);
+IrAttr ir_attr_bool(const char *key, bool v);
+IrAttr ir_attr_str(const char *key, const char *s);
+IrAttr ir_attr_ints(const char *key, const int64_t *v, int n);
+
+typedef struct IrLoc {
+  const char *file; /* NULL: unknown location */
+  int line, col;
+} IrLoc;
+
+typedef enum {
+  IR_ARG_INPUT,
+  IR_ARG_PARAM,
+} IrArgRole;
+
+typedef struct IrOp IrOp;
+
+typedef struct IrValue {
+  int id;           /* index into func->values */
+  IrType type;
+  const char *name; /* name from the source (`logits`), or NULL: numbered when printed */
+  IrOp *def;        /* defining op; NULL for function arguments */
+  /* Function arguments only: */
+  IrArgRole role;
+  bool batched;     /* input whose first axis is the batch axis (split into micro-batches) */
+} IrValue;
+
+struct IrOp {
+  IrOpcode opcode;
+  IrValue **args; /* operands */
+  int nargs;
+  IrValue *result; /* NULL for outputs (loss, grad) */
+  IrAttr *attrs;
+  int nattrs;
+  IrLoc loc;
+  int mark; /* scratch for passes; no meaning between passes */
+};
+
+typedef struct IrFunc {
+  Arena arena;
+  const char *name;
+  IrValue **args; /* inputs and params, in declaration order */
+  int nargs, capargs;
+  IrOp **ops;     /* in an order where definitions precede uses */
+  int nops, capops;
+  IrValue **values; /* every value (args and results), by id */
+  int nvalues, capvalues;
+} IrFunc;
+
+/* ------------------------------------------------------------------ */
+/* ir.c: functions, values, attributes                                 */
+/* ------------------------------------------------------------------ */
+IrFunc *ir_func_new(const char *name);
+void ir_func_free(IrFunc *f);
+IrValue *ir_func_add_arg(IrFunc *f, const char *name, IrType type, IrArgRole role, bool batched);
+IrValue *ir_func_find_arg(const IrFunc *f, const char *name);
+
+const IrAttr *ir_attr_get(const IrOp *op, const char *key);
+int64_t ir_attr_get_int(const IrOp *op, const char *key, int64_t def); /* INT or BOOL */
+double ir_attr_get_float(const IrOp *op, const char *key, double def); /* FLOAT or INT */
+const char *ir_attr_get_str(const IrOp *op, const char *key, const char *def);
+/* INTS: returns the count and sets *out (NULL, 0 when absent). */
+int ir_attr_get_ints(const IrOp *op, const char *key, const int64_t **out);
+
+/* Remove ops with mark != 0, keeping the order of the rest. */
+void ir_func_remove_marked(IrFunc *f);
+/* Replace every use of `from` by `to` in all ops. */
+void ir_replace_uses(IrFunc *f, IrValue *from, IrValue *to);
+/* Reorder ops so that every definition precedes its uses, keeping the
+ * existing order wherever it is already valid.  Returns false on a cycle. */
+bool ir_func_topo_sort(IrFunc *f);
+/* Count uses of each value: out[value->id] (array of f->nvalues ints, caller-owned). */
+void ir_count_uses(const IrFunc *f, int *out);
+
+/* ------------------------------------------------------------------ */
+/* build.c: creating ops                                               */
+/* ------------------------------------------------------------------ */
+/* Append an op at the end of f.  The result type comes from the op's shape
+ * rule; `hint` gives it where the rule needs one (const, cast) and, when not
+ * NULL for other ops, must agree with the inferred type.  Attributes and the
+ * operand array are copied into the function's arena.  On a type or shape
+ * error nothing is added, NULL is returned and `err` holds a message that
+ * names the concrete shapes ("f32[8,12] @ f32[20,24]: inner dimensions ...").
+ */
+IrOp *ir_build(IrFunc *f, IrOpcode opc, IrValue *const *args, int nargs, const IrAttr *attrs, int nattrs,
+               const IrType *hint, IrLoc loc, char *err, size_t errlen);
+/* As ir_build, for passes: a failure is an internal error (assert). */
+IrValue *ir_emit(IrFunc *f, IrOpcode opc, IrValue *const *args, int nargs, const IrAttr *attrs, int nattrs,
+                 const IrType *hint, IrLoc loc);
+
+/* Shorthands over ir_emit. */
+IrValue *ir_unary(IrFunc *f, IrOpcode opc, IrValue *x, IrLoc loc);
+IrValue *ir_binary(IrFunc *f, IrOpcode opc, IrValue *a, IrValue *b, IrLoc loc);
+IrValue *ir_select(IrFunc *f, IrValue *cond, IrValue *a, IrValue *b, IrLoc loc);
+IrValue *ir_const(IrFunc *f, double v, IrDType dt, IrLoc loc); /* scalar */
+IrValue *ir_const_shaped(IrFunc *f, double v, IrType t, IrLoc loc);
+IrValue *ir_reduce(IrFunc *f, IrOpcode opc, IrValue *x, const int64_t *axes, int naxes, bool keepdim, IrLoc loc);
+IrValue *ir_reshape(IrFunc *f, IrValue *x, IrShape s, IrLoc loc);
+IrValue *ir_broadcast(IrFunc *f, IrValue *x, IrShape s, IrLoc loc);
+IrValue *ir_permute(IrFunc *f, IrValue *x, const int64_t *perm, IrLoc loc);
+IrValue *ir_cast(IrFunc *f, IrValue *x, IrDType dt, IrLoc loc);
+IrValue *ir_matmul(IrFunc *f, IrValue *a, IrValue *b, IrLoc loc);
+/* Sum x over its broadcast axes so that it has shape s (the inverse of
+ * broadcasting s to x's shape): the gradient of a broadcast operand. */
+IrValue *ir_sum_to(IrFunc *f, IrValue *x, IrShape s, IrLoc loc);
+
+/* ------------------------------------------------------------------ */
+/* shapes.c: shape rules, one per `shape` column of ops.def             */
+/* ------------------------------------------------------------------ */
+/* Fill *out with the result type of `op` (operands and attributes set);
+ * hint as for ir_build.  On error write a message to err and return false. */
+typedef bool (*IrShapeFn)(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t errlen);
+bool ir_infer_type(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t errlen);
+/* NumPy broadcasting of two shapes; false if they do not broadcast. */
+bool ir_broadcast_shapes(const IrShape *a, const IrShape *b, IrShape *out);
+/* Normalise a possibly negative axis for rank r; false if out of range. */
+bool ir_norm_axis(int64_t axis, int rank, int64_t *out);
+
+/* ------------------------------------------------------------------ */
+/* print.c: the text form (round-trips through read.c)                 */
+/* ------------------------------------------------------------------ */
+void ir_print(const IrFunc *f, StrBuf *out);
+void ir_print_file(const IrFunc *f, FILE *out);
+/* Names used by the printer: value name or number, made unique ("x", "x.1"). */
+typedef struct IrNames {
+  const char **name; /* by value id, without the % */
+} IrNames;
+void ir_names_init(IrNames *n, const IrFunc *f, Arena *a);
+/* One op as it appears in the text form (without newline); for messages. */
+void ir_print_op(const IrFunc *f, const IrNames *names, const IrOp *op, StrBuf *out);
+
+/* ------------------------------------------------------------------ */
+/* read.c: parse the text form                                         */
+/* ------------------------------------------------------------------ */
+/* Parse IR text.  Errors go to d as `file:line:col: error:` with a caret;
+ * returns NULL if there was any. */
+IrFunc *ir_read(const SrcFile *src, Diag *d);
+
+/* ------------------------------------------------------------------ */
+/* verify.c                                                            */
+/* ------------------------------------------------------------------ */
+/* Check SSA dominance, arity, attribute presence, operand/result types
+ * (re-running the shape rules) and id consistency.  Writes the first
+ * problem to err and returns false. */
+bool ir_verify(const IrFunc *f, char *err, size_t errlen);
+
+/* ------------------------------------------------------------------ */
+/* dot.c                                                               */
+/* ------------------------------------------------------------------ */
+void ir_write_dot(const IrFunc *f, FILE *out);
+
+#endif

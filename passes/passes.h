@@ -1,0 +1,76 @@
+/* passes.h - the pass manager and every pass over the IR.
+ *
+ * A pass is one function in one file: it rewrites an IrFunc and returns
+ * PASS_CHANGED, PASS_UNCHANGED or PASS_ERROR (a user error, reported through
+ * opts->diag: a loss gas-fold cannot split, say).  Passes never print; the
+ * pass manager dumps, verifies and times. */
+#ifndef GRADC_PASSES_H
+#define GRADC_PASSES_H
+
+#include "../ir/ir.h"
+
+typedef enum { PASS_UNCHANGED = 0, PASS_CHANGED = 1, PASS_ERROR = -1 } PassResult;
+
+typedef struct PassOptions {
+  int gas;             /* K: micro-batches per window (>= 1) */
+  Diag *diag;          /* user errors */
+  const SrcFile *src;  /* the model source, for located errors (may be NULL) */
+} PassOptions;
+
+typedef PassResult (*PassFn)(IrFunc *f, const PassOptions *o, Arena *scratch);
+
+typedef struct Pass {
+  const char *name; /* as in --passes= and --print-ir-after= */
+  PassFn run;
+  const char *what; /* one line for `gradc help` */
+} Pass;
+
+/* passmgr.c */
+const Pass *pass_lookup(const char *name);
+const Pass *pass_list(int *n);                    /* every registered pass */
+const char *const *pass_pipeline(int *n);         /* the default pipeline, in order */
+
+typedef struct PassManager {
+  const char *print_before; /* pass name, "all", or NULL */
+  const char *print_after;
+  FILE *dump_out;           /* where dumps go (stderr for compile, stdout for opt) */
+  bool verify;              /* run the verifier after every pass */
+  bool time_passes;
+  double ms[64];            /* per-pass time of the last run */
+} PassManager;
+
+void pm_init(PassManager *pm);
+/* Run passes by name.  Returns 0 on success, 1 on a user error (reported
+ * through o->diag), 2 on an internal error (a verifier failure: the IR is
+ * dumped and the pass named on stderr). */
+int pm_run(PassManager *pm, IrFunc *f, const char *const *names, int n, const PassOptions *o);
+
+/* One function per pass (each in its own file). */
+PassResult pass_dce(IrFunc *f, const PassOptions *o, Arena *scratch);
+PassResult pass_cse(IrFunc *f, const PassOptions *o, Arena *scratch);
+PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch);
+PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch);
+PassResult pass_autodiff(IrFunc *f, const PassOptions *o, Arena *scratch);
+
+/* ------------------------------------------------------------------ */
+/* autodiff.c / autodiff_rules.c: the derivative rules' interface      */
+/* ------------------------------------------------------------------ */
+/* Reverse mode walks the forward ops backwards; for each op whose result
+ * has a gradient, the op's rule (the `derivative` column of ops.def) emits
+ * IR computing the operands' gradient contributions and hands each to
+ * ad_accum.  Rules emit with ir_* builders at op->loc. */
+typedef struct AdCtx AdCtx;
+typedef void (*AdGradFn)(AdCtx *ad, IrOp *op, IrValue *dy);
+
+/* Add `contribution` to the gradient of `x` (summing fan-out).  Ignores x
+ * that cannot carry a gradient (integer or bool values).  contribution must
+ * have x's type. */
+void ad_accum(AdCtx *ad, IrValue *x, IrValue *contribution);
+/* The function being differentiated (emit into it). */
+IrFunc *ad_func(AdCtx *ad);
+
+#define OP(id, name, arity, kind, shape, grad) void ad_grad_##grad(AdCtx *ad, IrOp *op, IrValue *dy);
+#include "../ir/ops.def"
+#undef OP
+
+#endif

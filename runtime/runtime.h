@@ -1,0 +1,102 @@
+/* runtime.h - tensors in and out (safetensors), the reference interpreter,
+ * and the step driver that runs a window of K micro-batches. */
+#ifndef GRADC_RUNTIME_H
+#define GRADC_RUNTIME_H
+
+#include "../ir/ir.h"
+
+/* ------------------------------------------------------------------ */
+/* safetensors.c                                                       */
+/* ------------------------------------------------------------------ */
+typedef enum { ST_F32, ST_F64, ST_BF16, ST_F16, ST_I32, ST_I64 } StDType;
+
+typedef struct StTensor {
+  char *name;
+  StDType dtype;
+  int rank;
+  int64_t shape[IR_MAX_RANK];
+  void *data;    /* nbytes of little-endian elements (malloc'd, owned) */
+  size_t nbytes;
+} StTensor;
+
+typedef struct StFile {
+  StTensor *t;
+  int n, cap;
+  /* __metadata__: string -> string pairs */
+  char **meta_key, **meta_val;
+  int nmeta;
+} StFile;
+
+void st_init(StFile *f);
+void st_free(StFile *f);
+const char *st_dtype_name(StDType dt); /* "F32" */
+size_t st_dtype_size(StDType dt);
+/* Read and validate a file (header JSON, offsets in bounds, contiguous and
+ * non-overlapping, sizes match shapes).  On failure writes "FILE: reason"
+ * to err and returns false. */
+bool st_read(const char *path, StFile *out, char *err, size_t errlen);
+/* Write atomically: a temporary file in the same directory, fsync, rename. */
+bool st_write(const char *path, const StFile *f, char *err, size_t errlen);
+/* Add a tensor (data copied). */
+StTensor *st_add(StFile *f, const char *name, StDType dt, int rank, const int64_t *shape, const void *data);
+void st_set_meta(StFile *f, const char *key, const char *val);
+const char *st_get_meta(const StFile *f, const char *key);
+const StTensor *st_find(const StFile *f, const char *name);
+int64_t st_numel(const StTensor *t);
+
+/* ------------------------------------------------------------------ */
+/* interp.c: the reference interpreter                                 */
+/* ------------------------------------------------------------------ */
+/* Every value is held as an array of doubles (numel elements, row-major);
+ * after each op the result is rounded to its dtype (f32, bf16, f16: round
+ * to nearest even; i32 and bool exact), so an f32 program computes what f32
+ * hardware would up to the order of operations.  With exact_f64 no rounding
+ * is done (finite-difference checks).  Plain, unfused, obviously right. */
+typedef struct InterpOptions {
+  bool exact_f64;
+} InterpOptions;
+
+typedef enum {
+  INTERP_COUNT, /* evaluate only what window.sum operands need; fill window_in */
+  INTERP_STEP,  /* evaluate everything; window.sum results come from window_sums */
+} InterpPhase;
+
+typedef struct InterpState {
+  const IrFunc *f;
+  double **val; /* by value id; NULL if not computed (malloc'd) */
+} InterpState;
+
+/* Evaluate f.  args[i] holds f->args[i] (numel doubles).  In INTERP_COUNT
+ * phase only ops that some window.sum depends on run (their operands must
+ * not depend on params).  In INTERP_STEP, window_sums[value id] gives each
+ * window.sum result (numel doubles).  Results stay in st->val until
+ * interp_free.  Returns false with a message in err on a run-time error
+ * (an index out of range, say). */
+bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *const *window_sums,
+                InterpPhase phase, const InterpOptions *opt, char *err, size_t errlen);
+void interp_free(InterpState *st);
+/* Round one value to dtype dt as the interpreter does. */
+double interp_round(double x, IrDType dt);
+
+/* ------------------------------------------------------------------ */
+/* step.c: one window (K micro-batches) of a compiled program           */
+/* ------------------------------------------------------------------ */
+typedef struct StepResult {
+  int nlosses;
+  const char **loss_names; /* `loss` outputs in program order */
+  double *losses;          /* window values */
+  int ngrads;
+  const char **grad_names; /* params, in argument order */
+  IrType *grad_types;      /* gradient type (the param's shape, f32 or f64) */
+  double **grads;          /* accumulated gradients; zeros for params with no `grad` output */
+} StepResult;
+
+/* Run one window on the reference interpreter.  inputs/params: tensors by
+ * argument name (window-sized inputs; batched ones are split into K
+ * micro-batches along axis 0).  Errors (a missing or mistyped tensor) are
+ * "FILE: tensor 'x': reason" in err. */
+bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                  const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen);
+void step_result_free(StepResult *r);
+
+#endif

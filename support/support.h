@@ -1,0 +1,129 @@
+/* support.h - small utilities shared by every module: arenas, growable
+ * strings, diagnostics, hashing, assertions.  Written once, used everywhere. */
+#ifndef GRADC_SUPPORT_H
+#define GRADC_SUPPORT_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#if defined(__GNUC__)
+#define GRADC_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define GRADC_NORETURN __attribute__((noreturn))
+#else
+#define GRADC_PRINTF(f, a)
+#define GRADC_NORETURN
+#endif
+
+/* Internal bugs: abort with file and line (DESIGN.md §5: assertion failures abort). */
+GRADC_NORETURN void gradc_assert_fail(const char *expr, const char *file, int line);
+#define GRADC_ASSERT(e) ((e) ? (void)0 : gradc_assert_fail(#e, __FILE__, __LINE__))
+
+/* ------------------------------------------------------------------ */
+/* arena.c: bump allocator; everything is freed at once.               */
+/* ------------------------------------------------------------------ */
+typedef struct ArenaBlock ArenaBlock;
+typedef struct Arena {
+  ArenaBlock *head;
+  size_t used; /* bytes handed out, for statistics */
+} Arena;
+
+void arena_init(Arena *a);
+void arena_free(Arena *a);
+/* Zeroed, 16-byte aligned memory that lives until arena_free. */
+void *arena_alloc(Arena *a, size_t n);
+char *arena_strdup(Arena *a, const char *s);
+char *arena_strndup(Arena *a, const char *s, size_t n);
+char *arena_printf(Arena *a, const char *fmt, ...) GRADC_PRINTF(2, 3);
+#define ARENA_NEW(a, T) ((T *)arena_alloc((a), sizeof(T)))
+#define ARENA_ARRAY(a, T, n) ((T *)arena_alloc((a), sizeof(T) * (size_t)(n)))
+
+/* ------------------------------------------------------------------ */
+/* strbuf.c: growable heap string (malloc'd; sb_free releases it).     */
+/* ------------------------------------------------------------------ */
+typedef struct StrBuf {
+  char *data; /* always NUL-terminated once anything was appended */
+  size_t len, cap;
+} StrBuf;
+
+void sb_init(StrBuf *sb);
+void sb_free(StrBuf *sb);
+void sb_putc(StrBuf *sb, char c);
+void sb_puts(StrBuf *sb, const char *s);
+void sb_putn(StrBuf *sb, const char *s, size_t n);
+void sb_printf(StrBuf *sb, const char *fmt, ...) GRADC_PRINTF(2, 3);
+void sb_vprintf(StrBuf *sb, const char *fmt, va_list ap);
+const char *sb_str(StrBuf *sb); /* "" when empty; never NULL */
+
+/* Shortest decimal form of d that parses back to exactly d ("0.5", "1e-05", "inf"). */
+void fmt_double(char *buf, size_t n, double d);
+
+/* Read a whole file into malloc'd memory (NUL-terminated).  Returns NULL
+ * and sets *err (static string from strerror) on failure. */
+char *read_file(const char *path, size_t *len, const char **err);
+
+/* ------------------------------------------------------------------ */
+/* diag.c: user-facing diagnostics, clang style.                        */
+/*   file:line:col: error: message                                     */
+/*     source line                                                     */
+/*         ^                                                            */
+/* ------------------------------------------------------------------ */
+typedef struct SrcFile {
+  const char *name; /* as given on the command line */
+  const char *text; /* whole contents, NUL-terminated */
+  size_t len;
+} SrcFile;
+
+typedef enum { DIAG_ERROR, DIAG_WARNING, DIAG_NOTE } DiagLevel;
+
+typedef struct Diag {
+  FILE *out;      /* where diagnostics go (stderr by default) */
+  int nerrors;    /* errors reported so far */
+  int max_errors; /* stop reporting after this many (DESIGN.md: 20) */
+  bool quiet;     /* count but print nothing (used by tests / fuzzers) */
+  StrBuf log;     /* everything printed, kept for tests and the C API */
+} Diag;
+
+void diag_init(Diag *d, FILE *out);
+void diag_free(Diag *d);
+/* A located diagnostic with the source line and a caret under col (1-based,
+ * bytes).  src may be NULL (then no source line is printed). */
+void diag_at(Diag *d, DiagLevel lvl, const SrcFile *src, int line, int col, const char *fmt, ...)
+    GRADC_PRINTF(6, 7);
+void diag_vat(Diag *d, DiagLevel lvl, const SrcFile *src, int line, int col, const char *fmt, va_list ap);
+/* An error outside a model file: "gradc: error: message". */
+void diag_plain(Diag *d, DiagLevel lvl, const char *fmt, ...) GRADC_PRINTF(3, 4);
+bool diag_too_many(const Diag *d);
+
+/* ------------------------------------------------------------------ */
+/* hash.c: FNV-1a 64 and a string -> pointer hash map.                 */
+/* ------------------------------------------------------------------ */
+uint64_t hash_bytes(const void *p, size_t n, uint64_t h);
+#define HASH_SEED 0xcbf29ce484222325ull
+uint64_t hash_str(const char *s);
+
+typedef struct StrMap {
+  struct StrMapEntry *slots;
+  size_t cap, count;
+} StrMap;
+
+void strmap_init(StrMap *m);
+void strmap_free(StrMap *m);
+void *strmap_get(const StrMap *m, const char *key);
+/* Insert or replace; the key is not copied (keep it alive, e.g. in an arena). */
+void strmap_put(StrMap *m, const char *key, void *val);
+
+/* ------------------------------------------------------------------ */
+/* rng.c: deterministic random numbers (init, bench inputs, tests).    */
+/* ------------------------------------------------------------------ */
+typedef struct Rng {
+  uint64_t s[4];
+} Rng;
+void rng_seed(Rng *r, uint64_t seed);
+uint64_t rng_next(Rng *r);
+double rng_uniform(Rng *r); /* [0, 1) */
+double rng_normal(Rng *r);  /* standard normal (Box-Muller) */
+
+#endif

@@ -1,0 +1,103 @@
+/* test_support.c - arena, strbuf, diagnostics, hashing, rng. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static void test_arena_alloc_zeroed_and_aligned(void **state) {
+  (void)state;
+  Arena a;
+  arena_init(&a);
+  for (int i = 1; i < 1000; i += 37) {
+    unsigned char *p = arena_alloc(&a, (size_t)i);
+    assert_int_equal((uintptr_t)p % 16, 0);
+    for (int j = 0; j < i; j++) assert_int_equal(p[j], 0);
+    memset(p, 0xab, (size_t)i);
+  }
+  void *big = arena_alloc(&a, 1 << 20); /* larger than a block */
+  assert_non_null(big);
+  assert_string_equal(arena_printf(&a, "%s-%d", "x", 42), "x-42");
+  arena_free(&a);
+}
+
+static void test_fmt_double_round_trips(void **state) {
+  (void)state;
+  double xs[] = {0.5, 1e-3, 1.0, -2.5, 0.1, 1.0 / 3.0, 1e-300, 123456789.0, 3.14159265358979};
+  char buf[64];
+  for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+    fmt_double(buf, sizeof buf, xs[i]);
+    assert_true(strtod(buf, NULL) == xs[i]);
+  }
+  fmt_double(buf, sizeof buf, 0.001);
+  assert_string_equal(buf, "0.001");
+  fmt_double(buf, sizeof buf, 2.0);
+  assert_string_equal(buf, "2.0");
+}
+
+static void test_diag_prints_caret_under_column(void **state) {
+  (void)state;
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  SrcFile src = {"m.gdl", "line one\n  h = a + b\n", 21};
+  diag_at(&d, DIAG_ERROR, &src, 2, 9, "bad %s", "thing");
+  assert_string_equal(sb_str(&d.log), "m.gdl:2:9: error: bad thing\n  h = a + b\n        ^\n");
+  assert_int_equal(d.nerrors, 1);
+  diag_free(&d);
+}
+
+static void test_diag_stops_after_limit(void **state) {
+  (void)state;
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  d.max_errors = 3;
+  for (int i = 0; i < 10; i++) diag_at(&d, DIAG_ERROR, NULL, 1, 1, "e%d", i);
+  assert_int_equal(d.nerrors, 3);
+  assert_null(strstr(sb_str(&d.log), "e3"));
+  diag_free(&d);
+}
+
+static void test_strmap_put_get(void **state) {
+  (void)state;
+  StrMap m;
+  strmap_init(&m);
+  char keys[200][8];
+  for (int i = 0; i < 200; i++) {
+    snprintf(keys[i], sizeof keys[i], "k%d", i);
+    strmap_put(&m, keys[i], (void *)(intptr_t)(i + 1));
+  }
+  for (int i = 0; i < 200; i++) assert_int_equal((intptr_t)strmap_get(&m, keys[i]), i + 1);
+  assert_null(strmap_get(&m, "missing"));
+  strmap_free(&m);
+}
+
+static void test_rng_is_deterministic_and_normal(void **state) {
+  (void)state;
+  Rng a, b;
+  rng_seed(&a, 7);
+  rng_seed(&b, 7);
+  double s = 0, s2 = 0;
+  int n = 20000;
+  for (int i = 0; i < n; i++) {
+    double x = rng_normal(&a);
+    assert_true(x == rng_normal(&b));
+    s += x;
+    s2 += x * x;
+  }
+  assert_true(fabs(s / n) < 0.05);
+  assert_true(fabs(s2 / n - 1.0) < 0.05);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_arena_alloc_zeroed_and_aligned),
+      cmocka_unit_test(test_fmt_double_round_trips),
+      cmocka_unit_test(test_diag_prints_caret_under_column),
+      cmocka_unit_test(test_diag_stops_after_limit),
+      cmocka_unit_test(test_strmap_put_get),
+      cmocka_unit_test(test_rng_is_deterministic_and_normal),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

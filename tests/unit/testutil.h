@@ -1,0 +1,23 @@
+/* testutil.h - helpers shared by the unit tests. */
+#ifndef GRADC_TESTUTIL_H
+#define GRADC_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "frontend/frontend.h"
+#include "ir/ir.h"
+
+/* Path of a file in the source tree (static buffer, valid until next call). */
+const char *tu_path(const char *rel);
+/* Whole file from the source tree (malloc'd); fails the test if unreadable. */
+char *tu_read(const char *rel);
+/* Compile model text (named `name` in diagnostics) with K = gas; diagnostics
+ * are kept in d (quiet).  Returns NULL on errors. */
+FeModel *tu_compile(const char *name, const char *text, int gas, Diag *d);
+
+#endif
