@@ -54,9 +54,13 @@ typedef enum {
 #define OP(id, name, arity, kind, shape, grad) IR_OP_##id,
 #include "ops.def"
 #undef OP
-  IR_OP_COUNT_
 } IrOpcode;
-#define IR_OP_COUNT ((int)IR_OP_COUNT_)
+enum {
+  IR_OP_COUNT = 0
+#define OP(id, name, arity, kind, shape, grad) +1
+#include "ops.def"
+#undef OP
+};
 
 typedef enum {
   IR_KIND_ELEMENTWISE,

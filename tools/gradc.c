@@ -1,14 +1,438 @@
-/* gradc.c - the command line. */
+/* gradc.c - the command line (DESIGN.md §5).
+ *
+ *   gradc check   MODEL.gdl
+ *   gradc compile MODEL.gdl [-D N=V]... [--gas K] [-o ARTIFACT] [--print-ir-after=P|all] ...
+ *   gradc opt     FILE.gir --passes=P1,P2,...
+ *   gradc init    MODEL.gdl -o PARAMS.safetensors [--seed S]
+ *   gradc run     MODEL.gdl --params P --inputs I [--gas K] [--grads-out G]
+ *
+ * stdout carries only run's loss lines and IR printed by opt (or compile
+ * without -o); everything else goes to stderr.  Exit status: 0 success,
+ * 1 user error, 2 internal error. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "frontend/frontend.h"
 #include "ir/ir.h"
+#include "passes/passes.h"
+#include "runtime/runtime.h"
+
+typedef struct Args {
+  const char *cmd;
+  const char *input;  /* MODEL.gdl or FILE.gir */
+  const char *output; /* -o */
+  const char *defs_name[64];
+  int64_t defs_value[64];
+  int ndefs;
+  int gas;
+  int dp;
+  const char *target;
+  const char *passes;
+  const char *print_before, *print_after;
+  const char *dot;
+  bool time_passes;
+  bool verify;
+  const char *params, *inputs, *grads_out;
+  uint64_t seed;
+} Args;
+
+static Diag diag;
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "gradc: error: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, " (see gradc help)\n");
+  return 1;
+}
+
+static const char *help_text[][2] = {
+    {"check", "gradc check MODEL.gdl [-D N=V]...\n"
+              "  Parse, type- and shape-check a model.  Prints nothing on success.\n"},
+    {"compile", "gradc compile MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
+                "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
+                "              [--dot FILE.dot] [--time-passes] [--verify]\n"
+                "  Lower, differentiate and optimise a model.  Without -o the final IR goes to stdout.\n"},
+    {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
+            "  Read IR text, run passes, print IR text to stdout.\n"},
+    {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
+             "  Write initial params (each param's `init`) as safetensors.\n"},
+    {"run", "gradc run MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
+            "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
+            "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
+            "  writes one gradient per param.\n"},
+};
+
+static void print_help(const char *cmd) {
+  int n = (int)(sizeof help_text / sizeof help_text[0]);
+  if (cmd) {
+    for (int i = 0; i < n; i++)
+      if (strcmp(help_text[i][0], cmd) == 0) {
+        fputs(help_text[i][1], stdout);
+        if (strcmp(cmd, "opt") == 0 || strcmp(cmd, "compile") == 0) {
+          int np;
+          const Pass *ps = pass_list(&np);
+          printf("  Passes:\n");
+          for (int j = 0; j < np; j++) printf("    %-10s %s\n", ps[j].name, ps[j].what);
+        }
+        return;
+      }
+  }
+  printf("gradc %s - a graph compiler for training\n\nCommands:\n", GRADC_VERSION);
+  for (int i = 0; i < n; i++) printf("%s", help_text[i][1]);
+  printf("\nCommon options: -D NAME=VALUE overrides a dim; --gas K runs K micro-batches per window.\n");
+  printf("gradc help CMD shows one command; gradc --version prints the version.\n");
+}
+
+/* "--flag=value" or "--flag value"; returns the value or NULL. */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
+  size_t n = strlen(flag);
+  if (strncmp(argv[*i], flag, n) != 0) return NULL;
+  if (argv[*i][n] == '=') return argv[*i] + n + 1;
+  if (argv[*i][n] != 0) return NULL;
+  if (*i + 1 >= argc) return NULL;
+  return argv[++*i];
+}
+
+static bool parse_int(const char *s, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end) return false;
+  *out = v;
+  return true;
+}
+
+static int parse_args(int argc, char **argv, Args *a) {
+  memset(a, 0, sizeof *a);
+  a->gas = 1;
+  a->dp = 1;
+  a->cmd = argv[1];
+  for (int i = 2; i < argc; i++) {
+    const char *v;
+    char *arg = argv[i];
+#define FLAG(name) (strncmp(arg, name, strlen(name)) == 0 && (v = flag_value(argc, argv, &i, name)) != NULL)
+    if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
+      const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
+      const char *eq = def ? strchr(def, '=') : NULL;
+      int64_t val;
+      if (!eq || eq == def || !parse_int(eq + 1, &val)) return usage_error("-D expects NAME=INTEGER, got '%s'", def ? def : "");
+      if (a->ndefs == 64) return usage_error("too many -D options%s", "");
+      a->defs_name[a->ndefs] = strndup(def, (size_t)(eq - def));
+      a->defs_value[a->ndefs++] = val;
+    } else if (strcmp(arg, "-o") == 0) {
+      if (i + 1 >= argc) return usage_error("%s needs a file name", arg);
+      a->output = argv[++i];
+    } else if (FLAG("--gas")) {
+      int64_t k;
+      if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--gas expects a positive integer, got '%s'", v);
+      a->gas = (int)k;
+    } else if (FLAG("--seed")) {
+      int64_t s;
+      if (!parse_int(v, &s) || s < 0) return usage_error("--seed expects a non-negative integer, got '%s'", v);
+      a->seed = (uint64_t)s;
+    } else if (FLAG("--target")) {
+      a->target = v;
+    } else if (FLAG("--passes")) {
+      a->passes = v;
+    } else if (FLAG("--print-ir-after")) {
+      a->print_after = v;
+    } else if (FLAG("--print-ir-before")) {
+      a->print_before = v;
+    } else if (FLAG("--dot")) {
+      a->dot = v;
+    } else if (FLAG("--params")) {
+      a->params = v;
+    } else if (FLAG("--inputs")) {
+      a->inputs = v;
+    } else if (FLAG("--grads-out")) {
+      a->grads_out = v;
+    } else if (strcmp(arg, "--time-passes") == 0) {
+      a->time_passes = true;
+    } else if (strcmp(arg, "--verify") == 0) {
+      a->verify = true;
+    } else if (arg[0] == '-' && arg[1]) {
+      return usage_error("unknown or incomplete option '%s'", arg);
+    } else if (!a->input) {
+      a->input = arg;
+    } else {
+      return usage_error("unexpected argument '%s'", arg);
+    }
+#undef FLAG
+  }
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0)
+    return usage_error("unsupported --target '%s' (this build has: cpu, ref)", a->target);
+  for (const char *p = a->print_after; p && strcmp(p, "all"); p = NULL)
+    if (!pass_lookup(p)) return usage_error("--print-ir-after: no pass named '%s'", p);
+  for (const char *p = a->print_before; p && strcmp(p, "all"); p = NULL)
+    if (!pass_lookup(p)) return usage_error("--print-ir-before: no pass named '%s'", p);
+  return 0;
+}
+
+/* ---- loading ---- */
+
+typedef struct Loaded {
+  SrcFile src;
+  char *text;
+  FeModel *model;
+} Loaded;
+
+static int load_model(const Args *a, Loaded *l) {
+  memset(l, 0, sizeof *l);
+  if (!a->input) return usage_error("%s needs a model file", a->cmd);
+  const char *err;
+  size_t len;
+  l->text = read_file(a->input, &len, &err);
+  if (!l->text) {
+    diag_plain(&diag, DIAG_ERROR, "%s: %s", a->input, err);
+    return 1;
+  }
+  l->src = (SrcFile){a->input, l->text, len};
+  FeOptions fo = {.def_names = (const char **)a->defs_name, .def_values = a->defs_value, .ndefs = a->ndefs, .gas = a->gas, .dp = a->dp};
+  l->model = fe_model_compile(&l->src, &fo, &diag);
+  return l->model ? 0 : 1;
+}
+
+static void unload(Loaded *l) {
+  fe_model_free(l->model);
+  free(l->text);
+}
+
+static int run_pipeline(const Args *a, IrFunc *f, const SrcFile *src, const char *const *names, int n) {
+  PassManager pm;
+  pm_init(&pm);
+  pm.print_after = a->print_after;
+  pm.print_before = a->print_before;
+  pm.time_passes = a->time_passes;
+  if (a->verify) pm.verify = true;
+  PassOptions po = {.gas = a->gas, .diag = &diag, .src = src};
+  return pm_run(&pm, f, names, n, &po);
+}
+
+static int write_dot(const char *path, const IrFunc *f) {
+  FILE *out = fopen(path, "w");
+  if (!out) {
+    diag_plain(&diag, DIAG_ERROR, "%s: %s", path, strerror(errno));
+    return 1;
+  }
+  ir_write_dot(f, out);
+  if (fclose(out) != 0) {
+    diag_plain(&diag, DIAG_ERROR, "%s: %s", path, strerror(errno));
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- commands ---- */
+
+static int cmd_check(const Args *a) {
+  Loaded l;
+  int rc = load_model(a, &l);
+  unload(&l);
+  return rc;
+}
+
+static int cmd_compile(const Args *a) {
+  Loaded l;
+  int rc = load_model(a, &l);
+  if (rc) {
+    unload(&l);
+    return rc;
+  }
+  int n;
+  const char *const *pipe = pass_pipeline(&n);
+  rc = run_pipeline(a, l.model->func, &l.src, pipe, n);
+  if (!rc && a->dot) rc = write_dot(a->dot, l.model->func);
+  if (!rc) {
+    if (a->output) {
+      diag_plain(&diag, DIAG_ERROR, "%s: writing artifacts is not supported by this build yet", a->output);
+      rc = 1;
+    } else {
+      ir_print_file(l.model->func, stdout);
+    }
+  }
+  unload(&l);
+  return rc;
+}
+
+static int cmd_opt(const Args *a) {
+  if (!a->input) return usage_error("%s needs an IR file", "opt");
+  if (!a->passes) return usage_error("opt needs --passes=P1,P2,...%s", "");
+  const char *names[64];
+  int n = 0;
+  char *list = strdup(a->passes);
+  for (char *save = NULL, *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+    if (!pass_lookup(p)) {
+      int rc = usage_error("no pass named '%s'", p);
+      free(list);
+      return rc;
+    }
+    if (n < 64) names[n++] = p;
+  }
+  const char *err;
+  size_t len;
+  char *text = read_file(a->input, &len, &err);
+  if (!text) {
+    diag_plain(&diag, DIAG_ERROR, "%s: %s", a->input, err);
+    free(list);
+    return 1;
+  }
+  SrcFile src = {a->input, text, len};
+  IrFunc *f = ir_read(&src, &diag);
+  int rc = 1;
+  if (f) {
+    rc = run_pipeline(a, f, &src, names, n);
+    if (!rc && a->dot) rc = write_dot(a->dot, f);
+    if (!rc) ir_print_file(f, stdout);
+  }
+  ir_func_free(f);
+  free(text);
+  free(list);
+  return rc;
+}
+
+static int cmd_init(const Args *a) {
+  if (!a->output) return usage_error("init needs -o PARAMS.safetensors%s", "");
+  Loaded l;
+  int rc = load_model(a, &l);
+  if (rc) {
+    unload(&l);
+    return rc;
+  }
+  Rng rng;
+  rng_seed(&rng, a->seed);
+  StFile st;
+  st_init(&st);
+  for (int i = 0; i < l.model->nparams; i++) {
+    const FeParam *p = &l.model->params[i];
+    int64_t n = ir_numel(&p->type.shape);
+    bool f64 = p->type.dtype == IR_DT_F64;
+    void *buf = malloc((size_t)(n ? n : 1) * (f64 ? 8 : 4));
+    if (!buf) abort();
+    for (int64_t j = 0; j < n; j++) {
+      double v = 0;
+      switch (p->init) {
+      case FE_INIT_ZEROS: v = 0; break;
+      case FE_INIT_ONES: v = 1; break;
+      case FE_INIT_NORMAL: v = p->a + p->b * rng_normal(&rng); break;
+      case FE_INIT_UNIFORM: v = p->a + (p->b - p->a) * rng_uniform(&rng); break;
+      }
+      if (f64)
+        ((double *)buf)[j] = v;
+      else
+        ((float *)buf)[j] = (float)v;
+    }
+    st_add(&st, p->name, f64 ? ST_F64 : ST_F32, p->type.shape.rank, p->type.shape.dim, buf);
+    free(buf);
+  }
+  char err[1024];
+  if (!st_write(a->output, &st, err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    rc = 1;
+  }
+  st_free(&st);
+  unload(&l);
+  return rc;
+}
+
+static int write_grads(const char *path, const StepResult *r) {
+  StFile st;
+  st_init(&st);
+  for (int i = 0; i < r->ngrads; i++) {
+    const IrType *t = &r->grad_types[i];
+    int64_t n = ir_numel(&t->shape);
+    if (t->dtype == IR_DT_F64) {
+      st_add(&st, r->grad_names[i], ST_F64, t->shape.rank, t->shape.dim, r->grads[i]);
+    } else {
+      float *buf = malloc(sizeof(float) * (size_t)(n ? n : 1));
+      if (!buf) abort();
+      for (int64_t j = 0; j < n; j++) buf[j] = (float)r->grads[i][j];
+      st_add(&st, r->grad_names[i], ST_F32, t->shape.rank, t->shape.dim, buf);
+      free(buf);
+    }
+  }
+  char err[1024];
+  int rc = 0;
+  if (!st_write(path, &st, err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    rc = 1;
+  }
+  st_free(&st);
+  return rc;
+}
+
+static int cmd_run(const Args *a) {
+  if (!a->params) return usage_error("run needs --params PARAMS.safetensors%s", "");
+  if (!a->inputs) return usage_error("run needs --inputs BATCH.safetensors%s", "");
+  Loaded l;
+  int rc = load_model(a, &l);
+  if (rc) {
+    unload(&l);
+    return rc;
+  }
+  int n;
+  const char *const *pipe = pass_pipeline(&n);
+  rc = run_pipeline(a, l.model->func, &l.src, pipe, n);
+  if (rc) {
+    unload(&l);
+    return rc;
+  }
+  char err[1024];
+  StFile params, inputs;
+  st_init(&params);
+  st_init(&inputs);
+  if (!st_read(a->params, &params, err, sizeof err) || !st_read(a->inputs, &inputs, err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    rc = 1;
+  } else {
+    StepResult r;
+    InterpOptions io = {0};
+    if (!step_run_ref(l.model->func, a->gas, &params, a->params, &inputs, a->inputs, &io, &r, err, sizeof err)) {
+      diag_plain(&diag, DIAG_ERROR, "%s", err);
+      rc = 1;
+    } else {
+      double total = 0;
+      for (int i = 0; i < r.nlosses; i++) {
+        printf("loss %s %.9g\n", r.loss_names[i], r.losses[i]);
+        total += r.losses[i];
+      }
+      printf("loss total %.9g\n", total);
+      fflush(stdout);
+      if (a->grads_out) rc = write_grads(a->grads_out, &r);
+      step_result_free(&r);
+    }
+  }
+  st_free(&params);
+  st_free(&inputs);
+  unload(&l);
+  return rc;
+}
 
 int main(int argc, char **argv) {
-  if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+  diag_init(&diag, stderr);
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    print_help(NULL);
+    return argc < 2 ? 1 : 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
     printf("gradc %s\n", GRADC_VERSION);
     return 0;
   }
-  fprintf(stderr, "gradc: error: no command given (see gradc --help)\n");
-  return 1;
+  if (strcmp(argv[1], "help") == 0) {
+    print_help(argc > 2 ? argv[2] : NULL);
+    return 0;
+  }
+  Args a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc) return rc;
+  if (strcmp(a.cmd, "check") == 0) rc = cmd_check(&a);
+  else if (strcmp(a.cmd, "compile") == 0) rc = cmd_compile(&a);
+  else if (strcmp(a.cmd, "opt") == 0) rc = cmd_opt(&a);
+  else if (strcmp(a.cmd, "init") == 0) rc = cmd_init(&a);
+  else if (strcmp(a.cmd, "run") == 0) rc = cmd_run(&a);
+  else rc = usage_error("unknown command '%s'", a.cmd);
+  for (int i = 0; i < a.ndefs; i++) free((void *)a.defs_name[i]);
+  diag_free(&diag);
+  return rc;
 }

@@ -1,0 +1,617 @@
+/* gas_fold.c - fold gradient-accumulation scaling into the objective root.
+ *
+ * DESIGN.md §3.  The step is compiled for one micro-batch; a window is K
+ * of them (and every data-parallel rank's).  This pass rewrites every loss
+ * as a sum of terms
+ *
+ *     loss = Σ_t  c_t · w_t · S_t          (%t = loss.term %S_t, %seed_t)
+ *
+ * where S_t is a sum over the micro-batch's samples (a batch `mean` becomes
+ * a `sum`), c_t is the constant coefficient on the term's linear path to the
+ * root, and w_t a run-time window weight computed with `window.sum`:
+ *     1 / (samples in the window)          for a batch mean,
+ *     1 / max(valid targets in window, 1)  for cross_entropy's mean,
+ *     1 / (micro-batches in the window)    for a term that does not depend
+ *                                          on the batch (counted once),
+ *     1                                    for a plain sum over samples.
+ * The seed `grad.seed %w {coef=c}` is the only place any scale lives;
+ * autodiff seeds S_t with it, so no term is scaled twice or missed.
+ * Summing every micro-batch's terms gives the full-batch value and gradient.
+ *
+ * To find the terms, every value is classified by how it depends on the
+ * samples of the batch: independent of them, per-sample (with the axis that
+ * indexes samples), a linear sum over samples, or something that mixes
+ * samples non-linearly.  With K > 1 a loss of the last kind is refused at
+ * the first op that mixes them; with K = 1 it is kept whole (w = 1).
+ *
+ * Requires: the frontend's forward function (loss outputs, no loss.term).
+ * Guarantees: every loss output's operand is a sum of loss.term values; no
+ * batch mean is left on a term's path; running it again changes nothing. */
+#include <math.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef enum {
+  C_INDEP,  /* does not depend on the batch's samples */
+  C_SAMPLE, /* per-sample: `axis` indexes the samples */
+  C_SUM,    /* a linear combination of sums over samples */
+  C_BAD,    /* mixes samples in a way that is not a sum over samples */
+} Cls;
+
+typedef enum {
+  W_ONE,   /* plain sum over samples */
+  W_BATCH, /* batch mean: 1 / window sample count */
+  W_COUNT, /* cross_entropy mean: 1 / max(window valid-target count, 1) */
+  W_ONCE,  /* batch-independent: 1 / number of micro-batches in the window */
+} WKind;
+
+typedef struct Info {
+  Cls cls;
+  int axis;          /* C_SAMPLE: the sample axis */
+  WKind w;           /* C_SUM: the divisor its batch reductions carry */
+  IrOp *wop;         /* W_COUNT: the cross_entropy that defines the count */
+  IrOp *bad;         /* C_BAD: the op that mixed samples */
+  const char *why;   /* C_BAD: why */
+} Info;
+
+typedef struct Fold {
+  IrFunc *f;
+  const PassOptions *o;
+  Info *info;        /* by value id (values created by this pass are not classified) */
+  IrValue **rw;      /* rewritten value by id (C_SUM values only) */
+  double *rwcoef;    /* constant factor hoisted out of a rewritten top op */
+  int ninfo;
+} Fold;
+
+static Info indep(void) { return (Info){.cls = C_INDEP}; }
+static Info sample(int axis) { return (Info){.cls = C_SAMPLE, .axis = axis}; }
+static Info bad(IrOp *op, const char *why) { return (Info){.cls = C_BAD, .bad = op, .why = why}; }
+static Info sum_of(WKind w, IrOp *wop) { return (Info){.cls = C_SUM, .w = w, .wop = wop}; }
+
+static Info get(Fold *fd, IrValue *v) { return v->id < fd->ninfo ? fd->info[v->id] : indep(); }
+
+static bool same_weight(const Info *a, const Info *b) {
+  if (a->w != b->w) return false;
+  if (a->w != W_COUNT) return true;
+  /* Same target value and ignore_index. */
+  return a->wop->args[1] == b->wop->args[1] &&
+         ir_attr_get_int(a->wop, "ignore_index", -100) == ir_attr_get_int(b->wop, "ignore_index", -100);
+}
+
+/* Where a per-sample operand's axis lands in a broadcast result of rank r. */
+static int bcast_axis(IrValue *v, int axis, int r) { return axis + (r - v->type.shape.rank); }
+
+/* Linear combination (add, sub, concat) of classified operands. */
+static Info combine_linear(IrOp *op, Info *in, int n, int rank_out, IrValue **args) {
+  int sample_axis = -1;
+  bool any_sample = false, any_sum = false, any_indep = false;
+  Info s = indep();
+  for (int i = 0; i < n; i++) {
+    if (in[i].cls == C_BAD) return in[i];
+    if (in[i].cls == C_SAMPLE) {
+      int a = op->opcode == IR_OP_CONCAT ? in[i].axis : bcast_axis(args[i], in[i].axis, rank_out);
+      if (any_sample && a != sample_axis) return bad(op, "it combines values whose samples lie on different axes");
+      any_sample = true;
+      sample_axis = a;
+    } else if (in[i].cls == C_SUM) {
+      if (any_sum && !same_weight(&s, &in[i]))
+        return bad(op, "it adds batch reductions with different divisors below the loss's top level");
+      any_sum = true;
+      s = in[i];
+    } else {
+      any_indep = true;
+    }
+  }
+  if (any_sample && any_sum) return bad(op, "it combines per-sample values with a reduction over the batch");
+  if (any_sum && any_indep)
+    return bad(op, "it adds a batch-independent value to a reduction over the batch below the loss's top level");
+  if (any_sample) return sample(sample_axis);
+  if (any_sum) return s;
+  return indep();
+}
+
+/* Is axis `a` (of operand rank r) among the reduction axes? */
+static bool reduces(const IrOp *op, int a, int r) {
+  const int64_t *axes;
+  int n = ir_attr_get_ints(op, "axes", &axes);
+  if (n == 0) return true; /* empty list: every axis */
+  for (int i = 0; i < n; i++)
+    if ((axes[i] < 0 ? axes[i] + r : axes[i]) == a) return true;
+  return false;
+}
+
+/* The sample axis after a reshape, or -1 if the reshape splits it. */
+static int reshape_axis(const IrShape *in, int a, const IrShape *out) {
+  int64_t pre = 1;
+  for (int i = 0; i < a; i++) pre *= in->dim[i];
+  int64_t incl = pre * in->dim[a];
+  int64_t p = 1;
+  for (int j = 0; j < out->rank; j++) {
+    if (p == pre && (p * out->dim[j]) % incl == 0) return j;
+    p *= out->dim[j];
+    if (p > pre) break;
+  }
+  return -1;
+}
+
+static Info classify(Fold *fd, IrOp *op) {
+  Info in[8];
+  int n = op->nargs < 8 ? op->nargs : 8;
+  for (int i = 0; i < n; i++) in[i] = get(fd, op->args[i]);
+  bool all_indep = true;
+  for (int i = 0; i < op->nargs; i++)
+    if (get(fd, op->args[i]).cls != C_INDEP) all_indep = false;
+  if (all_indep) return indep();
+  for (int i = 0; i < n; i++)
+    if (in[i].cls == C_BAD) return in[i];
+  int rank_out = op->result ? op->result->type.shape.rank : 0;
+  IrValue *x = op->args[0];
+  int r = x->type.shape.rank;
+
+  switch (op->opcode) {
+  /* Linear in their operand. */
+  case IR_OP_NEG:
+  case IR_OP_CAST:
+  case IR_OP_DETACH: return in[0];
+  /* Non-linear, elementwise. */
+  case IR_OP_EXP:
+  case IR_OP_LOG:
+  case IR_OP_SQRT:
+  case IR_OP_RSQRT:
+  case IR_OP_TANH:
+  case IR_OP_SIGMOID:
+  case IR_OP_RELU:
+  case IR_OP_GELU:
+  case IR_OP_SILU:
+  case IR_OP_ABS:
+  case IR_OP_SIGN:
+  case IR_OP_POW:
+  case IR_OP_GELU_GRAD:
+  case IR_OP_CAUSAL_MASK:
+    if (in[0].cls == C_SUM) return bad(op, "it applies a non-linear function to a reduction over the batch");
+    if (op->opcode == IR_OP_CAUSAL_MASK && in[0].axis >= r - 2)
+      return bad(op, "the causal mask's last two axes include the batch axis");
+    return in[0];
+  case IR_OP_ADD:
+  case IR_OP_SUB: return combine_linear(op, in, 2, rank_out, op->args);
+  case IR_OP_MUL:
+  case IR_OP_DIV: {
+    /* Scaling by something batch-independent keeps the class. */
+    if (in[1].cls == C_INDEP && in[0].cls != C_SAMPLE) return in[0];
+    if (op->opcode == IR_OP_MUL && in[0].cls == C_INDEP && in[1].cls != C_SAMPLE) return in[1];
+    if (in[0].cls == C_SUM && in[1].cls == C_SUM)
+      return bad(op, op->opcode == IR_OP_MUL ? "it multiplies two batch-dependent reductions"
+                                             : "it divides two batch-dependent reductions");
+    if (in[0].cls == C_SUM || in[1].cls == C_SUM)
+      return bad(op, op->opcode == IR_OP_DIV && in[1].cls == C_SUM
+                         ? "it divides by a reduction over the batch"
+                         : "it multiplies per-sample values by a reduction over the batch");
+    return combine_linear(op, in, 2, rank_out, op->args);
+  }
+  case IR_OP_MAXIMUM:
+  case IR_OP_MINIMUM:
+  case IR_OP_EQ:
+  case IR_OP_NE:
+  case IR_OP_LT:
+  case IR_OP_LE:
+  case IR_OP_GT:
+  case IR_OP_GE:
+  case IR_OP_SELECT:
+    for (int i = 0; i < n; i++)
+      if (in[i].cls == C_SUM) return bad(op, "it compares or selects using a reduction over the batch");
+    return combine_linear(op, in, n, rank_out, op->args);
+  case IR_OP_CONST: return indep();
+  case IR_OP_SUM:
+  case IR_OP_MEAN:
+    if (in[0].cls == C_SUM) return in[0];
+    if (reduces(op, in[0].axis, r)) return sum_of(op->opcode == IR_OP_MEAN ? W_BATCH : W_ONE, NULL);
+    if (!ir_attr_get_int(op, "keepdim", 0)) {
+      int a = in[0].axis;
+      for (int i = 0; i < in[0].axis; i++)
+        if (reduces(op, i, r)) a--;
+      return sample(a);
+    }
+    return in[0];
+  case IR_OP_MAX:
+  case IR_OP_LOGSUMEXP:
+    if (in[0].cls == C_SUM) return bad(op, "it applies a non-linear reduction to a reduction over the batch");
+    if (reduces(op, in[0].axis, r))
+      return bad(op, op->opcode == IR_OP_MAX ? "it takes a max over the batch axis"
+                                             : "it takes a logsumexp over the batch axis");
+    if (!ir_attr_get_int(op, "keepdim", 0)) {
+      int a = in[0].axis;
+      for (int i = 0; i < in[0].axis; i++)
+        if (reduces(op, i, r)) a--;
+      return sample(a);
+    }
+    return in[0];
+  case IR_OP_RESHAPE:
+    if (in[0].cls == C_SUM) return in[0];
+    {
+      int a = reshape_axis(&x->type.shape, in[0].axis, &op->result->type.shape);
+      if (a < 0) return bad(op, "it reshapes the batch axis apart");
+      return sample(a);
+    }
+  case IR_OP_PERMUTE:
+    if (in[0].cls == C_SUM) return in[0];
+    {
+      const int64_t *perm;
+      int np = ir_attr_get_ints(op, "perm", &perm);
+      for (int i = 0; i < np; i++)
+        if (perm[i] == in[0].axis) return sample(i);
+      return bad(op, "it permutes the batch axis away");
+    }
+  case IR_OP_BROADCAST:
+    if (in[0].cls == C_SUM) return bad(op, "it broadcasts a reduction over the batch");
+    return sample(bcast_axis(x, in[0].axis, rank_out));
+  case IR_OP_SLICE:
+  case IR_OP_UNSLICE:
+    if (in[0].cls == C_SUM) return in[0];
+    {
+      const int64_t *starts, *stops, *steps;
+      ir_attr_get_ints(op, "starts", &starts);
+      ir_attr_get_ints(op, "stops", &stops);
+      ir_attr_get_ints(op, "steps", &steps);
+      int a = in[0].axis;
+      int64_t full = op->opcode == IR_OP_SLICE ? x->type.shape.dim[a] : op->result->type.shape.dim[a];
+      if (starts && stops && steps && (starts[a] != 0 || stops[a] != full || steps[a] != 1))
+        return bad(op, "it indexes or slices the batch axis");
+      return in[0];
+    }
+  case IR_OP_CONCAT: {
+    int64_t axis = ir_attr_get_int(op, "axis", 0);
+    for (int i = 0; i < n; i++)
+      if (in[i].cls == C_SAMPLE && in[i].axis == axis) return bad(op, "it concatenates along the batch axis");
+    return combine_linear(op, in, n, rank_out, op->args);
+  }
+  case IR_OP_MATMUL: {
+    IrValue *b = op->args[1];
+    int ra = x->type.shape.rank, rb = b->type.shape.rank;
+    if (in[0].cls == C_SUM && in[1].cls == C_INDEP) return in[0];
+    if (in[1].cls == C_SUM && in[0].cls == C_INDEP) return in[1];
+    if (in[0].cls == C_SUM || in[1].cls == C_SUM)
+      return bad(op, "it multiplies per-sample values by a reduction over the batch");
+    /* Where does each operand's sample axis go? -1: contracted. */
+    int out_a = -1, out_b = -1;
+    if (in[0].cls == C_SAMPLE) {
+      int a = in[0].axis;
+      if (ra == 1 || a == ra - 1) out_a = -1;
+      else if (a == ra - 2) out_a = rank_out - (rb == 1 ? 1 : 2);
+      else out_a = a + (rank_out - ra);
+      if (out_a == -1) return bad(op, "it contracts the batch axis");
+    }
+    if (in[1].cls == C_SAMPLE) {
+      int a = in[1].axis;
+      if (rb == 1 || a == rb - 2) out_b = -1;
+      else if (a == rb - 1) out_b = rank_out - 1;
+      else out_b = a + (rank_out - rb);
+      if (out_b == -1) return bad(op, "it contracts the batch axis");
+    }
+    if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE) {
+      if (out_a != out_b || out_a >= rank_out - 2)
+        return bad(op, "it multiplies values of different samples together");
+    }
+    return sample(in[0].cls == C_SAMPLE ? out_a : out_b);
+  }
+  case IR_OP_SOFTMAX:
+  case IR_OP_LOG_SOFTMAX:
+    if (in[0].cls == C_SUM) return bad(op, "it applies a softmax to a reduction over the batch");
+    if (ir_attr_get_int(op, "axis", -1) == in[0].axis) return bad(op, "it takes a softmax over the batch axis");
+    return in[0];
+  case IR_OP_LAYER_NORM:
+  case IR_OP_RMS_NORM:
+    for (int i = 1; i < n; i++)
+      if (in[i].cls != C_INDEP) return bad(op, "its weight depends on the batch");
+    if (in[0].cls == C_SUM) return bad(op, "it normalises a reduction over the batch");
+    if (in[0].axis == r - 1) return bad(op, "it normalises over the batch axis");
+    return in[0];
+  case IR_OP_EMBEDDING:
+    if (in[1].cls != C_INDEP) return bad(op, "its table depends on the batch");
+    return in[0];
+  case IR_OP_CROSS_ENTROPY:
+  case IR_OP_MSE_LOSS: {
+    if (in[0].cls == C_SUM || in[1].cls == C_SUM) return bad(op, "it is applied to a reduction over the batch");
+    Info s;
+    if (op->opcode == IR_OP_CROSS_ENTROPY) {
+      /* The target has no class axis: its sample axis must be the logits'. */
+      if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE && in[0].axis != in[1].axis)
+        return bad(op, "its logits and targets index samples on different axes");
+      if (in[0].cls == C_SAMPLE && in[0].axis == r - 1) return bad(op, "its class axis is the batch axis");
+      s = in[0].cls == C_SAMPLE ? in[0] : in[1];
+    } else {
+      s = combine_linear(op, in, 2, rank_out, op->args);
+      if (s.cls == C_BAD) return s;
+    }
+    const char *red = ir_attr_get_str(op, "reduction", "mean");
+    if (strcmp(red, "none") == 0) return s;
+    if (strcmp(red, "sum") == 0) return sum_of(W_ONE, NULL);
+    if (op->opcode == IR_OP_CROSS_ENTROPY) return sum_of(W_COUNT, op);
+    return sum_of(W_BATCH, NULL);
+  }
+  case IR_OP_EMBEDDING_GRAD:
+  case IR_OP_ONE_HOT:
+    return in[0].cls == C_SAMPLE && op->opcode == IR_OP_ONE_HOT ? in[0]
+                                                                : bad(op, "it is not a forward operation");
+  case IR_OP_WINDOW_SUM:
+  case IR_OP_GRAD_SEED:
+  case IR_OP_LOSS_TERM:
+  case IR_OP_ALL_REDUCE_START:
+  case IR_OP_ALL_REDUCE_WAIT:
+  case IR_OP_ALL_GATHER_START:
+  case IR_OP_ALL_GATHER_WAIT:
+  case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_REDUCE_SCATTER_WAIT: return in[0];
+  case IR_OP_LOSS:
+  case IR_OP_GRAD: return in[0];
+  }
+  return bad(op, "unknown operation");
+}
+
+/* ---- rewriting a term: batch means become sums ---- */
+
+static IrValue *const_of(IrFunc *f, double v, IrValue *like, IrLoc loc) { return ir_const(f, v, like->type.dtype, loc); }
+
+/* Product of the reduced dims other than the sample axis. */
+static double nonbatch_count(const IrOp *op, const Info *xi) {
+  IrValue *x = op->args[0];
+  int r = x->type.shape.rank;
+  double n = 1;
+  for (int i = 0; i < r; i++)
+    if (reduces(op, i, r) && !(xi->cls == C_SAMPLE && i == xi->axis)) n *= (double)x->type.shape.dim[i];
+  return n;
+}
+
+/* The op `op` (a batch mean or a mean-reduced loss) as a micro-batch sum;
+ * *coef receives the constant factor 1/(non-batch elements). */
+static IrValue *as_sum(Fold *fd, IrOp *op, double *coef) {
+  IrFunc *f = fd->f;
+  Info xi = get(fd, op->args[0]);
+  *coef = 1;
+  if (op->opcode == IR_OP_MEAN) {
+    const int64_t *axes;
+    int na = ir_attr_get_ints(op, "axes", &axes);
+    *coef = 1.0 / nonbatch_count(op, &xi);
+    return ir_reduce(f, IR_OP_SUM, op->args[0], axes, na, ir_attr_get_int(op, "keepdim", 0), op->loc);
+  }
+  GRADC_ASSERT(op->opcode == IR_OP_CROSS_ENTROPY || op->opcode == IR_OP_MSE_LOSS);
+  IrAttr attrs[8];
+  int na = 0;
+  for (int i = 0; i < op->nattrs && na < 8; i++) {
+    attrs[na] = op->attrs[i];
+    if (strcmp(attrs[na].key, "reduction") == 0) attrs[na].s = "sum";
+    na++;
+  }
+  if (op->opcode == IR_OP_MSE_LOSS) {
+    /* mean over every element = sum / (samples * elements per sample) */
+    Info yi = get(fd, op->args[1]);
+    const Info *si = xi.cls == C_SAMPLE ? &xi : &yi;
+    int64_t per = ir_numel(&op->args[0]->type.shape);
+    if (si->cls == C_SAMPLE) per /= op->args[0]->type.shape.dim[si->axis];
+    *coef = 1.0 / (double)per;
+  }
+  return ir_emit(f, op->opcode, op->args, op->nargs, attrs, na, NULL, op->loc);
+}
+
+static bool is_batch_mean(Fold *fd, IrOp *op) {
+  if (!op || get(fd, op->result).cls != C_SUM) return false;
+  if (op->opcode == IR_OP_MEAN) return get(fd, op->args[0]).cls == C_SAMPLE;
+  if (op->opcode == IR_OP_CROSS_ENTROPY || op->opcode == IR_OP_MSE_LOSS)
+    return strcmp(ir_attr_get_str(op, "reduction", "mean"), "mean") == 0;
+  return false;
+}
+
+/* Rewrite a C_SUM value so that its batch reductions are plain sums; the
+ * divisor moves to the term's weight.  Memoised: shared sub-graphs are
+ * rewritten once. */
+static IrValue *rewrite(Fold *fd, IrValue *v) {
+  if (v->id >= fd->ninfo || get(fd, v).cls != C_SUM) return v;
+  if (fd->rw[v->id]) return fd->rw[v->id];
+  IrOp *op = v->def;
+  IrValue *out;
+  if (is_batch_mean(fd, op)) {
+    double c;
+    out = as_sum(fd, op, &c);
+    if (c != 1) out = ir_binary(fd->f, IR_OP_MUL, out, const_of(fd->f, c, out, op->loc), op->loc);
+  } else {
+    IrValue *args[16];
+    bool changed = false;
+    GRADC_ASSERT(op->nargs <= 16);
+    for (int i = 0; i < op->nargs; i++) {
+      args[i] = rewrite(fd, op->args[i]);
+      changed |= args[i] != op->args[i];
+    }
+    IrType hint = v->type;
+    out = changed ? ir_emit(fd->f, op->opcode, args, op->nargs, op->attrs, op->nattrs, &hint, op->loc) : v;
+  }
+  fd->rw[v->id] = out;
+  return out;
+}
+
+/* ---- terms ---- */
+
+typedef struct Term {
+  IrValue *s;
+  double coef;
+  WKind w;
+  IrOp *wop;
+  IrLoc loc;
+} Term;
+
+typedef struct Terms {
+  Term t[256];
+  int n;
+  bool refused;
+} Terms;
+
+static bool const_scalar(IrValue *v, double *out) {
+  if (!v->def || v->def->opcode != IR_OP_CONST || v->type.shape.rank != 0) return false;
+  *out = ir_attr_get_float(v->def, "value", 0);
+  return true;
+}
+
+static void add_term(Fold *fd, Terms *ts, IrValue *s, double c, WKind w, IrOp *wop, IrLoc loc) {
+  (void)fd;
+  if (ts->n == (int)(sizeof ts->t / sizeof ts->t[0])) {
+    /* Too many terms to fold one by one: the caller refuses cleanly. */
+    ts->refused = true;
+    return;
+  }
+  ts->t[ts->n++] = (Term){s, c, w, wop, loc};
+}
+
+static void refuse(Fold *fd, Terms *ts, const char *loss, const Info *in) {
+  ts->refused = true;
+  IrLoc l = in->bad ? in->bad->loc : (IrLoc){0};
+  const SrcFile *src = fd->o->src;
+  diag_at(fd->o->diag, DIAG_ERROR, src && l.file && src->name && strcmp(src->name, l.file) == 0 ? src : NULL,
+          l.line, l.col,
+          "loss '%s' cannot be split into %d micro-batches: %s, so it is not a sum over samples "
+          "(use --gas 1, or make the loss a sum or mean of per-sample terms)",
+          loss, fd->o->gas, in->why);
+}
+
+/* Walk down from a loss through its linear top: + - neg, and scaling by
+ * constants; collect the terms. */
+static void extract(Fold *fd, Terms *ts, const char *loss, IrValue *v, double c, IrLoc loc) {
+  Info in = get(fd, v);
+  IrOp *op = v->def;
+  double k;
+  if (in.cls == C_INDEP) {
+    add_term(fd, ts, v, c, W_ONCE, NULL, loc);
+    return;
+  }
+  if (op && v->type.shape.rank == 0) {
+    IrValue *a = op->nargs > 0 ? op->args[0] : NULL, *b = op->nargs > 1 ? op->args[1] : NULL;
+    bool scalars = a && a->type.shape.rank == 0 && (!b || b->type.shape.rank == 0);
+    if (scalars && op->opcode == IR_OP_ADD) {
+      extract(fd, ts, loss, a, c, loc);
+      extract(fd, ts, loss, b, c, loc);
+      return;
+    }
+    if (scalars && op->opcode == IR_OP_SUB) {
+      extract(fd, ts, loss, a, c, loc);
+      extract(fd, ts, loss, b, -c, loc);
+      return;
+    }
+    if (scalars && op->opcode == IR_OP_NEG) {
+      extract(fd, ts, loss, a, -c, loc);
+      return;
+    }
+    if (scalars && op->opcode == IR_OP_MUL && const_scalar(a, &k)) {
+      extract(fd, ts, loss, b, c * k, loc);
+      return;
+    }
+    if (scalars && op->opcode == IR_OP_MUL && const_scalar(b, &k)) {
+      extract(fd, ts, loss, a, c * k, loc);
+      return;
+    }
+    if (scalars && op->opcode == IR_OP_DIV && const_scalar(b, &k) && k != 0) {
+      extract(fd, ts, loss, a, c / k, loc);
+      return;
+    }
+  }
+  if (in.cls == C_SUM) {
+    if (is_batch_mean(fd, op)) {
+      double k2;
+      IrValue *s = as_sum(fd, op, &k2);
+      add_term(fd, ts, s, c * k2, in.w, in.wop, loc);
+    } else {
+      add_term(fd, ts, rewrite(fd, v), c, in.w, in.wop, loc);
+    }
+    return;
+  }
+  if (in.cls == C_SAMPLE) in = bad(op, "it keeps the batch axis");
+  if (fd->o->gas > 1) {
+    refuse(fd, ts, loss, &in);
+    return;
+  }
+  /* K = 1: the micro-batch is the window; keep the loss whole. */
+  add_term(fd, ts, v, c, W_ONE, NULL, loc);
+}
+
+/* The window weight w of a term, as IR.  Named w_<loss>. */
+static IrValue *weight(Fold *fd, const Term *t, const char *loss) {
+  IrFunc *f = fd->f;
+  IrLoc loc = t->loc;
+  IrDType dt = t->s->type.dtype;
+  IrValue *one = ir_const(f, 1.0, dt, loc), *w = NULL;
+  switch (t->w) {
+  case W_ONE: return one;
+  case W_BATCH: {
+    /* Samples per micro-batch, summed over the window by the runtime. */
+    int64_t nb = 0;
+    for (int i = 0; i < f->nargs; i++)
+      if (f->args[i]->batched) nb = f->args[i]->type.shape.dim[0];
+    IrValue *n = ir_unary(f, IR_OP_WINDOW_SUM, ir_const(f, (double)nb, dt, loc), loc);
+    w = ir_binary(f, IR_OP_DIV, one, n, loc);
+    break;
+  }
+  case W_COUNT: {
+    IrValue *target = t->wop->args[1];
+    IrValue *ign = ir_const(f, (double)ir_attr_get_int(t->wop, "ignore_index", -100), IR_DT_I32, loc);
+    IrValue *valid = ir_cast(f, ir_binary(f, IR_OP_NE, target, ign, loc), dt, loc);
+    int64_t axes[IR_MAX_RANK];
+    for (int i = 0; i < valid->type.shape.rank; i++) axes[i] = i;
+    IrValue *cnt = ir_reduce(f, IR_OP_SUM, valid, axes, valid->type.shape.rank, false, loc);
+    IrValue *n = ir_unary(f, IR_OP_WINDOW_SUM, cnt, loc);
+    w = ir_binary(f, IR_OP_DIV, one, ir_binary(f, IR_OP_MAXIMUM, n, one, loc), loc);
+    break;
+  }
+  case W_ONCE: {
+    IrValue *k = ir_unary(f, IR_OP_WINDOW_SUM, one, loc);
+    w = ir_binary(f, IR_OP_DIV, one, k, loc);
+    break;
+  }
+  }
+  w->name = arena_printf(&f->arena, "w_%s", loss);
+  return w;
+}
+
+PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch) {
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->opcode == IR_OP_LOSS_TERM) return PASS_UNCHANGED;
+  Fold fd = {.f = f, .o = o, .ninfo = f->nvalues};
+  fd.info = ARENA_ARRAY(scratch, Info, f->nvalues + 1);
+  fd.rw = ARENA_ARRAY(scratch, IrValue *, f->nvalues + 1);
+  for (int i = 0; i < f->nargs; i++) {
+    IrValue *a = f->args[i];
+    fd.info[a->id] = a->batched ? sample(0) : indep();
+  }
+  int nops = f->nops;
+  IrOp **fwd = ARENA_ARRAY(scratch, IrOp *, nops + 1);
+  memcpy(fwd, f->ops, sizeof(IrOp *) * (size_t)nops);
+  for (int i = 0; i < nops; i++)
+    if (fwd[i]->result) fd.info[fwd[i]->result->id] = classify(&fd, fwd[i]);
+
+  bool refused = false;
+  for (int i = 0; i < nops; i++) {
+    IrOp *out = fwd[i];
+    if (out->opcode != IR_OP_LOSS) continue;
+    const char *loss = ir_attr_get_str(out, "name", "loss");
+    Terms *ts = ARENA_NEW(scratch, Terms);
+    extract(&fd, ts, loss, out->args[0], 1.0, out->loc);
+    if (ts->refused) {
+      if (!refused && ts->n == (int)(sizeof ts->t / sizeof ts->t[0]))
+        diag_at(o->diag, DIAG_ERROR, NULL, out->loc.line, out->loc.col, "loss '%s' has too many terms", loss);
+      refused = true;
+      continue;
+    }
+    IrValue *total = NULL;
+    for (int t = 0; t < ts->n; t++) {
+      Term *tm = &ts->t[t];
+      IrValue *w = weight(&fd, tm, loss);
+      IrAttr coef = ir_attr_float("coef", tm->coef);
+      IrValue *seed = ir_emit(f, IR_OP_GRAD_SEED, &w, 1, &coef, 1, NULL, tm->loc);
+      IrValue *args[2] = {tm->s, seed};
+      IrValue *term = ir_emit(f, IR_OP_LOSS_TERM, args, 2, NULL, 0, NULL, tm->loc);
+      total = total ? ir_binary(f, IR_OP_ADD, total, term, out->loc) : term;
+    }
+    if (!total) total = ir_const(f, 0.0, out->args[0]->type.dtype, out->loc);
+    out->args[0] = total;
+  }
+  if (refused) return PASS_ERROR;
+  /* New ops were appended after the outputs that now use them. */
+  if (!ir_func_topo_sort(f)) GRADC_ASSERT(!"gas-fold produced a cycle");
+  return PASS_CHANGED;
+}

@@ -1,0 +1,93 @@
+/* passmgr.c - the pass registry, the default pipeline, and the manager
+ * that runs passes with dumps (--print-ir-before/after), the verifier
+ * between passes, and per-pass timing (--time-passes). */
+#include <string.h>
+#include <time.h>
+
+#include "passes.h"
+
+/* Every pass, in pipeline order. */
+static const Pass passes[] = {
+    {"gas-fold", pass_gas_fold, "fold gradient-accumulation scaling into the objective root (DESIGN.md §3)"},
+    {"autodiff", pass_autodiff, "derive the backward graph by reverse-mode differentiation"},
+    {"simplify", pass_simplify, "constant folding and algebraic identities"},
+    {"cse", pass_cse, "merge identical ops"},
+    {"dce", pass_dce, "remove ops whose results are unused"},
+};
+#define NPASSES ((int)(sizeof passes / sizeof passes[0]))
+
+static const char *const pipeline[] = {"gas-fold", "autodiff", "simplify", "cse", "dce"};
+
+const Pass *pass_lookup(const char *name) {
+  for (int i = 0; i < NPASSES; i++)
+    if (strcmp(passes[i].name, name) == 0) return &passes[i];
+  return NULL;
+}
+
+const Pass *pass_list(int *n) {
+  *n = NPASSES;
+  return passes;
+}
+
+const char *const *pass_pipeline(int *n) {
+  *n = (int)(sizeof pipeline / sizeof pipeline[0]);
+  return pipeline;
+}
+
+void pm_init(PassManager *pm) {
+  memset(pm, 0, sizeof *pm);
+  pm->dump_out = stderr;
+#ifdef GRADC_VERIFY_DEFAULT
+  pm->verify = true;
+#endif
+}
+
+static bool wants(const char *sel, const char *name) { return sel && (strcmp(sel, "all") == 0 || strcmp(sel, name) == 0); }
+
+static void dump(PassManager *pm, const IrFunc *f, const char *when, const char *name) {
+  fprintf(pm->dump_out, "// -----// IR Dump %s %s //----- //\n", when, name);
+  ir_print_file(f, pm->dump_out);
+  fflush(pm->dump_out);
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int pm_run(PassManager *pm, IrFunc *f, const char *const *names, int n, const PassOptions *o) {
+  char err[1024];
+  double total = 0;
+  for (int i = 0; i < n; i++) {
+    const Pass *p = pass_lookup(names[i]);
+    GRADC_ASSERT(p != NULL);
+    if (wants(pm->print_before, p->name)) dump(pm, f, "Before", p->name);
+    Arena scratch;
+    arena_init(&scratch);
+    double t0 = now_ms();
+    PassResult r = p->run(f, o, &scratch);
+    double dt = now_ms() - t0;
+    arena_free(&scratch);
+    if (i < 64) pm->ms[i] = dt;
+    total += dt;
+    if (r == PASS_ERROR) return 1;
+    if (pm->verify && !ir_verify(f, err, sizeof err)) {
+      fprintf(stderr, "// -----// IR Dump After %s (failed verification) //----- //\n", p->name);
+      ir_print_file(f, stderr);
+      fprintf(stderr, "gradc: internal error: IR verifier failed after pass '%s': %s\n", p->name, err);
+      return 2;
+    }
+    if (wants(pm->print_after, p->name)) dump(pm, f, "After", p->name);
+  }
+  if (pm->time_passes) {
+    fprintf(stderr, "===-------------------------------------------------------------------------===\n");
+    fprintf(stderr, "                          ... Pass execution timing report ...\n");
+    fprintf(stderr, "===-------------------------------------------------------------------------===\n");
+    for (int i = 0; i < n && i < 64; i++)
+      fprintf(stderr, "  %10.3f ms  %5.1f%%  %s\n", pm->ms[i], total > 0 ? 100.0 * pm->ms[i] / total : 0.0,
+              names[i]);
+    fprintf(stderr, "  %10.3f ms  100.0%%  Total\n", total);
+  }
+  return 0;
+}
