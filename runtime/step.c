@@ -1,0 +1,298 @@
+/* step.c - one training window on the reference interpreter (DESIGN.md §3):
+ *
+ *   1. check the params and inputs files against the function's arguments
+ *      (by name, type and window shape) and convert them to doubles;
+ *   2. count phase: run each micro-batch far enough to evaluate the
+ *      window.sum operands and sum them over the window (the divisor of a
+ *      batch mean, the count of non-ignored targets);
+ *   3. step phase: run each micro-batch in full, add every `loss` output
+ *      into its window loss and every `grad` output into its param's
+ *      persistent gradient buffer, then drop the micro-batch's activations.
+ *
+ * Batched inputs arrive window-sized (K times the micro-batch on axis 0)
+ * and are split into K contiguous micro-batches; other inputs and params
+ * are passed whole to every micro-batch. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+
+static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+static bool fail(char *err, size_t n, const char *fmt, ...) {
+  if (err && n) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+  }
+  return false;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  if (!p) abort();
+  return p;
+}
+
+/* ------------------------------------------------------------------ */
+/* Checking and converting the tensors                                  */
+/* ------------------------------------------------------------------ */
+
+/* "f32[784,255]" for a file tensor, in the IR's spelling ("i64" for I64). */
+static char *st_type_str(const StTensor *t, char *buf, size_t n) {
+  static const char *const names[] = {"f32", "f64", "bf16", "f16", "i32", "i64"};
+  size_t k = (size_t)snprintf(buf, n, "%s", names[t->dtype]);
+  for (int i = 0; i < t->rank && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%c%lld", i ? ',' : '[', (long long)t->shape[i]);
+  if (t->rank > 0 && k < n) snprintf(buf + k, n - k, "]");
+  return buf;
+}
+
+/* Whether a file dtype may feed an argument of dtype dt (DESIGN.md §5). */
+static bool dtype_accepted(IrDType dt, StDType sd) {
+  switch (dt) {
+  case IR_DT_F32:
+  case IR_DT_F64: return sd == ST_F32 || sd == ST_F64;
+  case IR_DT_BF16: return sd == ST_F32 || sd == ST_F64 || sd == ST_BF16;
+  case IR_DT_F16: return sd == ST_F32 || sd == ST_F64 || sd == ST_F16;
+  case IR_DT_I32: return sd == ST_I32 || sd == ST_I64;
+  case IR_DT_BOOL: return false;
+  }
+  return false;
+}
+
+static double half_to_double(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  double v;
+  if (exp == 0) v = ldexp((double)man, -24); /* subnormal */
+  else if (exp == 31) v = man ? NAN : INFINITY;
+  else v = ldexp((double)(man | 0x400), exp - 25);
+  return sign ? -v : v;
+}
+
+/* Element i of t as a double.  Files are little-endian; so is every host
+ * this runs on, which read.c-style byte assembly makes explicit. */
+static uint64_t load_le(const unsigned char *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* Convert t to doubles (window-sized); i32 arguments are range-checked. */
+static bool convert(const StTensor *t, const char *path, double *out, char *err, size_t errlen) {
+  int64_t n = st_numel(t);
+  const unsigned char *p = t->data;
+  for (int64_t i = 0; i < n; i++) {
+    switch (t->dtype) {
+    case ST_F32: {
+      uint32_t u = (uint32_t)load_le(p + 4 * i, 4);
+      float f;
+      memcpy(&f, &u, 4);
+      out[i] = f;
+      break;
+    }
+    case ST_F64: {
+      uint64_t u = load_le(p + 8 * i, 8);
+      double d;
+      memcpy(&d, &u, 8);
+      out[i] = d;
+      break;
+    }
+    case ST_BF16: {
+      uint32_t u = (uint32_t)load_le(p + 2 * i, 2) << 16;
+      float f;
+      memcpy(&f, &u, 4);
+      out[i] = f;
+      break;
+    }
+    case ST_F16: out[i] = half_to_double((uint16_t)load_le(p + 2 * i, 2)); break;
+    case ST_I32: out[i] = (double)(int32_t)(uint32_t)load_le(p + 4 * i, 4); break;
+    case ST_I64: {
+      int64_t v = (int64_t)load_le(p + 8 * i, 8);
+      if (v < INT32_MIN || v > INT32_MAX)
+        return fail(err, errlen, "%s: tensor '%s': value %lld at element %lld is out of range for i32", path,
+                    t->name, (long long)v, (long long)i);
+      out[i] = (double)v;
+      break;
+    }
+    }
+  }
+  return true;
+}
+
+/* The type an argument's tensor must have in the file: batched inputs hold
+ * the whole window (K micro-batches on axis 0). */
+static IrType window_type(const IrValue *a, int gas) {
+  IrType t = a->type;
+  if (a->role == IR_ARG_INPUT && a->batched && t.shape.rank > 0) t.shape.dim[0] *= gas;
+  return t;
+}
+
+/* Check one file against the arguments of one role; fill data[arg index]. */
+static bool load_file(const IrFunc *f, int gas, IrArgRole role, const StFile *file, const char *path,
+                      double **data, char *err, size_t errlen) {
+  const char *what = role == IR_ARG_PARAM ? "param" : "input";
+  for (int i = 0; i < file->n; i++) {
+    const IrValue *a = ir_func_find_arg(f, file->t[i].name);
+    if (!a || a->role != role)
+      return fail(err, errlen, "%s: tensor '%s': not a%s %s of the model", path, file->t[i].name,
+                  role == IR_ARG_INPUT ? "n" : "", what);
+  }
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != role) continue;
+    const StTensor *t = st_find(file, a->name);
+    if (!t) return fail(err, errlen, "%s: missing tensor '%s'", path, a->name);
+    IrType want = window_type(a, gas);
+    bool same = t->rank == want.shape.rank && dtype_accepted(want.dtype, t->dtype);
+    for (int k = 0; same && k < t->rank; k++) same = t->shape[k] == want.shape.dim[k];
+    if (!same) {
+      char w[IR_TYPE_STR_MAX], g[IR_TYPE_STR_MAX];
+      return fail(err, errlen, "%s: tensor '%s': expected %s, got %s", path, a->name, ir_type_str(&want, w, sizeof w),
+                  st_type_str(t, g, sizeof g));
+    }
+    data[i] = xcalloc((size_t)st_numel(t), sizeof(double));
+    if (!convert(t, path, data[i], err, errlen)) return false;
+  }
+  return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* The window                                                          */
+/* ------------------------------------------------------------------ */
+
+void step_result_free(StepResult *r) {
+  for (int i = 0; i < r->ngrads; i++) free(r->grads ? r->grads[i] : NULL);
+  free(r->grads);
+  free(r->grad_types);
+  free(r->grad_names);
+  free(r->losses);
+  free(r->loss_names);
+  memset(r, 0, sizeof *r);
+}
+
+static const char *output_name(const IrOp *op) { return ir_attr_get_str(op, "name", ""); }
+
+/* Point args[i] at micro-batch k of each argument's window data. */
+static void micro_args(const IrFunc *f, int k, double **data, double **args) {
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
+    args[i] = data[i] + (split ? (int64_t)k * ir_numel(&a->type.shape) : 0);
+  }
+}
+
+bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                  const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen) {
+  static const InterpOptions defaults = {0};
+  if (!opt) opt = &defaults;
+  memset(out, 0, sizeof *out);
+  if (gas < 1) return fail(err, errlen, "gradient accumulation steps must be >= 1 (got %d)", gas);
+  int na = f->nargs, nv = f->nvalues;
+  double **data = xcalloc((size_t)na, sizeof(double *));
+  double **args = xcalloc((size_t)na, sizeof(double *));
+  double **wsum = xcalloc((size_t)nv, sizeof(double *));
+  InterpState st = {0};
+  StepResult r = {0};
+  bool ok = load_file(f, gas, IR_ARG_PARAM, params, params_path, data, err, errlen) &&
+            load_file(f, gas, IR_ARG_INPUT, inputs, inputs_path, data, err, errlen);
+
+  /* Outputs: losses by name in program order, one gradient per param. */
+  int *param_of = xcalloc((size_t)nv, sizeof(int)); /* value id of a param -> index in r.grads */
+  if (ok) {
+    r.loss_names = xcalloc((size_t)f->nops, sizeof(char *));
+    r.losses = xcalloc((size_t)f->nops, sizeof(double));
+    for (int i = 0; i < f->nops; i++) {
+      const IrOp *op = f->ops[i];
+      if (op->opcode != IR_OP_LOSS) continue;
+      bool seen = false;
+      for (int j = 0; j < r.nlosses && !seen; j++) seen = strcmp(r.loss_names[j], output_name(op)) == 0;
+      if (!seen) r.loss_names[r.nlosses++] = output_name(op);
+    }
+    r.grad_names = xcalloc((size_t)na, sizeof(char *));
+    r.grad_types = xcalloc((size_t)na, sizeof(IrType));
+    r.grads = xcalloc((size_t)na, sizeof(double *));
+    for (int i = 0; i < na; i++) {
+      const IrValue *a = f->args[i];
+      if (a->role != IR_ARG_PARAM) continue;
+      param_of[a->id] = r.ngrads;
+      r.grad_names[r.ngrads] = a->name;
+      r.grad_types[r.ngrads].dtype = a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32;
+      r.grad_types[r.ngrads].shape = a->type.shape;
+      r.grads[r.ngrads] = xcalloc((size_t)ir_numel(&a->type.shape), sizeof(double));
+      r.ngrads++;
+    }
+    for (int i = 0; i < f->nops && ok; i++) {
+      const IrOp *op = f->ops[i];
+      if (op->opcode == IR_OP_GRAD) {
+        const IrValue *p = ir_func_find_arg(f, output_name(op));
+        if (!p || p->role != IR_ARG_PARAM)
+          ok = fail(err, errlen, "grad output names '%s', which is not a param", output_name(op));
+        else if (ir_numel(&p->type.shape) != ir_numel(&op->args[0]->type.shape))
+          ok = fail(err, errlen, "grad output for '%s' does not have the param's size", p->name);
+      }
+      if (op->opcode == IR_OP_WINDOW_SUM) {
+        if (ir_numel(&op->result->type.shape) != ir_numel(&op->args[0]->type.shape))
+          ok = fail(err, errlen, "window.sum result and operand sizes differ");
+        else
+          wsum[op->result->id] = xcalloc((size_t)ir_numel(&op->result->type.shape), sizeof(double));
+      }
+    }
+  }
+
+  /* Phase 1: window sums over every micro-batch. */
+  bool any_wsum = false;
+  for (int i = 0; i < nv; i++) any_wsum |= wsum[i] != NULL;
+  for (int k = 0; ok && any_wsum && k < gas; k++) {
+    micro_args(f, k, data, args);
+    ok = interp_run(&st, f, args, NULL, INTERP_COUNT, opt, err, errlen);
+    for (int i = 0; ok && i < f->nops; i++) {
+      const IrOp *op = f->ops[i];
+      if (op->opcode != IR_OP_WINDOW_SUM) continue;
+      const double *v = st.val[op->args[0]->id];
+      int64_t n = ir_numel(&op->result->type.shape);
+      for (int64_t j = 0; j < n; j++) wsum[op->result->id][j] += v[j];
+    }
+    interp_free(&st);
+  }
+
+  /* Phase 2: the step, one micro-batch's activations alive at a time. */
+  for (int k = 0; ok && k < gas; k++) {
+    micro_args(f, k, data, args);
+    ok = interp_run(&st, f, args, wsum, INTERP_STEP, opt, err, errlen);
+    for (int i = 0; ok && i < f->nops; i++) {
+      const IrOp *op = f->ops[i];
+      if (op->opcode == IR_OP_LOSS) {
+        const double *v = st.val[op->args[0]->id];
+        int64_t n = ir_numel(&op->args[0]->type.shape);
+        int j = 0;
+        while (strcmp(r.loss_names[j], output_name(op)) != 0) j++;
+        for (int64_t e = 0; e < n; e++) r.losses[j] += v[e];
+      } else if (op->opcode == IR_OP_GRAD) {
+        const IrValue *p = ir_func_find_arg(f, output_name(op));
+        int g = param_of[p->id];
+        const double *v = st.val[op->args[0]->id];
+        int64_t n = ir_numel(&p->type.shape);
+        double *dst = r.grads[g];
+        /* The buffer is f32 (f64 for f64 params): round as it would. */
+        for (int64_t e = 0; e < n; e++)
+          dst[e] = opt->exact_f64 ? dst[e] + v[e] : interp_round(dst[e] + v[e], r.grad_types[g].dtype);
+      }
+    }
+    interp_free(&st);
+  }
+
+  for (int i = 0; i < na; i++) free(data[i]);
+  for (int i = 0; i < nv; i++) free(wsum[i]);
+  free(data);
+  free(args);
+  free(wsum);
+  free(param_of);
+  if (!ok) {
+    step_result_free(&r);
+    return false;
+  }
+  *out = r;
+  return true;
+}
