@@ -99,4 +99,12 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
                   const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen);
 void step_result_free(StepResult *r);
 
+/* ------------------------------------------------------------------ */
+/* inputs.c                                                            */
+/* ------------------------------------------------------------------ */
+/* Random window-sized inputs for f's input args (batched ones get K times
+ * the micro-batch): floats ~ N(0,1), integers in [0, the size of the axis
+ * they index).  Tensors are appended to out. */
+void rt_random_inputs(const IrFunc *f, int gas, uint64_t seed, StFile *out);
+
 #endif

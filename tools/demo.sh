@@ -15,7 +15,7 @@ echo "== the optimised forward+backward step ($(grep -c ' = ' "$out/mlp.step.gir
 echo
 echo "== gradc init + run examples/mlp.gdl --gas 4"
 "$gradc" init examples/mlp.gdl -o "$out/mlp.params.safetensors" --seed 1
-"$build/make_inputs" examples/mlp.gdl "$out/mlp.inputs.safetensors" 2>/dev/null || true
+"$gradc" data random examples/mlp.gdl --gas 4 -o "$out/mlp.inputs.safetensors" --seed 2
 if [ -f "$out/mlp.inputs.safetensors" ]; then
   "$gradc" run examples/mlp.gdl --gas 4 --params "$out/mlp.params.safetensors" \
     --inputs "$out/mlp.inputs.safetensors" --grads-out "$out/mlp.grads.safetensors"

@@ -5,6 +5,7 @@
  *   gradc opt     FILE.gir --passes=P1,P2,...
  *   gradc init    MODEL.gdl -o PARAMS.safetensors [--seed S]
  *   gradc run     MODEL.gdl --params P --inputs I [--gas K] [--grads-out G]
+ *   gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [--gas K]
  *
  * stdout carries only run's loss lines and IR printed by opt (or compile
  * without -o); everything else goes to stderr.  Exit status: 0 success,
@@ -58,6 +59,9 @@ static const char *help_text[][2] = {
             "  Read IR text, run passes, print IR text to stdout.\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
              "  Write initial params (each param's `init`) as safetensors.\n"},
+    {"data", "gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [-D N=V]...\n"
+             "  Write one window of random inputs: floats ~ N(0,1), integers in [0, the size of the\n"
+             "  axis they index).\n"},
     {"run", "gradc run MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
@@ -336,6 +340,28 @@ static int cmd_init(const Args *a) {
   return rc;
 }
 
+static int cmd_data(const Args *a) {
+  Loaded l;
+  if (!a->output) return usage_error("data random needs -o BATCH.safetensors%s", "");
+  int rc = load_model(a, &l);
+  if (rc) {
+    unload(&l);
+    return rc;
+  }
+  StFile st;
+  st_init(&st);
+  /* The frontend compiled shapes for one micro-batch of K; write a window. */
+  rt_random_inputs(l.model->func, a->gas, a->seed, &st);
+  char err[1024];
+  if (!st_write(a->output, &st, err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    rc = 1;
+  }
+  st_free(&st);
+  unload(&l);
+  return rc;
+}
+
 static int write_grads(const char *path, const StepResult *r) {
   StFile st;
   st_init(&st);
@@ -424,6 +450,14 @@ int main(int argc, char **argv) {
     return 0;
   }
   Args a;
+  if (strcmp(argv[1], "data") == 0) {
+    /* `data random MODEL ...`: drop the sub-command word. */
+    if (argc < 3 || strcmp(argv[2], "random") != 0)
+      return usage_error("data: unknown or missing sub-command '%s' (have: random)", argc > 2 ? argv[2] : "");
+    argv[2] = argv[1];
+    argv++;
+    argc--;
+  }
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc;
   if (strcmp(a.cmd, "check") == 0) rc = cmd_check(&a);
@@ -431,6 +465,7 @@ int main(int argc, char **argv) {
   else if (strcmp(a.cmd, "opt") == 0) rc = cmd_opt(&a);
   else if (strcmp(a.cmd, "init") == 0) rc = cmd_init(&a);
   else if (strcmp(a.cmd, "run") == 0) rc = cmd_run(&a);
+  else if (strcmp(a.cmd, "data") == 0) rc = cmd_data(&a);
   else rc = usage_error("unknown command '%s'", a.cmd);
   for (int i = 0; i < a.ndefs; i++) free((void *)a.defs_name[i]);
   diag_free(&diag);
