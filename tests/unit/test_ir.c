@@ -335,6 +335,398 @@ static void test_shape_collectives(void **state) {
   assert_null(ir_build(fn, IR_OP_ALL_GATHER_WAIT, &x, 1, NULL, 0, NULL, loc, err, sizeof err));
 }
 
+/* ------------------------------------------------------------------ */
+/* Text form                                                           */
+/* ------------------------------------------------------------------ */
+
+static char *print_str(const IrFunc *f) {
+  StrBuf sb;
+  sb_init(&sb);
+  ir_print(f, &sb);
+  char *s = strdup(sb_str(&sb));
+  sb_free(&sb);
+  return s;
+}
+
+/* Read text named "t.gir"; on failure returns NULL and the diagnostics in *log. */
+static IrFunc *read_str(const char *text, size_t len, char *log, size_t loglen) {
+  SrcFile src = {"t.gir", text, len};
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  IrFunc *f = ir_read(&src, &d);
+  if (log) snprintf(log, loglen, "%s", sb_str(&d.log));
+  diag_free(&d);
+  return f;
+}
+
+/* A function using every attribute kind, a variadic op, unnamed args,
+ * rebound names and both location forms, built by hand. */
+static IrFunc *sample(void) {
+  IrFunc *f = ir_func_new("pub_mlp");
+  IrValue *x = ir_func_add_arg(f, "x", ty("f32[5,7]"), IR_ARG_INPUT, true);
+  IrValue *y = ir_func_add_arg(f, "y", ty("i32[5]"), IR_ARG_INPUT, true);
+  IrValue *w = ir_func_add_arg(f, "W1", ty("f32[7,18]"), IR_ARG_PARAM, false);
+  IrValue *b = ir_func_add_arg(f, NULL, ty("f32[18]"), IR_ARG_PARAM, false);
+  IrValue *m = ir_func_add_arg(f, NULL, ty("f64"), IR_ARG_INPUT, false);
+  IrLoc l1 = {"pub_mlp.gdl", 20, 15}, none = {0};
+  IrValue *mm = ir_matmul(f, x, w, l1);
+  IrValue *h = ir_binary(f, IR_OP_ADD, mm, b, (IrLoc){"pub_mlp.gdl", 20, 19});
+  h->name = "h";
+  IrValue *h2 = ir_unary(f, IR_OP_TANH, h, (IrLoc){"pub_mlp.gdl", 21, 3});
+  h2->name = "h"; /* rebound: prints as h.1 */
+  IrValue *xx = ir_unary(f, IR_OP_RELU, h2, none);
+  xx->name = "x"; /* clashes with the argument: x.1 */
+  IrValue *xx1 = ir_unary(f, IR_OP_EXP, xx, none);
+  xx1->name = "x.1"; /* taken by the previous one: x.1.1 */
+  int64_t all[] = {0, 1};
+  IrValue *s = ir_reduce(f, IR_OP_SUM, xx1, all, 2, false, (IrLoc){"pub_mlp.gdl", 24, 19});
+  IrValue *s2 = ir_reduce(f, IR_OP_MEAN, h2, NULL, 0, true, none);
+  IrValue *c = ir_const(f, 0.001, IR_DT_F32, (IrLoc){"dir/we\"ird\\.gdl", 1, 2});
+  IrValue *c2 = ir_const(f, -INFINITY, IR_DT_F32, none);
+  IrValue *c3 = ir_const(f, 2.0, IR_DT_F64, none);
+  IrAttr ci = ir_attr_int("value", -7);
+  IrType ti = ty("i32[2]");
+  ir_emit(f, IR_OP_CONST, NULL, 0, &ci, 1, &ti, none);
+  IrAttr ax = ir_attr_int("axis", 0);
+  IrValue *cat[3] = {h2, h, mm};
+  ir_emit(f, IR_OP_CONCAT, cat, 3, &ax, 1, NULL, none);
+  IrAttr ce[2] = {ir_attr_int("ignore_index", -100), ir_attr_str("reduction", "mean")};
+  IrValue *lg[2] = {h2, y};
+  IrValue *loss = ir_emit(f, IR_OP_CROSS_ENTROPY, lg, 2, ce, 2, NULL, l1);
+  loss->name = "ce";
+  IrValue *sm[2] = {ir_binary(f, IR_OP_MUL, s, c, none), c2};
+  ir_binary(f, IR_OP_ADD, sm[0], sm[1], none);
+  ir_binary(f, IR_OP_SUB, m, c3, none);
+  (void)s2;
+  IrAttr pe = ir_attr_float("exponent", 3.0);
+  ir_emit(f, IR_OP_POW, &h2, 1, &pe, 1, NULL, none);
+  IrAttr nm = ir_attr_str("name", "c\"e\\");
+  ir_emit(f, IR_OP_LOSS, &loss, 1, &nm, 1, NULL, (IrLoc){"pub_mlp.gdl", 23, 3});
+  IrAttr gn = ir_attr_str("name", "W1");
+  ir_emit(f, IR_OP_GRAD, &w, 1, &gn, 1, NULL, none);
+  return f;
+}
+
+static const char sample_text[] =
+    "func @pub_mlp(%x: f32[5,7] input batch, %y: i32[5] input batch, %W1: f32[7,18] param, %0: f32[18] param, "
+    "%1: f64 input) {\n"
+    "  %2 = matmul %x, %W1 : f32[5,18]  loc(\"pub_mlp.gdl\":20:15)\n"
+    "  %h = add %2, %0 : f32[5,18]  loc(\"pub_mlp.gdl\":20:19)\n"
+    "  %h.1 = tanh %h : f32[5,18]  loc(\"pub_mlp.gdl\":21:3)\n"
+    "  %x.1 = relu %h.1 : f32[5,18]  loc(unknown)\n"
+    "  %x.1.1 = exp %x.1 : f32[5,18]  loc(unknown)\n"
+    "  %3 = sum %x.1.1 {axes=[0,1], keepdim=false} : f32  loc(\"pub_mlp.gdl\":24:19)\n"
+    "  %4 = mean %h.1 {axes=[], keepdim=true} : f32[1,1]  loc(unknown)\n"
+    "  %5 = const {value=0.001} : f32  loc(\"dir/we\\\"ird\\\\.gdl\":1:2)\n"
+    "  %6 = const {value=-inf} : f32  loc(unknown)\n"
+    "  %7 = const {value=2.0} : f64  loc(unknown)\n"
+    "  %8 = const {value=-7} : i32[2]  loc(unknown)\n"
+    "  %9 = concat %h.1, %h, %2 {axis=0} : f32[15,18]  loc(unknown)\n"
+    "  %ce = cross_entropy %h.1, %y {ignore_index=-100, reduction=\"mean\"} : f32  loc(\"pub_mlp.gdl\":20:15)\n"
+    "  %10 = mul %3, %5 : f32  loc(unknown)\n"
+    "  %11 = add %10, %6 : f32  loc(unknown)\n"
+    "  %12 = sub %1, %7 : f64  loc(unknown)\n"
+    "  %13 = pow %h.1 {exponent=3.0} : f32[5,18]  loc(unknown)\n"
+    "  loss %ce {name=\"c\\\"e\\\\\"}  loc(\"pub_mlp.gdl\":23:3)\n"
+    "  grad %W1 {name=\"W1\"}  loc(unknown)\n"
+    "}\n";
+
+static void test_print_writes_documented_format(void **state) {
+  (void)state;
+  IrFunc *f = sample();
+  char *text = print_str(f);
+  assert_string_equal(text, sample_text);
+  free(text);
+  ir_func_free(f);
+}
+
+static void test_print_read_round_trip(void **state) {
+  (void)state;
+  IrFunc *f = sample();
+  char *t1 = print_str(f);
+  char log[2048];
+  IrFunc *g = read_str(t1, strlen(t1), log, sizeof log);
+  if (!g) fail_msg("reader rejected printed IR:\n%s", log);
+  char *t2 = print_str(g);
+  assert_string_equal(t1, t2);
+  /* The reader rebuilt the same graph: names, roles, attributes, locations. */
+  assert_int_equal(g->nops, f->nops);
+  assert_int_equal(g->nargs, 5);
+  assert_string_equal(g->args[0]->name, "x");
+  assert_true(g->args[0]->batched);
+  assert_null(g->args[3]->name); /* numbered: the number is not kept */
+  assert_int_equal(g->args[3]->role, IR_ARG_PARAM);
+  assert_string_equal(g->ops[2]->result->name, "h.1");
+  assert_ptr_equal(g->ops[2]->args[0], g->ops[1]->result);
+  const IrAttr *v = ir_attr_get(g->ops[8], "value");
+  assert_int_equal(v->kind, IR_ATTR_FLOAT);
+  assert_true(isinf(v->f) && v->f < 0);
+  assert_int_equal(ir_attr_get(g->ops[10], "value")->kind, IR_ATTR_INT);
+  assert_string_equal(g->ops[7]->loc.file, "dir/we\"ird\\.gdl");
+  assert_string_equal(ir_attr_get_str(g->ops[17], "name", ""), "c\"e\\");
+  char err2[256];
+  assert_true(ir_verify(g, err2, sizeof err2));
+  free(t1);
+  free(t2);
+  ir_func_free(g);
+  ir_func_free(f);
+}
+
+static void test_read_accepts_dumps_and_comments(void **state) {
+  (void)state;
+  const char *text = "// -----// IR Dump After cse //----- //\n"
+                     "\n"
+                     "func @f(%a: f32[2] param) {   // trailing comment\n"
+                     "\n"
+                     "  %t = neg %a : f32[2]\n"
+                     "  %17 = exp %t:f32[2] loc(unknown)  // numbers are renumbered\n"
+                     "  grad %17 {name=\"a\"}\n"
+                     "}\n"
+                     "// end\n";
+  char log[1024];
+  IrFunc *f = read_str(text, strlen(text), log, sizeof log);
+  if (!f) fail_msg("%s", log);
+  char *t = print_str(f);
+  assert_string_equal(t, "func @f(%a: f32[2] param) {\n"
+                         "  %t = neg %a : f32[2]  loc(unknown)\n"
+                         "  %0 = exp %t : f32[2]  loc(unknown)\n"
+                         "  grad %0 {name=\"a\"}  loc(unknown)\n"
+                         "}\n");
+  free(t);
+  ir_func_free(f);
+}
+
+/* Each malformed input gives one error at the expected place. */
+static void test_read_error_positions(void **state) {
+  (void)state;
+  static const struct {
+    const char *text, *want;
+  } cases[] = {
+      {"func @f(%x: f32[3] input) {\n  %0 = foo %x : f32[3]\n}\n", "t.gir:2:8: error: unknown op 'foo'\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = exp %y : f32[3]\n}\n", "t.gir:2:12: error: undefined value '%y'\n"},
+      {"func @f(%x: f32[3] input) {\n  %x = exp %x : f32[3]\n}\n", "t.gir:2:3: error: redefinition of '%x'\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = exp %x : f32[4]\n}\n",
+       "t.gir:2:8: error: 'exp' has type f32[3], but f32[4] was declared\n"},
+      {"func @f(%x: f32[3] input, %w: f32[4,5] param) {\n  %0 = matmul %x, %w : f32[5]\n}\n",
+       "t.gir:2:8: error: f32[3] @ f32[4,5]: inner dimensions 3 and 4 differ\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = exp %x : f32[3] loc(unknown) junk\n}\n",
+       "t.gir:2:37: error: unexpected 'junk' after the op\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = exp %x : f32[3]\n", "t.gir:3:1: error: expected '}' (to close '{' at line 1)\n"},
+      {"func @f(%x: f33[3] input) {\n}\n", "t.gir:1:13: error: unknown type 'f33'\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=true, keepdim=false} : f32\n}\n",
+       "t.gir:2:8: error: 'sum' attribute 'axes' must be a list of integers\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=[0], axes=[0]} : f32\n}\n",
+       "t.gir:2:26: error: duplicate attribute 'axes'\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=*} : f32\n}\n", "t.gir:2:21: error: unexpected character '*'\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=x} : f32\n}\n",
+       "t.gir:2:21: error: expected an attribute value, got 'x'\n"},
+      {"func @f(%x: f32[99999999999999999999] input) {\n}\n", "t.gir:1:17: error: integer out of range\n"},
+      {"func @f(%x: f32[1099511627776] input) {\n}\n", "t.gir:1:17: error: dimension 1099511627776 out of range\n"},
+      {"func @f(%x: f32[-1] input) {\n}\n", "t.gir:1:17: error: dimension -1 out of range\n"},
+      {"func @f(%x: f32[1,1,1,1,1,1,1,1,1] input) {\n}\n", "t.gir:1:33: error: more than 8 dimensions\n"},
+      {"func @f() {\n}\nfunc @g() {\n}\n", "t.gir:3:1: error: expected end of file after the function, got 'func'\n"},
+      {"func @f(%x: f32 input) {\n  loss %x\n}\n", "t.gir:2:3: error: 'loss' needs attribute 'name'\n"},
+      {"func @f(%x: f32 input) {\n  %l = loss %x {name=\"l\"}\n}\n", "t.gir:2:3: error: 'loss' has no result\n"},
+      {"func @f(%x: f32 input) {\n  exp %x : f32\n}\n", "t.gir:2:3: error: 'exp' needs a result"},
+      {"func @f(%x: f32 input) {\n  %0 = exp %x\n}\n", "t.gir:3:1: error: expected ':' and the result type, got '}'\n"},
+      {"func @f(%x: f32 wat) {\n}\n", "t.gir:1:17: error: expected 'input' or 'param', got 'wat'\n"},
+      {"func @f(%x: f32 input) {\n  %0 = exp %x : f32 loc(\"a\":1:99999999999)\n}\n",
+       "t.gir:2:31: error: column number out of range\n"},
+      {"func @f(%x: f32 input) {\n  %0 = const {value=\"unterminated} : f32\n}\n",
+       "t.gir:2:21: error: unterminated string\n"},
+      {"func @f(%x: f32 input) {\n  %0 = const {value=1.5e} : f32\n}\n", "t.gir:2:21: error: malformed number\n"},
+      {"", "t.gir:1:1: error: expected 'func', got end of file\n"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char log[2048];
+    IrFunc *f = read_str(cases[i].text, strlen(cases[i].text), log, sizeof log);
+    if (f) fail_msg("case %zu: accepted:\n%s", i, cases[i].text);
+    if (strncmp(log, cases[i].want, strlen(cases[i].want)) != 0)
+      fail_msg("case %zu: got\n%s\nwant\n%s", i, log, cases[i].want);
+  }
+  /* The caret sits under the column. */
+  char log[2048];
+  const char *text = "func @f(%x: f32[3] input) {\n  %0 = exp %y : f32[3]\n}\n";
+  assert_null(read_str(text, strlen(text), log, sizeof log));
+  assert_string_equal(log, "t.gir:2:12: error: undefined value '%y'\n  %0 = exp %y : f32[3]\n           ^\n");
+  /* An embedded NUL is an error, reported without the source excerpt. */
+  const char nul[] = "func @f(%x: f32 input) {\n  %0 = exp\0 %x : f32\n}\n";
+  assert_null(read_str(nul, sizeof nul - 1, log, sizeof log));
+  assert_string_equal(log, "t.gir:2:11: error: unexpected byte 0x00\n");
+}
+
+/* Truncations and byte mutations of a valid dump never crash the reader,
+ * and whatever it accepts prints and re-reads to the same text. */
+static void test_read_survives_mutations(void **state) {
+  (void)state;
+  size_t n = strlen(sample_text);
+  char *buf = malloc(n + 1);
+  static const char bytes[] = "%@{}[](),:=\"\\-.0123456789ex \n\0\xff";
+  Rng rng;
+  rng_seed(&rng, 42);
+  for (int it = 0; it < 3000; it++) {
+    memcpy(buf, sample_text, n + 1);
+    size_t len = it < 300 ? (size_t)(rng_next(&rng) % n) : n; /* truncated */
+    int muts = it < 300 ? 0 : 1 + (int)(rng_next(&rng) % 4);
+    for (int k = 0; k < muts; k++) buf[rng_next(&rng) % len] = bytes[rng_next(&rng) % (sizeof bytes - 1)];
+    IrFunc *f = read_str(buf, len, NULL, 0);
+    if (f) {
+      char err2[512];
+      if (!ir_verify(f, err2, sizeof err2)) fail_msg("accepted IR does not verify: %s", err2);
+      char *t1 = print_str(f);
+      IrFunc *g = read_str(t1, strlen(t1), NULL, 0);
+      assert_non_null(g);
+      char *t2 = print_str(g);
+      assert_string_equal(t1, t2);
+      free(t1);
+      free(t2);
+      ir_func_free(g);
+      ir_func_free(f);
+    }
+  }
+  free(buf);
+}
+
+/* ------------------------------------------------------------------ */
+/* Verifier                                                            */
+/* ------------------------------------------------------------------ */
+
+/* f(x: f32[4,8], w: f32[8,8]): a matmul, an all-reduce pair, a loss. */
+static IrFunc *small(void) {
+  const char *text = "func @f(%x: f32[4,8] input, %w: f32[8,8] param) {\n"
+                     "  %y = matmul %x, %w : f32[4,8]\n"
+                     "  %s = all_reduce.start %y {group=\"tp\", ranks=2} : f32[4,8]\n"
+                     "  %r = all_reduce.wait %s : f32[4,8]\n"
+                     "  %t = tanh %r : f32[4,8]\n"
+                     "  %l = sum %t {axes=[], keepdim=false} : f32\n"
+                     "  loss %l {name=\"l\"}\n"
+                     "}\n";
+  char log[1024];
+  IrFunc *f = read_str(text, strlen(text), log, sizeof log);
+  if (!f) fail_msg("%s", log);
+  return f;
+}
+
+static void expect_verify_error(IrFunc *f, const char *want) {
+  char e[1024];
+  if (ir_verify(f, e, sizeof e)) fail_msg("verifier accepted broken IR (want '%s')", want);
+  assert_has(e, want);
+}
+
+static void test_verify_accepts_valid(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  char e[512];
+  assert_true(ir_verify(f, e, sizeof e));
+  ir_func_free(f);
+}
+
+static void test_verify_wrong_result_type(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  f->ops[3]->result->type.shape.dim[0] = 5; /* tanh: f32[5,8] */
+  expect_verify_error(f, "'%t = tanh %r : f32[5,8]  loc(unknown)': result type is f32[5,8], but the operands give f32[4,8]");
+  ir_func_free(f);
+  f = small();
+  f->ops[0]->result->type.dtype = IR_DT_F64;
+  expect_verify_error(f, "result type is f64[4,8], but the operands give f32[4,8]");
+  ir_func_free(f);
+}
+
+static void test_verify_use_before_def(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  IrOp *t = f->ops[3];
+  f->ops[3] = f->ops[4]; /* sum before the tanh it reads */
+  f->ops[4] = t;
+  expect_verify_error(f, "'%l = sum %t {axes=[], keepdim=false} : f32  loc(unknown)': operand %t is used before it is defined");
+  ir_func_free(f);
+  /* an operand whose op was removed from the list */
+  f = small();
+  f->ops[3]->mark = 1;
+  ir_func_remove_marked(f);
+  expect_verify_error(f, "operand %t is used before it is defined");
+  ir_func_free(f);
+}
+
+static void test_verify_wrong_arity(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  f->ops[0]->nargs = 1;
+  expect_verify_error(f, "'matmul' takes 2 operands, has 1");
+  ir_func_free(f);
+}
+
+static void test_verify_wait_without_start(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  f->ops[2]->args[0] = f->ops[0]->result; /* wait on the matmul */
+  expect_verify_error(f, "'all_reduce.wait' must wait on the result of 'all_reduce.start'");
+  ir_func_free(f);
+}
+
+static void test_verify_structure(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  f->ops[1]->result->def = f->ops[0]; /* result points at another op */
+  expect_verify_error(f, "result's defining op is another op");
+  ir_func_free(f);
+
+  f = small();
+  f->ops[5]->result = f->ops[4]->result; /* loss with a result, defined twice */
+  expect_verify_error(f, "'loss' must have no result");
+  ir_func_free(f);
+
+  f = small();
+  f->ops[4]->result = NULL;
+  expect_verify_error(f, "'sum' has no result");
+  ir_func_free(f);
+
+  f = small();
+  f->values[2]->id = 3;
+  expect_verify_error(f, "value #2 has id 3");
+  ir_func_free(f);
+
+  f = small();
+  f->args[0]->def = f->ops[0];
+  expect_verify_error(f, "argument 1 has a defining op");
+  ir_func_free(f);
+
+  f = small();
+  f->ops[4]->attrs[0].kind = IR_ATTR_INT; /* sum {axes=<int>} */
+  expect_verify_error(f, "'sum' attribute 'axes' must be a list of integers");
+  ir_func_free(f);
+
+  /* a value from another function */
+  f = small();
+  IrFunc *g = small();
+  f->ops[3]->args[0] = g->values[5];
+  expect_verify_error(f, "operand 1 is not a value of the function");
+  ir_func_free(g);
+  ir_func_free(f);
+}
+
+static void test_dot_lists_nodes_and_edges(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  ir_write_dot(f, m);
+  fclose(m);
+  assert_has(buf, "digraph \"f\" {");
+  assert_has(buf, "v0 [shape=invhouse, label=\"%x\\nf32[4,8] input\"];");
+  assert_has(buf, "op0 [shape=ellipse, label=\"%y = matmul\\nf32[4,8]\"];");
+  assert_has(buf, "v0 -> op0;");
+  assert_has(buf, "v1 -> op0;");
+  assert_has(buf, "op0 -> op1;");
+  assert_has(buf, "op4 -> op5;");
+  assert_has(buf, "op5 [shape=doublecircle, label=\"loss \\\"l\\\"\"];");
+  free(buf);
+  ir_func_free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_shape_broadcast_helpers, setup, teardown),
@@ -350,6 +742,18 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shape_nn, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_window_and_outputs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_collectives, setup, teardown),
+      cmocka_unit_test(test_print_writes_documented_format),
+      cmocka_unit_test(test_print_read_round_trip),
+      cmocka_unit_test(test_read_accepts_dumps_and_comments),
+      cmocka_unit_test(test_read_error_positions),
+      cmocka_unit_test(test_read_survives_mutations),
+      cmocka_unit_test(test_verify_accepts_valid),
+      cmocka_unit_test(test_verify_wrong_result_type),
+      cmocka_unit_test(test_verify_use_before_def),
+      cmocka_unit_test(test_verify_wrong_arity),
+      cmocka_unit_test(test_verify_wait_without_start),
+      cmocka_unit_test(test_verify_structure),
+      cmocka_unit_test(test_dot_lists_nodes_and_edges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,241 @@
+/* print.c - the IR text form (DESIGN.md §4), as read back by read.c:
+ *
+ *   func @mlp(%x: f32[5,7] input batch, %W1: f32[7,18] param) {
+ *     %0 = matmul %x, %W1 : f32[5,18]  loc("mlp.gdl":20:15)
+ *     %5 = sum %4 {axes=[0,1], keepdim=false} : f32  loc(unknown)
+ *     loss %5 {name="ce"}  loc("mlp.gdl":23:3)
+ *   }
+ *
+ * Values print as their source name, or as a number counting the unnamed
+ * values in definition order; repeated names get ".1", ".2", ... so that
+ * every printed name is unique.  Printing what read.c read gives the same
+ * text again. */
+#include <string.h>
+
+#include "ir.h"
+
+/* ------------------------------------------------------------------ */
+/* Names                                                               */
+/* ------------------------------------------------------------------ */
+
+/* A name the reader accepts after % or @: [A-Za-z0-9_.]+, not all digits
+ * (all-digit names are the printer's numbers). */
+static bool printable_name(const char *s) {
+  if (!s || !*s) return false;
+  bool digits = true;
+  for (const char *p = s; *p; p++) {
+    char c = *p;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+    if (!ok) return false;
+    if (c < '0' || c > '9') digits = false;
+  }
+  return !digits;
+}
+
+/* A source name made printable: other characters become '_'; a name of
+ * digits only gets a leading '_'. */
+static const char *sanitize(Arena *a, const char *s) {
+  if (printable_name(s)) return s;
+  size_t n = strlen(s);
+  char *r = arena_alloc(a, n + 2);
+  size_t k = 0;
+  bool digits = true;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+    if (c < '0' || c > '9') digits = false;
+    r[k++] = ok ? c : '_';
+  }
+  if (digits) {
+    memmove(r + 1, r, k);
+    r[0] = '_';
+    k++;
+  }
+  r[k] = 0;
+  return r;
+}
+
+static bool in_table(const IrFunc *f, const IrValue *v) {
+  return v && v->id >= 0 && v->id < f->nvalues && f->values[v->id] == v;
+}
+
+/* Give v its printed name: its own (made unique) or the next number. */
+static void name_value(IrNames *n, const IrFunc *f, const IrValue *v, Arena *a, StrMap *taken, int *counter) {
+  if (!in_table(f, v) || n->name[v->id]) return;
+  const char *base;
+  if (v->name && *v->name) {
+    base = sanitize(a, v->name);
+  } else {
+    n->name[v->id] = arena_printf(a, "%d", (*counter)++);
+    return;
+  }
+  const char *s = base;
+  for (int k = 1; strmap_get(taken, s); k++) s = arena_printf(a, "%s.%d", base, k);
+  strmap_put(taken, s, (void *)s);
+  n->name[v->id] = s;
+}
+
+void ir_names_init(IrNames *n, const IrFunc *f, Arena *a) {
+  n->name = ARENA_ARRAY(a, const char *, f->nvalues > 0 ? f->nvalues : 1);
+  StrMap taken;
+  strmap_init(&taken);
+  int counter = 0;
+  for (int i = 0; i < f->nargs; i++) name_value(n, f, f->args[i], a, &taken, &counter);
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]) name_value(n, f, f->ops[i]->result, a, &taken, &counter);
+  /* Values no longer defined by any op (left behind by a pass): named
+   * after the live ones so they do not disturb the numbering. */
+  for (int i = 0; i < f->nvalues; i++) name_value(n, f, f->values[i], a, &taken, &counter);
+  strmap_free(&taken);
+}
+
+/* ------------------------------------------------------------------ */
+/* Pieces                                                              */
+/* ------------------------------------------------------------------ */
+
+static void print_value(const IrFunc *f, const IrNames *names, const IrValue *v, StrBuf *out) {
+  if (in_table(f, v) && names->name[v->id])
+    sb_printf(out, "%%%s", names->name[v->id]);
+  else
+    sb_puts(out, v ? "%<unknown>" : "%<null>");
+}
+
+static void print_type(const IrType *t, StrBuf *out) {
+  if ((unsigned)t->dtype >= IR_DT_COUNT || t->shape.rank < 0 || t->shape.rank > IR_MAX_RANK) {
+    sb_puts(out, "<invalid type>");
+    return;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  sb_puts(out, ir_type_str(t, buf, sizeof buf));
+}
+
+/* A string literal: \" \\ \n \t escaped, other control bytes as \xHH. */
+static void print_string(const char *s, StrBuf *out) {
+  sb_putc(out, '"');
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+    if (*p == '"' || *p == '\\')
+      sb_printf(out, "\\%c", *p);
+    else if (*p == '\n')
+      sb_puts(out, "\\n");
+    else if (*p == '\t')
+      sb_puts(out, "\\t");
+    else if (*p < 0x20 || *p == 0x7f)
+      sb_printf(out, "\\x%02x", *p);
+    else
+      sb_putc(out, (char)*p);
+  }
+  sb_putc(out, '"');
+}
+
+static void print_attr(const IrAttr *a, StrBuf *out) {
+  sb_printf(out, "%s=", a->key ? a->key : "?");
+  switch (a->kind) {
+  case IR_ATTR_INT: sb_printf(out, "%lld", (long long)a->i); break;
+  case IR_ATTR_FLOAT: {
+    char buf[64];
+    fmt_double(buf, sizeof buf, a->f);
+    sb_puts(out, buf);
+    break;
+  }
+  case IR_ATTR_BOOL: sb_puts(out, a->i ? "true" : "false"); break;
+  case IR_ATTR_STR: print_string(a->s, out); break;
+  case IR_ATTR_INTS:
+    sb_putc(out, '[');
+    for (int i = 0; a->ints && i < a->n; i++) sb_printf(out, "%s%lld", i ? "," : "", (long long)a->ints[i]);
+    sb_putc(out, ']');
+    break;
+  }
+}
+
+static void print_loc(IrLoc loc, StrBuf *out) {
+  if (!loc.file) {
+    sb_puts(out, "loc(unknown)");
+    return;
+  }
+  sb_puts(out, "loc(");
+  print_string(loc.file, out);
+  sb_printf(out, ":%d:%d)", loc.line, loc.col);
+}
+
+void ir_print_op(const IrFunc *f, const IrNames *names, const IrOp *op, StrBuf *out) {
+  Arena tmp;
+  IrNames own;
+  arena_init(&tmp);
+  if (!names) {
+    ir_names_init(&own, f, &tmp);
+    names = &own;
+  }
+  if ((unsigned)op->opcode >= (unsigned)IR_OP_COUNT) {
+    sb_printf(out, "<invalid opcode %d>", (int)op->opcode);
+    arena_free(&tmp);
+    return;
+  }
+  if (op->result) {
+    print_value(f, names, op->result, out);
+    sb_puts(out, " = ");
+  }
+  sb_puts(out, ir_op_info[op->opcode].name);
+  for (int i = 0; i < op->nargs && op->args; i++) {
+    sb_puts(out, i ? ", " : " ");
+    print_value(f, names, op->args[i], out);
+  }
+  if (op->nattrs > 0 && op->attrs) {
+    sb_puts(out, " {");
+    for (int i = 0; i < op->nattrs; i++) {
+      if (i) sb_puts(out, ", ");
+      print_attr(&op->attrs[i], out);
+    }
+    sb_putc(out, '}');
+  }
+  if (op->result) {
+    sb_puts(out, " : ");
+    print_type(&op->result->type, out);
+  }
+  sb_puts(out, "  ");
+  print_loc(op->loc, out);
+  arena_free(&tmp);
+}
+
+/* ------------------------------------------------------------------ */
+/* Whole functions                                                     */
+/* ------------------------------------------------------------------ */
+
+void ir_print(const IrFunc *f, StrBuf *out) {
+  Arena a;
+  arena_init(&a);
+  IrNames names;
+  ir_names_init(&names, f, &a);
+  sb_puts(out, "func @");
+  if (printable_name(f->name))
+    sb_puts(out, f->name);
+  else
+    print_string(f->name, out);
+  sb_putc(out, '(');
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *v = f->args[i];
+    if (i) sb_puts(out, ", ");
+    print_value(f, &names, v, out);
+    sb_puts(out, ": ");
+    print_type(&v->type, out);
+    if (v->role == IR_ARG_PARAM)
+      sb_puts(out, " param");
+    else
+      sb_puts(out, v->batched ? " input batch" : " input");
+  }
+  sb_puts(out, ") {\n");
+  for (int i = 0; i < f->nops; i++) {
+    sb_puts(out, "  ");
+    ir_print_op(f, &names, f->ops[i], out);
+    sb_putc(out, '\n');
+  }
+  sb_puts(out, "}\n");
+  arena_free(&a);
+}
+
+void ir_print_file(const IrFunc *f, FILE *out) {
+  StrBuf sb;
+  sb_init(&sb);
+  ir_print(f, &sb);
+  fputs(sb_str(&sb), out);
+  sb_free(&sb);
+}

@@ -1,0 +1,598 @@
+/* read.c - parse the IR text form written by print.c back into an IrFunc.
+ *
+ * Grammar (one op per line; `//` comments and blank lines are skipped):
+ *
+ *   file   = func EOF
+ *   func   = "func" "@" (NAME | STRING) "(" (arg ("," arg)*)? ")" "{" op* "}"
+ *   arg    = "%" NAME ":" type ("input" "batch"? | "param")
+ *   op     = ("%" NAME "=")? OPNAME (value ("," value)*)? attrs? (":" type)? loc?
+ *   attrs  = "{" attr ("," attr)* "}"
+ *   attr   = NAME "=" (INT | FLOAT | "true" | "false" | STRING | "[" (INT ("," INT)*)? "]")
+ *   type   = DTYPE ("[" INT ("," INT)* "]")?
+ *   loc    = "loc" "(" ("unknown" | STRING ":" INT ":" INT) ")"
+ *
+ * Every op is built with ir_build, the printed type as the hint, so the
+ * shape rules check the text.  The first error is reported through diag_at
+ * (file:line:col with a caret) and unwinds with longjmp to ir_read, which
+ * frees everything and returns NULL.  The reader must not crash on any
+ * input: it never reads past src->len, bounds every number, and has no
+ * recursion. */
+#include <errno.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+#define MAX_DIM ((int64_t)1 << 40)
+
+typedef enum {
+  TK_EOF,
+  TK_IDENT,   /* func, f32, matmul, grad.seed, true, loc, keys */
+  TK_VALUE,   /* %name */
+  TK_GLOBAL,  /* @name */
+  TK_INT,     /* -12 */
+  TK_FLOAT,   /* 1.5, 1e-05, inf, -inf, nan */
+  TK_STRING,  /* "..." (text holds the quoted form) */
+  TK_PUNCT,   /* one of ( ) { } [ ] , : = */
+} TokKind;
+
+typedef struct Tok {
+  TokKind kind;
+  const char *s; /* start in the source */
+  size_t n;      /* length */
+  int line, col;
+  bool bol; /* first token on its line */
+} Tok;
+
+typedef struct Reader {
+  const SrcFile *src;
+  Diag *diag;
+  jmp_buf fail;
+  const char *p, *end;
+  int line, col;
+  Tok tok; /* current token */
+  IrFunc *f;
+  StrMap values; /* name -> IrValue*, names owned by f's arena */
+  /* Growable scratch (malloc'd, freed by ir_read). */
+  IrValue **args;
+  int nargs, capargs;
+  IrAttr *attrs;
+  int nattrs, capattrs;
+  int64_t *ints;
+  int nints, capints;
+} Reader;
+
+GRADC_NORETURN static void error_at(Reader *r, int line, int col, const char *fmt, ...) GRADC_PRINTF(4, 5);
+static void error_at(Reader *r, int line, int col, const char *fmt, ...) {
+  /* A source line holding a NUL byte would cut the diagnostic short:
+   * report such errors without the source excerpt. */
+  const SrcFile *src = r->src;
+  SrcFile name_only = {r->src->name, NULL, 0};
+  const char *p = r->src->text, *end = p ? p + r->src->len : p;
+  for (int l = 1; p && p < end && l < line; p++)
+    if (*p == '\n') l++;
+  for (; p && p < end && *p != '\n'; p++)
+    if (*p == 0) src = &name_only;
+  va_list ap;
+  va_start(ap, fmt);
+  diag_vat(r->diag, DIAG_ERROR, src, line, col, fmt, ap);
+  va_end(ap);
+  longjmp(r->fail, 1);
+}
+
+/* A token as text for messages: at most 32 bytes, control bytes escaped. */
+static const char *tok_text(const Tok *t, char *buf, size_t n) {
+  if (t->kind == TK_EOF) return "end of file";
+  size_t k = 0;
+  buf[k++] = '\'';
+  for (size_t i = 0; i < t->n && i < 32 && k + 6 < n; i++) {
+    unsigned char c = (unsigned char)t->s[i];
+    if (c < 0x20 || c >= 0x7f)
+      k += (size_t)snprintf(buf + k, n - k, "\\x%02x", c);
+    else
+      buf[k++] = (char)c;
+  }
+  if (t->n > 32 && k + 4 < n) {
+    memcpy(buf + k, "...", 3);
+    k += 3;
+  }
+  buf[k++] = '\'';
+  buf[k] = 0;
+  return buf;
+}
+
+GRADC_NORETURN static void error_tok(Reader *r, const char *what) {
+  char buf[200];
+  error_at(r, r->tok.line, r->tok.col, "expected %s, got %s", what, tok_text(&r->tok, buf, sizeof buf));
+}
+
+/* ------------------------------------------------------------------ */
+/* Lexer                                                               */
+/* ------------------------------------------------------------------ */
+
+static bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.';
+}
+
+static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static void advance(Reader *r) {
+  if (*r->p == '\n') {
+    r->line++;
+    r->col = 1;
+  } else {
+    r->col++;
+  }
+  r->p++;
+}
+
+static bool at(Reader *r, const char *s) {
+  size_t n = strlen(s);
+  return (size_t)(r->end - r->p) >= n && memcmp(r->p, s, n) == 0;
+}
+
+/* Read the next token into r->tok. */
+static void next(Reader *r) {
+  int start_line = r->tok.line;
+  bool newline = r->tok.kind == TK_EOF && r->tok.s == NULL; /* the first token */
+  for (;;) {
+    if (r->p >= r->end) break;
+    char c = *r->p;
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+      advance(r);
+    } else if (at(r, "//")) {
+      while (r->p < r->end && *r->p != '\n') advance(r);
+    } else {
+      break;
+    }
+  }
+  Tok t = {TK_EOF, r->p, 0, r->line, r->col, false};
+  t.bol = newline || r->line != start_line;
+  if (r->p >= r->end) {
+    r->tok = t;
+    r->tok.bol = true;
+    return;
+  }
+  const char *s = r->p;
+  char c = *s;
+  if (c == '%' || c == '@') {
+    advance(r);
+    if (c == '@' && r->p < r->end && *r->p == '"') {
+      /* @"quoted name": the token holds the string; parsed by the caller */
+      t.kind = TK_GLOBAL;
+    } else {
+      while (r->p < r->end && is_name_char(*r->p)) advance(r);
+      if (r->p == s + 1) {
+        r->tok = t;
+        error_at(r, t.line, t.col, "expected a name after '%c'", c);
+      }
+      t.kind = c == '%' ? TK_VALUE : TK_GLOBAL;
+    }
+  } else if (c == '"') {
+    advance(r);
+    while (r->p < r->end && *r->p != '"' && *r->p != '\n') {
+      if (*r->p == '\\' && r->p + 1 < r->end && r->p[1] != '\n') advance(r);
+      advance(r);
+    }
+    if (r->p >= r->end || *r->p != '"') error_at(r, t.line, t.col, "unterminated string");
+    advance(r);
+    t.kind = TK_STRING;
+  } else if (is_digit(c) || (c == '-' && r->p + 1 < r->end && (is_digit(r->p[1]) || r->p[1] == 'i'))) {
+    /* -?digits(.digits)?([eE][+-]?digits)? | -inf */
+    bool is_float = false;
+    if (c == '-') advance(r);
+    if (at(r, "inf")) {
+      for (int i = 0; i < 3; i++) advance(r);
+      is_float = true;
+    } else {
+      while (r->p < r->end && is_digit(*r->p)) advance(r);
+      if (r->p < r->end && *r->p == '.') {
+        is_float = true;
+        advance(r);
+        while (r->p < r->end && is_digit(*r->p)) advance(r);
+      }
+      if (r->p < r->end && (*r->p == 'e' || *r->p == 'E')) {
+        is_float = true;
+        advance(r);
+        if (r->p < r->end && (*r->p == '+' || *r->p == '-')) advance(r);
+        if (r->p >= r->end || !is_digit(*r->p)) error_at(r, t.line, t.col, "malformed number");
+        while (r->p < r->end && is_digit(*r->p)) advance(r);
+      }
+    }
+    if (r->p < r->end && is_name_char(*r->p)) error_at(r, t.line, t.col, "malformed number");
+    t.kind = is_float ? TK_FLOAT : TK_INT;
+  } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_') {
+    while (r->p < r->end && is_name_char(*r->p)) advance(r);
+    t.kind = TK_IDENT;
+  } else if (strchr("(){}[],:=", c) && c != 0) {
+    advance(r);
+    t.kind = TK_PUNCT;
+  } else {
+    unsigned char u = (unsigned char)c;
+    if (u >= 0x20 && u < 0x7f)
+      error_at(r, t.line, t.col, "unexpected character '%c'", c);
+    else
+      error_at(r, t.line, t.col, "unexpected byte 0x%02x", u);
+  }
+  t.n = (size_t)(r->p - s);
+  r->tok = t;
+}
+
+static bool is_punct(const Reader *r, char c) { return r->tok.kind == TK_PUNCT && r->tok.s[0] == c; }
+
+static bool is_ident(const Reader *r, const char *s) {
+  return r->tok.kind == TK_IDENT && strlen(s) == r->tok.n && memcmp(r->tok.s, s, r->tok.n) == 0;
+}
+
+static void expect_punct(Reader *r, char c) {
+  if (!is_punct(r, c)) {
+    char what[8] = {'\'', c, '\'', 0};
+    error_tok(r, what);
+  }
+  next(r);
+}
+
+/* ------------------------------------------------------------------ */
+/* Literals                                                            */
+/* ------------------------------------------------------------------ */
+
+static int64_t parse_int(Reader *r) {
+  if (r->tok.kind != TK_INT) error_tok(r, "an integer");
+  char buf[64];
+  if (r->tok.n >= sizeof buf) error_at(r, r->tok.line, r->tok.col, "integer out of range");
+  memcpy(buf, r->tok.s, r->tok.n);
+  buf[r->tok.n] = 0;
+  errno = 0;
+  char *e;
+  long long v = strtoll(buf, &e, 10);
+  if (errno == ERANGE || *e) error_at(r, r->tok.line, r->tok.col, "integer out of range");
+  next(r);
+  return (int64_t)v;
+}
+
+static double parse_float(Reader *r) {
+  char buf[512];
+  if (r->tok.n >= sizeof buf) error_at(r, r->tok.line, r->tok.col, "number too long");
+  memcpy(buf, r->tok.s, r->tok.n);
+  buf[r->tok.n] = 0;
+  char *e;
+  double v = strtod(buf, &e);
+  if (*e) error_at(r, r->tok.line, r->tok.col, "malformed number");
+  next(r);
+  return v; /* overflow gives inf, underflow 0: both exact enough for text */
+}
+
+/* Decode the current STRING token into f's arena. */
+static const char *parse_string(Reader *r) {
+  if (r->tok.kind != TK_STRING) error_tok(r, "a string");
+  const char *s = r->tok.s + 1, *e = r->tok.s + r->tok.n - 1;
+  char *out = arena_alloc(&r->f->arena, (size_t)(e - s) + 1);
+  size_t k = 0;
+  for (const char *p = s; p < e; p++) {
+    if (*p == 0) error_at(r, r->tok.line, r->tok.col + (int)(p - r->tok.s), "NUL byte in string");
+    if (*p != '\\') {
+      out[k++] = *p;
+      continue;
+    }
+    int col = r->tok.col + (int)(p - r->tok.s);
+    p++;
+    switch (*p) {
+    case '"':
+    case '\\': out[k++] = *p; break;
+    case 'n': out[k++] = '\n'; break;
+    case 't': out[k++] = '\t'; break;
+    case 'x': {
+      int v = 0;
+      for (int i = 0; i < 2; i++) {
+        char c = p + 1 < e ? p[1] : 0;
+        int d = is_digit(c) ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) error_at(r, r->tok.line, col, "malformed \\x escape");
+        v = v * 16 + d;
+        p++;
+      }
+      if (v == 0) error_at(r, r->tok.line, col, "NUL byte in string");
+      out[k++] = (char)v;
+      break;
+    }
+    default: error_at(r, r->tok.line, col, "unknown escape sequence");
+    }
+  }
+  out[k] = 0;
+  next(r);
+  return out;
+}
+
+/* type = DTYPE ("[" INT ("," INT)* "]")? */
+static IrType parse_type(Reader *r) {
+  IrType t;
+  memset(&t, 0, sizeof t);
+  if (r->tok.kind != TK_IDENT) error_tok(r, "a type");
+  if (!ir_dtype_parse(r->tok.s, r->tok.n, &t.dtype)) {
+    char buf[200];
+    error_at(r, r->tok.line, r->tok.col, "unknown type %s", tok_text(&r->tok, buf, sizeof buf));
+  }
+  next(r);
+  /* A '[' directly after the dtype is its shape (attributes are in '{'). */
+  if (!is_punct(r, '[')) return t;
+  next(r);
+  for (;;) {
+    if (t.shape.rank == IR_MAX_RANK) error_at(r, r->tok.line, r->tok.col, "more than %d dimensions", IR_MAX_RANK);
+    int line = r->tok.line, col = r->tok.col;
+    int64_t d = parse_int(r);
+    if (d < 0 || d >= MAX_DIM) error_at(r, line, col, "dimension %lld out of range", (long long)d);
+    t.shape.dim[t.shape.rank++] = d;
+    if (is_punct(r, ']')) break;
+    expect_punct(r, ',');
+  }
+  next(r);
+  return t;
+}
+
+/* ------------------------------------------------------------------ */
+/* Values                                                              */
+/* ------------------------------------------------------------------ */
+
+static bool all_digits(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!is_digit(s[i])) return false;
+  return true;
+}
+
+/* The name of the current %value token, in f's arena (without the %). */
+static const char *value_name(Reader *r) { return arena_strndup(&r->f->arena, r->tok.s + 1, r->tok.n - 1); }
+
+/* Bind a %name to v; a name used twice is an error at `t`. */
+static void define(Reader *r, const Tok *t, const char *name, IrValue *v) {
+  if (strmap_get(&r->values, name)) error_at(r, t->line, t->col, "redefinition of '%%%s'", name);
+  strmap_put(&r->values, name, v);
+  if (!all_digits(name, strlen(name))) v->name = name;
+}
+
+static IrValue *use(Reader *r) {
+  if (r->tok.kind != TK_VALUE) error_tok(r, "a value");
+  char buf[200];
+  const char *name = value_name(r);
+  IrValue *v = strmap_get(&r->values, name);
+  if (!v) error_at(r, r->tok.line, r->tok.col, "undefined value %s", tok_text(&r->tok, buf, sizeof buf));
+  next(r);
+  return v;
+}
+
+/* ------------------------------------------------------------------ */
+/* Ops                                                                 */
+/* ------------------------------------------------------------------ */
+
+#define GROW(arr, n, cap)                                                                                    \
+  do {                                                                                                       \
+    if ((n) == (cap)) {                                                                                      \
+      (cap) = (cap) ? (cap) * 2 : 16;                                                                        \
+      void *p_ = realloc((arr), sizeof(*(arr)) * (size_t)(cap));                                             \
+      if (!p_) abort();                                                                                      \
+      (arr) = p_;                                                                                            \
+    }                                                                                                        \
+  } while (0)
+
+/* attr = NAME "=" value */
+static void parse_attr(Reader *r) {
+  char buf[200];
+  if (r->tok.kind != TK_IDENT) error_tok(r, "an attribute name");
+  Tok key = r->tok;
+  const char *k = arena_strndup(&r->f->arena, key.s, key.n);
+  for (int i = 0; i < r->nattrs; i++)
+    if (strcmp(r->attrs[i].key, k) == 0) error_at(r, key.line, key.col, "duplicate attribute '%s'", k);
+  next(r);
+  expect_punct(r, '=');
+  IrAttr a;
+  if (r->tok.kind == TK_INT) {
+    a = ir_attr_int(k, parse_int(r));
+  } else if (r->tok.kind == TK_FLOAT || is_ident(r, "inf") || is_ident(r, "nan")) {
+    a = ir_attr_float(k, parse_float(r));
+  } else if (is_ident(r, "true") || is_ident(r, "false")) {
+    a = ir_attr_bool(k, r->tok.s[0] == 't');
+    next(r);
+  } else if (r->tok.kind == TK_STRING) {
+    a = ir_attr_str(k, parse_string(r));
+  } else if (is_punct(r, '[')) {
+    next(r);
+    r->nints = 0;
+    if (!is_punct(r, ']')) {
+      for (;;) {
+        GROW(r->ints, r->nints, r->capints);
+        r->ints[r->nints++] = parse_int(r);
+        if (is_punct(r, ']')) break;
+        expect_punct(r, ',');
+      }
+    }
+    next(r);
+    int64_t *v = ARENA_ARRAY(&r->f->arena, int64_t, r->nints > 0 ? r->nints : 1);
+    if (r->nints) memcpy(v, r->ints, sizeof(int64_t) * (size_t)r->nints);
+    a = ir_attr_ints(k, v, r->nints);
+  } else {
+    error_at(r, r->tok.line, r->tok.col, "expected an attribute value, got %s", tok_text(&r->tok, buf, sizeof buf));
+  }
+  GROW(r->attrs, r->nattrs, r->capattrs);
+  r->attrs[r->nattrs++] = a;
+}
+
+/* loc = "loc" "(" ("unknown" | STRING ":" INT ":" INT) ")" */
+static IrLoc parse_loc(Reader *r) {
+  IrLoc loc = {NULL, 0, 0};
+  next(r); /* loc */
+  expect_punct(r, '(');
+  if (is_ident(r, "unknown")) {
+    next(r);
+  } else {
+    loc.file = parse_string(r);
+    expect_punct(r, ':');
+    int line = r->tok.line, col = r->tok.col;
+    int64_t l = parse_int(r);
+    expect_punct(r, ':');
+    int line2 = r->tok.line, col2 = r->tok.col;
+    int64_t c = parse_int(r);
+    if (l < 0 || l > INT_MAX) error_at(r, line, col, "line number out of range");
+    if (c < 0 || c > INT_MAX) error_at(r, line2, col2, "column number out of range");
+    loc.line = (int)l;
+    loc.col = (int)c;
+  }
+  expect_punct(r, ')');
+  return loc;
+}
+
+/* op = ("%" NAME "=")? OPNAME operands? attrs? (":" type)? loc? */
+static void parse_op(Reader *r) {
+  char buf[200];
+  Tok res = r->tok;
+  const char *res_name = NULL;
+  if (res.kind == TK_VALUE) {
+    res_name = value_name(r);
+    next(r);
+    expect_punct(r, '=');
+  }
+  if (r->tok.kind != TK_IDENT) error_tok(r, "an op");
+  Tok optok = r->tok;
+  IrOpcode opc;
+  if (!ir_opcode_parse(optok.s, optok.n, &opc))
+    error_at(r, optok.line, optok.col, "unknown op %s", tok_text(&optok, buf, sizeof buf));
+  bool has_result = ir_op_info[opc].kind != IR_KIND_OUTPUT;
+  if (has_result && !res_name) error_at(r, optok.line, optok.col, "'%s' needs a result: '%%name = %s ...'",
+                                        ir_op_info[opc].name, ir_op_info[opc].name);
+  if (!has_result && res_name) error_at(r, res.line, res.col, "'%s' has no result", ir_op_info[opc].name);
+  next(r);
+
+  r->nargs = 0;
+  if (r->tok.kind == TK_VALUE && !r->tok.bol) {
+    for (;;) {
+      GROW(r->args, r->nargs, r->capargs);
+      r->args[r->nargs++] = use(r);
+      if (!is_punct(r, ',')) break;
+      next(r);
+    }
+  }
+  r->nattrs = 0;
+  if (is_punct(r, '{') && !r->tok.bol) {
+    next(r);
+    for (;;) {
+      parse_attr(r);
+      if (is_punct(r, '}')) break;
+      expect_punct(r, ',');
+    }
+    next(r);
+  }
+  IrType type;
+  bool has_type = false;
+  if (is_punct(r, ':') && !r->tok.bol) {
+    if (!has_result) error_at(r, r->tok.line, r->tok.col, "'%s' has no result type", ir_op_info[opc].name);
+    next(r);
+    type = parse_type(r);
+    has_type = true;
+  }
+  if (has_result && !has_type) error_tok(r, "':' and the result type");
+  IrLoc loc = {NULL, 0, 0};
+  if (is_ident(r, "loc") && !r->tok.bol) loc = parse_loc(r);
+  if (r->tok.kind != TK_EOF && !r->tok.bol)
+    error_at(r, r->tok.line, r->tok.col, "unexpected %s after the op", tok_text(&r->tok, buf, sizeof buf));
+
+  char err[512];
+  IrOp *op = ir_build(r->f, opc, r->args, r->nargs, r->attrs, r->nattrs, has_type ? &type : NULL, loc, err,
+                      sizeof err);
+  if (!op) error_at(r, optok.line, optok.col, "%s", err);
+  if (has_result) define(r, &res, res_name, op->result);
+}
+
+/* ------------------------------------------------------------------ */
+/* Functions                                                           */
+/* ------------------------------------------------------------------ */
+
+/* arg = "%" NAME ":" type ("input" "batch"? | "param") */
+static void parse_arg(Reader *r) {
+  if (r->tok.kind != TK_VALUE) error_tok(r, "an argument '%name: type'");
+  Tok t = r->tok;
+  const char *name = value_name(r);
+  next(r);
+  expect_punct(r, ':');
+  IrType type = parse_type(r);
+  IrArgRole role;
+  bool batched = false;
+  if (is_ident(r, "input")) {
+    role = IR_ARG_INPUT;
+    next(r);
+    if (is_ident(r, "batch")) {
+      batched = true;
+      next(r);
+    }
+  } else if (is_ident(r, "param")) {
+    role = IR_ARG_PARAM;
+    next(r);
+  } else {
+    error_tok(r, "'input' or 'param'");
+  }
+  IrValue *v = ir_func_add_arg(r->f, NULL, type, role, batched);
+  define(r, &t, name, v);
+}
+
+/* func = "func" "@" (NAME | STRING) "(" args ")" "{" op* "}" */
+static void parse_func(Reader *r) {
+  if (!is_ident(r, "func")) error_tok(r, "'func'");
+  next(r);
+  if (r->tok.kind != TK_GLOBAL) error_tok(r, "a function name '@name'");
+  if (r->tok.n == 1) {
+    /* @"quoted name" */
+    next(r);
+    r->f->name = parse_string(r);
+  } else {
+    r->f->name = arena_strndup(&r->f->arena, r->tok.s + 1, r->tok.n - 1);
+    next(r);
+  }
+  expect_punct(r, '(');
+  if (!is_punct(r, ')')) {
+    for (;;) {
+      parse_arg(r);
+      if (is_punct(r, ')')) break;
+      expect_punct(r, ',');
+    }
+  }
+  next(r);
+  Tok open = r->tok;
+  expect_punct(r, '{');
+  if (r->tok.kind != TK_EOF && !r->tok.bol && !is_punct(r, '}'))
+    error_at(r, r->tok.line, r->tok.col, "expected a new line after '{'");
+  while (!is_punct(r, '}')) {
+    if (r->tok.kind == TK_EOF)
+      error_at(r, r->tok.line, r->tok.col, "expected '}' (to close '{' at line %d)", open.line);
+    parse_op(r);
+  }
+  next(r);
+  if (r->tok.kind != TK_EOF) {
+    char buf[200];
+    error_at(r, r->tok.line, r->tok.col, "expected end of file after the function, got %s",
+             tok_text(&r->tok, buf, sizeof buf));
+  }
+}
+
+IrFunc *ir_read(const SrcFile *src, Diag *d) {
+  Reader *r = calloc(1, sizeof *r);
+  if (!r) abort();
+  r->src = src;
+  r->diag = d;
+  r->p = src->text ? src->text : "";
+  r->end = r->p + (src->text ? src->len : 0);
+  r->line = r->col = 1;
+  r->f = ir_func_new("");
+  strmap_init(&r->values);
+  IrFunc *result = NULL;
+  if (setjmp(r->fail) == 0) {
+    next(r);
+    parse_func(r);
+    result = r->f;
+  } else {
+    ir_func_free(r->f);
+  }
+  strmap_free(&r->values);
+  free(r->args);
+  free(r->attrs);
+  free(r->ints);
+  free(r);
+  return result;
+}
