@@ -91,8 +91,12 @@ static IrValue *simplify_op(IrFunc *f, IrOp *op) {
       const int64_t *q;
       ir_attr_get_ints(x->def, "perm", &q);
       int64_t comp[IR_MAX_RANK];
-      for (int i = 0; i < n; i++) comp[i] = q[p[i]];
-      return ir_permute(f, x->def->args[0], comp, op->loc);
+      bool back = true;
+      for (int i = 0; i < n; i++) {
+        comp[i] = q[p[i]];
+        back &= comp[i] == i;
+      }
+      return back ? x->def->args[0] : ir_permute(f, x->def->args[0], comp, op->loc);
     }
   }
   return NULL;
