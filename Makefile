@@ -25,5 +25,10 @@ check-asan:
 demo: build
 	@sh tools/demo.sh $(BUILD)
 
+fuzz:
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADC_FUZZ=ON -DGRADC_TESTS=OFF -DGRADC_WERROR=OFF
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_gdl fuzz_gir
+	@echo "run: build-fuzz/tests/fuzz/fuzz_gdl -max_total_time=60 examples tests/diag"
+
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz
