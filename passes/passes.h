@@ -68,6 +68,10 @@ typedef void (*AdGradFn)(AdCtx *ad, IrOp *op, IrValue *dy);
 void ad_accum(AdCtx *ad, IrValue *x, IrValue *contribution);
 /* The function being differentiated (emit into it). */
 IrFunc *ad_func(AdCtx *ad);
+/* Whether x (a forward value) depends on a float param through
+ * differentiable ops, i.e. whether a contribution to it is used at all;
+ * rules skip operands that do not, so no dead backward is emitted. */
+bool ad_needs_grad(const AdCtx *ad, const IrValue *x);
 
 #define OP(id, name, arity, kind, shape, grad) void ad_grad_##grad(AdCtx *ad, IrOp *op, IrValue *dy);
 #include "../ir/ops.def"
