@@ -103,6 +103,8 @@ static void gc_finish(Gc *g, IrValue *y) {
   PassResult r = pass_autodiff(f, &o, &scratch);
   arena_free(&scratch);
   assert_int_equal(r, PASS_CHANGED);
+  char err[512] = "";
+  if (!ir_verify(f, err, sizeof err)) fail_msg("verifier after autodiff: %s", err);
 }
 
 /* No dead backward: every op appended by autodiff feeds some `grad` output. */
