@@ -23,8 +23,11 @@ IrOp *ir_build(IrFunc *f, IrOpcode opc, IrValue *const *args, int nargs, const I
                const IrType *hint, IrLoc loc, char *err, size_t errlen) {
   const IrOpInfo *info = &ir_op_info[opc];
   if (info->arity >= 0 ? nargs != info->arity : nargs < 1) {
-    snprintf(err, errlen, "'%s' takes %d operand%s, got %d", info->name, info->arity, info->arity == 1 ? "" : "s",
-             nargs);
+    if (info->arity < 0)
+      snprintf(err, errlen, "'%s' takes at least one operand", info->name);
+    else
+      snprintf(err, errlen, "'%s' takes %d operand%s, got %d", info->name, info->arity, info->arity == 1 ? "" : "s",
+               nargs);
     return NULL;
   }
   /* Build the op on the stack first so that a failed inference adds nothing. */
