@@ -120,6 +120,14 @@ typedef enum {
 
 typedef struct IrOp IrOp;
 
+/* Where a value lives once `memplan` has run (docs/BACKEND.md). */
+typedef enum {
+  IR_STORE_NONE,  /* not planned (before memplan), or never materialised (inline consts) */
+  IR_STORE_ARENA, /* a buffer in the step's arena at `offset`, reused when dead */
+  IR_STORE_GRAD,  /* the persistent f32/f64 gradient buffer at `offset`: writes accumulate (+=) */
+  IR_STORE_ALIAS, /* shares its operand's bytes (a reshape of a contiguous buffer) at `offset` */
+} IrStorage;
+
 typedef struct IrValue {
   int id;           /* index into func->values */
   IrType type;
@@ -128,6 +136,9 @@ typedef struct IrValue {
   /* Function arguments only: */
   IrArgRole role;
   bool batched;     /* input whose first axis is the batch axis (split into micro-batches) */
+  /* Set by `memplan` (see docs/BACKEND.md): */
+  IrStorage storage;
+  int64_t offset;   /* byte offset in the arena (IR_STORE_ARENA, IR_STORE_GRAD, IR_STORE_ALIAS) */
 } IrValue;
 
 struct IrOp {
@@ -138,7 +149,9 @@ struct IrOp {
   IrAttr *attrs;
   int nattrs;
   IrLoc loc;
-  int mark; /* scratch for passes; no meaning between passes */
+  int group; /* kernel id set by `fuse` (>= 1), 0 = not in a kernel; a
+                kernel's ops are contiguous in the op list */
+  int mark;  /* scratch for passes; no meaning between passes */
 };
 
 typedef struct IrFunc {
@@ -150,6 +163,9 @@ typedef struct IrFunc {
   int nops, capops;
   IrValue **values; /* every value (args and results), by id */
   int nvalues, capvalues;
+  int64_t arena_size;   /* set by memplan: bytes of the step's arena (0 before) */
+  int64_t persist_size; /* set by memplan: bytes at the arena's start that live across
+                           micro-batches (args, gradient buffers); the rest is reused */
 } IrFunc;
 
 /* ------------------------------------------------------------------ */
