@@ -89,4 +89,100 @@ typedef struct Token {
  * allocated in a (terminated by TK_EOF). */
 int lex_tokenize(const SrcFile *src, Arena *a, Diag *d, Token **out);
 
+/* ------------------------------------------------------------------ */
+/* parser.c: the syntax tree.  Internal to the frontend (lower.c reads  */
+/* it); nodes and statements live in the arena given to parse_program. */
+/* ------------------------------------------------------------------ */
+typedef enum {
+  FE_ND_INT,      /* ival */
+  FE_ND_FLOAT,    /* fval */
+  FE_ND_STR,      /* str */
+  FE_ND_BOOL,     /* ival: true / false */
+  FE_ND_NAME,     /* name */
+  FE_ND_LIST,     /* [items] */
+  FE_ND_ADD,      /* lhs + rhs */
+  FE_ND_SUB,      /* lhs - rhs */
+  FE_ND_MUL,      /* lhs * rhs */
+  FE_ND_DIV,      /* lhs / rhs */
+  FE_ND_MATMUL,   /* lhs @ rhs */
+  FE_ND_NEG,      /* -lhs */
+  FE_ND_POW,      /* lhs ** rhs */
+  FE_ND_CALL,     /* name(items), kw[i] names keyword arguments */
+  FE_ND_INDEX,    /* lhs[items] */
+  FE_ND_SLICE,    /* start:stop:step inside an index, parts may be NULL */
+  FE_ND_ELLIPSIS, /* ... inside an index */
+} FeNodeKind;
+
+typedef struct FeNode FeNode;
+struct FeNode {
+  FeNodeKind kind;
+  Token *tok;       /* what diagnostics point at: operator, call name, literal, '[' */
+  Token *begin;     /* first token of the whole expression */
+  const char *name; /* NAME, CALL (NUL-terminated) */
+  int64_t ival;
+  double fval;
+  const char *str;
+  FeNode *lhs, *rhs;
+  FeNode *start, *stop, *step;
+  FeNode **items;
+  Token **kw; /* CALL: keyword token of each argument, NULL when positional */
+  int nitems;
+  int depth; /* height of the tree, bounded by the parser */
+};
+
+typedef enum { FE_ST_DIM, FE_ST_INPUT, FE_ST_PARAM, FE_ST_ASSIGN, FE_ST_LOSS, FE_ST_FOR } FeStmtKind;
+
+typedef struct FeTypeSpec {
+  Token *tok; /* the dtype name */
+  IrDType dtype;
+  FeNode **shape; /* NULL and rank 0 for a scalar */
+  int rank;
+} FeTypeSpec;
+
+typedef struct FeStmt FeStmt;
+struct FeStmt {
+  FeStmtKind kind;
+  FeStmt *next;
+  Token *tok;     /* the keyword; for an assignment its name */
+  Token *name;    /* declared or assigned name, loop variable */
+  const char *id; /* name as a C string */
+  bool is_batch;  /* DIM declared with `batch` */
+  FeNode *expr;   /* DIM, ASSIGN, LOSS */
+  FeTypeSpec type;         /* INPUT, PARAM */
+  FeInitKind init;         /* PARAM */
+  Token *init_tok;         /* NULL: default zeros */
+  FeNode *init_args[2];
+  FeNode *split;           /* PARAM split(N), or NULL */
+  Token *split_tok;
+  FeNode *from, *to;       /* FOR */
+  FeStmt *body;            /* FOR */
+};
+
+typedef struct FeFn FeFn;
+struct FeFn {
+  Token *name;
+  const char *id;
+  Token **params;
+  const char **param_ids;
+  int nparams;
+  FeStmt *body;
+  FeNode *ret;
+  FeFn *next;
+};
+
+typedef struct FeProgram {
+  Token *name; /* the model's name */
+  const char *id;
+  FeStmt *body;
+  FeFn *fns; /* every fn of the file, in order */
+  int nfns;
+} FeProgram;
+
+/* lexer.c: lex_tokenize that also tells whether any error was reported. */
+int lex_tokenize_checked(const SrcFile *src, Arena *a, Diag *d, Token **out, bool *failed);
+
+/* Parse a token list from lex_tokenize.  Errors go to d; returns NULL if
+ * there was any.  Everything is allocated in a. */
+FeProgram *parse_program(const SrcFile *src, Token *toks, Arena *a, Diag *d);
+
 #endif

@@ -1,0 +1,1478 @@
+/* lower.c - lowers a parsed .gdl model to the forward IR (fe_model_compile).
+ *
+ * The model body is executed statement by statement, like an interpreter
+ * whose values are compile-time numbers, lists, strings, bools or IR values:
+ *   - integer literals, dims and loop variables are exact int64 numbers;
+ *     arithmetic among numbers folds at compile time (exactly for integers);
+ *     a number meeting a tensor becomes a `const` scalar of the tensor's
+ *     float type (f32 when there is none);
+ *   - `for` loops are unrolled and `fn` calls inlined; a fn body sees its
+ *     arguments and the model's declarations (dims, inputs, params);
+ *   - every op goes through ir_build, which checks shapes; its message is
+ *     reported at the op's source location (operator token, call name, '[').
+ * Errors never stop the walk: the value becomes "poison", which silently
+ * poisons everything computed from it, so one mistake gives one message.
+ * An error is reported once per source location and chain of inlined calls
+ * (so once for a for body, not once per iteration), followed by a note per
+ * call site when it lies inside an inlined fn. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+
+enum {
+  MAX_INLINE = 64,     /* nested fn calls */
+  MAX_OPS = 1000000,   /* ops in the function after unrolling and inlining */
+  MAX_TRIP = 1000000,  /* iterations of one for loop */
+  MAX_WORK = 5000000,  /* statements and expression nodes evaluated */
+};
+#define MAX_DIM ((int64_t)INT32_MAX)
+#define MAX_NUMEL ((int64_t)1 << 48)
+
+/* ---- values ---- */
+
+typedef enum { V_NONE, V_POISON, V_INT, V_FLOAT, V_BOOL, V_STR, V_LIST, V_TENSOR } ValKind;
+
+typedef struct Val Val;
+struct Val {
+  ValKind kind; /* V_NONE: unbound (a slot whose name went out of scope) */
+  int64_t i;    /* INT, BOOL */
+  double f;     /* FLOAT */
+  const char *s;
+  IrValue *t;
+  Val *items; /* LIST */
+  int n;
+};
+
+static Val vpoison(void) { return (Val){.kind = V_POISON}; }
+static Val vint(int64_t i) { return (Val){.kind = V_INT, .i = i}; }
+static Val vfloat(double f) { return (Val){.kind = V_FLOAT, .f = f}; }
+static Val vtensor(IrValue *t) { return (Val){.kind = V_TENSOR, .t = t}; }
+static bool is_num(Val v) { return v.kind == V_INT || v.kind == V_FLOAT; }
+static double num(Val v) { return v.kind == V_INT ? (double)v.i : v.f; }
+
+/* What a value is, for messages: "a list", "f32[4,5]". */
+static const char *kind_str(Val v, char *buf, size_t n) {
+  switch (v.kind) {
+  case V_NONE:
+  case V_POISON: return "an invalid value";
+  case V_INT: return "an integer";
+  case V_FLOAT: return "a number";
+  case V_BOOL: return "a bool";
+  case V_STR: return "a string";
+  case V_LIST: return "a list";
+  case V_TENSOR: return ir_type_str(&v.t->type, buf, n);
+  }
+  return "?";
+}
+
+/* ---- the lowering context ---- */
+
+typedef enum {
+  EV_VALUE, /* ordinary expressions: the batch dim is the window size */
+  EV_DIM,   /* dim values: integer division must be exact */
+  EV_SHAPE, /* tensor shapes and reshape targets: exact, batch dim = micro-batch */
+} EvalMode;
+
+typedef struct Decl {
+  const char *what; /* "dim", "batch dim", "input", "param" */
+  const Token *tok;
+  bool is_dim, is_batch;
+  int64_t value; /* dims */
+  Val v;         /* dims: V_INT, inputs/params: V_TENSOR; V_POISON after an error */
+} Decl;
+
+typedef struct Frame {
+  const FeFn *fn;
+  const Token *call;
+} Frame;
+
+typedef struct Lower {
+  const SrcFile *src;
+  const char *file; /* for IrLoc */
+  Diag *d;
+  const FeOptions *opt;
+  Arena *tmp;
+  FeModel *m;
+  IrFunc *f;
+  StrMap decls;      /* name -> Decl */
+  StrMap fns;        /* name -> FeFn */
+  StrMap reported;   /* error keys already reported */
+  StrMap model_vars; /* name -> Val (the model's variables) */
+  StrMap *vars;      /* the current scope: model_vars or a fn frame's */
+  Frame frames[MAX_INLINE];
+  int nframes;
+  EvalMode mode;
+  bool failed;  /* any error */
+  bool stopped; /* give up: too many errors or too much work */
+  long work;
+  const char **losses;
+  const Token **loss_toks;
+  int nlosses, caplosses;
+} Lower;
+
+static IrLoc loc_of(Lower *L, const Token *t) { return (IrLoc){L->file, t->line, t->col}; }
+
+/* Report an error at t, once per location and chain of call sites. */
+static void error_at(Lower *L, const Token *t, const char *fmt, ...) GRADC_PRINTF(3, 4);
+static void error_at(Lower *L, const Token *t, const char *fmt, ...) {
+  L->failed = true;
+  if (L->stopped) return;
+  StrBuf key;
+  sb_init(&key);
+  sb_printf(&key, "%d:%d", t->line, t->col);
+  for (int i = 0; i < L->nframes; i++) sb_printf(&key, "|%d:%d", L->frames[i].call->line, L->frames[i].call->col);
+  bool seen = strmap_get(&L->reported, sb_str(&key)) != NULL;
+  if (!seen) strmap_put(&L->reported, arena_strdup(L->tmp, sb_str(&key)), (void *)1);
+  sb_free(&key);
+  if (seen) return;
+  int before = L->d->nerrors;
+  va_list ap;
+  va_start(ap, fmt);
+  diag_vat(L->d, DIAG_ERROR, L->src, t->line, t->col, fmt, ap);
+  va_end(ap);
+  if (L->d->nerrors > before)
+    for (int i = L->nframes - 1; i >= 0; i--)
+      diag_at(L->d, DIAG_NOTE, L->src, L->frames[i].call->line, L->frames[i].call->col, "in call to '%s' here",
+              L->frames[i].fn->id);
+  if (diag_too_many(L->d)) L->stopped = true;
+}
+
+/* Count work; false (and stop) once the model is unreasonably large. */
+static bool tick(Lower *L, const Token *t) {
+  if (L->stopped) return false;
+  if (++L->work <= MAX_WORK) return true;
+  error_at(L, t, "model is too large after unrolling loops and inlining fns (more than %d steps)", MAX_WORK);
+  L->stopped = true;
+  return false;
+}
+
+/* Build an op at t; on a type or shape error report ir_build's message. */
+static Val build(Lower *L, IrOpcode opc, IrValue *const *args, int nargs, const IrAttr *attrs, int nattrs,
+                 const IrType *hint, const Token *t) {
+  if (L->stopped) return vpoison();
+  char err[512];
+  err[0] = '\0';
+  IrOp *op = ir_build(L->f, opc, args, nargs, attrs, nattrs, hint, loc_of(L, t), err, sizeof err);
+  if (!op) {
+    error_at(L, t, "%s", err[0] ? err : "invalid operation");
+    return vpoison();
+  }
+  if (L->f->nops > MAX_OPS) {
+    error_at(L, t, "model is too large (more than %d operations after unrolling and inlining)", MAX_OPS);
+    L->stopped = true;
+    return vpoison();
+  }
+  if (!op->result) return (Val){.kind = V_NONE};
+  int64_t n = 1;
+  const IrShape *s = &op->result->type.shape;
+  for (int i = 0; i < s->rank; i++) {
+    if (s->dim[i] < 0 || (s->dim[i] > 0 && n > MAX_NUMEL / s->dim[i])) {
+      char buf[IR_TYPE_STR_MAX];
+      error_at(L, t, "result %s is too large", ir_type_str(&op->result->type, buf, sizeof buf));
+      return vpoison();
+    }
+    n *= s->dim[i];
+  }
+  return vtensor(op->result);
+}
+
+/* A number as a scalar `const` of type dt, located at t. */
+static Val materialize(Lower *L, Val v, IrDType dt, const Token *t) {
+  IrAttr a = ir_attr_float("value", num(v));
+  IrType ty = {dt, ir_shape_scalar()};
+  return build(L, IR_OP_CONST, NULL, 0, &a, 1, &ty, t);
+}
+
+/* The type a number takes next to tensor `other`. */
+static IrDType const_dtype(Val other, Val number) {
+  IrDType dt = other.t->type.dtype;
+  if (ir_dtype_is_float(dt)) return dt;
+  if (dt == IR_DT_I32 && number.kind == V_INT) return IR_DT_I32;
+  return IR_DT_F32;
+}
+
+static void name_value(Lower *L, Val v, const char *id) {
+  if (v.kind == V_TENSOR && !v.t->name) v.t->name = arena_strdup(&L->f->arena, id);
+}
+
+/* ---- scopes ---- */
+
+static Val *find_var(StrMap *m, const char *id) {
+  Val *v = strmap_get(m, id);
+  return v && v->kind != V_NONE ? v : NULL;
+}
+
+static void bind(Lower *L, StrMap *scope, const char *id, Val v) {
+  Val *slot = strmap_get(scope, id);
+  if (!slot) {
+    slot = ARENA_NEW(L->tmp, Val);
+    strmap_put(scope, id, slot);
+  }
+  *slot = v;
+}
+
+static Val eval(Lower *L, const FeNode *n);
+
+/* ---- arithmetic ---- */
+
+static int64_t ipow(int64_t b, int64_t e, bool *ovf) {
+  int64_t r = 1;
+  while (e > 0 && !*ovf) {
+    if (e & 1) *ovf |= __builtin_mul_overflow(r, b, &r);
+    e >>= 1;
+    if (e) *ovf |= __builtin_mul_overflow(b, b, &b);
+  }
+  return r;
+}
+
+/* The binary operations that fold on numbers (all but matmul). */
+typedef enum { AR_ADD, AR_SUB, AR_MUL, AR_DIV, AR_MAXIMUM, AR_MINIMUM, AR_MATMUL } Arith;
+
+static IrOpcode arith_opcode(Arith k) {
+  switch (k) {
+  case AR_ADD: return IR_OP_ADD;
+  case AR_SUB: return IR_OP_SUB;
+  case AR_MUL: return IR_OP_MUL;
+  case AR_DIV: return IR_OP_DIV;
+  case AR_MAXIMUM: return IR_OP_MAXIMUM;
+  case AR_MINIMUM: return IR_OP_MINIMUM;
+  case AR_MATMUL: return IR_OP_MATMUL;
+  }
+  return IR_OP_ADD;
+}
+
+/* Fold a binary op between two numbers. */
+static Val fold(Lower *L, Arith k, const Token *t, Val a, Val b) {
+  if (a.kind == V_INT && b.kind == V_INT) {
+    int64_t r = 0;
+    bool ovf = false;
+    switch (k) {
+    case AR_ADD: ovf = __builtin_add_overflow(a.i, b.i, &r); break;
+    case AR_SUB: ovf = __builtin_sub_overflow(a.i, b.i, &r); break;
+    case AR_MUL: ovf = __builtin_mul_overflow(a.i, b.i, &r); break;
+    case AR_MAXIMUM: r = a.i > b.i ? a.i : b.i; break;
+    case AR_MINIMUM: r = a.i < b.i ? a.i : b.i; break;
+    case AR_MATMUL: GRADC_ASSERT(!"fold: matmul of numbers"); break;
+    case AR_DIV:
+      if (b.i == 0) {
+        error_at(L, t, "division by zero");
+        return vpoison();
+      }
+      if (a.i == INT64_MIN && b.i == -1) {
+        ovf = true;
+        break;
+      }
+      if (a.i % b.i == 0) {
+        r = a.i / b.i;
+        break;
+      }
+      if (L->mode != EV_VALUE) {
+        error_at(L, t, "%lld / %lld is not an exact division (sizes must divide exactly)", (long long)a.i,
+                 (long long)b.i);
+        return vpoison();
+      }
+      return vfloat((double)a.i / (double)b.i);
+    }
+    if (ovf) {
+      error_at(L, t, "integer overflow");
+      return vpoison();
+    }
+    return vint(r);
+  }
+  double x = num(a), y = num(b);
+  switch (k) {
+  case AR_ADD: return vfloat(x + y);
+  case AR_SUB: return vfloat(x - y);
+  case AR_MUL: return vfloat(x * y);
+  case AR_MAXIMUM: return vfloat(fmax(x, y));
+  case AR_MINIMUM: return vfloat(fmin(x, y));
+  case AR_MATMUL: GRADC_ASSERT(!"fold: matmul of numbers"); break;
+  case AR_DIV:
+    if (y == 0) {
+      error_at(L, t, "division by zero");
+      return vpoison();
+    }
+    return vfloat(x / y);
+  }
+  return vpoison();
+}
+
+/* Check that v can take part in arithmetic. */
+static bool operand_ok(Lower *L, Val v, const FeNode *vn, const char *op) {
+  if (is_num(v) || v.kind == V_TENSOR) return true;
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, vn->begin, "%s cannot be an operand of '%s'", kind_str(v, buf, sizeof buf), op);
+  return false;
+}
+
+/* a OP b for + - * / @ maximum minimum: fold numbers, else build the op
+ * with numbers turned into scalar consts of the other operand's type. */
+static Val arith(Lower *L, Arith k, const char *opname, const Token *t, Val a, const FeNode *an, Val b,
+                 const FeNode *bn) {
+  if (a.kind == V_POISON || b.kind == V_POISON) return vpoison();
+  if (!operand_ok(L, a, an, opname) || !operand_ok(L, b, bn, opname)) return vpoison();
+  if (k == AR_MATMUL && (a.kind != V_TENSOR || b.kind != V_TENSOR)) {
+    char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
+    error_at(L, t, "'%s' needs two tensors, got %s and %s", opname, kind_str(a, b1, sizeof b1),
+             kind_str(b, b2, sizeof b2));
+    return vpoison();
+  }
+  if (is_num(a) && is_num(b)) return fold(L, k, t, a, b);
+  if (is_num(a)) a = materialize(L, a, const_dtype(b, a), an->tok);
+  if (is_num(b)) b = materialize(L, b, const_dtype(a, b), bn->tok);
+  if (a.kind == V_POISON || b.kind == V_POISON) return vpoison();
+  IrValue *args[2] = {a.t, b.t};
+  return build(L, arith_opcode(k), args, 2, NULL, 0, NULL, t);
+}
+
+/* ---- names ---- */
+
+static const struct Builtin *find_builtin(const char *name);
+
+static Val lookup(Lower *L, const FeNode *n) {
+  Val *v = find_var(L->vars, n->name);
+  if (v) return *v;
+  Decl *dc = strmap_get(&L->decls, n->name);
+  if (dc) {
+    if (dc->is_dim && dc->v.kind == V_INT)
+      return vint(dc->is_batch && L->mode == EV_SHAPE ? L->m->batch_micro : dc->value);
+    return dc->v;
+  }
+  if (L->nframes > 0 && find_var(&L->model_vars, n->name)) {
+    error_at(L, n->tok, "'%s' is not visible inside fn '%s' (a fn body sees its arguments and the model's dims, "
+             "inputs and params)", n->name, L->frames[L->nframes - 1].fn->id);
+  } else if (strmap_get(&L->fns, n->name) || find_builtin(n->name)) {
+    error_at(L, n->tok, "'%s' is a function; call it as %s(...)", n->name, n->name);
+  } else {
+    error_at(L, n->tok, "unknown name '%s'", n->name);
+  }
+  return vpoison();
+}
+
+/* ---- built-in functions ---- */
+
+typedef struct Builtin Builtin;
+/* a[i]: the evaluated argument for parameter i; an[i]: its node, NULL if absent. */
+typedef Val (*BuiltinFn)(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an);
+
+#define MAX_PARAMS 4
+struct Builtin {
+  const char *name;
+  BuiltinFn fn;
+  IrOpcode op;
+  double (*fold)(double); /* the same function on a number, or NULL */
+  int nreq;                      /* required arguments */
+  const char *params[MAX_PARAMS]; /* argument names, in positional order */
+  int shape_arg;                 /* argument evaluated as a shape (batch = micro-batch), or -1 */
+};
+
+static bool arg_tensor(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an) {
+  if (a[i].kind == V_TENSOR) return true;
+  if (is_num(a[i])) {
+    a[i] = materialize(L, a[i], IR_DT_F32, an[i]->tok);
+    return a[i].kind == V_TENSOR;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be a tensor, got %s", b->params[i], call->name,
+           kind_str(a[i], buf, sizeof buf));
+  return false;
+}
+
+static bool arg_int(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                    int64_t *out) {
+  if (a[i].kind == V_INT) {
+    *out = a[i].i;
+    return true;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be a constant integer, got %s", b->params[i], call->name,
+           kind_str(a[i], buf, sizeof buf));
+  return false;
+}
+
+static bool arg_num(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                    double *out) {
+  if (is_num(a[i])) {
+    *out = num(a[i]);
+    return true;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be a constant number, got %s", b->params[i], call->name,
+           kind_str(a[i], buf, sizeof buf));
+  return false;
+}
+
+static bool arg_bool(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an, bool *out) {
+  if (a[i].kind == V_BOOL) {
+    *out = a[i].i != 0;
+    return true;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be true or false, got %s", b->params[i], call->name,
+           kind_str(a[i], buf, sizeof buf));
+  return false;
+}
+
+/* Normalise a possibly negative axis of a tensor of type t. */
+static bool axis_of(Lower *L, int64_t ax, const IrType *t, const Token *at, int64_t *out) {
+  int r = t->shape.rank;
+  if (ax < -r || ax >= r) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, at, "axis %lld is out of range for %s", (long long)ax, ir_type_str(t, buf, sizeof buf));
+    return false;
+  }
+  *out = ax < 0 ? ax + r : ax;
+  return true;
+}
+
+/* axis= int or list of ints, normalised, sorted, distinct; absent: all axes. */
+static bool arg_axes(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                     const IrType *t, int64_t *axes, int *naxes) {
+  int r = t->shape.rank;
+  if (!an[i]) {
+    for (int k = 0; k < r; k++) axes[k] = k;
+    *naxes = r;
+    return true;
+  }
+  const Val *items = &a[i];
+  int n = 1;
+  if (a[i].kind == V_LIST) {
+    items = a[i].items;
+    n = a[i].n;
+  }
+  if (n > r) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, an[i]->begin, "too many axes for %s", ir_type_str(t, buf, sizeof buf));
+    return false;
+  }
+  for (int k = 0; k < n; k++) {
+    if (items[k].kind != V_INT) {
+      char buf[IR_TYPE_STR_MAX];
+      error_at(L, an[i]->begin, "argument '%s' of '%s' must be a constant integer or a list of them, got %s%s",
+               b->params[i], call->name, kind_str(items[k], buf, sizeof buf),
+               strcmp(call->name, "max") == 0 && items[k].kind == V_TENSOR
+                   ? " (for the elementwise maximum of two tensors use maximum(a, b))"
+                   : "");
+      return false;
+    }
+    if (!axis_of(L, items[k].i, t, an[i]->begin, &axes[k])) return false;
+    for (int j = k; j > 0 && axes[j - 1] >= axes[j]; j--) {
+      if (axes[j - 1] == axes[j]) {
+        error_at(L, an[i]->begin, "axis %lld is repeated", (long long)axes[j]);
+        return false;
+      }
+      int64_t tmp = axes[j - 1];
+      axes[j - 1] = axes[j];
+      axes[j] = tmp;
+    }
+  }
+  *naxes = n;
+  return true;
+}
+
+static double f_rsqrt(double x) { return 1 / sqrt(x); }
+static double f_sigmoid(double x) { return 1 / (1 + exp(-x)); }
+static double f_relu(double x) { return x > 0 ? x : 0; }
+static double f_gelu(double x) {
+  const double k = 0.7978845608028654; /* sqrt(2 / pi) */
+  return 0.5 * x * (1 + tanh(k * (x + 0.044715 * x * x * x)));
+}
+static double f_silu(double x) { return x / (1 + exp(-x)); }
+
+/* exp log sqrt rsqrt tanh sigmoid relu gelu silu abs: a number folds (in
+ * double, rounded once when it meets a tensor), a tensor gets the op. */
+static Val bi_unary_math(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (is_num(a[0])) {
+    if (a[0].kind == V_INT && b->op == IR_OP_RELU) return vint(a[0].i > 0 ? a[0].i : 0);
+    if (a[0].kind == V_INT && b->op == IR_OP_ABS && a[0].i != INT64_MIN) return vint(a[0].i < 0 ? -a[0].i : a[0].i);
+    return vfloat(b->fold(num(a[0])));
+  }
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return build(L, b->op, &a[0].t, 1, NULL, 0, NULL, call->tok);
+}
+
+/* detach causal_mask */
+static Val bi_unary(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (b->op == IR_OP_DETACH && is_num(a[0])) return a[0];
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return build(L, b->op, &a[0].t, 1, NULL, 0, NULL, call->tok);
+}
+
+/* maximum minimum matmul */
+static Val bi_binary(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  Arith k = b->op == IR_OP_MAXIMUM ? AR_MAXIMUM : b->op == IR_OP_MINIMUM ? AR_MINIMUM : AR_MATMUL;
+  return arith(L, k, call->name, call->tok, a[0], an[0], a[1], an[1]);
+}
+
+/* transpose(x, dim0, dim1) -> permute */
+static Val bi_transpose(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t d0, d1;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_int(L, call, b, 1, a, an, &d0) ||
+      !arg_int(L, call, b, 2, a, an, &d1))
+    return vpoison();
+  const IrType *t = &a[0].t->type;
+  if (!axis_of(L, d0, t, an[1]->begin, &d0) || !axis_of(L, d1, t, an[2]->begin, &d1)) return vpoison();
+  int64_t perm[IR_MAX_RANK];
+  for (int i = 0; i < t->shape.rank; i++) perm[i] = i;
+  perm[d0] = d1;
+  perm[d1] = d0;
+  IrAttr at = ir_attr_ints("perm", perm, t->shape.rank);
+  return build(L, IR_OP_PERMUTE, &a[0].t, 1, &at, 1, NULL, call->tok);
+}
+
+/* permute(x, [axes]) */
+static Val bi_permute(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  const IrType *t = &a[0].t->type;
+  int r = t->shape.rank;
+  char buf[IR_TYPE_STR_MAX];
+  if (a[1].kind != V_LIST || a[1].n != r) {
+    error_at(L, an[1]->begin, "argument 'dims' of 'permute' must be a list of %d axes for %s", r,
+             ir_type_str(t, buf, sizeof buf));
+    return vpoison();
+  }
+  int64_t perm[IR_MAX_RANK];
+  bool seen[IR_MAX_RANK] = {false};
+  for (int i = 0; i < r; i++) {
+    if (a[1].items[i].kind != V_INT) {
+      error_at(L, an[1]->begin, "argument 'dims' of 'permute' must be a list of constant integers");
+      return vpoison();
+    }
+    if (!axis_of(L, a[1].items[i].i, t, an[1]->begin, &perm[i])) return vpoison();
+    if (seen[perm[i]]) {
+      error_at(L, an[1]->begin, "axis %lld is repeated in a permutation", (long long)perm[i]);
+      return vpoison();
+    }
+    seen[perm[i]] = true;
+  }
+  IrAttr at = ir_attr_ints("perm", perm, r);
+  return build(L, IR_OP_PERMUTE, &a[0].t, 1, &at, 1, NULL, call->tok);
+}
+
+static void shape_str(const int64_t *d, int n, char *buf, size_t len) {
+  size_t k = (size_t)snprintf(buf, len, "[");
+  for (int i = 0; i < n && k < len; i++) k += (size_t)snprintf(buf + k, len - k, "%s%lld", i ? "," : "", (long long)d[i]);
+  if (k < len) snprintf(buf + k, len - k, "]");
+}
+
+/* reshape(x, [sizes]) with at most one -1 */
+static Val bi_reshape(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  const IrType *t = &a[0].t->type;
+  char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
+  if (a[1].kind != V_LIST) {
+    error_at(L, an[1]->begin, "argument 'shape' of 'reshape' must be a list of sizes, got %s",
+             kind_str(a[1], b1, sizeof b1));
+    return vpoison();
+  }
+  int n = a[1].n;
+  if (n > IR_MAX_RANK) {
+    error_at(L, an[1]->begin, "a tensor has at most %d dimensions", IR_MAX_RANK);
+    return vpoison();
+  }
+  int64_t dims[IR_MAX_RANK];
+  int infer = -1;
+  int64_t known = 1;
+  for (int i = 0; i < n; i++) {
+    Val v = a[1].items[i];
+    if (v.kind != V_INT || v.i == 0 || v.i < -1 || v.i > MAX_DIM) {
+      const FeNode *at = an[1]->kind == FE_ND_LIST ? an[1]->items[i] : an[1];
+      if (v.kind == V_INT)
+        error_at(L, at->begin, "a reshape size must be positive or -1, got %lld", (long long)v.i);
+      else
+        error_at(L, at->begin, "a reshape size must be a constant integer, got %s", kind_str(v, b1, sizeof b1));
+      return vpoison();
+    }
+    dims[i] = v.i;
+    if (v.i == -1) {
+      if (infer >= 0) {
+        const FeNode *at = an[1]->kind == FE_ND_LIST ? an[1]->items[i] : an[1];
+        error_at(L, at->begin, "only one reshape size can be -1");
+        return vpoison();
+      }
+      infer = i;
+    } else {
+      if (known > MAX_NUMEL / v.i) known = MAX_NUMEL + 1; /* no overflow; cannot match */
+      else known *= v.i;
+    }
+  }
+  int64_t numel = ir_numel(&t->shape);
+  if (infer >= 0 && known > 0 && numel % known == 0 && numel / known > 0) dims[infer] = numel / known;
+  else if (infer >= 0) known = -1;
+  if (known < 0 || (infer < 0 && known != numel)) {
+    shape_str(dims, n, b2, sizeof b2);
+    error_at(L, call->tok, "cannot reshape %s (%lld elements) to %s", ir_type_str(t, b1, sizeof b1),
+             (long long)numel, b2);
+    return vpoison();
+  }
+  IrAttr at = ir_attr_ints("shape", dims, n);
+  return build(L, IR_OP_RESHAPE, &a[0].t, 1, &at, 1, NULL, call->tok);
+}
+
+/* sum mean max logsumexp (x, axis, keepdim) */
+static Val bi_reduce(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  int64_t axes[IR_MAX_RANK];
+  int naxes;
+  bool keepdim = false;
+  if (!arg_axes(L, call, b, 1, a, an, &a[0].t->type, axes, &naxes)) return vpoison();
+  if (an[2] && !arg_bool(L, call, b, 2, a, an, &keepdim)) return vpoison();
+  IrAttr at[2] = {ir_attr_ints("axes", axes, naxes), ir_attr_bool("keepdim", keepdim)};
+  return build(L, b->op, &a[0].t, 1, at, 2, NULL, call->tok);
+}
+
+/* softmax log_softmax (x, axis=-1) */
+static Val bi_softmax(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis = -1;
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  if (an[1] && !arg_int(L, call, b, 1, a, an, &axis)) return vpoison();
+  if (!axis_of(L, axis, &a[0].t->type, an[1] ? an[1]->begin : call->tok, &axis)) return vpoison();
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, b->op, &a[0].t, 1, &at, 1, NULL, call->tok);
+}
+
+/* layer_norm(x, weight, bias, eps=1e-5)  rms_norm(x, weight, eps=1e-6) */
+static Val bi_norm(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int nt = b->op == IR_OP_LAYER_NORM ? 3 : 2;
+  double eps = b->op == IR_OP_LAYER_NORM ? 1e-5 : 1e-6;
+  for (int i = 0; i < nt; i++)
+    if (!arg_tensor(L, call, b, i, a, an)) return vpoison();
+  if (an[nt] && !arg_num(L, call, b, nt, a, an, &eps)) return vpoison();
+  if (!(eps >= 0)) {
+    error_at(L, an[nt]->begin, "eps must not be negative");
+    return vpoison();
+  }
+  IrValue *args[3] = {a[0].t, a[1].t, nt == 3 ? a[2].t : NULL};
+  IrAttr at = ir_attr_float("eps", eps);
+  return build(L, b->op, args, nt, &at, 1, NULL, call->tok);
+}
+
+/* embedding(idx, table) */
+static Val bi_embedding(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_tensor(L, call, b, 1, a, an)) return vpoison();
+  IrValue *args[2] = {a[0].t, a[1].t};
+  return build(L, IR_OP_EMBEDDING, args, 2, NULL, 0, NULL, call->tok);
+}
+
+/* concat([a, b, ...], axis=0) */
+static Val bi_concat(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  char buf[IR_TYPE_STR_MAX];
+  if (a[0].kind != V_LIST || a[0].n == 0) {
+    error_at(L, an[0]->begin, "argument 'tensors' of 'concat' must be a non-empty list of tensors, got %s",
+             a[0].kind == V_LIST ? "an empty list" : kind_str(a[0], buf, sizeof buf));
+    return vpoison();
+  }
+  int n = a[0].n;
+  IrValue **args = ARENA_ARRAY(L->tmp, IrValue *, n);
+  for (int i = 0; i < n; i++) {
+    Val v = a[0].items[i];
+    if (v.kind != V_TENSOR) {
+      const FeNode *at = an[0]->kind == FE_ND_LIST ? an[0]->items[i] : an[0];
+      error_at(L, at->begin, "element %d of the list given to 'concat' must be a tensor, got %s", i + 1,
+               kind_str(v, buf, sizeof buf));
+      return vpoison();
+    }
+    args[i] = v.t;
+  }
+  int64_t axis = 0;
+  if (an[1] && !arg_int(L, call, b, 1, a, an, &axis)) return vpoison();
+  if (!axis_of(L, axis, &args[0]->type, an[1] ? an[1]->begin : call->tok, &axis)) return vpoison();
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, IR_OP_CONCAT, args, n, &at, 1, NULL, call->tok);
+}
+
+static bool arg_reduction(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                          const char **out) {
+  *out = "mean";
+  if (!an[i]) return true;
+  if (a[i].kind == V_STR &&
+      (strcmp(a[i].s, "mean") == 0 || strcmp(a[i].s, "sum") == 0 || strcmp(a[i].s, "none") == 0)) {
+    *out = a[i].s;
+    return true;
+  }
+  error_at(L, an[i]->begin, "argument 'reduction' of '%s' must be \"mean\", \"sum\" or \"none\"", call->name);
+  (void)b;
+  return false;
+}
+
+/* cross_entropy(logits, target, ignore_index=-100, reduction="mean") */
+static Val bi_cross_entropy(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t ignore = -100;
+  const char *red;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_tensor(L, call, b, 1, a, an)) return vpoison();
+  if (an[2] && !arg_int(L, call, b, 2, a, an, &ignore)) return vpoison();
+  if (!arg_reduction(L, call, b, 3, a, an, &red)) return vpoison();
+  IrValue *args[2] = {a[0].t, a[1].t};
+  IrAttr at[2] = {ir_attr_int("ignore_index", ignore), ir_attr_str("reduction", red)};
+  return build(L, IR_OP_CROSS_ENTROPY, args, 2, at, 2, NULL, call->tok);
+}
+
+/* mse_loss(input, target, reduction="mean") */
+static Val bi_mse_loss(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  const char *red;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_tensor(L, call, b, 1, a, an)) return vpoison();
+  if (!arg_reduction(L, call, b, 2, a, an, &red)) return vpoison();
+  IrValue *args[2] = {a[0].t, a[1].t};
+  IrAttr at = ir_attr_str("reduction", red);
+  return build(L, IR_OP_MSE_LOSS, args, 2, &at, 1, NULL, call->tok);
+}
+
+static const Builtin builtins[] = {
+    {"exp", bi_unary_math, IR_OP_EXP, exp, 1, {"x"}, -1},
+    {"log", bi_unary_math, IR_OP_LOG, log, 1, {"x"}, -1},
+    {"sqrt", bi_unary_math, IR_OP_SQRT, sqrt, 1, {"x"}, -1},
+    {"rsqrt", bi_unary_math, IR_OP_RSQRT, f_rsqrt, 1, {"x"}, -1},
+    {"tanh", bi_unary_math, IR_OP_TANH, tanh, 1, {"x"}, -1},
+    {"sigmoid", bi_unary_math, IR_OP_SIGMOID, f_sigmoid, 1, {"x"}, -1},
+    {"relu", bi_unary_math, IR_OP_RELU, f_relu, 1, {"x"}, -1},
+    {"gelu", bi_unary_math, IR_OP_GELU, f_gelu, 1, {"x"}, -1},
+    {"silu", bi_unary_math, IR_OP_SILU, f_silu, 1, {"x"}, -1},
+    {"abs", bi_unary_math, IR_OP_ABS, fabs, 1, {"x"}, -1},
+    {"detach", bi_unary, IR_OP_DETACH, NULL, 1, {"x"}, -1},
+    {"causal_mask", bi_unary, IR_OP_CAUSAL_MASK, NULL, 1, {"x"}, -1},
+    {"maximum", bi_binary, IR_OP_MAXIMUM, NULL, 2, {"a", "b"}, -1},
+    {"minimum", bi_binary, IR_OP_MINIMUM, NULL, 2, {"a", "b"}, -1},
+    {"matmul", bi_binary, IR_OP_MATMUL, NULL, 2, {"a", "b"}, -1},
+    {"transpose", bi_transpose, IR_OP_PERMUTE, NULL, 3, {"x", "dim0", "dim1"}, -1},
+    {"permute", bi_permute, IR_OP_PERMUTE, NULL, 2, {"x", "dims"}, -1},
+    {"reshape", bi_reshape, IR_OP_RESHAPE, NULL, 2, {"x", "shape"}, 1},
+    {"sum", bi_reduce, IR_OP_SUM, NULL, 1, {"x", "axis", "keepdim"}, -1},
+    {"mean", bi_reduce, IR_OP_MEAN, NULL, 1, {"x", "axis", "keepdim"}, -1},
+    {"max", bi_reduce, IR_OP_MAX, NULL, 1, {"x", "axis", "keepdim"}, -1},
+    {"logsumexp", bi_reduce, IR_OP_LOGSUMEXP, NULL, 2, {"x", "axis", "keepdim"}, -1},
+    {"softmax", bi_softmax, IR_OP_SOFTMAX, NULL, 1, {"x", "axis"}, -1},
+    {"log_softmax", bi_softmax, IR_OP_LOG_SOFTMAX, NULL, 1, {"x", "axis"}, -1},
+    {"layer_norm", bi_norm, IR_OP_LAYER_NORM, NULL, 3, {"x", "weight", "bias", "eps"}, -1},
+    {"rms_norm", bi_norm, IR_OP_RMS_NORM, NULL, 2, {"x", "weight", "eps"}, -1},
+    {"embedding", bi_embedding, IR_OP_EMBEDDING, NULL, 2, {"idx", "table"}, -1},
+    {"concat", bi_concat, IR_OP_CONCAT, NULL, 1, {"tensors", "axis"}, -1},
+    {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, NULL, 2, {"logits", "target", "ignore_index", "reduction"}, -1},
+    {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, NULL, 2, {"input", "target", "reduction"}, -1},
+};
+
+static const Builtin *find_builtin(const char *name) {
+  for (size_t i = 0; i < sizeof builtins / sizeof *builtins; i++)
+    if (strcmp(builtins[i].name, name) == 0) return &builtins[i];
+  return NULL;
+}
+
+static int nparams_of(const Builtin *b) {
+  int n = 0;
+  while (n < MAX_PARAMS && b->params[n]) n++;
+  return n;
+}
+
+/* Match a call's arguments to parameter names: slot[i] is the argument
+ * node for parameter i, or NULL. */
+static bool bind_args(Lower *L, const FeNode *call, const char *const *names, int nparams, int nreq,
+                      const FeNode **slot) {
+  for (int i = 0; i < nparams; i++) slot[i] = NULL;
+  int npos = 0;
+  while (npos < call->nitems && !call->kw[npos]) npos++;
+  if (npos > nparams) {
+    if (nreq == nparams)
+      error_at(L, call->tok, "'%s' takes %d argument%s, got %d", call->name, nparams, nparams == 1 ? "" : "s", npos);
+    else
+      error_at(L, call->tok, "'%s' takes at most %d arguments, got %d", call->name, nparams, npos);
+    return false;
+  }
+  for (int i = 0; i < npos; i++) slot[i] = call->items[i];
+  for (int i = npos; i < call->nitems; i++) {
+    const Token *kw = call->kw[i];
+    int k = -1;
+    for (int j = 0; j < nparams; j++)
+      if ((size_t)kw->len == strlen(names[j]) && memcmp(kw->text, names[j], (size_t)kw->len) == 0) k = j;
+    if (k < 0) {
+      bool axis = false;
+      for (int j = 0; j < nparams; j++) axis |= strcmp(names[j], "axis") == 0;
+      error_at(L, kw, "'%s' has no argument named '%.*s'%s", call->name, kw->len, kw->text,
+               axis && kw->len == 3 && memcmp(kw->text, "dim", 3) == 0 ? " (did you mean 'axis'?)" : "");
+      return false;
+    }
+    if (slot[k]) {
+      error_at(L, kw, "argument '%s' of '%s' is given twice", names[k], call->name);
+      return false;
+    }
+    slot[k] = call->items[i];
+  }
+  for (int i = 0; i < nreq; i++)
+    if (!slot[i]) {
+      error_at(L, call->tok, "missing argument '%s' in call to '%s'", names[i], call->name);
+      return false;
+    }
+  return true;
+}
+
+static Val call_builtin(Lower *L, const FeNode *call, const Builtin *b) {
+  const FeNode *an[MAX_PARAMS];
+  Val a[MAX_PARAMS];
+  int np = nparams_of(b);
+  if (!bind_args(L, call, b->params, np, b->nreq, an)) return vpoison();
+  bool poisoned = false;
+  for (int i = 0; i < np; i++) {
+    a[i] = (Val){.kind = V_NONE};
+    if (!an[i]) continue;
+    EvalMode saved = L->mode;
+    L->mode = i == b->shape_arg ? EV_SHAPE : EV_VALUE;
+    a[i] = eval(L, an[i]);
+    L->mode = saved;
+    poisoned |= a[i].kind == V_POISON;
+  }
+  if (poisoned || L->stopped) return vpoison();
+  return b->fn(L, call, b, a, an);
+}
+
+static void exec_stmts(Lower *L, const FeStmt *s);
+
+/* Inline a user fn: bind its arguments in a fresh scope, run its body,
+ * evaluate its return expression. */
+static Val call_fn(Lower *L, const FeNode *call, const FeFn *fn) {
+  for (int i = 0; i < L->nframes; i++)
+    if (L->frames[i].fn == fn) {
+      error_at(L, call->tok, "fn '%s' calls itself (recursion is not supported)", fn->id);
+      return vpoison();
+    }
+  if (L->nframes == MAX_INLINE) {
+    error_at(L, call->tok, "fn calls are nested too deeply (more than %d)", MAX_INLINE);
+    return vpoison();
+  }
+  const FeNode **an = ARENA_ARRAY(L->tmp, const FeNode *, fn->nparams ? fn->nparams : 1);
+  if (!bind_args(L, call, fn->param_ids, fn->nparams, fn->nparams, an)) return vpoison();
+  StrMap scope;
+  strmap_init(&scope);
+  for (int i = 0; i < fn->nparams; i++) bind(L, &scope, fn->param_ids[i], eval(L, an[i]));
+  StrMap *saved_vars = L->vars;
+  EvalMode saved_mode = L->mode;
+  L->vars = &scope;
+  L->mode = EV_VALUE;
+  L->frames[L->nframes++] = (Frame){fn, call->tok};
+  exec_stmts(L, fn->body);
+  Val r = eval(L, fn->ret);
+  L->nframes--;
+  L->vars = saved_vars;
+  L->mode = saved_mode;
+  strmap_free(&scope);
+  return r;
+}
+
+static Val call(Lower *L, const FeNode *n) {
+  const FeFn *fn = strmap_get(&L->fns, n->name);
+  if (fn) return call_fn(L, n, fn);
+  const Builtin *b = find_builtin(n->name);
+  if (b) return call_builtin(L, n, b);
+  if (find_var(L->vars, n->name) || strmap_get(&L->decls, n->name))
+    error_at(L, n->tok, "'%s' is not a function", n->name);
+  else
+    error_at(L, n->tok, "unknown function '%s'", n->name);
+  return vpoison();
+}
+
+/* ---- indexing ---- */
+
+/* One index or slice bound: a constant integer. */
+static bool index_int(Lower *L, const FeNode *n, const char *what, int64_t *out) {
+  Val v = eval(L, n);
+  if (v.kind == V_POISON) return false;
+  if (v.kind == V_INT) {
+    *out = v.i;
+    return true;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, n->begin, "%s must be a constant integer, got %s%s", what, kind_str(v, buf, sizeof buf),
+           v.kind == V_TENSOR ? " (use embedding() to gather rows)" : "");
+  return false;
+}
+
+/* x[items]: NumPy basic indexing.  One `slice` over all axes (left out
+ * when everything is selected), then a `reshape` dropping the axes indexed
+ * by an integer. */
+static Val lower_index(Lower *L, const FeNode *n) {
+  Val base = eval(L, n->lhs);
+  if (base.kind == V_POISON) return base;
+  char buf[IR_TYPE_STR_MAX];
+  if (base.kind != V_TENSOR) {
+    error_at(L, n->tok, "cannot index %s", kind_str(base, buf, sizeof buf));
+    return vpoison();
+  }
+  const IrType *t = &base.t->type;
+  int r = t->shape.rank, m = 0;
+  const FeNode *ellipsis = NULL;
+  for (int i = 0; i < n->nitems; i++) {
+    if (n->items[i]->kind != FE_ND_ELLIPSIS) {
+      m++;
+    } else if (ellipsis) {
+      error_at(L, n->items[i]->tok, "an index can have only one '...'");
+      return vpoison();
+    } else {
+      ellipsis = n->items[i];
+    }
+  }
+  if (m > r) {
+    error_at(L, n->tok, "too many indices for %s: %d given", ir_type_str(t, buf, sizeof buf), m);
+    return vpoison();
+  }
+  int64_t starts[IR_MAX_RANK], stops[IR_MAX_RANK], steps[IR_MAX_RANK], keep[IR_MAX_RANK];
+  bool drop[IR_MAX_RANK];
+  for (int k = 0; k < r; k++) {
+    starts[k] = 0;
+    stops[k] = t->shape.dim[k];
+    steps[k] = 1;
+    drop[k] = false;
+  }
+  int axis = 0;
+  for (int i = 0; i < n->nitems; i++) {
+    const FeNode *it = n->items[i];
+    if (it->kind == FE_ND_ELLIPSIS) {
+      axis += r - m;
+      continue;
+    }
+    int64_t len = t->shape.dim[axis];
+    if (it->kind == FE_ND_SLICE) {
+      int64_t lo = 0, hi = len, step = 1;
+      if (it->step) {
+        if (!index_int(L, it->step, "a slice step", &step)) return vpoison();
+        if (step < 1) {
+          error_at(L, it->step->begin, "a slice step must be positive, got %lld", (long long)step);
+          return vpoison();
+        }
+      }
+      if (it->start && !index_int(L, it->start, "a slice bound", &lo)) return vpoison();
+      if (it->stop && !index_int(L, it->stop, "a slice bound", &hi)) return vpoison();
+      if (lo < 0) lo = lo < -len ? 0 : lo + len;
+      if (hi < 0) hi = hi < -len ? 0 : hi + len;
+      if (lo > len) lo = len;
+      if (hi > len) hi = len;
+      if (hi <= lo) {
+        error_at(L, it->begin, "the slice selects nothing of axis %d (size %lld) of %s", axis, (long long)len,
+                 ir_type_str(t, buf, sizeof buf));
+        return vpoison();
+      }
+      starts[axis] = lo;
+      stops[axis] = hi;
+      steps[axis] = step;
+    } else {
+      int64_t ix;
+      if (!index_int(L, it, "an index", &ix)) return vpoison();
+      if (ix < -len || ix >= len) {
+        error_at(L, it->begin, "index %lld is out of range for axis %d of %s", (long long)ix, axis,
+                 ir_type_str(t, buf, sizeof buf));
+        return vpoison();
+      }
+      if (ix < 0) ix += len;
+      starts[axis] = ix;
+      stops[axis] = ix + 1;
+      drop[axis] = true;
+    }
+    axis++;
+  }
+  Val v = base;
+  bool full = true, any_drop = false;
+  for (int k = 0; k < r; k++) {
+    full &= starts[k] == 0 && stops[k] == t->shape.dim[k] && steps[k] == 1;
+    any_drop |= drop[k];
+  }
+  if (!full) {
+    IrAttr at[3] = {ir_attr_ints("starts", starts, r), ir_attr_ints("stops", stops, r),
+                    ir_attr_ints("steps", steps, r)};
+    v = build(L, IR_OP_SLICE, &v.t, 1, at, 3, NULL, n->tok);
+    if (v.kind != V_TENSOR) return vpoison();
+  }
+  if (any_drop) {
+    int nk = 0;
+    for (int k = 0; k < r; k++)
+      if (!drop[k]) keep[nk++] = v.t->type.shape.dim[k];
+    IrAttr at = ir_attr_ints("shape", keep, nk);
+    v = build(L, IR_OP_RESHAPE, &v.t, 1, &at, 1, NULL, n->tok);
+  }
+  return v;
+}
+
+/* ---- expressions ---- */
+
+static Arith arith_of(FeNodeKind k) {
+  return k == FE_ND_ADD ? AR_ADD : k == FE_ND_SUB ? AR_SUB : k == FE_ND_MUL ? AR_MUL : k == FE_ND_DIV ? AR_DIV : AR_MATMUL;
+}
+
+static Val eval_pow(Lower *L, const FeNode *n) {
+  Val x = eval(L, n->lhs), e = eval(L, n->rhs);
+  if (x.kind == V_POISON || e.kind == V_POISON) return vpoison();
+  char buf[IR_TYPE_STR_MAX];
+  if (!is_num(e)) {
+    error_at(L, n->rhs->begin, "the exponent of '**' must be a constant, got %s", kind_str(e, buf, sizeof buf));
+    return vpoison();
+  }
+  if (!operand_ok(L, x, n->lhs, "**")) return vpoison();
+  if (x.kind == V_INT && e.kind == V_INT && e.i >= 0) {
+    bool ovf = false;
+    int64_t r = ipow(x.i, e.i, &ovf);
+    if (ovf) {
+      error_at(L, n->tok, "integer overflow");
+      return vpoison();
+    }
+    return vint(r);
+  }
+  if (is_num(x)) return vfloat(pow(num(x), num(e)));
+  IrAttr at = ir_attr_float("exponent", num(e));
+  return build(L, IR_OP_POW, &x.t, 1, &at, 1, NULL, n->tok);
+}
+
+static Val eval_neg(Lower *L, const FeNode *n) {
+  Val x = eval(L, n->lhs);
+  if (x.kind == V_POISON) return x;
+  if (x.kind == V_INT) {
+    if (x.i == INT64_MIN) {
+      error_at(L, n->tok, "integer overflow");
+      return vpoison();
+    }
+    return vint(-x.i);
+  }
+  if (x.kind == V_FLOAT) return vfloat(-x.f);
+  if (!operand_ok(L, x, n->lhs, "-")) return vpoison();
+  return build(L, IR_OP_NEG, &x.t, 1, NULL, 0, NULL, n->tok);
+}
+
+static Val eval(Lower *L, const FeNode *n) {
+  if (!tick(L, n->tok)) return vpoison();
+  switch (n->kind) {
+  case FE_ND_INT: return vint(n->ival);
+  case FE_ND_FLOAT: return vfloat(n->fval);
+  case FE_ND_STR: return (Val){.kind = V_STR, .s = n->str};
+  case FE_ND_BOOL: return (Val){.kind = V_BOOL, .i = n->ival};
+  case FE_ND_NAME: return lookup(L, n);
+  case FE_ND_LIST: {
+    Val v = {.kind = V_LIST, .n = n->nitems};
+    v.items = ARENA_ARRAY(L->tmp, Val, n->nitems ? n->nitems : 1);
+    bool poisoned = false;
+    for (int i = 0; i < n->nitems; i++) {
+      v.items[i] = eval(L, n->items[i]);
+      poisoned |= v.items[i].kind == V_POISON;
+    }
+    return poisoned ? vpoison() : v;
+  }
+  case FE_ND_ADD:
+  case FE_ND_SUB:
+  case FE_ND_MUL:
+  case FE_ND_DIV:
+  case FE_ND_MATMUL: {
+    Val a = eval(L, n->lhs);
+    Val b = eval(L, n->rhs);
+    char op[4];
+    snprintf(op, sizeof op, "%.*s", n->tok->len, n->tok->text);
+    return arith(L, arith_of(n->kind), op, n->tok, a, n->lhs, b, n->rhs);
+  }
+  case FE_ND_NEG: return eval_neg(L, n);
+  case FE_ND_POW: return eval_pow(L, n);
+  case FE_ND_CALL: return call(L, n);
+  case FE_ND_INDEX: return lower_index(L, n);
+  case FE_ND_SLICE:
+  case FE_ND_ELLIPSIS: error_at(L, n->tok, "a slice is only allowed inside an index"); return vpoison();
+  }
+  return vpoison();
+}
+
+/* ---- declarations ---- */
+
+/* False (reported) if `id` cannot be declared now. */
+static bool new_name_ok(Lower *L, const Token *t, const char *id) {
+  Decl *dc = strmap_get(&L->decls, id);
+  if (dc) {
+    error_at(L, t, "'%s' is already declared as %s %s (line %d)", id, strcmp(dc->what, "input") == 0 ? "an" : "a",
+             dc->what, dc->tok->line);
+    return false;
+  }
+  if (find_var(&L->model_vars, id)) {
+    error_at(L, t, "'%s' is already used as a variable", id);
+    return false;
+  }
+  return true;
+}
+
+static Decl *add_decl(Lower *L, const FeStmt *s, const char *what) {
+  Decl *dc = ARENA_NEW(L->tmp, Decl);
+  dc->what = what;
+  dc->tok = s->name;
+  dc->v = vpoison();
+  strmap_put(&L->decls, s->id, dc);
+  return dc;
+}
+
+static IrLoc model_loc(Lower *L, const Token *t) {
+  return (IrLoc){L->m->src.name, t->line, t->col};
+}
+
+/* batch NAME = EXPR | dim NAME = EXPR */
+static void decl_dim(Lower *L, const FeStmt *s) {
+  if (s->is_batch && L->m->batch) {
+    Decl *prev = strmap_get(&L->decls, L->m->batch);
+    error_at(L, s->tok, "a model has one batch dim ('%s' is declared at line %d)", L->m->batch, prev->tok->line);
+    return;
+  }
+  if (!new_name_ok(L, s->name, s->id)) return;
+  Decl *dc = add_decl(L, s, s->is_batch ? "batch dim" : "dim");
+  dc->is_dim = true;
+  dc->is_batch = s->is_batch;
+  int64_t value = 0;
+  bool found = false;
+  for (int i = 0; i < L->opt->ndefs; i++)
+    if (strcmp(L->opt->def_names[i], s->id) == 0) {
+      value = L->opt->def_values[i];
+      found = true;
+    }
+  if (found) {
+    if (value <= 0) return; /* reported with the other -D checks */
+  } else {
+    L->mode = EV_DIM;
+    Val v = eval(L, s->expr);
+    L->mode = EV_VALUE;
+    if (v.kind == V_POISON) return;
+    char buf[IR_TYPE_STR_MAX];
+    if (v.kind != V_INT) {
+      error_at(L, s->expr->begin, "the size of '%s' must be an integer expression over dims, got %s", s->id,
+               kind_str(v, buf, sizeof buf));
+      return;
+    }
+    if (v.i <= 0 || v.i > MAX_DIM) {
+      error_at(L, s->expr->begin, "the size of '%s' must be between 1 and %lld, got %lld", s->id,
+               (long long)MAX_DIM, (long long)v.i);
+      return;
+    }
+    value = v.i;
+  }
+  if (value > MAX_DIM) {
+    error_at(L, s->name, "the size of '%s' must be between 1 and %lld, got %lld", s->id, (long long)MAX_DIM,
+             (long long)value);
+    return;
+  }
+  dc->value = value;
+  dc->v = vint(value);
+  FeModel *m = L->m;
+  FeDim *d = &m->dims[m->ndims++];
+  d->name = arena_strdup(&m->arena, s->id);
+  d->value = value;
+  d->is_batch = s->is_batch;
+  d->loc = model_loc(L, s->name);
+  if (s->is_batch) {
+    m->batch = d->name;
+    m->batch_window = value;
+    int64_t k = (int64_t)L->opt->gas * L->opt->dp;
+    m->batch_micro = value / k > 0 ? value / k : 1;
+    if (value % k != 0) {
+      if (L->opt->dp > 1)
+        error_at(L, s->tok, "batch size %lld is not divisible by --gas %d times --dp %d (%lld)", (long long)value,
+                 L->opt->gas, L->opt->dp, (long long)k);
+      else
+        error_at(L, s->tok, "batch size %lld is not divisible by --gas %d", (long long)value, L->opt->gas);
+    }
+  }
+}
+
+/* The type of an input or param: shapes are integer expressions over dims
+ * in which the batch dim is the micro-batch size. */
+static bool decl_type(Lower *L, const FeTypeSpec *ty, IrType *out) {
+  out->dtype = ty->dtype;
+  out->shape = ir_shape_scalar();
+  out->shape.rank = ty->rank;
+  int64_t numel = 1;
+  for (int i = 0; i < ty->rank; i++) {
+    L->mode = EV_SHAPE;
+    Val v = eval(L, ty->shape[i]);
+    L->mode = EV_VALUE;
+    if (v.kind == V_POISON) return false;
+    char buf[IR_TYPE_STR_MAX];
+    if (v.kind != V_INT) {
+      error_at(L, ty->shape[i]->begin, "a dimension must be an integer expression over dims, got %s",
+               kind_str(v, buf, sizeof buf));
+      return false;
+    }
+    if (v.i <= 0 || v.i > MAX_DIM) {
+      error_at(L, ty->shape[i]->begin, "a dimension must be between 1 and %lld, got %lld", (long long)MAX_DIM,
+               (long long)v.i);
+      return false;
+    }
+    if (numel > MAX_NUMEL / v.i) {
+      error_at(L, ty->tok, "tensor is too large (more than %lld elements)", (long long)MAX_NUMEL);
+      return false;
+    }
+    numel *= v.i;
+    out->shape.dim[i] = v.i;
+  }
+  return true;
+}
+
+/* input NAME : TYPE | param NAME : TYPE init ... split(N) */
+static void decl_tensor(Lower *L, const FeStmt *s) {
+  bool is_param = s->kind == FE_ST_PARAM;
+  if (!new_name_ok(L, s->name, s->id)) return;
+  Decl *dc = add_decl(L, s, is_param ? "param" : "input");
+  IrType ty;
+  if (!decl_type(L, &s->type, &ty)) return;
+  FeModel *m = L->m;
+  char buf[IR_TYPE_STR_MAX];
+  if (!is_param) {
+    const FeNode *first = s->type.rank > 0 ? s->type.shape[0] : NULL;
+    bool batched = first && first->kind == FE_ND_NAME && m->batch && strcmp(first->name, m->batch) == 0;
+    IrValue *v = ir_func_add_arg(L->f, s->id, ty, IR_ARG_INPUT, batched);
+    FeInput *in = &m->inputs[m->ninputs++];
+    in->name = arena_strdup(&m->arena, s->id);
+    in->type = ty;
+    in->batched = batched;
+    in->loc = model_loc(L, s->name);
+    in->value = v;
+    dc->v = vtensor(v);
+    return;
+  }
+  if (!ir_dtype_is_float(ty.dtype)) {
+    error_at(L, s->type.tok, "a param must have a float type, not %s", ir_type_str(&ty, buf, sizeof buf));
+    return;
+  }
+  double ab[2] = {0, 0};
+  for (int i = 0; i < 2 && s->init_args[i]; i++) {
+    Val v = eval(L, s->init_args[i]);
+    if (v.kind == V_POISON) return;
+    if (!is_num(v)) {
+      error_at(L, s->init_args[i]->begin, "an init argument must be a constant number, got %s",
+               kind_str(v, buf, sizeof buf));
+      return;
+    }
+    ab[i] = num(v);
+    if (!isfinite(ab[i])) {
+      error_at(L, s->init_args[i]->begin, "an init argument must be finite");
+      return;
+    }
+  }
+  if (s->init == FE_INIT_NORMAL && ab[1] < 0) {
+    error_at(L, s->init_args[1]->begin, "the std of normal(mean, std) must not be negative");
+    return;
+  }
+  if (s->init == FE_INIT_UNIFORM && ab[0] > ab[1]) {
+    error_at(L, s->init_args[0]->begin, "uniform(lo, hi) needs lo <= hi");
+    return;
+  }
+  int64_t split = -1;
+  if (s->split) {
+    Val v = eval(L, s->split);
+    if (v.kind == V_POISON) return;
+    if (v.kind != V_INT) {
+      error_at(L, s->split->begin, "split(N) needs a constant integer axis, got %s", kind_str(v, buf, sizeof buf));
+      return;
+    }
+    if (!axis_of(L, v.i, &ty, s->split->begin, &split)) return;
+  }
+  IrValue *v = ir_func_add_arg(L->f, s->id, ty, IR_ARG_PARAM, false);
+  FeParam *p = &m->params[m->nparams++];
+  p->name = arena_strdup(&m->arena, s->id);
+  p->type = ty;
+  p->init = s->init_tok ? s->init : FE_INIT_ZEROS;
+  p->a = ab[0];
+  p->b = ab[1];
+  p->split_axis = (int)split;
+  p->loc = model_loc(L, s->name);
+  p->value = v;
+  dc->v = vtensor(v);
+}
+
+/* ---- statements ---- */
+
+static void assign(Lower *L, const FeStmt *s) {
+  Decl *dc = strmap_get(&L->decls, s->id);
+  if (dc && dc->is_dim) {
+    error_at(L, s->name, "cannot assign to %s '%s'", dc->what, s->id);
+    return;
+  }
+  Val v = eval(L, s->expr);
+  name_value(L, v, s->id);
+  bind(L, L->vars, s->id, v);
+}
+
+static void loss(Lower *L, const FeStmt *s) {
+  if (strcmp(s->id, "total") == 0) {
+    error_at(L, s->name, "'total' is reserved for the sum of all losses");
+    return;
+  }
+  for (int i = 0; i < L->nlosses; i++)
+    if (strcmp(L->losses[i], s->id) == 0) {
+      error_at(L, s->name, "duplicate loss '%s' (first defined at line %d)", s->id, L->loss_toks[i]->line);
+      return;
+    }
+  Decl *dc = strmap_get(&L->decls, s->id);
+  if (dc && dc->is_dim) {
+    error_at(L, s->name, "cannot assign to %s '%s'", dc->what, s->id);
+    return;
+  }
+  if (L->nlosses == L->caplosses) {
+    L->caplosses = L->caplosses ? 2 * L->caplosses : 8;
+    const char **nl = ARENA_ARRAY(L->tmp, const char *, L->caplosses);
+    const Token **nt = ARENA_ARRAY(L->tmp, const Token *, L->caplosses);
+    if (L->nlosses) {
+      memcpy(nl, L->losses, sizeof(*nl) * (size_t)L->nlosses);
+      memcpy(nt, L->loss_toks, sizeof(*nt) * (size_t)L->nlosses);
+    }
+    L->losses = nl;
+    L->loss_toks = nt;
+  }
+  L->losses[L->nlosses] = s->id;
+  L->loss_toks[L->nlosses++] = s->name;
+  Val v = eval(L, s->expr);
+  if (is_num(v)) v = materialize(L, v, IR_DT_F32, s->expr->tok);
+  bind(L, L->vars, s->id, v);
+  if (v.kind == V_POISON) return;
+  char buf[IR_TYPE_STR_MAX];
+  if (v.kind != V_TENSOR || v.t->type.shape.rank != 0 || !ir_dtype_is_float(v.t->type.dtype)) {
+    error_at(L, s->expr->begin, "loss '%s' must be a float scalar, got %s", s->id, kind_str(v, buf, sizeof buf));
+    bind(L, L->vars, s->id, vpoison());
+    return;
+  }
+  name_value(L, v, s->id);
+  IrAttr at = ir_attr_str("name", s->id);
+  build(L, IR_OP_LOSS, &v.t, 1, &at, 1, NULL, s->tok);
+}
+
+static void for_loop(Lower *L, const FeStmt *s) {
+  Val from = eval(L, s->from), to = eval(L, s->to);
+  if (from.kind == V_POISON || to.kind == V_POISON) return;
+  char buf[IR_TYPE_STR_MAX];
+  if (from.kind != V_INT || to.kind != V_INT) {
+    const FeNode *bad = from.kind != V_INT ? s->from : s->to;
+    error_at(L, bad->begin, "a for range needs constant integer bounds, got %s",
+             kind_str(from.kind != V_INT ? from : to, buf, sizeof buf));
+    return;
+  }
+  Decl *dc = strmap_get(&L->decls, s->id);
+  if (dc && dc->is_dim) {
+    error_at(L, s->name, "the loop variable '%s' would hide the %s '%s'", s->id, dc->what, s->id);
+    return;
+  }
+  if (to.i > from.i && (to.i - from.i > MAX_TRIP || to.i - from.i < 0)) {
+    error_at(L, s->tok, "the loop runs too many times (more than %d)", MAX_TRIP);
+    return;
+  }
+  Val *slot = strmap_get(L->vars, s->id);
+  Val saved = slot ? *slot : (Val){.kind = V_NONE};
+  for (int64_t i = from.i; i < to.i && !L->stopped; i++) {
+    bind(L, L->vars, s->id, vint(i));
+    exec_stmts(L, s->body);
+  }
+  if (to.i > from.i) bind(L, L->vars, s->id, saved);
+}
+
+static void exec_stmts(Lower *L, const FeStmt *s) {
+  for (; s && !L->stopped; s = s->next) {
+    if (!tick(L, s->tok)) return;
+    switch (s->kind) {
+    case FE_ST_DIM: decl_dim(L, s); break;
+    case FE_ST_INPUT:
+    case FE_ST_PARAM: decl_tensor(L, s); break;
+    case FE_ST_ASSIGN: assign(L, s); break;
+    case FE_ST_LOSS: loss(L, s); break;
+    case FE_ST_FOR: for_loop(L, s); break;
+    }
+  }
+}
+
+/* ---- the model ---- */
+
+/* -D overrides must name a dim and be positive (reported before the model's
+ * own errors, as `gradc: error:`). */
+static void check_defs(Lower *L, const FeProgram *prog) {
+  for (int i = 0; i < L->opt->ndefs; i++) {
+    const char *name = L->opt->def_names[i];
+    bool found = false;
+    for (const FeStmt *s = prog->body; s; s = s->next)
+      if (s->kind == FE_ST_DIM && strcmp(s->id, name) == 0) found = true;
+    if (!found) {
+      diag_plain(L->d, DIAG_ERROR, "-D %s: no dim named %s", name, name);
+      L->failed = true;
+    } else if (L->opt->def_values[i] <= 0 || L->opt->def_values[i] > MAX_DIM) {
+      diag_plain(L->d, DIAG_ERROR, "-D %s=%lld: a dim must be between 1 and %lld", name,
+                 (long long)L->opt->def_values[i], (long long)MAX_DIM);
+      L->failed = true;
+    }
+  }
+}
+
+static void register_fns(Lower *L, const FeProgram *prog) {
+  for (const FeFn *fn = prog->fns; fn; fn = fn->next) {
+    const FeFn *prev = strmap_get(&L->fns, fn->id);
+    if (find_builtin(fn->id))
+      error_at(L, fn->name, "'%s' is a built-in function and cannot be redefined", fn->id);
+    else if (prev)
+      error_at(L, fn->name, "fn '%s' is already defined (line %d)", fn->id, prev->name->line);
+    else
+      strmap_put(&L->fns, fn->id, (void *)fn);
+  }
+}
+
+void fe_model_free(FeModel *m) {
+  if (!m) return;
+  ir_func_free(m->func);
+  arena_free(&m->arena);
+  free(m);
+}
+
+FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d) {
+  FeOptions defaults = {.gas = 1, .dp = 1};
+  if (!opt) opt = &defaults;
+  if (opt->gas < 1 || opt->dp < 1) {
+    diag_plain(d, DIAG_ERROR, "%s must be at least 1", opt->gas < 1 ? "--gas" : "--dp");
+    return NULL;
+  }
+  Arena tmp;
+  arena_init(&tmp);
+  Token *toks;
+  bool lex_failed;
+  lex_tokenize_checked(src, &tmp, d, &toks, &lex_failed);
+  FeProgram *prog = lex_failed ? NULL : parse_program(src, toks, &tmp, d);
+  if (!prog) {
+    arena_free(&tmp);
+    return NULL;
+  }
+
+  FeModel *m = calloc(1, sizeof *m);
+  if (!m) abort();
+  arena_init(&m->arena);
+  m->src = *src;
+  m->src.name = arena_strdup(&m->arena, src->name ? src->name : "<input>");
+  m->name = arena_strdup(&m->arena, prog->id);
+  m->func = ir_func_new(prog->id);
+  int ndims = 0, ninputs = 0, nparams = 0;
+  for (const FeStmt *s = prog->body; s; s = s->next) {
+    ndims += s->kind == FE_ST_DIM;
+    ninputs += s->kind == FE_ST_INPUT;
+    nparams += s->kind == FE_ST_PARAM;
+  }
+  m->dims = ARENA_ARRAY(&m->arena, FeDim, ndims ? ndims : 1);
+  m->inputs = ARENA_ARRAY(&m->arena, FeInput, ninputs ? ninputs : 1);
+  m->params = ARENA_ARRAY(&m->arena, FeParam, nparams ? nparams : 1);
+
+  Lower L;
+  memset(&L, 0, sizeof L);
+  L.src = src;
+  L.file = m->src.name;
+  L.d = d;
+  L.opt = opt;
+  L.tmp = &tmp;
+  L.m = m;
+  L.f = m->func;
+  L.vars = &L.model_vars;
+  check_defs(&L, prog);
+  register_fns(&L, prog);
+  exec_stmts(&L, prog->body);
+  if (!L.failed && L.nlosses == 0)
+    error_at(&L, prog->name, "model '%s' has no loss (add a 'loss NAME = EXPR' statement)", prog->id);
+
+  m->losses = ARENA_ARRAY(&m->arena, const char *, L.nlosses ? L.nlosses : 1);
+  for (int i = 0; i < L.nlosses; i++) m->losses[i] = arena_strdup(&m->arena, L.losses[i]);
+  m->nlosses = L.nlosses;
+  strmap_free(&L.decls);
+  strmap_free(&L.fns);
+  strmap_free(&L.reported);
+  strmap_free(&L.model_vars);
+  arena_free(&tmp);
+  if (L.failed) {
+    fe_model_free(m);
+    return NULL;
+  }
+  return m;
+}
