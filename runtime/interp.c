@@ -573,7 +573,7 @@ static bool eval_causal_mask(Ctx *c, const IrOp *op, double *out) {
   return true;
 }
 
-/* An integer index read from a double array, as a long long for messages. */
+/* Whether an index (held as a double) lies in [lo, hi). */
 static bool index_ok(double v, int64_t lo, int64_t hi) { return v >= (double)lo && v < (double)hi; }
 
 static bool eval_embedding(Ctx *c, const IrOp *op, double *out) {
