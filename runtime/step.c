@@ -54,8 +54,8 @@ static bool dtype_accepted(IrDType dt, StDType sd) {
   switch (dt) {
   case IR_DT_F32:
   case IR_DT_F64: return sd == ST_F32 || sd == ST_F64;
-  case IR_DT_BF16: return sd == ST_F32 || sd == ST_F64 || sd == ST_BF16;
-  case IR_DT_F16: return sd == ST_F32 || sd == ST_F64 || sd == ST_F16;
+  case IR_DT_BF16:
+  case IR_DT_F16: return sd == ST_F32 || sd == ST_F64 || sd == ST_BF16 || sd == ST_F16;
   case IR_DT_I32: return sd == ST_I32 || sd == ST_I64;
   case IR_DT_BOOL: return false;
   }

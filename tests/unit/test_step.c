@@ -297,6 +297,44 @@ static void test_step_splits_contiguously(void **state) {
   files_done(&fs);
 }
 
+/* A bf16 model: params arrive as BF16 (or F32/F16), every op rounds to
+ * bf16, and the gradient buffer is f32. */
+static void test_step_bf16_param(void **state) {
+  (void)state;
+  int64_t d2[1] = {2};
+  IrFunc *f = ir_func_new("half");
+  IrValue *w = ir_func_add_arg(f, "w", ty(IR_DT_BF16, 1, d2), IR_ARG_PARAM, false);
+  IrValue *x = ir_func_add_arg(f, "x", ty(IR_DT_BF16, 1, d2), IR_ARG_INPUT, false);
+  output(f, IR_OP_LOSS, "s", sum_all(f, bin(f, IR_OP_MUL, w, x)));
+  output(f, IR_OP_GRAD, "w", x);
+  Files fs;
+  files_init(&fs);
+  StFile p, in;
+  st_init(&p);
+  st_init(&in);
+  uint16_t wv[2] = {0x3f80, 0x3f81}; /* 1.0, 1.0078125 */
+  float xv[2] = {0.5f, 3.0f};
+  st_add(&p, "w", ST_BF16, 1, d2, wv);
+  st_add(&in, "x", ST_F32, 1, d2, xv);
+  files_sync(&fs, &p, &in);
+  StepResult r;
+  char err[512];
+  if (!step_run_ref(f, 1, &fs.p, fs.params, &fs.in, fs.inputs, NULL, &r, err, sizeof err)) fail_msg("%s", err);
+  /* 3 * 1.0078125 = 3.0234375 rounds (tie, to even) to 3.03125; + 0.5 = 3.53125 */
+  assert_true(r.losses[0] == 3.53125);
+  assert_int_equal(r.grad_types[0].dtype, IR_DT_F32);
+  assert_true(r.grads[0][0] == 0.5 && r.grads[0][1] == 3.0);
+  step_result_free(&r);
+  InterpOptions exact = {.exact_f64 = true};
+  if (!step_run_ref(f, 1, &fs.p, fs.params, &fs.in, fs.inputs, &exact, &r, err, sizeof err)) fail_msg("%s", err);
+  assert_true(r.losses[0] == 3.5234375);
+  step_result_free(&r);
+  ir_func_free(f);
+  st_free(&p);
+  st_free(&in);
+  files_done(&fs);
+}
+
 /* ---- errors ---- */
 
 typedef void (*Mutate)(StFile *p, StFile *in);
@@ -432,6 +470,7 @@ int main(void) {
       cmocka_unit_test(test_step_all_ignored_gives_zero_loss),
       cmocka_unit_test(test_step_result_names_and_types),
       cmocka_unit_test(test_step_splits_contiguously),
+      cmocka_unit_test(test_step_bf16_param),
       cmocka_unit_test(test_step_reports_bad_tensors),
       cmocka_unit_test(test_step_accepts_i32_targets),
   };
