@@ -384,6 +384,7 @@ bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   if (!fp) return fail(err, errlen, "%s: %s", path, strerror(errno));
   unsigned char *buf = NULL;
   size_t len = 0, cap = 0;
+  errno = 0;
   for (;;) {
     if (len == cap) {
       cap = cap ? cap * 2 : 1 << 16;
@@ -399,11 +400,12 @@ bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
     len += got;
     if (got == 0) break;
   }
+  int e = errno;
   bool rerr = ferror(fp);
   fclose(fp);
   if (rerr) {
     free(buf);
-    return fail(err, errlen, "%s: read error", path);
+    return fail(err, errlen, "%s: %s", path, e ? strerror(e) : "read error");
   }
   bool ok = parse_file(path, buf, len, out, err, errlen);
   free(buf);
