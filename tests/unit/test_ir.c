@@ -237,7 +237,7 @@ static void test_shape_concat(void **state) {
   assert_has(infer(IR_OP_CONCAT, "f32[2,3] f32[3,3]", &ax, 1, NULL), "cannot join f32[2,3] and f32[3,3] along axis 1");
   assert_has(infer(IR_OP_CONCAT, "f32[2,3] f64[2,3]", &ax, 1, NULL), "cannot join f32[2,3] and f64[2,3]");
   assert_has(infer(IR_OP_CONCAT, "f32[2,3] f32[2,3]", NULL, 0, NULL), "'concat' needs attribute 'axis'");
-  assert_has(infer(IR_OP_CONCAT, "", &ax, 1, NULL), "got 0");
+  assert_has(infer(IR_OP_CONCAT, "", &ax, 1, NULL), "takes at least one operand");
 }
 
 static void test_shape_matmul(void **state) {
