@@ -25,6 +25,7 @@ typedef struct Parser {
   Arena *a;
   int depth;
   bool failed;
+  int nerr;     /* errors reported */
   bool in_fn;   /* parsing a fn body */
   int in_loop;  /* for bodies around the current statement */
   FeFn **fn_tail;
@@ -62,6 +63,7 @@ static void error_tok(Parser *P, const Token *t, const char *fmt, ...) {
   diag_vat(P->d, DIAG_ERROR, P->src, t->line, t->col, fmt, ap);
   va_end(ap);
   P->failed = true;
+  P->nerr++;
 }
 
 /* Report "expected X, got Y" at t. */
@@ -726,10 +728,11 @@ static FeFn *fn_def(Parser *P, Token **rest, Token *tok) {
   bool saved = P->in_fn;
   P->in_fn = true;
   bool ok;
+  int nerr = P->nerr;
   fn->body = block(P, &tok, tok, &fn->ret, fn, &ok);
   P->in_fn = saved;
   *rest = tok;
-  if (!ok) return NULL;
+  if (!ok || P->nerr != nerr) return NULL;
   if (!fn->ret) {
     error_tok(P, kw, "fn '%s' has no 'return'", fn->id);
     return NULL;
@@ -738,8 +741,14 @@ static FeFn *fn_def(Parser *P, Token **rest, Token *tok) {
 }
 
 /* End of a statement: a newline or ';' (consumed), or a '}' or the end of
- * the file (left for the caller). */
+ * the file (left for the caller).  A statement ending in a block needs no
+ * separator: `for i in 0..2 { ... } x = y`. */
 static bool stmt_end(Parser *P, Token **rest, Token *tok) {
+  if (tok->kind == TK_NEWLINE || is_punct(tok - 1, "}")) {
+    if (tok->kind == TK_NEWLINE) tok++;
+    *rest = tok;
+    return true;
+  }
   if (tok->kind == TK_NEWLINE) {
     *rest = tok + 1;
     return true;
@@ -855,7 +864,7 @@ static FeStmt *stmts(Parser *P, Token **rest, Token *tok, FeNode **ret, const Fe
       tok++;
       continue;
     }
-    if (diag_too_many(P->d)) {
+    if (P->failed && diag_too_many(P->d)) {
       while (tok->kind != TK_EOF) tok++;
       break;
     }
@@ -902,7 +911,7 @@ FeProgram *parse_program(const SrcFile *src, Token *toks, Arena *a, Diag *d) {
       tok++;
       continue;
     }
-    if (diag_too_many(d)) break;
+    if (P.failed && diag_too_many(d)) break;
     bool ok;
     if (is_kw(tok, "model")) {
       ok = model(&P, &tok, tok) && stmt_end(&P, &tok, tok);
