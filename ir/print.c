@@ -6,6 +6,11 @@
  *     loss %5 {name="ce"}  loc("mlp.gdl":23:3)
  *   }
  *
+ * After `memplan` (docs/BACKEND.md) a value's storage follows its type
+ * (`: f32[64,256] @4096`, `@grad 128`, `@alias 4096`) and the function
+ * header ends with `arena N persist M`, under a comment line giving the
+ * peak.
+ *
  * Values print as their source name, or as a number counting the unnamed
  * values in definition order; repeated names get ".1", ".2", ... so that
  * every printed name is unique.  Printing what read.c read gives the same
@@ -147,6 +152,17 @@ static void print_attr(const IrAttr *a, StrBuf *out) {
   }
 }
 
+/* Where memplan put a value: " @4096", " @grad 128", " @alias 4096"; nothing
+ * when unplanned. */
+static void print_storage(const IrValue *v, StrBuf *out) {
+  switch (v->storage) {
+  case IR_STORE_NONE: break;
+  case IR_STORE_ARENA: sb_printf(out, " @%lld", (long long)v->offset); break;
+  case IR_STORE_GRAD: sb_printf(out, " @grad %lld", (long long)v->offset); break;
+  case IR_STORE_ALIAS: sb_printf(out, " @alias %lld", (long long)v->offset); break;
+  }
+}
+
 static void print_loc(IrLoc loc, StrBuf *out) {
   if (!loc.file) {
     sb_puts(out, "loc(unknown)");
@@ -190,6 +206,7 @@ void ir_print_op(const IrFunc *f, const IrNames *names, const IrOp *op, StrBuf *
   if (op->result) {
     sb_puts(out, " : ");
     print_type(&op->result->type, out);
+    print_storage(op->result, out);
   }
   sb_puts(out, "  ");
   print_loc(op->loc, out);
@@ -205,6 +222,9 @@ void ir_print(const IrFunc *f, StrBuf *out) {
   arena_init(&a);
   IrNames names;
   ir_names_init(&names, f, &a);
+  if (f->arena_size > 0 || f->persist_size > 0)
+    sb_printf(out, "// arena: %lld bytes (persistent %lld, peak activations %lld)\n", (long long)f->arena_size,
+              (long long)f->persist_size, (long long)(f->arena_size - f->persist_size));
   sb_puts(out, "func @");
   if (printable_name(f->name))
     sb_puts(out, f->name);
@@ -217,12 +237,16 @@ void ir_print(const IrFunc *f, StrBuf *out) {
     print_value(f, &names, v, out);
     sb_puts(out, ": ");
     print_type(&v->type, out);
+    print_storage(v, out);
     if (v->role == IR_ARG_PARAM)
       sb_puts(out, " param");
     else
       sb_puts(out, v->batched ? " input batch" : " input");
   }
-  sb_puts(out, ") {\n");
+  sb_putc(out, ')');
+  if (f->arena_size > 0 || f->persist_size > 0)
+    sb_printf(out, " arena %lld persist %lld", (long long)f->arena_size, (long long)f->persist_size);
+  sb_puts(out, " {\n");
   for (int i = 0; i < f->nops; i++) {
     sb_puts(out, "  ");
     ir_print_op(f, &names, f->ops[i], out);

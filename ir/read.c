@@ -3,9 +3,11 @@
  * Grammar (one op per line; `//` comments and blank lines are skipped):
  *
  *   file   = func EOF
- *   func   = "func" "@" (NAME | STRING) "(" (arg ("," arg)*)? ")" "{" op* "}"
- *   arg    = "%" NAME ":" type ("input" "batch"? | "param")
- *   op     = ("%" NAME "=")? OPNAME (value ("," value)*)? attrs? (":" type)? loc?
+ *   func   = "func" "@" (NAME | STRING) "(" (arg ("," arg)*)? ")" plan? "{" op* "}"
+ *   plan   = "arena" INT "persist" INT
+ *   arg    = "%" NAME ":" type store? ("input" "batch"? | "param")
+ *   op     = ("%" NAME "=")? OPNAME (value ("," value)*)? attrs? (":" type store?)? loc?
+ *   store  = "@" INT | "@grad" INT | "@alias" INT           (memplan's storage)
  *   attrs  = "{" attr ("," attr)* "}"
  *   attr   = NAME "=" (INT | FLOAT | "true" | "false" | STRING | "[" (INT ("," INT)*)? "]")
  *   type   = DTYPE ("[" INT ("," INT)* "]")?
@@ -330,6 +332,44 @@ static IrType parse_type(Reader *r) {
   return t;
 }
 
+static bool all_digits(const char *s, size_t n);
+
+/* A byte count or offset of the memory plan: a non-negative INT. */
+static int64_t parse_bytes(Reader *r) {
+  int line = r->tok.line, col = r->tok.col;
+  int64_t v = parse_int(r);
+  if (v < 0) error_at(r, line, col, "negative offset or size %lld", (long long)v);
+  return v;
+}
+
+/* store = "@" INT | "@grad" INT | "@alias" INT, when the current token
+ * (on the same line) starts one; sets v's storage. */
+static void parse_storage(Reader *r, IrValue *v) {
+  if (r->tok.kind != TK_GLOBAL || r->tok.bol) return;
+  const char *s = r->tok.s + 1;
+  size_t n = r->tok.n - 1;
+  if (n == 4 && memcmp(s, "grad", 4) == 0) {
+    next(r);
+    v->storage = IR_STORE_GRAD;
+    v->offset = parse_bytes(r);
+  } else if (n == 5 && memcmp(s, "alias", 5) == 0) {
+    next(r);
+    v->storage = IR_STORE_ALIAS;
+    v->offset = parse_bytes(r);
+  } else {
+    char buf[64];
+    if (n == 0 || n >= sizeof buf || !all_digits(s, n)) error_tok(r, "a storage '@OFFSET', '@grad OFFSET' or '@alias OFFSET'");
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    errno = 0;
+    long long off = strtoll(buf, NULL, 10);
+    if (errno == ERANGE) error_at(r, r->tok.line, r->tok.col, "offset out of range");
+    v->storage = IR_STORE_ARENA;
+    v->offset = (int64_t)off;
+    next(r);
+  }
+}
+
 /* ------------------------------------------------------------------ */
 /* Values                                                              */
 /* ------------------------------------------------------------------ */
@@ -481,12 +521,15 @@ static void parse_op(Reader *r) {
     next(r);
   }
   IrType type;
+  IrValue store; /* the storage, moved to the result once it is built */
+  memset(&store, 0, sizeof store);
   bool has_type = false;
   if (is_punct(r, ':') && !r->tok.bol) {
     if (!has_result) error_at(r, r->tok.line, r->tok.col, "'%s' has no result type", ir_op_info[opc].name);
     next(r);
     type = parse_type(r);
     has_type = true;
+    parse_storage(r, &store);
   }
   if (has_result && !has_type) error_tok(r, "':' and the result type");
   IrLoc loc = {NULL, 0, 0};
@@ -499,6 +542,10 @@ static void parse_op(Reader *r) {
                       sizeof err);
   if (!op) error_at(r, optok.line, optok.col, "%s", err);
   if (has_result) define(r, &res, res_name, op->result);
+  if (has_result) {
+    op->result->storage = store.storage;
+    op->result->offset = store.offset;
+  }
 }
 
 /* ------------------------------------------------------------------ */
@@ -513,6 +560,9 @@ static void parse_arg(Reader *r) {
   next(r);
   expect_punct(r, ':');
   IrType type = parse_type(r);
+  IrValue store;
+  memset(&store, 0, sizeof store);
+  parse_storage(r, &store);
   IrArgRole role;
   bool batched = false;
   if (is_ident(r, "input")) {
@@ -529,6 +579,8 @@ static void parse_arg(Reader *r) {
     error_tok(r, "'input' or 'param'");
   }
   IrValue *v = ir_func_add_arg(r->f, NULL, type, role, batched);
+  v->storage = store.storage;
+  v->offset = store.offset;
   define(r, &t, name, v);
 }
 
@@ -554,6 +606,17 @@ static void parse_func(Reader *r) {
     }
   }
   next(r);
+  if (is_ident(r, "arena")) {
+    next(r);
+    r->f->arena_size = parse_bytes(r);
+    if (!is_ident(r, "persist")) error_tok(r, "'persist'");
+    next(r);
+    int line = r->tok.line, col = r->tok.col;
+    r->f->persist_size = parse_bytes(r);
+    if (r->f->persist_size > r->f->arena_size)
+      error_at(r, line, col, "persistent size %lld exceeds the arena size %lld", (long long)r->f->persist_size,
+               (long long)r->f->arena_size);
+  }
   Tok open = r->tok;
   expect_punct(r, '{');
   if (r->tok.kind != TK_EOF && !r->tok.bol && !is_punct(r, '}'))
