@@ -51,6 +51,8 @@ PassResult pass_cse(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_autodiff(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* memplan.c: arena offsets for every stored value (docs/BACKEND.md); CPU pipeline only. */
+PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch);
 
 /* ------------------------------------------------------------------ */
 /* autodiff.c / autodiff_rules.c: the derivative rules' interface      */

@@ -13,6 +13,7 @@ static const Pass passes[] = {
     {"simplify", pass_simplify, "constant folding and algebraic identities"},
     {"cse", pass_cse, "merge identical ops"},
     {"dce", pass_dce, "remove ops whose results are unused"},
+    {"memplan", pass_memplan, "assign every stored value an offset in the step's arena (CPU back end)"},
 };
 #define NPASSES ((int)(sizeof passes / sizeof passes[0]))
 

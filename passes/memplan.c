@@ -1,0 +1,452 @@
+/* memplan.c - the memory plan: one arena per step (docs/BACKEND.md).
+ *
+ * Requires: a function after `fuse` (kernel ops carry their group >= 1 and
+ * each group is contiguous in the op list); an unfused function is planned
+ * as if every op outside the executor's own set were a kernel of one op.
+ * Guarantees: every value that is read from or written to memory has a
+ * storage and an offset, and IrFunc.arena_size / persist_size are set:
+ *
+ *   [0, persist_size)           every argument (params, and inputs, which the
+ *                               executor copies in: a batched input holds one
+ *                               micro-batch), the gradient buffers, the consts
+ *                               a group-0 op reads, the window.sum results
+ *   [persist_size, arena_size)  one micro-batch's activations, reused by
+ *                               liveness, first fit, 64-byte aligned
+ *
+ * What needs memory.  A kernel reads from memory every operand defined
+ * outside its group except group-0 consts (inlined as immediates); a GEMM,
+ * a `loss`, a collective and an unfused op read all their operands; a
+ * reshape needs its operand when it is needed itself (it aliases it:
+ * IR_STORE_ALIAS, same offset); a GEMM result and a window.sum result are
+ * always stored.  A window.sum operand is not read from memory: the
+ * executor evaluates window sums with the reference interpreter's count
+ * phase before the first micro-batch.  A `permute` of the last two axes
+ * that is left in group 0 and read only by GEMMs becomes a transpose flag
+ * of those GEMMs: it gets no storage and its operand is read instead.
+ * Everything else lives in its kernel's row scratch (IR_STORE_NONE).
+ *
+ * Gradients.  Each param named by a `grad` output has one persistent buffer
+ * (f32, f64 for f64 params, whatever the value's dtype).  The value feeding
+ * `grad` (through group-0 reshapes, which alias it) is stored there as
+ * IR_STORE_GRAD, so the kernel or GEMM producing it accumulates (+=, GEMM
+ * beta = 1) and K micro-batches add up in place with no separate add.  That
+ * is only right when nothing else reads the value: a reader of the buffer
+ * would see the running sum of the window, not this micro-batch's value.
+ * So when the value has any other use (another op, a second `grad`), or is
+ * not computed by a kernel or GEMM at all (an argument, a const, a
+ * window.sum result), memplan gives the value its ordinary storage and
+ * inserts a copy-accumulate kernel of its own right after the value's
+ * definition: `%dW.acc = detach %v` in a new group, stored IR_STORE_GRAD,
+ * which the `grad` output then reads.  The common case (a gradient that
+ * feeds only its `grad`) needs no extra op.
+ *
+ * Liveness is over "steps": a kernel (its contiguous ops) is one step, any
+ * other op one step.  A buffer lives from the step that writes it to the
+ * last step that reads it or any alias of it, inclusive, so a step never
+ * writes over its own inputs.  Buffers are placed largest first at the
+ * lowest 64-byte-aligned offset that overlaps no placed buffer with an
+ * overlapping lifetime.  Running the pass again gives the same plan. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+#define ALIGN 64
+static int64_t align_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+static int64_t value_bytes(const IrValue *v) {
+  return ir_numel(&v->type.shape) * (int64_t)ir_dtype_size(v->type.dtype);
+}
+
+/* A permute that swaps exactly the last two axes (a matrix transpose). */
+static bool is_transpose(const IrOp *op) {
+  if (op->opcode != IR_OP_PERMUTE) return false;
+  const int64_t *perm;
+  int n = ir_attr_get_ints(op, "perm", &perm);
+  if (n < 2 || n != op->result->type.shape.rank) return false;
+  for (int i = 0; i < n - 2; i++)
+    if (perm[i] != i) return false;
+  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
+}
+
+/* What a group-0 op is to the executor. */
+typedef enum {
+  X_GEMM,    /* matmul: the BLAS */
+  X_ALIAS,   /* reshape: no work, shares its operand's bytes */
+  X_CONST,   /* inlined into kernels, stored only when a group-0 op reads it */
+  X_WSUM,    /* window.sum: written by the executor before the micro-batches */
+  X_LOSS,    /* loss: read by the executor */
+  X_GRAD,    /* grad: accumulated in place by its producer */
+  X_COPY,    /* collectives (one rank: a copy) */
+  X_PERMUTE, /* a transpose, when it can be a GEMM flag; else unfused */
+  X_UNFUSED, /* anything else: a kernel of one op */
+} ExecKind;
+
+static ExecKind exec_kind(IrOpcode opc) {
+  switch (opc) {
+  case IR_OP_MATMUL: return X_GEMM;
+  case IR_OP_RESHAPE: return X_ALIAS;
+  case IR_OP_CONST: return X_CONST;
+  case IR_OP_WINDOW_SUM: return X_WSUM;
+  case IR_OP_LOSS: return X_LOSS;
+  case IR_OP_GRAD: return X_GRAD;
+  case IR_OP_ALL_REDUCE_START:
+  case IR_OP_ALL_REDUCE_WAIT:
+  case IR_OP_ALL_GATHER_START:
+  case IR_OP_ALL_GATHER_WAIT:
+  case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_REDUCE_SCATTER_WAIT: return X_COPY;
+  case IR_OP_PERMUTE: return X_PERMUTE;
+  case IR_OP_NEG:
+  case IR_OP_EXP:
+  case IR_OP_LOG:
+  case IR_OP_SQRT:
+  case IR_OP_RSQRT:
+  case IR_OP_TANH:
+  case IR_OP_SIGMOID:
+  case IR_OP_RELU:
+  case IR_OP_GELU:
+  case IR_OP_SILU:
+  case IR_OP_ABS:
+  case IR_OP_SIGN:
+  case IR_OP_POW:
+  case IR_OP_GELU_GRAD:
+  case IR_OP_CAST:
+  case IR_OP_DETACH:
+  case IR_OP_ADD:
+  case IR_OP_SUB:
+  case IR_OP_MUL:
+  case IR_OP_DIV:
+  case IR_OP_MAXIMUM:
+  case IR_OP_MINIMUM:
+  case IR_OP_EQ:
+  case IR_OP_NE:
+  case IR_OP_LT:
+  case IR_OP_LE:
+  case IR_OP_GT:
+  case IR_OP_GE:
+  case IR_OP_SELECT:
+  case IR_OP_SUM:
+  case IR_OP_MEAN:
+  case IR_OP_MAX:
+  case IR_OP_LOGSUMEXP:
+  case IR_OP_BROADCAST:
+  case IR_OP_SLICE:
+  case IR_OP_UNSLICE:
+  case IR_OP_CONCAT:
+  case IR_OP_SOFTMAX:
+  case IR_OP_LOG_SOFTMAX:
+  case IR_OP_LAYER_NORM:
+  case IR_OP_RMS_NORM:
+  case IR_OP_CAUSAL_MASK:
+  case IR_OP_EMBEDDING:
+  case IR_OP_EMBEDDING_GRAD:
+  case IR_OP_CROSS_ENTROPY:
+  case IR_OP_ONE_HOT:
+  case IR_OP_MSE_LOSS:
+  case IR_OP_GRAD_SEED:
+  case IR_OP_LOSS_TERM: return X_UNFUSED;
+  }
+  return X_UNFUSED;
+}
+
+/* Whether the op that defines a value can accumulate into a gradient
+ * buffer instead of storing: a kernel, a GEMM, or an unfused compute op. */
+static bool accumulates(const IrOp *def) {
+  if (!def) return false;
+  if (def->group > 0) return true;
+  switch (exec_kind(def->opcode)) {
+  case X_GEMM:
+  case X_UNFUSED: return true;
+  case X_ALIAS:
+  case X_CONST:
+  case X_WSUM:
+  case X_LOSS:
+  case X_GRAD:
+  case X_COPY:
+  case X_PERMUTE: return false;
+  }
+  return false;
+}
+
+static bool is_group0_reshape(const IrOp *op) { return op && op->group == 0 && op->opcode == IR_OP_RESHAPE; }
+
+/* ------------------------------------------------------------------ */
+/* Copy-accumulate kernels for gradients that cannot accumulate in place */
+/* ------------------------------------------------------------------ */
+
+/* Index of the op after which a copy of v may run: after v's definition
+ * (after its whole kernel), or at the start for an argument. */
+static int after_def(const IrFunc *f, const IrValue *v) {
+  if (!v->def) return 0;
+  int i = 0;
+  while (i < f->nops && f->ops[i] != v->def) i++;
+  GRADC_ASSERT(i < f->nops);
+  int g = v->def->group;
+  i++;
+  while (g > 0 && i < f->nops && f->ops[i]->group == g) i++;
+  return i;
+}
+
+/* Whether grad operand v can be the gradient buffer itself: it reaches its
+ * producer through group-0 reshapes only, and nothing else reads any of
+ * them.  uses[]: operand counts by value id. */
+static bool grad_in_place(const IrValue *v, const int *uses) {
+  while (is_group0_reshape(v->def)) {
+    if (uses[v->id] != 1) return false;
+    v = v->def->args[0];
+  }
+  return uses[v->id] == 1 && accumulates(v->def);
+}
+
+static bool insert_grad_copies(IrFunc *f, Arena *scratch) {
+  bool changed = false;
+  int *uses = ARENA_ARRAY(scratch, int, f->nvalues + 1);
+  ir_count_uses(f, uses);
+  int maxg = 0;
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
+  for (int i = 0; i < f->nops; i++) {
+    IrOp *gop = f->ops[i];
+    if (gop->opcode != IR_OP_GRAD || grad_in_place(gop->args[0], uses)) continue;
+    IrValue *v = gop->args[0];
+    IrValue *c = ir_unary(f, IR_OP_DETACH, v, gop->loc); /* appended at the end */
+    c->name = arena_printf(&f->arena, "d%s.acc", ir_attr_get_str(gop, "name", ""));
+    IrOp *cop = f->ops[f->nops - 1];
+    GRADC_ASSERT(cop->result == c);
+    cop->group = ++maxg;
+    int at = after_def(f, v);
+    memmove(&f->ops[at + 1], &f->ops[at], sizeof(IrOp *) * (size_t)(f->nops - 1 - at));
+    f->ops[at] = cop;
+    gop->args[0] = c; /* v keeps its use count: the copy reads it instead */
+    changed = true;
+  }
+  return changed;
+}
+
+/* ------------------------------------------------------------------ */
+/* The plan                                                            */
+/* ------------------------------------------------------------------ */
+
+typedef struct Buf {
+  IrValue *v;
+  int64_t size;
+  int t0, t1; /* first and last step, inclusive */
+  int64_t off;
+} Buf;
+
+static int cmp_buf(const void *pa, const void *pb) {
+  const Buf *a = *(Buf *const *)pa, *b = *(Buf *const *)pb;
+  if (a->size != b->size) return a->size > b->size ? -1 : 1;
+  if (a->t0 != b->t0) return a->t0 < b->t0 ? -1 : 1;
+  return a->v->id - b->v->id;
+}
+
+static int cmp_off(const void *pa, const void *pb) {
+  const Buf *a = *(Buf *const *)pa, *b = *(Buf *const *)pb;
+  return a->off < b->off ? -1 : a->off > b->off;
+}
+
+/* Place the buffers (greedy by size, first fit); returns the peak bytes. */
+static int64_t place(Buf **bufs, int n, Arena *scratch) {
+  qsort(bufs, (size_t)n, sizeof *bufs, cmp_buf);
+  Buf **live = ARENA_ARRAY(scratch, Buf *, n + 1);
+  int64_t peak = 0;
+  for (int i = 0; i < n; i++) {
+    Buf *b = bufs[i];
+    int nl = 0;
+    for (int j = 0; j < i; j++)
+      if (bufs[j]->t0 <= b->t1 && b->t0 <= bufs[j]->t1) live[nl++] = bufs[j];
+    qsort(live, (size_t)nl, sizeof *live, cmp_off);
+    int64_t off = 0;
+    for (int j = 0; j < nl; j++) {
+      if (off + b->size <= live[j]->off) break;
+      int64_t end = align_up(live[j]->off + live[j]->size);
+      if (end > off) off = end;
+    }
+    b->off = off;
+    if (off + b->size > peak) peak = off + b->size;
+  }
+  return align_up(peak);
+}
+
+PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
+  (void)o;
+  for (int i = 0; i < f->nvalues; i++) {
+    f->values[i]->storage = IR_STORE_NONE;
+    f->values[i]->offset = 0;
+  }
+  insert_grad_copies(f, scratch);
+
+  int nv = f->nvalues, n = f->nops;
+  /* Steps: a kernel's ops share the step of its first op. */
+  int maxg = 0;
+  for (int i = 0; i < n; i++)
+    if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
+  int *first = ARENA_ARRAY(scratch, int, maxg + 1);
+  for (int g = 0; g <= maxg; g++) first[g] = -1;
+  int *step = ARENA_ARRAY(scratch, int, n + 1);
+  for (int i = 0; i < n; i++) {
+    int g = f->ops[i]->group;
+    f->ops[i]->mark = i;
+    if (g > 0 && first[g] < 0) first[g] = i;
+    step[i] = g > 0 ? first[g] : i;
+  }
+
+  /* Uses of each value as a list of op indices (CSR). */
+  int *nuse = ARENA_ARRAY(scratch, int, nv + 1), *ustart = ARENA_ARRAY(scratch, int, nv + 2);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < f->ops[i]->nargs; j++) nuse[f->ops[i]->args[j]->id]++;
+  for (int v = 0; v < nv; v++) ustart[v + 1] = ustart[v] + nuse[v];
+  int *use = ARENA_ARRAY(scratch, int, ustart[nv] + 1), *fill = ARENA_ARRAY(scratch, int, nv + 1);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < f->ops[i]->nargs; j++) {
+      int id = f->ops[i]->args[j]->id;
+      use[ustart[id] + fill[id]++] = i;
+    }
+
+  /* Group-0 transposes read only by GEMMs become GEMM flags. */
+  bool *flag = ARENA_ARRAY(scratch, bool, nv + 1);
+  for (int i = 0; i < n; i++) {
+    IrOp *op = f->ops[i];
+    if (op->group != 0 || !is_transpose(op)) continue;
+    int id = op->result->id;
+    bool only_gemm = nuse[id] > 0;
+    for (int k = ustart[id]; k < ustart[id + 1]; k++) {
+      const IrOp *u = f->ops[use[k]];
+      only_gemm &= u->group == 0 && u->opcode == IR_OP_MATMUL;
+    }
+    flag[id] = only_gemm;
+  }
+
+  /* Which values are read from or written to memory (reverse sweep: every
+   * use of a result is seen before its definition). */
+  bool *need = ARENA_ARRAY(scratch, bool, nv + 1);
+  for (int i = n - 1; i >= 0; i--) {
+    IrOp *op = f->ops[i];
+    if (op->group > 0) {
+      for (int j = 0; j < op->nargs; j++) {
+        const IrValue *a = op->args[j];
+        const IrOp *d = a->def;
+        if (d && d->group == op->group) continue;               /* inside the kernel */
+        if (d && d->group == 0 && d->opcode == IR_OP_CONST) continue; /* an immediate */
+        need[a->id] = true;
+      }
+      continue;
+    }
+    ExecKind k = exec_kind(op->opcode);
+    if (k == X_PERMUTE && !flag[op->result->id]) k = X_UNFUSED;
+    switch (k) {
+    case X_GEMM:
+      need[op->result->id] = true;
+      for (int j = 0; j < op->nargs; j++) {
+        const IrValue *a = op->args[j];
+        need[flag[a->id] ? a->def->args[0]->id : a->id] = true;
+      }
+      break;
+    case X_ALIAS:
+      if (need[op->result->id]) need[op->args[0]->id] = true;
+      break;
+    case X_CONST: break;
+    case X_WSUM: need[op->result->id] = true; break;
+    case X_PERMUTE: break; /* a GEMM flag: the GEMM reads its operand */
+    case X_LOSS:
+    case X_GRAD:
+    case X_COPY:
+    case X_UNFUSED:
+      if (op->result && nuse[op->result->id] > 0) need[op->result->id] = true;
+      for (int j = 0; j < op->nargs; j++) need[op->args[j]->id] = true;
+      break;
+    }
+  }
+
+  /* Persistent region: arguments, gradient buffers, consts, window sums. */
+  int64_t top = 0;
+  for (int i = 0; i < f->nargs; i++) {
+    IrValue *a = f->args[i];
+    a->storage = IR_STORE_ARENA;
+    a->offset = top;
+    top = align_up(top + value_bytes(a));
+  }
+  for (int i = 0; i < f->nargs; i++) {
+    IrValue *p = f->args[i];
+    if (p->role != IR_ARG_PARAM) continue;
+    bool has_grad = false;
+    for (int k = 0; k < n; k++) {
+      IrOp *op = f->ops[k];
+      if (op->opcode != IR_OP_GRAD || !p->name || strcmp(ir_attr_get_str(op, "name", ""), p->name) != 0) continue;
+      IrValue *v = op->args[0];
+      if (ir_numel(&v->type.shape) != ir_numel(&p->type.shape)) {
+        if (o && o->diag)
+          diag_at(o->diag, DIAG_ERROR, o->src, op->loc.line, op->loc.col,
+                  "grad output for '%s' does not have the param's size", p->name);
+        return PASS_ERROR;
+      }
+      while (is_group0_reshape(v->def)) v = v->def->args[0];
+      v->storage = IR_STORE_GRAD;
+      v->offset = top;
+      has_grad = true;
+    }
+    if (has_grad) top = align_up(top + ir_numel(&p->type.shape) * (p->type.dtype == IR_DT_F64 ? 8 : 4));
+  }
+  for (int i = 0; i < n; i++) {
+    IrOp *op = f->ops[i];
+    if (op->group != 0 || !op->result || !need[op->result->id]) continue;
+    if (op->opcode != IR_OP_CONST && op->opcode != IR_OP_WINDOW_SUM) continue;
+    op->result->storage = IR_STORE_ARENA;
+    op->result->offset = top;
+    top = align_up(top + value_bytes(op->result));
+  }
+  int64_t persist = top;
+
+  /* Activations: every other needed value that is not an alias. */
+  int *root = ARENA_ARRAY(scratch, int, nv + 1); /* value whose bytes a value uses */
+  for (int v = 0; v < nv; v++) {
+    const IrValue *x = f->values[v];
+    if (flag[v]) x = x->def->args[0];
+    while (is_group0_reshape(x->def)) x = x->def->args[0];
+    root[v] = x->id;
+  }
+  Buf *bufs = ARENA_ARRAY(scratch, Buf, nv + 1);
+  int *bufof = ARENA_ARRAY(scratch, int, nv + 1);
+  int nb = 0;
+  for (int v = 0; v < nv; v++) {
+    bufof[v] = -1;
+    IrValue *x = f->values[v];
+    if (!need[v] || root[v] != v || x->storage != IR_STORE_NONE || !x->def) continue;
+    int t = step[x->def->mark];
+    bufof[v] = nb;
+    bufs[nb++] = (Buf){x, value_bytes(x), t, t, 0};
+  }
+  /* Lifetimes: the last read of the value, of its aliases, or through a
+   * transpose flag.  Window sums do not read their operand. */
+  for (int v = 0; v < nv; v++) {
+    int b = bufof[root[v]];
+    if (b < 0) continue;
+    for (int k = ustart[v]; k < ustart[v + 1]; k++) {
+      const IrOp *u = f->ops[use[k]];
+      if (u->opcode == IR_OP_WINDOW_SUM && u->group == 0) continue;
+      if (step[use[k]] > bufs[b].t1) bufs[b].t1 = step[use[k]];
+    }
+  }
+  Buf **order = ARENA_ARRAY(scratch, Buf *, nb + 1);
+  for (int i = 0; i < nb; i++) order[i] = &bufs[i];
+  int64_t peak = place(order, nb, scratch);
+  for (int i = 0; i < nb; i++) {
+    bufs[i].v->storage = IR_STORE_ARENA;
+    bufs[i].v->offset = persist + bufs[i].off;
+  }
+
+  /* Aliases: group-0 reshapes of needed values share their root's bytes. */
+  for (int v = 0; v < nv; v++) {
+    IrValue *x = f->values[v];
+    if (!need[v] || !is_group0_reshape(x->def)) continue;
+    const IrValue *r = f->values[root[v]];
+    GRADC_ASSERT(r->storage != IR_STORE_NONE);
+    x->storage = IR_STORE_ALIAS;
+    x->offset = r->offset;
+  }
+  f->persist_size = persist;
+  f->arena_size = persist + peak;
+  return PASS_CHANGED;
+}
