@@ -99,6 +99,30 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
                   const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen);
 void step_result_free(StepResult *r);
 
+/* The pieces of a window that every back end shares (step_run_ref and the
+ * CPU executor, exec.c), so tensors are checked and results laid out once. */
+/* Check the files against f's arguments (K >= 1; names, dtypes, window
+ * shapes, I64 targets in i32 range) in the order and with the messages of
+ * step_run_ref; bound[i] gets the tensor of f->args[i]. */
+bool step_bind(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+               const char *inputs_path, const StTensor **bound, char *err, size_t errlen);
+/* Elements [begin, begin + n) of a bound tensor as doubles. */
+void step_load(const StTensor *t, int64_t begin, int64_t n, double *out);
+/* Check f's outputs (each `grad` names a param of its size) and set up r:
+ * loss names, gradient names and types, zeroed gradients, zero losses. */
+bool step_result_init(const IrFunc *f, StepResult *r, char *err, size_t errlen);
+/* Index in r->losses of a `loss` op, in r->grads of a `grad` op (-1: none). */
+int step_loss_slot(const StepResult *r, const IrOp *loss);
+int step_grad_slot(const StepResult *r, const IrOp *grad);
+/* Whether f has window.sum ops; arg_needed[i]: whether their operands
+ * depend on f->args[i]. */
+bool step_window_needs(const IrFunc *f, bool *arg_needed);
+/* The window sums: the count phase over each micro-batch.  data[i] holds
+ * f->args[i] window-sized (NULL where no window.sum needs it); wsum[value
+ * id] gets each window.sum result (malloc'd; the caller frees). */
+bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **wsum, const InterpOptions *opt,
+                      char *err, size_t errlen);
+
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */
 /* ------------------------------------------------------------------ */

@@ -79,46 +79,51 @@ static uint64_t load_le(const unsigned char *p, int n) {
   return v;
 }
 
-/* Convert t to doubles (window-sized); i32 arguments are range-checked. */
-static bool convert(const StTensor *t, const char *path, double *out, char *err, size_t errlen) {
-  int64_t n = st_numel(t);
+/* An I64 tensor feeding an i32 argument must hold i32 values. */
+static bool check_range(const StTensor *t, const char *path, char *err, size_t errlen) {
+  if (t->dtype != ST_I64) return true;
   const unsigned char *p = t->data;
+  int64_t n = st_numel(t);
   for (int64_t i = 0; i < n; i++) {
+    int64_t v = (int64_t)load_le(p + 8 * i, 8);
+    if (v < INT32_MIN || v > INT32_MAX)
+      return fail(err, errlen, "%s: tensor '%s': value %lld at element %lld is out of range for i32", path, t->name,
+                  (long long)v, (long long)i);
+  }
+  return true;
+}
+
+void step_load(const StTensor *t, int64_t begin, int64_t n, double *out) {
+  const unsigned char *p = t->data;
+  for (int64_t k = 0; k < n; k++) {
+    int64_t i = begin + k;
     switch (t->dtype) {
     case ST_F32: {
       uint32_t u = (uint32_t)load_le(p + 4 * i, 4);
       float f;
       memcpy(&f, &u, 4);
-      out[i] = f;
+      out[k] = f;
       break;
     }
     case ST_F64: {
       uint64_t u = load_le(p + 8 * i, 8);
       double d;
       memcpy(&d, &u, 8);
-      out[i] = d;
+      out[k] = d;
       break;
     }
     case ST_BF16: {
       uint32_t u = (uint32_t)load_le(p + 2 * i, 2) << 16;
       float f;
       memcpy(&f, &u, 4);
-      out[i] = f;
+      out[k] = f;
       break;
     }
-    case ST_F16: out[i] = half_to_double((uint16_t)load_le(p + 2 * i, 2)); break;
-    case ST_I32: out[i] = (double)(int32_t)(uint32_t)load_le(p + 4 * i, 4); break;
-    case ST_I64: {
-      int64_t v = (int64_t)load_le(p + 8 * i, 8);
-      if (v < INT32_MIN || v > INT32_MAX)
-        return fail(err, errlen, "%s: tensor '%s': value %lld at element %lld is out of range for i32", path,
-                    t->name, (long long)v, (long long)i);
-      out[i] = (double)v;
-      break;
-    }
+    case ST_F16: out[k] = half_to_double((uint16_t)load_le(p + 2 * i, 2)); break;
+    case ST_I32: out[k] = (double)(int32_t)(uint32_t)load_le(p + 4 * i, 4); break;
+    case ST_I64: out[k] = (double)(int64_t)load_le(p + 8 * i, 8); break;
     }
   }
-  return true;
 }
 
 /* The type an argument's tensor must have in the file: batched inputs hold
@@ -129,9 +134,9 @@ static IrType window_type(const IrValue *a, int gas) {
   return t;
 }
 
-/* Check one file against the arguments of one role; fill data[arg index]. */
-static bool load_file(const IrFunc *f, int gas, IrArgRole role, const StFile *file, const char *path,
-                      double **data, char *err, size_t errlen) {
+/* Check one file against the arguments of one role; fill bound[arg index]. */
+static bool bind_file(const IrFunc *f, int gas, IrArgRole role, const StFile *file, const char *path,
+                      const StTensor **bound, char *err, size_t errlen) {
   const char *what = role == IR_ARG_PARAM ? "param" : "input";
   for (int i = 0; i < file->n; i++) {
     const IrValue *a = ir_func_find_arg(f, file->t[i].name);
@@ -152,10 +157,17 @@ static bool load_file(const IrFunc *f, int gas, IrArgRole role, const StFile *fi
       return fail(err, errlen, "%s: tensor '%s': expected %s, got %s", path, a->name, ir_type_str(&want, w, sizeof w),
                   st_type_str(t, g, sizeof g));
     }
-    data[i] = xcalloc((size_t)st_numel(t), sizeof(double));
-    if (!convert(t, path, data[i], err, errlen)) return false;
+    if (!check_range(t, path, err, errlen)) return false;
+    bound[i] = t;
   }
   return true;
+}
+
+bool step_bind(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+               const char *inputs_path, const StTensor **bound, char *err, size_t errlen) {
+  if (gas < 1) return fail(err, errlen, "gradient accumulation steps must be >= 1 (got %d)", gas);
+  return bind_file(f, gas, IR_ARG_PARAM, params, params_path, bound, err, errlen) &&
+         bind_file(f, gas, IR_ARG_INPUT, inputs, inputs_path, bound, err, errlen);
 }
 
 /* ------------------------------------------------------------------ */
@@ -174,77 +186,101 @@ void step_result_free(StepResult *r) {
 
 static const char *output_name(const IrOp *op) { return ir_attr_get_str(op, "name", ""); }
 
+bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen) {
+  int na = f->nargs;
+  StepResult r = {0};
+  memset(out, 0, sizeof *out);
+  /* Outputs: losses by name in program order, one gradient per param. */
+  r.loss_names = xcalloc((size_t)f->nops, sizeof(char *));
+  r.losses = xcalloc((size_t)f->nops, sizeof(double));
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_LOSS) continue;
+    bool seen = false;
+    for (int j = 0; j < r.nlosses && !seen; j++) seen = strcmp(r.loss_names[j], output_name(op)) == 0;
+    if (!seen) r.loss_names[r.nlosses++] = output_name(op);
+  }
+  r.grad_names = xcalloc((size_t)na, sizeof(char *));
+  r.grad_types = xcalloc((size_t)na, sizeof(IrType));
+  r.grads = xcalloc((size_t)na, sizeof(double *));
+  for (int i = 0; i < na; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_PARAM) continue;
+    r.grad_names[r.ngrads] = a->name;
+    r.grad_types[r.ngrads].dtype = a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32;
+    r.grad_types[r.ngrads].shape = a->type.shape;
+    r.grads[r.ngrads] = xcalloc((size_t)ir_numel(&a->type.shape), sizeof(double));
+    r.ngrads++;
+  }
+  bool ok = true;
+  for (int i = 0; i < f->nops && ok; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode == IR_OP_GRAD) {
+      const IrValue *p = ir_func_find_arg(f, output_name(op));
+      if (!p || p->role != IR_ARG_PARAM)
+        ok = fail(err, errlen, "grad output names '%s', which is not a param", output_name(op));
+      else if (ir_numel(&p->type.shape) != ir_numel(&op->args[0]->type.shape))
+        ok = fail(err, errlen, "grad output for '%s' does not have the param's size", p->name);
+    }
+    if (op->opcode == IR_OP_WINDOW_SUM && ir_numel(&op->result->type.shape) != ir_numel(&op->args[0]->type.shape))
+      ok = fail(err, errlen, "window.sum result and operand sizes differ");
+  }
+  if (!ok) {
+    step_result_free(&r);
+    return false;
+  }
+  *out = r;
+  return true;
+}
+
+int step_loss_slot(const StepResult *r, const IrOp *loss) {
+  for (int j = 0; j < r->nlosses; j++)
+    if (strcmp(r->loss_names[j], output_name(loss)) == 0) return j;
+  return -1;
+}
+
+int step_grad_slot(const StepResult *r, const IrOp *grad) {
+  for (int j = 0; j < r->ngrads; j++)
+    if (strcmp(r->grad_names[j], output_name(grad)) == 0) return j;
+  return -1;
+}
+
 /* Point args[i] at micro-batch k of each argument's window data. */
-static void micro_args(const IrFunc *f, int k, double **data, double **args) {
+static void micro_args(const IrFunc *f, int k, double *const *data, double **args) {
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
-    args[i] = data[i] + (split ? (int64_t)k * ir_numel(&a->type.shape) : 0);
+    args[i] = data[i] ? data[i] + (split ? (int64_t)k * ir_numel(&a->type.shape) : 0) : NULL;
   }
 }
 
-bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
-                  const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen) {
-  static const InterpOptions defaults = {0};
-  if (!opt) opt = &defaults;
-  memset(out, 0, sizeof *out);
-  if (gas < 1) return fail(err, errlen, "gradient accumulation steps must be >= 1 (got %d)", gas);
-  int na = f->nargs, nv = f->nvalues;
-  double **data = xcalloc((size_t)na, sizeof(double *));
-  double **args = xcalloc((size_t)na, sizeof(double *));
-  double **wsum = xcalloc((size_t)nv, sizeof(double *));
-  InterpState st = {0};
-  StepResult r = {0};
-  bool ok = load_file(f, gas, IR_ARG_PARAM, params, params_path, data, err, errlen) &&
-            load_file(f, gas, IR_ARG_INPUT, inputs, inputs_path, data, err, errlen);
-
-  /* Outputs: losses by name in program order, one gradient per param. */
-  int *param_of = xcalloc((size_t)nv, sizeof(int)); /* value id of a param -> index in r.grads */
-  if (ok) {
-    r.loss_names = xcalloc((size_t)f->nops, sizeof(char *));
-    r.losses = xcalloc((size_t)f->nops, sizeof(double));
-    for (int i = 0; i < f->nops; i++) {
-      const IrOp *op = f->ops[i];
-      if (op->opcode != IR_OP_LOSS) continue;
-      bool seen = false;
-      for (int j = 0; j < r.nlosses && !seen; j++) seen = strcmp(r.loss_names[j], output_name(op)) == 0;
-      if (!seen) r.loss_names[r.nlosses++] = output_name(op);
-    }
-    r.grad_names = xcalloc((size_t)na, sizeof(char *));
-    r.grad_types = xcalloc((size_t)na, sizeof(IrType));
-    r.grads = xcalloc((size_t)na, sizeof(double *));
-    for (int i = 0; i < na; i++) {
-      const IrValue *a = f->args[i];
-      if (a->role != IR_ARG_PARAM) continue;
-      param_of[a->id] = r.ngrads;
-      r.grad_names[r.ngrads] = a->name;
-      r.grad_types[r.ngrads].dtype = a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32;
-      r.grad_types[r.ngrads].shape = a->type.shape;
-      r.grads[r.ngrads] = xcalloc((size_t)ir_numel(&a->type.shape), sizeof(double));
-      r.ngrads++;
-    }
-    for (int i = 0; i < f->nops && ok; i++) {
-      const IrOp *op = f->ops[i];
-      if (op->opcode == IR_OP_GRAD) {
-        const IrValue *p = ir_func_find_arg(f, output_name(op));
-        if (!p || p->role != IR_ARG_PARAM)
-          ok = fail(err, errlen, "grad output names '%s', which is not a param", output_name(op));
-        else if (ir_numel(&p->type.shape) != ir_numel(&op->args[0]->type.shape))
-          ok = fail(err, errlen, "grad output for '%s' does not have the param's size", p->name);
-      }
-      if (op->opcode == IR_OP_WINDOW_SUM) {
-        if (ir_numel(&op->result->type.shape) != ir_numel(&op->args[0]->type.shape))
-          ok = fail(err, errlen, "window.sum result and operand sizes differ");
-        else
-          wsum[op->result->id] = xcalloc((size_t)ir_numel(&op->result->type.shape), sizeof(double));
-      }
-    }
+bool step_window_needs(const IrFunc *f, bool *arg_needed) {
+  bool *need = xcalloc((size_t)f->nvalues + 1, sizeof(bool));
+  bool any = false;
+  for (int i = f->nops - 1; i >= 0; i--) {
+    const IrOp *op = f->ops[i];
+    bool want = op->opcode == IR_OP_WINDOW_SUM || (op->result && need[op->result->id]);
+    any |= op->opcode == IR_OP_WINDOW_SUM;
+    if (want)
+      for (int j = 0; j < op->nargs; j++) need[op->args[j]->id] = true;
   }
+  for (int i = 0; i < f->nargs; i++) arg_needed[i] = need[f->args[i]->id];
+  free(need);
+  return any;
+}
 
-  /* Phase 1: window sums over every micro-batch. */
-  bool any_wsum = false;
-  for (int i = 0; i < nv; i++) any_wsum |= wsum[i] != NULL;
-  for (int k = 0; ok && any_wsum && k < gas; k++) {
+bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **wsum, const InterpOptions *opt,
+                      char *err, size_t errlen) {
+  bool any = false, ok = true;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_WINDOW_SUM) continue;
+    wsum[op->result->id] = xcalloc((size_t)ir_numel(&op->result->type.shape), sizeof(double));
+    any = true;
+  }
+  double **args = xcalloc((size_t)f->nargs + 1, sizeof(double *));
+  InterpState st = {0};
+  for (int k = 0; ok && any && k < gas; k++) {
     micro_args(f, k, data, args);
     ok = interp_run(&st, f, args, NULL, INTERP_COUNT, opt, err, errlen);
     for (int i = 0; ok && i < f->nops; i++) {
@@ -254,8 +290,34 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
       int64_t n = ir_numel(&op->result->type.shape);
       for (int64_t j = 0; j < n; j++) wsum[op->result->id][j] += v[j];
     }
-    interp_free(&st);
+    if (ok) interp_free(&st);
   }
+  free(args);
+  return ok;
+}
+
+bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                  const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen) {
+  static const InterpOptions defaults = {0};
+  if (!opt) opt = &defaults;
+  memset(out, 0, sizeof *out);
+  int na = f->nargs, nv = f->nvalues;
+  const StTensor **bound = xcalloc((size_t)na + 1, sizeof(StTensor *));
+  double **data = xcalloc((size_t)na + 1, sizeof(double *));
+  double **args = xcalloc((size_t)na + 1, sizeof(double *));
+  double **wsum = xcalloc((size_t)nv + 1, sizeof(double *));
+  InterpState st = {0};
+  StepResult r = {0};
+  bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
+            step_result_init(f, &r, err, errlen);
+  for (int i = 0; ok && i < na; i++) {
+    int64_t n = st_numel(bound[i]);
+    data[i] = xcalloc((size_t)n, sizeof(double));
+    step_load(bound[i], 0, n, data[i]);
+  }
+
+  /* Phase 1: window sums over every micro-batch. */
+  ok = ok && step_window_sums(f, gas, data, wsum, opt, err, errlen);
 
   /* Phase 2: the step, one micro-batch's activations alive at a time. */
   for (int k = 0; ok && k < gas; k++) {
@@ -266,29 +328,27 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
       if (op->opcode == IR_OP_LOSS) {
         const double *v = st.val[op->args[0]->id];
         int64_t n = ir_numel(&op->args[0]->type.shape);
-        int j = 0;
-        while (strcmp(r.loss_names[j], output_name(op)) != 0) j++;
+        int j = step_loss_slot(&r, op);
         for (int64_t e = 0; e < n; e++) r.losses[j] += v[e];
       } else if (op->opcode == IR_OP_GRAD) {
-        const IrValue *p = ir_func_find_arg(f, output_name(op));
-        int g = param_of[p->id];
+        int g = step_grad_slot(&r, op);
         const double *v = st.val[op->args[0]->id];
-        int64_t n = ir_numel(&p->type.shape);
+        int64_t n = ir_numel(&r.grad_types[g].shape);
         double *dst = r.grads[g];
         /* The buffer is f32 (f64 for f64 params): round as it would. */
         for (int64_t e = 0; e < n; e++)
           dst[e] = opt->exact_f64 ? dst[e] + v[e] : interp_round(dst[e] + v[e], r.grad_types[g].dtype);
       }
     }
-    interp_free(&st);
+    if (ok) interp_free(&st);
   }
 
   for (int i = 0; i < na; i++) free(data[i]);
   for (int i = 0; i < nv; i++) free(wsum[i]);
+  free(bound);
   free(data);
   free(args);
   free(wsum);
-  free(param_of);
   if (!ok) {
     step_result_free(&r);
     return false;

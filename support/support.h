@@ -126,4 +126,21 @@ uint64_t rng_next(Rng *r);
 double rng_uniform(Rng *r); /* [0, 1) */
 double rng_normal(Rng *r);  /* standard normal (Box-Muller) */
 
+/* ------------------------------------------------------------------ */
+/* pool.c: worker threads that split a loop with the caller.           */
+/* ------------------------------------------------------------------ */
+typedef struct Pool Pool;
+/* Process iterations [begin, end) of a loop; ctx is pool_run's. */
+typedef void (*PoolFn)(void *ctx, int64_t begin, int64_t end);
+int pool_ncores(void);           /* online CPU cores (>= 1) */
+/* A pool of nthreads threads in all, the caller of pool_run included
+ * (nthreads <= 0: pool_ncores()).  Free with pool_free. */
+Pool *pool_new(int nthreads);
+int pool_size(const Pool *p);    /* 1 for a NULL pool */
+/* Run fn over [0, n) in chunks of at least `grain` iterations, split
+ * across the pool's threads and the caller; returns when all are done.
+ * One pool_run at a time per pool (p may be NULL: run inline). */
+void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx);
+void pool_free(Pool *p);
+
 #endif
