@@ -169,8 +169,7 @@ static void lex_run(Lexer *L) {
         L->p = q;
         continue;
       }
-      Token *t = push(L, TK_STRING, L->p, (int)(q + 1 - L->p));
-      (void)t;
+      push(L, TK_STRING, L->p, (int)(q + 1 - L->p));
       L->p = q + 1;
       continue;
     }

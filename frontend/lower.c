@@ -14,7 +14,24 @@
  * poisons everything computed from it, so one mistake gives one message.
  * An error is reported once per source location and chain of inlined calls
  * (so once for a for body, not once per iteration), followed by a note per
- * call site when it lies inside an inlined fn. */
+ * call site when it lies inside an inlined fn.
+ *
+ * Choices where DESIGN.md is silent:
+ *   - a math built-in applied to a number folds (rsqrt(C / H) is a number,
+ *     which then takes the type of the tensor it meets);
+ *   - integer division that is not exact gives a float in ordinary
+ *     expressions (Python's 7 / 2), and is an error in dims and shapes;
+ *   - slices clamp their bounds as in NumPy, steps must be positive, and an
+ *     integer index out of range is an error;
+ *   - the loop variable exists only inside its loop; variables assigned in
+ *     a loop body stay bound after it (Python);
+ *   - dims cannot be reassigned; inputs and params can be rebound;
+ *   - a model without a `loss` statement is an error;
+ *   - without a batch dim, FeModel.batch is NULL and batch_window and
+ *     batch_micro are 0.
+ *
+ * Bounds that keep any input from exhausting time or memory: MAX_* below,
+ * plus the parser's nesting limits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

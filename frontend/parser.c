@@ -744,16 +744,11 @@ static FeFn *fn_def(Parser *P, Token **rest, Token *tok) {
  * the file (left for the caller).  A statement ending in a block needs no
  * separator: `for i in 0..2 { ... } x = y`. */
 static bool stmt_end(Parser *P, Token **rest, Token *tok) {
-  if (tok->kind == TK_NEWLINE || is_punct(tok - 1, "}")) {
-    if (tok->kind == TK_NEWLINE) tok++;
-    *rest = tok;
-    return true;
-  }
   if (tok->kind == TK_NEWLINE) {
     *rest = tok + 1;
     return true;
   }
-  if (is_punct(tok, "}") || tok->kind == TK_EOF) {
+  if (is_punct(tok, "}") || tok->kind == TK_EOF || is_punct(tok - 1, "}")) {
     *rest = tok;
     return true;
   }
