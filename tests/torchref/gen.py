@@ -458,7 +458,8 @@ def _(P, I, r, d):
 
 
 @case("shape_ops", [1, 2, 4],
-      "transpose (negative axes), permute (moving the batch axis), reshape with -1 "
+      "transpose (negative axes), permute (moving the batch axis; then a max over the new "
+      "axis 0, which is not the batch), reshape with -1 "
       "(of a param, and in the middle) and with B (the micro-batch) in the target",
       """
 model shape_ops {
@@ -479,6 +480,7 @@ model shape_ops {
   loss c = mean(reshape(h, [B, -1, 2])[:, :, 0] ** 2)
   loss d = mean(exp(permute(h, [2, 0, 1]) * 0.5))
   loss e = mean(sigmoid(permute(h, [0, 2, 1]) @ U))   # [B, H, T] @ [T, H]
+  loss f = mean(max(transpose(h, 0, 2), axis=0))      # [H, T, B]: max over H, not the batch
 }
 """)
 def _(P, I, r, d):
@@ -491,7 +493,8 @@ def _(P, I, r, d):
             "b": (h.transpose(-1, -2) * P["S"]).sum() / d["B"],
             "c": r.bmean(h.reshape(b, -1, 2)[:, :, 0] ** 2),
             "d": r.bmean(torch.exp(h.permute(2, 0, 1) * 0.5)),
-            "e": r.bmean(torch.sigmoid(h.permute(0, 2, 1) @ P["U"]))}
+            "e": r.bmean(torch.sigmoid(h.permute(0, 2, 1) @ P["U"])),
+            "f": r.bmean(amax(h.transpose(0, 2), 0))}
 
 
 @case("reshape_merge_batch", [1, 2, 4],
@@ -1001,6 +1004,85 @@ def _(P, I, r, d):
     return {"ce": r.ce(h @ P["W"], I["y"], "y")}
 
 
+@case("syntax_misc", [1, 2, 4],
+      "syntax: `;` between statements (declarations too), a call spanning lines inside () "
+      "and [], nested `for`, a `for` inside a fn rebinding its argument, M[i, j] and M[i][j], "
+      "`...` with an integer index, unary minus before indexing, a scalar f32 param, init "
+      "clauses (ignored by run)",
+      """
+model syntax_misc {
+  batch B = 8
+  dim   D = 4; dim H = 3
+  dim   L = 2
+
+  input x : f32[B, D]
+  input y : i32[B]
+  param W : f32[D, H]     init uniform(-0.5, 0.5)
+  param s : f32           init ones
+  param M : f32[L, L, H]  init normal(0, 0.5)
+
+  fn diag(t) {
+    for k in 0..L {
+      t = t + M[k][k]
+    }
+    return t
+  }
+
+  a = x @ W; h = tanh(a) * s
+  g = concat([h,
+              h * 2],
+             axis=1)
+  for i in 0..L {
+    for j in 0..L {
+      h = h + M[i, j] * 0.5
+    }
+  }
+  loss ce = cross_entropy(diag(h), y)
+  loss e  = mean(g[..., 0] ** 2) + mean(-h[:, -1]) + 2
+}
+""", init={"s": normal(0.2, 1.0)}, data={"y": targets(3)})
+def _(P, I, r, d):
+    L, M = d["L"], P["M"]
+    h = torch.tanh(I["x"] @ P["W"]) * P["s"]
+    g = torch.cat([h, h * 2], dim=1)
+    for i in range(L):
+        for j in range(L):
+            h = h + M[i, j] * 0.5
+    t = h
+    for k in range(L):
+        t = t + M[k][k]
+    two = torch.tensor(2.0, dtype=h.dtype)
+    return {"ce": r.ce(t, I["y"], "y"), "e": r.bmean(g[..., 0] ** 2) + r.bmean(-h[:, -1]) + r.once(two)}
+
+
+@case("param_axis0", [1, 2, 4],
+      "reductions over axis 0 of tensors without a batch axis (a param, an unbatched input) "
+      "are not batch reductions: softmax, log_softmax, logsumexp, max, mean, slicing and "
+      "indexing over axis 0 of W are fine with any --gas",
+      """
+model param_axis0 {
+  batch B = 8
+  dim   N = 8
+  dim   D = 4
+  dim   H = 3
+
+  input x : f32[B, D]
+  input z : f32[N, H]
+  param W : f32[D, H]
+  param V : f32[D, H]
+
+  loss a = mean(tanh(x @ (softmax(W, axis=0) + V)))
+  loss p = 0.1 * sum(logsumexp(W, 0)) + 0.1 * sum(max(V, axis=0)) + sum(mean(z, axis=0) * W[0])
+  loss q = mean(log_softmax(V, axis=0) * W) + sum(W[1:3, :] * z[0:2]) + 3
+}
+""")
+def _(P, I, r, d):
+    W, V, z = P["W"], P["V"], I["z"]
+    return {"a": r.bmean(torch.tanh(I["x"] @ (F.softmax(W, 0) + V))),
+            "p": r.once(0.1 * torch.logsumexp(W, 0).sum() + 0.1 * amax(V, 0).sum() + (z.mean(dim=0) * W[0]).sum()),
+            "q": r.once((F.log_softmax(V, 0) * W).mean() + (W[1:3, :] * z[0:2]).sum() + 3)}
+
+
 # -- losses ----------------------------------------------------------------------
 
 # valid targets per sample: the first micro-batch at --gas 4 has none
@@ -1179,8 +1261,9 @@ def _(P, I, r, d):
 
 
 @case("batch_linear", [1, 2, 4],
-      "batch reductions used linearly: a batch mean over axis 0 only times a param, a "
-      "batch sum through a matmul with a param (both sums over samples)",
+      "batch reductions used linearly: a batch mean over axis 0 only (also as axis=-2, and "
+      "over [0, 1] of a 3-D tensor) times a param, a batch sum through a matmul with a param "
+      "(all sums over samples)",
       """
 model batch_linear {
   batch B = 8
@@ -1196,13 +1279,17 @@ model batch_linear {
   h = tanh(x @ W)
   loss a = sum(mean(h, axis=0) * c) + 1
   loss b = sum(sum(h * t, axis=0) @ V) / B + 1
+  loss cm = sum(mean(reshape(h, [B, 1, H]), axis=[0, 1]) * c) + 1
+  loss n = sum(mean(h, axis=-2) * c) + 1
 }
 """)
 def _(P, I, r, d):
     h = torch.tanh(I["x"] @ P["W"])
     one = torch.tensor(1.0, dtype=h.dtype)
     return {"a": (r.bmean(h, 0) * P["c"]).sum() + r.once(one),
-            "b": ((h * I["t"]).sum(dim=0) @ P["V"]).sum() / d["B"] + r.once(one)}
+            "b": ((h * I["t"]).sum(dim=0) @ P["V"]).sum() / d["B"] + r.once(one),
+            "cm": (r.bmean(h.reshape(h.shape[0], 1, -1), [0, 1]) * P["c"]).sum() + r.once(one),
+            "n": (r.bmean(h, -2) * P["c"]).sum() + r.once(one)}
 
 
 @case("batch_affine", [1, 2, 4],
@@ -1366,7 +1453,7 @@ refusal("refuse_mean_sq", "a non-linear function of a batch mean: mean(x) ** 2",
         "loss v = mean(h * c) ** 2",
         lambda h, P, I: (h * P["c"]).mean() ** 2)
 refusal("refuse_centre", "batch-norm style centring h - mean(h, axis=0), squared",
-        "loss c = mean((h - mean(h, axis=0)) ** 2 * c)",
+        "loss cen = mean((h - mean(h, axis=0)) ** 2 * c)",
         lambda h, P, I: ((h - h.mean(dim=0)) ** 2 * P["c"]).mean(), gas=(1, 2, 4))
 refusal("refuse_softmax_batch", "softmax over the batch axis",
         "loss s = sum(softmax(h, axis=0) * t)",
@@ -1374,6 +1461,18 @@ refusal("refuse_softmax_batch", "softmax over the batch axis",
 refusal("refuse_lse_batch", "logsumexp over the batch axis",
         "loss l = mean(logsumexp(h * c, 0))",
         lambda h, P, I: torch.logsumexp(h * P["c"], 0).mean())
+refusal("refuse_sum_sq", "a non-linear function of a batch sum written out: (sum(..) / B) ** 2",
+        "loss v = (sum(h * c) / B) ** 2",
+        lambda h, P, I: ((h * P["c"]).sum() / 8) ** 2)
+refusal("refuse_ratio", "a ratio of two batch means",
+        "loss q = mean(h * c) / mean(h * h)",
+        lambda h, P, I: (h * P["c"]).mean() / (h * h).mean())
+refusal("refuse_softmax_negaxis", "softmax over the batch axis named by a negative axis (-2 of [B, H])",
+        "loss s = sum(softmax(h, axis=-2) * t)",
+        lambda h, P, I: (F.softmax(h, dim=-2) * I["t"]).sum())
+refusal("refuse_softmax_permuted", "softmax over the batch axis after a transpose moved it to axis 1",
+        "loss s = sum(softmax(transpose(h, 0, 1), axis=1) * transpose(t, 0, 1))",
+        lambda h, P, I: (F.softmax(h.t(), dim=1) * I["t"].t()).sum())
 refusal("refuse_slice_batch", "slicing the batch axis",
         "loss f = mean(h[0:2, :] ** 2 * c)",
         lambda h, P, I: (h[0:2, :] ** 2 * P["c"]).mean())
@@ -1531,6 +1630,7 @@ NP_DT = {"f32": np.float32, "f64": np.float64, "i32": np.int32}
 
 
 def declarations(src):
+    src = src.replace(";", "\n")
     dims, batch = {}, None
     for kind, name, expr in DECL_RE.findall(src):
         v = eval(expr, {"__builtins__": {}}, dict(dims))
@@ -1820,6 +1920,11 @@ def check(only):
         _, _, _, gdl_losses = declarations(src)
         if list(L0) != gdl_losses:
             failures.append("%s: twin losses %s, .gdl losses %s" % (name, list(L0), gdl_losses))
+        # A loss statement binds its name too; keep loss names apart from declarations.
+        ddims, _, dtensors, _ = declarations(src)
+        clash = set(gdl_losses) & (set(ddims) | {t["name"] for t in dtensors})
+        if clash:
+            failures.append("%s: loss names %s are also declared names" % (name, sorted(clash)))
         stored = st_read(path(name, ".ref.safetensors"))
         if any(not np.array_equal(stored[n], G0[n].numpy()) for n in G0):
             failures.append("%s: stored gradients differ from a recomputation" % name)
