@@ -1516,7 +1516,7 @@ model err_batched_matmul {
 """, shapes=[r"(8|B)\s*[,x\u00d7]\s*(3|T)\s*[,x\u00d7]\s*4", r"5\s*[,x\u00d7]\s*4\s*[,x\u00d7]\s*2"])
 
 error_case("err_fn_body", "a broadcast error inside an inlined fn points into its body "
-           "(f32[8,3] * f32[8,4] at the `*`), not at the call",
+           "(f32[8,3] * f32[8,4] at the `*`), with a note at the call",
            """
 model err_fn_body {%s  param Wa : f32[D, H]
   param Wb : f32[D, 4]
@@ -1525,7 +1525,7 @@ model err_fn_body {%s  param Wa : f32[D, H]
     return a $* sigmoid(b)
   }
 
-  h = gate(x @ Wa, x @ Wb)
+  h = ^gate(x @ Wa, x @ Wb)
   loss ce = cross_entropy(h, y)
 }
 """ % ERR_HEAD, shapes=[r"(8|B)\s*[,x\u00d7]\s*3", r"(8|B)\s*[,x\u00d7]\s*4"])
@@ -1778,22 +1778,33 @@ def header(name, what, extra=()):
     return "\n".join(lines + list(extra))
 
 
+def strip_markers(text):
+    """Remove the `$` (error) and `^` (note) markers; their (line, col) in the result."""
+    out, marks, line, col = [], {"$": [], "^": []}, 1, 1
+    for ch in text:
+        if ch in marks:
+            marks[ch].append((line, col))
+            continue
+        out.append(ch)
+        line, col = (line + 1, 1) if ch == "\n" else (line, col + 1)
+    return "".join(out), marks
+
+
 def final_source(c):
-    """The .gdl text as written, and for error cases the (line, col) of `$`."""
+    """The .gdl text as written; for error cases also the (line, col) of `$`
+    and the list of `^` (expected notes)."""
     body = c["src"].lstrip("\n")
     if c in ERRORS:
-        assert body.count("$") == 1, c["name"]
         hdr = header(c["name"], c["what"], ["# expect-error: %d:%d"])
-        text = hdr + "\n" + body
-        i = text.index("$")
-        line = text.count("\n", 0, i) + 1
-        col = i - (text.rfind("\n", 0, i) + 1) + 1
-        return (hdr % (line, col)) + "\n" + body.replace("$", ""), (line, col)
+        text, marks = strip_markers(hdr + "\n" + body)
+        assert len(marks["$"]) == 1, c["name"]
+        line, col = marks["$"][0]
+        return (hdr % (line, col)) + "\n" + strip_markers(body)[0], (line, col), marks["^"]
     extra = []
     if c.get("refuse"):
         extra = ["# With --gas > 1 this model must be refused (DESIGN.md section 3, rule 4) on the",
                  "# line of `loss %s`; with --gas 1 it runs." % c["refuse"]]
-    return header(c["name"], c["what"], extra) + "\n" + body, None
+    return header(c["name"], c["what"], extra) + "\n" + body, None, []
 
 
 def line_of_loss(src, lname):
@@ -1835,7 +1846,7 @@ def generate():
                 "cases": []}
     for c in CASES + REFUSALS:
         name = c["name"]
-        src, _ = final_source(c)
+        src, _, _ = final_source(c)
         with open(path(name, ".gdl"), "w") as f:
             f.write(src)
         dims, Pn, In, _ = make_data(c, src)
@@ -1864,7 +1875,7 @@ def generate():
         print("wrote %-20s total %.9g" % (name, total))
     for c in ERRORS:
         name = c["name"]
-        src, (line, col) = final_source(c)
+        src, (line, col), notes = final_source(c)
         with open(path(name, ".gdl"), "w") as f:
             f.write(src)
         c2 = dict(c, init={}, data={"y": targets(3)})
@@ -1880,6 +1891,8 @@ def generate():
              "expected_shapes": c["shapes"]}
         if c["nerrors"]:
             e["expected_nerrors"] = c["nerrors"]
+        if notes:
+            e["expected_notes"] = [list(n) for n in notes]
         manifest["cases"].append(e)
         print("wrote %-20s expect error at %d:%d" % (name, line, col))
     with open(path("manifest", ".json"), "w") as f:
@@ -2000,12 +2013,14 @@ def check(only):
         name = c["name"]
         if only and name not in only:
             continue
-        src, (line, col) = final_source(c)
+        src, (line, col), notes = final_source(c)
         if open(path(name, ".gdl")).read() != src:
             failures.append("%s: .gdl differs from gen.py" % name)
         e = entries[name]
         if (e["expected_line"], e["expected_col"]) != (line, col):
             failures.append("%s: manifest location differs" % name)
+        if e.get("expected_notes", []) != [list(n) for n in notes]:
+            failures.append("%s: manifest notes differ" % name)
         text = src.split("\n")[line - 1]
         print("%-20s error at %d:%d: %s" % (name, line, col, text.strip()))
         if text[col - 1] == " ":

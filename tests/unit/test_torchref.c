@@ -10,7 +10,8 @@
  * full-batch reference.  A refusal case must, for K > 1, fail with an
  * error on the line of the offending loss.  An error case must report its
  * first `file:line:col: error:` at the expected place, show the source line
- * with a caret under that column, and name the shapes involved.
+ * with a caret under that column, name the shapes involved, and add the
+ * expected notes.
  *
  * Finally the command line: the built gradc runs a few cases, and its stdout
  * must be `loss NAME VALUE` lines in %.9g, then `loss total VALUE`. */
@@ -342,6 +343,17 @@ static void run_error(const cJSON *c) {
       bad++;
     }
     regfree(&re);
+  }
+  /* Notes (an error inside an inlined fn: one at the call). */
+  const cJSON *notes = cJSON_GetObjectItemCaseSensitive(c, "expected_notes"), *nt;
+  cJSON_ArrayForEach(nt, notes) {
+    char want[512];
+    snprintf(want, sizeof want, "%s:%d:%d: note:", file, cJSON_GetArrayItem(nt, 0)->valueint,
+             cJSON_GetArrayItem(nt, 1)->valueint);
+    if (!strstr(log, want)) {
+      print_message("  FAIL %s: no `%s` line:\n%s", name, want, log);
+      bad++;
+    }
   }
   int nerr = (int)jnum(c, "expected_nerrors", -1);
   if (nerr >= 0 && cc.d.nerrors != nerr) {
