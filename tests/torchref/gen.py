@@ -1232,7 +1232,8 @@ def _(P, I, r, d):
 
 @case("unbatched_input", [1, 2, 4],
       "inputs without a batch axis are not split: a matrix, a scalar, a [N, H] input whose "
-      "N equals B in size (but is not the batch dim), and an unbatched i32 index input",
+      "N equals B in size (but is not the batch dim), and an unbatched i32 index input; a "
+      "loss of inputs only",
       """
 model unbatched_input {
   batch B = 8
@@ -1251,13 +1252,15 @@ model unbatched_input {
   loss a = mean(tanh((x @ M) @ W) * s + 1)
   loss b = mean(z * embedding(ids, E)) + 1
   loss c = sum(tanh(x @ W) @ transpose(z, 0, 1)) / B
+  loss k = mean(x * x) + sum(M) / 4 + 3         # no param at all: a value, no gradient
 }
 """, data={"ids": ints(0, 5), "s": normal(0.3, 1.0)})
 def _(P, I, r, d):
     x, z = I["x"], I["z"]
     return {"a": r.bmean(torch.tanh((x @ I["M"]) @ P["W"]) * I["s"] + 1),
             "b": r.once((z * F.embedding(I["ids"], P["E"])).mean() + 1),
-            "c": (torch.tanh(x @ P["W"]) @ z.t()).sum() / d["B"]}
+            "c": (torch.tanh(x @ P["W"]) @ z.t()).sum() / d["B"],
+            "k": r.bmean(x * x) + r.once(I["M"].sum() / 4 + 3)}
 
 
 @case("batch_linear", [1, 2, 4],
