@@ -49,7 +49,11 @@ typedef enum {
 typedef struct Info {
   Cls cls;
   int axis;          /* C_SAMPLE: the sample axis */
+  int64_t per;       /* C_SAMPLE: elements per sample along that axis (> 1 once
+                        the batch axis is merged with the axes after it) */
   WKind w;           /* C_SUM: the divisor its batch reductions carry */
+  bool affine;       /* C_SUM: batch-independent values were added to it below
+                        the loss's top level (split into two terms) */
   IrOp *wop;         /* W_COUNT: the cross_entropy that defines the count */
   IrOp *bad;         /* C_BAD: the op that mixed samples */
   const char *why;   /* C_BAD: why */
@@ -59,13 +63,13 @@ typedef struct Fold {
   IrFunc *f;
   const PassOptions *o;
   Info *info;        /* by value id (values created by this pass are not classified) */
-  IrValue **rw;      /* rewritten value by id (C_SUM values only) */
-  double *rwcoef;    /* constant factor hoisted out of a rewritten top op */
+  IrValue **rw[2];   /* rewritten value by id, per part (C_SUM values only) */
   int ninfo;
+  int64_t micro;     /* samples per micro-batch */
 } Fold;
 
 static Info indep(void) { return (Info){.cls = C_INDEP}; }
-static Info sample(int axis) { return (Info){.cls = C_SAMPLE, .axis = axis}; }
+static Info sample(int axis, int64_t per) { return (Info){.cls = C_SAMPLE, .axis = axis, .per = per}; }
 static Info bad(IrOp *op, const char *why) { return (Info){.cls = C_BAD, .bad = op, .why = why}; }
 static Info sum_of(WKind w, IrOp *wop) { return (Info){.cls = C_SUM, .w = w, .wop = wop}; }
 
@@ -85,29 +89,34 @@ static int bcast_axis(IrValue *v, int axis, int r) { return axis + (r - v->type.
 /* Linear combination (add, sub, concat) of classified operands. */
 static Info combine_linear(IrOp *op, Info *in, int n, int rank_out, IrValue **args) {
   int sample_axis = -1;
-  bool any_sample = false, any_sum = false, any_indep = false;
+  int64_t per = 1;
+  bool any_sample = false, any_sum = false, any_indep = false, affine = false;
   Info s = indep();
   for (int i = 0; i < n; i++) {
     if (in[i].cls == C_BAD) return in[i];
     if (in[i].cls == C_SAMPLE) {
       int a = op->opcode == IR_OP_CONCAT ? in[i].axis : bcast_axis(args[i], in[i].axis, rank_out);
-      if (any_sample && a != sample_axis) return bad(op, "it combines values whose samples lie on different axes");
+      if (any_sample && (a != sample_axis || in[i].per != per))
+        return bad(op, "it combines values whose samples lie on different axes");
       any_sample = true;
       sample_axis = a;
+      per = in[i].per;
     } else if (in[i].cls == C_SUM) {
       if (any_sum && !same_weight(&s, &in[i]))
         return bad(op, "it adds batch reductions with different divisors below the loss's top level");
       any_sum = true;
+      affine |= in[i].affine;
       s = in[i];
     } else {
       any_indep = true;
     }
   }
   if (any_sample && any_sum) return bad(op, "it combines per-sample values with a reduction over the batch");
-  if (any_sum && any_indep)
-    return bad(op, "it adds a batch-independent value to a reduction over the batch below the loss's top level");
-  if (any_sample) return sample(sample_axis);
-  if (any_sum) return s;
+  if (any_sample) return sample(sample_axis, per);
+  if (any_sum) {
+    s.affine = affine || any_indep;
+    return s;
+  }
   return indep();
 }
 
@@ -121,16 +130,26 @@ static bool reduces(const IrOp *op, int a, int r) {
   return false;
 }
 
-/* The sample axis after a reshape, or -1 if the reshape splits it. */
-static int reshape_axis(const IrShape *in, int a, const IrShape *out) {
-  int64_t pre = 1;
+/* The sample axis after a reshape, or -1 if the reshape splits samples
+ * apart.  Row-major order is kept: with `pre` elements before the sample
+ * axis, each of the b samples owns a contiguous block of per * inner
+ * elements; the reshape must keep `pre` as a prefix and give the block to
+ * per' consecutive positions of one output axis. */
+static int reshape_axis(const IrShape *in, int a, int64_t per, int64_t b, const IrShape *out, int64_t *per_out) {
+  int64_t pre = 1, inner = 1;
   for (int i = 0; i < a; i++) pre *= in->dim[i];
-  int64_t incl = pre * in->dim[a];
-  int64_t p = 1;
-  for (int j = 0; j < out->rank; j++) {
-    if (p == pre && (p * out->dim[j]) % incl == 0) return j;
+  for (int i = a + 1; i < in->rank; i++) inner *= in->dim[i];
+  int64_t blk = per * inner, p = 1;
+  for (int j = 0; j < out->rank && p <= pre; j++) {
+    if (p == pre && b > 0 && out->dim[j] % b == 0) {
+      int64_t inner_out = 1;
+      for (int k = j + 1; k < out->rank; k++) inner_out *= out->dim[k];
+      if ((out->dim[j] / b) * inner_out == blk) {
+        *per_out = out->dim[j] / b;
+        return j;
+      }
+    }
     p *= out->dim[j];
-    if (p > pre) break;
   }
   return -1;
 }
@@ -210,7 +229,7 @@ static Info classify(Fold *fd, IrOp *op) {
       int a = in[0].axis;
       for (int i = 0; i < in[0].axis; i++)
         if (reduces(op, i, r)) a--;
-      return sample(a);
+      return sample(a, in[0].per);
     }
     return in[0];
   case IR_OP_MAX:
@@ -223,15 +242,16 @@ static Info classify(Fold *fd, IrOp *op) {
       int a = in[0].axis;
       for (int i = 0; i < in[0].axis; i++)
         if (reduces(op, i, r)) a--;
-      return sample(a);
+      return sample(a, in[0].per);
     }
     return in[0];
   case IR_OP_RESHAPE:
     if (in[0].cls == C_SUM) return in[0];
     {
-      int a = reshape_axis(&x->type.shape, in[0].axis, &op->result->type.shape);
+      int64_t per = 1;
+      int a = reshape_axis(&x->type.shape, in[0].axis, in[0].per, fd->micro, &op->result->type.shape, &per);
       if (a < 0) return bad(op, "it reshapes the batch axis apart");
-      return sample(a);
+      return sample(a, per);
     }
   case IR_OP_PERMUTE:
     if (in[0].cls == C_SUM) return in[0];
@@ -239,12 +259,12 @@ static Info classify(Fold *fd, IrOp *op) {
       const int64_t *perm;
       int np = ir_attr_get_ints(op, "perm", &perm);
       for (int i = 0; i < np; i++)
-        if (perm[i] == in[0].axis) return sample(i);
+        if (perm[i] == in[0].axis) return sample(i, in[0].per);
       return bad(op, "it permutes the batch axis away");
     }
   case IR_OP_BROADCAST:
-    if (in[0].cls == C_SUM) return bad(op, "it broadcasts a reduction over the batch");
-    return sample(bcast_axis(x, in[0].axis, rank_out));
+    if (in[0].cls == C_SUM) return in[0]; /* copies are linear */
+    return sample(bcast_axis(x, in[0].axis, rank_out), in[0].per);
   case IR_OP_SLICE:
   case IR_OP_UNSLICE:
     if (in[0].cls == C_SUM) return in[0];
@@ -278,21 +298,21 @@ static Info classify(Fold *fd, IrOp *op) {
       int a = in[0].axis;
       if (ra == 1 || a == ra - 1) out_a = -1;
       else if (a == ra - 2) out_a = rank_out - (rb == 1 ? 1 : 2);
-      else out_a = a + (rank_out - ra);
+      else out_a = a + (rank_out + (rb == 1) - ra); /* a batch dim; a 1-D b drops the last axis */
       if (out_a == -1) return bad(op, "it contracts the batch axis");
     }
     if (in[1].cls == C_SAMPLE) {
       int a = in[1].axis;
       if (rb == 1 || a == rb - 2) out_b = -1;
       else if (a == rb - 1) out_b = rank_out - 1;
-      else out_b = a + (rank_out - rb);
+      else out_b = a + (rank_out + (ra == 1) - rb); /* a batch dim; a 1-D a drops the row axis */
       if (out_b == -1) return bad(op, "it contracts the batch axis");
     }
     if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE) {
-      if (out_a != out_b || out_a >= rank_out - 2)
+      if (out_a != out_b || in[0].per != in[1].per || out_a >= rank_out - 2)
         return bad(op, "it multiplies values of different samples together");
     }
-    return sample(in[0].cls == C_SAMPLE ? out_a : out_b);
+    return in[0].cls == C_SAMPLE ? sample(out_a, in[0].per) : sample(out_b, in[1].per);
   }
   case IR_OP_SOFTMAX:
   case IR_OP_LOG_SOFTMAX:
@@ -352,26 +372,25 @@ static Info classify(Fold *fd, IrOp *op) {
 
 static IrValue *const_of(IrFunc *f, double v, IrValue *like, IrLoc loc) { return ir_const(f, v, like->type.dtype, loc); }
 
-/* Product of the reduced dims other than the sample axis. */
-static double nonbatch_count(const IrOp *op, const Info *xi) {
+/* Elements a batch mean reduces per sample: all reduced elements / samples. */
+static double nonbatch_count(Fold *fd, const IrOp *op) {
   IrValue *x = op->args[0];
   int r = x->type.shape.rank;
   double n = 1;
   for (int i = 0; i < r; i++)
-    if (reduces(op, i, r) && !(xi->cls == C_SAMPLE && i == xi->axis)) n *= (double)x->type.shape.dim[i];
-  return n;
+    if (reduces(op, i, r)) n *= (double)x->type.shape.dim[i];
+  return n / (double)fd->micro;
 }
 
 /* The op `op` (a batch mean or a mean-reduced loss) as a micro-batch sum;
  * *coef receives the constant factor 1/(non-batch elements). */
 static IrValue *as_sum(Fold *fd, IrOp *op, double *coef) {
   IrFunc *f = fd->f;
-  Info xi = get(fd, op->args[0]);
   *coef = 1;
   if (op->opcode == IR_OP_MEAN) {
     const int64_t *axes;
     int na = ir_attr_get_ints(op, "axes", &axes);
-    *coef = 1.0 / nonbatch_count(op, &xi);
+    *coef = 1.0 / nonbatch_count(fd, op);
     return ir_reduce(f, IR_OP_SUM, op->args[0], axes, na, ir_attr_get_int(op, "keepdim", 0), op->loc);
   }
   GRADC_ASSERT(op->opcode == IR_OP_CROSS_ENTROPY || op->opcode == IR_OP_MSE_LOSS);
@@ -382,14 +401,8 @@ static IrValue *as_sum(Fold *fd, IrOp *op, double *coef) {
     if (strcmp(attrs[na].key, "reduction") == 0) attrs[na].s = "sum";
     na++;
   }
-  if (op->opcode == IR_OP_MSE_LOSS) {
-    /* mean over every element = sum / (samples * elements per sample) */
-    Info yi = get(fd, op->args[1]);
-    const Info *si = xi.cls == C_SAMPLE ? &xi : &yi;
-    int64_t per = ir_numel(&op->args[0]->type.shape);
-    if (si->cls == C_SAMPLE) per /= op->args[0]->type.shape.dim[si->axis];
-    *coef = 1.0 / (double)per;
-  }
+  if (op->opcode == IR_OP_MSE_LOSS) /* mean over every element = sum / (samples * elements per sample) */
+    *coef = (double)fd->micro / (double)ir_numel(&op->args[0]->type.shape);
   return ir_emit(f, op->opcode, op->args, op->nargs, attrs, na, NULL, op->loc);
 }
 
@@ -401,30 +414,66 @@ static bool is_batch_mean(Fold *fd, IrOp *op) {
   return false;
 }
 
-/* Rewrite a C_SUM value so that its batch reductions are plain sums; the
- * divisor moves to the term's weight.  Memoised: shared sub-graphs are
- * rewritten once. */
-static IrValue *rewrite(Fold *fd, IrValue *v) {
+/* A C_SUM value is linear in the micro-batch's sample sums and, when
+ * `affine`, in the batch-independent values added to them below the loss's
+ * top level: v = v(S, 0) + v(0, I).  Each part becomes its own term, the
+ * first with the sums' window weight, the second counted once. */
+enum { PART_SUM, PART_ONCE };
+
+static IrValue *rewrite(Fold *fd, IrValue *v, int part);
+
+/* v's share of `part`, or NULL when it has none. */
+static IrValue *part_of(Fold *fd, IrValue *v, int part) {
+  Info in = get(fd, v);
+  if (in.cls != C_SUM) return part == PART_ONCE ? v : NULL;
+  if (part == PART_ONCE && !in.affine) return NULL;
+  return rewrite(fd, v, part);
+}
+
+static IrValue *zeros_like(IrFunc *f, IrValue *v, IrLoc loc) { return ir_const_shaped(f, 0.0, v->type, loc); }
+
+/* Rewrite one part of a C_SUM value so that its batch reductions are plain
+ * sums; the divisor moves to the term's weight.  Memoised per part: shared
+ * sub-graphs are rewritten once. */
+static IrValue *rewrite(Fold *fd, IrValue *v, int part) {
   if (v->id >= fd->ninfo || get(fd, v).cls != C_SUM) return v;
-  if (fd->rw[v->id]) return fd->rw[v->id];
+  if (fd->rw[part][v->id]) return fd->rw[part][v->id];
+  IrFunc *f = fd->f;
   IrOp *op = v->def;
   IrValue *out;
-  if (is_batch_mean(fd, op)) {
+  if (part == PART_SUM && is_batch_mean(fd, op)) {
     double c;
     out = as_sum(fd, op, &c);
-    if (c != 1) out = ir_binary(fd->f, IR_OP_MUL, out, const_of(fd->f, c, out, op->loc), op->loc);
+    if (c != 1) out = ir_binary(f, IR_OP_MUL, out, const_of(f, c, out, op->loc), op->loc);
+  } else if (op->opcode == IR_OP_ADD || op->opcode == IR_OP_SUB) {
+    IrValue *a = part_of(fd, op->args[0], part), *b = part_of(fd, op->args[1], part);
+    if (a && b) out = ir_binary(f, op->opcode, a, b, op->loc);
+    else if (a) out = ir_broadcast(f, a, v->type.shape, op->loc);
+    else {
+      GRADC_ASSERT(b != NULL);
+      if (op->opcode == IR_OP_SUB) b = ir_unary(f, IR_OP_NEG, b, op->loc);
+      out = ir_broadcast(f, b, v->type.shape, op->loc);
+    }
   } else {
+    /* A linear op: its C_SUM operands carry the part; a concat's other
+     * operands are additive too, everything else multiplies. */
     IrValue *args[16];
     bool changed = false;
     GRADC_ASSERT(op->nargs <= 16);
     for (int i = 0; i < op->nargs; i++) {
-      args[i] = rewrite(fd, op->args[i]);
-      changed |= args[i] != op->args[i];
+      IrValue *x = op->args[i];
+      if (op->opcode == IR_OP_CONCAT) {
+        args[i] = part_of(fd, x, part);
+        if (!args[i]) args[i] = zeros_like(f, x, op->loc);
+      } else {
+        args[i] = rewrite(fd, x, part);
+      }
+      changed |= args[i] != x;
     }
     IrType hint = v->type;
-    out = changed ? ir_emit(fd->f, op->opcode, args, op->nargs, op->attrs, op->nattrs, &hint, op->loc) : v;
+    out = changed ? ir_emit(f, op->opcode, args, op->nargs, op->attrs, op->nattrs, &hint, op->loc) : v;
   }
-  fd->rw[v->id] = out;
+  fd->rw[part][v->id] = out;
   return out;
 }
 
@@ -512,13 +561,14 @@ static void extract(Fold *fd, Terms *ts, const char *loss, IrValue *v, double c,
     }
   }
   if (in.cls == C_SUM) {
-    if (is_batch_mean(fd, op)) {
+    if (!in.affine && is_batch_mean(fd, op)) {
       double k2;
       IrValue *s = as_sum(fd, op, &k2);
       add_term(fd, ts, s, c * k2, in.w, in.wop, loc);
-    } else {
-      add_term(fd, ts, rewrite(fd, v), c, in.w, in.wop, loc);
+      return;
     }
+    add_term(fd, ts, rewrite(fd, v, PART_SUM), c, in.w, in.wop, loc);
+    if (in.affine) add_term(fd, ts, rewrite(fd, v, PART_ONCE), c, W_ONCE, NULL, loc);
     return;
   }
   if (in.cls == C_SAMPLE) in = bad(op, "it keeps the batch axis");
@@ -573,10 +623,12 @@ PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch) {
     if (f->ops[i]->opcode == IR_OP_LOSS_TERM) return PASS_UNCHANGED;
   Fold fd = {.f = f, .o = o, .ninfo = f->nvalues};
   fd.info = ARENA_ARRAY(scratch, Info, f->nvalues + 1);
-  fd.rw = ARENA_ARRAY(scratch, IrValue *, f->nvalues + 1);
+  fd.rw[PART_SUM] = ARENA_ARRAY(scratch, IrValue *, f->nvalues + 1);
+  fd.rw[PART_ONCE] = ARENA_ARRAY(scratch, IrValue *, f->nvalues + 1);
   for (int i = 0; i < f->nargs; i++) {
     IrValue *a = f->args[i];
-    fd.info[a->id] = a->batched ? sample(0) : indep();
+    fd.info[a->id] = a->batched ? sample(0, 1) : indep();
+    if (a->batched) fd.micro = a->type.shape.dim[0];
   }
   int nops = f->nops;
   IrOp **fwd = ARENA_ARRAY(scratch, IrOp *, nops + 1);
