@@ -526,10 +526,6 @@ static void extract(Fold *fd, Terms *ts, const char *loss, IrValue *v, double c,
   Info in = get(fd, v);
   IrOp *op = v->def;
   double k;
-  if (in.cls == C_INDEP) {
-    add_term(fd, ts, v, c, W_ONCE, NULL, loc);
-    return;
-  }
   if (op && v->type.shape.rank == 0) {
     IrValue *a = op->nargs > 0 ? op->args[0] : NULL, *b = op->nargs > 1 ? op->args[1] : NULL;
     bool scalars = a && a->type.shape.rank == 0 && (!b || b->type.shape.rank == 0);
@@ -559,6 +555,10 @@ static void extract(Fold *fd, Terms *ts, const char *loss, IrValue *v, double c,
       extract(fd, ts, loss, a, c / k, loc);
       return;
     }
+  }
+  if (in.cls == C_INDEP) {
+    add_term(fd, ts, v, c, W_ONCE, NULL, loc);
+    return;
   }
   if (in.cls == C_SUM) {
     if (!in.affine && is_batch_mean(fd, op)) {
@@ -657,6 +657,10 @@ PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch) {
       IrValue *seed = ir_emit(f, IR_OP_GRAD_SEED, &w, 1, &coef, 1, NULL, tm->loc);
       IrValue *args[2] = {tm->s, seed};
       IrValue *term = ir_emit(f, IR_OP_LOSS_TERM, args, 2, NULL, 0, NULL, tm->loc);
+      /* Names that say what each value is: the sum S, its seed, the term. */
+      if (!tm->s->name) tm->s->name = arena_printf(&f->arena, "S_%s", loss);
+      seed->name = arena_printf(&f->arena, "seed_%s", loss);
+      term->name = arena_printf(&f->arena, "t_%s", loss);
       total = total ? ir_binary(f, IR_OP_ADD, total, term, out->loc) : term;
     }
     if (!total) total = ir_const(f, 0.0, out->args[0]->type.dtype, out->loc);

@@ -13,11 +13,15 @@ static const Pass passes[] = {
     {"simplify", pass_simplify, "constant folding and algebraic identities"},
     {"cse", pass_cse, "merge identical ops"},
     {"dce", pass_dce, "remove ops whose results are unused"},
+    {"fuse", pass_fuse, "group ops into kernels: elementwise chains, row reductions and their neighbours"},
     {"memplan", pass_memplan, "assign every stored value an offset in the step's arena (CPU back end)"},
 };
 #define NPASSES ((int)(sizeof passes / sizeof passes[0]))
 
 static const char *const pipeline[] = {"gas-fold", "autodiff", "simplify", "cse", "dce"};
+
+/* The CPU back end (docs/BACKEND.md). */
+static const char *const pipeline_cpu[] = {"gas-fold", "autodiff", "simplify", "cse", "dce", "fuse", "memplan"};
 
 const Pass *pass_lookup(const char *name) {
   for (int i = 0; i < NPASSES; i++)
@@ -35,6 +39,11 @@ const char *const *pass_pipeline(int *n) {
   return pipeline;
 }
 
+const char *const *pass_pipeline_cpu(int *n) {
+  *n = (int)(sizeof pipeline_cpu / sizeof pipeline_cpu[0]);
+  return pipeline_cpu;
+}
+
 void pm_init(PassManager *pm) {
   memset(pm, 0, sizeof *pm);
   pm->dump_out = stderr;
@@ -43,7 +52,20 @@ void pm_init(PassManager *pm) {
 #endif
 }
 
-static bool wants(const char *sel, const char *name) { return sel && (strcmp(sel, "all") == 0 || strcmp(sel, name) == 0); }
+/* sel: "all", or a comma-separated list of pass names. */
+static bool wants(const char *sel, const char *name) {
+  if (!sel) return false;
+  if (strcmp(sel, "all") == 0) return true;
+  size_t n = strlen(name);
+  for (const char *p = sel; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n && strncmp(p, name, n) == 0) return true;
+    if (!e) break;
+    p = e + 1;
+  }
+  return false;
+}
 
 static void dump(PassManager *pm, const IrFunc *f, const char *when, const char *name) {
   fprintf(pm->dump_out, "// -----// IR Dump %s %s //----- //\n", when, name);

@@ -64,6 +64,10 @@ void fmt_double(char *buf, size_t n, double d) {
     snprintf(buf, n, d < 0 ? "-inf" : "inf");
     return;
   }
+  if (d == floor(d) && fabs(d) < 1e15) { /* whole numbers in plain notation: "-100.0", not "-1e+02" */
+    snprintf(buf, n, "%.1f", d);
+    return;
+  }
   for (int prec = 1; prec <= 17; prec++) {
     snprintf(buf, n, "%.*g", prec, d);
     if (strtod(buf, NULL) == d) break;

@@ -108,6 +108,30 @@ static bool parse_int(const char *s, int64_t *out) {
   return true;
 }
 
+/* A --print-ir-* value: "all" or pass names separated by commas. */
+static bool check_pass_list(const char *flag, const char *list) {
+  if (!list || strcmp(list, "all") == 0) return true;
+  char *copy = strdup(list);
+  bool ok = true;
+  for (char *save = NULL, *p = strtok_r(copy, ",", &save); p && ok; p = strtok_r(NULL, ",", &save))
+    if (!pass_lookup(p)) {
+      fprintf(stderr, "gradc: error: %s: no pass named '%s' (see gradc help compile)\n", flag, p);
+      ok = false;
+    }
+  free(copy);
+  return ok;
+}
+
+/* Repeated --print-ir-* flags accumulate into one comma-separated list. */
+static const char *join_list(const char *old, const char *add) {
+  if (!old) return add;
+  static char buf[4][1024];
+  static int k;
+  char *b = buf[k++ % 4];
+  snprintf(b, sizeof buf[0], "%s,%s", old, add);
+  return b;
+}
+
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
   a->gas = 1;
@@ -141,9 +165,9 @@ static int parse_args(int argc, char **argv, Args *a) {
     } else if (FLAG("--passes")) {
       a->passes = v;
     } else if (FLAG("--print-ir-after")) {
-      a->print_after = v;
+      a->print_after = join_list(a->print_after, v);
     } else if (FLAG("--print-ir-before")) {
-      a->print_before = v;
+      a->print_before = join_list(a->print_before, v);
     } else if (FLAG("--dot")) {
       a->dot = v;
     } else if (FLAG("--params")) {
@@ -167,10 +191,8 @@ static int parse_args(int argc, char **argv, Args *a) {
   }
   if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0)
     return usage_error("unsupported --target '%s' (this build has: cpu, ref)", a->target);
-  for (const char *p = a->print_after; p && strcmp(p, "all"); p = NULL)
-    if (!pass_lookup(p)) return usage_error("--print-ir-after: no pass named '%s'", p);
-  for (const char *p = a->print_before; p && strcmp(p, "all"); p = NULL)
-    if (!pass_lookup(p)) return usage_error("--print-ir-before: no pass named '%s'", p);
+  if (!check_pass_list("--print-ir-after", a->print_after) || !check_pass_list("--print-ir-before", a->print_before))
+    return 1;
   return 0;
 }
 
