@@ -1,0 +1,148 @@
+/* gradc.h - the public C API of gradc.
+ *
+ * Compile a model (a .gdl file or source text, or load an ahead-of-time
+ * artifact) into a program, open a session on it, bind params and one
+ * window of inputs, run the step (forward + backward + in-place
+ * accumulation over K micro-batches), read losses and gradients, and apply
+ * an optimiser.  Programs JIT-compile at start-up; nothing here calls
+ * exit().
+ *
+ * Errors: every function that can fail returns a gradc_status; the message
+ * of the last failure on the calling thread is gradc_last_error().  User
+ * errors (a bad model, a missing tensor) are GRADC_ERR_USER; internal ones
+ * (a verifier or LLVM failure) GRADC_ERR_INTERNAL.
+ *
+ * Ownership: handles are freed with their *_free function; strings returned
+ * by the library live as long as the handle they came from. */
+#ifndef GRADC_H
+#define GRADC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GRADC_API_VERSION 1
+
+typedef enum { GRADC_OK = 0, GRADC_ERR_USER = 1, GRADC_ERR_INTERNAL = 2 } gradc_status;
+
+typedef enum { GRADC_F32, GRADC_F64, GRADC_BF16, GRADC_F16, GRADC_I32, GRADC_I64 } gradc_dtype;
+
+/* The message of the last failure on this thread ("" if none). */
+const char *gradc_last_error(void);
+const char *gradc_version(void);
+
+/* ---- programs ---- */
+
+typedef struct gradc_program gradc_program;
+
+typedef struct gradc_compile_options {
+  int gas;            /* micro-batches per window, K >= 1 (default 1) */
+  const char *target; /* "cpu" (default) or "ref" (the reference interpreter) */
+  int threads;        /* CPU threads, 0 = one per core */
+  const char *const *def_names; /* dim overrides, as -D NAME=VALUE */
+  const int64_t *def_values;
+  int ndefs;
+  int no_cache;       /* 1: bypass the on-disk compile cache */
+} gradc_compile_options;
+
+void gradc_compile_options_init(gradc_compile_options *o);
+
+gradc_status gradc_program_compile_file(const char *path, const gradc_compile_options *o, gradc_program **out);
+/* name is used in diagnostics ("model.gdl:3:7: error: ..."). */
+gradc_status gradc_program_compile_source(const char *name, const char *text, const gradc_compile_options *o,
+                                          gradc_program **out);
+/* Load an artifact written by gradc_program_save / `gradc compile -o`
+ * without recompiling; fails if it was built for another host or version. */
+gradc_status gradc_program_load(const char *artifact_path, gradc_program **out);
+gradc_status gradc_program_save(const gradc_program *p, const char *artifact_path);
+void gradc_program_free(gradc_program *p);
+
+/* The program's signature. */
+typedef struct gradc_tensor_info {
+  const char *name;
+  gradc_dtype dtype; /* params: their declared type; storage is F32 master weights (F64 for f64) */
+  int rank;
+  int64_t shape[8];  /* inputs: one window (the batch axis holds B samples) */
+  int batched;       /* inputs: 1 if the first axis is the batch axis */
+} gradc_tensor_info;
+
+int gradc_program_num_params(const gradc_program *p);
+int gradc_program_num_inputs(const gradc_program *p);
+int gradc_program_num_losses(const gradc_program *p);
+gradc_status gradc_program_param_info(const gradc_program *p, int i, gradc_tensor_info *out);
+gradc_status gradc_program_input_info(const gradc_program *p, int i, gradc_tensor_info *out);
+const char *gradc_program_loss_name(const gradc_program *p, int i);
+int gradc_program_gas(const gradc_program *p);
+
+/* ---- sessions ---- */
+
+typedef struct gradc_session gradc_session;
+
+gradc_status gradc_session_new(const gradc_program *p, gradc_session **out);
+void gradc_session_free(gradc_session *s);
+
+/* Params: initialise from the model's `init` specs, or set/get by name.
+ * Data is F32 (F64 for f64 params), n elements. */
+gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed);
+gradc_status gradc_session_set_param(gradc_session *s, const char *name, const void *data, size_t n);
+gradc_status gradc_session_get_param(const gradc_session *s, const char *name, void *out, size_t n);
+/* Params from/to a safetensors file (the names of the model's params). */
+gradc_status gradc_session_load_params(gradc_session *s, const char *path);
+gradc_status gradc_session_save_params(const gradc_session *s, const char *path);
+
+/* One window of an input: F32/F64 for float inputs, I32/I64 for i32 ones. */
+gradc_status gradc_session_set_input(gradc_session *s, const char *name, gradc_dtype dt, const void *data, size_t n);
+
+/* Run one window: K micro-batches, gradients accumulated in place. */
+gradc_status gradc_session_run(gradc_session *s);
+/* Window values of the last run: loss i (program order), and their sum. */
+double gradc_session_loss(const gradc_session *s, int i);
+double gradc_session_loss_total(const gradc_session *s);
+/* The gradient of the last run (zeros for a param with no gradient). */
+gradc_status gradc_session_get_grad(const gradc_session *s, const char *name, void *out, size_t n);
+gradc_status gradc_session_save_grads(const gradc_session *s, const char *path);
+
+/* ---- optimisers (torch.optim semantics and defaults) ---- */
+
+typedef enum { GRADC_SGD, GRADC_ADAMW } gradc_optimizer_kind;
+
+typedef struct gradc_optimizer_options {
+  gradc_optimizer_kind kind;
+  double lr;           /* peak learning rate */
+  double momentum;     /* SGD (torch default 0) */
+  double dampening;    /* SGD (0) */
+  int nesterov;        /* SGD (0) */
+  double beta1, beta2; /* AdamW (0.9, 0.999) */
+  double eps;          /* AdamW (1e-8) */
+  double weight_decay; /* SGD: L2 added to the gradient (0); AdamW: decoupled (0.01) */
+  double clip_norm;    /* global gradient-norm clipping, 0 = off (torch.nn.utils.clip_grad_norm_) */
+  int64_t warmup_steps; /* linear warm-up from 0 to lr */
+  int64_t total_steps;  /* cosine decay to min_lr at total_steps; 0 = constant after warm-up */
+  double min_lr;
+} gradc_optimizer_options;
+
+void gradc_optimizer_options_init(gradc_optimizer_options *o, gradc_optimizer_kind kind);
+gradc_status gradc_session_set_optimizer(gradc_session *s, const gradc_optimizer_options *o);
+/* Apply one optimiser step with the gradients of the last run. */
+gradc_status gradc_session_step(gradc_session *s);
+int64_t gradc_session_step_count(const gradc_session *s);
+double gradc_session_lr(const gradc_session *s); /* the rate the next step uses */
+double gradc_session_grad_norm(const gradc_session *s); /* of the last run, before clipping */
+
+/* Checkpoints: params, optimiser state (optim.<slot>.<param>), step and
+ * RNG state, written to a temporary file, fsynced and renamed.  The RNG is
+ * the session's data-order generator (gradc_session_rng). */
+gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path);
+gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
+/* A 64-bit generator saved with the checkpoint (e.g. for shuffling data). */
+uint64_t gradc_session_rng_next(gradc_session *s);
+void gradc_session_rng_seed(gradc_session *s, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
