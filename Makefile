@@ -26,7 +26,7 @@ demo: build
 	@sh tools/demo.sh $(BUILD)
 
 fuzz:
-	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADC_FUZZ=ON -DGRADC_TESTS=OFF -DGRADC_WERROR=OFF
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADC_FUZZ=ON -DGRADC_TESTS=OFF -DGRADC_WERROR=OFF -DGRADC_LLVM=OFF -DGRADC_BLAS=OFF
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_gdl fuzz_gir
 	@echo "run: build-fuzz/tests/fuzz/fuzz_gdl -max_total_time=60 examples tests/diag"
 
