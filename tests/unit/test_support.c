@@ -90,6 +90,37 @@ static void test_rng_is_deterministic_and_normal(void **state) {
   assert_true(fabs(s2 / n - 1.0) < 0.05);
 }
 
+static void test_cache_round_trip_and_corruption(void **state) {
+  (void)state;
+  char dir[] = "/tmp/gradc-cache-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char sub[256];
+  snprintf(sub, sizeof sub, "%s/a/b", dir); /* created on first put */
+  size_t len = 0;
+  assert_null(cache_get(sub, "obj", 42, &len));
+  const char payload[] = "object code bytes";
+  cache_put(sub, "obj", 42, payload, sizeof payload);
+  char *got = cache_get(sub, "obj", 42, &len);
+  assert_non_null(got);
+  assert_int_equal(len, sizeof payload);
+  assert_memory_equal(got, payload, sizeof payload);
+  free(got);
+  /* Flip a byte of the stored entry: ignored (a warning), not trusted. */
+  char path[512];
+  snprintf(path, sizeof path, "%s/obj-%016llx", sub, 42ull);
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  fseek(f, 30, SEEK_SET);
+  fputc('X', f);
+  fclose(f);
+  assert_null(cache_get(sub, "obj", 42, &len));
+  /* An unwritable location is a warning, never a failure. */
+  cache_put("/proc/gradc-no-such-dir", "obj", 1, payload, sizeof payload);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arena_alloc_zeroed_and_aligned),
@@ -98,6 +129,7 @@ int main(void) {
       cmocka_unit_test(test_diag_stops_after_limit),
       cmocka_unit_test(test_strmap_put_get),
       cmocka_unit_test(test_rng_is_deterministic_and_normal),
+      cmocka_unit_test(test_cache_round_trip_and_corruption),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
