@@ -131,4 +131,13 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
  * they index).  Tensors are appended to out. */
 void rt_random_inputs(const IrFunc *f, int gas, uint64_t seed, StFile *out);
 
+/* ------------------------------------------------------------------ */
+/* init.c                                                              */
+/* ------------------------------------------------------------------ */
+struct FeParam;
+/* Initial values of n params (in declaration order) from their `init`
+ * specs, drawn from one generator seeded with seed: what `gradc init`
+ * writes.  Appended to out as F32 (F64 for f64 params). */
+void rt_init_params(const struct FeParam *params, int n, uint64_t seed, StFile *out);
+
 #endif

@@ -326,32 +326,9 @@ static int cmd_init(const Args *a) {
     unload(&l);
     return rc;
   }
-  Rng rng;
-  rng_seed(&rng, a->seed);
   StFile st;
   st_init(&st);
-  for (int i = 0; i < l.model->nparams; i++) {
-    const FeParam *p = &l.model->params[i];
-    int64_t n = ir_numel(&p->type.shape);
-    bool f64 = p->type.dtype == IR_DT_F64;
-    void *buf = malloc((size_t)(n ? n : 1) * (f64 ? 8 : 4));
-    if (!buf) abort();
-    for (int64_t j = 0; j < n; j++) {
-      double v = 0;
-      switch (p->init) {
-      case FE_INIT_ZEROS: v = 0; break;
-      case FE_INIT_ONES: v = 1; break;
-      case FE_INIT_NORMAL: v = p->a + p->b * rng_normal(&rng); break;
-      case FE_INIT_UNIFORM: v = p->a + (p->b - p->a) * rng_uniform(&rng); break;
-      }
-      if (f64)
-        ((double *)buf)[j] = v;
-      else
-        ((float *)buf)[j] = (float)v;
-    }
-    st_add(&st, p->name, f64 ? ST_F64 : ST_F32, p->type.shape.rank, p->type.shape.dim, buf);
-    free(buf);
-  }
+  rt_init_params(l.model->params, l.model->nparams, a->seed, &st);
   char err[1024];
   if (!st_write(a->output, &st, err, sizeof err)) {
     diag_plain(&diag, DIAG_ERROR, "%s", err);
