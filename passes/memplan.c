@@ -200,15 +200,20 @@ static bool grad_in_place(const IrValue *v, const int *uses) {
 }
 
 static bool insert_grad_copies(IrFunc *f, Arena *scratch) {
-  bool changed = false;
-  int *uses = ARENA_ARRAY(scratch, int, f->nvalues + 1);
-  ir_count_uses(f, uses);
-  int maxg = 0;
-  for (int i = 0; i < f->nops; i++)
-    if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
+  int ngrads = 0, maxg = 0;
   for (int i = 0; i < f->nops; i++) {
-    IrOp *gop = f->ops[i];
-    if (gop->opcode != IR_OP_GRAD || grad_in_place(gop->args[0], uses)) continue;
+    ngrads += f->ops[i]->opcode == IR_OP_GRAD;
+    if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
+  }
+  IrOp **grads = ARENA_ARRAY(scratch, IrOp *, ngrads + 1);
+  ngrads = 0;
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->opcode == IR_OP_GRAD) grads[ngrads++] = f->ops[i];
+  int *uses = ARENA_ARRAY(scratch, int, f->nvalues + ngrads + 1); /* room for the copies */
+  ir_count_uses(f, uses);
+  for (int i = 0; i < ngrads; i++) {
+    IrOp *gop = grads[i];
+    if (grad_in_place(gop->args[0], uses)) continue;
     IrValue *v = gop->args[0];
     IrValue *c = ir_unary(f, IR_OP_DETACH, v, gop->loc); /* appended at the end */
     c->name = arena_printf(&f->arena, "d%s.acc", ir_attr_get_str(gop, "name", ""));
@@ -219,9 +224,9 @@ static bool insert_grad_copies(IrFunc *f, Arena *scratch) {
     memmove(&f->ops[at + 1], &f->ops[at], sizeof(IrOp *) * (size_t)(f->nops - 1 - at));
     f->ops[at] = cop;
     gop->args[0] = c; /* v keeps its use count: the copy reads it instead */
-    changed = true;
+    uses[c->id] = 1;
   }
-  return changed;
+  return true;
 }
 
 /* ------------------------------------------------------------------ */
