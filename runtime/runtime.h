@@ -124,6 +124,26 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
                       char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
+/* exec.c: the CPU executor (docs/BACKEND.md)                           */
+/* ------------------------------------------------------------------ */
+typedef struct CpuOptions {
+  int threads;           /* threads for kernels and GEMMs (--threads); 0 = the number of cores */
+  const char *cache_dir; /* kernel object-code cache (NULL: none) */
+} CpuOptions;
+
+typedef struct CpuProgram CpuProgram;
+
+/* A program for a function after the CPU pipeline (fuse, memplan): its
+ * kernels compiled, its arena allocated.  f must outlive the program.
+ * Returns NULL with a message in err (an unplanned function, an op the
+ * executor cannot run, a code generation failure). */
+CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t errlen);
+/* Run one window, with step_run_ref's checks, errors and results. */
+bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                  const char *inputs_path, StepResult *out, char *err, size_t errlen);
+void cpu_program_free(CpuProgram *p);
+
+/* ------------------------------------------------------------------ */
 /* inputs.c                                                            */
 /* ------------------------------------------------------------------ */
 /* Random window-sized inputs for f's input args (batched ones get K times

@@ -1,0 +1,650 @@
+/* exec.c - the CPU executor (docs/BACKEND.md): runs one window of a
+ * function after the CPU pipeline (fuse, memplan) in a single arena.
+ *
+ * cpu_program_new checks the planned function, compiles its kernels with
+ * cg_llvm_compile, allocates the arena, stores the consts that group-0 ops
+ * read, and turns the op list into a short program:
+ *
+ *   kernel   a compiled kernel over [0, iters), split across the pool
+ *            (run inline on the calling thread when iters * cost is small)
+ *   gemm     cblas_sgemm / cblas_dgemm with torch.matmul semantics: 1-D
+ *            operands, broadcast batch dims by a loop (or folded into M when
+ *            only the left operand has them), group-0 transposes as flags,
+ *            beta = 1 when the result is a gradient buffer
+ *   copy     a collective on one rank
+ *   loss     add the loss operand into its window loss
+ *
+ * reshape, const, window.sum and grad need no work during a micro-batch.
+ *
+ * cpu_step_run runs a window: it checks and binds the tensors (shared with
+ * step_run_ref), zeroes the gradient buffers, copies the params in,
+ * evaluates window sums with the interpreter's count phase and stores
+ * them, then for each micro-batch copies its input slices in and runs the
+ * program; at the end the gradients are read out of their buffers. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../codegen/codegen.h"
+#include "runtime.h"
+
+#ifdef GRADC_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+#ifdef GRADC_HAVE_LLVM
+/* codegen/llvm.c is being written alongside this file: until it is in the
+ * library, link without it and report a missing code generator. */
+#pragma weak cg_llvm_compile
+#pragma weak cg_module_kernel
+#pragma weak cg_module_nkernels
+#pragma weak cg_module_free
+#endif
+
+/* Kernels smaller than this many element-visits run on the calling thread;
+ * larger ones are split in chunks of about this size. */
+#define INLINE_WORK 32768
+
+static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+static bool fail(char *err, size_t n, const char *fmt, ...) {
+  if (err && n) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+  }
+  return false;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  if (!p) abort();
+  return p;
+}
+
+/* ------------------------------------------------------------------ */
+/* Elements in the arena                                               */
+/* ------------------------------------------------------------------ */
+
+static double f16_decode(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  double v;
+  if (exp == 0) v = ldexp((double)man, -24);
+  else if (exp == 31) v = man ? NAN : INFINITY;
+  else v = ldexp((double)(man | 0x400), exp - 25);
+  return sign ? -v : v;
+}
+
+/* x rounded to f16 (interp_round) and packed into its bits. */
+static uint16_t f16_encode(double x) {
+  x = interp_round(x, IR_DT_F16);
+  uint16_t sign = signbit(x) ? 0x8000 : 0;
+  double a = fabs(x);
+  if (isnan(x)) return 0x7e00;
+  if (isinf(a)) return sign | 0x7c00;
+  if (a == 0) return sign;
+  int e;
+  frexp(a, &e); /* a = m * 2^e, 0.5 <= m < 1 */
+  if (e - 1 < -14) return sign | (uint16_t)ldexp(a, 24); /* subnormal: a / 2^-24 */
+  uint16_t man = (uint16_t)(ldexp(a, 11 - e) - 1024);   /* 10 fraction bits */
+  return sign | (uint16_t)((e - 1 + 15) << 10) | man;
+}
+
+static uint16_t bf16_encode(double x) {
+  float f = (float)interp_round(x, IR_DT_BF16);
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (isnan(f)) return 0x7fc0;
+  return (uint16_t)(u >> 16);
+}
+
+static float bf16_decode(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static double elem_get(const char *p, IrDType dt, int64_t i) {
+  switch (dt) {
+  case IR_DT_F32: return ((const float *)p)[i];
+  case IR_DT_F64: return ((const double *)p)[i];
+  case IR_DT_BF16: return bf16_decode(((const uint16_t *)p)[i]);
+  case IR_DT_F16: return f16_decode(((const uint16_t *)p)[i]);
+  case IR_DT_I32: return ((const int32_t *)p)[i];
+  case IR_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
+  }
+  return 0;
+}
+
+static void elem_set(char *p, IrDType dt, int64_t i, double x) {
+  switch (dt) {
+  case IR_DT_F32: ((float *)p)[i] = (float)x; break;
+  case IR_DT_F64: ((double *)p)[i] = x; break;
+  case IR_DT_BF16: ((uint16_t *)p)[i] = bf16_encode(x); break;
+  case IR_DT_F16: ((uint16_t *)p)[i] = f16_encode(x); break;
+  case IR_DT_I32: ((int32_t *)p)[i] = (int32_t)x; break;
+  case IR_DT_BOOL: ((uint8_t *)p)[i] = x != 0; break;
+  }
+}
+
+/* Elements [begin, begin + n) of a bound tensor into dst, as dtype dt. */
+static void copy_in(const StTensor *t, int64_t begin, int64_t n, IrDType dt, char *dst) {
+  if ((t->dtype == ST_F32 && dt == IR_DT_F32) || (t->dtype == ST_I32 && dt == IR_DT_I32)) {
+    memcpy(dst, (const char *)t->data + 4 * begin, (size_t)(4 * n)); /* little-endian host */
+    return;
+  }
+  if (t->dtype == ST_F64 && dt == IR_DT_F64) {
+    memcpy(dst, (const char *)t->data + 8 * begin, (size_t)(8 * n));
+    return;
+  }
+  double buf[1024];
+  for (int64_t k = 0; k < n; k += 1024) {
+    int64_t m = n - k < 1024 ? n - k : 1024;
+    step_load(t, begin + k, m, buf);
+    for (int64_t i = 0; i < m; i++) elem_set(dst, dt, k + i, buf[i]);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* The program                                                         */
+/* ------------------------------------------------------------------ */
+
+/* A transpose (permute of the last two axes) left in group 0 with no
+ * storage: memplan made it a flag of the GEMMs that read it. */
+static bool is_flag_permute(const IrValue *v) {
+  const IrOp *d = v->def;
+  if (!d || d->group != 0 || d->opcode != IR_OP_PERMUTE || v->storage != IR_STORE_NONE) return false;
+  const int64_t *perm;
+  int n = ir_attr_get_ints(d, "perm", &perm);
+  if (n < 2 || n != v->type.shape.rank) return false;
+  for (int i = 0; i < n - 2; i++)
+    if (perm[i] != i) return false;
+  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
+}
+
+/* The value whose bytes v uses (through reshape aliases). */
+static const IrValue *storage_root(const IrValue *v) {
+  while (v->storage == IR_STORE_ALIAS && v->def && v->def->opcode == IR_OP_RESHAPE) v = v->def->args[0];
+  return v;
+}
+
+typedef struct Gemm {
+  IrDType dt;         /* operand dtype */
+  IrDType cdt;        /* result buffer dtype (f32/f64 for a gradient buffer) */
+  int64_t a, b, c;    /* byte offsets in the arena */
+  bool ta, tb, accumulate;
+  int64_t M, N, K, lda, ldb;
+  int64_t nb;         /* GEMMs in the batch loop */
+  int64_t *aoff, *boff; /* per batch: element offset of its A and B matrices */
+} Gemm;
+
+typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS } InstrKind;
+
+typedef struct Instr {
+  InstrKind kind;
+  const IrOp *op;
+  const CgKernel *kernel;
+  Gemm gemm;
+  int64_t src, dst, bytes; /* I_COPY; I_LOSS: src = offset of the operand */
+} Instr;
+
+typedef struct GradBuf {
+  int arg;         /* param index in f->args */
+  int64_t offset;  /* in the arena */
+  IrDType dt;      /* f32 or f64 */
+  int64_t numel;
+} GradBuf;
+
+struct CpuProgram {
+  IrFunc *f;
+  CgModule *cg;
+  Pool *pool;
+  int threads;
+  char *arena;
+  Instr *code;
+  int ncode;
+  GradBuf *grads;
+  int ngrads;
+};
+
+static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; }
+
+static bool op_fail(char *err, size_t n, const IrOp *op, const char *what) {
+  if (op->loc.file)
+    return fail(err, n, "%s:%d:%d: '%s' %s", op->loc.file, op->loc.line, op->loc.col, opname(op), what);
+  return fail(err, n, "'%s' %s", opname(op), what);
+}
+
+/* Batch offsets of torch.matmul's broadcast batch dims: out[t] is the
+ * index of operand batch matrix used by result batch t. */
+static void batch_offsets(const IrShape *batch, const IrShape *ob, int64_t *out) {
+  int64_t nb = ir_numel(batch);
+  int64_t idx[IR_MAX_RANK] = {0};
+  for (int64_t t = 0; t < nb; t++) {
+    int64_t o = 0;
+    int lead = batch->rank - ob->rank;
+    for (int k = 0; k < ob->rank; k++) o = o * ob->dim[k] + (ob->dim[k] == 1 ? 0 : idx[lead + k]);
+    out[t] = o;
+    for (int k = batch->rank - 1; k >= 0; k--) {
+      if (++idx[k] < batch->dim[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+
+static bool plan_gemm(const IrOp *op, Gemm *g, char *err, size_t n) {
+  const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
+  const IrShape *as = &A->type.shape, *bs = &B->type.shape;
+  memset(g, 0, sizeof *g);
+  g->dt = A->type.dtype;
+  if (!ir_dtype_is_float(g->dt) || B->type.dtype != g->dt) return op_fail(err, n, op, "needs float operands of one dtype");
+  if (as->rank < 1 || bs->rank < 1) return op_fail(err, n, op, "needs operands of rank >= 1");
+  g->ta = is_flag_permute(A);
+  g->tb = is_flag_permute(B);
+  const IrValue *sa = g->ta ? A->def->args[0] : A, *sb = g->tb ? B->def->args[0] : B;
+  sa = storage_root(sa);
+  sb = storage_root(sb);
+  const IrValue *sc = storage_root(C);
+  if (sa->storage == IR_STORE_NONE || sb->storage == IR_STORE_NONE || sc->storage == IR_STORE_NONE)
+    return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
+  g->a = sa->offset;
+  g->b = sb->offset;
+  g->c = sc->offset;
+  g->accumulate = sc->storage == IR_STORE_GRAD;
+  g->cdt = g->accumulate ? (g->dt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32) : C->type.dtype;
+  g->M = as->rank == 1 ? 1 : as->dim[as->rank - 2];
+  g->K = as->dim[as->rank - 1];
+  g->N = bs->rank == 1 ? 1 : bs->dim[bs->rank - 1];
+  int64_t K2 = bs->rank == 1 ? bs->dim[0] : bs->dim[bs->rank - 2];
+  if (g->K != K2) return op_fail(err, n, op, "has mismatched inner dimensions");
+  IrShape ab = {0}, bb = {0}, batch;
+  ab.rank = as->rank > 2 ? as->rank - 2 : 0;
+  bb.rank = bs->rank > 2 ? bs->rank - 2 : 0;
+  for (int k = 0; k < ab.rank; k++) ab.dim[k] = as->dim[k];
+  for (int k = 0; k < bb.rank; k++) bb.dim[k] = bs->dim[k];
+  if (!ir_broadcast_shapes(&ab, &bb, &batch)) return op_fail(err, n, op, "has batch dims that do not broadcast");
+  g->nb = ir_numel(&batch);
+  if (g->nb * g->M * g->N != ir_numel(&C->type.shape)) return op_fail(err, n, op, "has a result of the wrong size");
+  /* Only the left operand batched, not transposed: one GEMM of nb*M rows. */
+  if (bb.rank == 0 && ab.rank > 0 && !g->ta) {
+    g->M *= g->nb;
+    g->nb = 1;
+  }
+  g->lda = g->ta ? g->M : g->K;
+  g->ldb = g->tb ? g->K : g->N;
+  if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX)
+    return op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
+  g->aoff = xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->boff = xcalloc((size_t)g->nb, sizeof(int64_t));
+  if (g->nb > 1) {
+    batch_offsets(&batch, &ab, g->aoff);
+    batch_offsets(&batch, &bb, g->boff);
+  }
+  for (int64_t t = 0; t < g->nb; t++) {
+    g->aoff[t] *= g->M * g->K;
+    g->boff[t] *= g->K * g->N;
+  }
+  return true;
+}
+
+/* C = A B (+ C): row-major, f32 or f64. */
+static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda,
+                      const void *b, int64_t ldb, double beta, void *c) {
+#ifdef GRADC_HAVE_BLAS
+  enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  if (dbl)
+    cblas_dgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0, a, (blasint)lda, b, (blasint)ldb,
+                beta, c, (blasint)N);
+  else
+    cblas_sgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0f, a, (blasint)lda, b, (blasint)ldb,
+                (float)beta, c, (blasint)N);
+#else
+  /* No BLAS in this build: a plain loop, accumulated in the operands' type. */
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0;
+      float sf = 0;
+      for (int64_t k = 0; k < K; k++) {
+        int64_t ia = ta ? k * lda + i : i * lda + k, ib = tb ? j * ldb + k : k * ldb + j;
+        if (dbl)
+          s += ((const double *)a)[ia] * ((const double *)b)[ib];
+        else
+          sf += ((const float *)a)[ia] * ((const float *)b)[ib];
+      }
+      if (dbl)
+        ((double *)c)[i * N + j] = s + (beta != 0 ? ((double *)c)[i * N + j] : 0);
+      else
+        ((float *)c)[i * N + j] = sf + (beta != 0 ? ((float *)c)[i * N + j] : 0.0f);
+    }
+#endif
+}
+
+static void run_gemm(const Gemm *g, char *arena) {
+  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
+  double beta = g->accumulate ? 1.0 : 0.0;
+  bool dbl = g->dt == IR_DT_F64;
+  if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
+    size_t es = dbl ? 8 : 4;
+    for (int64_t t = 0; t < g->nb; t++)
+      gemm_call(dbl, g->ta, g->tb, g->M, g->N, g->K, arena + g->a + (size_t)g->aoff[t] * es, g->lda,
+                arena + g->b + (size_t)g->boff[t] * es, g->ldb, beta, arena + g->c + (size_t)(t * mn) * es);
+    return;
+  }
+  /* bf16 / f16: widen to f32, multiply, and round the result back (or
+   * accumulate it into the f32 gradient buffer). */
+  float *a = xcalloc((size_t)mk, sizeof(float)), *b = xcalloc((size_t)kn, sizeof(float));
+  float *c = g->accumulate ? NULL : xcalloc((size_t)mn, sizeof(float));
+  for (int64_t t = 0; t < g->nb; t++) {
+    for (int64_t i = 0; i < mk; i++) a[i] = (float)elem_get(arena + g->a, g->dt, g->aoff[t] + i);
+    for (int64_t i = 0; i < kn; i++) b[i] = (float)elem_get(arena + g->b, g->dt, g->boff[t] + i);
+    if (g->accumulate) {
+      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 1.0, arena + g->c + (size_t)(t * mn) * 4);
+    } else {
+      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 0.0, c);
+      for (int64_t i = 0; i < mn; i++) elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
+    }
+  }
+  free(a);
+  free(b);
+  free(c);
+}
+
+typedef struct KernelRun {
+  CgKernelFn fn;
+  char *arena;
+} KernelRun;
+
+static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
+  KernelRun *k = ctx;
+  k->fn(k->arena, begin, end);
+}
+
+static void run_kernel(CpuProgram *p, const CgKernel *k) {
+  int64_t cost = k->cost > 0 ? k->cost : 1;
+  if (k->iters <= 0) return;
+  if (pool_size(p->pool) == 1 || k->iters == 1 || k->iters * cost < INLINE_WORK) {
+    k->fn(p->arena, 0, k->iters);
+    return;
+  }
+  KernelRun run = {k->fn, p->arena};
+  int64_t grain = INLINE_WORK / cost;
+  pool_run(p->pool, k->iters, grain > 0 ? grain : 1, kernel_chunk, &run);
+}
+
+/* ------------------------------------------------------------------ */
+/* Building the program                                                */
+/* ------------------------------------------------------------------ */
+
+void cpu_program_free(CpuProgram *p) {
+  if (!p) return;
+  for (int i = 0; i < p->ncode; i++) {
+    free(p->code[i].gemm.aoff);
+    free(p->code[i].gemm.boff);
+  }
+  free(p->code);
+  free(p->grads);
+  free(p->arena);
+  pool_free(p->pool);
+#ifdef GRADC_HAVE_LLVM
+  if (p->cg && cg_module_free) cg_module_free(p->cg);
+#endif
+  free(p);
+}
+
+static void emit(CpuProgram *p, Instr in) { p->code[p->ncode++] = in; }
+
+/* Check one group-0 op and add what it needs to the program. */
+static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
+  IrOpcode opc = op->opcode;
+  if (opc == IR_OP_MATMUL) {
+    Instr in = {.kind = I_GEMM, .op = op};
+    if (!plan_gemm(op, &in.gemm, err, n)) {
+      free(in.gemm.aoff);
+      free(in.gemm.boff);
+      return false;
+    }
+    emit(p, in);
+    return true;
+  }
+  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM) {
+    if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
+      return op_fail(err, n, op, "must alias its operand (run memplan)");
+    return true;
+  }
+  if (opc == IR_OP_PERMUTE && is_flag_permute(op->result)) return true;
+  if (opc == IR_OP_LOSS) {
+    const IrValue *v = storage_root(op->args[0]);
+    if (v->storage == IR_STORE_NONE) return op_fail(err, n, op, "reads a value without storage (run memplan)");
+    emit(p, (Instr){.kind = I_LOSS, .op = op, .src = v->offset});
+    return true;
+  }
+  if (opc == IR_OP_GRAD) {
+    if (storage_root(op->args[0])->storage != IR_STORE_GRAD)
+      return op_fail(err, n, op, "reads a value outside the gradient buffers (run memplan)");
+    return true;
+  }
+  if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
+      opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT) {
+    if (ir_attr_get_int(op, "ranks", 1) > 1) return op_fail(err, n, op, "needs a distributed runtime");
+    const IrValue *s = storage_root(op->args[0]), *d = storage_root(op->result);
+    if (s->storage == IR_STORE_NONE || d->storage == IR_STORE_NONE)
+      return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
+    if (d->storage == IR_STORE_GRAD) return op_fail(err, n, op, "cannot accumulate into a gradient buffer");
+    int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
+    if (s->offset != d->offset) emit(p, (Instr){.kind = I_COPY, .op = op, .src = s->offset, .dst = d->offset, .bytes = bytes});
+    return true;
+  }
+  return op_fail(err, n, op, "is not in a kernel (the CPU target runs fuse before memplan)");
+}
+
+/* Store the consts that group-0 ops read (they live in the persistent region). */
+static void store_consts(CpuProgram *p) {
+  const IrFunc *f = p->f;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_CONST || op->group != 0 || op->result->storage != IR_STORE_ARENA) continue;
+    double v = ir_attr_get_float(op, "value", 0.0);
+    int64_t n = ir_numel(&op->result->type.shape);
+    for (int64_t k = 0; k < n; k++) elem_set(p->arena + op->result->offset, op->result->type.dtype, k, v);
+  }
+}
+
+CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t errlen) {
+  static const CpuOptions defaults = {0};
+  if (!o) o = &defaults;
+  bool planned = f->arena_size > 0;
+  for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
+  if (!planned && (f->nargs > 0 || f->nops > 0)) {
+    fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
+    return NULL;
+  }
+  CpuProgram *p = xcalloc(1, sizeof *p);
+  p->f = f;
+  p->threads = o->threads > 0 ? o->threads : pool_ncores();
+  p->code = xcalloc((size_t)f->nops + 1, sizeof(Instr));
+
+  /* Kernels: contiguous groups, compiled by the code generator. */
+  int maxg = 0;
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
+  bool *started = xcalloc((size_t)maxg + 1, sizeof(bool));
+  for (int i = 0; i < f->nops; i++) {
+    int g = f->ops[i]->group;
+    if (g == 0 || (i > 0 && f->ops[i - 1]->group == g)) continue;
+    if (started[g]) {
+      free(started);
+      op_fail(err, errlen, f->ops[i], "is in a kernel whose ops are not contiguous");
+      goto error;
+    }
+    started[g] = true;
+  }
+  free(started);
+  if (maxg > 0) {
+#ifdef GRADC_HAVE_LLVM
+    if (!cg_llvm_compile) {
+      fail(err, errlen, "this build has no kernel code generator (codegen/llvm.c)");
+      goto error;
+    }
+    CgOptions co = {.cache_dir = o->cache_dir, .dump_llvm = false};
+    p->cg = cg_llvm_compile(f, &co, err, errlen);
+    if (!p->cg) goto error;
+#else
+    fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels (configure with -DGRADC_LLVM=ON)");
+    goto error;
+#endif
+  }
+
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->group > 0) {
+      if (i > 0 && f->ops[i - 1]->group == op->group) continue;
+#ifdef GRADC_HAVE_LLVM
+      const CgKernel *k = cg_module_kernel(p->cg, op->group);
+      if (!k || !k->fn) {
+        op_fail(err, errlen, op, "is in a kernel the code generator did not produce");
+        goto error;
+      }
+      emit(p, (Instr){.kind = I_KERNEL, .op = op, .kernel = k});
+#endif
+      continue;
+    }
+    if (!build_op(p, op, err, errlen)) goto error;
+  }
+
+  /* One gradient buffer per param with a `grad` output. */
+  p->grads = xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_PARAM) continue;
+    for (int k = 0; k < f->nops; k++) {
+      const IrOp *op = f->ops[k];
+      if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
+      p->grads[p->ngrads] = (GradBuf){i, storage_root(op->args[0])->offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
+                                      ir_numel(&a->type.shape)};
+      p->ngrads++;
+      break;
+    }
+  }
+
+  p->arena = aligned_alloc(64, (size_t)((f->arena_size + 64) / 64 * 64));
+  if (!p->arena) {
+    fail(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
+    goto error;
+  }
+  memset(p->arena, 0, (size_t)f->arena_size);
+  store_consts(p);
+  p->pool = pool_new(p->threads);
+#ifdef GRADC_HAVE_BLAS
+  openblas_set_num_threads(p->threads);
+#endif
+  return p;
+
+error:
+  cpu_program_free(p);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* A window                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Copy micro-batch k of every argument that changes per micro-batch
+ * (batched inputs), or every other argument (k < 0). */
+static void copy_args(CpuProgram *p, const StTensor *const *bound, int k) {
+  const IrFunc *f = p->f;
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
+    if (split != (k >= 0)) continue;
+    int64_t n = ir_numel(&a->type.shape);
+    copy_in(bound[i], split ? (int64_t)k * n : 0, n, a->type.dtype, p->arena + a->offset);
+  }
+}
+
+static bool window_sums(CpuProgram *p, int gas, const StTensor *const *bound, char *err, size_t errlen) {
+  const IrFunc *f = p->f;
+  bool *needed = xcalloc((size_t)f->nargs + 1, sizeof(bool));
+  if (!step_window_needs(f, needed)) {
+    free(needed);
+    return true;
+  }
+  double **data = xcalloc((size_t)f->nargs + 1, sizeof(double *));
+  double **wsum = xcalloc((size_t)f->nvalues + 1, sizeof(double *));
+  for (int i = 0; i < f->nargs; i++) {
+    if (!needed[i]) continue;
+    int64_t n = st_numel(bound[i]);
+    data[i] = xcalloc((size_t)n, sizeof(double));
+    step_load(bound[i], 0, n, data[i]);
+  }
+  bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
+  for (int i = 0; ok && i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_WINDOW_SUM || op->result->storage == IR_STORE_NONE) continue;
+    int64_t n = ir_numel(&op->result->type.shape);
+    for (int64_t k = 0; k < n; k++)
+      elem_set(p->arena + op->result->offset, op->result->type.dtype, k, wsum[op->result->id][k]);
+  }
+  for (int i = 0; i < f->nargs; i++) free(data[i]);
+  for (int i = 0; i < f->nvalues; i++) free(wsum[i]);
+  free(data);
+  free(wsum);
+  free(needed);
+  return ok;
+}
+
+static void run_micro_batch(CpuProgram *p, StepResult *r) {
+  for (int i = 0; i < p->ncode; i++) {
+    const Instr *in = &p->code[i];
+    switch (in->kind) {
+    case I_KERNEL: run_kernel(p, in->kernel); break;
+    case I_GEMM: run_gemm(&in->gemm, p->arena); break;
+    case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
+    case I_LOSS: {
+      const IrValue *v = in->op->args[0];
+      int64_t n = ir_numel(&v->type.shape);
+      double s = 0;
+      for (int64_t e = 0; e < n; e++) s += elem_get(p->arena + in->src, v->type.dtype, e);
+      r->losses[step_loss_slot(r, in->op)] += s;
+      break;
+    }
+    }
+  }
+}
+
+bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                  const char *inputs_path, StepResult *out, char *err, size_t errlen) {
+  const IrFunc *f = p->f;
+  memset(out, 0, sizeof *out);
+  const StTensor **bound = xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
+  StepResult r = {0};
+  bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
+            step_result_init(f, &r, err, errlen);
+  if (ok) {
+    for (int i = 0; i < p->ngrads; i++)
+      memset(p->arena + p->grads[i].offset, 0, (size_t)(p->grads[i].numel * (int64_t)ir_dtype_size(p->grads[i].dt)));
+    copy_args(p, bound, -1);
+    ok = window_sums(p, gas, bound, err, errlen);
+  }
+  for (int k = 0; ok && k < gas; k++) {
+    copy_args(p, bound, k);
+    run_micro_batch(p, &r);
+  }
+  if (ok) {
+    for (int i = 0; i < p->ngrads; i++) {
+      const GradBuf *g = &p->grads[i];
+      int slot = -1;
+      for (int j = 0; j < r.ngrads; j++)
+        if (strcmp(r.grad_names[j], f->args[g->arg]->name) == 0) slot = j;
+      GRADC_ASSERT(slot >= 0);
+      for (int64_t e = 0; e < g->numel; e++) r.grads[slot][e] = elem_get(p->arena + g->offset, g->dt, e);
+    }
+  }
+  free(bound);
+  if (!ok) {
+    step_result_free(&r);
+    return false;
+  }
+  *out = r;
+  return true;
+}

@@ -1,0 +1,577 @@
+/* test_exec.c - the CPU executor against the reference interpreter.
+ *
+ * Every model in examples/, tests/models/ and the shared conformance cases
+ * (f32, and f64 made by replacing f32 in the text; K = 1 and K = 4), with
+ * random params and inputs: every loss and gradient of the CPU target
+ * equals step_run_ref's within 1e-5 relative (f32) or 1e-12 (f64); the
+ * worst error per model is printed.  Hand-written programs of group-0 ops
+ * only exercise the GEMM paths (transposes as flags, 1-D operands,
+ * broadcast batch dims, gradient accumulation with beta = 1), window sums,
+ * aliases and consts.  Gradients accumulate: K = 4 equals the sum of four
+ * K = 1 runs on the slices; the arena does not grow with K; the thread pool
+ * visits every iteration once. */
+#include <dirent.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes/passes.h"
+#include "runtime/runtime.h"
+#include "testutil.h"
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+static IrFunc *read_ir(const char *text) {
+  SrcFile src = {"test.gir", text, strlen(text)};
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  IrFunc *f = ir_read(&src, &d);
+  if (!f) fail_msg("cannot read IR: %s", sb_str(&d.log));
+  diag_free(&d);
+  return f;
+}
+
+static int run_passes(IrFunc *f, const char *const *names, int n, int gas, Diag *d) {
+  PassManager pm;
+  pm_init(&pm);
+  pm.verify = true;
+  PassOptions po = {.gas = gas, .diag = d};
+  return pm_run(&pm, f, names, n, &po);
+}
+
+static void plan(IrFunc *f) {
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  const char *names[] = {"memplan"};
+  if (run_passes(f, names, 1, 1, &d) != 0) fail_msg("memplan failed: %s", sb_str(&d.log));
+  diag_free(&d);
+}
+
+/* Random params: N(0, scale) in the param's file dtype (F64 for f64). */
+static void random_params(const IrFunc *f, uint64_t seed, double scale, StFile *out) {
+  Rng r;
+  rng_seed(&r, seed);
+  st_init(out);
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_PARAM) continue;
+    int64_t n = ir_numel(&a->type.shape);
+    bool dbl = a->type.dtype == IR_DT_F64;
+    void *data = calloc((size_t)(n ? n : 1), dbl ? 8 : 4);
+    for (int64_t k = 0; k < n; k++) {
+      double v = rng_normal(&r) * scale;
+      if (dbl)
+        ((double *)data)[k] = v;
+      else
+        ((float *)data)[k] = (float)v;
+    }
+    st_add(out, a->name, dbl ? ST_F64 : ST_F32, a->type.shape.rank, a->type.shape.dim, data);
+    free(data);
+  }
+}
+
+static double max_abs(const double *x, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (fabs(x[i]) > m) m = fabs(x[i]);
+  return m;
+}
+
+/* Relative error of got against want: max |got - want| / max |want| (a
+ * tensor's scale), 0 when both are zero. */
+static double rel_err(const double *got, const double *want, int64_t n) {
+  double d = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs(got[i] - want[i]);
+    if (isnan(got[i]) != isnan(want[i])) return INFINITY;
+    if (e > d) d = e;
+  }
+  double s = max_abs(want, n);
+  if (d == 0) return 0;
+  return s > 0 ? d / s : INFINITY;
+}
+
+/* Worst relative error over every loss and gradient; fails on a mismatch
+ * of names, and prints the first values of the worst tensor. */
+static double compare(const StepResult *got, const StepResult *want, const char *label, double tol) {
+  assert_int_equal(got->nlosses, want->nlosses);
+  assert_int_equal(got->ngrads, want->ngrads);
+  double worst = 0;
+  const char *where = "";
+  for (int i = 0; i < want->nlosses; i++) {
+    assert_string_equal(got->loss_names[i], want->loss_names[i]);
+    double e = rel_err(&got->losses[i], &want->losses[i], 1);
+    if (e > worst) worst = e, where = want->loss_names[i];
+  }
+  for (int i = 0; i < want->ngrads; i++) {
+    assert_string_equal(got->grad_names[i], want->grad_names[i]);
+    int64_t n = ir_numel(&want->grad_types[i].shape);
+    double e = rel_err(got->grads[i], want->grads[i], n);
+    if (e > worst) worst = e, where = want->grad_names[i];
+    if (e > tol) {
+      print_message("%s: gradient %s: relative error %.3g\n", label, want->grad_names[i], e);
+      for (int64_t k = 0; k < n && k < 6; k++)
+        print_message("    [%lld] cpu %.17g  ref %.17g\n", (long long)k, got->grads[i][k], want->grads[i][k]);
+    }
+  }
+  if (worst > tol) fail_msg("%s: worst relative error %.3g (in %s) exceeds %.0e", label, worst, where, tol);
+  return worst;
+}
+
+static CpuProgram *program(IrFunc *f, int threads) {
+  char err[1024];
+  CpuOptions o = {.threads = threads, .cache_dir = NULL};
+  CpuProgram *p = cpu_program_new(f, &o, err, sizeof err);
+  if (!p) fail_msg("cpu_program_new: %s", err);
+  return p;
+}
+
+/* Run f (planned) on both back ends with K micro-batches; returns the worst error. */
+static double run_both(IrFunc *f, int K, uint64_t seed, const char *label, double tol, int threads) {
+  StFile params, inputs;
+  random_params(f, seed, 0.5, &params);
+  st_init(&inputs);
+  rt_random_inputs(f, K, seed + 1, &inputs);
+  char err[1024];
+  StepResult want, got;
+  if (!step_run_ref(f, K, &params, "PARAMS", &inputs, "INPUTS", NULL, &want, err, sizeof err))
+    fail_msg("%s: reference: %s", label, err);
+  CpuProgram *p = program(f, threads);
+  if (!cpu_step_run(p, K, &params, "PARAMS", &inputs, "INPUTS", &got, err, sizeof err)) fail_msg("%s: cpu: %s", label, err);
+  double e = compare(&got, &want, label, tol);
+  /* A second window on the same program gives the same result (buffers re-zeroed). */
+  StepResult again;
+  if (!cpu_step_run(p, K, &params, "PARAMS", &inputs, "INPUTS", &again, err, sizeof err)) fail_msg("%s: %s", label, err);
+  compare(&again, &got, label, 0);
+  step_result_free(&again);
+  cpu_program_free(p);
+  step_result_free(&want);
+  step_result_free(&got);
+  st_free(&params);
+  st_free(&inputs);
+  return e;
+}
+
+static char *replace_all(const char *s, const char *from, const char *to) {
+  size_t nf = strlen(from), nt = strlen(to), cap = strlen(s) * 2 + 16, k = 0;
+  char *r = malloc(cap);
+  for (const char *p = s; *p;) {
+    if (k + nt + 2 >= cap) r = realloc(r, cap *= 2);
+    if (strncmp(p, from, nf) == 0) {
+      memcpy(r + k, to, nt);
+      k += nt;
+      p += nf;
+    } else {
+      r[k++] = *p++;
+    }
+  }
+  r[k] = 0;
+  return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* Group-0 programs: GEMMs, aliases, consts, window sums               */
+/* ------------------------------------------------------------------ */
+
+/* Losses are summed through a 1-D GEMM with a ones vector (a GEMM reads a
+ * const: stored once at start-up).  Gradients are GEMMs (accumulating into
+ * their buffers), with operand transposes as flags. */
+static char *gemm_text(void) {
+  return strdup(
+      "func @gemms(%x: f32[6,5] input batch, %u: f32[6] input batch, %q: f32[2,3,4,5] input, "
+      "%W: f32[5,7] param, %V: f32[3,5,4] param, %Z: f32[2,7] param) {\n"
+      "  %h = matmul %x, %W : f32[6,7]\n"
+      "  %Wt = permute %W {perm=[1,0]} : f32[7,5]\n"
+      "  %g = matmul %h, %Wt : f32[6,5]\n"                  /* transposed right */
+      "  %gt = permute %g {perm=[1,0]} : f32[5,6]\n"
+      "  %xt = permute %x {perm=[1,0]} : f32[5,6]\n"
+      "  %hx = matmul %xt, %h : f32[5,7]\n"                 /* transposed left */
+      "  %sq = matmul %gt, %g : f32[5,5]\n"
+      "  %b1 = matmul %q, %W : f32[2,3,4,7]\n"              /* batch folded into M */
+      "  %b2 = matmul %q, %V : f32[2,3,4,4]\n"              /* broadcast batch dims */
+      "  %qt = permute %q {perm=[0,1,3,2]} : f32[2,3,5,4]\n"
+      "  %b3 = matmul %q, %qt : f32[2,3,4,4]\n"             /* batched, transposed right */
+      "  %row = matmul %u, %x : f32[5]\n"                   /* 1-D left */
+      "  %col = matmul %q, %row : f32[2,3,4]\n"             /* 1-D right, batched left */
+      "  %vb = matmul %row, %V : f32[3,4]\n"                /* 1-D left, batched right */
+      "  %ones5 = const {value=1.0} : f32[5]\n"
+      "  %ones7 = const {value=1.0} : f32[7]\n"
+      "  %ones24 = const {value=1.0} : f32[24]\n"
+      "  %ones12 = const {value=1.0} : f32[12]\n"
+      "  %half96 = const {value=0.5} : f32[96]\n"
+      "  %ones168 = const {value=1.0} : f32[168]\n"
+      "  %f1 = reshape %b1 {shape=[168]} : f32[168]\n"
+      "  %l1 = matmul %f1, %ones168 : f32\n"
+      "  loss %l1 {name=\"b1\"}\n"
+      "  %f2 = reshape %b2 {shape=[96]} : f32[96]\n"
+      "  %l2 = matmul %f2, %half96 : f32\n"
+      "  loss %l2 {name=\"b2\"}\n"
+      "  %f3 = reshape %b3 {shape=[96]} : f32[96]\n"
+      "  %l3 = matmul %f3, %half96 : f32\n"
+      "  loss %l3 {name=\"b3\"}\n"
+      "  %fc = reshape %col {shape=[24]} : f32[24]\n"
+      "  %lc = matmul %fc, %ones24 : f32\n"
+      "  loss %lc {name=\"col\"}\n"
+      "  %fv = reshape %vb {shape=[12]} : f32[12]\n"
+      "  %lv = matmul %fv, %ones12 : f32\n"
+      "  loss %lv {name=\"vb\"}\n"
+      "  %lr = matmul %row, %ones5 : f32\n"
+      "  loss %lr {name=\"row\"}\n"
+      "  %ws = window.sum %u : f32[6]\n"                    /* stored before the micro-batches */
+      "  %lw = matmul %ws, %u : f32\n"
+      "  loss %lw {name=\"wsum\"}\n"
+      "  %cnt = window.sum %ones7 : f32[7]\n"
+      "  %lcnt = matmul %cnt, %ones7 : f32\n"
+      "  loss %lcnt {name=\"count\"}\n"
+      "  %dW = matmul %sq, %hx : f32[5,7]\n"                /* accumulates into W's buffer */
+      "  grad %dW {name=\"W\"}\n"
+      "  %m26 = reshape %fv {shape=[2,6]} : f32[2,6]\n"     /* an alias of an alias */
+      "  %dZ = matmul %m26, %h : f32[2,7]\n"
+      "  %dZf = reshape %dZ {shape=[14]} : f32[14]\n"       /* the buffer through an alias */
+      "  %dZr = reshape %dZf {shape=[2,7]} : f32[2,7]\n"
+      "  grad %dZr {name=\"Z\"}\n"
+      "}\n");
+}
+
+static void test_exec_gemm_paths(void **state) {
+  (void)state;
+  for (int prec = 0; prec < 2; prec++) {
+    char *text = gemm_text();
+    if (prec) {
+      char *t = replace_all(text, "f32", "f64");
+      free(text);
+      text = t;
+    }
+    for (int K = 1; K <= 3; K += 2) {
+      /* Batched inputs are per micro-batch: 6 rows per micro-batch either way. */
+      IrFunc *f = read_ir(text);
+      plan(f);
+      char label[64];
+      snprintf(label, sizeof label, "gemms %s K=%d", prec ? "f64" : "f32", K);
+      double e = run_both(f, K, 7 + (uint64_t)K, label, prec ? 1e-12 : 1e-5, 2);
+      print_message("  %-22s worst relative error %.3g\n", label, e);
+      ir_func_free(f);
+    }
+    free(text);
+  }
+}
+
+/* Gradients add up over the window: K = 4 equals the sum of four K = 1
+ * windows on the four micro-batches (f64: exact to rounding). */
+static void test_exec_gradients_accumulate(void **state) {
+  (void)state;
+  char *text = replace_all(gemm_text(), "f32", "f64");
+  IrFunc *f = read_ir(text);
+  plan(f);
+  CpuProgram *p = program(f, 1);
+  StFile params, inputs;
+  random_params(f, 11, 0.5, &params);
+  st_init(&inputs);
+  rt_random_inputs(f, 4, 12, &inputs);
+  char err[512];
+  StepResult whole;
+  if (!cpu_step_run(p, 4, &params, "P", &inputs, "I", &whole, err, sizeof err)) fail_msg("%s", err);
+  double *sum[8] = {0};
+  for (int g = 0; g < whole.ngrads; g++) sum[g] = calloc((size_t)ir_numel(&whole.grad_types[g].shape), sizeof(double));
+  for (int k = 0; k < 4; k++) {
+    /* Micro-batch k alone: slices of the batched inputs, the rest whole. */
+    StFile part;
+    st_init(&part);
+    for (int i = 0; i < inputs.n; i++) {
+      const StTensor *t = &inputs.t[i];
+      const IrValue *a = ir_func_find_arg(f, t->name);
+      int64_t shape[IR_MAX_RANK];
+      memcpy(shape, t->shape, sizeof shape);
+      size_t es = st_dtype_size(t->dtype), n = (size_t)st_numel(t) * es;
+      if (a->batched) {
+        shape[0] /= 4;
+        n /= 4;
+      }
+      st_add(&part, t->name, t->dtype, t->rank, shape, (const char *)t->data + (a->batched ? (size_t)k * n : 0));
+    }
+    StepResult one;
+    if (!cpu_step_run(p, 1, &params, "P", &part, "I", &one, err, sizeof err)) fail_msg("%s", err);
+    for (int g = 0; g < one.ngrads; g++)
+      for (int64_t e = 0; e < ir_numel(&one.grad_types[g].shape); e++) sum[g][e] += one.grads[g][e];
+    step_result_free(&one);
+    st_free(&part);
+  }
+  for (int g = 0; g < whole.ngrads; g++) {
+    int64_t n = ir_numel(&whole.grad_types[g].shape);
+    double e = rel_err(whole.grads[g], sum[g], n);
+    if (e > 1e-13) fail_msg("gradient %s: K=4 differs from the sum of 4 windows by %.3g", whole.grad_names[g], e);
+    free(sum[g]);
+  }
+  step_result_free(&whole);
+  st_free(&params);
+  st_free(&inputs);
+  cpu_program_free(p);
+  ir_func_free(f);
+  free(text);
+}
+
+/* Bad tensors are reported as by the reference path; unplanned or unfused
+ * functions are refused. */
+static void test_exec_errors(void **state) {
+  (void)state;
+  char *text = gemm_text();
+  IrFunc *f = read_ir(text);
+  char err[512], want[512];
+  CpuOptions o = {0};
+  assert_null(cpu_program_new(f, &o, err, sizeof err));
+  assert_non_null(strstr(err, "memplan"));
+  plan(f);
+  CpuProgram *p = program(f, 0);
+  StFile params, inputs;
+  random_params(f, 1, 1, &params);
+  st_init(&inputs);
+  rt_random_inputs(f, 2, 2, &inputs);
+  StepResult r;
+  assert_false(step_run_ref(f, 3, &params, "P.st", &inputs, "I.st", NULL, &r, want, sizeof want));
+  assert_false(cpu_step_run(p, 3, &params, "P.st", &inputs, "I.st", &r, err, sizeof err));
+  assert_string_equal(err, want);
+  assert_false(cpu_step_run(p, 2, &inputs, "I.st", &params, "P.st", &r, err, sizeof err));
+  assert_non_null(strstr(err, "not a param of the model"));
+  cpu_program_free(p);
+  st_free(&params);
+  st_free(&inputs);
+  ir_func_free(f);
+  free(text);
+
+  IrFunc *g = read_ir("func @u(%x: f32[4] input, %W: f32[4] param) {\n"
+                      "  %y = mul %x, %W : f32[4]  loc(\"u.gdl\":3:9)\n"
+                      "  grad %y {name=\"W\"}\n}\n");
+  plan(g);
+  assert_null(cpu_program_new(g, &o, err, sizeof err));
+  assert_non_null(strstr(err, "u.gdl:3:9: 'mul' is not in a kernel"));
+  ir_func_free(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* Every model                                                         */
+/* ------------------------------------------------------------------ */
+
+static bool have_kernels(void) {
+#ifdef GRADC_HAVE_LLVM
+  return pass_lookup("fuse") != NULL;
+#else
+  return false;
+#endif
+}
+
+static FeModel *compile_model(const char *path, const char *text, int gas, bool small, Diag *d) {
+  static SrcFile src;
+  static const char *dn_gpt[] = {"B", "T", "C", "NH", "L", "V"};
+  static const int64_t dv_gpt[] = {4, 8, 16, 2, 2, 24};
+  static const char *dn_mlp[] = {"B", "D", "H"};
+  static const int64_t dv_mlp[] = {8, 24, 16};
+  src.name = path;
+  src.text = text;
+  src.len = strlen(text);
+  diag_init(d, NULL);
+  d->quiet = true;
+  FeOptions opt = {.gas = gas, .dp = 1};
+  if (small && strstr(path, "/tinygpt.gdl")) opt.def_names = dn_gpt, opt.def_values = dv_gpt, opt.ndefs = 6;
+  if (small && strstr(path, "/mlp.gdl")) opt.def_names = dn_mlp, opt.def_values = dv_mlp, opt.ndefs = 3;
+  return fe_model_compile(&src, &opt, d);
+}
+
+static int cpu_pipeline(IrFunc *f, int gas, Diag *d) {
+  int n;
+  const char *const *pipe = pass_pipeline(&n);
+  const char *names[32];
+  int k = 0;
+  for (int i = 0; i < n; i++) names[k++] = pipe[i];
+  if (pass_lookup("fuse")) names[k++] = "fuse";
+  names[k++] = "memplan";
+  return run_passes(f, names, k, gas, d);
+}
+
+static void check_model(const char *path, const char *label) {
+  const char *rerr = NULL;
+  char *text = read_file(path, NULL, &rerr);
+  if (!text) return;
+  double worst[2] = {0, 0};
+  bool ran = false;
+  for (int prec = 0; prec < 2; prec++) {
+    char *t = prec ? replace_all(text, "f32", "f64") : strdup(text);
+    for (int K = 1; K <= 4; K += 3) {
+      Diag d;
+      FeModel *ref = compile_model(path, t, K, true, &d);
+      if (!ref) { /* an error model */
+        diag_free(&d);
+        continue;
+      }
+      int n;
+      const char *const *pipe = pass_pipeline(&n);
+      int rc = run_passes(ref->func, pipe, n, K, &d);
+      diag_free(&d);
+      if (rc == 1 && K > 1) { /* refused: not a sum over samples */
+        fe_model_free(ref);
+        continue;
+      }
+      if (rc != 0) fail_msg("%s: passes failed", label);
+      FeModel *cpu = compile_model(path, t, K, true, &d);
+      if (cpu_pipeline(cpu->func, K, &d) != 0) fail_msg("%s: CPU pipeline failed: %s", label, sb_str(&d.log));
+      diag_free(&d);
+      char l[300];
+      snprintf(l, sizeof l, "%s %s K=%d", label, prec ? "f64" : "f32", K);
+      /* The CPU function runs; the reference runs its own (unfused) copy. */
+      StFile params, inputs;
+      random_params(ref->func, 100 + (uint64_t)K, 0.3, &params);
+      st_init(&inputs);
+      rt_random_inputs(ref->func, K, 200 + (uint64_t)K, &inputs);
+      char err[1024];
+      StepResult want, got;
+      if (!step_run_ref(ref->func, K, &params, "PARAMS", &inputs, "INPUTS", NULL, &want, err, sizeof err))
+        fail_msg("%s: reference: %s", l, err);
+      CpuProgram *p = program(cpu->func, 2);
+      if (!cpu_step_run(p, K, &params, "PARAMS", &inputs, "INPUTS", &got, err, sizeof err)) fail_msg("%s: %s", l, err);
+      double e = compare(&got, &want, l, prec ? 1e-12 : 1e-5);
+      if (e > worst[prec]) worst[prec] = e;
+      ran = true;
+      cpu_program_free(p);
+      step_result_free(&want);
+      step_result_free(&got);
+      st_free(&params);
+      st_free(&inputs);
+      fe_model_free(ref);
+      fe_model_free(cpu);
+    }
+    free(t);
+  }
+  if (ran) print_message("  %-32s worst relative error f32 %.3g  f64 %.3g\n", label, worst[0], worst[1]);
+  free(text);
+}
+
+static void check_dir(const char *dir, const char *prefix) {
+  DIR *dp = opendir(dir);
+  if (!dp) return;
+  struct dirent *e;
+  char *names[256];
+  int n = 0;
+  while ((e = readdir(dp)) && n < 256) {
+    size_t l = strlen(e->d_name);
+    if (l > 4 && strcmp(e->d_name + l - 4, ".gdl") == 0) names[n++] = strdup(e->d_name);
+  }
+  closedir(dp);
+  for (int i = 0; i < n; i++) {
+    char path[4096], label[300];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    snprintf(label, sizeof label, "%s%s", prefix, names[i]);
+    check_model(path, label);
+    free(names[i]);
+  }
+}
+
+static void test_exec_every_model_matches_reference(void **state) {
+  (void)state;
+  if (!have_kernels()) skip(); /* needs fuse and the LLVM code generator */
+  check_dir(tu_path("examples"), "");
+  check_dir(tu_path("tests/models"), "models/");
+  check_dir("/work/shared/conformance/cases", "conformance/");
+}
+
+/* Only one micro-batch's activations are alive: the arena of a window of
+ * K micro-batches of b samples is the arena of one window of b samples. */
+static void test_exec_arena_independent_of_K(void **state) {
+  (void)state;
+  static const char *models[] = {"examples/mlp.gdl", "examples/tinygpt.gdl"};
+  for (int m = 0; m < 2; m++) {
+    char *text = tu_read(models[m]);
+    int64_t size[2];
+    for (int v = 0; v < 2; v++) {
+      int K = v ? 4 : 1;
+      static SrcFile src;
+      src.name = models[m];
+      src.text = text;
+      src.len = strlen(text);
+      Diag d;
+      diag_init(&d, NULL);
+      d.quiet = true;
+      const char *dn[] = {"B"};
+      int64_t dv[] = {4 * K};
+      FeOptions opt = {.gas = K, .dp = 1, .def_names = dn, .def_values = dv, .ndefs = 1};
+      FeModel *fm = fe_model_compile(&src, &opt, &d);
+      assert_non_null(fm);
+      if (cpu_pipeline(fm->func, K, &d) != 0) fail_msg("%s", sb_str(&d.log));
+      size[v] = fm->func->arena_size;
+      fe_model_free(fm);
+      diag_free(&d);
+    }
+    print_message("  %-22s arena %lld bytes for B=4 K=1 and for B=16 K=4\n", models[m], (long long)size[0]);
+    assert_int_equal(size[0], size[1]);
+    free(text);
+  }
+}
+
+/* Arena and peak of the examples at their own sizes (reported, K = 1). */
+static void test_exec_report_example_arenas(void **state) {
+  (void)state;
+  static const char *models[] = {"examples/mlp.gdl", "examples/tinygpt.gdl"};
+  for (int m = 0; m < 2; m++) {
+    char *text = tu_read(models[m]);
+    Diag d;
+    FeModel *fm = compile_model(models[m], text, 1, false, &d);
+    assert_non_null(fm);
+    if (cpu_pipeline(fm->func, 1, &d) != 0) fail_msg("%s", sb_str(&d.log));
+    const IrFunc *f = fm->func;
+    print_message("  %-22s arena %lld bytes (persistent %lld, peak activations %lld)%s\n", models[m],
+                  (long long)f->arena_size, (long long)f->persist_size, (long long)(f->arena_size - f->persist_size),
+                  pass_lookup("fuse") ? "" : " [unfused]");
+    fe_model_free(fm);
+    diag_free(&d);
+    free(text);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* The thread pool                                                     */
+/* ------------------------------------------------------------------ */
+
+typedef struct {
+  atomic_int *hits;
+  atomic_long calls;
+} Cover;
+
+static void cover(void *ctx, int64_t b, int64_t e) {
+  Cover *c = ctx;
+  for (int64_t i = b; i < e; i++) atomic_fetch_add(&c->hits[i], 1);
+  atomic_fetch_add(&c->calls, 1);
+}
+
+static void test_pool_visits_every_iteration_once(void **state) {
+  (void)state;
+  for (int threads = 1; threads <= 4; threads++) {
+    Pool *p = pool_new(threads);
+    assert_int_equal(pool_size(p), threads);
+    for (int64_t n = 0; n < 300; n += 37)
+      for (int rep = 0; rep < 50; rep++) {
+        atomic_int hits[300];
+        for (int i = 0; i < 300; i++) atomic_init(&hits[i], 0);
+        Cover c = {hits, 0};
+        pool_run(p, n, 1 + rep % 7, cover, &c);
+        for (int64_t i = 0; i < 300; i++) assert_int_equal(atomic_load(&hits[i]), i < n ? 1 : 0);
+      }
+    pool_free(p);
+  }
+  assert_true(pool_ncores() >= 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_pool_visits_every_iteration_once),
+      cmocka_unit_test(test_exec_gemm_paths),
+      cmocka_unit_test(test_exec_gradients_accumulate),
+      cmocka_unit_test(test_exec_errors),
+      cmocka_unit_test(test_exec_arena_independent_of_K),
+      cmocka_unit_test(test_exec_report_example_arenas),
+      cmocka_unit_test(test_exec_every_model_matches_reference),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
