@@ -1,0 +1,248 @@
+#!/usr/bin/python3
+"""Run `gradc bench` and its PyTorch twin (bench/torch_models.py) side by
+side, in one run, for tinygpt large, tinygpt small and mlp at 1 and 2
+threads, and print one table of ratios (markdown):
+
+  step/floor     gradc step / gradc GEMM floor (the step's GEMMs alone)
+  vs torch       gradc step / torch step (both medians, same threads, f32)
+  RSS ratio      gradc peak RSS / torch peak RSS (whole processes; torch's
+                 includes ~240 MB for importing torch, shown apart)
+  compile        gradc cold / warm compile (ms)
+  kernels        gradc kernels_per_step vs torch kernels (operators that do
+                 work, forward and backward) and torch.profiler's aten op
+                 count
+
+--gemm-lib also measures SGEMM GFLOP/s at each model's GEMM shapes with
+OpenBLAS and BLIS (bench/gemm_lib.c, compiled here against each).
+--results FILE writes the tables into FILE between marker comments, with
+the machine, the command and the date, leaving the rest of FILE as is.
+
+Usage: bench/run.py [--gradc build/gradc] [--steps 10] [--threads 1,2]
+                    [--target cpu] [--gemm-lib] [--results bench/RESULTS.md]
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"  # Debian's torch
+
+CONFIGS = [
+    ("tinygpt large", "tinygpt", ["B=16", "T=128", "C=256", "L=4", "NH=4", "V=96"]),
+    ("tinygpt small", "tinygpt", ["B=8", "T=32", "C=64", "L=2"]),
+    # examples/mlp.gdl has one hidden layer (D -> H -> 10), benched as written.
+    ("mlp", "mlp", ["B=256", "D=784", "H=1024"]),
+]
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gradc", default=os.path.join(ROOT, "build", "gradc"))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--target", default="cpu")
+    ap.add_argument("--only", help="run only configs whose name contains this")
+    ap.add_argument("--gemm-lib", action="store_true")
+    ap.add_argument("--results")
+    return ap.parse_args()
+
+
+def sh(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def defs_args(defs):
+    out = []
+    for d in defs:
+        out += ["-D", d]
+    return out
+
+
+def run_gradc(a, model, defs, threads, cache):
+    cmd = [a.gradc, "bench", os.path.join(ROOT, "examples", model + ".gdl")] + defs_args(defs) + [
+        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup), "--target", a.target,
+        "--json"]
+    env = dict(os.environ, GRADC_CACHE_DIR=cache)
+    rc, out, err = sh(cmd, env)
+    if rc != 0:
+        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
+    return json.loads(out), None
+
+
+def run_torch(a, model, defs, threads):
+    cmd = [PY, os.path.join(ROOT, "bench", "torch_models.py"), model] + defs_args(defs) + [
+        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    rc, out, err = sh(cmd)
+    if rc != 0:
+        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
+    return json.loads(out), None
+
+
+def mb(x):
+    return f"{x / 2**20:.0f}"
+
+
+def ratio(x, y):
+    return f"{x / y:.2f}" if y else "-"
+
+
+def step_table(a, rows):
+    lines = [
+        "| model | thr | gradc step ms (med/min) | torch step ms (med/min) | gradc/torch | gradc floor ms "
+        "| step/floor | torch floor ms | torch step/floor | gradc RSS MB | torch RSS MB (Δstep) | RSS ratio "
+        "| compile cold/warm ms | kernels gradc / torch (aten ops) | GEMMs gradc / torch | arena MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, thr, g, gerr, t, terr in rows:
+        if g is None and t is None:
+            lines.append(f"| {name} | {thr} | failed: {gerr} | failed: {terr} |" + " |" * 14)
+            continue
+        gs = f"{g['step_ms_median']:.2f} / {g['step_ms_min']:.2f}" if g else f"failed: {gerr}"
+        ts = f"{t['step_ms_median']:.2f} / {t['step_ms_min']:.2f}" if t else f"failed: {terr}"
+        cells = [name, str(thr), gs, ts]
+        if g and t:
+            cells.append(ratio(g["step_ms_median"], t["step_ms_median"]))
+        else:
+            cells.append("-")
+        if g:
+            cells += [f"{g['gemm_floor_ms']:.2f}", ratio(g["step_ms_median"], g["gemm_floor_ms"])]
+        else:
+            cells += ["-", "-"]
+        if t:
+            cells += [f"{t['gemm_floor_ms']:.2f}", ratio(t["step_ms_median"], t["gemm_floor_ms"])]
+        else:
+            cells += ["-", "-"]
+        cells.append(mb(g["peak_rss_bytes"]) if g else "-")
+        cells.append(f"{mb(t['peak_rss_bytes'])} ({mb(t['peak_rss_bytes'] - t['base_rss_bytes'])})" if t else "-")
+        cells.append(ratio(g["peak_rss_bytes"], t["peak_rss_bytes"]) if g and t else "-")
+        cells.append(f"{g['compile_ms']:.1f} / {g['compile_warm_ms']:.1f}" if g else "-")
+        gk = str(g["kernels_per_step"]) if g else "-"
+        tk = f"{t['kernels']} ({t['aten_ops']})" if t else "-"
+        cells.append(f"{gk} / {tk}")
+        cells.append(f"{g['gemms_per_step'] if g else '-'} / {t['gemms'] if t else '-'}")
+        cells.append(f"{g['peak_bytes'] / 2**20:.1f}" if g else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def gemm_lib(a, threads_list, tmp):
+    """SGEMM GFLOP/s at each config's GEMM shapes, OpenBLAS vs BLIS."""
+    src = os.path.join(ROOT, "bench", "gemm_lib.c")
+    libs = {
+        "openblas": ["-DLIB_OPENBLAS", "-I/usr/include/x86_64-linux-gnu/openblas-pthread", "-lopenblas"],
+        "blis": ["-DLIB_BLIS", "-I/usr/include/x86_64-linux-gnu/blis-pthread",
+                 "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so", "-lpthread", "-lm"],
+    }
+    exe = {}
+    for lib, flags in libs.items():
+        out = os.path.join(tmp, "gemm_" + lib)
+        cmd = ["cc", "-O2", "-o", out, src] + flags
+        rc, _, err = sh(cmd)
+        if rc != 0:
+            print(f"run.py: cannot build gemm_lib against {lib}: {err.strip()}", file=sys.stderr)
+            continue
+        exe[lib] = out
+    lines = ["| model | thr | GEMMs | " + " | ".join(f"{lib} ms (GFLOP/s)" for lib in exe) +
+             " | per-shape median GFLOP/s " + " / ".join(exe) + " |",
+             "|---|---|---|" + "---|" * len(exe) + "---|"]
+    detail = []
+    for name, model, defs in CONFIGS:
+        if a.only and a.only not in name:
+            continue
+        cmd = [a.gradc, "bench", os.path.join(ROOT, "examples", model + ".gdl")] + defs_args(defs) + [
+            "--steps", "1", "--warmup", "0", "--target", a.target, "--print-gemms", "--no-cache"]
+        rc, _, err = sh(cmd)
+        shapes = "\n".join(l for l in err.splitlines() if l.startswith("gemm "))
+        if rc != 0 or not shapes:
+            lines.append(f"| {name} | - | failed: {err.strip().splitlines()[-1] if err.strip() else rc} |")
+            continue
+        for thr in threads_list:
+            res = {}
+            for lib, path in exe.items():
+                p = subprocess.run([path, str(thr)], input=shapes, capture_output=True, text=True)
+                per = [l.split() for l in p.stdout.splitlines() if l and l[0].isdigit()]
+                tot = [l.split() for l in p.stdout.splitlines() if l.startswith("total")]
+                res[lib] = (float(tot[0][1]), float(tot[0][2]), [float(x[-1]) for x in per], per)
+            n = len(next(iter(res.values()))[2])
+            cells = [name, str(thr), str(n)]
+            cells += [f"{res[l][0]:.2f} ({res[l][1]:.0f})" for l in exe]
+            cells.append(" / ".join(f"{statistics.median(res[l][2]):.0f}" for l in exe))
+            lines.append("| " + " | ".join(cells) + " |")
+            # One row per distinct shape: how many the step has, median GFLOP/s.
+            by_shape = {}
+            for i in range(n):
+                key = " ".join(res[next(iter(exe))][3][i][:7])
+                by_shape.setdefault(key, []).append(i)
+            for key, idx in by_shape.items():
+                detail.append(f"| {name} | {thr} | {key} | {len(idx)} | " +
+                              " | ".join(f"{statistics.median(res[l][2][i] for i in idx):.0f}" for l in exe) + " |")
+    head = "| model | thr | M N K batch TA TB beta | count | " + " | ".join(f"{l} GFLOP/s" for l in exe) + " |"
+    sep = "|---|---|---|---|" + "---|" * len(exe)
+    return "\n".join(lines), "\n".join([head, sep] + detail)
+
+
+def machine():
+    rc, out, _ = sh(["lscpu"])
+    model = re.search(r"Model name:\s*(.*)", out)
+    cpus = re.search(r"^CPU\(s\):\s*(\d+)", out, re.M)
+    flags = re.search(r"Flags:\s*(.*)", out)
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16") if flags and f in flags.group(1).split()]
+    rc, date, _ = sh(["date", "-u"])
+    return (f"{model.group(1) if model else '?'}, {cpus.group(1) if cpus else '?'} cores ({', '.join(isa)})",
+            date.strip())
+
+
+def replace_section(text, tag, body):
+    begin, end = f"<!-- run.py:{tag} -->", f"<!-- /run.py:{tag} -->"
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        return text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def main():
+    a = parse()
+    threads = [int(x) for x in a.threads.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gradc-bench-") as tmp:
+        for name, model, defs in CONFIGS:
+            if a.only and a.only not in name:
+                continue
+            for thr in threads:
+                cache = os.path.join(tmp, f"cache-{model}-{len(rows)}")
+                g, gerr = run_gradc(a, model, defs, thr, cache)
+                t, terr = run_torch(a, model, defs, thr)
+                rows.append((name, thr, g, gerr, t, terr))
+                print(f"{name} threads={thr}: gradc {g or gerr}\n  torch {t or terr}", file=sys.stderr)
+        table = step_table(a, rows)
+        print(table)
+        lib_table = lib_detail = None
+        if a.gemm_lib:
+            lib_table, lib_detail = gemm_lib(a, threads, tmp)
+            print()
+            print(lib_table)
+            print()
+            print(lib_detail)
+    if a.results:
+        cpu, date = machine()
+        cmd = "bench/run.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+        text = open(a.results).read() if os.path.exists(a.results) else "# Benchmarks\n"
+        head = (f"Machine: {cpu}.  Date: {date}.  Command: `{cmd}` "
+                f"({a.steps} timed windows after {a.warmup} warm-up, target {a.target}).")
+        text = replace_section(text, "steps", head + "\n\n" + table)
+        if lib_table:
+            text = replace_section(text, "gemm-lib", head + "\n\n" + lib_table + "\n\nPer shape:\n\n" + lib_detail)
+        with open(a.results, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
