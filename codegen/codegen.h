@@ -30,6 +30,61 @@ typedef struct CgOptions {
 
 typedef struct CgModule CgModule;
 
+
+/* ------------------------------------------------------------------ */
+/* kernel.c: what a kernel is (shared by `fuse` and the generators)    */
+/* ------------------------------------------------------------------ */
+/* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
+ * window.sum, loss, grad and the collectives.  Every other op is in a
+ * kernel (IrOp.group >= 1). */
+bool cg_op_group0(IrOpcode opc);
+/* Whether op fits a row kernel: elementwise ops, broadcast, reductions over
+ * the last axis only, softmax/log_softmax over the last axis, layer_norm,
+ * rms_norm, causal_mask, cross_entropy and mse_loss with reduction="none",
+ * one_hot, embedding, grad.seed and loss.term.  Other kernel ops (permute,
+ * slice, unslice, concat, embedding_grad, other reductions, ...) are
+ * kernels of their own with a general loop nest. */
+bool cg_op_rowwise(const IrOp *op);
+
+/* A row kernel iterates over an iteration shape `space` [..., cols]: the
+ * outer (parallel) loop runs over the rows (the product of the leading
+ * axes), inner loops over the cols of one row.  Every value the kernel
+ * touches is laid over the space by NumPy broadcasting, right-aligned
+ * either to the last axis (eoff 0) or to the one before it (eoff 1: a
+ * per-row value whose last axis was reduced away, such as a target index
+ * or a cross_entropy row loss). */
+typedef struct CgSlot {
+  IrValue *v;
+  int eoff;     /* 0 or 1, see above */
+  bool mapped;  /* laid over the space (false: only an embedding table, addressed by index) */
+  bool defined; /* defined by an op of the kernel; false: a kernel input */
+  bool output;  /* defined here and used outside the kernel */
+  bool varies;  /* varies along the row (one value per element); false: one value per row */
+} CgSlot;
+
+typedef struct CgRowLayout {
+  IrShape space;
+  int64_t rows, cols;
+  CgSlot *slots; /* inputs and results, in order of first appearance */
+  int nslots;
+} CgRowLayout;
+
+/* Whether a value defined by one of the kernel's ops is used outside it. */
+typedef bool (*CgUsedOutside)(const IrValue *v, void *ctx);
+
+/* Lay the row kernel made of ops[0..n) (in program order) over its
+ * iteration space.  False with a reason in why when the ops do not form
+ * one row kernel (mismatched rows, a cross-row dependence, an output that
+ * would be written by several rows, ...).  Slots live in arena a. */
+bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ctx, Arena *a, CgRowLayout *out,
+                   char *why, size_t whylen);
+CgSlot *cg_row_slot(const CgRowLayout *l, const IrValue *v); /* NULL if v is not in the kernel */
+/* The element strides of slot s over the space's axes (0 where broadcast). */
+void cg_slot_strides(const CgRowLayout *l, const CgSlot *s, int64_t *stride);
+
+/* ------------------------------------------------------------------ */
+/* llvm.c                                                              */
+/* ------------------------------------------------------------------ */
 /* Compile every kernel of f.  Returns NULL with a message on an LLVM
  * failure (an internal error: exit status 2). */
 CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t errlen);
@@ -37,5 +92,18 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
 const CgKernel *cg_module_kernel(const CgModule *m, int group);
 int cg_module_nkernels(const CgModule *m);
 void cg_module_free(CgModule *m);
+
+/* The module's object code (owned by m), for an on-disk cache or an
+ * artifact; cg_module_load_object loads such bytes again for the same
+ * planned function (same IR, same plan, same host) without running LLVM's
+ * optimiser.  Returns NULL with a message on a failure. */
+void cg_module_object(const CgModule *m, const void **data, size_t *len);
+CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, char *err, size_t errlen);
+/* Whether cg_llvm_compile found the module in CgOptions.cache_dir (its
+ * entries are <cache_dir>/cpu-<hash>.o; an unreadable or unwritable cache
+ * is skipped silently). */
+bool cg_module_from_cache(const CgModule *m);
+/* "triple;cpu;features;llvmN" of this host: what object code depends on. */
+void cg_llvm_host_id(char *buf, size_t n);
 
 #endif

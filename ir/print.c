@@ -11,6 +11,15 @@
  * header ends with `arena N persist M`, under a comment line giving the
  * peak.
  *
+ * After `fuse`, each kernel's ops (IrOp.group >= 1, contiguous) print as a
+ * block listing the values it reads from outside and the values it defines
+ * that are used outside, in order of first use and of definition:
+ *
+ *   kernel @k3(%1, %b1) -> (%h) {
+ *     %2 = add %1, %b1 : f32[64,256]  loc("mlp.gdl":13:19)
+ *     %h = relu %2 : f32[64,256]  loc("mlp.gdl":13:7)
+ *   }
+ *
  * Values print as their source name, or as a number counting the unnamed
  * values in definition order; repeated names get ".1", ".2", ... so that
  * every printed name is unique.  Printing what read.c read gives the same
@@ -217,6 +226,53 @@ void ir_print_op(const IrFunc *f, const IrNames *names, const IrOp *op, StrBuf *
 /* Whole functions                                                     */
 /* ------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------ */
+/* Kernel blocks                                                       */
+/* ------------------------------------------------------------------ */
+
+/* By value id: defined in a kernel and used by an op outside it. */
+static bool *kernel_outputs(const IrFunc *f, Arena *a) {
+  bool *out = ARENA_ARRAY(a, bool, f->nvalues > 0 ? f->nvalues : 1);
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    for (int j = 0; j < op->nargs && op->args; j++) {
+      const IrValue *v = op->args[j];
+      if (in_table(f, v) && v->def && v->def->group > 0 && v->def->group != op->group) out[v->id] = true;
+    }
+  }
+  return out;
+}
+
+/* "kernel @kG(inputs) -> (outputs) {" for the kernel starting at ops[i]. */
+static void print_kernel_header(const IrFunc *f, const IrNames *names, int i, const bool *outside, StrBuf *out) {
+  int g = f->ops[i]->group, end = i;
+  while (end < f->nops && f->ops[end]->group == g) end++;
+  sb_printf(out, "  kernel @k%d(", g);
+  int n = 0;
+  for (int k = i; k < end; k++) {
+    const IrOp *op = f->ops[k];
+    for (int j = 0; j < op->nargs && op->args; j++) {
+      const IrValue *v = op->args[j];
+      if (v && v->def && v->def->group == g) continue; /* defined in the kernel */
+      bool dup = false;                                /* listed already? */
+      for (int k2 = i; k2 <= k && !dup; k2++)
+        for (int j2 = 0; j2 < (k2 == k ? j : f->ops[k2]->nargs) && !dup; j2++) dup = f->ops[k2]->args[j2] == v;
+      if (dup) continue;
+      sb_puts(out, n++ ? ", " : "");
+      print_value(f, names, v, out);
+    }
+  }
+  sb_puts(out, ") -> (");
+  n = 0;
+  for (int k = i; k < end; k++) {
+    const IrValue *v = f->ops[k]->result;
+    if (!v || !in_table(f, v) || !outside[v->id]) continue;
+    sb_puts(out, n++ ? ", " : "");
+    print_value(f, names, v, out);
+  }
+  sb_puts(out, ") {\n");
+}
+
 void ir_print(const IrFunc *f, StrBuf *out) {
   Arena a;
   arena_init(&a);
@@ -247,10 +303,14 @@ void ir_print(const IrFunc *f, StrBuf *out) {
   if (f->arena_size > 0 || f->persist_size > 0)
     sb_printf(out, " arena %lld persist %lld", (long long)f->arena_size, (long long)f->persist_size);
   sb_puts(out, " {\n");
+  bool *outside = kernel_outputs(f, &a);
   for (int i = 0; i < f->nops; i++) {
-    sb_puts(out, "  ");
+    int g = f->ops[i]->group;
+    if (g > 0 && (i == 0 || f->ops[i - 1]->group != g)) print_kernel_header(f, &names, i, outside, out);
+    sb_puts(out, g > 0 ? "    " : "  ");
     ir_print_op(f, &names, f->ops[i], out);
     sb_putc(out, '\n');
+    if (g > 0 && (i + 1 == f->nops || f->ops[i + 1]->group != g)) sb_puts(out, "  }\n");
   }
   sb_puts(out, "}\n");
   arena_free(&a);

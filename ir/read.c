@@ -3,7 +3,8 @@
  * Grammar (one op per line; `//` comments and blank lines are skipped):
  *
  *   file   = func EOF
- *   func   = "func" "@" (NAME | STRING) "(" (arg ("," arg)*)? ")" plan? "{" op* "}"
+ *   func   = "func" "@" (NAME | STRING) "(" (arg ("," arg)*)? ")" plan? "{" (op | kernel)* "}"
+ *   kernel = "kernel" "@" "k" INT "(" values? ")" "->" "(" values? ")" "{" op* "}"   (after `fuse`)
  *   plan   = "arena" INT "persist" INT
  *   arg    = "%" NAME ":" type store? ("input" "batch"? | "param")
  *   op     = ("%" NAME "=")? OPNAME (value ("," value)*)? attrs? (":" type store?)? loc?
@@ -12,6 +13,11 @@
  *   attr   = NAME "=" (INT | FLOAT | "true" | "false" | STRING | "[" (INT ("," INT)*)? "]")
  *   type   = DTYPE ("[" INT ("," INT)* "]")?
  *   loc    = "loc" "(" ("unknown" | STRING ":" INT ":" INT) ")"
+ *
+ * A kernel block gives its ops IrOp.group = N; the values it lists must
+ * be exactly those its ops read from outside (inputs) and those they
+ * define that something outside uses (outputs), which is checked once the
+ * whole function is read.
  *
  * Every op is built with ir_build, the printed type as the hint, so the
  * shape rules check the text.  The first error is reported through diag_at
@@ -37,7 +43,7 @@ typedef enum {
   TK_INT,     /* -12 */
   TK_FLOAT,   /* 1.5, 1e-05, inf, -inf, nan */
   TK_STRING,  /* "..." (text holds the quoted form) */
-  TK_PUNCT,   /* one of ( ) { } [ ] , : = */
+  TK_PUNCT,   /* one of ( ) { } [ ] , : = and -> */
 } TokKind;
 
 typedef struct Tok {
@@ -64,6 +70,21 @@ typedef struct Reader {
   int nattrs, capattrs;
   int64_t *ints;
   int nints, capints;
+  /* Kernel blocks: listed outputs, checked at the end of the function. */
+  struct KOut {
+    int group;
+    IrValue *v; /* NULL: the closing marker of a kernel's list */
+    int line, col;
+  } *kouts;
+  int nkouts, capkouts;
+  struct KSeen {
+    int group, line, col;
+  } *kseen;
+  int nkseen, capkseen;
+  struct KOut *kin; /* the inputs of the kernel being read */
+  int nkin, capkin;
+  Tok *kname; /* the output names of the kernel being read */
+  int nkname, capkname;
 } Reader;
 
 GRADC_NORETURN static void error_at(Reader *r, int line, int col, const char *fmt, ...) GRADC_PRINTF(4, 5);
@@ -208,6 +229,10 @@ static void next(Reader *r) {
   } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_') {
     while (r->p < r->end && is_name_char(*r->p)) advance(r);
     t.kind = TK_IDENT;
+  } else if (c == '-' && r->p + 1 < r->end && r->p[1] == '>') {
+    advance(r);
+    advance(r);
+    t.kind = TK_PUNCT; /* "->" */
   } else if (strchr("(){}[],:=", c) && c != 0) {
     advance(r);
     t.kind = TK_PUNCT;
@@ -584,6 +609,182 @@ static void parse_arg(Reader *r) {
   define(r, &t, name, v);
 }
 
+/* ------------------------------------------------------------------ */
+/* Kernel blocks                                                       */
+/* ------------------------------------------------------------------ */
+
+static bool listed(IrValue *const *vs, int n, const IrValue *v) {
+  for (int i = 0; i < n; i++)
+    if (vs[i] == v) return true;
+  return false;
+}
+
+static const char *vtext(const IrValue *v, char *buf, size_t n) {
+  if (v->name)
+    snprintf(buf, n, "%%%s", v->name);
+  else
+    snprintf(buf, n, "an unnamed value");
+  return buf;
+}
+
+/* kernel = "kernel" "@" "k" INT "(" values? ")" "->" "(" values? ")" "{" op* "}" */
+static void parse_kernel(Reader *r) {
+  char buf[200];
+  Tok kt = r->tok;
+  next(r);
+  if (r->tok.kind != TK_GLOBAL) error_tok(r, "a kernel name '@kN'");
+  Tok nt = r->tok;
+  long long g = 0;
+  bool ok = nt.n >= 3 && nt.s[1] == 'k' && nt.s[2] != '0' && nt.n <= 11;
+  for (size_t i = 2; ok && i < nt.n; i++) {
+    ok = is_digit(nt.s[i]);
+    g = g * 10 + (nt.s[i] - '0');
+  }
+  if (!ok || g < 1 || g > INT_MAX)
+    error_at(r, nt.line, nt.col, "expected a kernel name '@k1', '@k2', ..., got %s", tok_text(&nt, buf, sizeof buf));
+  for (int i = 0; i < r->nkseen; i++)
+    if (r->kseen[i].group == g)
+      error_at(r, nt.line, nt.col, "kernel @k%lld appears twice (first at line %d)", g, r->kseen[i].line);
+  GROW(r->kseen, r->nkseen, r->capkseen);
+  r->kseen[r->nkseen++] = (struct KSeen){(int)g, kt.line, kt.col};
+  next(r);
+
+  /* inputs: defined before the block (reader-owned lists: errors unwind) */
+  expect_punct(r, '(');
+  r->nkin = 0;
+  if (!is_punct(r, ')')) {
+    for (;;) {
+      Tok vt = r->tok;
+      IrValue *v = use(r);
+      GROW(r->kin, r->nkin, r->capkin);
+      r->kin[r->nkin++] = (struct KOut){(int)g, v, vt.line, vt.col};
+      if (is_punct(r, ')')) break;
+      expect_punct(r, ',');
+    }
+  }
+  next(r);
+  if (!(r->tok.kind == TK_PUNCT && r->tok.n == 2 && r->tok.s[0] == '-')) error_tok(r, "'->'");
+  next(r);
+  /* outputs: names defined inside the block, resolved after it */
+  expect_punct(r, '(');
+  r->nkname = 0;
+  if (!is_punct(r, ')')) {
+    for (;;) {
+      if (r->tok.kind != TK_VALUE) error_tok(r, "a value");
+      GROW(r->kname, r->nkname, r->capkname);
+      r->kname[r->nkname++] = r->tok;
+      next(r);
+      if (is_punct(r, ')')) break;
+      expect_punct(r, ',');
+    }
+  }
+  next(r);
+  Tok open = r->tok;
+  expect_punct(r, '{');
+  int nin = r->nkin, nout_names = r->nkname;
+  IrValue **ins = ARENA_ARRAY(&r->f->arena, IrValue *, nin > 0 ? nin : 1);
+  int *in_line = ARENA_ARRAY(&r->f->arena, int, 2 * (nin > 0 ? nin : 1));
+  for (int i = 0; i < nin; i++) {
+    ins[i] = r->kin[i].v;
+    in_line[2 * i] = r->kin[i].line;
+    in_line[2 * i + 1] = r->kin[i].col;
+  }
+  int first_out = r->nkouts;
+  const char **out_text = ARENA_ARRAY(&r->f->arena, const char *, nout_names > 0 ? nout_names : 1);
+  for (int i = 0; i < nout_names; i++) {
+    out_text[i] = arena_strndup(&r->f->arena, r->kname[i].s + 1, r->kname[i].n - 1);
+    GROW(r->kouts, r->nkouts, r->capkouts);
+    r->kouts[r->nkouts++] = (struct KOut){(int)g, NULL, r->kname[i].line, r->kname[i].col};
+  }
+
+  if (r->tok.kind != TK_EOF && !r->tok.bol && !is_punct(r, '}'))
+    error_at(r, r->tok.line, r->tok.col, "expected a new line after '{'");
+  int first = r->f->nops;
+  while (!is_punct(r, '}')) {
+    if (r->tok.kind == TK_EOF)
+      error_at(r, r->tok.line, r->tok.col, "expected '}' (to close kernel @k%lld at line %d)", g, open.line);
+    if (is_ident(r, "kernel")) error_at(r, r->tok.line, r->tok.col, "a kernel cannot contain a kernel");
+    parse_op(r);
+  }
+  next(r);
+  int last = r->f->nops;
+  if (last == first) error_at(r, kt.line, kt.col, "kernel @k%lld has no ops", g);
+  for (int i = first; i < last; i++) r->f->ops[i]->group = (int)g;
+
+  /* Inputs: exactly the operands defined outside the block. */
+  for (int i = 0; i < nin; i++) {
+    for (int k = 0; k < i; k++)
+      if (ins[k] == ins[i]) error_at(r, in_line[2 * i], in_line[2 * i + 1], "kernel @k%lld lists an input twice", g);
+    bool read = false;
+    for (int k = first; k < last && !read; k++) {
+      IrOp *op = r->f->ops[k];
+      for (int a = 0; a < op->nargs; a++) read |= op->args[a] == ins[i];
+    }
+    if (!read)
+      error_at(r, in_line[2 * i], in_line[2 * i + 1], "kernel @k%lld does not read its input %s", g,
+               vtext(ins[i], buf, sizeof buf));
+  }
+  for (int k = first; k < last; k++) {
+    IrOp *op = r->f->ops[k];
+    for (int a = 0; a < op->nargs; a++) {
+      IrValue *v = op->args[a];
+      if (v->def && v->def->group == (int)g) continue;
+      if (!listed(ins, nin, v))
+        error_at(r, kt.line, kt.col, "kernel @k%lld reads %s, which is not among its inputs", g,
+                 vtext(v, buf, sizeof buf));
+    }
+  }
+  /* Outputs: defined by the block (used-outside is checked at the end). */
+  for (int i = 0; i < nout_names; i++) {
+    struct KOut *o = &r->kouts[first_out + i];
+    IrValue *v = strmap_get(&r->values, out_text[i]);
+    if (!v || !v->def || v->def->group != (int)g)
+      error_at(r, o->line, o->col, "kernel @k%lld: %%%s is not defined in the kernel", g, out_text[i]);
+    for (int k = first_out; k < first_out + i; k++)
+      if (r->kouts[k].v == v) error_at(r, o->line, o->col, "kernel @k%lld lists an output twice", g);
+    o->v = v;
+  }
+  GROW(r->kouts, r->nkouts, r->capkouts);
+  r->kouts[r->nkouts++] = (struct KOut){(int)g, NULL, kt.line, kt.col}; /* the kernel itself */
+}
+
+/* After the function: every kernel lists exactly the values it defines
+ * that an op outside it uses. */
+static void check_kernel_outputs(Reader *r) {
+  if (r->nkseen == 0) return;
+  IrFunc *f = r->f;
+  bool *outside = ARENA_ARRAY(&f->arena, bool, f->nvalues > 0 ? f->nvalues : 1);
+  for (int i = 0; i < f->nops; i++) {
+    IrOp *op = f->ops[i];
+    for (int a = 0; a < op->nargs; a++) {
+      IrValue *v = op->args[a];
+      if (v->def && v->def->group > 0 && v->def->group != op->group) outside[v->id] = true;
+    }
+  }
+  char buf[200];
+  int start = 0;
+  for (int k = 0; k < r->nkouts; k++) {
+    struct KOut *o = &r->kouts[k];
+    if (o->v) {
+      if (!outside[o->v->id])
+        error_at(r, o->line, o->col, "kernel @k%d lists the output %s, which nothing outside the kernel uses", o->group,
+                 vtext(o->v, buf, sizeof buf));
+      continue;
+    }
+    /* the kernel's marker: everything used outside must be listed */
+    for (int i = 0; i < f->nops; i++) {
+      IrValue *v = f->ops[i]->result;
+      if (f->ops[i]->group != o->group || !v || !outside[v->id]) continue;
+      bool found = false;
+      for (int q = start; q < k; q++) found |= r->kouts[q].v == v;
+      if (!found)
+        error_at(r, o->line, o->col, "kernel @k%d defines %s, used outside the kernel, which is not among its outputs",
+                 o->group, vtext(v, buf, sizeof buf));
+    }
+    start = k + 1;
+  }
+}
+
 /* func = "func" "@" (NAME | STRING) "(" args ")" "{" op* "}" */
 static void parse_func(Reader *r) {
   if (!is_ident(r, "func")) error_tok(r, "'func'");
@@ -624,7 +825,10 @@ static void parse_func(Reader *r) {
   while (!is_punct(r, '}')) {
     if (r->tok.kind == TK_EOF)
       error_at(r, r->tok.line, r->tok.col, "expected '}' (to close '{' at line %d)", open.line);
-    parse_op(r);
+    if (is_ident(r, "kernel") && r->tok.bol)
+      parse_kernel(r);
+    else
+      parse_op(r);
   }
   next(r);
   if (r->tok.kind != TK_EOF) {
@@ -632,6 +836,7 @@ static void parse_func(Reader *r) {
     error_at(r, r->tok.line, r->tok.col, "expected end of file after the function, got %s",
              tok_text(&r->tok, buf, sizeof buf));
   }
+  check_kernel_outputs(r);
 }
 
 IrFunc *ir_read(const SrcFile *src, Diag *d) {
@@ -656,6 +861,10 @@ IrFunc *ir_read(const SrcFile *src, Diag *d) {
   free(r->args);
   free(r->attrs);
   free(r->ints);
+  free(r->kouts);
+  free(r->kseen);
+  free(r->kin);
+  free(r->kname);
   free(r);
   return result;
 }

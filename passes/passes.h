@@ -29,6 +29,9 @@ typedef struct Pass {
 const Pass *pass_lookup(const char *name);
 const Pass *pass_list(int *n);                    /* every registered pass */
 const char *const *pass_pipeline(int *n);         /* the default pipeline, in order */
+/* The CPU back end's pipeline (docs/BACKEND.md): the default one, then
+ * fuse and memplan. */
+const char *const *pass_pipeline_cpu(int *n);
 
 typedef struct PassManager {
   const char *print_before; /* pass name, "all", or NULL */
@@ -51,6 +54,7 @@ PassResult pass_cse(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_autodiff(IrFunc *f, const PassOptions *o, Arena *scratch);
+PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* memplan.c: arena offsets for every stored value (docs/BACKEND.md); CPU pipeline only. */
 PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch);
 

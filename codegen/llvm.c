@@ -1,0 +1,469 @@
+/* llvm.c - the CPU back end's driver (DESIGN.md §6, docs/BACKEND.md):
+ * every kernel of a planned function becomes one LLVM function
+ *
+ *   void kN_<ops>(ptr arena, i64 begin, i64 end)
+ *
+ * in one module, emitted by llvm_row.c (row kernels) or llvm_loop.c (one
+ * op in a general loop nest); the module is optimised for the host CPU
+ * with LLVMRunPasses("default<O3>"), emitted as object code with
+ * LLVMTargetMachineEmitToMemoryBuffer and loaded with ORC LLJIT
+ * (LLVMOrcLLJITAddObjectFile), libm and libc symbols resolved from the
+ * process.  The object bytes are kept (cg_module_object) so that a cache
+ * or an artifact can load them again without LLVM's optimiser
+ * (cg_module_load_object).  Every LLVM call that can fail is checked and
+ * reported through err; nothing here exits. */
+#include <llvm-c/Core.h>
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Error.h>
+#include <llvm/Config/llvm-config.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llvm_gen.h"
+
+#define CG_VERSION "gradc-cg-1" /* bump when generated code changes meaning (cache keys) */
+
+struct CgModule {
+  LLVMOrcLLJITRef jit;
+  CgKernel *kernels; /* by group id, [0] unused */
+  int maxgroup;
+  char *obj;         /* the object file (malloc'd) */
+  size_t objlen;
+  Arena names;
+  bool from_cache;
+};
+
+static bool failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+static bool failf(char *err, size_t n, const char *fmt, ...) {
+  if (err && n) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+  }
+  return false;
+}
+
+/* Consume an LLVMErrorRef: false with its message. */
+static bool check(LLVMErrorRef e, const char *what, char *err, size_t n) {
+  if (!e) return true;
+  char *msg = LLVMGetErrorMessage(e);
+  failf(err, n, "LLVM: %s: %s", what, msg ? msg : "unknown error");
+  LLVMDisposeErrorMessage(msg);
+  return false;
+}
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static bool init_ok;
+static void init_llvm(void) {
+  init_ok = !LLVMInitializeNativeTarget() && !LLVMInitializeNativeAsmPrinter();
+}
+
+/* ------------------------------------------------------------------ */
+/* Kernels of a function                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct KInfo {
+  int group;
+  IrOp **ops; /* into f->ops */
+  int n;
+  bool row;
+  CgRowLayout layout;
+  const char *name;
+  int64_t iters, cost;
+} KInfo;
+
+typedef struct Kernels {
+  KInfo *k;
+  int n;
+  int maxgroup;
+  Arena a;
+} Kernels;
+
+static bool outside_use(const IrValue *v, void *ctx) {
+  const bool *out = ctx;
+  return out[v->id];
+}
+
+/* A symbol-friendly name: k<group>_ and up to three distinct op names. */
+static const char *kernel_name(Arena *a, int group, IrOp **ops, int n) {
+  char buf[128];
+  int len = snprintf(buf, sizeof buf, "k%d", group);
+  const char *seen[3];
+  int ns = 0;
+  for (int i = 0; i < n && ns < 3; i++) {
+    const char *nm = ir_op_info[ops[i]->opcode].name;
+    bool dup = false;
+    for (int k = 0; k < ns; k++) dup |= strcmp(seen[k], nm) == 0;
+    if (dup) continue;
+    seen[ns++] = nm;
+    if (len < (int)sizeof buf - 1) buf[len++] = '_';
+    for (const char *p = nm; *p && len < (int)sizeof buf - 1; p++) buf[len++] = *p == '.' ? '_' : *p;
+    buf[len] = 0;
+  }
+  return arena_strdup(a, buf);
+}
+
+/* Collect the kernels: contiguous runs of one group. */
+static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) {
+  memset(K, 0, sizeof *K);
+  arena_init(&K->a);
+  bool *out = ARENA_ARRAY(&K->a, bool, f->nvalues > 0 ? f->nvalues : 1);
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *v = op->args[j];
+      if (v->def && v->def->group > 0 && v->def->group != op->group) out[v->id] = true;
+    }
+  }
+  int cap = 0;
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->group > 0 && (i == 0 || f->ops[i - 1]->group != f->ops[i]->group)) cap++;
+  K->k = ARENA_ARRAY(&K->a, KInfo, cap > 0 ? cap : 1);
+  for (int i = 0; i < f->nops;) {
+    int g = f->ops[i]->group;
+    if (g <= 0) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j < f->nops && f->ops[j]->group == g) j++;
+    for (int k = 0; k < K->n; k++)
+      if (K->k[k].group == g) return failf(err, errlen, "kernel k%d is not contiguous in the op list", g);
+    KInfo *ki = &K->k[K->n++];
+    ki->group = g;
+    ki->ops = f->ops + i;
+    ki->n = j - i;
+    if (g > K->maxgroup) K->maxgroup = g;
+    char why[256];
+    if (ki->n == 1 && !cg_op_rowwise(ki->ops[0])) {
+      ki->row = false;
+    } else if (cg_row_layout(ki->ops, ki->n, outside_use, out, &K->a, &ki->layout, why, sizeof why)) {
+      ki->row = true;
+    } else {
+      return failf(err, errlen, "kernel k%d: %s", g, why);
+    }
+    ki->name = kernel_name(&K->a, g, ki->ops, ki->n);
+    gen_kernel_extent(f, ki->ops, ki->n, ki->row ? &ki->layout : NULL, &ki->iters, &ki->cost);
+    i = j;
+  }
+  return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Host and target machine                                             */
+/* ------------------------------------------------------------------ */
+
+void cg_llvm_host_id(char *buf, size_t n) {
+  pthread_once(&init_once, init_llvm);
+  char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+  snprintf(buf, n, "%s;%s;%s;llvm%d", triple ? triple : "", cpu ? cpu : "", feat ? feat : "", LLVM_VERSION_MAJOR);
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
+}
+
+static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
+  char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+  LLVMTargetRef target = NULL;
+  char *msg = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
+    failf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
+  } else {
+    tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
+                                 LLVMCodeModelDefault);
+    if (!tm) failf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
+  }
+  LLVMDisposeMessage(msg);
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
+  return tm;
+}
+
+/* ------------------------------------------------------------------ */
+/* Emission                                                            */
+/* ------------------------------------------------------------------ */
+
+static void emit_kernel(Gen *g, KInfo *ki) {
+  LLVMTypeRef params[3] = {g->t_ptr, g->t_i64, g->t_i64};
+  LLVMTypeRef ft = LLVMFunctionType(g->t_void, params, 3, 0);
+  g->fn = LLVMAddFunction(g->mod, ki->name, ft);
+  g->group = ki->group;
+  g->arena = LLVMGetParam(g->fn, 0);
+  g->begin = LLVMGetParam(g->fn, 1);
+  g->end = LLVMGetParam(g->fn, 2);
+  LLVMSetValueName2(g->arena, "arena", 5);
+  LLVMSetValueName2(g->begin, "begin", 5);
+  LLVMSetValueName2(g->end, "end", 3);
+  unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
+  LLVMAddAttributeAtIndex(g->fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(g->ctx, nounwind, 0));
+  g->entry = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "entry");
+  LLVMPositionBuilderAtEnd(g->b, g->entry);
+  if (ki->row)
+    gen_row_kernel(g, ki->ops, ki->n, &ki->layout);
+  else
+    gen_loop_kernel(g, ki->ops[0]);
+}
+
+/* Build, verify, optimise and emit the module; the object bytes to *obj. */
+static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char **obj, size_t *objlen, char *err,
+                           size_t errlen) {
+  LLVMTargetMachineRef tm = host_machine(err, errlen);
+  if (!tm) return false;
+  Gen g;
+  memset(&g, 0, sizeof g);
+  g.f = f;
+  g.err = err;
+  g.errlen = errlen;
+  g.ctx = LLVMContextCreate();
+  g.mod = LLVMModuleCreateWithNameInContext(f->name ? f->name : "gradc", g.ctx);
+  char *triple = LLVMGetTargetMachineTriple(tm);
+  LLVMSetTarget(g.mod, triple);
+  LLVMDisposeMessage(triple);
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
+  LLVMSetModuleDataLayout(g.mod, td);
+  LLVMDisposeTargetData(td);
+  g.b = LLVMCreateBuilderInContext(g.ctx);
+  g.t_void = LLVMVoidTypeInContext(g.ctx);
+  g.t_i1 = LLVMInt1TypeInContext(g.ctx);
+  g.t_i8 = LLVMInt8TypeInContext(g.ctx);
+  g.t_i16 = LLVMInt16TypeInContext(g.ctx);
+  g.t_i32 = LLVMInt32TypeInContext(g.ctx);
+  g.t_i64 = LLVMInt64TypeInContext(g.ctx);
+  g.t_f32 = LLVMFloatTypeInContext(g.ctx);
+  g.t_f64 = LLVMDoubleTypeInContext(g.ctx);
+  g.t_ptr = LLVMPointerTypeInContext(g.ctx, 0);
+
+  bool ok = true;
+  for (int i = 0; i < K->n && !g.failed; i++) emit_kernel(&g, &K->k[i]);
+  if (g.failed) ok = false;
+  char *msg = NULL;
+  if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
+    ok = failf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
+  }
+  LLVMDisposeMessage(msg);
+  msg = NULL;
+  if (ok) {
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+    LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+    LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
+    LLVMPassBuilderOptionsSetLoopUnrolling(po, 0); /* full unrolling of short rows costs more compile time than it saves */
+    ok = check(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
+    LLVMDisposePassBuilderOptions(po);
+  }
+  if (ok && o && o->dump_llvm) {
+    char *s = LLVMPrintModuleToString(g.mod);
+    fputs(s, stderr);
+    LLVMDisposeMessage(s);
+  }
+  LLVMMemoryBufferRef buf = NULL;
+  if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
+    ok = failf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
+    buf = NULL;
+  }
+  LLVMDisposeMessage(msg);
+  if (ok) {
+    *objlen = LLVMGetBufferSize(buf);
+    *obj = malloc(*objlen ? *objlen : 1);
+    if (!*obj) abort();
+    memcpy(*obj, LLVMGetBufferStart(buf), *objlen);
+  }
+  if (buf) LLVMDisposeMemoryBuffer(buf);
+  LLVMDisposeBuilder(g.b);
+  LLVMDisposeModule(g.mod);
+  LLVMContextDispose(g.ctx);
+  LLVMDisposeTargetMachine(tm);
+  return ok;
+}
+
+/* ------------------------------------------------------------------ */
+/* Loading object code                                                 */
+/* ------------------------------------------------------------------ */
+
+static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen) {
+  if (!check(LLVMOrcCreateLLJIT(&m->jit, NULL), "creating the JIT", err, errlen)) {
+    m->jit = NULL;
+    return false;
+  }
+  LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(m->jit);
+  LLVMOrcDefinitionGeneratorRef gen = NULL;
+  if (!check(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(m->jit), NULL, NULL),
+             "resolving process symbols", err, errlen))
+    return false;
+  LLVMOrcJITDylibAddGenerator(jd, gen);
+  LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(m->obj, m->objlen, "gradc-kernels");
+  if (!check(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading object code", err, errlen)) return false;
+  for (int i = 0; i < K->n; i++) {
+    const KInfo *ki = &K->k[i];
+    LLVMOrcExecutorAddress addr = 0;
+    if (!check(LLVMOrcLLJITLookup(m->jit, &addr, ki->name), ki->name, err, errlen)) return false;
+    CgKernel *k = &m->kernels[ki->group];
+    k->group = ki->group;
+    k->name = arena_strdup(&m->names, ki->name);
+    k->fn = (CgKernelFn)(uintptr_t)addr;
+    k->iters = ki->iters;
+    k->cost = ki->cost;
+  }
+  return true;
+}
+
+static CgModule *module_new(const Kernels *K) {
+  CgModule *m = calloc(1, sizeof *m);
+  if (!m) abort();
+  arena_init(&m->names);
+  m->maxgroup = K->maxgroup;
+  m->kernels = calloc((size_t)K->maxgroup + 1, sizeof(CgKernel));
+  if (!m->kernels) abort();
+  return m;
+}
+
+void cg_module_free(CgModule *m) {
+  if (!m) return;
+  if (m->jit) {
+    LLVMErrorRef e = LLVMOrcDisposeLLJIT(m->jit);
+    if (e) LLVMConsumeError(e);
+  }
+  free(m->kernels);
+  free(m->obj);
+  arena_free(&m->names);
+  free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* The on-disk cache: <dir>/cpu-<hash>.o, keyed by the planned IR, the  */
+/* host and this generator's version.  Failures only skip the cache.    */
+/* ------------------------------------------------------------------ */
+
+static uint64_t cache_key(const IrFunc *f) {
+  StrBuf sb;
+  sb_init(&sb);
+  ir_print(f, &sb);
+  char host[1024];
+  cg_llvm_host_id(host, sizeof host);
+  uint64_t h = hash_bytes(sb_str(&sb), sb.len, HASH_SEED);
+  h = hash_bytes(host, strlen(host), h);
+  h = hash_bytes(CG_VERSION, strlen(CG_VERSION), h);
+  sb_free(&sb);
+  return h;
+}
+
+static char *cache_path(const char *dir, uint64_t key) {
+  size_t n = strlen(dir) + 40;
+  char *p = malloc(n);
+  if (!p) abort();
+  snprintf(p, n, "%s/cpu-%016llx.o", dir, (unsigned long long)key);
+  return p;
+}
+
+static void cache_store(const char *path, const char *dir, const char *obj, size_t len) {
+  mkdir(dir, 0777); /* may exist; a failure shows below */
+  size_t n = strlen(path) + 32;
+  char *tmp = malloc(n);
+  if (!tmp) abort();
+  snprintf(tmp, n, "%s.%ld.tmp", path, (long)getpid());
+  FILE *fp = fopen(tmp, "wb");
+  bool ok = fp && fwrite(obj, 1, len, fp) == len;
+  if (fp && fclose(fp) != 0) ok = false;
+  if (ok) ok = rename(tmp, path) == 0;
+  if (!ok) remove(tmp);
+  free(tmp);
+}
+
+/* ------------------------------------------------------------------ */
+/* API                                                                 */
+/* ------------------------------------------------------------------ */
+
+CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t errlen) {
+  pthread_once(&init_once, init_llvm);
+  if (!init_ok) {
+    failf(err, errlen, "LLVM: cannot initialise the native target");
+    return NULL;
+  }
+  Kernels K;
+  if (!find_kernels(f, &K, err, errlen)) {
+    arena_free(&K.a);
+    return NULL;
+  }
+  CgModule *m = module_new(&K);
+  char *path = NULL;
+  if (o && o->cache_dir && !o->dump_llvm) {
+    path = cache_path(o->cache_dir, cache_key(f));
+    size_t len = 0;
+    const char *why = NULL;
+    char *data = read_file(path, &len, &why);
+    if (data) {
+      m->obj = data;
+      m->objlen = len;
+      char lerr[256];
+      if (load_object(m, &K, lerr, sizeof lerr)) {
+        m->from_cache = true;
+        free(path);
+        arena_free(&K.a);
+        return m;
+      }
+      /* a bad cache entry: compile afresh */
+      cg_module_free(m);
+      m = module_new(&K);
+    }
+  }
+  bool ok = compile_object(f, &K, o, &m->obj, &m->objlen, err, errlen) && load_object(m, &K, err, errlen);
+  if (ok && path) cache_store(path, o->cache_dir, m->obj, m->objlen);
+  free(path);
+  arena_free(&K.a);
+  if (!ok) {
+    cg_module_free(m);
+    return NULL;
+  }
+  return m;
+}
+
+CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, char *err, size_t errlen) {
+  pthread_once(&init_once, init_llvm);
+  if (!init_ok) {
+    failf(err, errlen, "LLVM: cannot initialise the native target");
+    return NULL;
+  }
+  Kernels K;
+  if (!find_kernels(f, &K, err, errlen)) {
+    arena_free(&K.a);
+    return NULL;
+  }
+  CgModule *m = module_new(&K);
+  m->obj = malloc(len ? len : 1);
+  if (!m->obj) abort();
+  memcpy(m->obj, obj, len);
+  m->objlen = len;
+  bool ok = load_object(m, &K, err, errlen);
+  arena_free(&K.a);
+  if (!ok) {
+    cg_module_free(m);
+    return NULL;
+  }
+  return m;
+}
+
+void cg_module_object(const CgModule *m, const void **data, size_t *len) {
+  *data = m->obj;
+  *len = m->objlen;
+}
+
+bool cg_module_from_cache(const CgModule *m) { return m->from_cache; }
+
+const CgKernel *cg_module_kernel(const CgModule *m, int group) {
+  if (group < 1 || group > m->maxgroup || !m->kernels[group].fn) return NULL;
+  return &m->kernels[group];
+}
+
+int cg_module_nkernels(const CgModule *m) { return m->maxgroup; }

@@ -1,0 +1,421 @@
+/* fuse.c - group ops into kernels (docs/BACKEND.md).
+ *
+ * Requires: a verified function after the target-independent passes.
+ * Guarantees: every op the executor does not run itself (see cg_op_group0:
+ * matmul, reshape, const, window.sum, loss, grad, collectives) has
+ * IrOp.group >= 1; each group's ops are contiguous in the op list, which
+ * stays in an order where definitions precede uses; each group with more
+ * than one op is a valid row kernel (cg_row_layout); the kernels and the
+ * group-0 ops form an acyclic graph.
+ *
+ * How: every op starts as a kernel of its own.  Candidate merges are the
+ * producer->consumer edges between row-kernel ops and the pairs of
+ * row-kernel consumers of one whole-size value (siblings, so that
+ * cross_entropy's forward and backward read the logits once).  They are
+ * tried largest shared value first (the bytes a merge keeps out of
+ * memory), program order breaking ties; a merge is kept when the union
+ * is still one row kernel and no path leaves one side and comes back
+ * into the other through another kernel or a group-0 op (a cycle).
+ * Finally the kernels are numbered and the op list reordered, kernel by
+ * kernel, in a topological order that stays close to the original.
+ *
+ * A permute of the last two axes read only by matmuls stays in group 0:
+ * memplan and the executor turn it into a transpose flag of the GEMMs.
+ *
+ * One rewrite comes first: cross_entropy with reduction="sum" becomes a
+ * per-row cross_entropy (reduction="none") and a sum, so that the rows can
+ * run in parallel in a kernel shared with the backward. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../codegen/codegen.h"
+#include "passes.h"
+
+typedef enum { K_GROUP0, K_ROW, K_LOOP } Kind;
+
+typedef struct Fuse {
+  IrFunc *f;
+  Arena *a;
+  int n;          /* ops */
+  Kind *kind;     /* by op index */
+  int *parent;    /* union-find over op indices (kernels) */
+  int *next;      /* member list: next op index of the kernel, -1 */
+  int *head, *tail, *size; /* by root */
+  int **users;    /* by op index: indices of ops using its result */
+  int *nusers;
+  int *cand;      /* candidate membership epoch, by op index */
+  int epoch;
+  int *seen;      /* DFS visit epoch, by op index */
+  int *stack;
+  IrOp **buf;
+} Fuse;
+
+static int pos_of(const IrOp *op) { return op->mark; } /* ops' marks hold their positions during the pass */
+
+static int root(Fuse *fu, int i) {
+  while (fu->parent[i] != i) {
+    fu->parent[i] = fu->parent[fu->parent[i]];
+    i = fu->parent[i];
+  }
+  return i;
+}
+
+/* The node of op i in the kernel graph: its kernel's root, or itself. */
+static int node(Fuse *fu, int i) { return fu->kind[i] == K_GROUP0 ? i : root(fu, i); }
+
+/* ------------------------------------------------------------------ */
+/* The rewrite: cross_entropy(sum) = sum(cross_entropy(none))          */
+/* ------------------------------------------------------------------ */
+
+static bool split_cross_entropy(IrFunc *f) {
+  bool changed = false;
+  for (int i = 0; i < f->nops; i++) {
+    IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_CROSS_ENTROPY || strcmp(ir_attr_get_str(op, "reduction", "mean"), "sum") != 0) continue;
+    IrAttr attrs[8];
+    int na = 0;
+    for (int k = 0; k < op->nattrs && na < 7; k++)
+      if (strcmp(op->attrs[k].key, "reduction") != 0) attrs[na++] = op->attrs[k];
+    attrs[na++] = ir_attr_str("reduction", "none");
+    int before = f->nops;
+    IrValue *rows = ir_emit(f, IR_OP_CROSS_ENTROPY, op->args, 2, attrs, na, NULL, op->loc);
+    int64_t axes[IR_MAX_RANK];
+    int r = rows->type.shape.rank;
+    for (int k = 0; k < r; k++) axes[k] = k;
+    IrValue *total = r ? ir_reduce(f, IR_OP_SUM, rows, axes, r, false, op->loc) : rows;
+    /* Move the new ops to where the old one was. */
+    int added = f->nops - before;
+    IrOp *tmp[2];
+    GRADC_ASSERT(added >= 1 && added <= 2);
+    memcpy(tmp, f->ops + before, sizeof(IrOp *) * (size_t)added);
+    memmove(f->ops + i + added, f->ops + i, sizeof(IrOp *) * (size_t)(before - i));
+    memcpy(f->ops + i, tmp, sizeof(IrOp *) * (size_t)added);
+    f->nops = before + added;
+    /* The old op now sits at i + added; hand its uses over and drop it. */
+    IrValue *old = op->result;
+    if (old->name && !total->name) total->name = old->name;
+    ir_replace_uses(f, old, total);
+    memmove(f->ops + i + added, f->ops + i + added + 1, sizeof(IrOp *) * (size_t)(f->nops - i - added - 1));
+    f->nops--;
+    changed = true;
+  }
+  return changed;
+}
+
+/* ------------------------------------------------------------------ */
+/* Merging                                                             */
+/* ------------------------------------------------------------------ */
+
+/* The ops of kernels ka and kb, in program order, into fu->buf. */
+static int gather(Fuse *fu, int ka, int kb) {
+  int m = 0;
+  for (int i = fu->head[ka]; i >= 0; i = fu->next[i]) fu->buf[m++] = fu->f->ops[i];
+  if (kb != ka)
+    for (int i = fu->head[kb]; i >= 0; i = fu->next[i]) fu->buf[m++] = fu->f->ops[i];
+  /* Both lists are sorted by position: merge them (insertion sort is fine, kernels are small). */
+  for (int i = 1; i < m; i++) {
+    IrOp *x = fu->buf[i];
+    int j = i - 1;
+    while (j >= 0 && pos_of(fu->buf[j]) > pos_of(x)) {
+      fu->buf[j + 1] = fu->buf[j];
+      j--;
+    }
+    fu->buf[j + 1] = x;
+  }
+  return m;
+}
+
+static bool used_outside(const IrValue *v, void *ctx) {
+  Fuse *fu = ctx;
+  int i = pos_of(v->def);
+  for (int k = 0; k < fu->nusers[i]; k++)
+    if (fu->cand[fu->users[i][k]] != fu->epoch) return true;
+  return false;
+}
+
+/* Is there a path from kernel `from` to kernel `to` through some other node? */
+static bool detour(Fuse *fu, int from, int to) {
+  int sp = 0;
+  fu->epoch++;
+  int mark = fu->epoch;
+  for (int i = fu->head[from]; i >= 0; i = fu->next[i])
+    for (int k = 0; k < fu->nusers[i]; k++) {
+      int u = fu->users[i][k], nu = node(fu, u);
+      if (nu == from || nu == to || fu->seen[nu] == mark) continue;
+      fu->seen[nu] = mark;
+      fu->stack[sp++] = nu;
+    }
+  while (sp > 0) {
+    int x = fu->stack[--sp];
+    /* x is a node: a group-0 op or a kernel root; walk its members' users. */
+    int first = fu->kind[x] == K_GROUP0 ? x : fu->head[x];
+    for (int i = first; i >= 0; i = fu->kind[x] == K_GROUP0 ? -1 : fu->next[i])
+      for (int k = 0; k < fu->nusers[i]; k++) {
+        int u = fu->users[i][k], nu = node(fu, u);
+        if (nu == to) return true;
+        if (fu->seen[nu] == mark) continue;
+        fu->seen[nu] = mark;
+        fu->stack[sp++] = nu;
+      }
+  }
+  return false;
+}
+
+/* Merge the kernels of ops i and j if the result is one row kernel and
+ * stays acyclic; `shared` (siblings) must then be read whole. */
+static void try_merge(Fuse *fu, int i, int j, const IrValue *shared) {
+  int ka = root(fu, i), kb = root(fu, j);
+  if (ka == kb) return;
+  int m = gather(fu, ka, kb);
+  fu->epoch++;
+  for (int k = 0; k < m; k++) fu->cand[pos_of(fu->buf[k])] = fu->epoch;
+  Arena tmp;
+  arena_init(&tmp);
+  CgRowLayout l;
+  bool ok = cg_row_layout(fu->buf, m, used_outside, fu, &tmp, &l, NULL, 0);
+  if (ok && shared) {
+    CgSlot *s = cg_row_slot(&l, shared);
+    ok = s && s->eoff == 0 && ir_numel(&shared->type.shape) == l.rows * l.cols;
+  }
+  arena_free(&tmp);
+  if (!ok || detour(fu, ka, kb) || detour(fu, kb, ka)) return;
+  /* Union: the two member lists merged by position. */
+  fu->parent[kb] = ka;
+  int n = 0;
+  int *idx = fu->stack; /* free while not walking */
+  for (int x = fu->head[ka]; x >= 0; x = fu->next[x]) idx[n++] = x;
+  for (int x = fu->head[kb]; x >= 0; x = fu->next[x]) idx[n++] = x;
+  for (int p = 1; p < n; p++) {
+    int v = idx[p], q = p - 1;
+    while (q >= 0 && idx[q] > v) {
+      idx[q + 1] = idx[q];
+      q--;
+    }
+    idx[q + 1] = v;
+  }
+  for (int p = 0; p < n; p++) fu->next[idx[p]] = p + 1 < n ? idx[p + 1] : -1;
+  fu->head[ka] = idx[0];
+  fu->tail[ka] = idx[n - 1];
+  fu->size[ka] = n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Candidates                                                          */
+/* ------------------------------------------------------------------ */
+
+typedef struct Cand {
+  int64_t weight; /* elements of the shared value */
+  int order;      /* program position, for ties */
+  int i, j;       /* op indices */
+  const IrValue *shared; /* siblings: the value both read */
+} Cand;
+
+static int cand_cmp(const void *pa, const void *pb) {
+  const Cand *a = pa, *b = pb;
+  if (a->weight != b->weight) return a->weight > b->weight ? -1 : 1;
+  if (a->order != b->order) return a->order < b->order ? -1 : 1;
+  return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* ------------------------------------------------------------------ */
+/* Ordering                                                            */
+/* ------------------------------------------------------------------ */
+
+/* A binary min-heap of nodes keyed by their first op's position. */
+typedef struct Heap {
+  int *a;
+  int n;
+} Heap;
+
+static void heap_push(Heap *h, int x) {
+  int i = h->n++;
+  h->a[i] = x;
+  while (i > 0 && h->a[(i - 1) / 2] > h->a[i]) {
+    int p = (i - 1) / 2, t = h->a[p];
+    h->a[p] = h->a[i];
+    h->a[i] = t;
+    i = p;
+  }
+}
+
+static int heap_pop(Heap *h) {
+  int top = h->a[0];
+  h->a[0] = h->a[--h->n];
+  for (int i = 0;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && h->a[l] < h->a[m]) m = l;
+    if (r < h->n && h->a[r] < h->a[m]) m = r;
+    if (m == i) break;
+    int t = h->a[m];
+    h->a[m] = h->a[i];
+    h->a[i] = t;
+    i = m;
+  }
+  return top;
+}
+
+/* Reorder f->ops kernel by kernel and number the kernels. */
+static void schedule(Fuse *fu) {
+  int n = fu->n;
+  IrFunc *f = fu->f;
+  int *indeg = ARENA_ARRAY(fu->a, int, n);
+  /* A node is keyed by its first member's position: a kernel root's head. */
+  int *key_node = ARENA_ARRAY(fu->a, int, n); /* position -> node */
+  for (int i = 0; i < n; i++) key_node[i] = -1;
+  for (int i = 0; i < n; i++) {
+    int nd = node(fu, i);
+    int first = fu->kind[nd] == K_GROUP0 ? nd : fu->head[nd];
+    key_node[first] = nd;
+    for (int k = 0; k < fu->nusers[i]; k++) {
+      int nu = node(fu, fu->users[i][k]);
+      if (nu != nd) indeg[nu]++;
+    }
+  }
+  Heap h = {ARENA_ARRAY(fu->a, int, n), 0};
+  for (int p = 0; p < n; p++)
+    if (key_node[p] >= 0 && indeg[key_node[p]] == 0) heap_push(&h, p);
+  IrOp **order = ARENA_ARRAY(fu->a, IrOp *, n);
+  int k = 0, group = 0;
+  while (h.n > 0) {
+    int nd = key_node[heap_pop(&h)];
+    bool kernel = fu->kind[nd] != K_GROUP0;
+    if (kernel) group++;
+    for (int i = kernel ? fu->head[nd] : nd; i >= 0; i = kernel ? fu->next[i] : -1) {
+      f->ops[i]->group = kernel ? group : 0;
+      order[k++] = f->ops[i];
+      for (int u = 0; u < fu->nusers[i]; u++) {
+        int nu = node(fu, fu->users[i][u]);
+        if (nu == nd) continue;
+        if (--indeg[nu] == 0) heap_push(&h, fu->kind[nu] == K_GROUP0 ? nu : fu->head[nu]);
+      }
+    }
+  }
+  GRADC_ASSERT(k == n); /* merges never create cycles */
+  memcpy(f->ops, order, sizeof(IrOp *) * (size_t)n);
+}
+
+/* A permute swapping the last two axes whose every reader is a matmul. */
+static bool gemm_transpose(const Fuse *fu, int i) {
+  const IrOp *op = fu->f->ops[i];
+  if (op->opcode != IR_OP_PERMUTE || fu->nusers[i] == 0) return false;
+  const int64_t *perm;
+  int n = ir_attr_get_ints(op, "perm", &perm);
+  if (n < 2 || n != op->result->type.shape.rank) return false;
+  for (int k = 0; k < n - 2; k++)
+    if (perm[k] != k) return false;
+  if (perm[n - 2] != n - 1 || perm[n - 1] != n - 2) return false;
+  for (int k = 0; k < fu->nusers[i]; k++)
+    if (fu->f->ops[fu->users[i][k]]->opcode != IR_OP_MATMUL) return false;
+  return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* The pass                                                            */
+/* ------------------------------------------------------------------ */
+
+PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
+  (void)o;
+  bool changed = split_cross_entropy(f);
+  int n = f->nops;
+  Fuse fu;
+  memset(&fu, 0, sizeof fu);
+  fu.f = f;
+  fu.a = scratch;
+  fu.n = n;
+  int nn = n ? n : 1;
+  fu.kind = ARENA_ARRAY(scratch, Kind, nn);
+  fu.parent = ARENA_ARRAY(scratch, int, nn);
+  fu.next = ARENA_ARRAY(scratch, int, nn);
+  fu.head = ARENA_ARRAY(scratch, int, nn);
+  fu.tail = ARENA_ARRAY(scratch, int, nn);
+  fu.size = ARENA_ARRAY(scratch, int, nn);
+  fu.users = ARENA_ARRAY(scratch, int *, nn);
+  fu.nusers = ARENA_ARRAY(scratch, int, nn);
+  fu.cand = ARENA_ARRAY(scratch, int, nn);
+  fu.seen = ARENA_ARRAY(scratch, int, nn);
+  fu.stack = ARENA_ARRAY(scratch, int, nn);
+  fu.buf = ARENA_ARRAY(scratch, IrOp *, nn);
+  IrOp **old_order = ARENA_ARRAY(scratch, IrOp *, nn);
+  int *old_group = ARENA_ARRAY(scratch, int, nn);
+  for (int i = 0; i < n; i++) {
+    IrOp *op = f->ops[i];
+    old_order[i] = op;
+    old_group[i] = op->group;
+    op->mark = i;
+    fu.kind[i] = cg_op_group0(op->opcode) ? K_GROUP0 : cg_op_rowwise(op) ? K_ROW : K_LOOP;
+    fu.parent[i] = i;
+    fu.next[i] = -1;
+    fu.head[i] = fu.tail[i] = i;
+    fu.size[i] = 1;
+  }
+  /* Users of each op's result. */
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < f->ops[i]->nargs; k++) {
+      IrOp *d = f->ops[i]->args[k]->def;
+      if (d) fu.nusers[pos_of(d)]++;
+    }
+  for (int i = 0; i < n; i++) {
+    fu.users[i] = ARENA_ARRAY(scratch, int, fu.nusers[i] ? fu.nusers[i] : 1);
+    fu.nusers[i] = 0;
+  }
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < f->ops[i]->nargs; k++) {
+      IrOp *d = f->ops[i]->args[k]->def;
+      if (!d) continue;
+      int p = pos_of(d);
+      int *u = fu.users[p];
+      if (fu.nusers[p] > 0 && u[fu.nusers[p] - 1] == i) continue; /* x op x */
+      u[fu.nusers[p]++] = i;
+    }
+
+  for (int i = 0; i < n; i++)
+    if (gemm_transpose(&fu, i)) fu.kind[i] = K_GROUP0;
+
+  /* Candidates: producer->consumer edges, then siblings over one value. */
+  int ncand = 0, capcand = 64;
+  Cand *cands = malloc(sizeof(Cand) * (size_t)capcand);
+  if (!cands) abort();
+#define ADD_CAND(W, O, I, J, S)                                                                              \
+  do {                                                                                                       \
+    if (ncand == capcand) {                                                                                  \
+      capcand *= 2;                                                                                          \
+      Cand *c_ = realloc(cands, sizeof(Cand) * (size_t)capcand);                                             \
+      if (!c_) abort();                                                                                      \
+      cands = c_;                                                                                            \
+    }                                                                                                        \
+    cands[ncand++] = (Cand){(W), (O), (I), (J), (S)};                                                       \
+  } while (0)
+  for (int i = 0; i < n; i++) {
+    if (fu.kind[i] != K_ROW) continue;
+    IrOp *op = f->ops[i];
+    for (int k = 0; k < op->nargs; k++) {
+      IrOp *d = op->args[k]->def;
+      if (d && fu.kind[pos_of(d)] == K_ROW) ADD_CAND(ir_numel(&op->args[k]->type.shape), i, pos_of(d), i, NULL);
+    }
+  }
+  /* Siblings: consecutive row-kernel readers of one value (not a const). */
+  int *last_reader = ARENA_ARRAY(scratch, int, f->nvalues ? f->nvalues : 1);
+  for (int v = 0; v < f->nvalues; v++) last_reader[v] = -1;
+  for (int i = 0; i < n; i++) {
+    if (fu.kind[i] != K_ROW) continue;
+    IrOp *op = f->ops[i];
+    for (int k = 0; k < op->nargs; k++) {
+      IrValue *v = op->args[k];
+      if (v->def && v->def->opcode == IR_OP_CONST) continue;
+      if (ir_numel(&v->type.shape) <= 1) continue;
+      int prev = last_reader[v->id];
+      if (prev >= 0 && prev != i) ADD_CAND(ir_numel(&v->type.shape), i, prev, i, v);
+      last_reader[v->id] = i;
+    }
+  }
+  qsort(cands, (size_t)ncand, sizeof(Cand), cand_cmp);
+  for (int c = 0; c < ncand; c++) try_merge(&fu, cands[c].i, cands[c].j, cands[c].shared);
+  free(cands);
+
+  schedule(&fu);
+  for (int i = 0; i < n; i++) {
+    if (f->ops[i] != old_order[i] || f->ops[i]->group != old_group[pos_of(f->ops[i])]) changed = true;
+  }
+  for (int i = 0; i < n; i++) f->ops[i]->mark = 0;
+  return changed ? PASS_CHANGED : PASS_UNCHANGED;
+}
