@@ -99,9 +99,9 @@ void cg_module_free(CgModule *m);
  * optimiser.  Returns NULL with a message on a failure. */
 void cg_module_object(const CgModule *m, const void **data, size_t *len);
 CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, char *err, size_t errlen);
-/* Whether cg_llvm_compile found the module in CgOptions.cache_dir (its
- * entries are <cache_dir>/cpu-<hash>.o; an unreadable or unwritable cache
- * is skipped silently). */
+/* Whether cg_llvm_compile found the module in CgOptions.cache_dir
+ * (support/cache.c entries of kind "cpu-obj", keyed by the planned IR, the
+ * host CPU and the generator's version; cache failures are warnings). */
 bool cg_module_from_cache(const CgModule *m);
 /* "triple;cpu;features;llvmN" of this host: what object code depends on. */
 void cg_llvm_host_id(char *buf, size_t n);

@@ -25,8 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "llvm_gen.h"
 
@@ -342,8 +340,8 @@ void cg_module_free(CgModule *m) {
 }
 
 /* ------------------------------------------------------------------ */
-/* The on-disk cache: <dir>/cpu-<hash>.o, keyed by the planned IR, the  */
-/* host and this generator's version.  Failures only skip the cache.    */
+/* The on-disk cache (support/cache.c, kind "cpu-obj"): keyed by the    */
+/* planned IR, the host and this generator's version.                  */
 /* ------------------------------------------------------------------ */
 
 static uint64_t cache_key(const IrFunc *f) {
@@ -357,28 +355,6 @@ static uint64_t cache_key(const IrFunc *f) {
   h = hash_bytes(CG_VERSION, strlen(CG_VERSION), h);
   sb_free(&sb);
   return h;
-}
-
-static char *cache_path(const char *dir, uint64_t key) {
-  size_t n = strlen(dir) + 40;
-  char *p = malloc(n);
-  if (!p) abort();
-  snprintf(p, n, "%s/cpu-%016llx.o", dir, (unsigned long long)key);
-  return p;
-}
-
-static void cache_store(const char *path, const char *dir, const char *obj, size_t len) {
-  mkdir(dir, 0777); /* may exist; a failure shows below */
-  size_t n = strlen(path) + 32;
-  char *tmp = malloc(n);
-  if (!tmp) abort();
-  snprintf(tmp, n, "%s.%ld.tmp", path, (long)getpid());
-  FILE *fp = fopen(tmp, "wb");
-  bool ok = fp && fwrite(obj, 1, len, fp) == len;
-  if (fp && fclose(fp) != 0) ok = false;
-  if (ok) ok = rename(tmp, path) == 0;
-  if (!ok) remove(tmp);
-  free(tmp);
 }
 
 /* ------------------------------------------------------------------ */
@@ -397,30 +373,28 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
     return NULL;
   }
   CgModule *m = module_new(&K);
-  char *path = NULL;
-  if (o && o->cache_dir && !o->dump_llvm) {
-    path = cache_path(o->cache_dir, cache_key(f));
+  uint64_t key = 0;
+  bool cached = o && o->cache_dir && !o->dump_llvm;
+  if (cached) {
+    key = cache_key(f);
     size_t len = 0;
-    const char *why = NULL;
-    char *data = read_file(path, &len, &why);
+    char *data = cache_get(o->cache_dir, "cpu-obj", key, &len);
     if (data) {
       m->obj = data;
       m->objlen = len;
       char lerr[256];
       if (load_object(m, &K, lerr, sizeof lerr)) {
         m->from_cache = true;
-        free(path);
         arena_free(&K.a);
         return m;
       }
-      /* a bad cache entry: compile afresh */
+      /* an entry that does not load: compile afresh */
       cg_module_free(m);
       m = module_new(&K);
     }
   }
   bool ok = compile_object(f, &K, o, &m->obj, &m->objlen, err, errlen) && load_object(m, &K, err, errlen);
-  if (ok && path) cache_store(path, o->cache_dir, m->obj, m->objlen);
-  free(path);
+  if (ok && cached) cache_put(o->cache_dir, "cpu-obj", key, m->obj, m->objlen);
   arena_free(&K.a);
   if (!ok) {
     cg_module_free(m);
