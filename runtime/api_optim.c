@@ -26,11 +26,15 @@
  * which is what torch.optim.lr_scheduler.LambdaLR(opt, f) gives when
  * scheduler.step() follows every optimizer.step():
  *
- *   W = warmup_steps, T = total_steps, m = min_lr / lr
+ *   W = warmup_steps, T = total_steps
  *   f(s) = (s + 1) / W                                   s < W
  *        = 1                                             s >= W, T == 0
- *        = m + (1 - m) * 0.5 * (1 + cos(pi * (s - W) / (T - W)))   W <= s < T
- *        = m                                             s >= T > 0
+ *        = (min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2) / lr    otherwise,
+ *          p = min(max(s - W, 0) / max(T - W, 1), 1)
+ *
+ * so the rate rises linearly to lr over the first W steps (the first step
+ * uses lr / W), then follows a half cosine from lr at step W to min_lr at
+ * step T, and stays at min_lr.
  *
  * set_optimizer with a new kind starts fresh state (zero slots, step 0);
  * with the kind already in use it changes the options and keeps the state
@@ -165,11 +169,10 @@ gradc_status gradc_session_set_optimizer(gradc_session *s, const gradc_optimizer
 static double lr_factor(const gradc_optimizer_options *o, int64_t step) {
   int64_t w = o->warmup_steps, t = o->total_steps;
   if (w > 0 && step < w) return (double)(step + 1) / (double)w;
-  if (t <= 0) return 1.0;
-  double m = o->lr > 0 ? o->min_lr / o->lr : 0.0;
-  if (step >= t) return m;
-  double progress = (double)(step - w) / (double)(t - w);
-  return m + (1.0 - m) * 0.5 * (1.0 + cos(M_PI * progress));
+  if (t <= 0 || o->lr == 0) return 1.0;
+  double p = (double)(step > w ? step - w : 0) / (double)(t - w > 1 ? t - w : 1);
+  if (p > 1) p = 1;
+  return (o->min_lr + (o->lr - o->min_lr) * 0.5 * (1.0 + cos(M_PI * p))) / o->lr;
 }
 
 static double lr_at(const gradc_optimizer_options *o, int64_t step) { return o->lr * lr_factor(o, step); }

@@ -1,0 +1,66 @@
+# install.cmake - `cmake --install BUILD --prefix P` and the embedding example.
+#
+#   P/bin/gradc                          the command line
+#   P/include/gradc.h                    the public C API
+#   P/lib/libgradc.a                     gradc_core, the whole compiler and runtime
+#   P/lib/cmake/gradc/gradcConfig.cmake  find_package(gradc): the target gradc::gradc
+#   P/lib/cmake/gradc/gradcConfigVersion.cmake
+#   P/lib/pkgconfig/gradc.pc             pkg-config --static --libs gradc
+#
+# libgradc.a is static, so the package files carry its link dependencies:
+# the CMake package finds them (find_dependency, pkg-config) and the .pc
+# lists them in Requires.private / Libs.private.  They must match
+# gradc_core's link line in CMakeLists.txt; tests/install/run.sh (ctest
+# install_embed) links a program against the installed package both ways
+# and would fail on a missing one.  Both files are relocatable.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+# gradc_core's dependencies.
+set(GRADC_PC_REQUIRES libcjson)
+set(GRADC_LINK_DIRS "")
+set(GRADC_LINK_LIBS "")
+set(GRADC_PC_LIBS_PRIVATE "")
+if(GRADC_BLAS)
+  list(APPEND GRADC_PC_REQUIRES openblas)
+endif()
+if(GRADC_LLVM)
+  list(APPEND GRADC_LINK_DIRS ${LLVM_LIBDIR})
+  list(APPEND GRADC_LINK_LIBS ${LLVM_LIBS_LIST})
+  string(APPEND GRADC_PC_LIBS_PRIVATE "-L${LLVM_LIBDIR} ${LLVM_LIBS} ")
+endif()
+list(APPEND GRADC_LINK_LIBS m ${CMAKE_DL_LIBS})
+string(APPEND GRADC_PC_LIBS_PRIVATE "-pthread -lm")
+foreach(lib ${CMAKE_DL_LIBS})
+  string(APPEND GRADC_PC_LIBS_PRIVATE " -l${lib}")
+endforeach()
+string(REPLACE ";" " " GRADC_PC_REQUIRES_STR "${GRADC_PC_REQUIRES}")
+file(RELATIVE_PATH GRADC_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
+string(REGEX REPLACE "/$" "" GRADC_PC_TO_PREFIX "${GRADC_PC_TO_PREFIX}")
+
+install(TARGETS gradc RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(FILES ${CMAKE_SOURCE_DIR}/include/gradc.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES $<TARGET_FILE:gradc_core> DESTINATION ${CMAKE_INSTALL_LIBDIR} RENAME libgradc.a)
+
+configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/gradcConfig.cmake.in ${CMAKE_BINARY_DIR}/gradcConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gradc
+  PATH_VARS CMAKE_INSTALL_INCLUDEDIR CMAKE_INSTALL_LIBDIR)
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/gradcConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_BINARY_DIR}/gradcConfig.cmake ${CMAKE_BINARY_DIR}/gradcConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gradc)
+configure_file(${CMAKE_SOURCE_DIR}/gradc.pc.in ${CMAKE_BINARY_DIR}/gradc.pc @ONLY)
+install(FILES ${CMAKE_BINARY_DIR}/gradc.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# examples/embed.c built in the tree (through gradc.h only), and the same
+# program built against an installed package.
+add_executable(gradc_embed examples/embed.c)
+target_link_libraries(gradc_embed PRIVATE gradc_core)
+if(GRADC_TESTS)
+  add_test(NAME embed COMMAND gradc_embed)
+  add_test(NAME install_embed
+    COMMAND sh ${CMAKE_SOURCE_DIR}/tests/install/run.sh ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR}
+            ${CMAKE_COMMAND} ${CMAKE_C_COMPILER} ${PKG_CONFIG_EXECUTABLE})
+  set_tests_properties(embed install_embed PROPERTIES ENVIRONMENT "GRADC_CACHE_DIR=${CMAKE_BINARY_DIR}/test-cache")
+  set_tests_properties(install_embed PROPERTIES TIMEOUT 600)
+endif()
