@@ -13,7 +13,7 @@
  * row-kernel consumers of one whole-size value (siblings, so that
  * cross_entropy's forward and backward read the logits once).  They are
  * tried largest shared value first (the bytes a merge keeps out of
- * memory), program order breaking ties; a merge is kept when the union
+ * memory), producer->consumer edges before siblings, then program order; a merge is kept when the union
  * is still one row kernel and no path leaves one side and comes back
  * into the other through another kernel or a group-0 op (a cycle).
  * Finally the kernels are numbered and the op list reordered, kernel by
@@ -213,6 +213,7 @@ typedef struct Cand {
 static int cand_cmp(const void *pa, const void *pb) {
   const Cand *a = pa, *b = pb;
   if (a->weight != b->weight) return a->weight > b->weight ? -1 : 1;
+  if (!a->shared != !b->shared) return a->shared ? 1 : -1; /* producer->consumer first */
   if (a->order != b->order) return a->order < b->order ? -1 : 1;
   return a->i < b->i ? -1 : a->i > b->i;
 }
