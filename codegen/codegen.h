@@ -41,8 +41,8 @@ bool cg_op_group0(IrOpcode opc);
 /* Whether op fits a row kernel: elementwise ops, broadcast, reductions over
  * the last axis only, softmax/log_softmax over the last axis, layer_norm,
  * rms_norm, causal_mask, cross_entropy and mse_loss with reduction="none",
- * one_hot, embedding, grad.seed and loss.term.  Other kernel ops (permute,
- * slice, unslice, concat, embedding_grad, other reductions, ...) are
+ * one_hot, embedding, unslice, grad.seed and loss.term.  Other kernel ops
+ * (permute, slice, concat, embedding_grad, other reductions, ...) are
  * kernels of their own with a general loop nest. */
 bool cg_op_rowwise(const IrOp *op);
 
@@ -56,7 +56,8 @@ bool cg_op_rowwise(const IrOp *op);
 typedef struct CgSlot {
   IrValue *v;
   int eoff;     /* 0 or 1, see above */
-  bool mapped;  /* laid over the space (false: only an embedding table, addressed by index) */
+  bool mapped;  /* laid over the space (false: only an embedding table or an unslice
+                   operand, addressed by index) */
   bool defined; /* defined by an op of the kernel; false: a kernel input */
   bool output;  /* defined here and used outside the kernel */
   bool varies;  /* varies along the row (one value per element); false: one value per row */

@@ -136,6 +136,7 @@ bool cg_op_rowwise(const IrOp *op) {
   case IR_OP_CAUSAL_MASK:
   case IR_OP_ONE_HOT:
   case IR_OP_EMBEDDING:
+  case IR_OP_UNSLICE:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM: return true;
   case IR_OP_SUM:
@@ -152,7 +153,6 @@ bool cg_op_rowwise(const IrOp *op) {
   case IR_OP_MSE_LOSS: return reduction_none(op);
   case IR_OP_PERMUTE:
   case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
   case IR_OP_CONCAT:
   case IR_OP_EMBEDDING_GRAD:
   case IR_OP_MATMUL:
@@ -307,6 +307,9 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
       pin(&s, y);
       relate(&s, x[0], y, 1);
       break; /* the table (x[1]) is gathered by index, not laid over the space */
+    case IR_OP_UNSLICE:
+      pin(&s, y);
+      break; /* the operand is gathered where the slice puts it */
     case IR_OP_NEG:
     case IR_OP_EXP:
     case IR_OP_LOG:
@@ -346,7 +349,6 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     case IR_OP_RESHAPE:
     case IR_OP_PERMUTE:
     case IR_OP_SLICE:
-    case IR_OP_UNSLICE:
     case IR_OP_CONCAT:
     case IR_OP_MATMUL:
     case IR_OP_EMBEDDING_GRAD:
@@ -363,11 +365,12 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     if (s.conflict) return fail(why, whylen, "'%s' would need two row layouts for one value", ir_op_info[op->opcode].name);
   }
   /* Every value defined in the kernel must be a slot result of an op before its uses. */
-  for (int k = 0; k < n; k++)
-    if (ops[k]->opcode == IR_OP_EMBEDDING) {
-      CgSlot *t = cg_row_slot(out, ops[k]->args[1]);
-      if (t->defined) return fail(why, whylen, "an embedding table computed in the kernel");
-    }
+  for (int k = 0; k < n; k++) {
+    IrOpcode opc = ops[k]->opcode;
+    if (opc != IR_OP_EMBEDDING && opc != IR_OP_UNSLICE) continue;
+    CgSlot *t = cg_row_slot(out, ops[k]->args[opc == IR_OP_EMBEDDING ? 1 : 0]);
+    if (t->defined) return fail(why, whylen, "a gathered operand computed in the kernel");
+  }
 
   /* Anchor each class: at its pinned values, else at its smallest offset. */
   int ns = out->nslots;
@@ -437,7 +440,9 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
       row = op->args[0];
     else if (opc == IR_OP_ONE_HOT || opc == IR_OP_EMBEDDING)
       row = op->result;
-    else if (opc == IR_OP_CAUSAL_MASK) {
+    else if (opc == IR_OP_UNSLICE) {
+      if (!ir_shape_eq(&op->result->type.shape, &sp)) return fail(why, whylen, "unslice must cover the rows");
+    } else if (opc == IR_OP_CAUSAL_MASK) {
       const IrShape *ys = &op->result->type.shape;
       if (ys->rank < 2 || rank < 2 || ys->dim[ys->rank - 1] != sp.dim[rank - 1] ||
           ys->dim[ys->rank - 2] != sp.dim[rank - 2])

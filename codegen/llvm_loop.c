@@ -23,43 +23,6 @@ static void contiguous_strides(const IrShape *s, int64_t *st) {
   }
 }
 
-/* Python slice normalisation of one axis (as runtime/interp.c). */
-static int64_t slice_axis(int64_t dim, int64_t *start, int64_t stop, int64_t step) {
-  int64_t s = *start;
-  if (step > 0) {
-    if (s < 0) s += dim;
-    if (s < 0) s = 0;
-    if (s > dim) s = dim;
-    if (stop < 0) stop += dim;
-    if (stop < 0) stop = 0;
-    if (stop > dim) stop = dim;
-    *start = s;
-    return stop > s ? (stop - s + step - 1) / step : 0;
-  }
-  if (s < 0) s += dim;
-  if (s < -1) s = -1;
-  if (s > dim - 1) s = dim - 1;
-  if (stop < 0) stop += dim;
-  if (stop < -1) stop = -1;
-  if (stop > dim - 1) stop = dim - 1;
-  *start = s;
-  return s > stop ? (s - stop - step - 1) / (-step) : 0;
-}
-
-/* Normalised start and step of each axis of a slice of `full`. */
-static void slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
-  const int64_t *starts, *stops, *steps;
-  int ns = ir_attr_get_ints(op, "starts", &starts);
-  int ne = ir_attr_get_ints(op, "stops", &stops);
-  int np = ir_attr_get_ints(op, "steps", &steps);
-  for (int k = 0; k < full->rank; k++) {
-    start[k] = k < ns ? starts[k] : 0;
-    int64_t stop = k < ne ? stops[k] : full->dim[k];
-    step[k] = k < np && steps[k] != 0 ? steps[k] : 1;
-    slice_axis(full->dim[k], &start[k], stop, step[k]);
-  }
-}
-
 /* sum over axes of coord_a(i) * stride[a], where i runs over dims[0..n) row-major. */
 static LLVMValueRef strided(Gen *g, LLVMValueRef i, const int64_t *dims, const int64_t *stride, int n) {
   LLVMValueRef off = gen_i64(g, 0);
@@ -213,7 +176,7 @@ static void gen_slice(Gen *g, const IrOp *op) {
   const IrShape *s = &op->args[0]->type.shape;
   int64_t cs[IR_MAX_RANK], st[IR_MAX_RANK], start[IR_MAX_RANK], step[IR_MAX_RANK];
   contiguous_strides(s, cs);
-  slice_ranges(op, s, start, step);
+  gen_slice_ranges(op, s, start, step);
   int64_t base = 0;
   for (int a = 0; a < s->rank; a++) {
     st[a] = step[a] * cs[a];
@@ -229,7 +192,7 @@ static void gen_unslice(Gen *g, const IrOp *op) {
   const IrShape *o = &op->result->type.shape, *s = &op->args[0]->type.shape;
   int k = o->rank;
   int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK];
-  slice_ranges(op, o, start, step);
+  gen_slice_ranges(op, o, start, step);
   contiguous_strides(s, xs);
   int64_t cols = k ? o->dim[k - 1] : 1;
   GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);

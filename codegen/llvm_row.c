@@ -22,7 +22,7 @@
 
 #include "llvm_gen.h"
 
-typedef enum { P_EW, P_EWROW, P_RED, P_LSE, P_SOFTMAX, P_LN, P_RMS, P_CE, P_ONEHOT, P_EMB, P_CMASK } PlanKind;
+typedef enum { P_EW, P_EWROW, P_RED, P_LSE, P_SOFTMAX, P_LN, P_RMS, P_CE, P_ONEHOT, P_EMB, P_CMASK, P_UNSLICE } PlanKind;
 
 typedef struct Plan {
   const IrOp *op;
@@ -265,7 +265,7 @@ static void plan_op(Row *R, Plan *p, const IrOp *op) {
   p->p[0] = p->p[1] = p->p[2] = p->fin[0] = p->fin[1] = -1;
   p->y = slot_of(R, op->result);
   for (int i = 0; i < op->nargs && i < 3; i++)
-    p->x[i] = op->opcode == IR_OP_EMBEDDING && i == 1 ? -1 : slot_of(R, op->args[i]);
+    p->x[i] = (op->opcode == IR_OP_EMBEDDING && i == 1) || op->opcode == IR_OP_UNSLICE ? -1 : slot_of(R, op->args[i]);
   RSlot *y = &R->s[p->y];
   int a = 0; /* when all operands are available */
   for (int i = 0; i < op->nargs && i < 3; i++)
@@ -303,8 +303,8 @@ static void plan_op(Row *R, Plan *p, const IrOp *op) {
     p->p[0] = ax;
     p->fin[0] = p->p[1] = ax + 1;
     p->fin[1] = maxi(ax + 2, a);
-  } else if (opc == IR_OP_ONE_HOT || opc == IR_OP_EMBEDDING || opc == IR_OP_CAUSAL_MASK) {
-    p->kind = opc == IR_OP_ONE_HOT ? P_ONEHOT : opc == IR_OP_EMBEDDING ? P_EMB : P_CMASK;
+  } else if (opc == IR_OP_ONE_HOT || opc == IR_OP_EMBEDDING || opc == IR_OP_CAUSAL_MASK || opc == IR_OP_UNSLICE) {
+    p->kind = opc == IR_OP_ONE_HOT ? P_ONEHOT : opc == IR_OP_EMBEDDING ? P_EMB : opc == IR_OP_UNSLICE ? P_UNSLICE : P_CMASK;
     p->p[0] = a;
   } else {
     GRADC_ASSERT(is_ew(opc));
@@ -321,7 +321,8 @@ static void plan_op(Row *R, Plan *p, const IrOp *op) {
   case P_EW:
   case P_ONEHOT:
   case P_EMB:
-  case P_CMASK: y->avail = p->p[0], y->in_loop = true; break;
+  case P_CMASK:
+  case P_UNSLICE: y->avail = p->p[0], y->in_loop = true; break;
   case P_SOFTMAX:
   case P_LN:
   case P_RMS: y->avail = p->p[2], y->in_loop = true; break;
@@ -365,7 +366,8 @@ static void section_step(Row *R, Plan *p, int k) {
     case P_EWROW:
     case P_ONEHOT:
     case P_EMB:
-    case P_CMASK: break;
+    case P_CMASK:
+    case P_UNSLICE: break;
     }
     if (ai >= 0) {
       LLVMTypeRef at = p->acc[ai].t;
@@ -452,8 +454,48 @@ static void section_step(Row *R, Plan *p, int k) {
   case P_EW:
   case P_ONEHOT:
   case P_EMB:
-  case P_CMASK: break;
+  case P_CMASK:
+  case P_UNSLICE: break;
   }
+}
+
+/* Element (r, j) of unslice: the operand's element where the slice puts
+ * it, else 0.  The result covers the space (cg_row_layout checks). */
+static LLVMValueRef unslice_elem(Row *R, const IrOp *op) {
+  Gen *g = R->g;
+  const IrShape *o = &op->result->type.shape, *s = &op->args[0]->type.shape;
+  int k = o->rank;
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK], m = 1;
+  gen_slice_ranges(op, o, start, step);
+  for (int a = k - 1; a >= 0; a--) {
+    xs[a] = m;
+    m *= s->dim[a];
+  }
+  LLVMValueRef in = LLVMConstInt(g->t_i1, 1, 0), xoff = gen_i64(g, 0);
+  int64_t inner = 1;
+  for (int a = k - 1; a >= 0; a--) {
+    LLVMValueRef c;
+    if (a == k - 1) {
+      c = R->j;
+    } else {
+      c = inner == 1 ? R->r : LLVMBuildUDiv(g->b, R->r, gen_i64(g, inner), "");
+      if (a > 0) c = LLVMBuildURem(g->b, c, gen_i64(g, o->dim[a]), "");
+      inner *= o->dim[a];
+    }
+    LLVMValueRef rel = LLVMBuildSub(g->b, c, gen_i64(g, start[a]), "");
+    LLVMValueRef q = step[a] == 1 ? rel : LLVMBuildSDiv(g->b, rel, gen_i64(g, step[a]), "");
+    LLVMValueRef ok = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, rel, gen_i64(g, 0), ""),
+                                   LLVMBuildICmp(g->b, LLVMIntSLT, q, gen_i64(g, s->dim[a]), ""), "");
+    if (step[a] != 1)
+      ok = LLVMBuildAnd(g->b, ok,
+                        LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildSRem(g->b, rel, gen_i64(g, step[a]), ""), gen_i64(g, 0), ""),
+                        "");
+    in = LLVMBuildAnd(g->b, in, ok, "");
+    xoff = LLVMBuildAdd(g->b, xoff, LLVMBuildMul(g->b, q, gen_i64(g, xs[a]), ""), "");
+  }
+  GenBuf xb = gen_buf(g, op->args[0]);
+  LLVMValueRef v = gen_buf_load(g, &xb, LLVMBuildSelect(g->b, in, xoff, gen_i64(g, 0), ""));
+  return LLVMBuildSelect(g->b, in, v, gen_const(g, op->result->type.dtype, 0.0), "");
 }
 
 /* The work of plan p inside loop k (column R->j). */
@@ -553,6 +595,9 @@ static void loop_step(Row *R, Plan *p, int k) {
       define(R, p->y, y, k);
     }
     break;
+  case P_UNSLICE:
+    if (p->p[0] == k) define(R, p->y, unslice_elem(R, op), k);
+    break;
   case P_EWROW: break;
   }
 }
@@ -626,7 +671,8 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
     case P_EWROW:
     case P_ONEHOT:
     case P_EMB:
-    case P_CMASK: break;
+    case P_CMASK:
+    case P_UNSLICE: break;
     }
   }
   for (int i = 0; i < R.ns; i++) {
