@@ -4,8 +4,9 @@
  * the source, the pass pipeline differentiates and optimises it, and a
  * back end gets ready to run it.  backend_pipeline() and backend_start()
  * are the one place that decides which back end a target gets: "ref" is
- * the reference interpreter; "cpu" is the LLVM back end (runtime/exec.c)
- * once API_CPU_BACKEND is 1, and the interpreter until then.
+ * the reference interpreter; "cpu" is the CPU back end (the fuse and
+ * memplan passes, LLVM kernels, runtime/exec.c), or the interpreter in a
+ * build without LLVM (CPU_BACKEND 0).
  *
  * Errors never exit: user errors (a bad model, a missing tensor) return
  * GRADC_ERR_USER with the whole diagnostic text, clang style with the
@@ -33,12 +34,17 @@
 #include "api_impl.h"
 #include "artifact.h"
 
-#ifndef API_CPU_BACKEND
-/* 1: target "cpu" runs the CPU pipeline and runtime/exec.c. */
-#define API_CPU_BACKEND 0
+/* Target "cpu" runs on the CPU back end in builds with LLVM (its kernels
+ * need it); in a build without LLVM (the GPU test machine's) "cpu"
+ * programs run on the interpreter, so the default target works
+ * everywhere. */
+#ifdef GRADC_HAVE_LLVM
+#define CPU_BACKEND 1
+#else
+#define CPU_BACKEND 0
 #endif
 
-#if API_CPU_BACKEND
+#if CPU_BACKEND
 /* Artifact hooks the back end may not define yet (artifact.h). */
 #pragma weak cpu_program_save_objects
 #pragma weak cpu_program_load_objects
@@ -125,7 +131,7 @@ static gradc_program *program_new(void) {
 
 void gradc_program_free(gradc_program *p) {
   if (!p) return;
-#if API_CPU_BACKEND
+#if CPU_BACKEND
   if (p->cpu) cpu_program_free(p->cpu);
 #endif
   if (p->fe)
@@ -142,16 +148,16 @@ void gradc_program_free(gradc_program *p) {
 /* Back ends: the one place that picks one                              */
 /* ------------------------------------------------------------------ */
 
-static bool uses_cpu_backend(const char *target) { return API_CPU_BACKEND && strcmp(target, "cpu") == 0; }
+static bool uses_cpu_backend(const char *target) { return CPU_BACKEND && strcmp(target, "cpu") == 0; }
 
 static const char *const *backend_pipeline(const char *target, int *n) {
-#if API_CPU_BACKEND
+#if CPU_BACKEND
   if (uses_cpu_backend(target)) return pass_pipeline_cpu(n);
 #endif
   return pass_pipeline(n);
 }
 
-#if API_CPU_BACKEND
+#if CPU_BACKEND
 static void cpu_options(const gradc_program *p, CpuOptions *co, char *dir, size_t n) {
   co->threads = p->threads;
   co->cache_dir = !p->no_cache && cache_dir(dir, n) ? dir : NULL;
@@ -162,7 +168,7 @@ static void cpu_options(const gradc_program *p, CpuOptions *co, char *dir, size_
  * (kernel objects), or NULL. */
 static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
   if (!uses_cpu_backend(p->target)) return GRADC_OK;
-#if API_CPU_BACKEND
+#if CPU_BACKEND
   char err[2048], dir[4096];
   CpuOptions co;
   cpu_options(p, &co, dir, sizeof dir);
@@ -181,7 +187,7 @@ static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
 
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen) {
-#if API_CPU_BACKEND
+#if CPU_BACKEND
   if (p->cpu) return cpu_step_run(p->cpu, p->gas, params, "params", inputs, "inputs", r, err, errlen);
 #endif
   InterpOptions io = {0};
@@ -461,7 +467,7 @@ gradc_status gradc_program_save(const gradc_program *p, const char *path) {
   cJSON_free(sig);
   char err[2048];
   gradc_status st = GRADC_OK;
-#if API_CPU_BACKEND
+#if CPU_BACKEND
   if (p->cpu && cpu_program_save_objects && !cpu_program_save_objects(p->cpu, &a, err, sizeof err))
     st = api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s: %s", path, err);
 #endif

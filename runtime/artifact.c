@@ -11,11 +11,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#ifdef GRADC_HAVE_LLVM
-#include <llvm-c/Core.h>
-#include <llvm-c/TargetMachine.h>
-#endif
-
+#include "../codegen/codegen.h"
 #include "artifact.h"
 
 static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
@@ -248,13 +244,7 @@ done:
 
 void art_host_id(char *buf, size_t n) {
 #ifdef GRADC_HAVE_LLVM
-  char *triple = LLVMGetDefaultTargetTriple();
-  char *cpu = LLVMGetHostCPUName();
-  char *features = LLVMGetHostCPUFeatures();
-  snprintf(buf, n, "%s;%s;%s", triple, cpu, features);
-  LLVMDisposeMessage(triple);
-  LLVMDisposeMessage(cpu);
-  LLVMDisposeMessage(features);
+  cg_llvm_host_id(buf, n); /* what the kernels' object code depends on */
 #else
   struct utsname u;
   if (uname(&u) != 0) snprintf(u.machine, sizeof u.machine, "unknown");

@@ -53,8 +53,8 @@ bool art_read(const char *path, ArtFile *out, char *err, size_t errlen);
  * directory. */
 bool art_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
 
-/* What compiled code depends on: "TRIPLE;CPU;FEATURES" from LLVM's host
- * queries in a build with LLVM, else "MACHINE;generic" (uname). */
+/* What compiled code depends on: cg_llvm_host_id ("TRIPLE;CPU;FEATURES;
+ * llvmN") in a build with LLVM, else "MACHINE;generic" (uname). */
 void art_host_id(char *buf, size_t n);
 
 /* ------------------------------------------------------------------ */
