@@ -65,9 +65,10 @@ void gen_buf_store(Gen *g, const GenBuf *b, LLVMValueRef idx, LLVMValueRef x);
 /* Arithmetic helpers on registers. */
 LLVMValueRef gen_call1(Gen *g, const char *intrinsic, LLVMValueRef x); /* "llvm.exp", overloaded on x */
 LLVMValueRef gen_libm1(Gen *g, const char *fname, LLVMValueRef x);     /* "tanh": tanhf for float */
+LLVMValueRef gen_exp(Gen *g, LLVMValueRef x); /* f32 inline (vectorisable), f64 libm */
 LLVMValueRef gen_isnan(Gen *g, LLVMValueRef x);
 LLVMValueRef gen_isfinite(Gen *g, LLVMValueRef x);
-/* NaN-propagating running maximum (torch.amax): isnan(x) || x > m ? x : m. */
+/* NaN-propagating running maximum (torch.amax), vectorisable. */
 LLVMValueRef gen_max_step(Gen *g, LLVMValueRef m, LLVMValueRef x);
 /* Sums accumulate in f64 for every float dtype (as the reference
  * interpreter, which rounds once at the end), in i32 for i32. */

@@ -124,6 +124,54 @@ LLVMValueRef gen_libm1(Gen *g, const char *fname, LLVMValueRef x) {
   return LLVMBuildCall2(g->b, ft, fn, &x, 1, "");
 }
 
+static LLVMValueRef bits(Gen *g, LLVMValueRef x) { return LLVMBuildBitCast(g->b, x, g->t_i32, ""); }
+static LLVMValueRef from_bits(Gen *g, LLVMValueRef i) { return LLVMBuildBitCast(g->b, i, g->t_f32, ""); }
+static LLVMValueRef fc(LLVMValueRef like, double v) { return LLVMConstReal(LLVMTypeOf(like), v); }
+
+/* exp in f32 without a libm call, so that loops vectorise (Cephes expf:
+ * n = round(x log2 e), r = x - n ln 2 in two parts, e^r by a degree-6
+ * polynomial, scaled by 2^n in two steps so that subnormal results round
+ * once; about 1 ulp).  f64 keeps libm's exp, the interpreter's own. */
+LLVMValueRef gen_exp(Gen *g, LLVMValueRef x) {
+  if (LLVMTypeOf(x) != g->t_f32) return gen_call1(g, "llvm.exp", x);
+  LLVMBuilderRef b = g->b;
+  LLVMValueRef xc = call2(g, "llvm.maxnum", call2(g, "llvm.minnum", x, fc(x, 89.0)), fc(x, -104.0));
+  LLVMValueRef fx = gen_call1(g, "llvm.roundeven", LLVMBuildFMul(b, xc, fc(x, 1.44269504088896341), ""));
+  LLVMValueRef r = LLVMBuildFSub(b, xc, LLVMBuildFMul(b, fx, fc(x, 0.693359375), ""), "");
+  r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, fx, fc(x, -2.12194440e-4), ""), "");
+  static const double c[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+                             4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+  LLVMValueRef y = fc(x, c[0]);
+  for (int i = 1; i < 6; i++) y = LLVMBuildFAdd(b, LLVMBuildFMul(b, y, r, ""), fc(x, c[i]), "");
+  y = LLVMBuildFAdd(b, LLVMBuildFAdd(b, LLVMBuildFMul(b, y, LLVMBuildFMul(b, r, r, ""), ""), r, ""), fc(x, 1.0), "");
+  LLVMValueRef n = LLVMBuildFPToSI(b, fx, g->t_i32, ""); /* |fx| <= 150: exact */
+  LLVMValueRef n1 = LLVMBuildAShr(b, n, i32c(g, 1), ""), n2 = LLVMBuildSub(b, n, n1, "");
+  LLVMValueRef s1 = from_bits(g, LLVMBuildShl(b, LLVMBuildAdd(b, n1, i32c(g, 127), ""), i32c(g, 23), ""));
+  LLVMValueRef s2 = from_bits(g, LLVMBuildShl(b, LLVMBuildAdd(b, n2, i32c(g, 127), ""), i32c(g, 23), ""));
+  y = LLVMBuildFMul(b, LLVMBuildFMul(b, y, s1, ""), s2, "");
+  y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, x, fc(x, 88.72283935546875), ""), fc(x, INFINITY), y, "");
+  y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, x, fc(x, -103.972076416), ""), fc(x, 0.0), y, "");
+  return LLVMBuildSelect(b, gen_isnan(g, x), x, y, "");
+}
+
+/* tanh in f32 without a libm call (Cephes tanhf): an odd polynomial below
+ * 0.625, else 1 - 2 / (e^2|x| + 1) with the sign of x. */
+static LLVMValueRef tanh_f32(Gen *g, LLVMValueRef x) {
+  LLVMBuilderRef b = g->b;
+  LLVMValueRef a = gen_call1(g, "llvm.fabs", x);
+  LLVMValueRef z = LLVMBuildFMul(b, x, x, "");
+  static const double c[] = {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2, 1.33314422036E-1,
+                             -3.33332819422E-1};
+  LLVMValueRef p = fc(x, c[0]);
+  for (int i = 1; i < 5; i++) p = LLVMBuildFAdd(b, LLVMBuildFMul(b, p, z, ""), fc(x, c[i]), "");
+  LLVMValueRef small = LLVMBuildFAdd(b, x, LLVMBuildFMul(b, LLVMBuildFMul(b, x, z, ""), p, ""), "");
+  LLVMValueRef e = gen_exp(g, LLVMBuildFMul(b, a, fc(x, 2.0), ""));
+  LLVMValueRef big = LLVMBuildFSub(b, fc(x, 1.0), LLVMBuildFDiv(b, fc(x, 2.0), LLVMBuildFAdd(b, e, fc(x, 1.0), ""), ""), "");
+  big = call2(g, "llvm.copysign", big, x);
+  LLVMValueRef r = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, a, fc(x, 0.625), ""), small, big, "");
+  return LLVMBuildSelect(b, gen_isnan(g, x), x, r, "");
+}
+
 LLVMValueRef gen_isnan(Gen *g, LLVMValueRef x) { return LLVMBuildFCmp(g->b, LLVMRealUNO, x, x, ""); }
 
 LLVMValueRef gen_isfinite(Gen *g, LLVMValueRef x) {
@@ -131,9 +179,12 @@ LLVMValueRef gen_isfinite(Gen *g, LLVMValueRef x) {
   return LLVMBuildFCmp(g->b, LLVMRealOLT, a, LLVMConstReal(LLVMTypeOf(x), INFINITY), "");
 }
 
+/* llvm.maximum propagates NaN like the interpreter's loop and vectorises
+ * as a reduction; only the sign of a zero maximum may differ. */
 LLVMValueRef gen_max_step(Gen *g, LLVMValueRef m, LLVMValueRef x) {
-  LLVMValueRef take = LLVMBuildOr(g->b, gen_isnan(g, x), LLVMBuildFCmp(g->b, LLVMRealOGT, x, m, ""), "");
-  return LLVMBuildSelect(g->b, take, x, m, "");
+  if (LLVMGetTypeKind(LLVMTypeOf(x)) == LLVMIntegerTypeKind)
+    return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, x, m, ""), x, m, "");
+  return call2(g, "llvm.maximum", m, x);
 }
 
 LLVMTypeRef gen_acc_type(Gen *g, IrDType dt) { return dt == IR_DT_I32 ? g->t_i32 : g->t_f64; }
@@ -159,8 +210,6 @@ LLVMValueRef gen_add_reassoc(Gen *g, LLVMValueRef a, LLVMValueRef b) {
 /* bf16 and f16, inline                                                */
 /* ------------------------------------------------------------------ */
 
-static LLVMValueRef bits(Gen *g, LLVMValueRef x) { return LLVMBuildBitCast(g->b, x, g->t_i32, ""); }
-static LLVMValueRef from_bits(Gen *g, LLVMValueRef i) { return LLVMBuildBitCast(g->b, i, g->t_f32, ""); }
 
 /* f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN. */
 static LLVMValueRef f32_to_bf16(Gen *g, LLVMValueRef x) {
@@ -450,7 +499,7 @@ LLVMValueRef gen_convert(Gen *g, LLVMValueRef x, IrDType from, IrDType to) {
 static LLVMValueRef sigmoid(Gen *g, LLVMValueRef x) {
   LLVMTypeRef t = LLVMTypeOf(x);
   LLVMValueRef one = LLVMConstReal(t, 1.0);
-  LLVMValueRef e = gen_call1(g, "llvm.exp", LLVMBuildFNeg(g->b, gen_call1(g, "llvm.fabs", x), ""));
+  LLVMValueRef e = gen_exp(g, LLVMBuildFNeg(g->b, gen_call1(g, "llvm.fabs", x), ""));
   LLVMValueRef d = LLVMBuildFAdd(g->b, one, e, "");
   LLVMValueRef pos = LLVMBuildFCmp(g->b, LLVMRealOGE, x, LLVMConstReal(t, 0), "");
   return LLVMBuildSelect(g->b, pos, LLVMBuildFDiv(g->b, one, d, ""), LLVMBuildFDiv(g->b, e, d, ""), "");
@@ -459,7 +508,7 @@ static LLVMValueRef sigmoid(Gen *g, LLVMValueRef x) {
 /* p = sigmoid(2u) and 1 - p without cancellation: e = exp(-2|u|). */
 static void sigmoid2(Gen *g, LLVMValueRef u, LLVMValueRef *p, LLVMValueRef *q) {
   LLVMTypeRef t = LLVMTypeOf(u);
-  LLVMValueRef e = gen_call1(g, "llvm.exp", LLVMBuildFMul(g->b, gen_call1(g, "llvm.fabs", u), LLVMConstReal(t, -2.0), ""));
+  LLVMValueRef e = gen_exp(g, LLVMBuildFMul(g->b, gen_call1(g, "llvm.fabs", u), LLVMConstReal(t, -2.0), ""));
   LLVMValueRef big = LLVMBuildFDiv(g->b, LLVMConstReal(t, 1.0), LLVMBuildFAdd(g->b, LLVMConstReal(t, 1.0), e, ""), "");
   LLVMValueRef small = LLVMBuildFMul(g->b, e, big, "");
   LLVMValueRef pos = LLVMBuildFCmp(g->b, LLVMRealOGE, u, LLVMConstReal(t, 0), "");
@@ -590,11 +639,11 @@ LLVMValueRef gen_elementwise(Gen *g, const IrOp *op, LLVMValueRef *x) {
   bool fl = is_float(in);
   switch (op->opcode) {
   case IR_OP_NEG: r = fl ? LLVMBuildFNeg(g->b, x[0], "") : LLVMBuildSub(g->b, i32c(g, 0), x[0], ""); break;
-  case IR_OP_EXP: r = gen_call1(g, "llvm.exp", x[0]); break;
+  case IR_OP_EXP: r = gen_exp(g, x[0]); break;
   case IR_OP_LOG: r = gen_call1(g, "llvm.log", x[0]); break;
   case IR_OP_SQRT: r = gen_call1(g, "llvm.sqrt", x[0]); break;
   case IR_OP_RSQRT: r = LLVMBuildFDiv(g->b, LLVMConstReal(t, 1.0), gen_call1(g, "llvm.sqrt", x[0]), ""); break;
-  case IR_OP_TANH: r = gen_libm1(g, "tanh", x[0]); break;
+  case IR_OP_TANH: r = LLVMTypeOf(x[0]) == g->t_f32 ? tanh_f32(g, x[0]) : gen_libm1(g, "tanh", x[0]); break;
   case IR_OP_SIGMOID: r = sigmoid(g, x[0]); break;
   case IR_OP_RELU: /* x > 0 or NaN: x, else 0 */
     r = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealUGT, x[0], LLVMConstReal(t, 0), ""), x[0],

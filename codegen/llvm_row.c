@@ -31,6 +31,8 @@ typedef struct Plan {
   int fin[2]; /* the sections of its per-row steps, -1 when unused */
   GenAcc acc[2];
   LLVMValueRef st[3]; /* per-row state: max, sum, mean, rstd, log-sum */
+  int share;          /* softmax/logsumexp/cross_entropy: the earlier plan whose row
+                         max and sum of exponentials over the same operand it reuses, or -1 */
   int y;              /* result slot */
   int x[3];           /* operand slots */
 } Plan;
@@ -331,18 +333,77 @@ static void plan_op(Row *R, Plan *p, const IrOp *op) {
   case P_LSE:
   case P_CE: y->avail = p->fin[1]; break;
   }
-  /* Uses by later loops force materialisation. */
-  for (int i = 0; i < op->nargs && i < 3; i++) {
-    if (p->x[i] < 0) continue;
-    for (int k = 0; k < 3; k++)
-      if (p->p[k] >= 0) use_in(R, p->x[i], p->p[k]);
+}
+
+static bool row_stats(PlanKind k) { return k == P_SOFTMAX || k == P_LSE || k == P_CE; }
+
+/* The loops in which plan p reads its operand i (into loops[]). */
+static int reads(const Plan *p, int i, int *loops) {
+  int n = 0;
+  bool all = p->kind != P_LN && p->kind != P_RMS ? true : i == 0;
+  for (int k = 0; k < 3; k++)
+    if (p->p[k] >= 0 && (all || k == 2)) loops[n++] = p->p[k];
+  return n;
+}
+
+/* After every op is planned: share row statistics, sink elementwise work
+ * to the loop of its first use (so that, say, a one_hot is computed where
+ * the backward subtracts it rather than kept in scratch), and mark the
+ * values later loops read (or a cross_entropy gathers) for materialising. */
+static void finish_plans(Row *R) {
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    p->share = -1;
+    if (!row_stats(p->kind)) continue;
+    for (int e = 0; e < q && p->share < 0; e++)
+      if (row_stats(R->plan[e].kind) && R->plan[e].share < 0 && R->plan[e].x[0] == p->x[0]) p->share = e;
+    if (p->share >= 0) p->p[0] = p->p[1] = -1;
   }
-  if (p->kind == P_CE && R->s[x0].cs->defined) R->s[x0].mat = true; /* gathered at the target */
+  for (int q = R->np - 1; q >= 0; q--) {
+    Plan *p = &R->plan[q];
+    if (p->kind != P_EW && p->kind != P_ONEHOT && p->kind != P_EMB && p->kind != P_CMASK && p->kind != P_UNSLICE)
+      continue;
+    int first = -1, loops[3];
+    for (int c = q + 1; c < R->np; c++) {
+      const Plan *u = &R->plan[c];
+      for (int i = 0; i < 3; i++) {
+        if (u->x[i] != p->y) continue;
+        int n = reads(u, i, loops);
+        for (int k = 0; k < n; k++)
+          if (first < 0 || loops[k] < first) first = loops[k];
+        if (u->kind == P_CE && i == 0 && (first < 0 || u->fin[0] - 1 < first)) first = u->fin[0] - 1;
+      }
+    }
+    if (first > p->p[0]) {
+      p->p[0] = first;
+      R->s[p->y].avail = first;
+    }
+  }
+  for (int i = 0; i < R->ns; i++) R->s[i].mat = false;
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    int loops[3];
+    for (int i = 0; i < 3; i++) {
+      if (p->x[i] < 0) continue;
+      int n = reads(p, i, loops);
+      for (int k = 0; k < n; k++) use_in(R, p->x[i], loops[k]);
+    }
+    if (p->kind == P_CE && R->s[p->x[0]].cs->defined) R->s[p->x[0]].mat = true; /* gathered at the target */
+  }
 }
 
 /* ------------------------------------------------------------------ */
 /* Emission                                                            */
 /* ------------------------------------------------------------------ */
+
+/* The row maximum (after its loop) and sum of exponentials (after the
+ * next) of softmax, logsumexp and cross_entropy, or the shared ones. */
+static void row_stats_step(Row *R, Plan *p, int k) {
+  Gen *g = R->g;
+  int ax1 = p->fin[0]; /* the section after the max loop */
+  if (k == ax1) p->st[0] = p->share >= 0 ? R->plan[p->share].st[0] : gen_acc_get(g, p->acc[0]);
+  if (k == ax1 + 1) p->st[1] = p->share >= 0 ? R->plan[p->share].st[1] : gen_acc_get(g, p->acc[1]);
+}
 
 /* The per-row steps of plan p in section k. */
 static void section_step(Row *R, Plan *p, int k) {
@@ -390,19 +451,21 @@ static void section_step(Row *R, Plan *p, int k) {
     }
     break;
   case P_LSE:
-    if (p->fin[0] == k) p->st[0] = gen_acc_get(g, p->acc[0]);
+    row_stats_step(R, p, k);
     if (p->fin[1] == k) {
-      LLVMValueRef m = p->st[0], s = gen_acc_get(g, p->acc[1]);
+      LLVMValueRef m = p->st[0], s = p->st[1];
       LLVMValueRef v = LLVMBuildFAdd(g->b, gen_widen(g, m), gen_call1(g, "llvm.log", s), "");
       v = LLVMBuildSelect(g->b, gen_isfinite(g, m), v, gen_widen(g, m), "");
       define(R, p->y, gen_narrow(g, v, dt), -1);
     }
     break;
   case P_SOFTMAX:
-    if (p->fin[0] == k) p->st[0] = gen_acc_get(g, p->acc[0]);
+    row_stats_step(R, p, k);
     if (p->fin[1] == k) {
-      p->st[1] = gen_acc_get(g, p->acc[1]);
-      if (op->opcode == IR_OP_LOG_SOFTMAX) p->st[2] = gen_call1(g, "llvm.log", p->st[1]);
+      if (op->opcode == IR_OP_LOG_SOFTMAX)
+        p->st[2] = gen_narrow(g, gen_call1(g, "llvm.log", p->st[1]), op->args[0]->type.dtype);
+      else /* y = e * (1/z), rounded once per row */
+        p->st[2] = gen_narrow(g, LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), p->st[1], ""), op->args[0]->type.dtype);
     }
     break;
   case P_LN: /* statistics in f64, as the interpreter */
@@ -421,9 +484,9 @@ static void section_step(Row *R, Plan *p, int k) {
     }
     break;
   case P_CE:
-    if (p->fin[0] == k) p->st[0] = gen_acc_get(g, p->acc[0]);
+    row_stats_step(R, p, k);
     if (p->fin[1] == k) {
-      LLVMValueRef m = p->st[0], s = gen_acc_get(g, p->acc[1]);
+      LLVMValueRef m = p->st[0], s = p->st[1];
       LLVMValueRef lse = LLVMBuildFAdd(g->b, gen_widen(g, m), gen_call1(g, "llvm.log", s), "");
       lse = LLVMBuildSelect(g->b, gen_isfinite(g, m), lse, gen_widen(g, m), "");
       LLVMValueRef t = row_val(R, p->x[1]);
@@ -524,15 +587,14 @@ static void loop_step(Row *R, Plan *p, int k) {
   case P_CE:
     if (p->p[0] == k) gen_acc_set(g, p->acc[0], gen_max_step(g, gen_acc_get(g, p->acc[0]), elem_val(R, p->x[0], k)));
     if (p->p[1] == k) {
-      LLVMValueRef e = gen_call1(g, "llvm.exp", LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
+      LLVMValueRef e = gen_exp(g, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
       gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
     }
     if (p->kind == P_SOFTMAX && p->p[2] == k) {
       LLVMValueRef d = LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], "");
-      LLVMValueRef y = op->opcode == IR_OP_LOG_SOFTMAX
-                           ? LLVMBuildFSub(g->b, gen_widen(g, d), p->st[2], "")
-                           : LLVMBuildFDiv(g->b, gen_widen(g, gen_call1(g, "llvm.exp", d)), p->st[1], "");
-      define(R, p->y, gen_narrow(g, y, dt), k);
+      LLVMValueRef y = op->opcode == IR_OP_LOG_SOFTMAX ? LLVMBuildFSub(g->b, d, p->st[2], "")
+                                                       : LLVMBuildFMul(g->b, gen_exp(g, d), p->st[2], "");
+      define(R, p->y, gen_round(g, y, dt), k);
     }
     break;
   case P_LN:
@@ -643,6 +705,7 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
     for (int i = 0; i < 2; i++) K = maxi(K, R.plan[k].fin[i]);
   }
   R.np = n;
+  finish_plans(&R);
   bool *loop_used = calloc((size_t)K + 1, sizeof(bool));
   if (!loop_used) abort();
   for (int k = 0; k < n; k++)

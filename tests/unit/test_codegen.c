@@ -610,6 +610,47 @@ static void test_codegen_special_values(void **state) {
   ir_func_free(f);
 }
 
+/* exp and tanh are inline polynomials in f32 (so loops vectorise): check
+ * them at every scale against the correctly rounded values, within 2 ulp
+ * (1 ulp of the subnormal spacing for tiny results). */
+static void test_codegen_exp_tanh_accuracy(void **state) {
+  enum { N = 4001 };
+  IrFunc *f = ir_func_new("acc");
+  IrValue *x = input(f, "x", ty(IR_DT_F32, 1, N));
+  IrValue *e = un(f, IR_OP_EXP, x), *t = un(f, IR_OP_TANH, x);
+  sink(f, e);
+  sink(f, t);
+  one_kernel_per_op(f);
+  trivial_plan(f);
+  char err[512];
+  CgOptions o = {0};
+  CgModule *m = cg_llvm_compile(f, &o, err, sizeof err);
+  if (!m) fail_msg("%s", err);
+  char *arena = aligned_alloc(64, (size_t)(f->arena_size + 63) / 64 * 64);
+  float xs[N];
+  for (int i = 0; i < N; i++) {
+    xs[i] = -110.0f + 200.0f * (float)i / (N - 1); /* -110 .. 90, through the subnormal results */
+    if (i % 5 == 1) xs[i] = ldexpf((float)(i % 97) - 48.0f, -(i % 40)); /* and small arguments */
+    put(arena, x, i, xs[i]);
+  }
+  for (int g = 1; g <= 2; g++) {
+    const CgKernel *k = cg_module_kernel(m, g);
+    k->fn(arena, 0, k->iters);
+  }
+  for (int i = 0; i < N; i++) {
+    double we = (double)(float)exp((double)xs[i]), wt = (double)(float)tanh((double)xs[i]);
+    double ge = get(arena, e, i), gt = get(arena, t, i);
+    double ue = fabs(we) < 1.2e-38 ? ldexp(1.0, -149) : fabs(we) * ldexp(1.0, -23);
+    double ut = fabs(wt) < 1.2e-38 ? ldexp(1.0, -149) : fabs(wt) * ldexp(1.0, -23);
+    if (!(fabs(ge - we) <= 2 * ue) && !(isinf(we) && ge == we))
+      fail_msg("exp(%.9g) = %.9g, want %.9g", xs[i], ge, we);
+    if (!(fabs(gt - wt) <= 2 * ut)) fail_msg("tanh(%.9g) = %.9g, want %.9g", xs[i], gt, wt);
+  }
+  free(arena);
+  cg_module_free(m);
+  ir_func_free(f);
+}
+
 /* ------------------------------------------------------------------ */
 /* Reductions and row ops                                              */
 /* ------------------------------------------------------------------ */
@@ -982,6 +1023,7 @@ int main(void) {
       cmocka_unit_test(test_codegen_elementwise_fused),
       cmocka_unit_test(test_codegen_i32_and_bool_ops),
       cmocka_unit_test(test_codegen_special_values),
+      cmocka_unit_test(test_codegen_exp_tanh_accuracy),
       cmocka_unit_test(test_codegen_reductions_f32),
       cmocka_unit_test(test_codegen_reductions_f64),
       cmocka_unit_test(test_codegen_reductions_fused),
