@@ -32,15 +32,6 @@
 #include <cblas.h>
 #endif
 
-#ifdef GRADC_HAVE_LLVM
-/* codegen/llvm.c is being written alongside this file: until it is in the
- * library, link without it and report a missing code generator. */
-#pragma weak cg_llvm_compile
-#pragma weak cg_module_kernel
-#pragma weak cg_module_nkernels
-#pragma weak cg_module_free
-#endif
-
 /* Kernels smaller than this many element-visits run on the calling thread;
  * larger ones are split in chunks of about this size. */
 #define INLINE_WORK 32768
@@ -387,7 +378,7 @@ void cpu_program_free(CpuProgram *p) {
   free(p->arena);
   pool_free(p->pool);
 #ifdef GRADC_HAVE_LLVM
-  if (p->cg && cg_module_free) cg_module_free(p->cg);
+  if (p->cg) cg_module_free(p->cg);
 #endif
   free(p);
 }
@@ -482,10 +473,6 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
   free(started);
   if (maxg > 0) {
 #ifdef GRADC_HAVE_LLVM
-    if (!cg_llvm_compile) {
-      fail(err, errlen, "this build has no kernel code generator (codegen/llvm.c)");
-      goto error;
-    }
     CgOptions co = {.cache_dir = o->cache_dir, .dump_llvm = false};
     p->cg = cg_llvm_compile(f, &co, err, errlen);
     if (!p->cg) goto error;

@@ -270,7 +270,8 @@ static void test_exec_gemm_paths(void **state) {
  * windows on the four micro-batches (f64: exact to rounding). */
 static void test_exec_gradients_accumulate(void **state) {
   (void)state;
-  char *text = replace_all(gemm_text(), "f32", "f64");
+  char *text32 = gemm_text(), *text = replace_all(text32, "f32", "f64");
+  free(text32);
   IrFunc *f = read_ir(text);
   plan(f);
   CpuProgram *p = program(f, 1);
