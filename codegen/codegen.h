@@ -26,6 +26,7 @@ typedef struct CgKernel {
 typedef struct CgOptions {
   const char *cache_dir; /* object-code cache directory, NULL = no cache */
   bool dump_llvm;        /* print each kernel's optimised LLVM IR to stderr */
+  int threads;           /* threads compiling kernels in parallel; 0: every core */
 } CgOptions;
 
 typedef struct CgModule CgModule;
@@ -94,8 +95,8 @@ const CgKernel *cg_module_kernel(const CgModule *m, int group);
 int cg_module_nkernels(const CgModule *m);
 void cg_module_free(CgModule *m);
 
-/* The module's object code (owned by m), for an on-disk cache or an
- * artifact; cg_module_load_object loads such bytes again for the same
+/* The module's object code (owned by m: a small bundle of object files,
+ * one per compiled chunk), for an on-disk cache or an artifact; cg_module_load_object loads such bytes again for the same
  * planned function (same IR, same plan, same host) without running LLVM's
  * optimiser.  Returns NULL with a message on a failure. */
 void cg_module_object(const CgModule *m, const void **data, size_t *len);

@@ -6,7 +6,9 @@
  * in one module, emitted by llvm_row.c (row kernels) or llvm_loop.c (one
  * op in a general loop nest); the module is optimised for the host CPU
  * with LLVMRunPasses("default<O3>"), emitted as object code with
- * LLVMTargetMachineEmitToMemoryBuffer and loaded with ORC LLJIT
+ * LLVMTargetMachineEmitToMemoryBuffer (kernels are split into chunks,
+ * each its own LLVM context and module, compiled on a thread pool) and
+ * loaded with ORC LLJIT
  * (LLVMOrcLLJITAddObjectFile), libm and libc symbols resolved from the
  * process.  The object bytes are kept (cg_module_object) so that a cache
  * or an artifact can load them again without LLVM's optimiser
@@ -28,7 +30,7 @@
 
 #include "llvm_gen.h"
 
-#define CG_VERSION "gradc-cg-1" /* bump when generated code changes meaning (cache keys) */
+#define CG_VERSION "gradc-cg-2" /* bump when generated code or the bundle changes (cache keys) */
 
 struct CgModule {
   LLVMOrcLLJITRef jit;
@@ -214,9 +216,10 @@ static void emit_kernel(Gen *g, KInfo *ki) {
     gen_loop_kernel(g, ki->ops[0]);
 }
 
-/* Build, verify, optimise and emit the module; the object bytes to *obj. */
-static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char **obj, size_t *objlen, char *err,
-                           size_t errlen) {
+/* Build, verify, optimise and emit one module holding kernels ks[0..n);
+ * its object bytes to *obj (malloc'd). */
+static bool compile_chunk(const IrFunc *f, KInfo *const *ks, int n, bool dump, char **obj, size_t *objlen, char *err,
+                          size_t errlen) {
   LLVMTargetMachineRef tm = host_machine(err, errlen);
   if (!tm) return false;
   Gen g;
@@ -244,7 +247,7 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
   g.t_ptr = LLVMPointerTypeInContext(g.ctx, 0);
 
   bool ok = true;
-  for (int i = 0; i < K->n && !g.failed; i++) emit_kernel(&g, &K->k[i]);
+  for (int i = 0; i < n && !g.failed; i++) emit_kernel(&g, ks[i]);
   if (g.failed) ok = false;
   char *msg = NULL;
   if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
@@ -261,7 +264,7 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
     ok = check(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
     LLVMDisposePassBuilderOptions(po);
   }
-  if (ok && o && o->dump_llvm) {
+  if (ok && dump) {
     char *s = LLVMPrintModuleToString(g.mod);
     fputs(s, stderr);
     LLVMDisposeMessage(s);
@@ -286,6 +289,103 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
   return ok;
 }
 
+/* The object bundle: "GRDCOBJ1", a u32 count, then per object a u64
+ * length and its bytes (little-endian, as every supported host). */
+static const char bundle_magic[8] = {'G', 'R', 'D', 'C', 'O', 'B', 'J', '1'};
+
+typedef struct Chunk {
+  KInfo **ks;
+  int n;
+  int64_t work;
+  char *obj;
+  size_t len;
+  bool ok;
+  char err[512];
+} Chunk;
+
+typedef struct ChunkJob {
+  const IrFunc *f;
+  Chunk *c;
+  bool dump;
+} ChunkJob;
+
+static void compile_chunks(void *ctx, int64_t begin, int64_t end) {
+  ChunkJob *job = ctx;
+  for (int64_t i = begin; i < end; i++) {
+    Chunk *c = &job->c[i];
+    c->ok = compile_chunk(job->f, c->ks, c->n, job->dump, &c->obj, &c->len, c->err, sizeof c->err);
+  }
+}
+
+static int64_t kernel_work(const KInfo *k) { return 4 + (int64_t)k->n; }
+
+/* Compile every kernel, in chunks on CgOptions.threads threads (0: every
+ * core), into one bundle of objects. */
+static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char **obj, size_t *objlen, char *err,
+                           size_t errlen) {
+  bool dump = o && o->dump_llvm;
+  int threads = o && o->threads > 0 ? o->threads : pool_ncores();
+  int nch = dump ? 1 : K->n / 8 + 1; /* a chunk of a few kernels is worth a thread */
+  if (nch > threads) nch = threads;
+  if (nch > K->n) nch = K->n > 0 ? K->n : 1;
+  Chunk *c = calloc((size_t)nch, sizeof *c);
+  KInfo **order = malloc(sizeof(KInfo *) * (size_t)(K->n ? K->n : 1));
+  if (!c || !order) abort();
+  for (int i = 0; i < nch; i++) {
+    c[i].ks = malloc(sizeof(KInfo *) * (size_t)(K->n ? K->n : 1));
+    if (!c[i].ks) abort();
+  }
+  /* Largest first into the lightest chunk. */
+  for (int i = 0; i < K->n; i++) order[i] = &K->k[i];
+  for (int i = 1; i < K->n; i++)
+    for (int j = i; j > 0 && kernel_work(order[j]) > kernel_work(order[j - 1]); j--) {
+      KInfo *t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  for (int i = 0; i < K->n; i++) {
+    int best = 0;
+    for (int q = 1; q < nch; q++)
+      if (c[q].work < c[best].work) best = q;
+    c[best].ks[c[best].n++] = order[i];
+    c[best].work += kernel_work(order[i]);
+  }
+  ChunkJob job = {f, c, dump};
+  Pool *pool = nch > 1 ? pool_new(nch) : NULL;
+  pool_run(pool, nch, 1, compile_chunks, &job);
+  pool_free(pool);
+  bool ok = true;
+  size_t total = sizeof bundle_magic + 4;
+  for (int i = 0; i < nch; i++) {
+    if (!c[i].ok && ok) ok = failf(err, errlen, "%s", c[i].err);
+    total += 8 + c[i].len;
+  }
+  if (ok) {
+    char *b = malloc(total), *p = b;
+    if (!b) abort();
+    memcpy(p, bundle_magic, sizeof bundle_magic);
+    p += sizeof bundle_magic;
+    uint32_t n32 = (uint32_t)nch;
+    memcpy(p, &n32, 4);
+    p += 4;
+    for (int i = 0; i < nch; i++) {
+      uint64_t l = c[i].len;
+      memcpy(p, &l, 8);
+      memcpy(p + 8, c[i].obj, c[i].len);
+      p += 8 + c[i].len;
+    }
+    *obj = b;
+    *objlen = total;
+  }
+  for (int i = 0; i < nch; i++) {
+    free(c[i].obj);
+    free(c[i].ks);
+  }
+  free(c);
+  free(order);
+  return ok;
+}
+
 /* ------------------------------------------------------------------ */
 /* Loading object code                                                 */
 /* ------------------------------------------------------------------ */
@@ -301,8 +401,23 @@ static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen)
              "resolving process symbols", err, errlen))
     return false;
   LLVMOrcJITDylibAddGenerator(jd, gen);
-  LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(m->obj, m->objlen, "gradc-kernels");
-  if (!check(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading object code", err, errlen)) return false;
+  /* the bundle's objects */
+  const char *p = m->obj, *end = m->obj + m->objlen;
+  uint32_t n = 0;
+  if (m->objlen < sizeof bundle_magic + 4 || memcmp(p, bundle_magic, sizeof bundle_magic) != 0)
+    return failf(err, errlen, "not a gradc object bundle");
+  memcpy(&n, p + sizeof bundle_magic, 4);
+  p += sizeof bundle_magic + 4;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len;
+    if (end - p < 8) return failf(err, errlen, "a truncated object bundle");
+    memcpy(&len, p, 8);
+    p += 8;
+    if ((uint64_t)(end - p) < len) return failf(err, errlen, "a truncated object bundle");
+    LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(p, (size_t)len, "gradc-kernels");
+    if (!check(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading object code", err, errlen)) return false;
+    p += len;
+  }
   for (int i = 0; i < K->n; i++) {
     const KInfo *ki = &K->k[i];
     LLVMOrcExecutorAddress addr = 0;
