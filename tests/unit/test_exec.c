@@ -364,7 +364,7 @@ static void test_exec_errors(void **state) {
 
 static bool have_kernels(void) {
 #ifdef GRADC_HAVE_LLVM
-  return pass_lookup("fuse") != NULL;
+  return true;
 #else
   return false;
 #endif
@@ -389,13 +389,8 @@ static FeModel *compile_model(const char *path, const char *text, int gas, bool 
 
 static int cpu_pipeline(IrFunc *f, int gas, Diag *d) {
   int n;
-  const char *const *pipe = pass_pipeline(&n);
-  const char *names[32];
-  int k = 0;
-  for (int i = 0; i < n; i++) names[k++] = pipe[i];
-  if (pass_lookup("fuse")) names[k++] = "fuse";
-  names[k++] = "memplan";
-  return run_passes(f, names, k, gas, d);
+  const char *const *names = pass_pipeline_cpu(&n);
+  return run_passes(f, names, n, gas, d);
 }
 
 static void check_model(const char *path, const char *label) {
@@ -477,7 +472,7 @@ static void check_dir(const char *dir, const char *prefix) {
 
 static void test_exec_every_model_matches_reference(void **state) {
   (void)state;
-  if (!have_kernels()) skip(); /* needs fuse and the LLVM code generator */
+  if (!have_kernels()) skip(); /* needs the LLVM code generator */
   check_dir(tu_path("examples"), "");
   check_dir(tu_path("tests/models"), "models/");
   check_dir("/work/shared/conformance/cases", "conformance/");
@@ -527,9 +522,8 @@ static void test_exec_report_example_arenas(void **state) {
     assert_non_null(fm);
     if (cpu_pipeline(fm->func, 1, &d) != 0) fail_msg("%s", sb_str(&d.log));
     const IrFunc *f = fm->func;
-    print_message("  %-22s arena %lld bytes (persistent %lld, peak activations %lld)%s\n", models[m],
-                  (long long)f->arena_size, (long long)f->persist_size, (long long)(f->arena_size - f->persist_size),
-                  pass_lookup("fuse") ? "" : " [unfused]");
+    print_message("  %-22s arena %lld bytes (persistent %lld, peak activations %lld)\n", models[m],
+                  (long long)f->arena_size, (long long)f->persist_size, (long long)(f->arena_size - f->persist_size));
     fe_model_free(fm);
     diag_free(&d);
     free(text);

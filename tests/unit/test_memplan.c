@@ -1,7 +1,7 @@
 /* test_memplan.c - the memory plan, checked independently of memplan.c:
- * for every example and test model (f32 and f64, fused when `fuse` is in
- * the build) no two buffers that are live at the same step overlap (brute
- * force over all pairs at every step), offsets are 64-byte aligned,
+ * for every example, test and conformance model (f32 and f64, K = 1 and
+ * 4, after the CPU pipeline) no two buffers whose lifetimes share a step
+ * overlap (brute force over all pairs), offsets are 64-byte aligned,
  * reshapes alias their operand, gradient buffers are persistent and sized
  * f32/f64, every value a GEMM, loss or other kernel reads is stored; on a
  * chain of GEMMs the peak is a fraction of the sum of the buffers; a
@@ -32,20 +32,15 @@ static FeModel *compile_model(const char *name, const char *text, int gas, const
   return fe_model_compile(&src, &opt, d);
 }
 
-/* The target-independent pipeline, then fuse (when it is in the build) and memplan. */
+/* The CPU pipeline: the target-independent passes, fuse, memplan. */
 static int run_cpu_passes(IrFunc *f, int gas, Diag *d) {
   int n;
-  const char *const *pipe = pass_pipeline(&n);
-  const char *names[32];
-  int k = 0;
-  for (int i = 0; i < n; i++) names[k++] = pipe[i];
-  if (pass_lookup("fuse")) names[k++] = "fuse";
-  names[k++] = "memplan";
+  const char *const *names = pass_pipeline_cpu(&n);
   PassManager pm;
   pm_init(&pm);
   pm.verify = true;
   PassOptions po = {.gas = gas, .diag = d, .src = NULL};
-  return pm_run(&pm, f, names, k, &po);
+  return pm_run(&pm, f, names, n, &po);
 }
 
 static int run_pass(IrFunc *f, const char *name) {
