@@ -478,6 +478,68 @@ static void test_exec_every_model_matches_reference(void **state) {
   check_dir("/work/shared/conformance/cases", "conformance/");
 }
 
+/* A gradient that other ops also read (dt feeds grad a and, through * 2,
+ * grad b) and one value feeding two grads (du is grad c and grad e):
+ * memplan gives each a copy-accumulate kernel, and over K = 4
+ * micro-batches the buffers still add up to the reference. */
+static void test_exec_gradient_read_elsewhere(void **state) {
+  (void)state;
+  if (!have_kernels()) skip();
+  const char *model = "model shared {\n"
+                      "  batch B = 8\n"
+                      "  dim D = 6\n"
+                      "  input x : f32[B, D]\n"
+                      "  param a : f32[D]\n"
+                      "  param b : f32[D]\n"
+                      "  param c : f32[D, D]\n"
+                      "  param e : f32[D, D]\n"
+                      "  t = a + b * 2\n"
+                      "  h = tanh(x @ (c + e) + t)\n"
+                      "  loss l = sum(h * h)\n"
+                      "}\n";
+  for (int prec = 0; prec < 2; prec++) {
+    char *text = prec ? replace_all(model, "f32", "f64") : strdup(model);
+    for (int K = 1; K <= 4; K += 3) {
+      Diag d;
+      FeModel *ref = compile_model("shared.gdl", text, K, false, &d);
+      assert_non_null(ref);
+      int n;
+      const char *const *pipe = pass_pipeline(&n);
+      assert_int_equal(run_passes(ref->func, pipe, n, K, &d), 0);
+      diag_free(&d);
+      FeModel *cpu = compile_model("shared.gdl", text, K, false, &d);
+      assert_int_equal(cpu_pipeline(cpu->func, K, &d), 0);
+      diag_free(&d);
+      int copies = 0;
+      for (int i = 0; i < cpu->func->nops; i++) {
+        const IrOp *op = cpu->func->ops[i];
+        if (op->opcode == IR_OP_DETACH && op->group > 0 && op->result->storage == IR_STORE_GRAD) copies++;
+      }
+      assert_true(copies >= 3); /* a, and c and e (b's gradient is 2 * dt, read by nothing else) */
+      StFile params, inputs;
+      random_params(ref->func, 5, 0.5, &params);
+      st_init(&inputs);
+      rt_random_inputs(ref->func, K, 6, &inputs);
+      char err[512], label[64];
+      StepResult want, got;
+      if (!step_run_ref(ref->func, K, &params, "P", &inputs, "I", NULL, &want, err, sizeof err)) fail_msg("%s", err);
+      CpuProgram *p = program(cpu->func, 2);
+      if (!cpu_step_run(p, K, &params, "P", &inputs, "I", &got, err, sizeof err)) fail_msg("%s", err);
+      snprintf(label, sizeof label, "shared %s K=%d (%d copies)", prec ? "f64" : "f32", K, copies);
+      double e = compare(&got, &want, label, prec ? 1e-12 : 1e-5);
+      print_message("  %-28s worst relative error %.3g\n", label, e);
+      cpu_program_free(p);
+      step_result_free(&want);
+      step_result_free(&got);
+      st_free(&params);
+      st_free(&inputs);
+      fe_model_free(ref);
+      fe_model_free(cpu);
+    }
+    free(text);
+  }
+}
+
 /* Only one micro-batch's activations are alive: the arena of a window of
  * K micro-batches of b samples is the arena of one window of b samples. */
 static void test_exec_arena_independent_of_K(void **state) {
@@ -571,6 +633,7 @@ int main(void) {
       cmocka_unit_test(test_exec_errors),
       cmocka_unit_test(test_exec_arena_independent_of_K),
       cmocka_unit_test(test_exec_report_example_arenas),
+      cmocka_unit_test(test_exec_gradient_read_elsewhere),
       cmocka_unit_test(test_exec_every_model_matches_reference),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
