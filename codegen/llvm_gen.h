@@ -22,6 +22,16 @@ typedef struct Gen {
   LLVMValueRef fn, arena, begin, end;
   LLVMBasicBlockRef entry; /* allocas and loop-invariant addresses go here */
   int group;
+  /* Alias scopes of the kernel being emitted: one per set of overlapping
+   * arena ranges it touches (gen_scopes_begin / gen_scope_add / ..._end). */
+  struct GenScope {
+    const IrValue *v;
+    int64_t lo, hi; /* bytes */
+    int cls;        /* its class: overlapping ranges share one */
+  } *scopes;
+  int nscopes, capscopes;
+  LLVMValueRef *scope_md, *noalias_md; /* by class */
+  int nclasses;
   char *err;
   size_t errlen;
   bool failed;
@@ -39,9 +49,21 @@ LLVMValueRef gen_const(Gen *g, IrDType dt, double v);
 LLVMValueRef gen_i64(Gen *g, int64_t v);
 /* Round a float register to dt's precision (bf16, f16); others unchanged. */
 LLVMValueRef gen_round(Gen *g, LLVMValueRef x, IrDType dt);
-LLVMValueRef gen_load(Gen *g, LLVMValueRef ptr, IrDType dt);
+/* Loads and stores of arena memory carry the alias scope of their buffer
+ * (scope: a class from gen_scope_of, -1 for none). */
+LLVMValueRef gen_load(Gen *g, LLVMValueRef ptr, IrDType dt, int scope);
 /* Store x (register type) at ptr; accumulate (+=) into a gradient buffer. */
-void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad);
+void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad, int scope);
+
+/* Before emitting a kernel, register every arena value it reads or writes;
+ * gen_scopes_end builds one alias scope per set of overlapping ranges, so
+ * the vectoriser needs no run-time overlap checks between buffers that
+ * cannot overlap.  gen_scopes_free after the kernel. */
+void gen_scopes_begin(Gen *g);
+void gen_scope_add(Gen *g, const IrValue *v);
+void gen_scopes_end(Gen *g);
+void gen_scopes_free(Gen *g);
+int gen_scope_of(Gen *g, const IrValue *v); /* -1 if not registered */
 LLVMValueRef gen_alloca(Gen *g, LLVMTypeRef t, int64_t n); /* in the entry block */
 
 /* A value in the arena (or an inlined const). */
@@ -51,6 +73,7 @@ typedef struct GenBuf {
   double cval;
   bool grad;         /* IR_STORE_GRAD: writes accumulate; elements are gen_grad_type */
   bool discard;      /* an output memplan gave no storage (nothing reads it): not written */
+  int scope;         /* its alias scope class, or -1 */
   LLVMValueRef base; /* pointer to element 0 (built in the entry block) */
 } GenBuf;
 /* The arena buffer of v: checks that memplan gave it storage. */

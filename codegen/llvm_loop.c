@@ -527,6 +527,10 @@ static void gen_embedding_grad(Gen *g, const IrOp *op) {
 }
 
 void gen_loop_kernel(Gen *g, const IrOp *op) {
+  gen_scopes_begin(g);
+  for (int i = 0; i < op->nargs; i++) gen_scope_add(g, op->args[i]);
+  gen_scope_add(g, op->result);
+  gen_scopes_end(g);
   switch (op->opcode) {
   case IR_OP_PERMUTE: gen_permute(g, op); break;
   case IR_OP_SLICE: gen_slice(g, op); break;
@@ -591,8 +595,8 @@ void gen_loop_kernel(Gen *g, const IrOp *op) {
   case IR_OP_LOSS:
   case IR_OP_GRAD:
     gen_error(g, "kernel k%d: no loop-nest code for '%s'", g->group, ir_op_info[op->opcode].name);
-    LLVMBuildRetVoid(g->b);
-    return;
+    break;
   }
   LLVMBuildRetVoid(g->b);
+  gen_scopes_free(g);
 }

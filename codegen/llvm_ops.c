@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "llvm_gen.h"
@@ -290,8 +291,109 @@ LLVMValueRef gen_round(Gen *g, LLVMValueRef x, IrDType dt) {
 /* Memory                                                              */
 /* ------------------------------------------------------------------ */
 
-LLVMValueRef gen_load(Gen *g, LLVMValueRef ptr, IrDType dt) {
+/* ------------------------------------------------------------------ */
+/* Alias scopes                                                        */
+/* ------------------------------------------------------------------ */
+
+void gen_scopes_begin(Gen *g) {
+  g->nscopes = 0;
+  g->nclasses = 0;
+}
+
+static int64_t value_bytes(const IrValue *v) {
+  size_t es = v->storage == IR_STORE_GRAD ? (v->type.dtype == IR_DT_F64 ? 8 : 4) : ir_dtype_size(v->type.dtype);
+  return ir_numel(&v->type.shape) * (int64_t)es;
+}
+
+void gen_scope_add(Gen *g, const IrValue *v) {
+  if (v->storage == IR_STORE_NONE) return;
+  for (int i = 0; i < g->nscopes; i++)
+    if (g->scopes[i].v == v) return;
+  if (g->nscopes == g->capscopes) {
+    g->capscopes = g->capscopes ? 2 * g->capscopes : 16;
+    g->scopes = realloc(g->scopes, sizeof *g->scopes * (size_t)g->capscopes);
+    if (!g->scopes) abort();
+  }
+  g->scopes[g->nscopes++] = (struct GenScope){v, v->offset, v->offset + value_bytes(v), -1};
+}
+
+void gen_scopes_end(Gen *g) {
+  int n = g->nscopes;
+  /* classes: connected components of overlapping ranges */
+  for (int i = 0; i < n; i++) g->scopes[i].cls = i;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++) {
+        struct GenScope *a = &g->scopes[i], *b = &g->scopes[j];
+        if (a->cls < b->cls && a->lo < b->hi && b->lo < a->hi) {
+          b->cls = a->cls;
+          changed = true;
+        }
+      }
+  }
+  int *renum = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  if (!renum) abort();
+  for (int i = 0; i < n; i++) renum[i] = -1;
+  int nc = 0;
+  for (int i = 0; i < n; i++) {
+    int c = g->scopes[i].cls;
+    if (renum[c] < 0) renum[c] = nc++;
+    g->scopes[i].cls = renum[c];
+  }
+  free(renum);
+  g->nclasses = nc;
+  free(g->scope_md);
+  free(g->noalias_md);
+  g->scope_md = malloc(sizeof(LLVMValueRef) * (size_t)(nc ? nc : 1));
+  g->noalias_md = malloc(sizeof(LLVMValueRef) * (size_t)(nc ? nc : 1));
+  LLVMMetadataRef *sc = malloc(sizeof(LLVMMetadataRef) * (size_t)(nc ? nc : 1));
+  LLVMMetadataRef *others = malloc(sizeof(LLVMMetadataRef) * (size_t)(nc ? nc : 1));
+  if (!g->scope_md || !g->noalias_md || !sc || !others) abort();
+  char name[64];
+  snprintf(name, sizeof name, "gradc.k%d", g->group);
+  LLVMMetadataRef dname = LLVMMDStringInContext2(g->ctx, name, strlen(name));
+  LLVMMetadataRef domain = LLVMMDNodeInContext2(g->ctx, &dname, 1);
+  for (int c = 0; c < nc; c++) {
+    snprintf(name, sizeof name, "gradc.k%d.%d", g->group, c);
+    LLVMMetadataRef ops[2] = {LLVMMDStringInContext2(g->ctx, name, strlen(name)), domain};
+    sc[c] = LLVMMDNodeInContext2(g->ctx, ops, 2);
+  }
+  for (int c = 0; c < nc; c++) {
+    g->scope_md[c] = LLVMMetadataAsValue(g->ctx, LLVMMDNodeInContext2(g->ctx, &sc[c], 1));
+    int k = 0;
+    for (int d = 0; d < nc; d++)
+      if (d != c) others[k++] = sc[d];
+    g->noalias_md[c] = LLVMMetadataAsValue(g->ctx, LLVMMDNodeInContext2(g->ctx, others, (size_t)k));
+  }
+  free(sc);
+  free(others);
+}
+
+void gen_scopes_free(Gen *g) {
+  free(g->scopes);
+  free(g->scope_md);
+  free(g->noalias_md);
+  g->scopes = NULL;
+  g->scope_md = g->noalias_md = NULL;
+  g->nscopes = g->capscopes = g->nclasses = 0;
+}
+
+int gen_scope_of(Gen *g, const IrValue *v) {
+  for (int i = 0; i < g->nscopes; i++)
+    if (g->scopes[i].v == v) return g->scopes[i].cls;
+  return -1;
+}
+
+static void tag(Gen *g, LLVMValueRef inst, int scope) {
+  if (scope < 0 || scope >= g->nclasses) return;
+  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(g->ctx, "alias.scope", 11), g->scope_md[scope]);
+  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(g->ctx, "noalias", 7), g->noalias_md[scope]);
+}
+
+LLVMValueRef gen_load(Gen *g, LLVMValueRef ptr, IrDType dt, int scope) {
   LLVMValueRef x = LLVMBuildLoad2(g->b, gen_mem_type(g, dt), ptr, "");
+  tag(g, x, scope);
   switch (dt) {
   case IR_DT_BOOL: return LLVMBuildICmp(g->b, LLVMIntNE, x, LLVMConstInt(g->t_i8, 0, 0), "");
   case IR_DT_BF16: return bf16_to_f32(g, x);
@@ -303,7 +405,7 @@ LLVMValueRef gen_load(Gen *g, LLVMValueRef ptr, IrDType dt) {
   return x;
 }
 
-void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad) {
+void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad, int scope) {
   if (grad) {
     LLVMTypeRef t = gen_grad_type(g, dt);
     if (!is_float(dt)) {
@@ -312,7 +414,8 @@ void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad) 
     }
     if (LLVMTypeOf(x) != t) x = LLVMBuildFPCast(g->b, x, t, "");
     LLVMValueRef old = LLVMBuildLoad2(g->b, t, ptr, "");
-    LLVMBuildStore(g->b, LLVMBuildFAdd(g->b, old, x, ""), ptr);
+    tag(g, old, scope);
+    tag(g, LLVMBuildStore(g->b, LLVMBuildFAdd(g->b, old, x, ""), ptr), scope);
     return;
   }
   switch (dt) {
@@ -323,7 +426,7 @@ void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad) 
   case IR_DT_F64:
   case IR_DT_I32: break;
   }
-  LLVMBuildStore(g->b, x, ptr);
+  tag(g, LLVMBuildStore(g->b, x, ptr), scope);
 }
 
 LLVMValueRef gen_alloca(Gen *g, LLVMTypeRef t, int64_t n) {
@@ -343,6 +446,7 @@ GenBuf gen_buf(Gen *g, const IrValue *v) {
   GenBuf b;
   memset(&b, 0, sizeof b);
   b.v = v;
+  b.scope = -1;
   if (v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0) {
     b.is_const = true;
     b.cval = ir_attr_get_float(v->def, "value", 0.0);
@@ -355,6 +459,7 @@ GenBuf gen_buf(Gen *g, const IrValue *v) {
     return b;
   }
   b.grad = v->storage == IR_STORE_GRAD;
+  b.scope = gen_scope_of(g, v);
   /* The address is built in the entry block so it is loop-invariant. */
   LLVMBasicBlockRef cur = LLVMGetInsertBlock(g->b);
   LLVMValueRef term = LLVMGetBasicBlockTerminator(g->entry);
@@ -373,6 +478,7 @@ GenBuf gen_buf_out(Gen *g, const IrValue *v) {
     GenBuf b;
     memset(&b, 0, sizeof b);
     b.v = v;
+    b.scope = -1;
     b.discard = true;
     return b;
   }
@@ -389,12 +495,12 @@ LLVMValueRef gen_buf_ptr(Gen *g, const GenBuf *b, LLVMValueRef base, LLVMValueRe
 
 LLVMValueRef gen_buf_load(Gen *g, const GenBuf *b, LLVMValueRef idx) {
   if (b->is_const) return gen_const(g, b->v->type.dtype, b->cval);
-  return gen_load(g, gen_buf_ptr(g, b, NULL, idx), b->v->type.dtype);
+  return gen_load(g, gen_buf_ptr(g, b, NULL, idx), b->v->type.dtype, b->scope);
 }
 
 void gen_buf_store(Gen *g, const GenBuf *b, LLVMValueRef idx, LLVMValueRef x) {
   if (b->is_const || b->discard) return; /* reported by gen_buf / not needed */
-  gen_store(g, gen_buf_ptr(g, b, NULL, idx), x, b->v->type.dtype, b->grad);
+  gen_store(g, gen_buf_ptr(g, b, NULL, idx), x, b->v->type.dtype, b->grad, b->scope);
 }
 
 /* Python slice normalisation of one axis (as runtime/interp.c). */

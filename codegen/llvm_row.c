@@ -156,10 +156,10 @@ static LLVMValueRef elem_val(Row *R, int i, int k) {
   if (s->reg && (s->reg_loop == -1 || s->reg_loop == k)) return s->reg;
   LLVMValueRef v;
   if (!s->cs->defined) {
-    v = gen_load(g, elem_ptr_type(R, s, s->rowptr, col_index(R, s)), s->cs->v->type.dtype);
+    v = gen_load(g, elem_ptr_type(R, s, s->rowptr, col_index(R, s)), s->cs->v->type.dtype, s->buf.scope);
   } else {
     GRADC_ASSERT(s->mat && s->in_loop && s->avail < k);
-    v = gen_load(g, mat_ptr(R, s), s->cs->v->type.dtype);
+    v = gen_load(g, mat_ptr(R, s), s->cs->v->type.dtype, s->scratch ? -1 : s->buf.scope);
   }
   s->reg = v;
   s->reg_loop = k;
@@ -176,9 +176,9 @@ static void define(Row *R, int i, LLVMValueRef v, int k) {
   s->reg_loop = k;
   if (s->out) {
     LLVMValueRef idx = k >= 0 ? col_index(R, s) : gen_i64(g, 0);
-    gen_store(g, elem_ptr_type(R, s, s->rowptr, idx), v, s->cs->v->type.dtype, s->buf.grad);
+    gen_store(g, elem_ptr_type(R, s, s->rowptr, idx), v, s->cs->v->type.dtype, s->buf.grad, s->buf.scope);
   }
-  if (k >= 0 && s->mat && s->scratch) gen_store(g, mat_ptr(R, s), v, s->cs->v->type.dtype, false);
+  if (k >= 0 && s->mat && s->scratch) gen_store(g, mat_ptr(R, s), v, s->cs->v->type.dtype, false, -1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -504,9 +504,9 @@ static void section_step(Row *R, Plan *p, int k) {
       if (xs->buf.is_const)
         xt = gen_const(g, xs->cs->v->type.dtype, xs->buf.cval);
       else if (xs->cs->defined)
-        xt = gen_load(g, mat_ptr(R, xs), xs->cs->v->type.dtype);
+        xt = gen_load(g, mat_ptr(R, xs), xs->cs->v->type.dtype, xs->scratch ? -1 : xs->buf.scope);
       else
-        xt = gen_load(g, elem_ptr_type(R, xs, xs->rowptr, col_index(R, xs)), xs->cs->v->type.dtype);
+        xt = gen_load(g, elem_ptr_type(R, xs, xs->rowptr, col_index(R, xs)), xs->cs->v->type.dtype, xs->buf.scope);
       R->j = saved;
       LLVMValueRef loss = LLVMBuildFSub(g->b, lse, gen_widen(g, xt), "");
       loss = LLVMBuildSelect(g->b, ok, loss, LLVMConstReal(g->t_f64, NAN), "");
@@ -673,6 +673,14 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
   R.s = calloc((size_t)(R.ns ? R.ns : 1), sizeof(RSlot));
   R.plan = calloc((size_t)(n ? n : 1), sizeof(Plan));
   if (!R.s || !R.plan) abort();
+  /* Alias scopes: every arena value the kernel reads or writes. */
+  gen_scopes_begin(g);
+  for (int i = 0; i < l->nslots; i++) {
+    const IrValue *v = l->slots[i].v;
+    if (!(v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0) && (!l->slots[i].defined || l->slots[i].output))
+      gen_scope_add(g, v);
+  }
+  gen_scopes_end(g);
   for (int i = 0; i < R.ns; i++) {
     RSlot *s = &R.s[i];
     s->cs = &l->slots[i];
@@ -752,7 +760,7 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
     if (!s->mem || !row_invariant(&R, s)) continue;
     s->rowptr = s->buf.base;
     if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-      s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype);
+      s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
       s->reg_loop = -1;
     }
   }
@@ -765,7 +773,7 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
     if (!s->mem || row_invariant(&R, s)) continue;
     s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(&R, s));
     if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-      s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype);
+      s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
       s->reg_loop = -1;
     }
   }
@@ -780,6 +788,7 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
   }
   gen_loop_end(g, &rows);
   LLVMBuildRetVoid(g->b);
+  gen_scopes_free(g);
   free(loop_used);
   free(R.s);
   free(R.plan);
