@@ -83,7 +83,7 @@ double interp_round(double x, IrDType dt);
 /* ------------------------------------------------------------------ */
 typedef struct StepResult {
   int nlosses;
-  const char **loss_names; /* `loss` outputs in program order */
+  const char **loss_names; /* `loss` outputs in source order (program order without locations) */
   double *losses;          /* window values */
   int ngrads;
   const char **grad_names; /* params, in argument order */

@@ -190,16 +190,35 @@ bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen
   int na = f->nargs;
   StepResult r = {0};
   memset(out, 0, sizeof *out);
-  /* Outputs: losses by name in program order, one gradient per param. */
+  /* Outputs: losses by name in source order, one gradient per param. */
   r.loss_names = xcalloc((size_t)f->nops, sizeof(char *));
   r.losses = xcalloc((size_t)f->nops, sizeof(double));
+  const IrOp **first = xcalloc((size_t)f->nops + 1, sizeof(IrOp *));
+  bool located = true; /* every loss located in one file */
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
     if (op->opcode != IR_OP_LOSS) continue;
     bool seen = false;
     for (int j = 0; j < r.nlosses && !seen; j++) seen = strcmp(r.loss_names[j], output_name(op)) == 0;
-    if (!seen) r.loss_names[r.nlosses++] = output_name(op);
+    if (seen) continue;
+    located &= op->loc.file && (!r.nlosses || strcmp(op->loc.file, first[0]->loc.file) == 0);
+    first[r.nlosses] = op;
+    r.loss_names[r.nlosses++] = output_name(op);
   }
+  /* Back ends may schedule the outputs differently (fuse reorders ops):
+   * report losses in the order of their statements when that is known. */
+  for (int i = 1; located && i < r.nlosses; i++)
+    for (int j = i; j > 0; j--) {
+      const IrLoc *a = &first[j - 1]->loc, *b = &first[j]->loc;
+      if (a->line < b->line || (a->line == b->line && a->col <= b->col)) break;
+      const IrOp *t = first[j];
+      first[j] = first[j - 1];
+      first[j - 1] = t;
+      const char *n = r.loss_names[j];
+      r.loss_names[j] = r.loss_names[j - 1];
+      r.loss_names[j - 1] = n;
+    }
+  free(first);
   r.grad_names = xcalloc((size_t)na, sizeof(char *));
   r.grad_types = xcalloc((size_t)na, sizeof(IrType));
   r.grads = xcalloc((size_t)na, sizeof(double *));
