@@ -92,6 +92,39 @@ static void red_geom(const IrOp *op, RedGeom *r) {
   r->nch = r->cols ? (r->blk + r->ch - 1) / (r->ch ? r->ch : 1) : 1;
 }
 
+/* The input strides of a permute's output axes; returns the output axis
+ * that reads the input's last (contiguous) axis when it is not the output's
+ * last one (a transpose, done in tiles), else -1. */
+#define TILE 32
+static int permute_strides(const IrOp *op, int64_t *st) {
+  const IrShape *s = &op->args[0]->type.shape;
+  int64_t cs[IR_MAX_RANK];
+  contiguous_strides(s, cs);
+  const int64_t *perm;
+  int n = ir_attr_get_ints(op, "perm", &perm), k = s->rank, t = -1;
+  for (int a = 0; a < k; a++) {
+    int64_t p = a < n ? perm[a] : a;
+    if (p < 0) p += k;
+    st[a] = p >= 0 && p < k ? cs[p] : 0;
+    if (st[a] == 1 && s->dim[p] > 1) t = a;
+  }
+  const IrShape *o = &op->result->type.shape;
+  if (k < 2 || t < 0 || t == k - 1 || o->dim[k - 1] < 2) return -1;
+  return t;
+}
+
+/* Tiles of a transpose: the other axes, then TILE x TILE blocks of output
+ * axes t (contiguous in the input) and last (contiguous in the output). */
+static void permute_tiles(const IrOp *op, int t, int64_t *outer, int64_t *nt, int64_t *nl) {
+  const IrShape *o = &op->result->type.shape;
+  int k = o->rank;
+  *outer = 1;
+  for (int a = 0; a < k - 1; a++)
+    if (a != t) *outer *= o->dim[a];
+  *nt = (o->dim[t] + TILE - 1) / TILE;
+  *nl = (o->dim[k - 1] + TILE - 1) / TILE;
+}
+
 /* ------------------------------------------------------------------ */
 /* Extents                                                             */
 /* ------------------------------------------------------------------ */
@@ -102,7 +135,14 @@ static void loop_extent(const IrOp *op, int64_t *iters, int64_t *cost) {
   int64_t last = y->type.shape.rank ? y->type.shape.dim[y->type.shape.rank - 1] : 1;
   *iters = 1;
   *cost = numel(y);
-  if (opc == IR_OP_PERMUTE || opc == IR_OP_SLICE || opc == IR_OP_UNSLICE || opc == IR_OP_CONCAT) {
+  int64_t pst[IR_MAX_RANK];
+  int tp = opc == IR_OP_PERMUTE ? permute_strides(op, pst) : -1;
+  if (tp >= 0) {
+    int64_t outer, nt, nl;
+    permute_tiles(op, tp, &outer, &nt, &nl);
+    *iters = outer * nt * nl;
+    *cost = TILE * TILE;
+  } else if (opc == IR_OP_PERMUTE || opc == IR_OP_SLICE || opc == IR_OP_UNSLICE || opc == IR_OP_CONCAT) {
     *iters = last ? numel(y) / last : 0;
     *cost = last;
   } else if (opc == IR_OP_SUM || opc == IR_OP_MEAN || opc == IR_OP_MAX || opc == IR_OP_LOGSUMEXP) {
@@ -159,17 +199,40 @@ static void gather_rows(Gen *g, const IrOp *op, const int64_t *st, int64_t base)
 }
 
 static void gen_permute(Gen *g, const IrOp *op) {
-  const IrShape *s = &op->args[0]->type.shape;
-  int64_t cs[IR_MAX_RANK], st[IR_MAX_RANK];
-  contiguous_strides(s, cs);
-  const int64_t *perm;
-  int n = ir_attr_get_ints(op, "perm", &perm);
-  for (int a = 0; a < s->rank; a++) {
-    int64_t p = a < n ? perm[a] : a;
-    if (p < 0) p += s->rank;
-    st[a] = p >= 0 && p < s->rank ? cs[p] : 0;
+  int64_t st[IR_MAX_RANK];
+  int t = permute_strides(op, st);
+  if (t < 0) {
+    gather_rows(g, op, st, 0);
+    return;
   }
-  gather_rows(g, op, st, 0);
+  const IrShape *o = &op->result->type.shape;
+  int k = o->rank;
+  int64_t os[IR_MAX_RANK], od[IR_MAX_RANK], ist[IR_MAX_RANK], ost[IR_MAX_RANK];
+  contiguous_strides(o, os);
+  int m = 0;
+  for (int a = 0; a < k - 1; a++)
+    if (a != t) od[m] = o->dim[a], ist[m] = st[a], ost[m++] = os[a];
+  int64_t outer, nt, nl;
+  permute_tiles(op, t, &outer, &nt, &nl);
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  GenLoop it, il, jl;
+  gen_loop_begin(g, &it, g->begin, g->end, "tile");
+  LLVMValueRef ob = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, nt * nl), "");
+  LLVMValueRef rem = LLVMBuildURem(g->b, it.iv, gen_i64(g, nt * nl), "");
+  LLVMValueRef i0 = mul(g, LLVMBuildUDiv(g->b, rem, gen_i64(g, nl), ""), TILE);
+  LLVMValueRef j0 = mul(g, LLVMBuildURem(g->b, rem, gen_i64(g, nl), ""), TILE);
+  LLVMValueRef xo = strided(g, ob, od, ist, m), yo = strided(g, ob, od, ost, m);
+  LLVMValueRef ie = add(g, i0, gen_i64(g, TILE)), je = add(g, j0, gen_i64(g, TILE));
+  ie = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, ie, gen_i64(g, o->dim[t]), ""), ie, gen_i64(g, o->dim[t]), "");
+  je = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, je, gen_i64(g, o->dim[k - 1]), ""), je,
+                       gen_i64(g, o->dim[k - 1]), "");
+  gen_loop_begin(g, &il, i0, ie, "i");
+  LLVMValueRef xi = add(g, xo, il.iv), yi = add(g, yo, mul(g, il.iv, os[t]));
+  gen_loop_begin(g, &jl, j0, je, "j");
+  gen_buf_store(g, &y, add(g, yi, jl.iv), gen_buf_load(g, &x, add(g, xi, mul(g, jl.iv, st[k - 1]))));
+  gen_loop_end(g, &jl);
+  gen_loop_end(g, &il);
+  gen_loop_end(g, &it);
 }
 
 static void gen_slice(Gen *g, const IrOp *op) {
