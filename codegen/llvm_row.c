@@ -33,6 +33,8 @@ typedef struct Plan {
   LLVMValueRef st[3]; /* per-row state: max, sum, mean, rstd, log-sum */
   int share;          /* softmax/logsumexp/cross_entropy: the earlier plan whose row
                          max and sum of exponentials over the same operand it reuses, or -1 */
+  LLVMValueRef erow;  /* the owner of row statistics a softmax reads: exp(x - max) of the
+                         row, kept by the sum's loop for the softmax's output loop */
   int y;              /* result slot */
   int x[3];           /* operand slots */
 } Plan;
@@ -588,12 +590,19 @@ static void loop_step(Row *R, Plan *p, int k) {
     if (p->p[0] == k) gen_acc_set(g, p->acc[0], gen_max_step(g, gen_acc_get(g, p->acc[0]), elem_val(R, p->x[0], k)));
     if (p->p[1] == k) {
       LLVMValueRef e = gen_exp(g, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
+      if (p->erow) LLVMBuildStore(g->b, e, LLVMBuildInBoundsGEP2(g->b, LLVMTypeOf(e), p->erow, &R->j, 1, ""));
       gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
     }
     if (p->kind == P_SOFTMAX && p->p[2] == k) {
-      LLVMValueRef d = LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], "");
-      LLVMValueRef y = op->opcode == IR_OP_LOG_SOFTMAX ? LLVMBuildFSub(g->b, d, p->st[2], "")
-                                                       : LLVMBuildFMul(g->b, gen_exp(g, d), p->st[2], "");
+      LLVMValueRef y;
+      if (op->opcode == IR_OP_LOG_SOFTMAX) {
+        y = LLVMBuildFSub(g->b, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""), p->st[2], "");
+      } else {
+        const Plan *o = p->share >= 0 ? &R->plan[p->share] : p;
+        LLVMTypeRef et = gen_reg_type(g, op->args[0]->type.dtype);
+        LLVMValueRef e = LLVMBuildLoad2(g->b, et, LLVMBuildInBoundsGEP2(g->b, et, o->erow, &R->j, 1, ""), "");
+        y = LLVMBuildFMul(g->b, e, p->st[2], "");
+      }
       define(R, p->y, gen_round(g, y, dt), k);
     }
     break;
@@ -745,6 +754,12 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
     case P_CMASK:
     case P_UNSLICE: break;
     }
+  }
+  for (int q = 0; q < n; q++) {
+    Plan *p = &R.plan[q];
+    if (p->kind != P_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX) continue;
+    Plan *o = p->share >= 0 ? &R.plan[p->share] : p;
+    if (!o->erow) o->erow = gen_alloca(g, gen_reg_type(g, o->op->args[0]->type.dtype), l->cols > 0 ? l->cols : 1);
   }
   for (int i = 0; i < R.ns; i++) {
     RSlot *s = &R.s[i];
