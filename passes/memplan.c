@@ -38,7 +38,11 @@
  * inserts a copy-accumulate kernel of its own right after the value's
  * definition: `%dW.acc = detach %v` in a new group, stored IR_STORE_GRAD,
  * which the `grad` output then reads.  The common case (a gradient that
- * feeds only its `grad`) needs no extra op.
+ * feeds only its `grad`) needs no extra op.  A gradient that is a sum
+ * `add(p, q)` of two such values (a weight decay term plus a GEMM, a tied
+ * embedding's two uses) is split first into `grad p` and `grad q` naming
+ * the same param: both producers accumulate into the one buffer, and the
+ * full-size temporary the sum would have needed is gone.
  *
  * Liveness is over "steps": a kernel (its contiguous ops) is one step, any
  * other op one step.  A buffer lives from the step that writes it to the
@@ -199,6 +203,42 @@ static bool grad_in_place(const IrValue *v, const int *uses) {
   return uses[v->id] == 1 && accumulates(v->def);
 }
 
+/* grad(add(p, q)) with p and q of the sum's type, each read only by the
+ * sum and each able to accumulate, becomes grad(p) and grad(q): both
+ * producers add into the buffer and the sum (a full-size temporary, say a
+ * GEMM's result waiting for a kernel) disappears.  Repeated while the
+ * contributions are sums themselves. */
+static void split_grad_sums(IrFunc *f, Arena *scratch) {
+  for (int i = 0; i < f->nops; i++) f->ops[i]->mark = 0;
+  int *uses = ARENA_ARRAY(scratch, int, f->nvalues + 1);
+  ir_count_uses(f, uses);
+  bool removed = false;
+  for (int i = 0; i < f->nops; i++) {
+    IrOp *gop = f->ops[i];
+    if (gop->opcode != IR_OP_GRAD) continue;
+    IrValue *v = gop->args[0];
+    IrOp *sum = v->def;
+    if (!sum || sum->opcode != IR_OP_ADD || uses[v->id] != 1) continue;
+    IrValue *p = sum->args[0], *q = sum->args[1];
+    if (p == q || !ir_type_eq(&p->type, &v->type) || !ir_type_eq(&q->type, &v->type)) continue;
+    if (!grad_in_place(p, uses) || !grad_in_place(q, uses)) continue;
+    char err[256];
+    IrOp *gq = ir_build(f, IR_OP_GRAD, &q, 1, gop->attrs, gop->nattrs, NULL, gop->loc, err, sizeof err);
+    GRADC_ASSERT(gq && f->ops[f->nops - 1] == gq);
+    memmove(&f->ops[i + 2], &f->ops[i + 1], sizeof(IrOp *) * (size_t)(f->nops - 2 - i));
+    f->ops[i + 1] = gq;
+    gop->args[0] = p;
+    /* The parts keep the gradient's name where they have none (%dW, %dW.1). */
+    if (!p->name) p->name = v->name;
+    if (!q->name) q->name = v->name;
+    uses[v->id] = 0;
+    sum->mark = 1;
+    removed = true;
+    i--; /* p may be a sum too */
+  }
+  if (removed) ir_func_remove_marked(f);
+}
+
 static bool insert_grad_copies(IrFunc *f, Arena *scratch) {
   int ngrads = 0, maxg = 0;
   for (int i = 0; i < f->nops; i++) {
@@ -281,6 +321,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     f->values[i]->storage = IR_STORE_NONE;
     f->values[i]->offset = 0;
   }
+  split_grad_sums(f, scratch);
   insert_grad_copies(f, scratch);
 
   int nv = f->nvalues, n = f->nops;

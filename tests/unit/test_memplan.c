@@ -439,6 +439,47 @@ static void test_memplan_grad_copies(void **state) {
   ir_func_free(f);
 }
 
+/* A gradient that is a sum of a kernel value and a GEMM becomes two
+ * contributions accumulating into one buffer; a sum with an argument (it
+ * cannot accumulate) or of a value with itself stays one. */
+static void test_memplan_grad_sum_split(void **state) {
+  (void)state;
+  const char *text = "func @s(%x: f32[4,4] input batch, %W: f32[4,4] param, %b: f32[4] param) {\n"
+                     "  %xt = permute %x {perm=[1,0]} : f32[4,4]\n"
+                     "  %g = matmul %xt, %x : f32[4,4]\n"
+                     "  %k = mul %W, %W : f32[4,4]\n"
+                     "  %k2 = add %k, %k : f32[4,4]\n"
+                     "  %dW = add %k2, %g : f32[4,4]\n"
+                     "  grad %dW {name=\"W\"}\n"
+                     "  %r = sum %x {axes=[0], keepdim=false} : f32[4]\n"
+                     "  %db = add %r, %b : f32[4]\n"
+                     "  grad %db {name=\"b\"}\n"
+                     "}\n";
+  IrFunc *f = read_ir(text);
+  assert_int_equal(run_pass(f, "memplan"), 0);
+  check_plan(f, "sum split");
+  int nW = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    assert_false(op->result && op->result->name && !strcmp(op->result->name, "dW")); /* the sum is gone */
+    if (op->opcode != IR_OP_GRAD) continue;
+    const IrValue *v = op->args[0];
+    assert_int_equal(v->storage, IR_STORE_GRAD);
+    if (!strcmp(ir_attr_get_str(op, "name", ""), "W")) {
+      nW++;
+      assert_true(!strcmp(v->name, "k2") || !strcmp(v->name, "g"));
+    } else {
+      assert_string_equal(v->name, "db");
+    }
+  }
+  assert_int_equal(nW, 2);
+  const IrOp *g1 = find_op(f, IR_OP_GRAD, "W");
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->opcode == IR_OP_GRAD && f->ops[i] != g1 && !strcmp(ir_attr_get_str(f->ops[i], "name", ""), "W"))
+      assert_int_equal(f->ops[i]->args[0]->offset, g1->args[0]->offset);
+  ir_func_free(f);
+}
+
 /* A transpose read only by GEMMs is a flag: no storage, its operand lives
  * until the last GEMM that reads it. */
 static void test_memplan_transpose_flags(void **state) {
@@ -505,6 +546,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_memplan_chain_peak_below_sum),
       cmocka_unit_test(test_memplan_grad_copies),
+      cmocka_unit_test(test_memplan_grad_sum_split),
       cmocka_unit_test(test_memplan_transpose_flags),
       cmocka_unit_test(test_memplan_kernel_scratch),
       cmocka_unit_test(test_memplan_every_model),
