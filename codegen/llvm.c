@@ -80,6 +80,11 @@ typedef struct KInfo {
   CgRowLayout layout;
   const char *name;
   int64_t iters, cost;
+  const IrValue **bufs; /* the arena values it touches (gen_kernel_buffers) */
+  int nbufs;
+  const char *key; /* its code without the buffers' offsets */
+  int rep;         /* the first kernel of the same key (index into Kernels.k) */
+  int copies;      /* kernels sharing this one's key (on the representative) */
 } KInfo;
 
 typedef struct Kernels {
@@ -111,6 +116,68 @@ static const char *kernel_name(Arena *a, int group, IrOp **ops, int n) {
     buf[len] = 0;
   }
   return arena_strdup(a, buf);
+}
+
+/* A kernel's code does not depend on where its buffers are, only on its
+ * ops, attributes, types, storage kinds and which buffers overlap: the
+ * key says all that, so kernels that differ only in offsets (the layers
+ * of a deep model) share one compiled body. */
+static const char *kernel_key(Arena *a, const KInfo *ki) {
+  StrBuf sb;
+  sb_init(&sb);
+  char tb[IR_TYPE_STR_MAX];
+  for (int i = 0; i < ki->nbufs; i++) {
+    const IrValue *v = ki->bufs[i];
+    int cls = i;
+    int64_t lo = v->offset, hi = lo + ir_numel(&v->type.shape) * 8;
+    for (int j = 0; j < i; j++) {
+      int64_t lo2 = ki->bufs[j]->offset, hi2 = lo2 + ir_numel(&ki->bufs[j]->type.shape) * 8;
+      if (lo < hi2 && lo2 < hi) cls = j < cls ? j : cls; /* conservative: 8 bytes an element */
+    }
+    sb_printf(&sb, "b%d:%d:%d;", i, (int)v->storage, cls);
+  }
+  for (int q = 0; q < ki->n; q++) {
+    const IrOp *op = ki->ops[q];
+    sb_printf(&sb, "|%s", ir_op_info[op->opcode].name);
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *v = op->args[j];
+      int d = -1, b = -1;
+      for (int r = 0; r < q; r++)
+        if (ki->ops[r]->result == v) d = r;
+      for (int r = 0; r < ki->nbufs; r++)
+        if (ki->bufs[r] == v) b = r;
+      if (d >= 0)
+        sb_printf(&sb, " d%d", d);
+      else if (b >= 0)
+        sb_printf(&sb, " b%d", b);
+      else if (v->def && v->def->opcode == IR_OP_CONST)
+        sb_printf(&sb, " c%.17g", ir_attr_get_float(v->def, "value", 0.0));
+      else
+        sb_puts(&sb, " n");
+      sb_printf(&sb, ":%s", ir_type_str(&v->type, tb, sizeof tb));
+    }
+    for (int k = 0; k < op->nattrs; k++) {
+      const IrAttr *at = &op->attrs[k];
+      sb_printf(&sb, " %s=", at->key);
+      switch (at->kind) {
+      case IR_ATTR_INT:
+      case IR_ATTR_BOOL: sb_printf(&sb, "%lld", (long long)at->i); break;
+      case IR_ATTR_FLOAT: sb_printf(&sb, "%.17g", at->f); break;
+      case IR_ATTR_STR: sb_printf(&sb, "\"%s\"", at->s); break;
+      case IR_ATTR_INTS:
+        for (int i = 0; i < at->n; i++) sb_printf(&sb, "%s%lld", i ? "," : "[", (long long)at->ints[i]);
+        sb_putc(&sb, ']');
+        break;
+      }
+    }
+    int b = -1;
+    for (int r = 0; r < ki->nbufs; r++)
+      if (ki->bufs[r] == op->result) b = r;
+    sb_printf(&sb, " -> %s b%d", ir_type_str(&op->result->type, tb, sizeof tb), b);
+  }
+  const char *key = arena_strdup(a, sb_str(&sb));
+  sb_free(&sb);
+  return key;
 }
 
 /* Collect the kernels: contiguous runs of one group. */
@@ -154,8 +221,26 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     }
     ki->name = kernel_name(&K->a, g, ki->ops, ki->n);
     gen_kernel_extent(f, ki->ops, ki->n, ki->row ? &ki->layout : NULL, &ki->iters, &ki->cost);
+    int maxb = (ki->row ? ki->layout.nslots : 0) + (ki->n > 0 ? ki->ops[0]->nargs : 0) + 2;
+    ki->bufs = ARENA_ARRAY(&K->a, const IrValue *, maxb);
+    ki->nbufs = gen_kernel_buffers(ki->ops, ki->n, ki->row ? &ki->layout : NULL, ki->bufs);
+    ki->key = kernel_key(&K->a, ki);
     i = j;
   }
+  /* Representatives of each key. */
+  StrMap reps;
+  strmap_init(&reps);
+  for (int k = 0; k < K->n; k++) {
+    KInfo *ki = &K->k[k];
+    intptr_t r = (intptr_t)strmap_get(&reps, ki->key);
+    if (!r) {
+      strmap_put(&reps, ki->key, (void *)(intptr_t)(k + 1));
+      r = k + 1;
+    }
+    ki->rep = (int)r - 1;
+    K->k[ki->rep].copies++;
+  }
+  strmap_free(&reps);
   return true;
 }
 
@@ -195,31 +280,76 @@ static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
 /* Emission                                                            */
 /* ------------------------------------------------------------------ */
 
-static void emit_kernel(Gen *g, KInfo *ki) {
-  LLVMTypeRef params[3] = {g->t_ptr, g->t_i64, g->t_i64};
-  LLVMTypeRef ft = LLVMFunctionType(g->t_void, params, 3, 0);
-  g->fn = LLVMAddFunction(g->mod, ki->name, ft);
+static void add_attr(Gen *g, LLVMValueRef fn, const char *name) {
+  unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(g->ctx, kind, 0));
+}
+
+/* The body of kernel ki: the kernel itself (void name(arena, begin, end),
+ * offsets as constants), or with shared = true a body every kernel of its
+ * key calls (void name(arena, begin, end, offs)). */
+static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
+  LLVMTypeRef params[4] = {g->t_ptr, g->t_i64, g->t_i64, g->t_ptr};
+  LLVMTypeRef ft = LLVMFunctionType(g->t_void, params, shared ? 4 : 3, 0);
+  char name[64];
+  snprintf(name, sizeof name, "body%d", ki->group);
+  g->fn = LLVMAddFunction(g->mod, shared ? name : ki->name, ft);
   g->group = ki->group;
   g->arena = LLVMGetParam(g->fn, 0);
   g->begin = LLVMGetParam(g->fn, 1);
   g->end = LLVMGetParam(g->fn, 2);
+  g->offs = shared ? LLVMGetParam(g->fn, 3) : NULL;
   LLVMSetValueName2(g->arena, "arena", 5);
   LLVMSetValueName2(g->begin, "begin", 5);
   LLVMSetValueName2(g->end, "end", 3);
-  unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
-  LLVMAddAttributeAtIndex(g->fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(g->ctx, nounwind, 0));
+  add_attr(g, g->fn, "nounwind");
+  if (shared) {
+    LLVMSetValueName2(g->offs, "offs", 4);
+    LLVMSetLinkage(g->fn, LLVMInternalLinkage);
+    add_attr(g, g->fn, "noinline"); /* compiled once, called by every kernel of the key */
+  }
   g->entry = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "entry");
   LLVMPositionBuilderAtEnd(g->b, g->entry);
+  gen_scopes_begin(g);
+  for (int i = 0; i < ki->nbufs; i++) gen_scope_add(g, ki->bufs[i]);
+  gen_scopes_end(g);
   if (ki->row)
     gen_row_kernel(g, ki->ops, ki->n, &ki->layout);
   else
     gen_loop_kernel(g, ki->ops[0]);
+  gen_scopes_free(g);
+  g->offs = NULL;
+  return g->fn;
 }
 
-/* Build, verify, optimise and emit one module holding kernels ks[0..n);
- * its object bytes to *obj (malloc'd). */
-static bool compile_chunk(const IrFunc *f, KInfo *const *ks, int n, bool dump, char **obj, size_t *objlen, char *err,
-                          size_t errlen) {
+/* kernel ki as a call of its key's shared body with its own offsets. */
+static void emit_wrapper(Gen *g, KInfo *ki, LLVMValueRef body) {
+  LLVMTypeRef params[3] = {g->t_ptr, g->t_i64, g->t_i64};
+  LLVMValueRef fn = LLVMAddFunction(g->mod, ki->name, LLVMFunctionType(g->t_void, params, 3, 0));
+  add_attr(g, fn, "nounwind");
+  LLVMValueRef *offs = malloc(sizeof(LLVMValueRef) * (size_t)(ki->nbufs ? ki->nbufs : 1));
+  if (!offs) abort();
+  for (int i = 0; i < ki->nbufs; i++) offs[i] = gen_i64(g, ki->bufs[i]->offset);
+  LLVMValueRef init = LLVMConstArray2(g->t_i64, offs, (uint64_t)ki->nbufs);
+  free(offs);
+  char name[64];
+  snprintf(name, sizeof name, "offs%d", ki->group);
+  LLVMValueRef table = LLVMAddGlobal(g->mod, LLVMTypeOf(init), name);
+  LLVMSetInitializer(table, init);
+  LLVMSetGlobalConstant(table, 1);
+  LLVMSetLinkage(table, LLVMPrivateLinkage);
+  LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->ctx, fn, "entry"));
+  LLVMValueRef args[4] = {LLVMGetParam(fn, 0), LLVMGetParam(fn, 1), LLVMGetParam(fn, 2), table};
+  LLVMTypeRef bparams[4] = {g->t_ptr, g->t_i64, g->t_i64, g->t_ptr};
+  LLVMBuildCall2(g->b, LLVMFunctionType(g->t_void, bparams, 4, 0), body, args, 4, "");
+  LLVMBuildRetVoid(g->b);
+}
+
+/* Build, verify, optimise and emit one module holding the kernels of the
+ * representatives ks[0..n) (of all[0..nall)); its object bytes to *obj
+ * (malloc'd). */
+static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *ks, int n, bool dump, char **obj,
+                          size_t *objlen, char *err, size_t errlen) {
   LLVMTargetMachineRef tm = host_machine(err, errlen);
   if (!tm) return false;
   Gen g;
@@ -247,7 +377,16 @@ static bool compile_chunk(const IrFunc *f, KInfo *const *ks, int n, bool dump, c
   g.t_ptr = LLVMPointerTypeInContext(g.ctx, 0);
 
   bool ok = true;
-  for (int i = 0; i < n && !g.failed; i++) emit_kernel(&g, ks[i]);
+  for (int i = 0; i < n && !g.failed; i++) {
+    KInfo *rep = ks[i];
+    if (rep->copies <= 1) {
+      emit_body(&g, rep, false);
+      continue;
+    }
+    LLVMValueRef body = emit_body(&g, rep, true);
+    for (KInfo *x = rep; x < all + nall; x++)
+      if (&all[x->rep] == rep) emit_wrapper(&g, x, body);
+  }
   if (g.failed) ok = false;
   char *msg = NULL;
   if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
@@ -305,6 +444,7 @@ typedef struct Chunk {
 
 typedef struct ChunkJob {
   const IrFunc *f;
+  Kernels *K;
   Chunk *c;
   bool dump;
 } ChunkJob;
@@ -313,7 +453,7 @@ static void compile_chunks(void *ctx, int64_t begin, int64_t end) {
   ChunkJob *job = ctx;
   for (int64_t i = begin; i < end; i++) {
     Chunk *c = &job->c[i];
-    c->ok = compile_chunk(job->f, c->ks, c->n, job->dump, &c->obj, &c->len, c->err, sizeof c->err);
+    c->ok = compile_chunk(job->f, job->K->k, job->K->n, c->ks, c->n, job->dump, &c->obj, &c->len, c->err, sizeof c->err);
   }
 }
 
@@ -325,9 +465,11 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
                            size_t errlen) {
   bool dump = o && o->dump_llvm;
   int threads = o && o->threads > 0 ? o->threads : pool_ncores();
-  int nch = dump ? 1 : K->n / 8 + 1; /* a chunk of a few kernels is worth a thread */
+  int nreps = 0;
+  for (int i = 0; i < K->n; i++) nreps += K->k[i].rep == i;
+  int nch = dump ? 1 : nreps / 8 + 1; /* a chunk of a few kernels is worth a thread */
   if (nch > threads) nch = threads;
-  if (nch > K->n) nch = K->n > 0 ? K->n : 1;
+  if (nch > nreps) nch = nreps > 0 ? nreps : 1;
   Chunk *c = calloc((size_t)nch, sizeof *c);
   KInfo **order = malloc(sizeof(KInfo *) * (size_t)(K->n ? K->n : 1));
   if (!c || !order) abort();
@@ -335,22 +477,24 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
     c[i].ks = malloc(sizeof(KInfo *) * (size_t)(K->n ? K->n : 1));
     if (!c[i].ks) abort();
   }
-  /* Largest first into the lightest chunk. */
-  for (int i = 0; i < K->n; i++) order[i] = &K->k[i];
-  for (int i = 1; i < K->n; i++)
+  /* Representatives, largest first, into the lightest chunk. */
+  int nrep = 0;
+  for (int i = 0; i < K->n; i++)
+    if (K->k[i].rep == i) order[nrep++] = &K->k[i];
+  for (int i = 1; i < nrep; i++)
     for (int j = i; j > 0 && kernel_work(order[j]) > kernel_work(order[j - 1]); j--) {
       KInfo *t = order[j];
       order[j] = order[j - 1];
       order[j - 1] = t;
     }
-  for (int i = 0; i < K->n; i++) {
+  for (int i = 0; i < nrep; i++) {
     int best = 0;
     for (int q = 1; q < nch; q++)
       if (c[q].work < c[best].work) best = q;
     c[best].ks[c[best].n++] = order[i];
     c[best].work += kernel_work(order[i]);
   }
-  ChunkJob job = {f, c, dump};
+  ChunkJob job = {f, K, c, dump};
   Pool *pool = nch > 1 ? pool_new(nch) : NULL;
   pool_run(pool, nch, 1, compile_chunks, &job);
   pool_free(pool);

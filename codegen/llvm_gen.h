@@ -18,8 +18,10 @@ typedef struct Gen {
   LLVMModuleRef mod;
   LLVMBuilderRef b;
   LLVMTypeRef t_void, t_i1, t_i8, t_i16, t_i32, t_i64, t_f32, t_f64, t_ptr;
-  /* The kernel being emitted: void name(ptr arena, i64 begin, i64 end). */
-  LLVMValueRef fn, arena, begin, end;
+  /* The kernel being emitted: void name(ptr arena, i64 begin, i64 end),
+   * or a shared body void name(ptr arena, i64 begin, i64 end, ptr offs)
+   * that finds buffer i (in registration order) at arena + offs[i]. */
+  LLVMValueRef fn, arena, begin, end, offs;
   LLVMBasicBlockRef entry; /* allocas and loop-invariant addresses go here */
   int group;
   /* Alias scopes of the kernel being emitted: one per set of overlapping
@@ -55,15 +57,19 @@ LLVMValueRef gen_load(Gen *g, LLVMValueRef ptr, IrDType dt, int scope);
 /* Store x (register type) at ptr; accumulate (+=) into a gradient buffer. */
 void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad, int scope);
 
-/* Before emitting a kernel, register every arena value it reads or writes;
- * gen_scopes_end builds one alias scope per set of overlapping ranges, so
- * the vectoriser needs no run-time overlap checks between buffers that
- * cannot overlap.  gen_scopes_free after the kernel. */
+/* Before emitting a kernel, register every arena value it reads or writes
+ * (gen_kernel_buffers' order); gen_scopes_end builds one alias scope per
+ * set of overlapping ranges, so the vectoriser needs no run-time overlap
+ * checks between buffers that cannot overlap.  gen_scopes_free after the
+ * kernel. */
 void gen_scopes_begin(Gen *g);
 void gen_scope_add(Gen *g, const IrValue *v);
 void gen_scopes_end(Gen *g);
 void gen_scopes_free(Gen *g);
 int gen_scope_of(Gen *g, const IrValue *v); /* -1 if not registered */
+/* The arena values a kernel touches, in a canonical order (layout slots,
+ * or operands then result); returns the count (at most n + 1 + slots). */
+int gen_kernel_buffers(IrOp **ops, int n, const CgRowLayout *l, const IrValue **out);
 LLVMValueRef gen_alloca(Gen *g, LLVMTypeRef t, int64_t n); /* in the entry block */
 
 /* A value in the arena (or an inlined const). */

@@ -590,10 +590,6 @@ static void gen_embedding_grad(Gen *g, const IrOp *op) {
 }
 
 void gen_loop_kernel(Gen *g, const IrOp *op) {
-  gen_scopes_begin(g);
-  for (int i = 0; i < op->nargs; i++) gen_scope_add(g, op->args[i]);
-  gen_scope_add(g, op->result);
-  gen_scopes_end(g);
   switch (op->opcode) {
   case IR_OP_PERMUTE: gen_permute(g, op); break;
   case IR_OP_SLICE: gen_slice(g, op); break;
@@ -661,5 +657,4 @@ void gen_loop_kernel(Gen *g, const IrOp *op) {
     break;
   }
   LLVMBuildRetVoid(g->b);
-  gen_scopes_free(g);
 }

@@ -379,6 +379,29 @@ void gen_scopes_free(Gen *g) {
   g->nscopes = g->capscopes = g->nclasses = 0;
 }
 
+static bool inline_const(const IrValue *v) { return v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0; }
+
+int gen_kernel_buffers(IrOp **ops, int n, const CgRowLayout *l, const IrValue **out) {
+  int k = 0;
+  if (l) {
+    for (int i = 0; i < l->nslots; i++) {
+      const IrValue *v = l->slots[i].v;
+      if (!inline_const(v) && v->storage != IR_STORE_NONE && (!l->slots[i].defined || l->slots[i].output))
+        out[k++] = v;
+    }
+    return k;
+  }
+  const IrOp *op = ops[0];
+  for (int i = 0; i <= op->nargs; i++) {
+    const IrValue *v = i < op->nargs ? op->args[i] : op->result;
+    bool dup = false;
+    for (int j = 0; j < k; j++) dup |= out[j] == v;
+    if (!dup && !inline_const(v) && v->storage != IR_STORE_NONE) out[k++] = v;
+  }
+  (void)n;
+  return k;
+}
+
 int gen_scope_of(Gen *g, const IrValue *v) {
   for (int i = 0; i < g->nscopes; i++)
     if (g->scopes[i].v == v) return g->scopes[i].cls;
@@ -468,6 +491,13 @@ GenBuf gen_buf(Gen *g, const IrValue *v) {
   else
     LLVMPositionBuilderAtEnd(g->b, g->entry);
   LLVMValueRef off = gen_i64(g, v->offset);
+  int idx = -1;
+  for (int i = 0; g->offs && i < g->nscopes; i++)
+    if (g->scopes[i].v == v) idx = i;
+  if (idx >= 0) { /* a shared body: the offset comes from the caller's table */
+    LLVMValueRef at = gen_i64(g, idx);
+    off = LLVMBuildLoad2(g->b, g->t_i64, LLVMBuildInBoundsGEP2(g->b, g->t_i64, g->offs, &at, 1, ""), "");
+  }
   b.base = LLVMBuildInBoundsGEP2(g->b, g->t_i8, g->arena, &off, 1, "");
   LLVMPositionBuilderAtEnd(g->b, cur);
   return b;

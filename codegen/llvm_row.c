@@ -682,14 +682,6 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
   R.s = calloc((size_t)(R.ns ? R.ns : 1), sizeof(RSlot));
   R.plan = calloc((size_t)(n ? n : 1), sizeof(Plan));
   if (!R.s || !R.plan) abort();
-  /* Alias scopes: every arena value the kernel reads or writes. */
-  gen_scopes_begin(g);
-  for (int i = 0; i < l->nslots; i++) {
-    const IrValue *v = l->slots[i].v;
-    if (!(v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0) && (!l->slots[i].defined || l->slots[i].output))
-      gen_scope_add(g, v);
-  }
-  gen_scopes_end(g);
   for (int i = 0; i < R.ns; i++) {
     RSlot *s = &R.s[i];
     s->cs = &l->slots[i];
@@ -803,7 +795,6 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
   }
   gen_loop_end(g, &rows);
   LLVMBuildRetVoid(g->b);
-  gen_scopes_free(g);
   free(loop_used);
   free(R.s);
   free(R.plan);
