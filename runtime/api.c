@@ -260,6 +260,11 @@ static void signature_from_model(gradc_program *p, const FeModel *m) {
 
 gradc_status gradc_program_compile_source(const char *name, const char *text, const gradc_compile_options *o,
                                           gradc_program **out) {
+  return api_program_compile(name, text, o, NULL, out);
+}
+
+gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o, PassManager *pmo,
+                                 gradc_program **out) {
   if (!out) return api_fail(GRADC_ERR_USER, "gradc: error: no place for the program (out is NULL)");
   *out = NULL;
   if (!text) return api_fail(GRADC_ERR_USER, "gradc: error: no model text");
@@ -291,8 +296,10 @@ gradc_status gradc_program_compile_source(const char *name, const char *text, co
   const char *const *names = backend_pipeline(p->target, &n);
   PassManager pm;
   pm_init(&pm);
+  if (pmo) pm = *pmo;
   PassOptions po = {.gas = p->gas, .diag = &d, .src = &src};
   int rc = pm_run(&pm, p->func, names, n, &po);
+  if (pmo) *pmo = pm; /* the caller reads the per-pass times */
   if (rc == 1) {
     st = api_fail(GRADC_ERR_USER, "%s", sb_str(&d.log));
     goto fail;

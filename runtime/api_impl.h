@@ -64,6 +64,13 @@ struct gradc_session {
   Rng rng;
 };
 
+/* gradc_program_compile_source with the caller's pass manager (dumps,
+ * timing, verification: the command line's --print-ir-* flags); pm may be
+ * NULL. */
+struct PassManager;
+gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
+                                 struct PassManager *pm, gradc_program **out);
+
 /* Record msg as this thread's last error and return st. */
 gradc_status api_fail(gradc_status st, const char *fmt, ...) GRADC_PRINTF(2, 3);
 /* The index of a param / input by name, or -1. */
