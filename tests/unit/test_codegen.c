@@ -1028,6 +1028,27 @@ static void test_codegen_object_round_trip_and_cache(void **state) {
   ir_func_free(f);
 }
 
+/* Kernels that differ only in where their buffers are share one body:
+ * each must still read and write its own buffers. */
+static void test_codegen_shared_bodies(void **state) {
+  IrFunc *f = ir_func_new("shared");
+  IrValue *z[6];
+  for (int i = 0; i < 6; i++) {
+    char nx[8], ny[8];
+    snprintf(nx, sizeof nx, "x%d", i);
+    snprintf(ny, sizeof ny, "y%d", i);
+    IrValue *x = input(f, nx, ty(IR_DT_F32, 2, 3, 20)), *y = input(f, ny, ty(IR_DT_F32, 2, 3, 20));
+    int64_t last = 1;
+    IrValue *e = un(f, IR_OP_EXP, bin(f, IR_OP_MUL, x, y));
+    z[i] = bin(f, IR_OP_DIV, e, reduce(f, IR_OP_SUM, e, &last, 1, true));
+    sink(f, z[i]);
+  }
+  Stats st = check_built(f, true, 91);
+  assert_int_equal(st.kernels, 6);
+  assert_int_equal(st.outputs, 6);
+  ir_func_free(f);
+}
+
 static void test_codegen_unplanned_value_is_an_error(void **state) {
   IrFunc *f = small_fused();
   f->args[0]->storage = IR_STORE_NONE;
@@ -1066,6 +1087,7 @@ int main(void) {
       cmocka_unit_test(test_codegen_mlp_example),
       cmocka_unit_test(test_codegen_tinygpt_example),
       cmocka_unit_test(test_codegen_object_round_trip_and_cache),
+      cmocka_unit_test(test_codegen_shared_bodies),
       cmocka_unit_test(test_codegen_unplanned_value_is_an_error),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
