@@ -13,8 +13,12 @@
  * row-kernel consumers of one whole-size value (siblings, so that
  * cross_entropy's forward and backward read the logits once).  They are
  * tried largest shared value first (the bytes a merge keeps out of
- * memory), producer->consumer edges before siblings, then program order; a merge is kept when the union
- * is still one row kernel and no path leaves one side and comes back
+ * memory), producer->consumer edges before siblings, then the deepest
+ * consumer first (so a backward op joins the backward kernel that reads
+ * it, gelu_grad next to the multiply by the incoming gradient, rather than
+ * the forward kernel that made its operand; depth and value ids make the
+ * result independent of the op order, so fusing again changes nothing);
+ * a merge is kept when the union is still one row kernel and no path leaves one side and comes back
  * into the other through another kernel or a group-0 op (a cycle).
  * Finally the kernels are numbered and the op list reordered, kernel by
  * kernel, in a topological order that stays close to the original.
@@ -205,7 +209,8 @@ static void try_merge(Fuse *fu, int i, int j, const IrValue *shared) {
 
 typedef struct Cand {
   int64_t weight; /* elements of the shared value */
-  int order;      /* program position, for ties */
+  int depth;      /* the consumer's dependency depth, for ties */
+  int id, id2;    /* the consumer's and the other op's result ids, last ties */
   int i, j;       /* op indices */
   const IrValue *shared; /* siblings: the value both read */
 } Cand;
@@ -214,8 +219,18 @@ static int cand_cmp(const void *pa, const void *pb) {
   const Cand *a = pa, *b = pb;
   if (a->weight != b->weight) return a->weight > b->weight ? -1 : 1;
   if (!a->shared != !b->shared) return a->shared ? 1 : -1; /* producer->consumer first */
-  if (a->order != b->order) return a->order < b->order ? -1 : 1;
-  return a->i < b->i ? -1 : a->i > b->i;
+  if (a->depth != b->depth) return a->depth > b->depth ? -1 : 1;
+  if (a->id != b->id) return a->id > b->id ? -1 : 1;
+  return a->id2 > b->id2 ? -1 : a->id2 < b->id2;
+}
+
+/* Siblings sorted by depth, then result id. */
+static const int *g_depth;
+static IrOp *const *g_ops;
+static int reader_cmp(const void *pa, const void *pb) {
+  int a = *(const int *)pa, b = *(const int *)pb;
+  if (g_depth[a] != g_depth[b]) return g_depth[a] < g_depth[b] ? -1 : 1;
+  return g_ops[a]->result->id - g_ops[b]->result->id;
 }
 
 /* ------------------------------------------------------------------ */
@@ -372,11 +387,19 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
   for (int i = 0; i < n; i++)
     if (gemm_transpose(&fu, i)) fu.kind[i] = K_GROUP0;
 
+  /* Dependency depth of every op (independent of the op order). */
+  int *depth = ARENA_ARRAY(scratch, int, nn);
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < f->ops[i]->nargs; k++) {
+      IrOp *d = f->ops[i]->args[k]->def;
+      if (d && depth[pos_of(d)] + 1 > depth[i]) depth[i] = depth[pos_of(d)] + 1;
+    }
+
   /* Candidates: producer->consumer edges, then siblings over one value. */
   int ncand = 0, capcand = 64;
   Cand *cands = malloc(sizeof(Cand) * (size_t)capcand);
   if (!cands) abort();
-#define ADD_CAND(W, O, I, J, S)                                                                              \
+#define ADD_CAND(W, I, J, S)                                                                                 \
   do {                                                                                                       \
     if (ncand == capcand) {                                                                                  \
       capcand *= 2;                                                                                          \
@@ -384,30 +407,41 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
       if (!c_) abort();                                                                                      \
       cands = c_;                                                                                            \
     }                                                                                                        \
-    cands[ncand++] = (Cand){(W), (O), (I), (J), (S)};                                                       \
+    cands[ncand++] = (Cand){(W), depth[J], f->ops[J]->result->id, f->ops[I]->result->id, (I), (J), (S)};   \
   } while (0)
   for (int i = 0; i < n; i++) {
     if (fu.kind[i] != K_ROW) continue;
     IrOp *op = f->ops[i];
     for (int k = 0; k < op->nargs; k++) {
       IrOp *d = op->args[k]->def;
-      if (d && fu.kind[pos_of(d)] == K_ROW) ADD_CAND(ir_numel(&op->args[k]->type.shape), i, pos_of(d), i, NULL);
+      if (d && fu.kind[pos_of(d)] == K_ROW) ADD_CAND(ir_numel(&op->args[k]->type.shape), pos_of(d), i, NULL);
     }
   }
-  /* Siblings: consecutive row-kernel readers of one value (not a const). */
-  int *last_reader = ARENA_ARRAY(scratch, int, f->nvalues ? f->nvalues : 1);
-  for (int v = 0; v < f->nvalues; v++) last_reader[v] = -1;
-  for (int i = 0; i < n; i++) {
-    if (fu.kind[i] != K_ROW) continue;
-    IrOp *op = f->ops[i];
-    for (int k = 0; k < op->nargs; k++) {
-      IrValue *v = op->args[k];
-      if (v->def && v->def->opcode == IR_OP_CONST) continue;
-      if (ir_numel(&v->type.shape) <= 1) continue;
-      int prev = last_reader[v->id];
-      if (prev >= 0 && prev != i) ADD_CAND(ir_numel(&v->type.shape), i, prev, i, v);
-      last_reader[v->id] = i;
+  /* Siblings: row-kernel readers of one value (not a const), in depth order, consecutive pairs. */
+  int *readers = ARENA_ARRAY(scratch, int, nn);
+  g_depth = depth;
+  g_ops = f->ops;
+  for (int v = 0; v < f->nvalues; v++) {
+    IrValue *val = f->values[v];
+    if ((val->def && val->def->opcode == IR_OP_CONST) || ir_numel(&val->type.shape) <= 1) continue;
+    int nr = 0;
+    int p = val->def ? pos_of(val->def) : -1;
+    if (p >= 0 && (p >= n || f->ops[p] != val->def)) continue; /* not defined by a live op */
+    if (p >= 0) {
+      for (int k = 0; k < fu.nusers[p]; k++)
+        if (fu.kind[fu.users[p][k]] == K_ROW) readers[nr++] = fu.users[p][k];
+    } else {
+      for (int i = 0; i < n; i++) {
+        if (fu.kind[i] != K_ROW) continue;
+        for (int k = 0; k < f->ops[i]->nargs; k++)
+          if (f->ops[i]->args[k] == val) {
+            readers[nr++] = i;
+            break;
+          }
+      }
     }
+    qsort(readers, (size_t)nr, sizeof(int), reader_cmp);
+    for (int r = 1; r < nr; r++) ADD_CAND(ir_numel(&val->type.shape), readers[r - 1], readers[r], val);
   }
   qsort(cands, (size_t)ncand, sizeof(Cand), cand_cmp);
   for (int c = 0; c < ncand; c++) try_merge(&fu, cands[c].i, cands[c].j, cands[c].shared);
