@@ -1,19 +1,17 @@
 /* pool.c - a fixed set of worker threads that split a loop [0, n) with the
  * calling thread: the CPU executor runs each kernel's rows on it.
  *
- * pool_run publishes one job (a pointer to a descriptor on the caller's
- * stack) and bumps a generation counter; workers wake (spinning briefly,
- * then on a condition variable), take chunks from an atomic counter, and
- * the caller takes chunks too.  The caller returns once every chunk is done
- * and no worker still holds the job's pointer, so the descriptor can live
- * on its stack.  The protocol, in sequentially consistent atomics:
- *
- *   worker: active++; job = cur; if job: run chunks; active--
- *   caller: cur = &job; gen++; run chunks; wait done == nchunks;
- *           cur = NULL; wait active == 0
- *
- * A worker that read &job did so before the caller cleared cur, so its
- * active++ is visible to the caller's final wait. */
+ * pool_run writes the job (function, context, chunking) into the pool,
+ * then publishes it by storing one 64-bit ticket, (generation, chunk
+ * count, next chunk), and bumping the wake counter.  Everyone, the caller
+ * included, takes chunks by compare-and-swap on the ticket, which fails
+ * once the generation is not the one the taker woke for: a worker that
+ * wakes late cannot take a chunk of a finished job or of the next one.
+ * The job's fields are read only after a successful take, and the caller
+ * rewrites them only after every taken chunk is done, so they are stable
+ * while anyone uses them; the caller never waits for idle workers.
+ * Workers spin briefly for the next job, then sleep on a condition
+ * variable. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -22,23 +20,25 @@
 
 #include "support.h"
 
-typedef struct PoolJob {
-  PoolFn fn;
-  void *ctx;
-  int64_t n, chunk, nchunks;
-  atomic_llong next; /* next chunk to take */
-  atomic_llong done; /* chunks finished */
-} PoolJob;
+/* ticket = generation << 32 | chunk count << 16 | next chunk */
+#define T_GEN(t) ((uint32_t)((t) >> 32))
+#define T_COUNT(t) ((int64_t)(((t) >> 16) & 0xffff))
+#define T_NEXT(t) ((int64_t)((t) & 0xffff))
+#define MAX_CHUNKS 0xffff
 
 struct Pool {
   int nthreads; /* the caller included */
   pthread_t *threads;
   pthread_mutex_t mu;
   pthread_cond_t wake;
-  atomic_uint gen;
+  atomic_uint gen; /* bumped for every job; workers wake on a change */
   atomic_bool stop;
-  _Atomic(PoolJob *) cur;
-  atomic_int active;
+  _Atomic uint64_t ticket;
+  atomic_llong done; /* chunks of the current job finished */
+  /* The current job (see above for who may read it when). */
+  PoolFn fn;
+  void *ctx;
+  int64_t n, chunk;
 };
 
 #define SPIN 4000
@@ -51,13 +51,16 @@ static void cpu_relax(void) {
 #endif
 }
 
-static void run_chunks(PoolJob *j) {
+/* Take chunks of job generation g until none is left. */
+static void run_chunks(Pool *p, uint32_t g) {
   for (;;) {
-    int64_t c = atomic_fetch_add(&j->next, 1);
-    if (c >= j->nchunks) return;
-    int64_t b = c * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
-    j->fn(j->ctx, b, e);
-    atomic_fetch_add(&j->done, 1);
+    uint64_t t = atomic_load(&p->ticket);
+    do {
+      if (T_GEN(t) != g || T_NEXT(t) >= T_COUNT(t)) return;
+    } while (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1));
+    int64_t b = T_NEXT(t) * p->chunk, e = b + p->chunk < p->n ? b + p->chunk : p->n;
+    p->fn(p->ctx, b, e);
+    atomic_fetch_add(&p->done, 1);
   }
 }
 
@@ -65,11 +68,8 @@ static void *worker(void *arg) {
   Pool *p = arg;
   unsigned seen = 0;
   for (;;) {
-    int spins = 0;
-    while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < SPIN) {
+    for (int spins = 0; atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < SPIN; spins++)
       cpu_relax();
-      spins++;
-    }
     if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
       pthread_mutex_lock(&p->mu);
       while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
@@ -77,10 +77,7 @@ static void *worker(void *arg) {
     }
     if (atomic_load(&p->stop)) return NULL;
     seen = atomic_load(&p->gen);
-    atomic_fetch_add(&p->active, 1);
-    PoolJob *j = atomic_load(&p->cur);
-    if (j) run_chunks(j);
-    atomic_fetch_sub(&p->active, 1);
+    run_chunks(p, seen);
   }
 }
 
@@ -91,6 +88,7 @@ int pool_ncores(void) {
 
 Pool *pool_new(int nthreads) {
   if (nthreads <= 0) nthreads = pool_ncores();
+  if (nthreads > MAX_CHUNKS / 4) nthreads = MAX_CHUNKS / 4;
   Pool *p = calloc(1, sizeof *p);
   if (!p) abort();
   p->nthreads = nthreads;
@@ -98,8 +96,8 @@ Pool *pool_new(int nthreads) {
   pthread_cond_init(&p->wake, NULL);
   atomic_init(&p->gen, 0);
   atomic_init(&p->stop, false);
-  atomic_init(&p->cur, NULL);
-  atomic_init(&p->active, 0);
+  atomic_init(&p->ticket, 0);
+  atomic_init(&p->done, 0);
   p->threads = calloc((size_t)nthreads, sizeof(pthread_t));
   if (!p->threads) abort();
   for (int i = 1; i < nthreads; i++)
@@ -122,27 +120,24 @@ void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx) {
     fn(ctx, 0, n);
     return;
   }
-  PoolJob j;
-  j.fn = fn;
-  j.ctx = ctx;
-  j.n = n;
-  j.chunk = (n + nchunks - 1) / nchunks;
-  j.nchunks = (n + j.chunk - 1) / j.chunk;
-  atomic_init(&j.next, 0);
-  atomic_init(&j.done, 0);
-  atomic_store(&p->cur, &j);
+  p->fn = fn;
+  p->ctx = ctx;
+  p->n = n;
+  p->chunk = (n + nchunks - 1) / nchunks;
+  nchunks = (n + p->chunk - 1) / p->chunk;
+  atomic_store(&p->done, 0);
+  uint32_t g = atomic_load(&p->gen) + 1;
+  atomic_store(&p->ticket, (uint64_t)g << 32 | (uint64_t)nchunks << 16);
   pthread_mutex_lock(&p->mu);
-  atomic_fetch_add(&p->gen, 1);
+  atomic_store(&p->gen, g);
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->mu);
-  run_chunks(&j);
-  for (int spins = 0; atomic_load(&j.done) < j.nchunks; spins++)
+  run_chunks(p, g);
+  for (int spins = 0; atomic_load(&p->done) < nchunks; spins++)
     if (spins < SPIN)
       cpu_relax();
     else
       sched_yield();
-  atomic_store(&p->cur, NULL);
-  while (atomic_load(&p->active) != 0) sched_yield();
 }
 
 void pool_free(Pool *p) {
