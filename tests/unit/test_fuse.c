@@ -209,6 +209,36 @@ static void test_fuse_cross_entropy_forward_and_backward(void **state) {
   fe_model_free(m);
 }
 
+/* gelu's backward (gelu_grad times the incoming gradient) is one kernel,
+ * reading the pre-activation the forward kernel kept.  (The loss squares
+ * the output so that the incoming gradient depends on the forward; with
+ * a linear loss forward and backward may rightly share one kernel.) */
+static void test_fuse_gelu_backward_with_its_neighbours(void **state) {
+  const char *src = "model g {\n  batch B = 4\n  dim D = 8\n  dim H = 16\n"
+                    "  input x : f32[B, D]\n  param W : f32[D, H]\n  param b : f32[H]\n  param V : f32[H, D]\n"
+                    "  loss l = sum((gelu(x @ W + b) @ V) ** 2)\n}\n";
+  FeModel *m = compile_model("g.gdl", src, 1);
+  IrFunc *f = m->func;
+  check_fused(f);
+  const IrOp *gg = NULL, *gl = NULL;
+  for (int i = 0; i < f->nops; i++) {
+    if (f->ops[i]->opcode == IR_OP_GELU_GRAD) gg = f->ops[i];
+    if (f->ops[i]->opcode == IR_OP_GELU) gl = f->ops[i];
+  }
+  assert_non_null(gg);
+  assert_non_null(gl);
+  int muls = 0;
+  for (int i = 0; i < f->nops; i++)
+    for (int a = 0; a < f->ops[i]->nargs; a++)
+      if (f->ops[i]->args[a] == gg->result) {
+        assert_int_equal(f->ops[i]->group, gg->group); /* dy * gelu_grad(h) */
+        muls++;
+      }
+  assert_int_equal(muls, 1);
+  assert_int_not_equal(gg->group, gl->group); /* the forward kernel: bias and gelu */
+  fe_model_free(m);
+}
+
 /* An op that would both feed a GEMM and read its result stays apart. */
 static void test_fuse_never_makes_a_cycle(void **state) {
   IrFunc *f = ir_func_new("cyc");
@@ -437,6 +467,7 @@ int main(void) {
       cmocka_unit_test(test_fuse_layer_norm_backward_is_one_kernel),
       cmocka_unit_test(test_fuse_softmax_forward_is_one_kernel),
       cmocka_unit_test(test_fuse_cross_entropy_forward_and_backward),
+      cmocka_unit_test(test_fuse_gelu_backward_with_its_neighbours),
       cmocka_unit_test(test_fuse_never_makes_a_cycle),
       cmocka_unit_test(test_fuse_outputs_are_written_once),
       cmocka_unit_test(test_fuse_unslices_and_their_sum),
