@@ -6,6 +6,8 @@
  *   gradc init    MODEL.gdl -o PARAMS.safetensors [--seed S]
  *   gradc run     MODEL.gdl --params P --inputs I [--gas K] [--grads-out G]
  *   gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [--gas K]
+ *   gradc data text   FILE... -T N -o DATA.safetensors      (tools/train.c)
+ *   gradc train       MODEL.gdl|ARTIFACT --data DATA ...     (tools/train.c)
  *
  * stdout carries only run's loss lines and IR printed by opt (or compile
  * without -o); everything else goes to stderr.  Exit status: 0 success,
@@ -19,6 +21,7 @@
 #include "ir/ir.h"
 #include "passes/passes.h"
 #include "runtime/runtime.h"
+#include "tools.h"
 
 typedef struct Args {
   const char *cmd;
@@ -62,15 +65,18 @@ static const char *help_text[][2] = {
     {"data", "gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [-D N=V]...\n"
              "  Write one window of random inputs: floats ~ N(0,1), integers in [0, the size of the\n"
              "  axis they index).\n"},
+    {"data", data_text_help},
     {"run", "gradc run MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
             "  writes one gradient per param.\n"},
+    {"train", train_help},
 };
 
 static void print_help(const char *cmd) {
   int n = (int)(sizeof help_text / sizeof help_text[0]);
   if (cmd) {
+    bool found = false; /* a command may have several entries (data random, data text) */
     for (int i = 0; i < n; i++)
       if (strcmp(help_text[i][0], cmd) == 0) {
         fputs(help_text[i][1], stdout);
@@ -80,8 +86,9 @@ static void print_help(const char *cmd) {
           printf("  Passes:\n");
           for (int j = 0; j < np; j++) printf("    %-10s %s\n", ps[j].name, ps[j].what);
         }
-        return;
+        found = true;
       }
+    if (found) return;
   }
   printf("gradc %s - a graph compiler for training\n\nCommands:\n", GRADC_VERSION);
   for (int i = 0; i < n; i++) printf("%s", help_text[i][1]);
@@ -448,11 +455,14 @@ int main(int argc, char **argv) {
     print_help(argc > 2 ? argv[2] : NULL);
     return 0;
   }
+  /* train and data text parse their own flags (tools/train.c). */
+  if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 1, argv + 1);
+  if (strcmp(argv[1], "data") == 0 && argc > 2 && strcmp(argv[2], "text") == 0) return cmd_data_text(argc - 2, argv + 2);
   Args a;
   if (strcmp(argv[1], "data") == 0) {
     /* `data random MODEL ...`: drop the sub-command word. */
     if (argc < 3 || strcmp(argv[2], "random") != 0)
-      return usage_error("data: unknown or missing sub-command '%s' (have: random)", argc > 2 ? argv[2] : "");
+      return usage_error("data: unknown or missing sub-command '%s' (have: random, text)", argc > 2 ? argv[2] : "");
     argv[2] = argv[1];
     argv++;
     argc--;

@@ -1,0 +1,37 @@
+/* tools.h - the command line's pieces that live outside gradc.c: the
+ * training loop and dataset writer (train.c) and the SVG plot writer
+ * (plot.c). */
+#ifndef GRADC_TOOLS_H
+#define GRADC_TOOLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* ------------------------------------------------------------------ */
+/* train.c                                                             */
+/* ------------------------------------------------------------------ */
+/* `gradc train MODEL ...` and `gradc data text FILE... ...`.  argv[0] is the
+ * command word ("train"; "text" for the data sub-command); each returns the
+ * exit status (0, 1 user error, 2 internal error). */
+int cmd_train(int argc, char **argv);
+int cmd_data_text(int argc, char **argv);
+extern const char train_help[];
+extern const char data_text_help[];
+
+/* ------------------------------------------------------------------ */
+/* plot.c                                                              */
+/* ------------------------------------------------------------------ */
+typedef struct PlotSeries {
+  const char *name;    /* legend entry */
+  const double *x, *y; /* n points; non-finite y values break the line */
+  int n;
+  bool emphasis;       /* drawn thicker and dashed (e.g. the total) */
+} PlotSeries;
+
+/* Write a standalone SVG line chart (axes, ticks, grid, one polyline per
+ * series, a legend) to path, atomically.  On failure writes "PATH: reason"
+ * to err and returns false. */
+bool plot_svg(const char *path, const char *title, const char *xlabel, const char *ylabel, const PlotSeries *s,
+              int ns, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,1173 @@
+/* train.c - `gradc train` (a training loop over the C API of
+ * include/gradc.h) and `gradc data text` (a byte-level language-model
+ * dataset from text files).
+ *
+ * A dataset is a safetensors file with one tensor per model input, named as
+ * the input, whose leading axis counts samples: for `input idx : i32[B, T]`
+ * it holds `idx : I32[N, T]`.  Inputs without a batch axis are stored with
+ * their own shape and fed unchanged every step.
+ *
+ * Data order: the windows of an epoch are B consecutive samples of a
+ * permutation of the N samples (the last N mod B are dropped that epoch).
+ * Each epoch's permutation is a Fisher-Yates shuffle seeded by one draw from
+ * the session's generator (gradc_session_rng_next) at the epoch's first
+ * step, so the order follows from --seed alone.  A checkpoint keeps the
+ * generator (the C API saves it) and the current epoch's draw (this file
+ * adds it to the checkpoint's __metadata__ as train.epoch_key), so a
+ * resumed run continues the same order mid-epoch and its steps are
+ * bit-identical to an uninterrupted run's.
+ *
+ * Progress goes to stderr: on a terminal one line redrawn in place, else
+ * plain lines every --print-every steps.  stdout stays empty. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gradc.h"
+#include "runtime/runtime.h"
+#include "support/support.h"
+#include "tools.h"
+
+const char train_help[] =
+    "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref]\n"
+    "            [--optimizer sgd|adamw] [--lr X] [--momentum M] [--dampening D] [--nesterov]\n"
+    "            [--beta1 B] [--beta2 B] [--eps E] [--weight-decay W] [--clip C]\n"
+    "            [--warmup N] [--cosine] [--min-lr X] [--seed S] [--init PARAMS.safetensors]\n"
+    "            [--params-out PARAMS.safetensors] [--checkpoint FILE] [--checkpoint-every N]\n"
+    "            [--resume FILE] [--stop-after N] [--log FILE.csv|FILE.jsonl] [--plot FILE.svg]\n"
+    "            [--print-every N] [--threads N] [--no-cache] [-D N=V]...\n"
+    "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
+    "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
+    "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
+    "  torch's defaults unless given.  --steps N is the run's total (default 100): a resumed run\n"
+    "  continues to it, and --cosine decays the rate to --min-lr (default 0) there, after --warmup\n"
+    "  steps of linear warm-up.  --seed S (default 0) seeds the params' init and the data order.\n"
+    "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
+    "  --checkpoint is written at the end and every --checkpoint-every steps; --stop-after N ends\n"
+    "  this run after N steps, as Ctrl-C does after the current one.  Progress goes to stderr: a\n"
+    "  bar redrawn in place on a terminal, else a line every --print-every steps.  --log writes a\n"
+    "  row per step (step, lr, each loss, total, grad_norm, elapsed_s) as CSV or JSON lines;\n"
+    "  --plot draws the loss curves as SVG.  stdout stays empty.\n";
+
+const char data_text_help[] =
+    "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
+    "  A language-model dataset from text files (concatenated): byte-level tokens, sample i is\n"
+    "  bytes [i*S, i*S+T) as idx and the next bytes [i*S+1, i*S+T+1) as targets, both I32[N, T]\n"
+    "  (S defaults to T).  Token ids are byte values (train with -D V=256), or with --compact the\n"
+    "  index of the byte among the distinct bytes of the text, in byte order (vocabulary size and\n"
+    "  bytes in __metadata__ as vocab_size and vocab).  --names renames the two tensors.\n";
+
+/* ---- small helpers ---- */
+
+static int error(int code, const char *fmt, ...) GRADC_PRINTF(2, 3);
+static int error(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("gradc: error: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return code;
+}
+
+static void warning(const char *fmt, ...) GRADC_PRINTF(1, 2);
+static void warning(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("gradc: warning: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* A failed API call: its message, exit 1 (user) or 2 (internal).  Model
+ * diagnostics already carry their "file:line:col: error:" prefix. */
+static int api_error(gradc_status st) {
+  const char *msg = gradc_last_error();
+  if (!msg || !*msg) msg = "unknown failure";
+  if (strstr(msg, "error: "))
+    fprintf(stderr, "%s%s", msg, msg[strlen(msg) - 1] == '\n' ? "" : "\n");
+  else
+    fprintf(stderr, "gradc: error: %s\n", msg);
+  return st == GRADC_ERR_INTERNAL ? 2 : 1;
+}
+
+static bool parse_i64(const char *s, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end) return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_f64(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+/* "--flag=value" or "--flag value": the value, or NULL when arg is not flag. */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag, bool *missing) {
+  size_t n = strlen(flag);
+  if (strncmp(argv[*i], flag, n) != 0) return NULL;
+  if (argv[*i][n] == '=') return argv[*i] + n + 1;
+  if (argv[*i][n] != 0) return NULL;
+  if (*i + 1 >= argc) {
+    *missing = true;
+    return NULL;
+  }
+  return argv[++*i];
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static const char *dtype_name(gradc_dtype dt) {
+  switch (dt) {
+  case GRADC_F32: return "f32";
+  case GRADC_F64: return "f64";
+  case GRADC_BF16: return "bf16";
+  case GRADC_F16: return "f16";
+  case GRADC_I32: return "i32";
+  case GRADC_I64: return "i64";
+  }
+  return "?";
+}
+
+static void shape_str(char *buf, size_t n, const int64_t *shape, int rank, int from) {
+  size_t k = 0;
+  k += (size_t)snprintf(buf + k, n - k, "[");
+  for (int i = from; i < rank && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, i > from ? "," : "", shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+/* ================================================================== */
+/* gradc data text                                                     */
+/* ================================================================== */
+
+int cmd_data_text(int argc, char **argv) {
+  const char *files[256], *output = NULL, *names = NULL;
+  int nfiles = 0;
+  int64_t T = 0, stride = 0;
+  bool compact = false;
+  for (int i = 1; i < argc; i++) {
+    const char *v;
+    bool missing = false;
+    char *arg = argv[i];
+    if (strcmp(arg, "-T") == 0 || (v = flag_value(argc, argv, &i, "--context", &missing))) {
+      if (strcmp(arg, "-T") == 0) v = i + 1 < argc ? argv[++i] : NULL;
+      if (!v || !parse_i64(v, &T) || T < 1 || T > (1 << 24))
+        return error(1, "-T expects a positive context length, got '%s' (see gradc help data)", v ? v : "");
+    } else if ((v = flag_value(argc, argv, &i, "--stride", &missing))) {
+      if (!parse_i64(v, &stride) || stride < 1)
+        return error(1, "--stride expects a positive integer, got '%s' (see gradc help data)", v);
+    } else if ((v = flag_value(argc, argv, &i, "--names", &missing))) {
+      names = v;
+    } else if (strcmp(arg, "-o") == 0) {
+      if (i + 1 >= argc) return error(1, "-o needs a file name (see gradc help data)");
+      output = argv[++i];
+    } else if (strcmp(arg, "--compact") == 0) {
+      compact = true;
+    } else if (missing) {
+      return error(1, "%s needs a value (see gradc help data)", arg);
+    } else if (arg[0] == '-' && arg[1]) {
+      return error(1, "unknown or incomplete option '%s' (see gradc help data)", arg);
+    } else {
+      if (nfiles == (int)(sizeof files / sizeof *files)) return error(1, "too many text files");
+      files[nfiles++] = arg;
+    }
+  }
+  if (!nfiles) return error(1, "data text needs a text file (see gradc help data)");
+  if (!T) return error(1, "data text needs -T N, the context length (see gradc help data)");
+  if (!output) return error(1, "data text needs -o DATA.safetensors (see gradc help data)");
+  if (!stride) stride = T;
+
+  char idx_name[256] = "idx", tgt_name[256] = "targets";
+  if (names) {
+    const char *comma = strchr(names, ',');
+    size_t a = comma ? (size_t)(comma - names) : 0;
+    if (!comma || a == 0 || !comma[1] || strchr(comma + 1, ',') || a >= sizeof idx_name ||
+        strlen(comma + 1) >= sizeof tgt_name || strncmp(names, comma + 1, a) == 0)
+      return error(1, "--names expects two different names IDX,TARGETS, got '%s'", names);
+    memcpy(idx_name, names, a);
+    idx_name[a] = 0;
+    strcpy(tgt_name, comma + 1);
+  }
+
+  /* The text: all files, concatenated. */
+  StrBuf text;
+  sb_init(&text);
+  for (int i = 0; i < nfiles; i++) {
+    const char *err;
+    size_t len;
+    char *s = read_file(files[i], &len, &err);
+    if (!s) {
+      sb_free(&text);
+      return error(1, "%s: %s", files[i], err);
+    }
+    sb_putn(&text, s, len);
+    free(s);
+  }
+  const unsigned char *bytes = (const unsigned char *)sb_str(&text);
+  int64_t len = (int64_t)text.len;
+  if (len < T + 1) {
+    sb_free(&text);
+    return error(1, "%s: %" PRId64 " bytes of text, too few for one sample of %" PRId64 " tokens and its target",
+                 files[0], len, T);
+  }
+  int64_t N = (len - T - 1) / stride + 1;
+
+  /* Token ids: byte values, or ranks among the bytes present. */
+  int id[256], nvocab = 256;
+  bool present[256] = {false};
+  for (int64_t i = 0; i < len; i++) present[bytes[i]] = true;
+  for (int b = 0; b < 256; b++) id[b] = b;
+  StrBuf vocab;
+  sb_init(&vocab);
+  if (compact) {
+    nvocab = 0;
+    sb_putc(&vocab, '[');
+    for (int b = 0; b < 256; b++)
+      if (present[b]) {
+        sb_printf(&vocab, "%s%d", nvocab ? "," : "", b);
+        id[b] = nvocab++;
+      }
+    sb_putc(&vocab, ']');
+  }
+
+  if ((uint64_t)N * (uint64_t)T > ((uint64_t)1 << 31)) {
+    sb_free(&text);
+    sb_free(&vocab);
+    return error(1, "%" PRId64 " samples of %" PRId64 " tokens is too large a dataset; raise --stride", N, T);
+  }
+  int32_t *idx = malloc(sizeof(int32_t) * (size_t)(N * T)), *tgt = malloc(sizeof(int32_t) * (size_t)(N * T));
+  if (!idx || !tgt) abort();
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t t = 0; t < T; t++) {
+      idx[n * T + t] = id[bytes[n * stride + t]];
+      tgt[n * T + t] = id[bytes[n * stride + t + 1]];
+    }
+
+  StFile st;
+  st_init(&st);
+  int64_t shape[2] = {N, T};
+  st_add(&st, idx_name, ST_I32, 2, shape, idx);
+  st_add(&st, tgt_name, ST_I32, 2, shape, tgt);
+  char buf[64];
+  st_set_meta(&st, "format", "gradc.text");
+  snprintf(buf, sizeof buf, "%d", nvocab);
+  st_set_meta(&st, "vocab_size", buf);
+  st_set_meta(&st, "vocab", compact ? sb_str(&vocab) : "bytes");
+  snprintf(buf, sizeof buf, "%" PRId64, stride);
+  st_set_meta(&st, "stride", buf);
+  snprintf(buf, sizeof buf, "%" PRId64, len);
+  st_set_meta(&st, "text_bytes", buf);
+  char err[1024];
+  int rc = 0;
+  if (!st_write(output, &st, err, sizeof err))
+    rc = error(1, "%s", err);
+  else
+    fprintf(stderr,
+            "%s: %" PRId64 " samples of %" PRId64 " tokens from %" PRId64 " bytes (stride %" PRId64
+            "), vocabulary %d%s; train with -D T=%" PRId64 " -D V=%d\n",
+            output, N, T, len, stride, nvocab, compact ? " (compact)" : " (bytes)", T, nvocab);
+  st_free(&st);
+  free(idx);
+  free(tgt);
+  sb_free(&text);
+  sb_free(&vocab);
+  return rc;
+}
+
+/* ================================================================== */
+/* gradc train                                                         */
+/* ================================================================== */
+
+typedef struct TrainArgs {
+  const char *model, *data;
+  int64_t steps, stop_after, print_every;
+  int gas;
+  bool gas_set;
+  const char *target;
+  int threads;
+  bool no_cache;
+  gradc_optimizer_kind kind;
+  double lr, momentum, dampening, beta1, beta2, eps, weight_decay, clip, min_lr;
+  bool lr_set, momentum_set, dampening_set, nesterov, beta1_set, beta2_set, eps_set, wd_set, min_lr_set;
+  int64_t warmup;
+  bool cosine;
+  uint64_t seed;
+  const char *init, *params_out, *checkpoint, *resume, *log, *plot;
+  int64_t checkpoint_every;
+  const char *def_names[64];
+  int64_t def_values[64];
+  int ndefs;
+} TrainArgs;
+
+static int parse_train_args(int argc, char **argv, TrainArgs *a) {
+  memset(a, 0, sizeof *a);
+  a->steps = 100;
+  a->gas = 1;
+  a->kind = GRADC_ADAMW;
+  for (int i = 1; i < argc; i++) {
+    char *arg = argv[i];
+    const char *v = NULL;
+    bool missing = false;
+    int64_t n;
+    double x;
+#define FLAG(name) ((v = flag_value(argc, argv, &i, name, &missing)) != NULL)
+#define INT_FLAG(name, dst, lo)                                                                            \
+  if (FLAG(name)) {                                                                                        \
+    if (!parse_i64(v, &n) || n < (lo)) return error(1, "%s expects an integer >= %d, got '%s'", name, lo, v); \
+    dst = n;                                                                                               \
+    continue;                                                                                              \
+  }
+#define REAL_FLAG(name, dst, set)                                                                          \
+  if (FLAG(name)) {                                                                                        \
+    if (!parse_f64(v, &x) || x < 0) return error(1, "%s expects a non-negative number, got '%s'", name, v); \
+    dst = x;                                                                                               \
+    set = true;                                                                                            \
+    continue;                                                                                              \
+  }
+    if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
+      const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
+      const char *eq = def ? strchr(def, '=') : NULL;
+      if (!eq || eq == def || !parse_i64(eq + 1, &n))
+        return error(1, "-D expects NAME=INTEGER, got '%s' (see gradc help train)", def ? def : "");
+      if (a->ndefs == 64) return error(1, "too many -D options");
+      a->def_names[a->ndefs] = strndup(def, (size_t)(eq - def));
+      a->def_values[a->ndefs++] = n;
+      continue;
+    }
+    INT_FLAG("--steps", a->steps, 1)
+    INT_FLAG("--stop-after", a->stop_after, 1)
+    INT_FLAG("--print-every", a->print_every, 1)
+    INT_FLAG("--warmup", a->warmup, 0)
+    INT_FLAG("--checkpoint-every", a->checkpoint_every, 1)
+    REAL_FLAG("--lr", a->lr, a->lr_set)
+    REAL_FLAG("--momentum", a->momentum, a->momentum_set)
+    REAL_FLAG("--dampening", a->dampening, a->dampening_set)
+    REAL_FLAG("--beta1", a->beta1, a->beta1_set)
+    REAL_FLAG("--beta2", a->beta2, a->beta2_set)
+    REAL_FLAG("--eps", a->eps, a->eps_set)
+    REAL_FLAG("--weight-decay", a->weight_decay, a->wd_set)
+    REAL_FLAG("--min-lr", a->min_lr, a->min_lr_set)
+    if (FLAG("--gas")) {
+      if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--gas expects a positive integer, got '%s'", v);
+      a->gas = (int)n;
+      a->gas_set = true;
+    } else if (FLAG("--threads")) {
+      if (!parse_i64(v, &n) || n < 0 || n > 4096) return error(1, "--threads expects an integer >= 0, got '%s'", v);
+      a->threads = (int)n;
+    } else if (FLAG("--clip")) {
+      if (!parse_f64(v, &x) || x <= 0) return error(1, "--clip expects a positive norm, got '%s'", v);
+      a->clip = x;
+    } else if (FLAG("--seed")) {
+      if (!parse_i64(v, &n) || n < 0) return error(1, "--seed expects a non-negative integer, got '%s'", v);
+      a->seed = (uint64_t)n;
+    } else if (FLAG("--optimizer")) {
+      if (strcmp(v, "sgd") == 0)
+        a->kind = GRADC_SGD;
+      else if (strcmp(v, "adamw") == 0)
+        a->kind = GRADC_ADAMW;
+      else
+        return error(1, "--optimizer expects sgd or adamw, got '%s'", v);
+    } else if (FLAG("--data")) {
+      a->data = v;
+    } else if (FLAG("--target")) {
+      a->target = v;
+    } else if (FLAG("--init")) {
+      a->init = v;
+    } else if (FLAG("--params-out")) {
+      a->params_out = v;
+    } else if (FLAG("--checkpoint")) {
+      a->checkpoint = v;
+    } else if (FLAG("--resume")) {
+      a->resume = v;
+    } else if (FLAG("--log")) {
+      a->log = v;
+    } else if (FLAG("--plot")) {
+      a->plot = v;
+    } else if (strcmp(arg, "--nesterov") == 0) {
+      a->nesterov = true;
+    } else if (strcmp(arg, "--cosine") == 0) {
+      a->cosine = true;
+    } else if (strcmp(arg, "--no-cache") == 0) {
+      a->no_cache = true;
+    } else if (missing) {
+      return error(1, "%s needs a value (see gradc help train)", arg);
+    } else if (arg[0] == '-' && arg[1]) {
+      return error(1, "unknown or incomplete option '%s' (see gradc help train)", arg);
+    } else if (!a->model) {
+      a->model = arg;
+    } else {
+      return error(1, "unexpected argument '%s' (see gradc help train)", arg);
+    }
+#undef FLAG
+#undef INT_FLAG
+#undef REAL_FLAG
+  }
+  if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
+  if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0)
+    return error(1, "unsupported --target '%s' (this build has: cpu, ref)", a->target);
+  bool sgd = a->kind == GRADC_SGD;
+  if (!sgd && (a->momentum_set || a->dampening_set || a->nesterov))
+    return error(1, "--momentum, --dampening and --nesterov are options of --optimizer sgd");
+  if (sgd && (a->beta1_set || a->beta2_set || a->eps_set))
+    return error(1, "--beta1, --beta2 and --eps are options of --optimizer adamw");
+  if (a->nesterov && (a->momentum <= 0 || a->dampening != 0))
+    return error(1, "--nesterov needs --momentum > 0 and no dampening (as torch.optim.SGD)");
+  if ((a->beta1_set && a->beta1 >= 1) || (a->beta2_set && a->beta2 >= 1))
+    return error(1, "--beta1 and --beta2 must be below 1");
+  if (a->min_lr_set && !a->cosine) return error(1, "--min-lr applies to --cosine");
+  if (a->warmup > a->steps) return error(1, "--warmup %" PRId64 " is longer than --steps %" PRId64, a->warmup, a->steps);
+  if (a->checkpoint_every && !a->checkpoint) return error(1, "--checkpoint-every needs --checkpoint FILE");
+  if (a->init && a->resume) return error(1, "--init and --resume both set the params; pass one");
+  if (a->log && !ends_with(a->log, ".csv") && !ends_with(a->log, ".jsonl"))
+    return error(1, "--log: '%s' should end in .csv or .jsonl", a->log);
+  return 0;
+}
+
+/* ---- the dataset ---- */
+
+typedef struct Feed { /* a program input and the dataset tensor that feeds it */
+  const char *name;
+  const StTensor *t;
+  gradc_dtype dt;  /* as passed to gradc_session_set_input */
+  bool batched;
+  size_t row_bytes; /* batched: bytes per sample */
+  int64_t window;   /* elements per window */
+  char *buf;        /* one window (batched) */
+} Feed;
+
+typedef struct Data {
+  StFile st;
+  Feed *feed;
+  int nfeed;
+  int64_t n;   /* samples */
+  int64_t b;   /* window size */
+  int64_t wpe; /* windows per epoch */
+  int64_t tokens_per_window;
+  const char *unit; /* "tok/s" or "samples/s" */
+  int64_t *perm;    /* this epoch's order */
+  uint64_t key;     /* its shuffle seed */
+  bool have_perm;
+} Data;
+
+static void data_free(Data *d) {
+  for (int i = 0; i < d->nfeed; i++) free(d->feed[i].buf);
+  free(d->feed);
+  free(d->perm);
+  st_free(&d->st);
+}
+
+/* Match the dataset's tensors to the program's inputs. */
+static int data_open(Data *d, const char *path, const gradc_program *p) {
+  memset(d, 0, sizeof *d);
+  char err[1024];
+  st_init(&d->st);
+  if (!st_read(path, &d->st, err, sizeof err)) return error(1, "%s", err);
+  int ni = gradc_program_num_inputs(p);
+  d->feed = calloc((size_t)(ni ? ni : 1), sizeof *d->feed);
+  if (!d->feed) abort();
+  d->n = -1;
+  d->unit = "samples/s";
+  for (int i = 0; i < ni; i++) {
+    gradc_tensor_info in;
+    if (gradc_program_input_info(p, i, &in) != GRADC_OK) return api_error(GRADC_ERR_INTERNAL);
+    Feed *f = &d->feed[d->nfeed++];
+    f->name = in.name;
+    f->batched = in.batched && in.rank > 0;
+    char want[160], got[160];
+    shape_str(want, sizeof want, in.shape, in.rank, f->batched ? 1 : 0);
+    const StTensor *t = st_find(&d->st, in.name);
+    if (!t)
+      return error(1, "%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
+                   dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
+    f->t = t;
+    bool is_int = in.dtype == GRADC_I32 || in.dtype == GRADC_I64;
+    switch (t->dtype) {
+    case ST_I32: f->dt = GRADC_I32; break;
+    case ST_I64: f->dt = GRADC_I64; break;
+    case ST_F32: f->dt = GRADC_F32; break;
+    case ST_F64: f->dt = GRADC_F64; break;
+    case ST_BF16:
+    case ST_F16: f->dt = GRADC_BF16; break;
+    }
+    bool t_int = t->dtype == ST_I32 || t->dtype == ST_I64;
+    bool shape_ok = t->rank == in.rank;
+    for (int k = f->batched ? 1 : 0; shape_ok && k < in.rank; k++) shape_ok = t->shape[k] == in.shape[k];
+    if (t->dtype == ST_BF16 || t->dtype == ST_F16 || is_int != t_int || !shape_ok) {
+      shape_str(got, sizeof got, t->shape, t->rank, 0);
+      return error(1, "%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name,
+                   is_int ? "I32 or I64" : "F32 or F64", f->batched ? "[N]+" : "", want,
+                   f->batched ? "samples along the first axis" : "the input as it is", st_dtype_name(t->dtype), got);
+    }
+    int64_t per = 1;
+    for (int k = f->batched ? 1 : 0; k < in.rank; k++) per *= in.shape[k];
+    f->row_bytes = (size_t)per * st_dtype_size(t->dtype);
+    if (f->batched) {
+      if (d->n >= 0 && t->shape[0] != d->n)
+        return error(1, "%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t->shape[0],
+                     d->feed[0].name, d->n);
+      if (d->n < 0) {
+        d->n = t->shape[0];
+        d->b = in.shape[0];
+      }
+      f->window = per * in.shape[0];
+      f->buf = malloc(f->row_bytes * (size_t)in.shape[0] + 1);
+      if (!f->buf) abort();
+      if (is_int && in.rank >= 2 && !d->tokens_per_window) {
+        d->tokens_per_window = in.shape[0] * in.shape[1];
+        d->unit = "tok/s";
+      }
+    } else {
+      f->window = per;
+    }
+  }
+  for (int i = 0; i < d->st.n; i++) {
+    bool used = false;
+    for (int j = 0; j < d->nfeed; j++) used |= d->feed[j].t == &d->st.t[i];
+    if (!used) return error(1, "%s: tensor '%s' is not an input of the model", path, d->st.t[i].name);
+  }
+  if (d->n < 0) { /* no batched input: every step sees the same data */
+    d->n = d->b = 1;
+  } else if (d->n < d->b) {
+    return error(1, "%s: %" PRId64 " samples, fewer than one window of %" PRId64, path, d->n, d->b);
+  }
+  if (!d->tokens_per_window) d->tokens_per_window = d->b;
+  d->wpe = d->n / d->b;
+  d->perm = malloc(sizeof(int64_t) * (size_t)d->n);
+  if (!d->perm) abort();
+  return 0;
+}
+
+/* The epoch's order: a Fisher-Yates shuffle of 0..n-1 seeded by key. */
+static void data_shuffle(Data *d, uint64_t key) {
+  Rng r;
+  rng_seed(&r, key);
+  for (int64_t i = 0; i < d->n; i++) d->perm[i] = i;
+  for (int64_t i = d->n - 1; i > 0; i--) {
+    int64_t j = (int64_t)(((unsigned __int128)rng_next(&r) * (uint64_t)(i + 1)) >> 64);
+    int64_t t = d->perm[i];
+    d->perm[i] = d->perm[j];
+    d->perm[j] = t;
+  }
+  d->key = key;
+  d->have_perm = true;
+}
+
+/* Bind the window of step s (0-based) to the session. */
+static int data_feed(Data *d, gradc_session *s, int64_t step) {
+  int64_t w = step % d->wpe;
+  if (w == 0) data_shuffle(d, gradc_session_rng_next(s));
+  GRADC_ASSERT(d->have_perm);
+  for (int i = 0; i < d->nfeed; i++) {
+    Feed *f = &d->feed[i];
+    const void *src = f->t->data;
+    if (f->batched) {
+      for (int64_t k = 0; k < d->b; k++)
+        memcpy(f->buf + (size_t)k * f->row_bytes, (const char *)f->t->data + (size_t)d->perm[w * d->b + k] * f->row_bytes,
+               f->row_bytes);
+      src = f->buf;
+    }
+    gradc_status st = gradc_session_set_input(s, f->name, f->dt, src, (size_t)f->window);
+    if (st != GRADC_OK) return api_error(st);
+  }
+  return 0;
+}
+
+/* ---- checkpoints: the C API's file plus the data order ---- */
+
+static int save_checkpoint(gradc_session *s, const char *path, const Data *d) {
+  gradc_status st = gradc_session_save_checkpoint(s, path);
+  if (st != GRADC_OK) return api_error(st);
+  StFile f;
+  st_init(&f);
+  char err[1024], buf[64];
+  bool ok = st_read(path, &f, err, sizeof err);
+  if (ok) {
+    snprintf(buf, sizeof buf, "%016" PRIx64, d->key);
+    st_set_meta(&f, "train.epoch_key", buf);
+    snprintf(buf, sizeof buf, "%" PRId64, d->n);
+    st_set_meta(&f, "train.samples", buf);
+    snprintf(buf, sizeof buf, "%" PRId64, d->b);
+    st_set_meta(&f, "train.window", buf);
+    ok = st_write(path, &f, err, sizeof err);
+  }
+  st_free(&f);
+  return ok ? 0 : error(1, "%s", err);
+}
+
+/* Resume: the API restores params, optimiser state, step and generator;
+ * a checkpoint taken mid-epoch also needs that epoch's shuffle seed. */
+static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
+  StFile f;
+  st_init(&f);
+  char err[1024];
+  if (!st_read(path, &f, err, sizeof err)) {
+    st_free(&f);
+    return error(1, "%s", err);
+  }
+  gradc_status st = gradc_session_load_checkpoint(s, path);
+  if (st != GRADC_OK) {
+    st_free(&f);
+    return api_error(st);
+  }
+  int rc = 0;
+  int64_t step = gradc_session_step_count(s);
+  if (step % d->wpe != 0) {
+    const char *key = st_get_meta(&f, "train.epoch_key"), *n = st_get_meta(&f, "train.samples"),
+               *b = st_get_meta(&f, "train.window");
+    char *end = NULL;
+    uint64_t k = key ? strtoull(key, &end, 16) : 0;
+    if (!key || !end || *end || !n || !b)
+      rc = error(1, "%s: checkpoint at step %" PRId64 " (mid-epoch) has no data order (train.epoch_key); "
+                    "it was not written by gradc train",
+                 path, step);
+    else if (strtoll(n, NULL, 10) != d->n || strtoll(b, NULL, 10) != d->b)
+      rc = error(1, "%s: checkpoint was taken mid-epoch on %s samples in windows of %s; --data has %" PRId64
+                    " in windows of %" PRId64 ", so the data order cannot continue",
+                 path, n, b, d->n, d->b);
+    else
+      data_shuffle(d, k);
+  }
+  st_free(&f);
+  return rc;
+}
+
+/* ---- the log and the loss history ---- */
+
+typedef struct History {
+  int nl;           /* losses + total */
+  int64_t n, cap;
+  double *step;     /* [cap] */
+  double **loss;    /* [nl][cap] */
+} History;
+
+static void hist_push(History *h, int64_t step, const double *loss) {
+  if (h->n == h->cap) {
+    h->cap = h->cap ? 2 * h->cap : 256;
+    h->step = realloc(h->step, sizeof(double) * (size_t)h->cap);
+    if (!h->step) abort();
+    for (int i = 0; i < h->nl; i++) {
+      h->loss[i] = realloc(h->loss[i], sizeof(double) * (size_t)h->cap);
+      if (!h->loss[i]) abort();
+    }
+  }
+  h->step[h->n] = (double)step;
+  for (int i = 0; i < h->nl; i++) h->loss[i][h->n] = loss[i];
+  h->n++;
+}
+
+typedef struct Log {
+  FILE *out;
+  bool jsonl;
+  const char **col;    /* loss column names (CSV) */
+  double elapsed0;     /* elapsed_s of the last row kept from a resumed log */
+} Log;
+
+static bool reserved_column(const char *name) {
+  return strcmp(name, "step") == 0 || strcmp(name, "lr") == 0 || strcmp(name, "grad_norm") == 0 ||
+         strcmp(name, "elapsed_s") == 0 || strcmp(name, "total") == 0;
+}
+
+static void csv_header(StrBuf *sb, const gradc_program *p, const char **col) {
+  sb_puts(sb, "step,lr");
+  for (int i = 0; i < gradc_program_num_losses(p); i++) sb_printf(sb, ",%s", col[i]);
+  sb_puts(sb, ",total,grad_norm,elapsed_s");
+}
+
+/* A kept line of an earlier log: its step and losses, or false. */
+static bool parse_row(const Log *lg, const char *line, int nl, int64_t *step, double *loss, double *elapsed) {
+  if (lg->jsonl) {
+    cJSON *j = cJSON_Parse(line);
+    if (!j) return false;
+    cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step"), *ls = cJSON_GetObjectItemCaseSensitive(j, "losses"),
+          *t = cJSON_GetObjectItemCaseSensitive(j, "total"), *e = cJSON_GetObjectItemCaseSensitive(j, "elapsed_s");
+    bool ok = cJSON_IsNumber(s) && cJSON_IsObject(ls) && cJSON_GetArraySize(ls) == nl - 1;
+    if (ok) {
+      *step = (int64_t)s->valuedouble;
+      int i = 0;
+      for (cJSON *c = ls->child; c; c = c->next) loss[i++] = cJSON_IsNumber(c) ? c->valuedouble : NAN;
+      loss[nl - 1] = cJSON_IsNumber(t) ? t->valuedouble : NAN;
+      *elapsed = cJSON_IsNumber(e) ? e->valuedouble : 0;
+    }
+    cJSON_Delete(j);
+    return ok;
+  }
+  char *end;
+  *step = strtoll(line, &end, 10);
+  if (end == line || *end != ',') return false;
+  const char *q = end + 1;
+  strtod(q, &end); /* lr */
+  for (int i = 0; i < nl; i++) {
+    if (*end != ',') return false;
+    q = end + 1;
+    loss[i] = strtod(q, &end);
+  }
+  if (*end != ',') return false;
+  strtod(end + 1, &end); /* grad_norm */
+  if (*end != ',') return false;
+  *elapsed = strtod(end + 1, &end);
+  return true;
+}
+
+/* Open the log.  When resuming, rows up to the checkpoint's step are kept
+ * (and go into the history for the plot); later ones are dropped. */
+static int log_open(Log *lg, const char *path, const gradc_program *p, bool resume, int64_t step0, History *h) {
+  memset(lg, 0, sizeof *lg);
+  lg->jsonl = ends_with(path, ".jsonl");
+  int nl = gradc_program_num_losses(p);
+  lg->col = calloc((size_t)(nl ? nl : 1), sizeof *lg->col);
+  if (!lg->col) abort();
+  for (int i = 0; i < nl; i++) {
+    const char *name = gradc_program_loss_name(p, i);
+    if (reserved_column(name)) {
+      char *c = malloc(strlen(name) + 6);
+      if (!c) abort();
+      sprintf(c, "loss_%s", name);
+      lg->col[i] = c;
+    } else {
+      lg->col[i] = strdup(name);
+    }
+  }
+  StrBuf header, kept;
+  sb_init(&header);
+  sb_init(&kept);
+  csv_header(&header, p, lg->col);
+  if (resume) {
+    const char *err;
+    char *old = read_file(path, NULL, &err);
+    if (old) {
+      double *loss = malloc(sizeof(double) * (size_t)(nl + 1));
+      if (!loss) abort();
+      char *save = NULL;
+      bool first = true, compatible = true;
+      for (char *line = strtok_r(old, "\n", &save); line && compatible; line = strtok_r(NULL, "\n", &save), first = false) {
+        if (!lg->jsonl && first) {
+          compatible = strcmp(line, sb_str(&header)) == 0;
+          continue;
+        }
+        int64_t step;
+        double elapsed;
+        if (!parse_row(lg, line, nl + 1, &step, loss, &elapsed)) {
+          compatible = false;
+        } else if (step <= step0) {
+          sb_printf(&kept, "%s\n", line);
+          hist_push(h, step, loss);
+          lg->elapsed0 = elapsed;
+        }
+      }
+      if (!compatible) {
+        warning("%s: not a log of this model; starting it afresh", path);
+        sb_free(&kept);
+        sb_init(&kept);
+        h->n = 0;
+        lg->elapsed0 = 0;
+      }
+      free(loss);
+      free(old);
+    }
+  }
+  lg->out = fopen(path, "w");
+  if (!lg->out) {
+    sb_free(&header);
+    sb_free(&kept);
+    return error(1, "%s: %s", path, strerror(errno));
+  }
+  if (!lg->jsonl) fprintf(lg->out, "%s\n", sb_str(&header));
+  fputs(sb_str(&kept), lg->out);
+  fflush(lg->out);
+  sb_free(&header);
+  sb_free(&kept);
+  return 0;
+}
+
+static void put_num(FILE *out, double v, bool json) {
+  char buf[64];
+  if (json && !isfinite(v)) {
+    fputs("null", out);
+    return;
+  }
+  fmt_double(buf, sizeof buf, v);
+  fputs(buf, out);
+}
+
+static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, const double *loss, double grad_norm,
+                    double elapsed) {
+  if (!lg->out) return;
+  int nl = gradc_program_num_losses(p);
+  FILE *o = lg->out;
+  if (lg->jsonl) {
+    fprintf(o, "{\"step\":%" PRId64 ",\"lr\":", step);
+    put_num(o, lr, true);
+    fputs(",\"losses\":{", o);
+    for (int i = 0; i < nl; i++) {
+      fprintf(o, "%s\"%s\":", i ? "," : "", gradc_program_loss_name(p, i));
+      put_num(o, loss[i], true);
+    }
+    fputs("},\"total\":", o);
+    put_num(o, loss[nl], true);
+    fputs(",\"grad_norm\":", o);
+    put_num(o, grad_norm, true);
+    fputs(",\"elapsed_s\":", o);
+    put_num(o, elapsed, true);
+    fputs("}\n", o);
+  } else {
+    fprintf(o, "%" PRId64 ",", step);
+    put_num(o, lr, false);
+    for (int i = 0; i <= nl; i++) {
+      fputc(',', o);
+      put_num(o, loss[i], false);
+    }
+    fputc(',', o);
+    put_num(o, grad_norm, false);
+    fputc(',', o);
+    put_num(o, elapsed, false);
+    fputc('\n', o);
+  }
+  fflush(o);
+}
+
+static int log_close(Log *lg, const char *path, int nl) {
+  int rc = 0;
+  if (lg->out && (ferror(lg->out) | fclose(lg->out))) rc = error(1, "%s: %s", path, strerror(errno ? errno : EIO));
+  if (lg->col)
+    for (int i = 0; i < nl; i++) free((void *)lg->col[i]);
+  free(lg->col);
+  return rc;
+}
+
+static int write_plot(const char *path, const char *title, const gradc_program *p, const History *h) {
+  int nl = gradc_program_num_losses(p);
+  PlotSeries *s = calloc((size_t)nl + 1, sizeof *s);
+  if (!s) abort();
+  for (int i = 0; i <= nl; i++)
+    s[i] = (PlotSeries){i < nl ? gradc_program_loss_name(p, i) : "total", h->step, h->loss[i], (int)h->n, i == nl};
+  char err[1024];
+  char head[512];
+  snprintf(head, sizeof head, "%s: training loss", title);
+  int rc = plot_svg(path, head, "step", "loss", s, nl + 1, err, sizeof err) ? 0 : error(1, "%s", err);
+  free(s);
+  return rc;
+}
+
+/* ---- progress ---- */
+
+static void fmt_duration(char *buf, size_t n, double s) {
+  if (!isfinite(s) || s < 0) s = 0;
+  long t = (long)(s + 0.5);
+  if (t >= 3600)
+    snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else
+    snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void fmt_rate(char *buf, size_t n, double r) {
+  if (r >= 1e6)
+    snprintf(buf, n, "%.2fM", r / 1e6);
+  else if (r >= 1e4)
+    snprintf(buf, n, "%.1fk", r / 1e3);
+  else
+    snprintf(buf, n, "%.0f", r);
+}
+
+typedef struct Progress {
+  bool tty;
+  int64_t every;
+  int64_t first, total; /* steps of this run: (first, total] */
+  double t0;
+  const char *unit;
+  int64_t per_window;
+  double drawn; /* when the terminal line was last redrawn */
+} Progress;
+
+static void progress(Progress *pr, const gradc_program *p, int64_t step, const double *loss, double lr,
+                     double grad_norm, bool last) {
+  double now = now_s();
+  bool due = last || step == pr->first + 1;
+  if (pr->tty)
+    due |= now - pr->drawn >= 0.1; /* at most 10 redraws a second */
+  else
+    due |= (step - pr->first) % pr->every == 0;
+  if (!due) return;
+  pr->drawn = now;
+  int nl = gradc_program_num_losses(p);
+  double el = now - pr->t0, per = el / (double)(step - pr->first);
+  char rate[32], eta[32], elapsed[32];
+  fmt_rate(rate, sizeof rate, (double)pr->per_window / (per > 0 ? per : 1e-9));
+  fmt_duration(eta, sizeof eta, per * (double)(pr->total - step));
+  fmt_duration(elapsed, sizeof elapsed, el);
+  StrBuf sb;
+  sb_init(&sb);
+  int digits = snprintf(NULL, 0, "%" PRId64, pr->total);
+  sb_printf(&sb, "step %*" PRId64 "/%" PRId64, digits, step, pr->total);
+  if (pr->tty) {
+    enum { BAR = 24 };
+    int fill = (int)((double)BAR * (double)step / (double)pr->total);
+    sb_puts(&sb, " [");
+    for (int i = 0; i < BAR; i++) sb_putc(&sb, i < fill ? '#' : '.');
+    sb_puts(&sb, "]");
+  }
+  sb_printf(&sb, " loss %.4f", loss[nl]);
+  if (nl > 1 || (nl == 1 && strcmp(gradc_program_loss_name(p, 0), "total") != 0)) {
+    sb_puts(&sb, " (");
+    for (int i = 0; i < nl; i++) sb_printf(&sb, "%s%s %.4f", i ? ", " : "", gradc_program_loss_name(p, i), loss[i]);
+    sb_puts(&sb, ")");
+  }
+  if (!pr->tty) sb_printf(&sb, " lr %.3g grad_norm %.3g", lr, grad_norm);
+  sb_printf(&sb, " | %s %s | %s %s", rate, pr->unit, last ? "took" : "ETA", last ? elapsed : eta);
+  if (pr->tty) {
+    struct winsize ws;
+    size_t cols = ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 100;
+    const char *line = sb_str(&sb);
+    size_t len = strlen(line);
+    if (len >= cols) len = cols - 1;
+    fprintf(stderr, "\r%.*s\033[K%s", (int)len, line, last ? "\n" : "");
+  } else {
+    fprintf(stderr, "%s\n", sb_str(&sb));
+  }
+  fflush(stderr);
+  sb_free(&sb);
+}
+
+static volatile sig_atomic_t interrupted;
+static void on_interrupt(int sig) { interrupted = sig; }
+
+/* ---- the loop ---- */
+
+static int open_program(const TrainArgs *a, gradc_program **p) {
+  gradc_status st;
+  if (ends_with(a->model, ".gdl")) {
+    gradc_compile_options o;
+    gradc_compile_options_init(&o);
+    o.gas = a->gas;
+    if (a->target) o.target = a->target;
+    o.threads = a->threads;
+    o.def_names = a->def_names;
+    o.def_values = a->def_values;
+    o.ndefs = a->ndefs;
+    o.no_cache = a->no_cache;
+    st = gradc_program_compile_file(a->model, &o, p);
+    return st == GRADC_OK ? 0 : api_error(st);
+  }
+  if (a->ndefs || a->target)
+    return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to .gdl models", a->model);
+  st = gradc_program_load(a->model, p);
+  if (st != GRADC_OK) return api_error(st);
+  if (a->gas_set && a->gas != gradc_program_gas(*p))
+    return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
+  return 0;
+}
+
+/* --lr, else torch's AdamW default (1e-3; also SGD's here, which has none). */
+static double lr_peak(const TrainArgs *a) { return a->lr_set ? a->lr : 1e-3; }
+
+static int set_optimizer(const TrainArgs *a, gradc_session *s) {
+  gradc_optimizer_options o;
+  gradc_optimizer_options_init(&o, a->kind);
+  o.lr = lr_peak(a);
+  if (a->momentum_set) o.momentum = a->momentum;
+  if (a->dampening_set) o.dampening = a->dampening;
+  o.nesterov = a->nesterov;
+  if (a->beta1_set) o.beta1 = a->beta1;
+  if (a->beta2_set) o.beta2 = a->beta2;
+  if (a->eps_set) o.eps = a->eps;
+  if (a->wd_set) o.weight_decay = a->weight_decay;
+  o.clip_norm = a->clip;
+  o.warmup_steps = a->warmup;
+  o.total_steps = a->cosine ? a->steps : 0;
+  o.min_lr = a->min_lr;
+  gradc_status st = gradc_session_set_optimizer(s, &o);
+  return st == GRADC_OK ? 0 : api_error(st);
+}
+
+static const char *base_name(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+static int train(const TrainArgs *a) {
+  gradc_program *p = NULL;
+  gradc_session *s = NULL;
+  Data d;
+  memset(&d, 0, sizeof d);
+  st_init(&d.st);
+  Log lg;
+  memset(&lg, 0, sizeof lg);
+  History h;
+  memset(&h, 0, sizeof h);
+  double *loss = NULL;
+  int nl = 0;
+  int rc = open_program(a, &p);
+  if (rc) goto done;
+  nl = gradc_program_num_losses(p);
+  h.nl = nl + 1;
+  h.loss = calloc((size_t)h.nl, sizeof *h.loss);
+  loss = calloc((size_t)h.nl, sizeof *loss);
+  if (!h.loss || !loss) abort();
+  if ((rc = data_open(&d, a->data, p))) goto done;
+
+  gradc_status st = gradc_session_new(p, &s);
+  if (st != GRADC_OK) {
+    rc = api_error(st);
+    goto done;
+  }
+  if ((rc = set_optimizer(a, s))) goto done;
+  /* The data order's generator is seeded apart from the params' init, so
+   * the two draw different streams from one --seed. */
+  gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
+  if (a->resume) {
+    rc = load_checkpoint(s, a->resume, &d);
+  } else if (a->init) {
+    st = gradc_session_load_params(s, a->init);
+    rc = st == GRADC_OK ? 0 : api_error(st);
+  } else {
+    st = gradc_session_init_params(s, a->seed);
+    rc = st == GRADC_OK ? 0 : api_error(st);
+  }
+  if (rc) goto done;
+
+  int64_t step0 = gradc_session_step_count(s), end = a->steps;
+  if (a->stop_after && step0 + a->stop_after < end) end = step0 + a->stop_after;
+  if (a->log && (rc = log_open(&lg, a->log, p, a->resume != NULL, step0, &h))) goto done;
+
+  int64_t nparams = 0;
+  for (int i = 0; i < gradc_program_num_params(p); i++) {
+    gradc_tensor_info pi;
+    if (gradc_program_param_info(p, i, &pi) != GRADC_OK) continue;
+    int64_t n = 1;
+    for (int k = 0; k < pi.rank; k++) n *= pi.shape[k];
+    nparams += n;
+  }
+  fprintf(stderr, "training %s: %" PRId64 " params; %s: %" PRId64 " samples, %" PRId64 " windows of %" PRId64
+                  " per epoch, K=%d; %s lr %g",
+          base_name(a->model), nparams, base_name(a->data), d.n, d.wpe, d.b, gradc_program_gas(p),
+          a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
+  if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
+  if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
+  if (step0) fprintf(stderr, "; resuming at step %" PRId64, step0);
+  fprintf(stderr, "\n");
+  if (step0 >= a->steps) {
+    fprintf(stderr, "nothing to do: step %" PRId64 " of --steps %" PRId64 "\n", step0, a->steps);
+    end = step0;
+  }
+
+  struct sigaction sa, old_int, old_term;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  Progress pr = {.tty = isatty(STDERR_FILENO) != 0, .first = step0, .total = a->steps, .t0 = now_s(),
+                 .unit = d.unit, .per_window = d.tokens_per_window};
+  pr.every = a->print_every ? a->print_every : (a->steps - step0 + 19) / 20;
+  if (pr.every < 1) pr.every = 1;
+  double first_loss = NAN, last_loss = NAN;
+  int64_t step = step0;
+  while (step < end && !interrupted) {
+    if ((rc = data_feed(&d, s, step))) break;
+    double lr = gradc_session_lr(s);
+    if ((st = gradc_session_run(s)) != GRADC_OK) {
+      rc = api_error(st);
+      break;
+    }
+    for (int i = 0; i < nl; i++) loss[i] = gradc_session_loss(s, i);
+    loss[nl] = gradc_session_loss_total(s);
+    double grad_norm = gradc_session_grad_norm(s);
+    if (!isfinite(loss[nl])) {
+      if (pr.tty) fputc('\n', stderr);
+      rc = error(1, "step %" PRId64 ": the loss is %s; stopping without taking the step (try a lower --lr or --clip)",
+                 step + 1, isnan(loss[nl]) ? "nan" : "infinite");
+      break;
+    }
+    if ((st = gradc_session_step(s)) != GRADC_OK) {
+      rc = api_error(st);
+      break;
+    }
+    step = gradc_session_step_count(s);
+    if (isnan(first_loss)) first_loss = loss[nl];
+    last_loss = loss[nl];
+    hist_push(&h, step, loss);
+    log_row(&lg, p, step, lr, loss, grad_norm, lg.elapsed0 + now_s() - pr.t0);
+    progress(&pr, p, step, loss, lr, grad_norm, step == end);
+    if (a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
+      if ((rc = save_checkpoint(s, a->checkpoint, &d))) break;
+      if (a->plot && (rc = write_plot(a->plot, base_name(a->model), p, &h))) break;
+    }
+  }
+  if (interrupted && pr.tty) fputc('\n', stderr);
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  if (rc) goto done;
+
+  double took = now_s() - pr.t0;
+  if (step > step0) {
+    char rate[32];
+    fmt_rate(rate, sizeof rate, (double)(step - step0) * (double)d.tokens_per_window / (took > 0 ? took : 1e-9));
+    fprintf(stderr, "%s %" PRId64 " steps in %.1f s (%s %s): loss %.4f -> %.4f\n",
+            interrupted ? "interrupted after" : "trained", step - step0, took, rate, d.unit, first_loss, last_loss);
+  }
+  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d))) goto done;
+  if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", step, a->checkpoint);
+  if (a->params_out) {
+    if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) {
+      rc = api_error(st);
+      goto done;
+    }
+    fprintf(stderr, "params: %s\n", a->params_out);
+  }
+  if (a->log) fprintf(stderr, "log: %s\n", a->log);
+  if (a->plot) {
+    if ((rc = write_plot(a->plot, base_name(a->model), p, &h))) goto done;
+    fprintf(stderr, "plot: %s\n", a->plot);
+  }
+  if (interrupted) rc = 128 + (int)interrupted;
+
+done:
+  if (a->log) {
+    int lrc = log_close(&lg, a->log, nl);
+    if (!rc) rc = lrc;
+  }
+  for (int i = 0; i < h.nl && h.loss; i++) free(h.loss[i]);
+  free(h.loss);
+  free(h.step);
+  free(loss);
+  data_free(&d);
+  gradc_session_free(s);
+  gradc_program_free(p);
+  return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+  TrainArgs a;
+  int rc = parse_train_args(argc, argv, &a);
+  if (!rc) rc = train(&a);
+  for (int i = 0; i < a.ndefs; i++) free((void *)a.def_names[i]);
+  return rc;
+}
