@@ -5,15 +5,18 @@
  *       section 0; loop 0 over j; section 1; loop 1 over j; ...; section K
  *
  * Every op of the kernel is planned into passes: an elementwise op whose
- * result varies along the row runs in the first loop where all its operands
- * are available; one that does not (a per-row value) runs in a section
- * between loops; a reduction accumulates in a loop and is finished in the
- * next section (softmax, layer_norm, rms_norm, logsumexp and cross_entropy
- * take two or three such passes, like the reference interpreter's loops).
+ * result varies along the row runs in a loop where all its operands are
+ * available (the loop of its first use, so that cheap values are computed
+ * where they are needed rather than kept); one that does not (a per-row
+ * value) runs in a section between loops; a reduction accumulates in a
+ * loop and is finished in the next section (softmax, layer_norm, rms_norm,
+ * logsumexp and cross_entropy take two or three such passes, like the
+ * reference interpreter's loops; softmax, logsumexp and cross_entropy of
+ * one operand share their row maximum and sum).  Sums accumulate in f64
+ * and the normalisations' statistics are f64, as in the interpreter.
  * Values stay in registers inside one loop; a value a later loop reads is
  * materialised (in its output row when it is a plain output, else in row
- * scratch), and a value read in a later loop is loaded again.  Inputs are
- * read from the arena at value->offset with their broadcast strides;
+ * scratch).  Inputs are read from the arena with their broadcast strides;
  * outputs are written once per element (or once per row), accumulated
  * into gradient buffers. */
 #include <math.h>
@@ -72,7 +75,7 @@ static int slot_of(Row *R, const IrValue *v) {
   return -1;
 }
 
-static LLVMValueRef elem_ptr_type(Row *R, RSlot *s, LLVMValueRef base, LLVMValueRef idx) {
+static LLVMValueRef slot_ptr(Row *R, RSlot *s, LLVMValueRef base, LLVMValueRef idx) {
   return gen_buf_ptr(R->g, &s->buf, base, idx);
 }
 
@@ -146,7 +149,7 @@ static LLVMValueRef mat_ptr(Row *R, RSlot *s) {
     return LLVMBuildInBoundsGEP2(g->b, t, s->scratch, &R->j, 1, "");
   }
   LLVMValueRef idx = col_index(R, s);
-  return elem_ptr_type(R, s, s->rowptr, idx);
+  return slot_ptr(R, s, s->rowptr, idx);
 }
 
 /* Operand i in loop k: a per-row register, an input load, or a value of an
@@ -158,7 +161,7 @@ static LLVMValueRef elem_val(Row *R, int i, int k) {
   if (s->reg && (s->reg_loop == -1 || s->reg_loop == k)) return s->reg;
   LLVMValueRef v;
   if (!s->cs->defined) {
-    v = gen_load(g, elem_ptr_type(R, s, s->rowptr, col_index(R, s)), s->cs->v->type.dtype, s->buf.scope);
+    v = gen_load(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), s->cs->v->type.dtype, s->buf.scope);
   } else {
     GRADC_ASSERT(s->mat && s->in_loop && s->avail < k);
     v = gen_load(g, mat_ptr(R, s), s->cs->v->type.dtype, s->scratch ? -1 : s->buf.scope);
@@ -178,7 +181,7 @@ static void define(Row *R, int i, LLVMValueRef v, int k) {
   s->reg_loop = k;
   if (s->out) {
     LLVMValueRef idx = k >= 0 ? col_index(R, s) : gen_i64(g, 0);
-    gen_store(g, elem_ptr_type(R, s, s->rowptr, idx), v, s->cs->v->type.dtype, s->buf.grad, s->buf.scope);
+    gen_store(g, slot_ptr(R, s, s->rowptr, idx), v, s->cs->v->type.dtype, s->buf.grad, s->buf.scope);
   }
   if (k >= 0 && s->mat && s->scratch) gen_store(g, mat_ptr(R, s), v, s->cs->v->type.dtype, false, -1);
 }
@@ -508,7 +511,7 @@ static void section_step(Row *R, Plan *p, int k) {
       else if (xs->cs->defined)
         xt = gen_load(g, mat_ptr(R, xs), xs->cs->v->type.dtype, xs->scratch ? -1 : xs->buf.scope);
       else
-        xt = gen_load(g, elem_ptr_type(R, xs, xs->rowptr, col_index(R, xs)), xs->cs->v->type.dtype, xs->buf.scope);
+        xt = gen_load(g, slot_ptr(R, xs, xs->rowptr, col_index(R, xs)), xs->cs->v->type.dtype, xs->buf.scope);
       R->j = saved;
       LLVMValueRef loss = LLVMBuildFSub(g->b, lse, gen_widen(g, xt), "");
       loss = LLVMBuildSelect(g->b, ok, loss, LLVMConstReal(g->t_f64, NAN), "");

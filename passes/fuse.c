@@ -44,7 +44,7 @@ typedef struct Fuse {
   Kind *kind;     /* by op index */
   int *parent;    /* union-find over op indices (kernels) */
   int *next;      /* member list: next op index of the kernel, -1 */
-  int *head, *tail, *size; /* by root */
+  int *head;      /* by root: its first member (members are kept in program order) */
   int **users;    /* by op index: indices of ops using its result */
   int *nusers;
   int *cand;      /* candidate membership epoch, by op index */
@@ -199,8 +199,6 @@ static void try_merge(Fuse *fu, int i, int j, const IrValue *shared) {
   }
   for (int p = 0; p < n; p++) fu->next[idx[p]] = p + 1 < n ? idx[p + 1] : -1;
   fu->head[ka] = idx[0];
-  fu->tail[ka] = idx[n - 1];
-  fu->size[ka] = n;
 }
 
 /* ------------------------------------------------------------------ */
@@ -343,8 +341,6 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
   fu.parent = ARENA_ARRAY(scratch, int, nn);
   fu.next = ARENA_ARRAY(scratch, int, nn);
   fu.head = ARENA_ARRAY(scratch, int, nn);
-  fu.tail = ARENA_ARRAY(scratch, int, nn);
-  fu.size = ARENA_ARRAY(scratch, int, nn);
   fu.users = ARENA_ARRAY(scratch, int *, nn);
   fu.nusers = ARENA_ARRAY(scratch, int, nn);
   fu.cand = ARENA_ARRAY(scratch, int, nn);
@@ -361,8 +357,7 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
     fu.kind[i] = cg_op_group0(op->opcode) ? K_GROUP0 : cg_op_rowwise(op) ? K_ROW : K_LOOP;
     fu.parent[i] = i;
     fu.next[i] = -1;
-    fu.head[i] = fu.tail[i] = i;
-    fu.size[i] = 1;
+    fu.head[i] = i;
   }
   /* Users of each op's result. */
   for (int i = 0; i < n; i++)
