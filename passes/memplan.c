@@ -239,7 +239,7 @@ static void split_grad_sums(IrFunc *f, Arena *scratch) {
   if (removed) ir_func_remove_marked(f);
 }
 
-static bool insert_grad_copies(IrFunc *f, Arena *scratch) {
+static void insert_grad_copies(IrFunc *f, Arena *scratch) {
   int ngrads = 0, maxg = 0;
   for (int i = 0; i < f->nops; i++) {
     ngrads += f->ops[i]->opcode == IR_OP_GRAD;
@@ -266,7 +266,6 @@ static bool insert_grad_copies(IrFunc *f, Arena *scratch) {
     gop->args[0] = c; /* v keeps its use count: the copy reads it instead */
     uses[c->id] = 1;
   }
-  return true;
 }
 
 /* ------------------------------------------------------------------ */
