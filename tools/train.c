@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "gradc.h"
+#include "runtime/artifact.h"
 #include "runtime/runtime.h"
 #include "support/support.h"
 #include "tools.h"
@@ -960,9 +961,19 @@ static void on_interrupt(int sig) { interrupted = sig; }
 
 /* ---- the loop ---- */
 
+/* Whether path starts with the artifact magic (else it is model source). */
+static bool is_artifact(const char *path) {
+  char magic[8] = {0};
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  size_t n = fread(magic, 1, sizeof magic, f);
+  fclose(f);
+  return n == sizeof magic && memcmp(magic, ART_MAGIC, 8) == 0;
+}
+
 static int open_program(const TrainArgs *a, gradc_program **p) {
   gradc_status st;
-  if (ends_with(a->model, ".gdl")) {
+  if (!is_artifact(a->model)) {
     gradc_compile_options o;
     gradc_compile_options_init(&o);
     o.gas = a->gas;
@@ -976,7 +987,7 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     return st == GRADC_OK ? 0 : api_error(st);
   }
   if (a->ndefs || a->target)
-    return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to .gdl models", a->model);
+    return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
   st = gradc_program_load(a->model, p);
   if (st != GRADC_OK) return api_error(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
