@@ -13,7 +13,8 @@
  * logsumexp and cross_entropy take two or three such passes, like the
  * reference interpreter's loops; softmax, logsumexp and cross_entropy of
  * one operand share their row maximum and sum).  Sums accumulate in f64
- * and the normalisations' statistics are f64, as in the interpreter.
+ * and the normalisations' statistics are f64, as in the interpreter; the
+ * per-element math is in the value's dtype.
  * Values stay in registers inside one loop; a value a later loop reads is
  * materialised (in its output row when it is a plain output, else in row
  * scratch).  Inputs are read from the arena with their broadcast strides;
@@ -474,11 +475,15 @@ static void section_step(Row *R, Plan *p, int k) {
     }
     break;
   case P_LN: /* statistics in f64, as the interpreter */
-    if (p->fin[0] == k) p->st[0] = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
+    if (p->fin[0] == k) {
+      p->st[0] = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
+      p->st[2] = gen_narrow(g, p->st[0], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
+    }
     if (p->fin[1] == k) {
       LLVMValueRef var = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[1]), LLVMConstReal(g->t_f64, cols), "");
       var = LLVMBuildFAdd(g->b, var, LLVMConstReal(g->t_f64, ir_attr_get_float(op, "eps", 1e-5)), "");
       p->st[1] = LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), gen_call1(g, "llvm.sqrt", var), "");
+      p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
     }
     break;
   case P_RMS:
@@ -486,6 +491,7 @@ static void section_step(Row *R, Plan *p, int k) {
       LLVMValueRef ms = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
       ms = LLVMBuildFAdd(g->b, ms, LLVMConstReal(g->t_f64, ir_attr_get_float(op, "eps", 1e-6)), "");
       p->st[1] = LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), gen_call1(g, "llvm.sqrt", ms), "");
+      p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
     }
     break;
   case P_CE:
@@ -616,11 +622,11 @@ static void loop_step(Row *R, Plan *p, int k) {
       LLVMValueRef d = LLVMBuildFSub(g->b, gen_widen(g, elem_val(R, p->x[0], k)), p->st[0], "");
       gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), LLVMBuildFMul(g->b, d, d, "")));
     }
-    if (p->p[2] == k) {
-      LLVMValueRef d = LLVMBuildFSub(g->b, gen_widen(g, elem_val(R, p->x[0], k)), p->st[0], "");
-      LLVMValueRef y = LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, d, p->st[1], ""), gen_widen(g, operand(R, p->x[1], k)), "");
-      y = LLVMBuildFAdd(g->b, y, gen_widen(g, operand(R, p->x[2], k)), "");
-      define(R, p->y, gen_narrow(g, y, dt), k);
+    if (p->p[2] == k) { /* in the value's dtype, with the row's mean and rstd rounded to it */
+      LLVMValueRef d = LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[2], "");
+      LLVMValueRef y = LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, d, p->st[1], ""), operand(R, p->x[1], k), "");
+      y = LLVMBuildFAdd(g->b, y, operand(R, p->x[2], k), "");
+      define(R, p->y, gen_round(g, y, dt), k);
     }
     break;
   case P_RMS:
@@ -629,9 +635,9 @@ static void loop_step(Row *R, Plan *p, int k) {
       gen_acc_set(g, p->acc[0], gen_add_reassoc(g, gen_acc_get(g, p->acc[0]), LLVMBuildFMul(g->b, x, x, "")));
     }
     if (p->p[2] == k) {
-      LLVMValueRef y = LLVMBuildFMul(g->b, gen_widen(g, elem_val(R, p->x[0], k)), p->st[1], "");
-      y = LLVMBuildFMul(g->b, y, gen_widen(g, operand(R, p->x[1], k)), "");
-      define(R, p->y, gen_narrow(g, y, dt), k);
+      LLVMValueRef y = LLVMBuildFMul(g->b, elem_val(R, p->x[0], k), p->st[1], "");
+      y = LLVMBuildFMul(g->b, y, operand(R, p->x[1], k), "");
+      define(R, p->y, gen_round(g, y, dt), k);
     }
     break;
   case P_ONEHOT:
