@@ -348,12 +348,13 @@ static int example_kernels(const char *path) {
 }
 
 static void test_fuse_tinygpt_kernel_count(void **state) {
-  /* examples/tinygpt.gdl after the CPU pipeline: 124 kernels when this
-   * test was written (forward and backward, two layers; most of them are
-   * single ops: slices of the stacked per-layer params, column sums of
-   * gradients, permutes of attention heads).  More means fusion got worse. */
+  /* examples/tinygpt.gdl after the CPU pipeline (memplan included): 123
+   * kernels when this test was written (forward and backward, two layers;
+   * most are single ops: slices of the stacked per-layer params, column
+   * sums of gradients, permutes of attention heads).  More means fusion
+   * got worse. */
   int k = example_kernels("examples/tinygpt.gdl");
-  assert_true(k <= 124);
+  assert_true(k <= 123);
   assert_true(k >= 20);
 }
 
