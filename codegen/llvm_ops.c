@@ -332,7 +332,7 @@ void gen_scopes_end(Gen *g) {
         }
       }
   }
-  int *renum = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  int *renum = malloc(sizeof(int) * (n > 0 ? (size_t)n : 1));
   if (!renum) abort();
   for (int i = 0; i < n; i++) renum[i] = -1;
   int nc = 0;

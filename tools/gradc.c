@@ -20,7 +20,9 @@
 #include "frontend/frontend.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "runtime/api_impl.h"
 #include "runtime/runtime.h"
+#include "bench.h"
 #include "tools.h"
 
 typedef struct Args {
@@ -31,6 +33,7 @@ typedef struct Args {
   int64_t defs_value[64];
   int ndefs;
   int gas;
+  bool gas_set; /* --gas was given (an artifact fixes K) */
   int dp;
   const char *target;
   const char *passes;
@@ -38,6 +41,8 @@ typedef struct Args {
   const char *dot;
   bool time_passes;
   bool verify;
+  int threads;   /* --threads N, 0 = one per core */
+  int no_cache;  /* --no-cache */
   const char *params, *inputs, *grads_out;
   uint64_t seed;
 } Args;
@@ -56,8 +61,10 @@ static const char *help_text[][2] = {
               "  Parse, type- and shape-check a model.  Prints nothing on success.\n"},
     {"compile", "gradc compile MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
                 "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
-                "              [--dot FILE.dot] [--time-passes] [--verify]\n"
-                "  Lower, differentiate and optimise a model.  Without -o the final IR goes to stdout.\n"},
+                "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache]\n"
+                "  Lower, differentiate and optimise a model for the target (cpu: fused kernels compiled\n"
+                "  with LLVM; ref: the reference interpreter).  Without -o the final IR goes to stdout;\n"
+                "  -o writes an artifact that run and train load without compiling.\n"},
     {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
             "  Read IR text, run passes, print IR text to stdout.\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
@@ -66,11 +73,12 @@ static const char *help_text[][2] = {
              "  Write one window of random inputs: floats ~ N(0,1), integers in [0, the size of the\n"
              "  axis they index).\n"},
     {"data", data_text_help},
-    {"run", "gradc run MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
+    {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref] [--threads N]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
             "  writes one gradient per param.\n"},
     {"train", train_help},
+    {"bench", bench_help},
 };
 
 static void print_help(const char *cmd) {
@@ -163,6 +171,7 @@ static int parse_args(int argc, char **argv, Args *a) {
       int64_t k;
       if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--gas expects a positive integer, got '%s'", v);
       a->gas = (int)k;
+      a->gas_set = true;
     } else if (FLAG("--seed")) {
       int64_t s;
       if (!parse_int(v, &s) || s < 0) return usage_error("--seed expects a non-negative integer, got '%s'", v);
@@ -183,6 +192,12 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->inputs = v;
     } else if (FLAG("--grads-out")) {
       a->grads_out = v;
+    } else if (FLAG("--threads")) {
+      int64_t t;
+      if (!parse_int(v, &t) || t < 0 || t > 1024) return usage_error("--threads expects a count, got '%s'", v);
+      a->threads = (int)t;
+    } else if (strcmp(arg, "--no-cache") == 0) {
+      a->no_cache = 1;
     } else if (strcmp(arg, "--time-passes") == 0) {
       a->time_passes = true;
     } else if (strcmp(arg, "--verify") == 0) {
@@ -266,26 +281,87 @@ static int cmd_check(const Args *a) {
   return rc;
 }
 
-static int cmd_compile(const Args *a) {
-  Loaded l;
-  int rc = load_model(a, &l);
-  if (rc) {
-    unload(&l);
-    return rc;
+/* Report the C API's last error; status 2 for internal errors. */
+static int api_error(gradc_status st) {
+  const char *msg = gradc_last_error();
+  fputs(msg, stderr);
+  if (*msg && msg[strlen(msg) - 1] != '\n') fputc('\n', stderr);
+  return st == GRADC_ERR_INTERNAL ? 2 : 1;
+}
+
+static bool is_artifact(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  char magic[8] = {0};
+  size_t n = fread(magic, 1, sizeof magic, f);
+  fclose(f);
+  return n == sizeof magic && memcmp(magic, "GRADCART", 8) == 0;
+}
+
+/* Compile a.input (a .gdl model) for a.target, or load it (an artifact,
+ * whose sizes, K and target are fixed: a conflicting flag is an error). */
+static int open_program(const Args *a, gradc_program **out) {
+  *out = NULL;
+  if (!a->input) return usage_error("%s needs a model file or an artifact", a->cmd);
+  if (is_artifact(a->input)) {
+    gradc_status st = gradc_program_load(a->input, out);
+    if (st) return api_error(st);
+    const gradc_program *p = *out;
+    const char *why = NULL;
+    char buf[256];
+    if (a->ndefs) why = "its sizes are fixed (no -D)";
+    else if (a->gas_set && a->gas != p->gas) why = (snprintf(buf, sizeof buf, "it was built with --gas %d", p->gas), buf);
+    else if (a->target && strcmp(a->target, p->target) != 0)
+      why = (snprintf(buf, sizeof buf, "it was built for --target %s", p->target), buf);
+    if (why) {
+      diag_plain(&diag, DIAG_ERROR, "%s: %s", a->input, why);
+      gradc_program_free(*out);
+      *out = NULL;
+      return 1;
+    }
+    return 0;
   }
-  int n;
-  const char *const *pipe = pass_pipeline(&n);
-  rc = run_pipeline(a, l.model->func, &l.src, pipe, n);
-  if (!rc && a->dot) rc = write_dot(a->dot, l.model->func);
+  const char *err;
+  size_t len;
+  char *text = read_file(a->input, &len, &err);
+  if (!text) {
+    diag_plain(&diag, DIAG_ERROR, "%s: %s", a->input, err);
+    return 1;
+  }
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  o.gas = a->gas;
+  o.target = a->target ? a->target : "cpu";
+  o.threads = a->threads;
+  o.no_cache = a->no_cache;
+  o.def_names = (const char *const *)a->defs_name;
+  o.def_values = a->defs_value;
+  o.ndefs = a->ndefs;
+  PassManager pm;
+  pm_init(&pm);
+  pm.print_after = a->print_after;
+  pm.print_before = a->print_before;
+  pm.time_passes = a->time_passes;
+  if (a->verify) pm.verify = true;
+  gradc_status st = api_program_compile(a->input, text, &o, &pm, out);
+  free(text);
+  return st ? api_error(st) : 0;
+}
+
+static int cmd_compile(const Args *a) {
+  gradc_program *p;
+  int rc = open_program(a, &p);
+  if (rc) return rc;
+  if (a->dot) rc = write_dot(a->dot, p->func);
   if (!rc) {
     if (a->output) {
-      diag_plain(&diag, DIAG_ERROR, "%s: writing artifacts is not supported by this build yet", a->output);
-      rc = 1;
+      gradc_status st = gradc_program_save(p, a->output);
+      if (st) rc = api_error(st);
     } else {
-      ir_print_file(l.model->func, stdout);
+      ir_print_file(p->func, stdout);
     }
   }
-  unload(&l);
+  gradc_program_free(p);
   return rc;
 }
 
@@ -397,47 +473,37 @@ static int write_grads(const char *path, const StepResult *r) {
 static int cmd_run(const Args *a) {
   if (!a->params) return usage_error("run needs --params PARAMS.safetensors%s", "");
   if (!a->inputs) return usage_error("run needs --inputs BATCH.safetensors%s", "");
-  Loaded l;
-  int rc = load_model(a, &l);
-  if (rc) {
-    unload(&l);
-    return rc;
-  }
-  int n;
-  const char *const *pipe = pass_pipeline(&n);
-  rc = run_pipeline(a, l.model->func, &l.src, pipe, n);
-  if (rc) {
-    unload(&l);
-    return rc;
-  }
+  gradc_program *p;
+  int rc = open_program(a, &p);
+  if (rc) return rc;
   char err[1024];
   StFile params, inputs;
   st_init(&params);
   st_init(&inputs);
+  StepResult r;
   if (!st_read(a->params, &params, err, sizeof err) || !st_read(a->inputs, &inputs, err, sizeof err)) {
     diag_plain(&diag, DIAG_ERROR, "%s", err);
     rc = 1;
+  } else if (!api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    rc = 1;
   } else {
-    StepResult r;
-    InterpOptions io = {0};
-    if (!step_run_ref(l.model->func, a->gas, &params, a->params, &inputs, a->inputs, &io, &r, err, sizeof err)) {
-      diag_plain(&diag, DIAG_ERROR, "%s", err);
-      rc = 1;
-    } else {
-      double total = 0;
-      for (int i = 0; i < r.nlosses; i++) {
-        printf("loss %s %.9g\n", r.loss_names[i], r.losses[i]);
-        total += r.losses[i];
-      }
-      printf("loss total %.9g\n", total);
-      fflush(stdout);
-      if (a->grads_out) rc = write_grads(a->grads_out, &r);
-      step_result_free(&r);
-    }
+    /* Losses in declaration order, then their sum. */
+    double total = 0;
+    for (int i = 0; i < p->nlosses; i++)
+      for (int j = 0; j < r.nlosses; j++)
+        if (strcmp(r.loss_names[j], p->losses[i]) == 0) {
+          printf("loss %s %.9g\n", p->losses[i], r.losses[j]);
+          total += r.losses[j];
+        }
+    printf("loss total %.9g\n", total);
+    fflush(stdout);
+    if (a->grads_out) rc = write_grads(a->grads_out, &r);
+    step_result_free(&r);
   }
   st_free(&params);
   st_free(&inputs);
-  unload(&l);
+  gradc_program_free(p);
   return rc;
 }
 
@@ -457,6 +523,7 @@ int main(int argc, char **argv) {
   }
   /* train and data text parse their own flags (tools/train.c). */
   if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 1, argv + 1);
+  if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 1, argv + 1); /* tools/bench.c */
   if (strcmp(argv[1], "data") == 0 && argc > 2 && strcmp(argv[2], "text") == 0) return cmd_data_text(argc - 2, argv + 2);
   Args a;
   if (strcmp(argv[1], "data") == 0) {

@@ -46,7 +46,10 @@ static void nth_line(const char *text, int n, char *buf, size_t len) {
 static bool directive(const char *line, const char *key, char *out, size_t len) {
   size_t k = strlen(key);
   if (strncmp(line, key, k) != 0) return false;
-  snprintf(out, len, "%s", line + k);
+  size_t n = strlen(line + k);
+  if (n >= len) n = len - 1;
+  memcpy(out, line + k, n);
+  out[n] = '\0';
   return true;
 }
 

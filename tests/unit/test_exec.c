@@ -420,7 +420,7 @@ static void check_model(const char *path, const char *label) {
       FeModel *cpu = compile_model(path, t, K, true, &d);
       if (cpu_pipeline(cpu->func, K, &d) != 0) fail_msg("%s: CPU pipeline failed: %s", label, sb_str(&d.log));
       diag_free(&d);
-      char l[300];
+      char l[400];
       snprintf(l, sizeof l, "%s %s K=%d", label, prec ? "f64" : "f32", K);
       /* The CPU function runs; the reference runs its own (unfused) copy. */
       StFile params, inputs;

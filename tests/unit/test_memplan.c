@@ -275,7 +275,7 @@ static void plan_file(const char *path, const char *label) {
         continue;
       }
       if (rc != 0) fail_msg("%s: passes failed: %s", label, sb_str(&d.log));
-      char what[256];
+      char what[400];
       snprintf(what, sizeof what, "%s %s K=%d", label, prec ? "f64" : "f32", K);
       check_plan(m->func, what);
       print_message("  %-28s arena %8lld  persistent %8lld  peak activations %8lld\n", what,

@@ -48,7 +48,7 @@ static int check_model(const char *rel, int gas) {
     pm_init(&pm);
     pm.verify = true;
     if (pm_run(&pm, m->func, &pipe[i], 1, &po) != 0) break; /* a refusal: nothing more to print */
-    char what[512];
+    char what[1200];
     snprintf(what, sizeof what, "%s after %s", rel, pipe[i]);
     round_trip(m->func, what);
   }
