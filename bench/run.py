@@ -18,7 +18,7 @@ OpenBLAS and BLIS (bench/gemm_lib.c, compiled here against each).
 the machine, the command and the date, leaving the rest of FILE as is.
 
 Usage: bench/run.py [--gradc build/gradc] [--steps 10] [--threads 1,2]
-                    [--repeat R] [--target cpu] [--gemm-lib] [--results bench/RESULTS.md]
+                    [--repeat R] [--quiet-wait S] [--target cpu] [--gemm-lib] [--results bench/RESULTS.md]
 """
 import argparse
 import json
@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"  # Debian's torch
@@ -51,6 +52,9 @@ def parse():
     ap.add_argument("--repeat", type=int, default=1,
                     help="run gradc and torch alternately this many times per cell and keep each one's "
                          "fastest run (by median step): a shared machine's noise only ever slows a run down")
+    ap.add_argument("--quiet-wait", type=float, default=0, metavar="SECONDS",
+                    help="before each run, wait up to this long for the other processes on the machine to "
+                         "leave the CPUs idle (under 0.2 CPUs busy over half a second)")
     ap.add_argument("--only", help="run only configs whose name contains this")
     ap.add_argument("--gemm-lib", action="store_true")
     ap.add_argument("--results")
@@ -170,6 +174,7 @@ def gemm_lib(a, threads_list, tmp):
         for thr in threads_list:
             res = {}
             for lib, path in exe.items():
+                wait_quiet(a)
                 p = subprocess.run([path, str(thr)], input=shapes, capture_output=True, text=True)
                 per = [l.split() for l in p.stdout.splitlines() if l and l[0].isdigit()]
                 tot = [l.split() for l in p.stdout.splitlines() if l.startswith("total")]
@@ -203,6 +208,26 @@ def machine():
             date.strip())
 
 
+def busy(interval=0.5):
+    """CPUs kept busy by anything over `interval` seconds (/proc/stat, in
+    USER_HZ = 100 ticks; idle ticks are not counted reliably in a VM, so
+    busy time is measured against the wall clock)."""
+    def sample():
+        f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return f[0] + f[1] + f[2] + f[5] + f[6] + f[7]  # user nice system irq softirq steal
+    b0, t0 = sample(), time.time()
+    time.sleep(interval)
+    b1, t1 = sample(), time.time()
+    return (b1 - b0) / 100.0 / (t1 - t0)
+
+
+def wait_quiet(a):
+    """Wait for the machine to go idle (at most --quiet-wait seconds)."""
+    end = time.time() + a.quiet_wait
+    while time.time() < end and busy() > 0.2:
+        time.sleep(1)
+
+
 def load():
     """The 1-minute load average: other work on the machine shows here."""
     return open("/proc/loadavg").read().split()[0]
@@ -230,7 +255,9 @@ def main():
                 for r in range(a.repeat):
                     # A fresh cache each time: cold, then warm from what the cold run wrote.
                     cache = os.path.join(tmp, f"cache-{model}-{len(rows)}-{r}")
+                    wait_quiet(a)
                     g1, gerr = run_gradc(a, model, defs, thr, cache)
+                    wait_quiet(a)
                     t1, terr = run_torch(a, model, defs, thr)
                     if g1 and (not g or g1["step_ms_median"] < g["step_ms_median"]):
                         g = g1

@@ -46,6 +46,9 @@ def parse():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss-from", nargs=2, metavar=("PARAMS", "INPUTS"),
+                    help="print the loss on these safetensors files (written by gradc init and gradc data "
+                         "random) instead of timing: the twin against `gradc run`")
     return ap.parse_args()
 
 
@@ -163,6 +166,35 @@ if args.model == "tinygpt":
 else:
     model = MLP(dims({"B": 64, "D": 784, "H": 256}))
 inputs = model.batch()
+
+
+def read_safetensors(path):
+    """name -> tensor (F32, F64, I32, I64) from a safetensors file."""
+    import struct
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    kinds = {"F32": torch.float32, "F64": torch.float64, "I32": torch.int32, "I64": torch.int64}
+    out = {}
+    for name, e in head.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        buf = bytearray(raw[8 + n + b:8 + n + end])
+        out[name] = torch.frombuffer(buf, dtype=kinds[e["dtype"]]).reshape(e["shape"]) if buf else \
+            torch.zeros(e["shape"], dtype=kinds[e["dtype"]])
+    return out
+
+
+if args.loss_from:
+    params, batch = read_safetensors(args.loss_from[0]), read_safetensors(args.loss_from[1])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+    names = ["idx", "targets"] if args.model == "tinygpt" else ["x", "y"]
+    inputs = [batch[n].long() if not batch[n].is_floating_point() else batch[n] for n in names]
+    print(f"{model(*inputs).item():.9g}")
+    sys.exit(0)
 
 
 def step():
