@@ -799,6 +799,41 @@ void interp_free(InterpState *st) {
   st->f = NULL;
 }
 
+int interp_index_operand(const IrOp *op) {
+  if (op->opcode == IR_OP_EMBEDDING || op->opcode == IR_OP_EMBEDDING_GRAD || op->opcode == IR_OP_ONE_HOT) return 0;
+  if (op->opcode == IR_OP_CROSS_ENTROPY) return 1;
+  return -1;
+}
+
+/* Every index of op's index operand in its range (or the ignore_index). */
+static bool check_indices(Ctx *c, const IrOp *op, const double *v) {
+  int64_t hi;
+  bool ignorable = op->opcode == IR_OP_CROSS_ENTROPY || op->opcode == IR_OP_ONE_HOT;
+  const char *what = "index";
+  if (op->opcode == IR_OP_EMBEDDING) hi = op->args[1]->type.shape.dim[0];
+  else if (op->opcode == IR_OP_EMBEDDING_GRAD) hi = ir_attr_get_int(op, "rows", 0);
+  else if (op->opcode == IR_OP_ONE_HOT) hi = ir_attr_get_int(op, "depth", 0);
+  else {
+    const IrShape *s = &op->args[0]->type.shape;
+    hi = s->dim[s->rank - 1];
+    what = "target";
+  }
+  int64_t ignore = ir_attr_get_int(op, "ignore_index", -100);
+  const IrValue *x = op->args[interp_index_operand(op)];
+  int64_t n = numel_of(x);
+  for (int64_t k = 0; k < n; k++) {
+    if (ignorable && v[k] == (double)ignore) continue;
+    if (v[k] < 0 || v[k] >= (double)hi) {
+      if (op->loc.file)
+        return fail(c, "%s at %s:%d:%d: %s %lld (element %lld) out of range [0, %lld)", opname(op), op->loc.file,
+                    op->loc.line, op->loc.col, what, (long long)v[k], (long long)k, (long long)hi);
+      return fail(c, "%s: %s %lld (element %lld) out of range [0, %lld)", opname(op), what, (long long)v[k],
+                  (long long)k, (long long)hi);
+    }
+  }
+  return true;
+}
+
 bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *const *window_sums,
                 InterpPhase phase, const InterpOptions *opt, char *err, size_t errlen) {
   static const InterpOptions defaults = {0};
@@ -819,8 +854,11 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
   if (phase == INTERP_COUNT) {
     need = calloc((size_t)(f->nvalues > 0 ? f->nvalues : 1), sizeof(bool));
     if (!need) abort();
-    for (int i = 0; i < f->nops; i++)
-      if (f->ops[i]->opcode == IR_OP_WINDOW_SUM) need[f->ops[i]->args[0]->id] = true;
+    for (int i = 0; i < f->nops; i++) {
+      const IrOp *op = f->ops[i];
+      if (op->opcode == IR_OP_WINDOW_SUM) need[op->args[0]->id] = true;
+      if (interp_index_operand(op) >= 0) need[op->args[interp_index_operand(op)]->id] = true;
+    }
     for (int i = f->nops - 1; i >= 0; i--) {
       const IrOp *op = f->ops[i];
       if (op->result && need[op->result->id])
@@ -848,6 +886,11 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
     ok = eval(&c, op, out);
     if (ok && !c.opt->exact_f64)
       for (int64_t k = 0; k < n; k++) out[k] = interp_round(out[k], op->result->type.dtype);
+  }
+  for (int i = 0; ok && phase == INTERP_COUNT && i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    int ix = interp_index_operand(op);
+    if (ix >= 0 && st->val[op->args[ix]->id]) ok = check_indices(&c, op, st->val[op->args[ix]->id]);
   }
   free(need);
   if (!ok) interp_free(st);

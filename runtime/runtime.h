@@ -57,7 +57,8 @@ typedef struct InterpOptions {
 } InterpOptions;
 
 typedef enum {
-  INTERP_COUNT, /* evaluate only what window.sum operands need; fill window_in */
+  INTERP_COUNT, /* evaluate only what window.sum operands and index operands need, and
+                   check every index is in range (interp_index_operand) */
   INTERP_STEP,  /* evaluate everything; window.sum results come from window_sums */
 } InterpPhase;
 
@@ -75,6 +76,11 @@ typedef struct InterpState {
 bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *const *window_sums,
                 InterpPhase phase, const InterpOptions *opt, char *err, size_t errlen);
 void interp_free(InterpState *st);
+/* The operand of op that holds indices (embedding rows, cross_entropy
+ * targets, one_hot classes), or -1.  The count phase checks their ranges
+ * before any micro-batch runs, so every back end rejects a bad index with
+ * the same message instead of computing with it. */
+int interp_index_operand(const IrOp *op);
 /* Round one value to dtype dt as the interpreter does. */
 double interp_round(double x, IrDType dt);
 
@@ -114,8 +120,8 @@ bool step_result_init(const IrFunc *f, StepResult *r, char *err, size_t errlen);
 /* Index in r->losses of a `loss` op, in r->grads of a `grad` op (-1: none). */
 int step_loss_slot(const StepResult *r, const IrOp *loss);
 int step_grad_slot(const StepResult *r, const IrOp *grad);
-/* Whether f has window.sum ops; arg_needed[i]: whether their operands
- * depend on f->args[i]. */
+/* Whether f needs the count phase (window.sum ops, or index operands whose
+ * ranges it checks); arg_needed[i]: whether it reads f->args[i]. */
 bool step_window_needs(const IrFunc *f, bool *arg_needed);
 /* The window sums: the count phase over each micro-batch.  data[i] holds
  * f->args[i] window-sized (NULL where no window.sum needs it); wsum[value

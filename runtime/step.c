@@ -279,9 +279,11 @@ bool step_window_needs(const IrFunc *f, bool *arg_needed) {
   for (int i = f->nops - 1; i >= 0; i--) {
     const IrOp *op = f->ops[i];
     bool want = op->opcode == IR_OP_WINDOW_SUM || (op->result && need[op->result->id]);
-    any |= op->opcode == IR_OP_WINDOW_SUM;
+    int ix = interp_index_operand(op);
+    any |= op->opcode == IR_OP_WINDOW_SUM || ix >= 0;
     if (want)
       for (int j = 0; j < op->nargs; j++) need[op->args[j]->id] = true;
+    if (ix >= 0) need[op->args[ix]->id] = true; /* the count phase checks index ranges */
   }
   for (int i = 0; i < f->nargs; i++) arg_needed[i] = need[f->args[i]->id];
   free(need);
@@ -293,6 +295,7 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
   bool any = false, ok = true;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
+    any |= interp_index_operand(op) >= 0;
     if (op->opcode != IR_OP_WINDOW_SUM) continue;
     wsum[op->result->id] = xcalloc((size_t)ir_numel(&op->result->type.shape), sizeof(double));
     any = true;

@@ -1,0 +1,166 @@
+/* test_run.c - `gradc run` and `gradc compile -o` end to end, through the
+ * binary: both targets agree, artifacts run without recompiling and refuse
+ * conflicting flags, and out-of-range indices are errors on every target
+ * (never a silent wrong result). */
+#include <math.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "testutil.h"
+
+static char tmpdir[] = "/tmp/gradc-run-test-XXXXXX";
+
+/* Run a shell command; returns its exit status and its stdout+stderr in out. */
+static int sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+static int sh(char *out, size_t n, const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  char full[4200];
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  FILE *p = popen(full, "r");
+  assert_non_null(p);
+  size_t k = fread(out, 1, n - 1, p);
+  out[k] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const char *model =
+    "model tiny {\n"
+    "  batch B = 8\n"
+    "  dim V = 11\n"
+    "  dim D = 4\n"
+    "  input tok : i32[B]\n"
+    "  input y : i32[B]\n"
+    "  param E : f32[V, D] init normal(0, 1)\n"
+    "  param W : f32[D, 3] init normal(0, 1)\n"
+    "  loss ce = cross_entropy(embedding(tok, E) @ W, y)\n"
+    "  loss l2 = 0.01 * sum(W * W)\n"
+    "}\n";
+
+static int setup(void **state) {
+  (void)state;
+  assert_non_null(mkdtemp(tmpdir));
+  char path[256];
+  snprintf(path, sizeof path, "%s/tiny.gdl", tmpdir);
+  FILE *f = fopen(path, "w");
+  fputs(model, f);
+  fclose(f);
+  char out[4096];
+  assert_int_equal(sh(out, sizeof out, "%s init %s/tiny.gdl -o %s/p.st --seed 3", GRADC_BINARY, tmpdir, tmpdir), 0);
+  assert_int_equal(
+      sh(out, sizeof out, "%s data random %s/tiny.gdl -o %s/i.st --seed 4", GRADC_BINARY, tmpdir, tmpdir), 0);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[300], out[64];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  sh(out, sizeof out, "%s", cmd);
+  return 0;
+}
+
+static double loss_of(const char *text, const char *name) {
+  char key[64];
+  snprintf(key, sizeof key, "loss %s ", name);
+  const char *p = strstr(text, key);
+  if (!p) fail_msg("no '%s' line in:\n%s", key, text);
+  return strtod(p + strlen(key), NULL);
+}
+
+static void test_run_targets_and_artifact_agree(void **state) {
+  (void)state;
+  char ref[4096], cpu[4096], art[4096];
+  assert_int_equal(sh(ref, sizeof ref, "%s run %s/tiny.gdl --gas 2 --target ref --params %s/p.st --inputs %s/i.st",
+                      GRADC_BINARY, tmpdir, tmpdir, tmpdir),
+                   0);
+  assert_int_equal(sh(cpu, sizeof cpu, "%s run %s/tiny.gdl --gas 2 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
+                      tmpdir, tmpdir, tmpdir),
+                   0);
+  char out[4096];
+  assert_int_equal(sh(out, sizeof out, "%s compile %s/tiny.gdl --gas 2 -o %s/tiny.gca", GRADC_BINARY, tmpdir, tmpdir),
+                   0);
+  assert_int_equal(sh(art, sizeof art, "%s run %s/tiny.gca --params %s/p.st --inputs %s/i.st", GRADC_BINARY, tmpdir,
+                      tmpdir, tmpdir),
+                   0);
+  const char *names[] = {"ce", "l2", "total"};
+  for (int i = 0; i < 3; i++) {
+    double r = loss_of(ref, names[i]), c = loss_of(cpu, names[i]), a = loss_of(art, names[i]);
+    assert_true(fabs(r - c) <= 1e-5 * fabs(r));
+    assert_true(a == c); /* the artifact runs the same compiled step */
+  }
+  /* An artifact fixes K, sizes and target. */
+  assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gca --gas 4 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
+                      tmpdir, tmpdir, tmpdir),
+                   1);
+  assert_non_null(strstr(out, "tiny.gca: it was built with --gas 2"));
+  assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gca -D V=12 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
+                      tmpdir, tmpdir, tmpdir),
+                   1);
+  assert_non_null(strstr(out, "its sizes are fixed"));
+  /* A corrupted artifact is rejected, not run. */
+  assert_int_equal(sh(out, sizeof out, "printf 'XXXX' | dd of=%s/tiny.gca bs=1 seek=200 conv=notrunc 2>/dev/null; "
+                                       "%s run %s/tiny.gca --params %s/p.st --inputs %s/i.st",
+                      tmpdir, GRADC_BINARY, tmpdir, tmpdir, tmpdir),
+                   1);
+  assert_non_null(strstr(out, "tiny.gca"));
+}
+
+static void test_run_rejects_out_of_range_indices_on_every_target(void **state) {
+  (void)state;
+  /* Rewrite the inputs with one embedding index and one target out of range. */
+  char path[256], err[512];
+  StFile in;
+  snprintf(path, sizeof path, "%s/i.st", tmpdir);
+  assert_true(st_read(path, &in, err, sizeof err));
+  StFile bad_tok, bad_y;
+  st_init(&bad_tok);
+  st_init(&bad_y);
+  for (int i = 0; i < in.n; i++) {
+    StTensor *t = &in.t[i];
+    int32_t v[8];
+    memcpy(v, t->data, sizeof v);
+    int32_t tv[8], yv[8];
+    memcpy(tv, v, sizeof v);
+    memcpy(yv, v, sizeof v);
+    if (strcmp(t->name, "tok") == 0) tv[5] = 11;
+    if (strcmp(t->name, "y") == 0) yv[2] = -1;
+    st_add(&bad_tok, t->name, t->dtype, t->rank, t->shape, tv);
+    st_add(&bad_y, t->name, t->dtype, t->rank, t->shape, yv);
+  }
+  snprintf(path, sizeof path, "%s/bad_tok.st", tmpdir);
+  assert_true(st_write(path, &bad_tok, err, sizeof err));
+  snprintf(path, sizeof path, "%s/bad_y.st", tmpdir);
+  assert_true(st_write(path, &bad_y, err, sizeof err));
+  const char *targets[] = {"cpu", "ref"};
+  for (int t = 0; t < 2; t++) {
+    char out[4096];
+    assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gdl --gas 2 --target %s --params %s/p.st --inputs %s/bad_tok.st",
+                        GRADC_BINARY, tmpdir, targets[t], tmpdir, tmpdir),
+                     1);
+    assert_non_null(strstr(out, "index 11 (element 1) out of range [0, 11)"));
+    assert_null(strstr(out, "loss "));
+    assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gdl --gas 2 --target %s --params %s/p.st --inputs %s/bad_y.st",
+                        GRADC_BINARY, tmpdir, targets[t], tmpdir, tmpdir),
+                     1);
+    assert_non_null(strstr(out, "target -1 (element 2) out of range [0, 3)"));
+  }
+  st_free(&in);
+  st_free(&bad_tok);
+  st_free(&bad_y);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_run_targets_and_artifact_agree),
+      cmocka_unit_test(test_run_rejects_out_of_range_indices_on_every_target),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
