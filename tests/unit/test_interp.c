@@ -639,7 +639,11 @@ static void test_interp_window_phases(void **state) {
   double *args[3] = {xv, iv, tv};
   InterpState st;
   char err[512];
-  /* Count phase: only the window.sum operand's cone runs. */
+  /* Count phase: it checks index operands before anything else runs. */
+  assert_false(interp_run(&st, f, args, NULL, INTERP_COUNT, NULL, err, sizeof err));
+  assert_string_equal(err, "embedding: index 7 (element 0) out of range [0, 2)");
+  iv[0] = 1;
+  /* Then only the window.sum operand's cone (and the indices) run. */
   assert_true(interp_run(&st, f, args, NULL, INTERP_COUNT, NULL, err, sizeof err));
   EXPECT(&st, s, 0, 6);
   assert_null(st.val[ws->id]);

@@ -438,7 +438,7 @@ static void test_step_reports_bad_tensors(void **state) {
   expect_error(drop_scale, y, "INPUTS: missing tensor 'scale'");
   /* A run-time error inside the window. */
   const int64_t bad[4] = {1, 3, -100, 7};
-  expect_error(NULL, bad, "cross_entropy: target 7 out of range [0, 4)");
+  expect_error(NULL, bad, "cross_entropy: target 7 (element 1) out of range [0, 4)");
 }
 
 /* I32 targets are accepted as well as I64 (and F64 for f32 args, as above). */
