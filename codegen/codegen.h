@@ -108,4 +108,67 @@ bool cg_module_from_cache(const CgModule *m);
 /* "triple;cpu;features;llvmN" of this host: what object code depends on. */
 void cg_llvm_host_id(char *buf, size_t n);
 
+/* How many times cg_llvm_compile has run in this process (a cache hit
+ * counts too): lets tests show that loading an artifact compiles nothing. */
+int cg_llvm_compile_count(void);
+
+/* ------------------------------------------------------------------ */
+/* Optimiser updates: one fused pass over a param (runtime/api_optim.c) */
+/* ------------------------------------------------------------------ */
+/* The update of one param of n elements with torch.optim's single-tensor
+ * semantics and order of operations (api_optim.c's file comment): the
+ * gradient (always f64, a StepResult's) scaled by the clipping
+ * coefficient, then SGD (weight decay, momentum, Nesterov) or AdamW.  The
+ * param and its slots are f32 or f64; the f32 update rounds each scalar to
+ * f32 once and computes in f32.  s0 is the momentum buffer (SGD with
+ * momentum) or exp_avg (AdamW), s1 exp_avg_sq (AdamW); NULL when unused.
+ *
+ * The scalars are doubles (flags are 0 or 1), so the struct is laid out
+ * as an array of CG_OPTIM_NSCALARS doubles that generated code indexes. */
+typedef enum { CG_OPTIM_SGD, CG_OPTIM_ADAMW } CgOptimKind;
+
+typedef struct CgOptimScalars {
+  double clip;      /* 1: g = g * coef */
+  double coef;      /* clip_grad_norm_'s coefficient */
+  /* SGD */
+  double neg_lr;    /* -lr */
+  double wd_on;     /* 1 when weight_decay != 0: g = g + wd * p */
+  double wd;
+  double mom_on;    /* 1 when momentum != 0 (s0 exists) */
+  double momentum;
+  double damp1;     /* 1 - dampening */
+  double nesterov;  /* 1: g = g + momentum * b, else g = b */
+  double first;     /* 1: no momentum buffer yet, b = g */
+  /* AdamW (t = this step's number, from 1) */
+  double decay;     /* 1 - lr * weight_decay */
+  double w1;        /* 1 - beta1: the lerp weight of exp_avg */
+  double beta2;
+  double w2;        /* 1 - beta2 */
+  double eps;
+  double neg_step;  /* -(lr / (1 - beta1^t)) */
+  double bc2_sqrt;  /* sqrt(1 - beta2^t) */
+} CgOptimScalars;
+#define CG_OPTIM_NSCALARS 17
+
+typedef void (*CgOptimFn)(void *param, const double *grad, void *s0, void *s1, int64_t n, const CgOptimScalars *sc);
+
+/* optim.c: the update as a C loop (the ref target, builds without LLVM,
+ * and the oracle for the generated kernels). */
+void cg_optim_update_c(CgOptimKind kind, bool f64, void *param, const double *grad, void *s0, void *s1, int64_t n,
+                       const CgOptimScalars *sc);
+
+/* llvm_optim.c: the same update generated with LLVM, one kernel per
+ * (kind, dtype), vectorised for the host.  cg_optim_compile builds the
+ * kernels of the kinds in kinds_mask (bit 1 << CgOptimKind) for f32 and
+ * f64 in one module, or loads it from cache_dir (support/cache.c entries
+ * of kind "cpu-optim", keyed by the host, the kinds and the generator's
+ * version; NULL: no cache).  NULL with a message on an LLVM failure. */
+typedef struct CgOptim CgOptim;
+CgOptim *cg_optim_compile(unsigned kinds_mask, const char *cache_dir, char *err, size_t errlen);
+/* The kernel for (kind, f64), NULL if kind was not compiled. */
+CgOptimFn cg_optim_kernel(const CgOptim *m, CgOptimKind kind, bool f64);
+unsigned cg_optim_kinds(const CgOptim *m);
+bool cg_optim_from_cache(const CgOptim *m);
+void cg_optim_free(CgOptim *m);
+
 #endif

@@ -620,7 +620,12 @@ static uint64_t cache_key(const IrFunc *f) {
 /* API                                                                 */
 /* ------------------------------------------------------------------ */
 
+static _Atomic int compile_count;
+
+int cg_llvm_compile_count(void) { return compile_count; }
+
 CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t errlen) {
+  compile_count++;
   pthread_once(&init_once, init_llvm);
   if (!init_ok) {
     failf(err, errlen, "LLVM: cannot initialise the native target");

@@ -20,12 +20,17 @@
  * step_run_ref), zeroes the gradient buffers, copies the params in,
  * evaluates window sums with the interpreter's count phase and stores
  * them, then for each micro-batch copies its input slices in and runs the
- * program; at the end the gradients are read out of their buffers. */
+ * program; at the end the gradients are read out of their buffers.
+ *
+ * Artifacts (artifact.h's hook): cpu_program_save_objects stores the
+ * kernels' object code, cpu_program_load_objects builds the program from
+ * it without running code generation (no LLVM optimiser, no codegen). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../codegen/codegen.h"
+#include "artifact.h"
 #include "runtime.h"
 
 #ifdef GRADC_HAVE_BLAS
@@ -367,8 +372,10 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
 /* Building the program                                                */
 /* ------------------------------------------------------------------ */
 
+void prof_dump(CpuProgram *p);
 void cpu_program_free(CpuProgram *p) {
   if (!p) return;
+  prof_dump(p);
   for (int i = 0; i < p->ncode; i++) {
     free(p->code[i].gemm.aoff);
     free(p->code[i].gemm.boff);
@@ -441,17 +448,23 @@ static void store_consts(CpuProgram *p) {
   }
 }
 
-CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t errlen) {
+/* cpu_program_new, or with cg != NULL a program around kernels already
+ * loaded (cpu_program_load_objects; the program owns cg, even on failure). */
+static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, char *err, size_t errlen) {
   static const CpuOptions defaults = {0};
   if (!o) o = &defaults;
   bool planned = f->arena_size > 0;
   for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
   if (!planned && (f->nargs > 0 || f->nops > 0)) {
     fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
+#ifdef GRADC_HAVE_LLVM
+    if (cg) cg_module_free(cg);
+#endif
     return NULL;
   }
   CpuProgram *p = xcalloc(1, sizeof *p);
   p->f = f;
+  p->cg = cg;
   p->threads = o->threads > 0 ? o->threads : pool_ncores();
   p->code = xcalloc((size_t)f->nops + 1, sizeof(Instr));
 
@@ -471,7 +484,7 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
     started[g] = true;
   }
   free(started);
-  if (maxg > 0) {
+  if (maxg > 0 && !p->cg) {
 #ifdef GRADC_HAVE_LLVM
     CgOptions co = {.cache_dir = o->cache_dir, .dump_llvm = false};
     p->cg = cg_llvm_compile(f, &co, err, errlen);
@@ -532,6 +545,76 @@ error:
   return NULL;
 }
 
+CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t errlen) {
+  return program_new(f, o, NULL, err, errlen);
+}
+
+/* ------------------------------------------------------------------ */
+/* Kernels in artifacts (artifact.h's back-end hook)                    */
+/* ------------------------------------------------------------------ */
+
+/* One KOBJ section holds the module's object bundle (cg_module_object).
+ * Its name, "HASH;HOST", ties it to the planned function it was compiled
+ * from (FNV-1a of the printed IR, 16 hex digits) and to the host it runs
+ * on (art_host_id), so that objects that do not fit are refused instead
+ * of run, whatever the META section says. */
+
+static void kobj_name(const IrFunc *f, char *buf, size_t n) {
+  StrBuf sb;
+  sb_init(&sb);
+  ir_print(f, &sb);
+  char host[2048];
+  art_host_id(host, sizeof host);
+  snprintf(buf, n, "%016llx;%s", (unsigned long long)hash_bytes(sb_str(&sb), sb.len, HASH_SEED), host);
+  sb_free(&sb);
+}
+
+bool cpu_program_save_objects(const CpuProgram *p, ArtFile *a, char *err, size_t errlen) {
+  if (!p->cg) return true; /* no kernels: nothing to store */
+#ifdef GRADC_HAVE_LLVM
+  const void *obj;
+  size_t len;
+  cg_module_object(p->cg, &obj, &len);
+  if (!obj || !len) return fail(err, errlen, "the CPU program has no object code to save");
+  char name[2200];
+  kobj_name(p->f, name, sizeof name);
+  art_add(a, "KOBJ", name, obj, len);
+  return true;
+#else
+  (void)a;
+  return fail(err, errlen, "this build has no LLVM: cannot save kernel objects");
+#endif
+}
+
+CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptions *o, char *err, size_t errlen) {
+#ifdef GRADC_HAVE_LLVM
+  const ArtSection *s = art_find(a, "KOBJ", NULL);
+  if (!s) {
+    fail(err, errlen, "no kernel object code (KOBJ section)");
+    return NULL;
+  }
+  char want[2200];
+  kobj_name(f, want, sizeof want);
+  const char *semi = strchr(s->name, ';'), *host = strchr(want, ';') + 1;
+  if (!semi || (size_t)(semi - s->name) != 16 || strncmp(s->name, want, 16) != 0) {
+    fail(err, errlen, "kernel object code does not belong to this artifact's IR (recompile the model)");
+    return NULL;
+  }
+  if (strcmp(semi + 1, host) != 0) {
+    fail(err, errlen, "kernel object code was built for another host (%.400s); this host is %.400s (recompile the model)",
+         semi + 1, host);
+    return NULL;
+  }
+  CgModule *cg = cg_module_load_object(f, s->data, s->len, err, errlen);
+  if (!cg) return NULL;
+  return program_new(f, o, cg, err, errlen);
+#else
+  (void)f, (void)a, (void)o;
+  fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels");
+  return NULL;
+#endif
+}
+
 /* ------------------------------------------------------------------ */
 /* A window                                                            */
 /* ------------------------------------------------------------------ */
@@ -580,9 +663,28 @@ static bool window_sums(CpuProgram *p, int gas, const StTensor *const *bound, ch
   return ok;
 }
 
+#include <time.h>
+static double prof_t[100000]; static int prof_on = -1;
+static double pnow(void){struct timespec ts; clock_gettime(CLOCK_MONOTONIC,&ts); return ts.tv_sec*1e3+ts.tv_nsec*1e-6;}
+void prof_dump(CpuProgram *p);
+void prof_dump(CpuProgram *p) {
+  if (prof_on != 1) return;
+  double tk = 0, tg = 0;
+  for (int i = 0; i < p->ncode; i++) { if (p->code[i].kind == I_GEMM) tg += prof_t[i]; else tk += prof_t[i]; }
+  fprintf(stderr, "PROF kernels %.3f gemms %.3f (ms total)\n", tk, tg);
+  int idx[100000]; for (int i = 0; i < p->ncode; i++) idx[i] = i;
+  for (int i = 0; i < p->ncode; i++) for (int j = i + 1; j < p->ncode; j++) if (prof_t[idx[j]] > prof_t[idx[i]]) { int t = idx[i]; idx[i] = idx[j]; idx[j] = t; }
+  for (int k = 0; k < p->ncode && k < 40; k++) { const Instr *in = &p->code[idx[k]]; char ty[IR_TYPE_STR_MAX];
+    fprintf(stderr, "PROF %8.3f %s %s %s line %d", prof_t[idx[k]], in->kind == I_GEMM ? "gemm" : "kern", in->kind == I_KERNEL ? in->kernel->name : opname(in->op), in->op->result ? ir_type_str(&in->op->result->type, ty, sizeof ty) : "", in->op->loc.line);
+    if (in->kind == I_GEMM) fprintf(stderr, " M%ld N%ld K%ld nb%ld %c%c", (long)in->gemm.M, (long)in->gemm.N, (long)in->gemm.K, (long)in->gemm.nb, in->gemm.ta?'T':'N', in->gemm.tb?'T':'N');
+    if (in->kind == I_KERNEL) fprintf(stderr, " iters %ld cost %ld", (long)in->kernel->iters, (long)in->kernel->cost);
+    fprintf(stderr, "\n"); }
+}
 static void run_micro_batch(CpuProgram *p, StepResult *r) {
+  if (prof_on < 0) prof_on = getenv("GRADC_PROF") != NULL;
   for (int i = 0; i < p->ncode; i++) {
     const Instr *in = &p->code[i];
+    double pt0 = prof_on ? pnow() : 0;
     switch (in->kind) {
     case I_KERNEL: run_kernel(p, in->kernel); break;
     case I_GEMM: run_gemm(&in->gemm, p->arena); break;
@@ -596,6 +698,7 @@ static void run_micro_batch(CpuProgram *p, StepResult *r) {
       break;
     }
     }
+    if (prof_on) prof_t[i] += pnow() - pt0;
   }
 }
 
