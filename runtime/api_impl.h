@@ -62,6 +62,7 @@ struct gradc_session {
   bool momentum_valid;     /* SGD: the momentum buffers exist (torch creates them on the first step) */
   int64_t step;            /* optimiser steps taken */
   Rng rng;
+  struct CgOptim *optim_code; /* generated update kernels (CPU back end), built at the first step */
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,
@@ -97,5 +98,6 @@ bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs
 /* api_optim.c: the slot names an optimiser keeps ("exp_avg", ...). */
 int api_optim_slots(const gradc_optimizer_options *o, const char **names);
 void api_optim_free_state(gradc_session *s);
+void api_optim_free_code(gradc_session *s); /* the session's generated update kernels */
 
 #endif

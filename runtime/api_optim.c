@@ -22,6 +22,13 @@
  * the fly).  Scalars are computed in double and rounded to the param's
  * precision where torch rounds a Python float to the tensor's dtype.
  *
+ * Who runs the pass: on the CPU back end a kernel generated with LLVM
+ * (codegen/llvm_optim.c: one per optimiser kind and param dtype,
+ * vectorised, built at the session's first step and kept in the object
+ * cache); on the interpreter and in builds without LLVM the C loop of
+ * codegen/optim.c.  Both perform the same operations in the same order,
+ * so they give the same bits and a run may switch between them.
+ *
  * The learning rate of step s (0-based: s steps taken so far) is lr * f(s),
  * which is what torch.optim.lr_scheduler.LambdaLR(opt, f) gives when
  * scheduler.step() follows every optimizer.step():
@@ -52,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../codegen/codegen.h"
 #include "api_impl.h"
 
 #define CKPT_FORMAT "gradc-checkpoint-1"
@@ -187,86 +195,73 @@ double gradc_session_grad_norm(const gradc_session *s) { return s && s->have_res
 /* The fused update                                                     */
 /* ------------------------------------------------------------------ */
 
-typedef struct Update {
-  const gradc_optimizer_options *o;
-  double lr;
-  int64_t t;      /* this step's number, from 1 */
-  bool clip;      /* scale gradients by coef */
-  double coef;    /* clipping coefficient (f32 params use it rounded) */
-  bool first;     /* SGD: no momentum buffer yet */
-} Update;
-
-/* torch.lerp for a scalar weight (aten/src/ATen/native/Lerp.h). */
-static float lerpf(float a, float b, float w) { return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
-static double lerpd(double a, double b, double w) { return fabs(w) < 0.5 ? a + w * (b - a) : b - (b - a) * (1.0 - w); }
-
-static void update_f32(const Update *u, int64_t n, float *p, const double *grad, float *s0, float *s1) {
-  const gradc_optimizer_options *o = u->o;
-  float coef = (float)u->coef;
+/* This step's scalars (codegen.h's CgOptimScalars), in double: the
+ * update rounds them to f32 for f32 params. */
+static void step_scalars(const gradc_session *s, CgOptimScalars *sc) {
+  const gradc_optimizer_options *o = &s->opt;
+  double lr = lr_at(o, s->step), t = (double)(s->step + 1);
+  memset(sc, 0, sizeof *sc);
+  sc->coef = 1.0;
+  if (o->clip_norm > 0) {
+    /* clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1 (in f32 for f32 gradients). */
+    bool any64 = false;
+    for (int i = 0; i < s->p->nparams; i++) any64 |= api_param_f64(&s->p->params[i]);
+    if (any64)
+      sc->coef = o->clip_norm / (s->grad_norm + 1e-6);
+    else
+      sc->coef = (float)o->clip_norm / ((float)s->grad_norm + 1e-6f);
+    if (sc->coef > 1.0) sc->coef = 1.0;
+    sc->clip = 1;
+  }
   if (o->kind == GRADC_SGD) {
-    float wd = (float)o->weight_decay, mom = (float)o->momentum, damp1 = (float)(1.0 - o->dampening);
-    float neg_lr = (float)-u->lr;
-    for (int64_t j = 0; j < n; j++) {
-      float g = (float)grad[j];
-      if (u->clip) g = g * coef;
-      if (o->weight_decay != 0) g = g + wd * p[j];
-      if (o->momentum != 0) {
-        s0[j] = u->first ? g : s0[j] * mom + damp1 * g;
-        g = o->nesterov ? g + mom * s0[j] : s0[j];
-      }
-      p[j] = p[j] + neg_lr * g;
-    }
+    sc->neg_lr = -lr;
+    sc->wd_on = o->weight_decay != 0;
+    sc->wd = o->weight_decay;
+    sc->mom_on = o->momentum != 0;
+    sc->momentum = o->momentum;
+    sc->damp1 = 1.0 - o->dampening;
+    sc->nesterov = o->nesterov != 0;
+    sc->first = !s->momentum_valid;
     return;
   }
-  double bc1 = 1.0 - pow(o->beta1, (double)u->t), bc2 = 1.0 - pow(o->beta2, (double)u->t);
-  float decay = (float)(1.0 - u->lr * o->weight_decay), w1 = (float)(1.0 - o->beta1);
-  float b2 = (float)o->beta2, w2 = (float)(1.0 - o->beta2), eps = (float)o->eps;
-  float neg_step = (float)-(u->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-  for (int64_t j = 0; j < n; j++) {
-    float g = (float)grad[j];
-    if (u->clip) g = g * coef;
-    float pj = p[j] * decay;
-    float m = lerpf(s0[j], g, w1);
-    float v = s1[j] * b2;
-    v = v + w2 * g * g;
-    float denom = sqrtf(v) / bc2_sqrt + eps;
-    p[j] = pj + neg_step * m / denom;
-    s0[j] = m;
-    s1[j] = v;
-  }
+  double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
+  sc->decay = 1.0 - lr * o->weight_decay;
+  sc->w1 = 1.0 - o->beta1;
+  sc->beta2 = o->beta2;
+  sc->w2 = 1.0 - o->beta2;
+  sc->eps = o->eps;
+  sc->neg_step = -(lr / bc1);
+  sc->bc2_sqrt = sqrt(bc2);
 }
 
-static void update_f64(const Update *u, int64_t n, double *p, const double *grad, double *s0, double *s1) {
-  const gradc_optimizer_options *o = u->o;
-  if (o->kind == GRADC_SGD) {
-    double wd = o->weight_decay, mom = o->momentum, damp1 = 1.0 - o->dampening, neg_lr = -u->lr;
-    for (int64_t j = 0; j < n; j++) {
-      double g = grad[j];
-      if (u->clip) g = g * u->coef;
-      if (o->weight_decay != 0) g = g + wd * p[j];
-      if (o->momentum != 0) {
-        s0[j] = u->first ? g : s0[j] * mom + damp1 * g;
-        g = o->nesterov ? g + mom * s0[j] : s0[j];
-      }
-      p[j] = p[j] + neg_lr * g;
-    }
-    return;
+/* The generated update kernels of the session's optimiser kind, built at
+ * the first step of a session on the CPU back end (NULL elsewhere: the C
+ * loop runs). */
+static gradc_status optim_code(gradc_session *s, CgOptimKind kind, const CgOptim **out) {
+  *out = NULL;
+#ifdef GRADC_HAVE_LLVM
+  if (!s->p->cpu) return GRADC_OK;
+  if (!s->optim_code || !(cg_optim_kinds(s->optim_code) & (1u << kind))) {
+    unsigned kinds = cg_optim_kinds(s->optim_code) | (1u << kind);
+    char dir[4096], err[1024];
+    const char *cdir = !s->p->no_cache && cache_dir(dir, sizeof dir) ? dir : NULL;
+    CgOptim *m = cg_optim_compile(kinds, cdir, err, sizeof err);
+    if (!m) return api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: optimiser kernels: %s", err);
+    cg_optim_free(s->optim_code);
+    s->optim_code = m;
   }
-  double bc1 = 1.0 - pow(o->beta1, (double)u->t), bc2 = 1.0 - pow(o->beta2, (double)u->t);
-  double decay = 1.0 - u->lr * o->weight_decay, w1 = 1.0 - o->beta1, w2 = 1.0 - o->beta2;
-  double neg_step = -(u->lr / bc1), bc2_sqrt = sqrt(bc2);
-  for (int64_t j = 0; j < n; j++) {
-    double g = grad[j];
-    if (u->clip) g = g * u->coef;
-    double pj = p[j] * decay;
-    double m = lerpd(s0[j], g, w1);
-    double v = s1[j] * o->beta2;
-    v = v + w2 * g * g;
-    double denom = sqrt(v) / bc2_sqrt + o->eps;
-    p[j] = pj + neg_step * m / denom;
-    s0[j] = m;
-    s1[j] = v;
-  }
+  *out = s->optim_code;
+#else
+  (void)s, (void)kind;
+#endif
+  return GRADC_OK;
+}
+
+void api_optim_free_code(gradc_session *s) {
+#ifdef GRADC_HAVE_LLVM
+  cg_optim_free(s->optim_code);
+#endif
+  s->optim_code = NULL;
 }
 
 gradc_status gradc_session_step(gradc_session *s) {
@@ -275,19 +270,12 @@ gradc_status gradc_session_step(gradc_session *s) {
     return api_fail(GRADC_ERR_USER, "gradc: error: session_step: no optimiser (call gradc_session_set_optimizer first)");
   if (!s->have_res)
     return api_fail(GRADC_ERR_USER, "gradc: error: session_step: no gradients (call gradc_session_run first)");
-  Update u = {.o = &s->opt, .lr = lr_at(&s->opt, s->step), .t = s->step + 1, .coef = 1.0};
-  u.first = s->opt.kind == GRADC_SGD && !s->momentum_valid;
-  if (s->opt.clip_norm > 0) {
-    /* clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1 (in f32 for f32 gradients). */
-    bool any64 = false;
-    for (int i = 0; i < s->p->nparams; i++) any64 |= api_param_f64(&s->p->params[i]);
-    if (any64)
-      u.coef = s->opt.clip_norm / (s->grad_norm + 1e-6);
-    else
-      u.coef = (float)s->opt.clip_norm / ((float)s->grad_norm + 1e-6f);
-    if (u.coef > 1.0) u.coef = 1.0;
-    u.clip = true;
-  }
+  CgOptimKind kind = s->opt.kind == GRADC_SGD ? CG_OPTIM_SGD : CG_OPTIM_ADAMW;
+  const CgOptim *code;
+  gradc_status st = optim_code(s, kind, &code);
+  if (st) return st;
+  CgOptimScalars sc;
+  step_scalars(s, &sc);
   for (int i = 0; i < s->p->nparams; i++) {
     StTensor *t = &s->params.t[i];
     const double *g = NULL;
@@ -295,10 +283,15 @@ gradc_status gradc_session_step(gradc_session *s) {
       if (strcmp(s->res.grad_names[k], t->name) == 0) g = s->res.grads[k];
     GRADC_ASSERT(g != NULL);
     void *s0 = s->slot0 ? s->slot0[i] : NULL, *s1 = s->slot1 ? s->slot1[i] : NULL;
-    if (t->dtype == ST_F64)
-      update_f64(&u, st_numel(t), t->data, g, s0, s1);
-    else
-      update_f32(&u, st_numel(t), t->data, g, s0, s1);
+    bool f64 = t->dtype == ST_F64;
+#ifdef GRADC_HAVE_LLVM
+    CgOptimFn fn = code ? cg_optim_kernel(code, kind, f64) : NULL;
+    if (fn) {
+      fn(t->data, g, s0, s1, st_numel(t), &sc);
+      continue;
+    }
+#endif
+    cg_optim_update_c(kind, f64, t->data, g, s0, s1, st_numel(t), &sc);
   }
   if (s->opt.kind == GRADC_SGD && s->opt.momentum != 0) s->momentum_valid = true;
   s->step++;

@@ -47,6 +47,7 @@ void gradc_session_free(gradc_session *s) {
   st_free(&s->inputs);
   if (s->have_res) step_result_free(&s->res);
   api_optim_free_state(s);
+  api_optim_free_code(s);
   free(s);
 }
 
