@@ -107,6 +107,101 @@ static bool split_cross_entropy(IrFunc *f) {
 }
 
 /* ------------------------------------------------------------------ */
+/* The rewrite: batched weight gradients as one GEMM                   */
+/* ------------------------------------------------------------------ */
+
+/* A permute that swaps the last two axes and keeps the others. */
+static bool swaps_last_two(const IrOp *op) {
+  if (!op || op->opcode != IR_OP_PERMUTE) return false;
+  const int64_t *perm;
+  int n = ir_attr_get_ints(op, "perm", &perm);
+  if (n < 2 || n != op->result->type.shape.rank) return false;
+  for (int k = 0; k < n - 2; k++)
+    if (perm[k] != k) return false;
+  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
+}
+
+/* Move the ops appended since index `from` (at the end of the list) to
+ * index `at`, shifting the ops from `at` on after them. */
+static void splice(IrFunc *f, int at, int from) {
+  int added = f->nops - from;
+  IrOp **tmp = malloc(sizeof(IrOp *) * (size_t)(added ? added : 1));
+  if (!tmp) abort();
+  memcpy(tmp, f->ops + from, sizeof(IrOp *) * (size_t)added);
+  memmove(f->ops + at + added, f->ops + at, sizeof(IrOp *) * (size_t)(from - at));
+  memcpy(f->ops + at, tmp, sizeof(IrOp *) * (size_t)added);
+  free(tmp);
+}
+
+/* The weight gradient of x[b..., T, C] @ W[C, F] comes out of autodiff as
+ *   sum(matmul(permute(x, swap last two), dy[b..., T, F]), axes = the batch axes)
+ * : a batch of [C, F] GEMMs over T rows each, written whole to memory and
+ * then summed.  With the batch and T axes merged it is one GEMM over all
+ * rows, x^T[C, b*T] @ dy[b*T, F], which the BLAS runs faster, needs no
+ * [b..., C, F] temporary and no sum kernel, and writes straight into the
+ * gradient buffer (memplan):
+ *   reshape(matmul(permute(reshape(x, [b*T, C]), [1,0]), reshape(dy, [b*T, F])), the sum's shape)
+ * Only when the matmul's result is read by the sum alone, both operands
+ * have the same batch dims (no broadcasting) and dy is not itself a
+ * transpose (which would have to be materialised to be reshaped). */
+static bool fold_weight_grads(IrFunc *f, Arena *scratch) {
+  int nv = f->nvalues;
+  int *uses = ARENA_ARRAY(scratch, int, nv + 1);
+  ir_count_uses(f, uses);
+  for (int i = 0; i < f->nops; i++) f->ops[i]->mark = 0;
+  bool changed = false;
+  int n0 = f->nops;
+  for (int i = 0; i < n0; i++) {
+    IrOp *s = f->ops[i];
+    if (s->opcode != IR_OP_SUM || s->mark) continue;
+    IrValue *x = s->args[0];
+    IrOp *mm = x->def;
+    if (x->id >= nv || !mm || mm->opcode != IR_OP_MATMUL || uses[x->id] != 1) continue;
+    IrValue *a = mm->args[0], *b = mm->args[1];
+    int r = a->type.shape.rank;
+    if (r < 3 || b->type.shape.rank != r || !swaps_last_two(a->def) || swaps_last_two(b->def)) continue;
+    bool ok = true;
+    for (int k = 0; k < r - 2; k++) ok &= a->type.shape.dim[k] == b->type.shape.dim[k];
+    const int64_t *axes;
+    int na = ir_attr_get_ints(s, "axes", &axes);
+    bool red[IR_MAX_RANK] = {false};
+    for (int k = 0; k < na; k++) {
+      int64_t ax;
+      if (!ir_norm_axis(axes[k], r, &ax)) ok = false;
+      else red[ax] = true;
+    }
+    for (int k = 0; k < r; k++) ok &= red[k] == (k < r - 2);
+    if (!ok) continue;
+    IrValue *x0 = a->def->args[0]; /* [b..., T, C] */
+    int64_t rows = 1;
+    for (int k = 0; k < r - 1; k++) rows *= x0->type.shape.dim[k];
+    int64_t C = x0->type.shape.dim[r - 1], F = b->type.shape.dim[r - 1];
+    int before = f->nops;
+    IrValue *x2 = ir_reshape(f, x0, ir_shape_make(2, (int64_t[]){rows, C}), mm->loc);
+    IrValue *xt = ir_permute(f, x2, (int64_t[]){1, 0}, mm->loc);
+    IrValue *dy2 = ir_reshape(f, b, ir_shape_make(2, (int64_t[]){rows, F}), mm->loc);
+    IrValue *w = ir_matmul(f, xt, dy2, mm->loc);
+    if (!ir_shape_eq(&w->type.shape, &s->result->type.shape)) w = ir_reshape(f, w, s->result->type.shape, s->loc);
+    if (!w->name) w->name = s->result->name;
+    /* The new ops take the sum's place; the sum, the batched matmul and a
+     * transpose read by nothing else go. */
+    splice(f, i, before);
+    int added = f->nops - before;
+    i += added;
+    n0 += added;
+    ir_replace_uses(f, s->result, w);
+    s->mark = 1;
+    mm->mark = 1;
+    if (--uses[a->id] == 0) a->def->mark = 1;
+    changed = true;
+  }
+  /* The new ops read only values defined before the batched matmul, so
+   * the order stays valid. */
+  if (changed) ir_func_remove_marked(f);
+  return changed;
+}
+
+/* ------------------------------------------------------------------ */
 /* Merging                                                             */
 /* ------------------------------------------------------------------ */
 
@@ -329,7 +424,8 @@ static bool gemm_transpose(const Fuse *fu, int i) {
 
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
   (void)o;
-  bool changed = split_cross_entropy(f);
+  bool changed = fold_weight_grads(f, scratch);
+  changed |= split_cross_entropy(f);
   int n = f->nops;
   Fuse fu;
   memset(&fu, 0, sizeof fu);

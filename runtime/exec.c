@@ -284,17 +284,17 @@ static bool plan_gemm(const IrOp *op, Gemm *g, char *err, size_t n) {
   return true;
 }
 
-/* C = A B (+ C): row-major, f32 or f64. */
+/* C = A B (+ C): row-major, f32 or f64, C's rows ldc elements apart. */
 static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda,
-                      const void *b, int64_t ldb, double beta, void *c) {
+                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
 #ifdef GRADC_HAVE_BLAS
   enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if (dbl)
     cblas_dgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0, a, (blasint)lda, b, (blasint)ldb,
-                beta, c, (blasint)N);
+                beta, c, (blasint)ldc);
   else
     cblas_sgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0f, a, (blasint)lda, b, (blasint)ldb,
-                (float)beta, c, (blasint)N);
+                (float)beta, c, (blasint)ldc);
 #else
   /* No BLAS in this build: a plain loop, accumulated in the operands' type. */
   for (int64_t i = 0; i < M; i++)
@@ -309,41 +309,53 @@ static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t 
           sf += ((const float *)a)[ia] * ((const float *)b)[ib];
       }
       if (dbl)
-        ((double *)c)[i * N + j] = s + (beta != 0 ? ((double *)c)[i * N + j] : 0);
+        ((double *)c)[i * ldc + j] = s + (beta != 0 ? ((double *)c)[i * ldc + j] : 0);
       else
-        ((float *)c)[i * N + j] = sf + (beta != 0 ? ((float *)c)[i * N + j] : 0.0f);
+        ((float *)c)[i * ldc + j] = sf + (beta != 0 ? ((float *)c)[i * ldc + j] : 0.0f);
     }
 #endif
 }
 
-static void run_gemm(const Gemm *g, char *arena) {
-  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
-  double beta = g->accumulate ? 1.0 : 0.0;
+/* GEMMs run on the pool like kernels, with the BLAS single-threaded inside
+ * each piece: one set of threads.  A threaded BLAS next to the pool
+ * oversubscribes the cores (its threads spin after every call while the
+ * pool's run kernels), which made two threads slower than one.  A GEMM is
+ * split into pieces over its batch, then over row or column blocks of C
+ * (disjoint, so accumulating into a gradient buffer stays exact); one too
+ * small to pay for waking the workers runs on the calling thread. */
+#define GEMM_INLINE_FLOPS 2000000 /* ~20 us of one core */
+#define GEMM_MIN_PIECE_FLOPS 1000000
+
+typedef struct GemmRun {
+  const Gemm *g;
+  char *arena;
+  int64_t parts;       /* pieces per batch matrix */
+  bool split_n;        /* pieces are column blocks (else row blocks) */
+  int64_t blk;         /* rows or columns per piece */
+} GemmRun;
+
+static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
+  const GemmRun *r = ctx;
+  const Gemm *g = r->g;
   bool dbl = g->dt == IR_DT_F64;
-  if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
-    size_t es = dbl ? 8 : 4;
-    for (int64_t t = 0; t < g->nb; t++)
-      gemm_call(dbl, g->ta, g->tb, g->M, g->N, g->K, arena + g->a + (size_t)g->aoff[t] * es, g->lda,
-                arena + g->b + (size_t)g->boff[t] * es, g->ldb, beta, arena + g->c + (size_t)(t * mn) * es);
-    return;
-  }
-  /* bf16 / f16: widen to f32, multiply, and round the result back (or
-   * accumulate it into the f32 gradient buffer). */
-  float *a = xcalloc((size_t)mk, sizeof(float)), *b = xcalloc((size_t)kn, sizeof(float));
-  float *c = g->accumulate ? NULL : xcalloc((size_t)mn, sizeof(float));
-  for (int64_t t = 0; t < g->nb; t++) {
-    for (int64_t i = 0; i < mk; i++) a[i] = (float)elem_get(arena + g->a, g->dt, g->aoff[t] + i);
-    for (int64_t i = 0; i < kn; i++) b[i] = (float)elem_get(arena + g->b, g->dt, g->boff[t] + i);
-    if (g->accumulate) {
-      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 1.0, arena + g->c + (size_t)(t * mn) * 4);
+  size_t es = dbl ? 8 : 4;
+  double beta = g->accumulate ? 1.0 : 0.0;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t t = i / r->parts, q = i % r->parts;
+    const char *a = r->arena + g->a + (size_t)g->aoff[t] * es, *b = r->arena + g->b + (size_t)g->boff[t] * es;
+    char *c = r->arena + g->c + (size_t)(t * g->M * g->N) * es;
+    int64_t M = g->M, N = g->N, lo = q * r->blk;
+    if (r->split_n) {
+      N = N - lo < r->blk ? N - lo : r->blk;
+      b += (size_t)(g->tb ? lo * g->ldb : lo) * es;
+      c += (size_t)lo * es;
     } else {
-      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 0.0, c);
-      for (int64_t i = 0; i < mn; i++) elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
+      M = M - lo < r->blk ? M - lo : r->blk;
+      a += (size_t)(g->ta ? lo : lo * g->lda) * es;
+      c += (size_t)(lo * g->N) * es;
     }
+    gemm_call(dbl, g->ta, g->tb, M, N, g->K, a, g->lda, b, g->ldb, beta, c, g->N);
   }
-  free(a);
-  free(b);
-  free(c);
 }
 
 typedef struct KernelRun {
@@ -368,14 +380,60 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
   pool_run(p->pool, k->iters, grain > 0 ? grain : 1, kernel_chunk, &run);
 }
 
+static void run_gemm(CpuProgram *p, const Gemm *g) {
+  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
+  if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
+    GemmRun r = {g, p->arena, 1, false, g->M};
+    int nt = pool_size(p->pool);
+    double flops = 2.0 * (double)mn * (double)g->K;
+    if (nt == 1 || flops * (double)g->nb < GEMM_INLINE_FLOPS) {
+      gemm_pieces(&r, 0, g->nb);
+      return;
+    }
+    /* Pieces: enough for every thread (4 per thread, for balance, when
+     * the batch gives them for free), none under GEMM_MIN_PIECE_FLOPS. */
+    int64_t want = (g->nb >= 4 * nt) ? 1 : (4 * nt + g->nb - 1) / g->nb;
+    int64_t most = (int64_t)(flops / GEMM_MIN_PIECE_FLOPS);
+    if (want > most) want = most > 1 ? most : 1;
+    if (want > 1) {
+      /* Split the longer side of C in blocks of whole register tiles. */
+      r.split_n = g->N > g->M;
+      int64_t len = r.split_n ? g->N : g->M, unit = r.split_n ? 64 : 32;
+      r.blk = (len + want - 1) / want;
+      r.blk = (r.blk + unit - 1) / unit * unit;
+      if (r.blk >= len) r.blk = len;
+      r.parts = (len + r.blk - 1) / r.blk;
+    }
+    pool_run(p->pool, g->nb * r.parts, 1, gemm_pieces, &r);
+    return;
+  }
+  /* bf16 / f16: widen to f32, multiply, and round the result back (or
+   * accumulate it into the f32 gradient buffer). */
+  char *arena = p->arena;
+  float *a = xcalloc((size_t)mk, sizeof(float)), *b = xcalloc((size_t)kn, sizeof(float));
+  float *c = g->accumulate ? NULL : xcalloc((size_t)mn, sizeof(float));
+  for (int64_t t = 0; t < g->nb; t++) {
+    for (int64_t i = 0; i < mk; i++) a[i] = (float)elem_get(arena + g->a, g->dt, g->aoff[t] + i);
+    for (int64_t i = 0; i < kn; i++) b[i] = (float)elem_get(arena + g->b, g->dt, g->boff[t] + i);
+    if (g->accumulate) {
+      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 1.0, arena + g->c + (size_t)(t * mn) * 4,
+                g->N);
+    } else {
+      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 0.0, c, g->N);
+      for (int64_t i = 0; i < mn; i++) elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
+    }
+  }
+  free(a);
+  free(b);
+  free(c);
+}
+
 /* ------------------------------------------------------------------ */
 /* Building the program                                                */
 /* ------------------------------------------------------------------ */
 
-void prof_dump(CpuProgram *p);
 void cpu_program_free(CpuProgram *p) {
   if (!p) return;
-  prof_dump(p);
   for (int i = 0; i < p->ncode; i++) {
     free(p->code[i].gemm.aoff);
     free(p->code[i].gemm.boff);
@@ -535,9 +593,6 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   memset(p->arena, 0, (size_t)f->arena_size);
   store_consts(p);
   p->pool = pool_new(p->threads);
-#ifdef GRADC_HAVE_BLAS
-  openblas_set_num_threads(p->threads);
-#endif
   return p;
 
 error:
@@ -663,31 +718,12 @@ static bool window_sums(CpuProgram *p, int gas, const StTensor *const *bound, ch
   return ok;
 }
 
-#include <time.h>
-static double prof_t[100000]; static int prof_on = -1;
-static double pnow(void){struct timespec ts; clock_gettime(CLOCK_MONOTONIC,&ts); return ts.tv_sec*1e3+ts.tv_nsec*1e-6;}
-void prof_dump(CpuProgram *p);
-void prof_dump(CpuProgram *p) {
-  if (prof_on != 1) return;
-  double tk = 0, tg = 0;
-  for (int i = 0; i < p->ncode; i++) { if (p->code[i].kind == I_GEMM) tg += prof_t[i]; else tk += prof_t[i]; }
-  fprintf(stderr, "PROF kernels %.3f gemms %.3f (ms total)\n", tk, tg);
-  int idx[100000]; for (int i = 0; i < p->ncode; i++) idx[i] = i;
-  for (int i = 0; i < p->ncode; i++) for (int j = i + 1; j < p->ncode; j++) if (prof_t[idx[j]] > prof_t[idx[i]]) { int t = idx[i]; idx[i] = idx[j]; idx[j] = t; }
-  for (int k = 0; k < p->ncode && k < 40; k++) { const Instr *in = &p->code[idx[k]]; char ty[IR_TYPE_STR_MAX];
-    fprintf(stderr, "PROF %8.3f %s %s %s line %d", prof_t[idx[k]], in->kind == I_GEMM ? "gemm" : "kern", in->kind == I_KERNEL ? in->kernel->name : opname(in->op), in->op->result ? ir_type_str(&in->op->result->type, ty, sizeof ty) : "", in->op->loc.line);
-    if (in->kind == I_GEMM) fprintf(stderr, " M%ld N%ld K%ld nb%ld %c%c", (long)in->gemm.M, (long)in->gemm.N, (long)in->gemm.K, (long)in->gemm.nb, in->gemm.ta?'T':'N', in->gemm.tb?'T':'N');
-    if (in->kind == I_KERNEL) fprintf(stderr, " iters %ld cost %ld", (long)in->kernel->iters, (long)in->kernel->cost);
-    fprintf(stderr, "\n"); }
-}
 static void run_micro_batch(CpuProgram *p, StepResult *r) {
-  if (prof_on < 0) prof_on = getenv("GRADC_PROF") != NULL;
   for (int i = 0; i < p->ncode; i++) {
     const Instr *in = &p->code[i];
-    double pt0 = prof_on ? pnow() : 0;
     switch (in->kind) {
     case I_KERNEL: run_kernel(p, in->kernel); break;
-    case I_GEMM: run_gemm(&in->gemm, p->arena); break;
+    case I_GEMM: run_gemm(p, &in->gemm); break;
     case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
     case I_LOSS: {
       const IrValue *v = in->op->args[0];
@@ -698,7 +734,6 @@ static void run_micro_batch(CpuProgram *p, StepResult *r) {
       break;
     }
     }
-    if (prof_on) prof_t[i] += pnow() - pt0;
   }
 }
 
@@ -710,6 +745,11 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
             step_result_init(f, &r, err, errlen);
+#ifdef GRADC_HAVE_BLAS
+  /* The pool splits GEMMs; the BLAS runs single-threaded inside each piece
+   * (others, such as the bench's GEMM floor, may have set it otherwise). */
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+#endif
   if (ok) {
     for (int i = 0; i < p->ngrads; i++)
       memset(p->arena + p->grads[i].offset, 0, (size_t)(p->grads[i].numel * (int64_t)ir_dtype_size(p->grads[i].dt)));

@@ -1,5 +1,6 @@
 /* pool.c - a fixed set of worker threads that split a loop [0, n) with the
- * calling thread: the CPU executor runs each kernel's rows on it.
+ * calling thread: the CPU executor runs each kernel's rows and each GEMM's
+ * blocks on it.
  *
  * pool_run writes the job (function, context, chunking) into the pool,
  * then publishes it by storing one 64-bit ticket, (generation, chunk
@@ -10,10 +11,15 @@
  * The job's fields are read only after a successful take, and the caller
  * rewrites them only after every taken chunk is done, so they are stable
  * while anyone uses them; the caller never waits for idle workers.
- * Workers spin briefly for the next job, then sleep on a condition
- * variable. */
+ *
+ * Waiting never burns a core for long and never yields in a loop (on a
+ * machine with as many threads as cores, sched_yield storms cost more
+ * system time than the work): workers spin about 50 us for the next job
+ * (kernels come back to back within a step), then sleep on a condition
+ * variable; the caller, once no chunk is left to take, spins as long for
+ * the chunks still running, then sleeps until the thread that finishes
+ * the last one wakes it. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -30,18 +36,21 @@ struct Pool {
   int nthreads; /* the caller included */
   pthread_t *threads;
   pthread_mutex_t mu;
-  pthread_cond_t wake;
-  atomic_uint gen; /* bumped for every job; workers wake on a change */
+  pthread_cond_t wake;     /* workers: a new job (gen changed) or stop */
+  pthread_cond_t finished; /* the caller: the last chunk of its job is done */
+  atomic_uint gen;         /* bumped for every job; workers wake on a change */
   atomic_bool stop;
+  atomic_int sleepers;     /* workers asleep on `wake` (or about to be) */
   _Atomic uint64_t ticket;
-  atomic_llong done; /* chunks of the current job finished */
+  atomic_llong done;       /* chunks of the current job finished */
   /* The current job (see above for who may read it when). */
   PoolFn fn;
   void *ctx;
   int64_t n, chunk;
 };
 
-#define SPIN 4000
+/* About 50 us of pause instructions (~25 ns each on current x86). */
+#define SPIN 2000
 
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -60,7 +69,13 @@ static void run_chunks(Pool *p, uint32_t g) {
     } while (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1));
     int64_t b = T_NEXT(t) * p->chunk, e = b + p->chunk < p->n ? b + p->chunk : p->n;
     p->fn(p->ctx, b, e);
-    atomic_fetch_add(&p->done, 1);
+    if (atomic_fetch_add(&p->done, 1) + 1 == T_COUNT(t)) {
+      /* The last chunk: wake the caller if it went to sleep (it checks
+       * `done` under the mutex, so the wake-up cannot be lost). */
+      pthread_mutex_lock(&p->mu);
+      pthread_cond_signal(&p->finished);
+      pthread_mutex_unlock(&p->mu);
+    }
   }
 }
 
@@ -72,7 +87,9 @@ static void *worker(void *arg) {
       cpu_relax();
     if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
       pthread_mutex_lock(&p->mu);
+      atomic_fetch_add(&p->sleepers, 1);
       while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
+      atomic_fetch_sub(&p->sleepers, 1);
       pthread_mutex_unlock(&p->mu);
     }
     if (atomic_load(&p->stop)) return NULL;
@@ -94,8 +111,10 @@ Pool *pool_new(int nthreads) {
   p->nthreads = nthreads;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->wake, NULL);
+  pthread_cond_init(&p->finished, NULL);
   atomic_init(&p->gen, 0);
   atomic_init(&p->stop, false);
+  atomic_init(&p->sleepers, 0);
   atomic_init(&p->ticket, 0);
   atomic_init(&p->done, 0);
   p->threads = calloc((size_t)nthreads, sizeof(pthread_t));
@@ -128,16 +147,23 @@ void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx) {
   atomic_store(&p->done, 0);
   uint32_t g = atomic_load(&p->gen) + 1;
   atomic_store(&p->ticket, (uint64_t)g << 32 | (uint64_t)nchunks << 16);
-  pthread_mutex_lock(&p->mu);
   atomic_store(&p->gen, g);
-  pthread_cond_broadcast(&p->wake);
-  pthread_mutex_unlock(&p->mu);
+  /* Spinning workers see gen change by themselves; only sleeping ones
+   * need the (system-call) broadcast.  A worker counts itself a sleeper
+   * under the mutex before it checks gen, so taking the mutex here orders
+   * the two: either it sees the new gen or we see it asleep. */
+  if (atomic_load(&p->sleepers) > 0) {
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+  }
   run_chunks(p, g);
-  for (int spins = 0; atomic_load(&p->done) < nchunks; spins++)
-    if (spins < SPIN)
-      cpu_relax();
-    else
-      sched_yield();
+  for (int spins = 0; atomic_load(&p->done) < nchunks && spins < SPIN; spins++) cpu_relax();
+  if (atomic_load(&p->done) < nchunks) {
+    pthread_mutex_lock(&p->mu);
+    while (atomic_load(&p->done) < nchunks) pthread_cond_wait(&p->finished, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+  }
 }
 
 void pool_free(Pool *p) {
@@ -149,6 +175,7 @@ void pool_free(Pool *p) {
   for (int i = 1; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->wake);
+  pthread_cond_destroy(&p->finished);
   free(p->threads);
   free(p);
 }
