@@ -610,18 +610,27 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
 
 /* One KOBJ section holds the module's object bundle (cg_module_object).
  * Its name, "HASH;HOST", ties it to the planned function it was compiled
- * from (FNV-1a of the printed IR, 16 hex digits) and to the host it runs
- * on (art_host_id), so that objects that do not fit are refused instead
- * of run, whatever the META section says. */
+ * from (FNV-1a of the artifact's IR text, 16 hex digits) and to the host
+ * it runs on (art_host_id), so that objects that do not fit are refused
+ * instead of run, whatever the META section says. */
 
-static void kobj_name(const IrFunc *f, char *buf, size_t n) {
-  StrBuf sb;
-  sb_init(&sb);
-  ir_print(f, &sb);
+static void kobj_name(const IrFunc *f, const ArtFile *a, char *buf, size_t n) {
+  /* The artifact's IR section is f as printed (and what f was read
+   * from): hash its bytes rather than print a large function again. */
+  const ArtSection *ir = art_find(a, "IR", NULL);
+  uint64_t h;
+  if (ir) {
+    h = hash_bytes(ir->data, ir->len, HASH_SEED);
+  } else {
+    StrBuf sb;
+    sb_init(&sb);
+    ir_print(f, &sb);
+    h = hash_bytes(sb_str(&sb), sb.len, HASH_SEED);
+    sb_free(&sb);
+  }
   char host[2048];
   art_host_id(host, sizeof host);
-  snprintf(buf, n, "%016llx;%s", (unsigned long long)hash_bytes(sb_str(&sb), sb.len, HASH_SEED), host);
-  sb_free(&sb);
+  snprintf(buf, n, "%016llx;%s", (unsigned long long)h, host);
 }
 
 bool cpu_program_save_objects(const CpuProgram *p, ArtFile *a, char *err, size_t errlen) {
@@ -632,7 +641,7 @@ bool cpu_program_save_objects(const CpuProgram *p, ArtFile *a, char *err, size_t
   cg_module_object(p->cg, &obj, &len);
   if (!obj || !len) return fail(err, errlen, "the CPU program has no object code to save");
   char name[2200];
-  kobj_name(p->f, name, sizeof name);
+  kobj_name(p->f, a, name, sizeof name);
   art_add(a, "KOBJ", name, obj, len);
   return true;
 #else
@@ -649,7 +658,7 @@ CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptio
     return NULL;
   }
   char want[2200];
-  kobj_name(f, want, sizeof want);
+  kobj_name(f, a, want, sizeof want);
   const char *semi = strchr(s->name, ';'), *host = strchr(want, ';') + 1;
   if (!semi || (size_t)(semi - s->name) != 16 || strncmp(s->name, want, 16) != 0) {
     fail(err, errlen, "kernel object code does not belong to this artifact's IR (recompile the model)");
