@@ -614,6 +614,7 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
  * it runs on (art_host_id), so that objects that do not fit are refused
  * instead of run, whatever the META section says. */
 
+#ifdef GRADC_HAVE_LLVM
 static void kobj_name(const IrFunc *f, const ArtFile *a, char *buf, size_t n) {
   /* The artifact's IR section is f as printed (and what f was read
    * from): hash its bytes rather than print a large function again. */
@@ -632,6 +633,7 @@ static void kobj_name(const IrFunc *f, const ArtFile *a, char *buf, size_t n) {
   art_host_id(host, sizeof host);
   snprintf(buf, n, "%016llx;%s", (unsigned long long)h, host);
 }
+#endif
 
 bool cpu_program_save_objects(const CpuProgram *p, ArtFile *a, char *err, size_t errlen) {
   if (!p->cg) return true; /* no kernels: nothing to store */
