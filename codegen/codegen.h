@@ -84,6 +84,16 @@ CgSlot *cg_row_slot(const CgRowLayout *l, const IrValue *v); /* NULL if v is not
 /* The element strides of slot s over the space's axes (0 where broadcast). */
 void cg_slot_strides(const CgRowLayout *l, const CgSlot *s, int64_t *stride);
 
+/* Normalised start and step of each axis of a slice or unslice op over
+ * `full` (the slice's operand shape, the unslice's result shape), as
+ * Python's slice.indices. */
+void cg_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step);
+/* Whether a slice or unslice selects one contiguous run of the full
+ * tensor's elements (an index of leading axes and a unit-step range of
+ * the next, the rest whole: a stacked param's w[l]); *first gets the
+ * run's first element.  Such a slice needs no copy (memplan aliases it). */
+bool cg_slice_contiguous(const IrOp *op, int64_t *first);
+
 /* ------------------------------------------------------------------ */
 /* llvm.c                                                              */
 /* ------------------------------------------------------------------ */

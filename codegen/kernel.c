@@ -488,3 +488,66 @@ void cg_slot_strides(const CgRowLayout *l, const CgSlot *s, int64_t *stride) {
     m *= vs->dim[d];
   }
 }
+
+/* ------------------------------------------------------------------ */
+/* Slices that are one contiguous range                                */
+/* ------------------------------------------------------------------ */
+
+/* Python's slice.indices for one axis: normalises *start, returns the count. */
+static int64_t slice_axis(int64_t dim, int64_t *start, int64_t stop, int64_t step) {
+  int64_t s = *start;
+  if (step > 0) {
+    if (s < 0) s += dim;
+    if (s < 0) s = 0;
+    if (s > dim) s = dim;
+    if (stop < 0) stop += dim;
+    if (stop < 0) stop = 0;
+    if (stop > dim) stop = dim;
+    *start = s;
+    return stop > s ? (stop - s + step - 1) / step : 0;
+  }
+  if (s < 0) s += dim;
+  if (s < -1) s = -1;
+  if (s > dim - 1) s = dim - 1;
+  if (stop < 0) stop += dim;
+  if (stop < -1) stop = -1;
+  if (stop > dim - 1) stop = dim - 1;
+  *start = s;
+  return s > stop ? (s - stop - step - 1) / (-step) : 0;
+}
+
+void cg_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
+  const int64_t *starts, *stops, *steps;
+  int ns = ir_attr_get_ints(op, "starts", &starts);
+  int ne = ir_attr_get_ints(op, "stops", &stops);
+  int np = ir_attr_get_ints(op, "steps", &steps);
+  for (int k = 0; k < full->rank; k++) {
+    start[k] = k < ns ? starts[k] : 0;
+    int64_t stop = k < ne ? stops[k] : full->dim[k];
+    step[k] = k < np && steps[k] != 0 ? steps[k] : 1;
+    slice_axis(full->dim[k], &start[k], stop, step[k]);
+  }
+}
+
+bool cg_slice_contiguous(const IrOp *op, int64_t *first) {
+  if (op->opcode != IR_OP_SLICE && op->opcode != IR_OP_UNSLICE) return false;
+  bool un = op->opcode == IR_OP_UNSLICE;
+  const IrShape *full = un ? &op->result->type.shape : &op->args[0]->type.shape;
+  const IrShape *part = un ? &op->args[0]->type.shape : &op->result->type.shape;
+  if (part->rank != full->rank || ir_numel(part) == 0) return false;
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK];
+  cg_slice_ranges(op, full, start, step);
+  /* Axes of extent 1, then one axis with a unit step, then whole axes. */
+  int k = 0;
+  while (k < part->rank && part->dim[k] == 1) k++;
+  if (k < part->rank && part->dim[k] > 1 && step[k] != 1) return false;
+  for (int a = k + 1; a < part->rank; a++)
+    if (part->dim[a] != full->dim[a] || step[a] != 1) return false;
+  int64_t off = 0, stride = 1;
+  for (int a = full->rank - 1; a >= 0; a--) {
+    off += start[a] * stride;
+    stride *= full->dim[a];
+  }
+  *first = off;
+  return true;
+}

@@ -534,40 +534,9 @@ void gen_buf_store(Gen *g, const GenBuf *b, LLVMValueRef idx, LLVMValueRef x) {
 }
 
 /* Python slice normalisation of one axis (as runtime/interp.c). */
-static int64_t slice_axis(int64_t dim, int64_t *start, int64_t stop, int64_t step) {
-  int64_t s = *start;
-  if (step > 0) {
-    if (s < 0) s += dim;
-    if (s < 0) s = 0;
-    if (s > dim) s = dim;
-    if (stop < 0) stop += dim;
-    if (stop < 0) stop = 0;
-    if (stop > dim) stop = dim;
-    *start = s;
-    return stop > s ? (stop - s + step - 1) / step : 0;
-  }
-  if (s < 0) s += dim;
-  if (s < -1) s = -1;
-  if (s > dim - 1) s = dim - 1;
-  if (stop < 0) stop += dim;
-  if (stop < -1) stop = -1;
-  if (stop > dim - 1) stop = dim - 1;
-  *start = s;
-  return s > stop ? (s - stop - step - 1) / (-step) : 0;
-}
-
 /* Normalised start and step of each axis of a slice of `full`. */
 void gen_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
-  const int64_t *starts, *stops, *steps;
-  int ns = ir_attr_get_ints(op, "starts", &starts);
-  int ne = ir_attr_get_ints(op, "stops", &stops);
-  int np = ir_attr_get_ints(op, "steps", &steps);
-  for (int k = 0; k < full->rank; k++) {
-    start[k] = k < ns ? starts[k] : 0;
-    int64_t stop = k < ne ? stops[k] : full->dim[k];
-    step[k] = k < np && steps[k] != 0 ? steps[k] : 1;
-    slice_axis(full->dim[k], &start[k], stop, step[k]);
-  }
+  cg_slice_ranges(op, full, start, step);
 }
 
 /* ------------------------------------------------------------------ */

@@ -25,6 +25,10 @@
  *
  * A permute of the last two axes read only by matmuls stays in group 0:
  * memplan and the executor turn it into a transpose flag of the GEMMs.
+ * So does a slice that is one contiguous range of its operand (a stacked
+ * param's w[l]: memplan aliases it at an offset), and an unslice of one
+ * contiguous range that only feeds a gradient (w[l]'s: memplan has its
+ * operand accumulate straight into that range of the gradient buffer).
  *
  * One rewrite comes first: cross_entropy with reduction="sum" becomes a
  * per-row cross_entropy (reduction="none") and a sum, so that the rows can
@@ -418,6 +422,42 @@ static bool gemm_transpose(const Fuse *fu, int i) {
   return true;
 }
 
+/* A slice that is one contiguous range of its operand (w[l] of a stacked
+ * param): memplan makes it an alias at an offset, no copy. */
+static bool range_slice(const IrOp *op) {
+  int64_t first;
+  return op->opcode == IR_OP_SLICE && cg_slice_contiguous(op, &first);
+}
+
+/* An unslice of one contiguous range (the gradient of w[l]) whose value
+ * reaches `grad` outputs only through adds read by nothing else (memplan
+ * splits those into one contribution each), and whose operand, through
+ * reshapes read by nothing else, is made by a GEMM or a kernel: memplan
+ * stores the operand straight in that range of the gradient buffer, where
+ * its producer accumulates, and the unslice does no work. */
+static bool grad_unslice(const Fuse *fu, int i) {
+  const IrOp *op = fu->f->ops[i];
+  int64_t first;
+  if (op->opcode != IR_OP_UNSLICE || !cg_slice_contiguous(op, &first)) return false;
+  for (int u = i;;) {
+    if (fu->nusers[u] != 1) return false;
+    const IrOp *user = fu->f->ops[fu->users[u][0]];
+    if (user->opcode == IR_OP_GRAD) break;
+    if (user->opcode != IR_OP_ADD || user->args[0] == user->args[1] ||
+        !ir_type_eq(&user->result->type, &op->result->type))
+      return false;
+    u = fu->users[u][0];
+  }
+  const IrValue *x = op->args[0];
+  while (x->def && x->def->opcode == IR_OP_RESHAPE) {
+    if (fu->nusers[pos_of(x->def)] != 1) return false;
+    x = x->def->args[0];
+  }
+  const IrOp *d = x->def;
+  if (!d || fu->nusers[pos_of(d)] != 1) return false;
+  return d->opcode == IR_OP_MATMUL || (!cg_op_group0(d->opcode) && !range_slice(d) && d->opcode != IR_OP_UNSLICE);
+}
+
 /* ------------------------------------------------------------------ */
 /* The pass                                                            */
 /* ------------------------------------------------------------------ */
@@ -476,7 +516,7 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
     }
 
   for (int i = 0; i < n; i++)
-    if (gemm_transpose(&fu, i)) fu.kind[i] = K_GROUP0;
+    if (gemm_transpose(&fu, i) || range_slice(f->ops[i]) || grad_unslice(&fu, i)) fu.kind[i] = K_GROUP0;
 
   /* Dependency depth of every op (independent of the op order). */
   int *depth = ARENA_ARRAY(scratch, int, nn);

@@ -17,8 +17,9 @@
  * outside its group except group-0 consts (inlined as immediates); a GEMM,
  * a `loss`, a collective and an unfused op read all their operands; a
  * reshape needs its operand when it is needed itself (it aliases it:
- * IR_STORE_ALIAS, same offset); a GEMM result and a window.sum result are
- * always stored.  A window.sum operand is not read from memory: the
+ * IR_STORE_ALIAS, same offset), and so does a group-0 slice of one
+ * contiguous range (w[l] of a stacked param: an alias at the range's
+ * offset); a GEMM result and a window.sum result are always stored.  A window.sum operand is not read from memory: the
  * executor evaluates window sums with the reference interpreter's count
  * phase before the first micro-batch.  A `permute` of the last two axes
  * that is left in group 0 and read only by GEMMs becomes a transpose flag
@@ -42,7 +43,12 @@
  * `add(p, q)` of two such values (a weight decay term plus a GEMM, a tied
  * embedding's two uses) is split first into `grad p` and `grad q` naming
  * the same param: both producers accumulate into the one buffer, and the
- * full-size temporary the sum would have needed is gone.
+ * full-size temporary the sum would have needed is gone.  A group-0
+ * unslice of one contiguous range on the way from a `grad` to its producer
+ * (w[l]'s gradient, which fuse leaves in group 0) is no work: its value is
+ * the buffer and its operand is stored in the range, so the producer
+ * accumulates into its part of the buffer; a group-0 unslice that cannot
+ * be filled so becomes a kernel of its own.
  *
  * Liveness is over "steps": a kernel (its contiguous ops) is one step, any
  * other op one step.  A buffer lives from the step that writes it to the
@@ -53,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../codegen/codegen.h"
 #include "passes.h"
 
 #define ALIGN 64
@@ -154,11 +161,31 @@ static ExecKind exec_kind(IrOpcode opc) {
   return X_UNFUSED;
 }
 
+static bool is_group0_reshape(const IrOp *op) { return op && op->group == 0 && op->opcode == IR_OP_RESHAPE; }
+
+/* A group-0 slice of one contiguous range of its operand: an alias at an
+ * offset (*first: the range's first element). */
+static bool is_range_slice(const IrOp *op, int64_t *first) {
+  return op && op->group == 0 && op->opcode == IR_OP_SLICE && cg_slice_contiguous(op, first);
+}
+
+/* A group-0 unslice of one contiguous range of its result. */
+static bool is_range_unslice(const IrOp *op, int64_t *first) {
+  return op && op->group == 0 && op->opcode == IR_OP_UNSLICE && cg_slice_contiguous(op, first);
+}
+
+/* Reshapes and range slices share their operand's bytes. */
+static bool is_view(const IrOp *op) {
+  int64_t first;
+  return is_group0_reshape(op) || is_range_slice(op, &first);
+}
+
 /* Whether the op that defines a value can accumulate into a gradient
  * buffer instead of storing: a kernel, a GEMM, or an unfused compute op. */
 static bool accumulates(const IrOp *def) {
   if (!def) return false;
   if (def->group > 0) return true;
+  if (is_view(def)) return false;
   switch (exec_kind(def->opcode)) {
   case X_GEMM:
   case X_UNFUSED: return true;
@@ -173,7 +200,7 @@ static bool accumulates(const IrOp *def) {
   return false;
 }
 
-static bool is_group0_reshape(const IrOp *op) { return op && op->group == 0 && op->opcode == IR_OP_RESHAPE; }
+
 
 /* ------------------------------------------------------------------ */
 /* Copy-accumulate kernels for gradients that cannot accumulate in place */
@@ -196,11 +223,37 @@ static int after_def(const IrFunc *f, const IrValue *v) {
  * producer through group-0 reshapes only, and nothing else reads any of
  * them.  uses[]: operand counts by value id. */
 static bool grad_in_place(const IrValue *v, const int *uses) {
-  while (is_group0_reshape(v->def)) {
+  int64_t first;
+  while (is_group0_reshape(v->def) || is_range_unslice(v->def, &first)) {
     if (uses[v->id] != 1) return false;
     v = v->def->args[0];
   }
   return uses[v->id] == 1 && accumulates(v->def);
+}
+
+/* Group-0 range unslices (fuse leaves those that feed a gradient there)
+ * are no work when their operand accumulates straight into the range of
+ * the gradient buffer: those on the way from a `grad` that is in place
+ * to its producer.  Any other becomes a kernel of its own. */
+static void place_unslices(IrFunc *f, Arena *scratch) {
+  int maxg = 0;
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
+  int *uses = ARENA_ARRAY(scratch, int, f->nvalues + 1);
+  ir_count_uses(f, uses);
+  for (int i = 0; i < f->nops; i++) f->ops[i]->mark = 0;
+  int64_t first;
+  for (int i = 0; i < f->nops; i++) {
+    IrOp *gop = f->ops[i];
+    if (gop->opcode != IR_OP_GRAD || !grad_in_place(gop->args[0], uses)) continue;
+    for (IrValue *v = gop->args[0]; is_group0_reshape(v->def) || is_range_unslice(v->def, &first); v = v->def->args[0])
+      v->def->mark = 1;
+  }
+  for (int i = 0; i < f->nops; i++) {
+    IrOp *op = f->ops[i];
+    if (is_range_unslice(op, &first) && !op->mark) op->group = ++maxg;
+    op->mark = 0;
+  }
 }
 
 /* grad(add(p, q)) with p and q of the sum's type, each read only by the
@@ -321,6 +374,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     f->values[i]->offset = 0;
   }
   split_grad_sums(f, scratch);
+  place_unslices(f, scratch);
   insert_grad_copies(f, scratch);
 
   int nv = f->nvalues, n = f->nops;
@@ -379,6 +433,15 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
       }
       continue;
     }
+    int64_t first;
+    if (is_range_slice(op, &first)) { /* an alias */
+      if (need[op->result->id]) need[op->args[0]->id] = true;
+      continue;
+    }
+    if (is_range_unslice(op, &first)) { /* its operand accumulates into the gradient buffer */
+      need[op->args[0]->id] = true;
+      continue;
+    }
     ExecKind k = exec_kind(op->opcode);
     if (k == X_PERMUTE && !flag[op->result->id]) k = X_UNFUSED;
     switch (k) {
@@ -427,9 +490,23 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
                   "grad output for '%s' does not have the param's size", p->name);
         return PASS_ERROR;
       }
-      while (is_group0_reshape(v->def)) v = v->def->args[0];
+      /* Through reshapes (aliases) and range unslices (the operand fills
+       * its range of the buffer) to the producer, which accumulates. */
+      int64_t off = top, first;
+      int64_t gsize = p->type.dtype == IR_DT_F64 ? 8 : 4;
+      for (;;) {
+        if (is_group0_reshape(v->def)) {
+          v = v->def->args[0];
+          continue;
+        }
+        if (!is_range_unslice(v->def, &first)) break;
+        v->storage = IR_STORE_GRAD;
+        v->offset = off;
+        off += first * gsize;
+        v = v->def->args[0];
+      }
       v->storage = IR_STORE_GRAD;
-      v->offset = top;
+      v->offset = off;
       has_grad = true;
     }
     if (has_grad) top = align_up(top + ir_numel(&p->type.shape) * (p->type.dtype == IR_DT_F64 ? 8 : 4));
@@ -449,7 +526,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
   for (int v = 0; v < nv; v++) {
     const IrValue *x = f->values[v];
     if (flag[v]) x = x->def->args[0];
-    while (is_group0_reshape(x->def)) x = x->def->args[0];
+    while (is_view(x->def)) x = x->def->args[0];
     root[v] = x->id;
   }
   Buf *bufs = ARENA_ARRAY(scratch, Buf, nv + 1);
@@ -482,14 +559,17 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     bufs[i].v->offset = persist + bufs[i].off;
   }
 
-  /* Aliases: group-0 reshapes of needed values share their root's bytes. */
-  for (int v = 0; v < nv; v++) {
-    IrValue *x = f->values[v];
-    if (!need[v] || !is_group0_reshape(x->def)) continue;
-    const IrValue *r = f->values[root[v]];
-    GRADC_ASSERT(r->storage != IR_STORE_NONE);
-    x->storage = IR_STORE_ALIAS;
-    x->offset = r->offset;
+  /* Aliases, in op order (an operand's storage is set before its views):
+   * a group-0 reshape shares its operand's bytes, a range slice the bytes
+   * of its range. */
+  for (int i = 0; i < n; i++) {
+    IrOp *op = f->ops[i];
+    int64_t first = 0;
+    if (!op->result || !need[op->result->id] || !(is_group0_reshape(op) || is_range_slice(op, &first))) continue;
+    const IrValue *x = op->args[0];
+    GRADC_ASSERT(x->storage != IR_STORE_NONE);
+    op->result->storage = IR_STORE_ALIAS;
+    op->result->offset = x->offset + first * (int64_t)ir_dtype_size(x->type.dtype);
   }
   f->persist_size = persist;
   f->arena_size = persist + peak;

@@ -469,6 +469,18 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     return true;
   }
   if (opc == IR_OP_PERMUTE && is_flag_permute(op->result)) return true;
+  /* Range slices alias their operand; range unslices have their operand
+   * accumulate into the gradient buffer (memplan). */
+  if (opc == IR_OP_SLICE) {
+    if (op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
+      return op_fail(err, n, op, "must alias its operand (run memplan)");
+    return true;
+  }
+  if (opc == IR_OP_UNSLICE) {
+    if (op->result->storage != IR_STORE_GRAD || storage_root(op->args[0])->storage != IR_STORE_GRAD)
+      return op_fail(err, n, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
+    return true;
+  }
   if (opc == IR_OP_LOSS) {
     const IrValue *v = storage_root(op->args[0]);
     if (v->storage == IR_STORE_NONE) return op_fail(err, n, op, "reads a value without storage (run memplan)");

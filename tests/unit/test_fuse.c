@@ -63,7 +63,9 @@ static int check_fused(IrFunc *f) {
   for (int i = 0; i < f->nops;) {
     IrOp *op = f->ops[i];
     if (op->group == 0) {
-      if (!cg_op_group0(op->opcode) && op->opcode != IR_OP_PERMUTE)
+      int64_t first;
+      bool range = (op->opcode == IR_OP_SLICE || op->opcode == IR_OP_UNSLICE) && cg_slice_contiguous(op, &first);
+      if (!cg_op_group0(op->opcode) && op->opcode != IR_OP_PERMUTE && !range)
         fail_msg("'%s' was left out of every kernel", ir_op_info[op->opcode].name);
       i++;
       continue;

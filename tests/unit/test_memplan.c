@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codegen/codegen.h"
 #include "passes/passes.h"
 #include "testutil.h"
 
@@ -84,11 +85,18 @@ static int64_t bytes_of(const IrValue *v) { return ir_numel(&v->type.shape) * (i
 
 static bool group0(const IrOp *op, IrOpcode opc) { return op && op->group == 0 && op->opcode == opc; }
 
-/* The value whose bytes are read when v is read: through reshape aliases
- * and through transposes that became GEMM flags (no storage). */
+/* A group-0 slice or unslice of one contiguous range (*first: its first element). */
+static bool range_op(const IrOp *op, IrOpcode opc, int64_t *first) {
+  return group0(op, opc) && cg_slice_contiguous(op, first);
+}
+
+/* The value whose bytes are read when v is read: through reshape and
+ * range-slice aliases and through transposes that became GEMM flags (no
+ * storage). */
 static const IrValue *owner(const IrValue *v) {
+  int64_t first;
   for (;;) {
-    if (v->storage == IR_STORE_ALIAS && group0(v->def, IR_OP_RESHAPE))
+    if (v->storage == IR_STORE_ALIAS && (group0(v->def, IR_OP_RESHAPE) || range_op(v->def, IR_OP_SLICE, &first)))
       v = v->def->args[0];
     else if (v->storage == IR_STORE_NONE && group0(v->def, IR_OP_PERMUTE))
       v = v->def->args[0];
@@ -134,14 +142,52 @@ static int64_t check_plan(const IrFunc *f, const char *what) {
     }
   }
 
+  /* Gradient buffers: the value a `grad` reads, and down from it through
+   * reshapes and range unslices (whose operands fill a range of the
+   * buffer), belong to the param's buffer. */
+  const char **grad_of = calloc((size_t)nv + 1, sizeof(char *));
+  for (int i = 0; i < n; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_GRAD) continue;
+    int64_t first;
+    const IrValue *x = owner(op->args[0]);
+    for (;;) {
+      grad_of[x->id] = ir_attr_get_str(op, "name", "");
+      if (x->storage == IR_STORE_ALIAS && group0(x->def, IR_OP_RESHAPE))
+        x = x->def->args[0];
+      else if (x->storage == IR_STORE_GRAD && range_op(x->def, IR_OP_UNSLICE, &first))
+        x = x->def->args[0];
+      else
+        break;
+    }
+  }
+
   /* Storage rules. */
   for (int v = 0; v < nv; v++) {
     const IrValue *x = f->values[v];
-    if (x->storage != IR_STORE_NONE && x->offset % 64) fail_msg("%s: value %d offset %lld not aligned", what, v, (long long)x->offset);
+    int64_t first;
+    /* Activations and whole gradient buffers are aligned; views of part of one need not be. */
+    bool part = x->storage == IR_STORE_ALIAS || (x->storage == IR_STORE_GRAD && x->def && x->def->group == 0 &&
+                                                 grad_of[x->id] && !(x->def->opcode == IR_OP_UNSLICE));
+    if (x->storage != IR_STORE_NONE && !part && x->offset % 64) fail_msg("%s: value %d offset %lld not aligned", what, v, (long long)x->offset);
     if (x->storage == IR_STORE_ALIAS) {
-      if (!group0(x->def, IR_OP_RESHAPE)) fail_msg("%s: value %d aliases but is not a reshape", what, v);
-      const IrValue *o = owner(x);
-      if (o->storage == IR_STORE_NONE || o->offset != x->offset) fail_msg("%s: alias %d does not share its operand's bytes", what, v);
+      if (group0(x->def, IR_OP_RESHAPE)) {
+        const IrValue *o = x->def->args[0];
+        if (o->storage == IR_STORE_NONE || o->offset != x->offset) fail_msg("%s: alias %d does not share its operand's bytes", what, v);
+      } else if (range_op(x->def, IR_OP_SLICE, &first)) {
+        const IrValue *o = x->def->args[0];
+        if (o->storage == IR_STORE_NONE || x->offset != o->offset + first * (int64_t)ir_dtype_size(o->type.dtype))
+          fail_msg("%s: slice alias %d is not its range of its operand's bytes", what, v);
+      } else {
+        fail_msg("%s: value %d aliases but is not a reshape or a range slice", what, v);
+      }
+    }
+    if (x->storage == IR_STORE_GRAD && range_op(x->def, IR_OP_UNSLICE, &first)) {
+      const IrValue *o = x->def->args[0];
+      while (o->storage == IR_STORE_ALIAS && group0(o->def, IR_OP_RESHAPE)) o = o->def->args[0];
+      int64_t gsize = x->type.dtype == IR_DT_F64 ? 8 : 4;
+      if (o->storage != IR_STORE_GRAD || o->offset != x->offset + first * gsize)
+        fail_msg("%s: the operand of unslice %d does not fill its range of the gradient buffer", what, v);
     }
     if (!x->def && x->storage != IR_STORE_ARENA) fail_msg("%s: argument %d not in the arena", what, v);
   }
@@ -162,9 +208,13 @@ static int64_t check_plan(const IrFunc *f, const char *what) {
       const IrValue *o = owner(op->args[0]);
       if (o->storage != IR_STORE_GRAD) fail_msg("%s: grad %d does not read a gradient buffer", what, i);
       /* Nothing else may read an accumulating buffer. */
+      int64_t first;
+      const IrValue *stop = o; /* through range unslices: down to the producer of the range */
       for (const IrValue *x = op->args[0];; x = x->def->args[0]) {
         if (nuses[x->id] != 1) fail_msg("%s: gradient value of grad %d has %d uses", what, i, nuses[x->id]);
-        if (x == o) break;
+        bool un = x->storage == IR_STORE_GRAD && range_op(x->def, IR_OP_UNSLICE, &first);
+        if (un) stop = owner(x->def->args[0]);
+        else if (x == stop) break;
       }
       const IrValue *p = param_named(f, ir_attr_get_str(op, "name", ""));
       assert_non_null(p);
@@ -192,12 +242,11 @@ static int64_t check_plan(const IrFunc *f, const char *what) {
       if (!persistent) act_sum += bytes_of(x);
       b[nb++] = (B){x->offset, x->offset + bytes_of(x), persistent ? -1 : defstep[v], persistent ? n : last[v], x, NULL};
     } else if (x->storage == IR_STORE_GRAD) {
-      const char *pname = NULL;
-      for (int i = 0; i < n; i++)
-        if (f->ops[i]->opcode == IR_OP_GRAD && owner(f->ops[i]->args[0]) == x) pname = ir_attr_get_str(f->ops[i], "name", "");
+      const char *pname = grad_of[v];
       if (!pname) fail_msg("%s: value %d in a gradient buffer feeds no grad", what, v);
       const IrValue *p = param_named(f, pname);
-      b[nb++] = (B){x->offset, x->offset + ir_numel(&p->type.shape) * (p->type.dtype == IR_DT_F64 ? 8 : 4), -1, n, x, pname};
+      int64_t gsize = p->type.dtype == IR_DT_F64 ? 8 : 4;
+      b[nb++] = (B){x->offset, x->offset + ir_numel(&x->type.shape) * gsize, -1, n, x, pname};
     }
   }
   for (int i = 0; i < nb; i++) {
@@ -208,13 +257,14 @@ static int64_t check_plan(const IrFunc *f, const char *what) {
   for (int i = 0; i < nb; i++)
     for (int j = i + 1; j < nb; j++) {
       if (b[i].t1 < b[j].t0 || b[j].t1 < b[i].t0) continue;
-      if (b[i].grad_of && b[j].grad_of && strcmp(b[i].grad_of, b[j].grad_of) == 0 && b[i].lo == b[j].lo) continue;
+      if (b[i].grad_of && b[j].grad_of && strcmp(b[i].grad_of, b[j].grad_of) == 0) continue; /* one buffer */
       if (b[i].lo < b[j].hi && b[j].lo < b[i].hi && b[i].hi > b[i].lo && b[j].hi > b[j].lo)
         fail_msg("%s: values %d [%lld,%lld) and %d [%lld,%lld) overlap at step %d", what, b[i].v->id,
                  (long long)b[i].lo, (long long)b[i].hi, b[j].v->id, (long long)b[j].lo, (long long)b[j].hi,
                  b[i].t0 > b[j].t0 ? b[i].t0 : b[j].t0);
     }
   free(b);
+  free(grad_of);
   free(step);
   free(defstep);
   free(last);
