@@ -46,6 +46,8 @@ typedef struct gradc_compile_options {
   const int64_t *def_values;
   int ndefs;
   int no_cache;       /* 1: bypass the on-disk compile cache */
+  int dp;             /* data-parallel ranks N >= 1 (default 1; 0 reads as 1): the run is N processes
+                         (mpirun -np N, after gradc_mpi_enable), each computing B/N samples of the window */
 } gradc_compile_options;
 
 void gradc_compile_options_init(gradc_compile_options *o);
@@ -76,6 +78,13 @@ gradc_status gradc_program_param_info(const gradc_program *p, int i, gradc_tenso
 gradc_status gradc_program_input_info(const gradc_program *p, int i, gradc_tensor_info *out);
 const char *gradc_program_loss_name(const gradc_program *p, int i);
 int gradc_program_gas(const gradc_program *p);
+int gradc_program_dp(const gradc_program *p);
+
+/* Data parallelism (gradc_compile_options.dp > 1) runs over MPI: a
+ * program launched by mpirun calls this once, before its first session,
+ * to use the MPI back end (it links libmpi).  Fails in a build without
+ * MPI. */
+gradc_status gradc_mpi_enable(void);
 
 /* ---- sessions ---- */
 
@@ -83,6 +92,16 @@ typedef struct gradc_session gradc_session;
 
 gradc_status gradc_session_new(const gradc_program *p, gradc_session **out);
 void gradc_session_free(gradc_session *s);
+
+/* Data-parallel sessions (dp > 1) join the run's ranks when created: every
+ * rank sets the same params and the same whole window of inputs, and after
+ * gradc_session_run each holds the gradients and losses of the whole
+ * window (so optimiser steps keep the params identical).  This process's
+ * rank (rank 0 is the one that prints), and a check that every rank holds
+ * the same params and step count (an error names the first that does
+ * not); without dp the rank is 0 and the check passes. */
+int gradc_session_rank(const gradc_session *s);
+gradc_status gradc_session_check_replicas(const gradc_session *s);
 
 /* Params: initialise from the model's `init` specs, or set/get by name.
  * Data is F32 (F64 for f64 params), n elements. */

@@ -89,7 +89,7 @@ int api_input_index(const gradc_program *p, const char *name) {
 
 IrType api_input_window_type(const gradc_program *p, int i) {
   IrType t = p->inputs[i].type;
-  if (p->inputs[i].batched && t.shape.rank > 0) t.shape.dim[0] *= p->gas;
+  if (p->inputs[i].batched && t.shape.rank > 0) t.shape.dim[0] *= (int64_t)p->gas * p->dp;
   return t;
 }
 
@@ -126,6 +126,7 @@ static gradc_program *program_new(void) {
   gradc_program *p = calloc(1, sizeof *p);
   if (!p) abort();
   arena_init(&p->arena);
+  p->dp = 1;
   return p;
 }
 
@@ -134,6 +135,8 @@ void gradc_program_free(gradc_program *p) {
 #if CPU_BACKEND
   if (p->cpu) cpu_program_free(p->cpu);
 #endif
+  step_dp_free(&p->stepdp);
+  comm_close(p->comm);
   if (p->fe)
     fe_model_free(p->fe);
   else
@@ -185,13 +188,39 @@ static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
   return GRADC_OK;
 }
 
+bool api_dist_start(gradc_program *p, char *err, size_t errlen) {
+  if (p->dp <= 1 || p->comm) return true;
+  p->comm = comm_open(1, p->dp, err, errlen);
+  if (!p->comm) return false;
+  step_dp_init(&p->stepdp, p->comm);
+  return true;
+}
+
+int api_program_rank(const gradc_program *p) { return p && p->comm ? p->comm->rank : 0; }
+
+/* A data-parallel window brackets the driver with step_dp_begin/end
+ * (comm_step.c): the driver's step_bind and step_window_sums take this
+ * rank's samples and add every rank's counts; step_dp_end adds the
+ * gradients and losses.  The same for every target. */
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen) {
+  if (!api_dist_start(p, err, errlen)) return false;
+  bool dist = p->comm != NULL, ok;
+  if (dist) step_dp_begin(&p->stepdp);
 #if CPU_BACKEND
-  if (p->cpu) return cpu_step_run(p->cpu, p->gas, params, "params", inputs, "inputs", r, err, errlen);
+  if (p->cpu)
+    ok = cpu_step_run(p->cpu, p->gas, params, "params", inputs, "inputs", r, err, errlen);
+  else
 #endif
-  InterpOptions io = {0};
-  return step_run_ref(p->func, p->gas, params, "params", inputs, "inputs", &io, r, err, errlen);
+  {
+    InterpOptions io = {0};
+    ok = step_run_ref(p->func, p->gas, params, "params", inputs, "inputs", &io, r, err, errlen);
+  }
+  if (dist && !step_dp_end(&p->stepdp, ok ? r : NULL, err, errlen) && ok) {
+    step_result_free(r);
+    ok = false;
+  }
+  return ok;
 }
 
 /* ------------------------------------------------------------------ */
@@ -209,6 +238,12 @@ static gradc_status check_options(const gradc_compile_options *o) {
   if (o->target && strcmp(o->target, "cpu") != 0 && strcmp(o->target, "ref") != 0)
     return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: cpu, ref)", o->target);
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
+  if (o->dp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: dp must be at least 1 (got %d)", o->dp);
+#ifndef GRADC_HAVE_MPI
+  if (o->dp > 1)
+    return api_fail(GRADC_ERR_USER, "gradc: error: --dp %d runs over MPI, and this build has none (configure with "
+                                    "-DGRADC_MPI=ON and libopenmpi-dev installed)", o->dp);
+#endif
   if (o->ndefs < 0 || (o->ndefs > 0 && (!o->def_names || !o->def_values)))
     return api_fail(GRADC_ERR_USER, "gradc: error: bad dim overrides (ndefs %d)", o->ndefs);
   for (int i = 0; i < o->ndefs; i++)
@@ -222,6 +257,7 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
   p->target = arena_strdup(&p->arena, o->target ? o->target : "cpu");
   p->threads = o->threads;
   p->no_cache = o->no_cache != 0;
+  p->dp = o->dp > 1 ? o->dp : 1;
   p->ndefs = o->ndefs;
   p->def_names = ARENA_ARRAY(&p->arena, const char *, o->ndefs + 1);
   p->def_values = ARENA_ARRAY(&p->arena, int64_t, o->ndefs + 1);
@@ -283,7 +319,7 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
   Diag d;
   diag_init(&d, NULL);
   d.quiet = true;
-  FeOptions fo = {.def_names = p->def_names, .def_values = p->def_values, .ndefs = p->ndefs, .gas = p->gas, .dp = 1};
+  FeOptions fo = {.def_names = p->def_names, .def_values = p->def_values, .ndefs = p->ndefs, .gas = p->gas, .dp = p->dp};
   p->fe = fe_model_compile(&src, &fo, &d);
   if (!p->fe) {
     st = api_fail(GRADC_ERR_USER, "%s", sb_str(&d.log));
@@ -350,6 +386,7 @@ int gradc_program_num_params(const gradc_program *p) { return p ? p->nparams : 0
 int gradc_program_num_inputs(const gradc_program *p) { return p ? p->ninputs : 0; }
 int gradc_program_num_losses(const gradc_program *p) { return p ? p->nlosses : 0; }
 int gradc_program_gas(const gradc_program *p) { return p ? p->gas : 0; }
+int gradc_program_dp(const gradc_program *p) { return p ? p->dp : 0; }
 
 const char *gradc_program_loss_name(const gradc_program *p, int i) {
   return p && i >= 0 && i < p->nlosses ? p->losses[i] : NULL;
@@ -410,6 +447,7 @@ static char *meta_json(const gradc_program *p) {
   cJSON_AddStringToObject(m, "host", host);
   cJSON_AddStringToObject(m, "target", p->target);
   cJSON_AddNumberToObject(m, "gas", p->gas);
+  cJSON_AddNumberToObject(m, "dp", p->dp);
   cJSON_AddNumberToObject(m, "threads", p->threads);
   cJSON_AddBoolToObject(m, "no_cache", p->no_cache);
   cJSON *defs = cJSON_AddArrayToObject(m, "defs");
@@ -561,6 +599,9 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
     goto done;
   }
   p->gas = (int)gas;
+  int64_t dp = 1; /* absent before data parallelism: 1 */
+  if (cJSON_GetObjectItemCaseSensitive(m, "dp") && !json_int(m, "dp", 1, 1 << 20, &dp)) goto done;
+  p->dp = (int)dp;
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);

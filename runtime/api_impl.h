@@ -9,6 +9,7 @@
 
 #include "../frontend/frontend.h"
 #include "../include/gradc.h"
+#include "comm.h"
 #include "runtime.h"
 
 /* An input of the program's signature. */
@@ -45,6 +46,11 @@ struct gradc_program {
   IrFunc *func;
   char *ir_text;           /* the printed function, as saved in artifacts (malloc'd) */
   struct CpuProgram *cpu;  /* the CPU back end's program, NULL on the interpreter */
+  /* Data parallelism (comm.h): dp ranks; the comm layout is opened by the
+   * first session or run (api_dist_start), not at compile time. */
+  int dp;
+  Comm *comm;
+  StepDp stepdp;
 };
 
 struct gradc_session {
@@ -94,6 +100,11 @@ void api_copy_tensor(const StTensor *src, StTensor *dst);
  * errors name the tensors as "params: ..." / "inputs: ...". */
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen);
+
+/* Join the run's ranks for a dp > 1 program (once; a no-op for dp 1). */
+bool api_dist_start(gradc_program *p, char *err, size_t errlen);
+/* This process's rank in the program's run (0 without one). */
+int api_program_rank(const gradc_program *p);
 
 /* api_optim.c: the slot names an optimiser keeps ("exp_avg", ...). */
 int api_optim_slots(const gradc_optimizer_options *o, const char **names);

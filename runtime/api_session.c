@@ -24,6 +24,8 @@ gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
   if (!out) return null_arg("session_new");
   *out = NULL;
   if (!p) return null_arg("session_new");
+  char err[2048];
+  if (!api_dist_start((gradc_program *)p, err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   gradc_session *s = xcalloc(1, sizeof *s);
   s->p = (gradc_program *)p;
   st_init(&s->params);
@@ -350,4 +352,29 @@ gradc_status gradc_session_save_grads(const gradc_session *s, const char *path) 
   if (!st_write(path, &f, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   st_free(&f);
   return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* Data-parallel replicas                                               */
+/* ------------------------------------------------------------------ */
+
+int gradc_session_rank(const gradc_session *s) { return s ? api_program_rank(s->p) : 0; }
+
+gradc_status gradc_session_check_replicas(const gradc_session *s) {
+  if (!s) return null_arg("session_check_replicas");
+  const gradc_program *p = s->p;
+  if (!p->comm) return GRADC_OK;
+  uint64_t h = hash_bytes(&s->step, sizeof s->step, HASH_SEED);
+  for (int i = 0; i < s->params.n; i++) h = hash_bytes(s->params.t[i].data, s->params.t[i].nbytes, h);
+  char err[2048];
+  int diff;
+  uint64_t h0, hd;
+  if (!comm_agree(&p->comm->dp_group, h, &diff, &h0, &hd, err, sizeof err))
+    return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  if (diff >= 0)
+    return api_fail(GRADC_ERR_USER,
+                    "gradc: error: data-parallel ranks hold different params at step %lld: rank %d's hash is "
+                    "%016llx, rank 0's %016llx",
+                    (long long)s->step, diff, (unsigned long long)hd, (unsigned long long)h0);
+  return GRADC_OK;
 }

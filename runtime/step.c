@@ -11,11 +11,14 @@
  *
  * Batched inputs arrive window-sized (K times the micro-batch on axis 0)
  * and are split into K contiguous micro-batches; other inputs and params
- * are passed whole to every micro-batch. */
+ * are passed whole to every micro-batch.  In a data-parallel window
+ * (comm_step.c) step_bind takes this rank's samples of the window and
+ * step_window_sums adds every rank's counts. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "runtime.h"
 
 static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
@@ -127,10 +130,11 @@ void step_load(const StTensor *t, int64_t begin, int64_t n, double *out) {
 }
 
 /* The type an argument's tensor must have in the file: batched inputs hold
- * the whole window (K micro-batches on axis 0). */
+ * the whole window (K micro-batches on axis 0, of every data-parallel
+ * rank). */
 static IrType window_type(const IrValue *a, int gas) {
   IrType t = a->type;
-  if (a->role == IR_ARG_INPUT && a->batched && t.shape.rank > 0) t.shape.dim[0] *= gas;
+  if (a->role == IR_ARG_INPUT && a->batched && t.shape.rank > 0) t.shape.dim[0] *= (int64_t)gas * step_dp_size();
   return t;
 }
 
@@ -166,8 +170,11 @@ static bool bind_file(const IrFunc *f, int gas, IrArgRole role, const StFile *fi
 bool step_bind(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
                const char *inputs_path, const StTensor **bound, char *err, size_t errlen) {
   if (gas < 1) return fail(err, errlen, "gradient accumulation steps must be >= 1 (got %d)", gas);
-  return bind_file(f, gas, IR_ARG_PARAM, params, params_path, bound, err, errlen) &&
-         bind_file(f, gas, IR_ARG_INPUT, inputs, inputs_path, bound, err, errlen);
+  if (!bind_file(f, gas, IR_ARG_PARAM, params, params_path, bound, err, errlen) ||
+      !bind_file(f, gas, IR_ARG_INPUT, inputs, inputs_path, bound, err, errlen))
+    return false;
+  step_dp_slice(f, bound); /* data-parallel: this rank's samples of the window */
+  return true;
 }
 
 /* ------------------------------------------------------------------ */
@@ -315,7 +322,8 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
     if (ok) interp_free(&st);
   }
   free(args);
-  return ok;
+  /* Data-parallel: the window is every rank's micro-batches. */
+  return ok && step_dp_reduce_sums(f, wsum, err, errlen);
 }
 
 bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,

@@ -4,7 +4,7 @@
  *   gradc compile MODEL.gdl [-D N=V]... [--gas K] [-o ARTIFACT] [--print-ir-after=P|all] ...
  *   gradc opt     FILE.gir --passes=P1,P2,...
  *   gradc init    MODEL.gdl -o PARAMS.safetensors [--seed S]
- *   gradc run     MODEL.gdl --params P --inputs I [--gas K] [--grads-out G]
+ *   gradc run     MODEL.gdl --params P --inputs I [--gas K] [--grads-out G] [--dp N]
  *   gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [--gas K]
  *   gradc data text   FILE... -T N -o DATA.safetensors      (tools/train.c)
  *   gradc train       MODEL.gdl|ARTIFACT --data DATA ...     (tools/train.c)
@@ -21,6 +21,7 @@
 #include "ir/ir.h"
 #include "passes/passes.h"
 #include "runtime/api_impl.h"
+#include "runtime/comm.h"
 #include "runtime/runtime.h"
 #include "bench.h"
 #include "tools.h"
@@ -35,6 +36,7 @@ typedef struct Args {
   int gas;
   bool gas_set; /* --gas was given (an artifact fixes K) */
   int dp;
+  bool dp_set; /* --dp was given (an artifact fixes it) */
   const char *target;
   const char *passes;
   const char *print_before, *print_after;
@@ -61,7 +63,7 @@ static const char *help_text[][2] = {
               "  Parse, type- and shape-check a model.  Prints nothing on success.\n"},
     {"compile", "gradc compile MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
                 "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
-                "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache]\n"
+                "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache] [--dp N]\n"
                 "  Lower, differentiate and optimise a model for the target (cpu: fused kernels compiled\n"
                 "  with LLVM; ref: the reference interpreter).  Without -o the final IR goes to stdout;\n"
                 "  -o writes an artifact that run and train load without compiling.\n"},
@@ -73,10 +75,12 @@ static const char *help_text[][2] = {
              "  Write one window of random inputs: floats ~ N(0,1), integers in [0, the size of the\n"
              "  axis they index).\n"},
     {"data", data_text_help},
-    {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref] [--threads N]\n"
+    {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref] [--threads N] [--dp N]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
-            "  writes one gradient per param.\n"},
+            "  writes one gradient per param.  --dp N runs it on N data-parallel processes\n"
+            "  (mpirun -np N gradc run ... --dp N): each takes B/N samples of the window, and rank 0\n"
+            "  prints the losses and writes the gradients of the whole window.\n"},
     {"train", train_help},
     {"bench", bench_help},
 };
@@ -172,6 +176,11 @@ static int parse_args(int argc, char **argv, Args *a) {
       if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--gas expects a positive integer, got '%s'", v);
       a->gas = (int)k;
       a->gas_set = true;
+    } else if (FLAG("--dp")) {
+      int64_t k;
+      if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--dp expects a positive integer, got '%s'", v);
+      a->dp = (int)k;
+      a->dp_set = true;
     } else if (FLAG("--seed")) {
       int64_t s;
       if (!parse_int(v, &s) || s < 0) return usage_error("--seed expects a non-negative integer, got '%s'", v);
@@ -311,6 +320,7 @@ static int open_program(const Args *a, gradc_program **out) {
     char buf[256];
     if (a->ndefs) why = "its sizes are fixed (no -D)";
     else if (a->gas_set && a->gas != p->gas) why = (snprintf(buf, sizeof buf, "it was built with --gas %d", p->gas), buf);
+    else if (a->dp_set && a->dp != p->dp) why = (snprintf(buf, sizeof buf, "it was built with --dp %d", p->dp), buf);
     else if (a->target && strcmp(a->target, p->target) != 0)
       why = (snprintf(buf, sizeof buf, "it was built for --target %s", p->target), buf);
     if (why) {
@@ -334,6 +344,7 @@ static int open_program(const Args *a, gradc_program **out) {
   o.target = a->target ? a->target : "cpu";
   o.threads = a->threads;
   o.no_cache = a->no_cache;
+  o.dp = a->dp;
   o.def_names = (const char *const *)a->defs_name;
   o.def_values = a->defs_value;
   o.ndefs = a->ndefs;
@@ -433,7 +444,7 @@ static int cmd_data(const Args *a) {
   StFile st;
   st_init(&st);
   /* The frontend compiled shapes for one micro-batch of K; write a window. */
-  rt_random_inputs(l.model->func, a->gas, a->seed, &st);
+  rt_random_inputs(l.model->func, a->gas * a->dp, a->seed, &st); /* the window of every --dp rank */
   char err[1024];
   if (!st_write(a->output, &st, err, sizeof err)) {
     diag_plain(&diag, DIAG_ERROR, "%s", err);
@@ -476,6 +487,14 @@ static int cmd_run(const Args *a) {
   gradc_program *p;
   int rc = open_program(a, &p);
   if (rc) return rc;
+  /* mpirun -np N needs --dp N (else every rank would compute the whole window). */
+  int launched = comm_launch_size();
+  if (launched > 1 && p->dp != launched) {
+    diag_plain(&diag, DIAG_ERROR, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
+               p->dp == 1 ? "no --dp" : "a different --dp", launched);
+    gradc_program_free(p);
+    return 1;
+  }
   char err[1024];
   StFile params, inputs;
   st_init(&params);
@@ -487,6 +506,8 @@ static int cmd_run(const Args *a) {
   } else if (!api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
     diag_plain(&diag, DIAG_ERROR, "%s", err);
     rc = 1;
+  } else if (api_program_rank(p) != 0) {
+    step_result_free(&r); /* data-parallel: rank 0 prints and writes the window's results */
   } else {
     /* Losses in declaration order, then their sum. */
     double total = 0;
@@ -503,6 +524,7 @@ static int cmd_run(const Args *a) {
   }
   st_free(&params);
   st_free(&inputs);
+  if (rc) comm_abort(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
   gradc_program_free(p);
   return rc;
 }
@@ -521,6 +543,9 @@ int main(int argc, char **argv) {
     print_help(argc > 2 ? argv[2] : NULL);
     return 0;
   }
+#ifdef GRADC_HAVE_MPI
+  gradc_mpi_enable(); /* --dp runs over MPI */
+#endif
   /* train and data text parse their own flags (tools/train.c). */
   if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 1, argv + 1);
   if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 1, argv + 1); /* tools/bench.c */

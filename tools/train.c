@@ -18,7 +18,13 @@
  * bit-identical to an uninterrupted run's.
  *
  * Progress goes to stderr: on a terminal one line redrawn in place, else
- * plain lines every --print-every steps.  stdout stays empty. */
+ * plain lines every --print-every steps.  stdout stays empty.
+ *
+ * With --dp N (mpirun -np N) every rank reads the dataset and draws the
+ * same order; each runs B/N samples of every window, the gradients are
+ * summed over the ranks, and every rank takes the same optimiser step, so
+ * the params stay identical (checked at the end).  Rank 0 alone prints,
+ * logs, plots and writes checkpoints and params. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -34,6 +40,7 @@
 
 #include "gradc.h"
 #include "runtime/artifact.h"
+#include "runtime/comm.h"
 #include "runtime/runtime.h"
 #include "support/support.h"
 #include "tools.h"
@@ -45,7 +52,7 @@ const char train_help[] =
     "            [--warmup N] [--cosine] [--min-lr X] [--seed S] [--init PARAMS.safetensors]\n"
     "            [--params-out PARAMS.safetensors] [--checkpoint FILE] [--checkpoint-every N]\n"
     "            [--resume FILE] [--stop-after N] [--log FILE.csv|FILE.jsonl] [--plot FILE.svg]\n"
-    "            [--print-every N] [--threads N] [--no-cache] [-D N=V]...\n"
+    "            [--print-every N] [--threads N] [--no-cache] [--dp N] [-D N=V]...\n"
     "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
@@ -57,7 +64,9 @@ const char train_help[] =
     "  this run after N steps, as Ctrl-C does after the current one.  Progress goes to stderr: a\n"
     "  bar redrawn in place on a terminal, else a line every --print-every steps.  --log writes a\n"
     "  row per step (step, lr, each loss, total, grad_norm, elapsed_s) as CSV or JSON lines;\n"
-    "  --plot draws the loss curves as SVG.  stdout stays empty.\n";
+    "  --plot draws the loss curves as SVG.  stdout stays empty.  --dp N trains on N data-parallel\n"
+    "  processes (mpirun -np N gradc train ... --dp N): each runs B/N samples of every window, all take\n"
+    "  the same steps, and rank 0 prints and writes the files.\n";
 
 const char data_text_help[] =
     "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
@@ -311,6 +320,8 @@ typedef struct TrainArgs {
   int64_t steps, stop_after, print_every;
   int gas;
   bool gas_set;
+  int dp;
+  bool dp_set;
   const char *target;
   int threads;
   bool no_cache;
@@ -331,6 +342,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   memset(a, 0, sizeof *a);
   a->steps = 100;
   a->gas = 1;
+  a->dp = 1;
   a->kind = GRADC_ADAMW;
   for (int i = 1; i < argc; i++) {
     char *arg = argv[i];
@@ -379,6 +391,10 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--gas expects a positive integer, got '%s'", v);
       a->gas = (int)n;
       a->gas_set = true;
+    } else if (FLAG("--dp")) {
+      if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--dp expects a positive integer, got '%s'", v);
+      a->dp = (int)n;
+      a->dp_set = true;
     } else if (FLAG("--threads")) {
       if (!parse_i64(v, &n) || n < 0 || n > 4096) return error(1, "--threads expects an integer >= 0, got '%s'", v);
       a->threads = (int)n;
@@ -983,6 +999,7 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.def_values = a->def_values;
     o.ndefs = a->ndefs;
     o.no_cache = a->no_cache;
+    o.dp = a->dp;
     st = gradc_program_compile_file(a->model, &o, p);
     return st == GRADC_OK ? 0 : api_error(st);
   }
@@ -992,6 +1009,8 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
   if (st != GRADC_OK) return api_error(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
     return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
+  if (a->dp_set && a->dp != gradc_program_dp(*p))
+    return error(1, "%s: the artifact was compiled for --dp %d, not %d", a->model, gradc_program_dp(*p), a->dp);
   return 0;
 }
 
@@ -1034,8 +1053,15 @@ static int train(const TrainArgs *a) {
   memset(&h, 0, sizeof h);
   double *loss = NULL;
   int nl = 0;
+  bool lead = true; /* rank 0 of a data-parallel run (or the only process) prints and writes */
   int rc = open_program(a, &p);
   if (rc) goto done;
+  int launched = comm_launch_size();
+  if (launched > 1 && gradc_program_dp(p) != launched) {
+    rc = error(1, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
+               gradc_program_dp(p) == 1 ? "no --dp" : "a different --dp", launched);
+    goto done;
+  }
   nl = gradc_program_num_losses(p);
   h.nl = nl + 1;
   h.loss = calloc((size_t)h.nl, sizeof *h.loss);
@@ -1048,6 +1074,7 @@ static int train(const TrainArgs *a) {
     rc = api_error(st);
     goto done;
   }
+  lead = gradc_session_rank(s) == 0;
   if ((rc = set_optimizer(a, s))) goto done;
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
@@ -1065,7 +1092,7 @@ static int train(const TrainArgs *a) {
 
   int64_t step0 = gradc_session_step_count(s), end = a->steps;
   if (a->stop_after && step0 + a->stop_after < end) end = step0 + a->stop_after;
-  if (a->log && (rc = log_open(&lg, a->log, p, a->resume != NULL, step0, &h))) goto done;
+  if (a->log && lead && (rc = log_open(&lg, a->log, p, a->resume != NULL, step0, &h))) goto done;
 
   int64_t nparams = 0;
   for (int i = 0; i < gradc_program_num_params(p); i++) {
@@ -1075,16 +1102,19 @@ static int train(const TrainArgs *a) {
     for (int k = 0; k < pi.rank; k++) n *= pi.shape[k];
     nparams += n;
   }
-  fprintf(stderr, "training %s: %" PRId64 " params; %s: %" PRId64 " samples, %" PRId64 " windows of %" PRId64
-                  " per epoch, K=%d; %s lr %g",
-          base_name(a->model), nparams, base_name(a->data), d.n, d.wpe, d.b, gradc_program_gas(p),
-          a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
-  if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
-  if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
-  if (step0) fprintf(stderr, "; resuming at step %" PRId64, step0);
-  fprintf(stderr, "\n");
+  if (lead) {
+    fprintf(stderr, "training %s: %" PRId64 " params; %s: %" PRId64 " samples, %" PRId64 " windows of %" PRId64
+                    " per epoch, K=%d; %s lr %g",
+            base_name(a->model), nparams, base_name(a->data), d.n, d.wpe, d.b, gradc_program_gas(p),
+            a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
+    if (gradc_program_dp(p) > 1) fprintf(stderr, ", %d data-parallel ranks", gradc_program_dp(p));
+    if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
+    if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
+    if (step0) fprintf(stderr, "; resuming at step %" PRId64, step0);
+    fprintf(stderr, "\n");
+  }
   if (step0 >= a->steps) {
-    fprintf(stderr, "nothing to do: step %" PRId64 " of --steps %" PRId64 "\n", step0, a->steps);
+    if (lead) fprintf(stderr, "nothing to do: step %" PRId64 " of --steps %" PRId64 "\n", step0, a->steps);
     end = step0;
   }
 
@@ -1095,7 +1125,7 @@ static int train(const TrainArgs *a) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
 
-  Progress pr = {.tty = isatty(STDERR_FILENO) != 0, .first = step0, .total = a->steps, .t0 = now_s(),
+  Progress pr = {.tty = lead && isatty(STDERR_FILENO) != 0, .first = step0, .total = a->steps, .t0 = now_s(),
                  .unit = d.unit, .per_window = d.tokens_per_window};
   pr.every = a->print_every ? a->print_every : (a->steps - step0 + 19) / 20;
   if (pr.every < 1) pr.every = 1;
@@ -1126,8 +1156,8 @@ static int train(const TrainArgs *a) {
     last_loss = loss[nl];
     hist_push(&h, step, loss);
     log_row(&lg, p, step, lr, loss, grad_norm, lg.elapsed0 + now_s() - pr.t0);
-    progress(&pr, p, step, loss, lr, grad_norm, step == end);
-    if (a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
+    if (lead) progress(&pr, p, step, loss, lr, grad_norm, step == end);
+    if (lead && a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
       if ((rc = save_checkpoint(s, a->checkpoint, &d))) break;
       if (a->plot && (rc = write_plot(a->plot, base_name(a->model), p, &h))) break;
     }
@@ -1136,6 +1166,15 @@ static int train(const TrainArgs *a) {
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
   if (rc) goto done;
+  /* Data-parallel ranks took the same steps on the same gradients. */
+  if ((st = gradc_session_check_replicas(s)) != GRADC_OK) {
+    rc = api_error(st);
+    goto done;
+  }
+  if (!lead) {
+    if (interrupted) rc = 128 + (int)interrupted;
+    goto done;
+  }
 
   double took = now_s() - pr.t0;
   if (step > step0) {
@@ -1161,10 +1200,11 @@ static int train(const TrainArgs *a) {
   if (interrupted) rc = 128 + (int)interrupted;
 
 done:
-  if (a->log) {
+  if (a->log && lead) {
     int lrc = log_close(&lg, a->log, nl);
     if (!rc) rc = lrc;
   }
+  if (rc) comm_abort(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
   for (int i = 0; i < h.nl && h.loss; i++) free(h.loss[i]);
   free(h.loss);
   free(h.step);
