@@ -67,6 +67,8 @@ static bool single_test(void *req, bool *done, char *err, size_t n) {
 
 static void single_abort(int code) {}
 
+static void single_finalize(void) {}
+
 const CommBackend comm_single_backend = {
     .name = "single",
     .init = single_init,
@@ -75,6 +77,7 @@ const CommBackend comm_single_backend = {
     .start = single_start,
     .test = single_test,
     .abort = single_abort,
+    .finalize = single_finalize,
 };
 
 /* ------------------------------------------------------------------ */
@@ -212,6 +215,10 @@ void comm_close(Comm *c) {
   for (int i = 0; i < 3; i++)
     if (gs[i]->impl) c->be->group_free(gs[i]->impl);
   free(c);
+}
+
+void comm_finalize(void) {
+  if (initialised) initialised->finalize();
 }
 
 void comm_abort(int code) {

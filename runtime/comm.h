@@ -73,6 +73,8 @@ typedef struct CommBackend {
   /* End every rank of the run now (does not return), or return when the
    * run has one rank. */
   void (*abort)(int code);
+  /* Shut the back end down (init registers this to run at exit too). */
+  void (*finalize)(void);
 } CommBackend;
 
 typedef struct Comm Comm;
@@ -113,6 +115,10 @@ int comm_launch_size(void);
  * layouts in the same order). */
 Comm *comm_open(int tp, int dp, char *err, size_t n);
 void comm_close(Comm *c);
+/* Shut down the back end that comm_open started (MPI_Finalize), after
+ * every Comm is closed; no collective may follow.  Optional: it also runs
+ * at exit. */
+void comm_finalize(void);
 /* End every rank of the run after an error on this one (a rank that stops
  * early would leave the others waiting): MPI_Abort when a back end with
  * more than one rank is initialised, else nothing (returns). */

@@ -185,6 +185,7 @@ const CommBackend comm_mpi_backend = {
     .start = mpi_start,
     .test = mpi_test,
     .abort = mpi_abort,
+    .finalize = finalize_at_exit,
 };
 
 gradc_status gradc_mpi_enable(void) {

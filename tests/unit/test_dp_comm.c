@@ -185,6 +185,7 @@ static int worker(const char *name, int tp, int dp) {
   else if (strcmp(name, "timeout") == 0) rc = timeout(c);
   if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
   comm_close(c);
+  comm_finalize();
   return rc;
 }
 
