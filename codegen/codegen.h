@@ -94,6 +94,63 @@ void cg_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_
  * run's first element.  Such a slice needs no copy (memplan aliases it). */
 bool cg_slice_contiguous(const IrOp *op, int64_t *first);
 
+/* Strided views that GEMMs read and write in place (docs/BACKEND.md).
+ * Element (i0, ..., ik) of a view is element offset + sum ij * stride[j]
+ * of its root's buffer (the root is contiguous). */
+typedef struct CgView {
+  const IrValue *root;
+  int64_t offset;
+  IrShape shape;
+  int64_t stride[IR_MAX_RANK];
+} CgView;
+
+/* Where a value lives when GEMMs read or write it through views:
+ * CG_MEM      stored as usual (or an alias: a reshape of a stored value,
+ *             a range slice)
+ * CG_VIEW_IN  a permute, non-range slice or reshape of a view, read only
+ *             by GEMMs (and views): no storage, the GEMM reads its root
+ *             with strides (a transpose of the last two axes is a
+ *             transpose flag)
+ * CG_VIEW_OUT a GEMM's result read once by a permute or reshape (and so
+ *             on) ending in a stored value, or in one part of a concat
+ *             whose parts are all such: no storage, the GEMM writes
+ *             straight into that value's buffer with strides */
+enum { CG_MEM, CG_VIEW_IN, CG_VIEW_OUT };
+
+typedef struct CgViews {
+  unsigned char *place; /* by value id */
+  const IrOp **user;    /* by value id: the op a CG_VIEW_OUT value is written through */
+  int n;
+} CgViews;
+
+/* Classify every value of f; `outside(op, ctx)` says whether op runs
+ * outside kernels (memplan, the executor: group 0; fuse: the candidates
+ * it has not put in a kernel).  Only f32/f64 values become views.  Free
+ * with cg_views_free. */
+void cg_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, CgViews *out);
+void cg_views_free(CgViews *vs);
+/* Whether op does no work of its own: its result is a view, or it only
+ * receives GEMM writes (a permute, reshape or concat of CG_VIEW_OUT values). */
+bool cg_view_free_op(const CgViews *vs, const IrOp *op);
+/* The value whose buffer v's bytes are in (v itself when stored). */
+const IrValue *cg_view_home(const CgViews *vs, const IrValue *v);
+/* The view a GEMM reads v through (v whole when stored). */
+bool cg_view_in(const CgViews *vs, const IrValue *v, CgView *out);
+/* The view a GEMM writes its result v through (v whole when stored). */
+bool cg_view_out(const CgViews *vs, const IrValue *v, CgView *out);
+/* v whole, contiguous. */
+void cg_view_whole(const IrValue *v, CgView *out);
+/* The view of op's result given the view of its operand (permute, slice,
+ * reshape); false when it is not a strided view. */
+bool cg_view_apply(CgView *v, const IrOp *op);
+/* The view of op's operand `operand` given the view of its result
+ * (permute, reshape, concat). */
+bool cg_view_unapply(CgView *v, const IrOp *op, int operand);
+/* The last two axes as a BLAS matrix: unit stride along the last (trans
+ * false) or the second last (trans true), *ld the other stride; false if
+ * neither. */
+bool cg_view_matrix(const CgView *v, bool *trans, int64_t *ld);
+
 /* ------------------------------------------------------------------ */
 /* llvm.c                                                              */
 /* ------------------------------------------------------------------ */

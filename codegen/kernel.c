@@ -13,6 +13,7 @@
  * (a reduced or normalised operand) are pinned to eoff 0.  The equations
  * are solved with a union-find that keeps each value's offset to its
  * root; a conflict means the ops do not share one iteration space. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "codegen.h"
@@ -550,4 +551,345 @@ bool cg_slice_contiguous(const IrOp *op, int64_t *first) {
   }
   *first = off;
   return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Strided views that GEMMs read and write in place                    */
+/* ------------------------------------------------------------------ */
+
+void cg_view_whole(const IrValue *v, CgView *out) {
+  memset(out, 0, sizeof *out);
+  out->root = v;
+  out->shape = v->type.shape;
+  int64_t m = 1;
+  for (int k = out->shape.rank - 1; k >= 0; k--) {
+    out->stride[k] = m;
+    m *= out->shape.dim[k];
+  }
+}
+
+/* The view reshaped to s without moving elements, when its axes allow it
+ * (NumPy's no-copy reshape): each run of old axes merged or split must be
+ * laid out one after the other in memory. */
+static bool view_reshape(CgView *v, const IrShape *s) {
+  int64_t od[IR_MAX_RANK], os[IR_MAX_RANK], ns[IR_MAX_RANK];
+  int on = 0, nn = s->rank;
+  if (ir_numel(&v->shape) != ir_numel(s) || ir_numel(s) == 0) return false;
+  for (int k = 0; k < v->shape.rank; k++)
+    if (v->shape.dim[k] != 1) od[on] = v->shape.dim[k], os[on++] = v->stride[k];
+  int oi = 0, oj = 1, ni = 0, nj = 1;
+  while (ni < nn && oi < on) {
+    int64_t np = s->dim[ni], op = od[oi];
+    while (np != op) {
+      if (np < op)
+        np *= s->dim[nj++];
+      else
+        op *= od[oj++];
+    }
+    for (int ok = oi; ok < oj - 1; ok++)
+      if (od[ok + 1] * os[ok + 1] != os[ok]) return false;
+    ns[nj - 1] = os[oj - 1];
+    for (int nk = nj - 1; nk > ni; nk--) ns[nk - 1] = ns[nk] * s->dim[nk];
+    ni = nj++;
+    oi = oj++;
+  }
+  int64_t last = ni >= 1 ? ns[ni - 1] : 1;
+  for (int nk = ni; nk < nn; nk++) ns[nk] = last;
+  v->shape = *s;
+  memcpy(v->stride, ns, sizeof ns);
+  return true;
+}
+
+bool cg_view_apply(CgView *v, const IrOp *op) {
+  const IrShape *rs = &op->result->type.shape;
+  if (op->opcode == IR_OP_PERMUTE) {
+    const int64_t *perm;
+    int n = ir_attr_get_ints(op, "perm", &perm);
+    if (n != v->shape.rank) return false;
+    CgView w = *v;
+    for (int i = 0; i < n; i++) {
+      w.shape.dim[i] = v->shape.dim[perm[i]];
+      w.stride[i] = v->stride[perm[i]];
+    }
+    *v = w;
+    return true;
+  }
+  if (op->opcode == IR_OP_SLICE) {
+    int64_t start[IR_MAX_RANK], step[IR_MAX_RANK];
+    cg_slice_ranges(op, &v->shape, start, step);
+    for (int k = 0; k < v->shape.rank; k++) {
+      if (rs->dim[k] > 1 && step[k] < 1) return false;
+      v->offset += start[k] * v->stride[k];
+      v->stride[k] *= step[k];
+    }
+    v->shape = *rs;
+    return ir_numel(rs) > 0;
+  }
+  if (op->opcode == IR_OP_RESHAPE) return view_reshape(v, rs);
+  return false;
+}
+
+bool cg_view_unapply(CgView *v, const IrOp *op, int operand) {
+  const IrShape *xs = &op->args[operand]->type.shape;
+  if (op->opcode == IR_OP_PERMUTE) {
+    const int64_t *perm;
+    int n = ir_attr_get_ints(op, "perm", &perm);
+    if (n != v->shape.rank) return false;
+    CgView w = *v;
+    for (int i = 0; i < n; i++) {
+      w.shape.dim[perm[i]] = v->shape.dim[i];
+      w.stride[perm[i]] = v->stride[i];
+    }
+    *v = w;
+    return true;
+  }
+  if (op->opcode == IR_OP_RESHAPE) return view_reshape(v, xs);
+  if (op->opcode == IR_OP_CONCAT) {
+    int64_t axis;
+    if (!ir_norm_axis(ir_attr_get_int(op, "axis", 0), v->shape.rank, &axis)) return false;
+    for (int j = 0; j < operand; j++) v->offset += op->args[j]->type.shape.dim[axis] * v->stride[axis];
+    v->shape = *xs;
+    return true;
+  }
+  return false;
+}
+
+bool cg_view_matrix(const CgView *v, bool *trans, int64_t *ld) {
+  int r = v->shape.rank;
+  if (r < 2) return false;
+  int64_t m = v->shape.dim[r - 2], n = v->shape.dim[r - 1], sm = v->stride[r - 2], sn = v->stride[r - 1];
+  if ((n == 1 || sn == 1) && (m == 1 || sm >= n)) {
+    *trans = false;
+    *ld = m == 1 ? n : sm;
+    return true;
+  }
+  if ((m == 1 || sm == 1) && (n == 1 || sn >= m)) {
+    *trans = true;
+    *ld = n == 1 ? m : sn;
+    return true;
+  }
+  return false;
+}
+
+/* Users of every value (op, operand index), by value id. */
+typedef struct Uses {
+  int *start, *n;
+  const IrOp **op;
+  int *arg;
+} Uses;
+
+static void uses_build(const IrFunc *f, Uses *u) {
+  int nv = f->nvalues, total = 0;
+  u->start = calloc((size_t)nv + 1, sizeof(int));
+  u->n = calloc((size_t)nv + 1, sizeof(int));
+  for (int i = 0; i < f->nops; i++) total += f->ops[i]->nargs;
+  u->op = calloc((size_t)total + 1, sizeof(IrOp *));
+  u->arg = calloc((size_t)total + 1, sizeof(int));
+  if (!u->start || !u->n || !u->op || !u->arg) abort();
+  for (int i = 0; i < f->nops; i++)
+    for (int j = 0; j < f->ops[i]->nargs; j++) u->n[f->ops[i]->args[j]->id]++;
+  for (int v = 0; v < nv; v++) u->start[v + 1] = u->start[v] + u->n[v];
+  memset(u->n, 0, sizeof(int) * (size_t)nv);
+  for (int i = 0; i < f->nops; i++)
+    for (int j = 0; j < f->ops[i]->nargs; j++) {
+      int id = f->ops[i]->args[j]->id, k = u->start[id] + u->n[id]++;
+      u->op[k] = f->ops[i];
+      u->arg[k] = j;
+    }
+}
+
+static void uses_free(Uses *u) {
+  free(u->start);
+  free(u->n);
+  free(u->op);
+  free(u->arg);
+}
+
+/* Whether v feeds a `grad`, directly or through adds (which memplan may
+ * split into one contribution each): its buffer is a gradient's, no
+ * place for a view's writes. */
+static bool flows_to_grad(const Uses *u, const IrValue *v) {
+  for (int k = u->start[v->id]; k < u->start[v->id] + u->n[v->id]; k++) {
+    const IrOp *w = u->op[k];
+    if (w->opcode == IR_OP_GRAD || (w->opcode == IR_OP_ADD && flows_to_grad(u, w->result))) return true;
+  }
+  return false;
+}
+
+static bool view_dtype(const IrValue *v) { return v->type.dtype == IR_DT_F32 || v->type.dtype == IR_DT_F64; }
+
+static bool view_mover(const IrOp *op) {
+  int64_t first;
+  if (op->opcode == IR_OP_SLICE) return !cg_slice_contiguous(op, &first); /* a range slice is an alias */
+  return op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_RESHAPE;
+}
+
+bool cg_view_in(const CgViews *vs, const IrValue *v, CgView *out) {
+  if (vs->place[v->id] != CG_VIEW_IN) {
+    cg_view_whole(v, out);
+    return true;
+  }
+  return cg_view_in(vs, v->def->args[0], out) && cg_view_apply(out, v->def);
+}
+
+bool cg_view_out(const CgViews *vs, const IrValue *v, CgView *out) {
+  if (vs->place[v->id] != CG_VIEW_OUT) {
+    cg_view_whole(v, out);
+    return true;
+  }
+  const IrOp *u = vs->user[v->id];
+  int j = 0;
+  while (u->args[j] != v) j++;
+  return cg_view_out(vs, u->result, out) && cg_view_unapply(out, u, j);
+}
+
+const IrValue *cg_view_home(const CgViews *vs, const IrValue *v) {
+  while (vs->place[v->id] == CG_VIEW_IN) v = v->def->args[0];
+  while (vs->place[v->id] == CG_VIEW_OUT) v = vs->user[v->id]->result;
+  return v;
+}
+
+bool cg_view_free_op(const CgViews *vs, const IrOp *op) {
+  if (!op->result || (op->opcode != IR_OP_PERMUTE && op->opcode != IR_OP_RESHAPE && op->opcode != IR_OP_SLICE &&
+                      op->opcode != IR_OP_CONCAT))
+    return false;
+  if (vs->place[op->result->id] != CG_MEM) return true;
+  if (op->opcode == IR_OP_SLICE) return false;
+  for (int j = 0; j < op->nargs; j++)
+    if (vs->place[op->args[j]->id] != CG_VIEW_OUT) return false;
+  return op->nargs > 0;
+}
+
+void cg_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, CgViews *out) {
+  int nv = f->nvalues;
+  out->n = nv;
+  out->place = calloc((size_t)nv + 1, 1);
+  out->user = calloc((size_t)nv + 1, sizeof(IrOp *));
+  CgView *view = calloc((size_t)nv + 1, sizeof(CgView));
+  if (!out->place || !out->user || !view) abort();
+  Uses u;
+  uses_build(f, &u);
+  uint8_t *place = out->place;
+
+  /* Operands: every use of the value is a GEMM operand of rank >= 2 or a
+   * view itself (users come later in the list: a backward sweep), then
+   * demoted until every view composes, fits a GEMM and has only view
+   * users. */
+  for (int i = f->nops - 1; i >= 0; i--) {
+    const IrOp *op = f->ops[i];
+    const IrValue *v = op->result;
+    if (!v || !outside(op, ctx) || !view_mover(op) || !view_dtype(v) || u.n[v->id] == 0) continue;
+    bool ok = true;
+    for (int k = u.start[v->id]; ok && k < u.start[v->id] + u.n[v->id]; k++) {
+      const IrOp *w = u.op[k];
+      ok = (w->opcode == IR_OP_MATMUL && outside(w, ctx) && v->type.shape.rank >= 2) ||
+           (w->result && place[w->result->id] == CG_VIEW_IN);
+    }
+    if (ok) place[v->id] = CG_VIEW_IN;
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int i = 0; i < f->nops; i++) {
+      const IrOp *op = f->ops[i];
+      const IrValue *v = op->result;
+      if (!v || place[v->id] != CG_VIEW_IN) continue;
+      const IrValue *x = op->args[0];
+      bool ok = true;
+      /* A reshape of a stored value is an alias of it, not a view. */
+      if (op->opcode == IR_OP_RESHAPE && place[x->id] != CG_VIEW_IN) ok = false;
+      if (ok) {
+        if (place[x->id] == CG_VIEW_IN)
+          view[v->id] = view[x->id];
+        else
+          cg_view_whole(x, &view[v->id]);
+        ok = cg_view_apply(&view[v->id], op);
+      }
+      for (int k = u.start[v->id]; ok && k < u.start[v->id] + u.n[v->id]; k++) {
+        const IrOp *w = u.op[k];
+        bool t;
+        int64_t ld;
+        if (w->opcode == IR_OP_MATMUL) ok = cg_view_matrix(&view[v->id], &t, &ld);
+        else ok = w->result && place[w->result->id] == CG_VIEW_IN;
+      }
+      if (!ok) {
+        place[v->id] = CG_MEM;
+        changed = true;
+      }
+    }
+  }
+
+  /* Results: a GEMM whose result is read once, by a permute or reshape,
+   * and so on until a value that is stored (or is one part of a concat
+   * all of whose parts are such), writes straight into that value's
+   * buffer.  The chain must hold a permute or end in the concat (a chain
+   * of reshapes is an alias already) and feed no gradient. */
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *mm = f->ops[i];
+    if (mm->opcode != IR_OP_MATMUL || !outside(mm, ctx) || !view_dtype(mm->result) ||
+        mm->result->type.shape.rank < 2)
+      continue;
+    const IrValue *v = mm->result;
+    bool permuted = false;
+    int len = 0;
+    while (u.n[v->id] == 1) {
+      const IrOp *w = u.op[u.start[v->id]];
+      if ((w->opcode != IR_OP_PERMUTE && w->opcode != IR_OP_RESHAPE) || !outside(w, ctx) ||
+          place[w->result->id] != CG_MEM)
+        break;
+      permuted |= w->opcode == IR_OP_PERMUTE;
+      out->user[v->id] = w;
+      v = w->result;
+      len++;
+    }
+    bool to_concat = false;
+    if (len > 0 && u.n[v->id] == 1) {
+      const IrOp *w = u.op[u.start[v->id]];
+      to_concat = w->opcode == IR_OP_CONCAT && outside(w, ctx) && view_dtype(w->result);
+      if (to_concat) out->user[v->id] = w;
+    }
+    if (len == 0 || (!permuted && !to_concat) || flows_to_grad(&u, v)) continue;
+    /* Tentatively: the chain's values (and with a concat, its end too). */
+    for (const IrValue *x = mm->result; x != v; x = out->user[x->id]->result) place[x->id] = CG_VIEW_OUT;
+    if (to_concat) place[v->id] = CG_VIEW_OUT;
+  }
+  /* Until nothing changes: a concat is written in place only if all its
+   * parts are (else its parts are stored and their chains end there);
+   * each GEMM's chain must give it a matrix with a unit stride (else the
+   * chain is stored); a chain member whose operand was stored is stored
+   * too (a forward sweep carries that down the chain). */
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int i = 0; i < f->nops; i++) {
+      const IrOp *op = f->ops[i];
+      if (op->opcode == IR_OP_CONCAT) {
+        bool all = true;
+        for (int j = 0; j < op->nargs; j++)
+          all &= place[op->args[j]->id] == CG_VIEW_OUT && u.n[op->args[j]->id] == 1;
+        for (int j = 0; j < op->nargs && !all; j++)
+          if (place[op->args[j]->id] == CG_VIEW_OUT) place[op->args[j]->id] = CG_MEM, changed = true;
+        continue;
+      }
+      const IrValue *v = op->result;
+      if (!v || place[v->id] != CG_VIEW_OUT) continue;
+      if (op->opcode == IR_OP_MATMUL) {
+        CgView cv;
+        bool t;
+        int64_t ld;
+        if (cg_view_out(out, v, &cv) && cg_view_matrix(&cv, &t, &ld)) continue;
+      } else if (place[op->args[0]->id] == CG_VIEW_OUT) {
+        continue;
+      }
+      place[v->id] = CG_MEM;
+      changed = true;
+    }
+  }
+  uses_free(&u);
+  free(view);
+}
+
+void cg_views_free(CgViews *vs) {
+  free(vs->place);
+  free(vs->user);
+  vs->place = NULL;
+  vs->user = NULL;
 }

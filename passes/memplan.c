@@ -23,7 +23,10 @@
  * executor evaluates window sums with the reference interpreter's count
  * phase before the first micro-batch.  A `permute` of the last two axes
  * that is left in group 0 and read only by GEMMs becomes a transpose flag
- * of those GEMMs: it gets no storage and its operand is read instead.
+ * of those GEMMs: it gets no storage and its operand is read instead.  More
+ * generally GEMM views (cg_views_find in codegen/kernel.c) get no storage:
+ * the value a view reads is needed instead, and the value a GEMM writes
+ * through a view is stored and lives from that GEMM's step on.
  * Everything else lives in its kernel's row scratch (IR_STORE_NONE).
  *
  * Gradients.  Each param named by a `grad` output has one persistent buffer
@@ -178,6 +181,19 @@ static bool is_range_unslice(const IrOp *op, int64_t *first) {
 static bool is_view(const IrOp *op) {
   int64_t first;
   return is_group0_reshape(op) || is_range_slice(op, &first);
+}
+
+/* The same once GEMM views are known: a reshape of a view is a view, and
+ * a reshape receiving a GEMM's writes holds them (codegen/kernel.c). */
+static bool is_alias(const CgViews *vs, const IrOp *op) {
+  int64_t first;
+  if (is_range_slice(op, &first)) return true;
+  return is_group0_reshape(op) && vs->place[op->args[0]->id] == CG_MEM && vs->place[op->result->id] == CG_MEM;
+}
+
+static bool in_group0(const IrOp *op, void *ctx) {
+  (void)ctx;
+  return op->group == 0;
 }
 
 /* Whether the op that defines a value can accumulate into a gradient
@@ -418,6 +434,30 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     flag[id] = only_gemm;
   }
 
+  /* Views GEMMs read and write in place (strided, no storage).  In a
+   * fused function a group-0 movement op that is neither a view nor an
+   * alias nor a flag (fuse's views meet memplan's gradient rules) becomes
+   * a kernel of its own. */
+  CgViews vs;
+  cg_views_find(f, in_group0, NULL, &vs);
+  for (bool again = maxg > 0; again;) {
+    again = false;
+    for (int i = 0; i < n; i++) {
+      IrOp *op = f->ops[i];
+      int64_t first;
+      bool mover = op->opcode == IR_OP_CONCAT || (op->opcode == IR_OP_SLICE && !is_range_slice(op, &first)) ||
+                   (op->opcode == IR_OP_PERMUTE && !flag[op->result->id]);
+      if (op->group != 0 || !mover || cg_view_free_op(&vs, op)) continue;
+      op->group = ++maxg;
+      step[i] = i;
+      again = true;
+    }
+    if (again) {
+      cg_views_free(&vs);
+      cg_views_find(f, in_group0, NULL, &vs);
+    }
+  }
+
   /* Which values are read from or written to memory (reverse sweep: every
    * use of a result is seen before its definition). */
   bool *need = ARENA_ARRAY(scratch, bool, nv + 1);
@@ -434,6 +474,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
       continue;
     }
     int64_t first;
+    if (cg_view_free_op(&vs, op)) continue; /* a view: its GEMMs need its home */
     if (is_range_slice(op, &first)) { /* an alias */
       if (need[op->result->id]) need[op->args[0]->id] = true;
       continue;
@@ -446,10 +487,10 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     if (k == X_PERMUTE && !flag[op->result->id]) k = X_UNFUSED;
     switch (k) {
     case X_GEMM:
-      need[op->result->id] = true;
+      need[cg_view_home(&vs, op->result)->id] = true;
       for (int j = 0; j < op->nargs; j++) {
         const IrValue *a = op->args[j];
-        need[flag[a->id] ? a->def->args[0]->id : a->id] = true;
+        need[cg_view_home(&vs, flag[a->id] ? a->def->args[0] : a)->id] = true;
       }
       break;
     case X_ALIAS:
@@ -526,7 +567,11 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
   for (int v = 0; v < nv; v++) {
     const IrValue *x = f->values[v];
     if (flag[v]) x = x->def->args[0];
-    while (is_view(x->def)) x = x->def->args[0];
+    for (;;) {
+      x = cg_view_home(&vs, x);
+      if (!x->def || !is_alias(&vs, x->def)) break;
+      x = x->def->args[0];
+    }
     root[v] = x->id;
   }
   Buf *bufs = ARENA_ARRAY(scratch, Buf, nv + 1);
@@ -539,6 +584,13 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     int t = step[x->def->mark];
     bufof[v] = nb;
     bufs[nb++] = (Buf){x, value_bytes(x), t, t, 0};
+  }
+  /* A buffer that GEMMs write through views lives from the first of them. */
+  for (int i = 0; i < n; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_MATMUL || vs.place[op->result->id] != CG_VIEW_OUT) continue;
+    int b = bufof[root[op->result->id]];
+    if (b >= 0 && step[i] < bufs[b].t0) bufs[b].t0 = step[i];
   }
   /* Lifetimes: the last read of the value, of its aliases, or through a
    * transpose flag.  Window sums do not read their operand. */
@@ -565,12 +617,14 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
   for (int i = 0; i < n; i++) {
     IrOp *op = f->ops[i];
     int64_t first = 0;
-    if (!op->result || !need[op->result->id] || !(is_group0_reshape(op) || is_range_slice(op, &first))) continue;
+    if (!op->result || !need[op->result->id] || !is_alias(&vs, op)) continue;
+    (void)is_range_slice(op, &first);
     const IrValue *x = op->args[0];
     GRADC_ASSERT(x->storage != IR_STORE_NONE);
     op->result->storage = IR_STORE_ALIAS;
     op->result->offset = x->offset + first * (int64_t)ir_dtype_size(x->type.dtype);
   }
+  cg_views_free(&vs);
   f->persist_size = persist;
   f->arena_size = persist + peak;
   return PASS_CHANGED;

@@ -9,8 +9,11 @@
  *            (run inline on the calling thread when iters * cost is small)
  *   gemm     cblas_sgemm / cblas_dgemm with torch.matmul semantics: 1-D
  *            operands, broadcast batch dims by a loop (or folded into M when
- *            only the left operand has them), group-0 transposes as flags,
- *            beta = 1 when the result is a gradient buffer
+ *            only the left operand has them), operands and results that
+ *            are strided views of stored values (cg_views_find: group-0
+ *            transposes as flags, q read out of qkv, heads written into
+ *            [B, T, C]), beta = 1 when the result is a gradient buffer;
+ *            split over the pool, the BLAS single-threaded in each piece
  *   copy     a collective on one rank
  *   loss     add the loss operand into its window loss
  *
@@ -124,14 +127,20 @@ static void elem_set(char *p, IrDType dt, int64_t i, double x) {
   }
 }
 
+/* Whether a bound tensor's elements are dtype dt's bytes already (a plain
+ * copy, *es bytes each). */
+static bool copy_in_plain(const StTensor *t, IrDType dt, int64_t *es) {
+  *es = (t->dtype == ST_F32 && dt == IR_DT_F32) || (t->dtype == ST_I32 && dt == IR_DT_I32) ? 4
+        : t->dtype == ST_F64 && dt == IR_DT_F64                                             ? 8
+                                                                                            : 0;
+  return *es > 0; /* little-endian host */
+}
+
 /* Elements [begin, begin + n) of a bound tensor into dst, as dtype dt. */
 static void copy_in(const StTensor *t, int64_t begin, int64_t n, IrDType dt, char *dst) {
-  if ((t->dtype == ST_F32 && dt == IR_DT_F32) || (t->dtype == ST_I32 && dt == IR_DT_I32)) {
-    memcpy(dst, (const char *)t->data + 4 * begin, (size_t)(4 * n)); /* little-endian host */
-    return;
-  }
-  if (t->dtype == ST_F64 && dt == IR_DT_F64) {
-    memcpy(dst, (const char *)t->data + 8 * begin, (size_t)(8 * n));
+  int64_t es;
+  if (copy_in_plain(t, dt, &es)) {
+    memcpy(dst, (const char *)t->data + es * begin, (size_t)(es * n));
     return;
   }
   double buf[1024];
@@ -168,11 +177,12 @@ static const IrValue *storage_root(const IrValue *v) {
 typedef struct Gemm {
   IrDType dt;         /* operand dtype */
   IrDType cdt;        /* result buffer dtype (f32/f64 for a gradient buffer) */
-  int64_t a, b, c;    /* byte offsets in the arena */
+  int64_t a, b, c;    /* byte offsets in the arena of the buffers A, B and C lie in */
   bool ta, tb, accumulate;
-  int64_t M, N, K, lda, ldb;
+  bool tc;            /* C is written transposed (a view with unit stride down its columns) */
+  int64_t M, N, K, lda, ldb, ldc;
   int64_t nb;         /* GEMMs in the batch loop */
-  int64_t *aoff, *boff; /* per batch: element offset of its A and B matrices */
+  int64_t *aoff, *boff, *coff; /* per batch: element offset of its A, B and C matrices */
 } Gemm;
 
 typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS } InstrKind;
@@ -202,9 +212,15 @@ struct CpuProgram {
   int ncode;
   GradBuf *grads;
   int ngrads;
+  CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
 };
 
 static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; }
+
+static bool in_group0(const IrOp *op, void *ctx) {
+  (void)ctx;
+  return op->group == 0;
+}
 
 static bool op_fail(char *err, size_t n, const IrOp *op, const char *what) {
   if (op->loc.file)
@@ -229,7 +245,9 @@ static void batch_offsets(const IrShape *batch, const IrShape *ob, int64_t *out)
   }
 }
 
-static bool plan_gemm(const IrOp *op, Gemm *g, char *err, size_t n) {
+/* bf16 and f16 GEMMs: contiguous operands (transposes as flags), widened
+ * to f32 matrix by matrix. */
+static bool plan_gemm_packed(const IrOp *op, Gemm *g, char *err, size_t n) {
   const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
   const IrShape *as = &A->type.shape, *bs = &B->type.shape;
   memset(g, 0, sizeof *g);
@@ -271,8 +289,10 @@ static bool plan_gemm(const IrOp *op, Gemm *g, char *err, size_t n) {
   g->ldb = g->tb ? g->K : g->N;
   if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX)
     return op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
+  g->ldc = g->N;
   g->aoff = xcalloc((size_t)g->nb, sizeof(int64_t));
   g->boff = xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->coff = xcalloc((size_t)g->nb, sizeof(int64_t));
   if (g->nb > 1) {
     batch_offsets(&batch, &ab, g->aoff);
     batch_offsets(&batch, &bb, g->boff);
@@ -280,6 +300,101 @@ static bool plan_gemm(const IrOp *op, Gemm *g, char *err, size_t n) {
   for (int64_t t = 0; t < g->nb; t++) {
     g->aoff[t] *= g->M * g->K;
     g->boff[t] *= g->K * g->N;
+    g->coff[t] = t * g->M * g->N;
+  }
+  return true;
+}
+
+/* A rank-1 operand as a matrix: a row ([K] as [1, K]) or a column. */
+static void view_unit_axis(CgView *v, int pos) {
+  int r = v->shape.rank;
+  for (int k = r; k > pos; k--) {
+    v->shape.dim[k] = v->shape.dim[k - 1];
+    v->stride[k] = v->stride[k - 1];
+  }
+  v->stride[pos] = pos < r ? v->stride[pos + 1] * v->shape.dim[pos + 1] : 1;
+  v->shape.dim[pos] = 1;
+  v->shape.rank = r + 1;
+}
+
+/* Whether the view's axes [0, last] are one run of rows `ld` apart. */
+static bool rows_collapse(const CgView *v, int last, int64_t ld) {
+  int64_t want = ld;
+  for (int k = last; k >= 0; k--) {
+    if (v->shape.dim[k] != 1 && v->stride[k] != want) return false;
+    want *= v->shape.dim[k];
+  }
+  return true;
+}
+
+/* Offset of batch matrix t: the batch axes of v right-aligned to the
+ * result's batch shape, broadcast axes (size 1) repeating their matrix. */
+static int64_t batch_offset(const CgView *v, const IrShape *batch, int64_t t) {
+  int vb = v->shape.rank - 2, lead = batch->rank - vb;
+  int64_t off = v->offset;
+  for (int k = batch->rank - 1; k >= 0; k--) {
+    int64_t i = t % batch->dim[k];
+    t /= batch->dim[k];
+    int a = k - lead;
+    if (a >= 0 && v->shape.dim[a] != 1) off += i * v->stride[a];
+  }
+  return off;
+}
+
+/* f32/f64 GEMMs: operands and result are strided views (codegen/kernel.c:
+ * a stored value whole, q read out of qkv, heads written into [B, T, C]). */
+static bool plan_gemm(const CgViews *vs, const IrOp *op, Gemm *g, char *err, size_t n) {
+  const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
+  memset(g, 0, sizeof *g);
+  g->dt = A->type.dtype;
+  if (g->dt != IR_DT_F32 && g->dt != IR_DT_F64) return plan_gemm_packed(op, g, err, n);
+  if (B->type.dtype != g->dt) return op_fail(err, n, op, "needs float operands of one dtype");
+  if (A->type.shape.rank < 1 || B->type.shape.rank < 1) return op_fail(err, n, op, "needs operands of rank >= 1");
+  CgView va, vb, vc;
+  if (!cg_view_in(vs, A, &va) || !cg_view_in(vs, B, &vb) || !cg_view_out(vs, C, &vc))
+    return op_fail(err, n, op, "has an operand or result that is not a strided view");
+  if (va.root->storage == IR_STORE_NONE || vb.root->storage == IR_STORE_NONE || vc.root->storage == IR_STORE_NONE)
+    return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
+  bool a1 = va.shape.rank == 1, b1 = vb.shape.rank == 1;
+  if (a1) view_unit_axis(&va, 0);
+  if (b1) view_unit_axis(&vb, 1);
+  if (a1) view_unit_axis(&vc, vc.shape.rank - (b1 ? 0 : 1));
+  if (b1) view_unit_axis(&vc, vc.shape.rank);
+  int ra = va.shape.rank, rb = vb.shape.rank, rc = vc.shape.rank;
+  g->M = va.shape.dim[ra - 2];
+  g->K = va.shape.dim[ra - 1];
+  g->N = vb.shape.dim[rb - 1];
+  if (vb.shape.dim[rb - 2] != g->K) return op_fail(err, n, op, "has mismatched inner dimensions");
+  if (rc < 2 || vc.shape.dim[rc - 2] != g->M || vc.shape.dim[rc - 1] != g->N)
+    return op_fail(err, n, op, "has a result of the wrong size");
+  if (!cg_view_matrix(&va, &g->ta, &g->lda) || !cg_view_matrix(&vb, &g->tb, &g->ldb) ||
+      !cg_view_matrix(&vc, &g->tc, &g->ldc))
+    return op_fail(err, n, op, "has a view with no unit stride in its last two axes");
+  IrShape batch = ir_shape_make(rc - 2, vc.shape.dim);
+  g->nb = ir_numel(&batch);
+  g->a = va.root->offset;
+  g->b = vb.root->offset;
+  g->c = vc.root->offset;
+  g->accumulate = storage_root(vc.root)->storage == IR_STORE_GRAD;
+  g->cdt = g->accumulate ? g->dt : C->type.dtype;
+  if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
+      g->ldc > INT32_MAX)
+    return op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
+  /* Only the left operand batched, its rows and the result's one run: one
+   * GEMM over all rows. */
+  if (rb == 2 && ra > 2 && !g->ta && !g->tc && rows_collapse(&va, ra - 2, g->lda) &&
+      rows_collapse(&vc, rc - 2, g->ldc)) {
+    g->M *= g->nb;
+    g->nb = 1;
+    batch = ir_shape_scalar();
+  }
+  g->aoff = xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->boff = xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->coff = xcalloc((size_t)g->nb, sizeof(int64_t));
+  for (int64_t t = 0; t < g->nb; t++) {
+    g->aoff[t] = batch_offset(&va, &batch, t);
+    g->boff[t] = batch_offset(&vb, &batch, t);
+    g->coff[t] = batch_offset(&vc, &batch, t);
   }
   return true;
 }
@@ -342,19 +457,22 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   double beta = g->accumulate ? 1.0 : 0.0;
   for (int64_t i = begin; i < end; i++) {
     int64_t t = i / r->parts, q = i % r->parts;
-    const char *a = r->arena + g->a + (size_t)g->aoff[t] * es, *b = r->arena + g->b + (size_t)g->boff[t] * es;
-    char *c = r->arena + g->c + (size_t)(t * g->M * g->N) * es;
+    const char *a = r->arena + g->a + g->aoff[t] * (int64_t)es, *b = r->arena + g->b + g->boff[t] * (int64_t)es;
+    char *c = r->arena + g->c + g->coff[t] * (int64_t)es;
     int64_t M = g->M, N = g->N, lo = q * r->blk;
     if (r->split_n) {
       N = N - lo < r->blk ? N - lo : r->blk;
-      b += (size_t)(g->tb ? lo * g->ldb : lo) * es;
-      c += (size_t)lo * es;
+      b += (g->tb ? lo * g->ldb : lo) * (int64_t)es;
+      c += (g->tc ? lo * g->ldc : lo) * (int64_t)es;
     } else {
       M = M - lo < r->blk ? M - lo : r->blk;
-      a += (size_t)(g->ta ? lo : lo * g->lda) * es;
-      c += (size_t)(lo * g->N) * es;
+      a += (g->ta ? lo : lo * g->lda) * (int64_t)es;
+      c += (g->tc ? lo : lo * g->ldc) * (int64_t)es;
     }
-    gemm_call(dbl, g->ta, g->tb, M, N, g->K, a, g->lda, b, g->ldb, beta, c, g->N);
+    if (g->tc) /* C^T = B^T A^T, written row by row down C's columns */
+      gemm_call(dbl, !g->tb, !g->ta, N, M, g->K, b, g->ldb, a, g->lda, beta, c, g->ldc);
+    else
+      gemm_call(dbl, g->ta, g->tb, M, N, g->K, a, g->lda, b, g->ldb, beta, c, g->ldc);
   }
 }
 
@@ -437,9 +555,11 @@ void cpu_program_free(CpuProgram *p) {
   for (int i = 0; i < p->ncode; i++) {
     free(p->code[i].gemm.aoff);
     free(p->code[i].gemm.boff);
+    free(p->code[i].gemm.coff);
   }
   free(p->code);
   free(p->grads);
+  cg_views_free(&p->views);
   free(p->arena);
   pool_free(p->pool);
 #ifdef GRADC_HAVE_LLVM
@@ -455,14 +575,19 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   IrOpcode opc = op->opcode;
   if (opc == IR_OP_MATMUL) {
     Instr in = {.kind = I_GEMM, .op = op};
-    if (!plan_gemm(op, &in.gemm, err, n)) {
+    if (!plan_gemm(&p->views, op, &in.gemm, err, n)) {
       free(in.gemm.aoff);
       free(in.gemm.boff);
+      free(in.gemm.coff);
       return false;
     }
     emit(p, in);
     return true;
   }
+  /* Views: GEMMs read or write them in place. */
+  if ((opc == IR_OP_PERMUTE || opc == IR_OP_RESHAPE || opc == IR_OP_SLICE || opc == IR_OP_CONCAT) &&
+      cg_view_free_op(&p->views, op))
+    return true;
   if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM) {
     if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
       return op_fail(err, n, op, "must alias its operand (run memplan)");
@@ -537,6 +662,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   p->cg = cg;
   p->threads = o->threads > 0 ? o->threads : pool_ncores();
   p->code = xcalloc((size_t)f->nops + 1, sizeof(Instr));
+  cg_views_find(f, in_group0, NULL, &p->views);
 
   /* Kernels: contiguous groups, compiled by the code generator. */
   int maxg = 0;
@@ -697,6 +823,47 @@ CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptio
 /* A window                                                            */
 /* ------------------------------------------------------------------ */
 
+/* The window's bulk moves (params and inputs in, gradient buffers zeroed,
+ * gradients out as doubles) are split over the pool like kernels: at 2
+ * threads they were a sixth of an MLP step. */
+typedef enum { BULK_COPY, BULK_ZERO, BULK_WIDEN } BulkKind;
+
+typedef struct Bulk {
+  BulkKind kind;
+  char *dst;
+  const char *src;
+} Bulk;
+
+#define BULK_CHUNK 65536 /* bytes (BULK_COPY, BULK_ZERO) or f32 elements (BULK_WIDEN) per piece */
+
+static void bulk_chunk(void *ctx, int64_t begin, int64_t end) {
+  const Bulk *b = ctx;
+  switch (b->kind) {
+  case BULK_COPY: memcpy(b->dst + begin, b->src + begin, (size_t)(end - begin)); break;
+  case BULK_ZERO: memset(b->dst + begin, 0, (size_t)(end - begin)); break;
+  case BULK_WIDEN: {
+    const float *restrict x = (const float *)b->src + begin;
+    double *restrict y = (double *)b->dst + begin;
+    int64_t n = end - begin, i = 0;
+    for (; i + 8 <= n; i += 8) /* straight-line groups of 8 vectorise at -O2 */
+      for (int j = 0; j < 8; j++) y[i + j] = x[i + j];
+    for (; i < n; i++) y[i] = x[i];
+    break;
+  }
+  }
+}
+
+/* n bytes (copy, zero) or n f32 elements widened to doubles. */
+static void bulk(CpuProgram *p, BulkKind kind, void *dst, const void *src, int64_t n) {
+  Bulk b = {kind, dst, src};
+  if (n <= 0) return;
+  if (n < 4 * BULK_CHUNK || pool_size(p->pool) == 1) {
+    bulk_chunk(&b, 0, n);
+    return;
+  }
+  pool_run(p->pool, n, BULK_CHUNK, bulk_chunk, &b);
+}
+
 /* Copy micro-batch k of every argument that changes per micro-batch
  * (batched inputs), or every other argument (k < 0). */
 static void copy_args(CpuProgram *p, const StTensor *const *bound, int k) {
@@ -705,8 +872,11 @@ static void copy_args(CpuProgram *p, const StTensor *const *bound, int k) {
     const IrValue *a = f->args[i];
     bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
     if (split != (k >= 0)) continue;
-    int64_t n = ir_numel(&a->type.shape);
-    copy_in(bound[i], split ? (int64_t)k * n : 0, n, a->type.dtype, p->arena + a->offset);
+    int64_t n = ir_numel(&a->type.shape), begin = split ? (int64_t)k * n : 0, es;
+    if (copy_in_plain(bound[i], a->type.dtype, &es))
+      bulk(p, BULK_COPY, p->arena + a->offset, (const char *)bound[i]->data + es * begin, es * n);
+    else
+      copy_in(bound[i], begin, n, a->type.dtype, p->arena + a->offset);
   }
 }
 
@@ -775,7 +945,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
 #endif
   if (ok) {
     for (int i = 0; i < p->ngrads; i++)
-      memset(p->arena + p->grads[i].offset, 0, (size_t)(p->grads[i].numel * (int64_t)ir_dtype_size(p->grads[i].dt)));
+      bulk(p, BULK_ZERO, p->arena + p->grads[i].offset, NULL, p->grads[i].numel * (int64_t)ir_dtype_size(p->grads[i].dt));
     copy_args(p, bound, -1);
     ok = window_sums(p, gas, bound, err, errlen);
   }
@@ -790,7 +960,11 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
       for (int j = 0; j < r.ngrads; j++)
         if (strcmp(r.grad_names[j], f->args[g->arg]->name) == 0) slot = j;
       GRADC_ASSERT(slot >= 0);
-      for (int64_t e = 0; e < g->numel; e++) r.grads[slot][e] = elem_get(p->arena + g->offset, g->dt, e);
+      /* Gradient buffers are f32 or f64. */
+      if (g->dt == IR_DT_F32)
+        bulk(p, BULK_WIDEN, r.grads[slot], p->arena + g->offset, g->numel);
+      else
+        bulk(p, BULK_COPY, r.grads[slot], p->arena + g->offset, g->numel * 8);
     }
   }
   free(bound);

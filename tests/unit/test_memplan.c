@@ -91,18 +91,36 @@ static bool range_op(const IrOp *op, IrOpcode opc, int64_t *first) {
 }
 
 /* The value whose bytes are read when v is read: through reshape and
- * range-slice aliases and through transposes that became GEMM flags (no
- * storage). */
+ * range-slice aliases and through the views GEMMs read (group-0 permutes,
+ * slices and reshapes with no storage: transpose flags, q out of qkv). */
 static const IrValue *owner(const IrValue *v) {
   int64_t first;
   for (;;) {
     if (v->storage == IR_STORE_ALIAS && (group0(v->def, IR_OP_RESHAPE) || range_op(v->def, IR_OP_SLICE, &first)))
       v = v->def->args[0];
-    else if (v->storage == IR_STORE_NONE && group0(v->def, IR_OP_PERMUTE))
+    else if (v->storage == IR_STORE_NONE &&
+             (group0(v->def, IR_OP_PERMUTE) || group0(v->def, IR_OP_SLICE) || group0(v->def, IR_OP_RESHAPE)))
       v = v->def->args[0];
     else
       return v;
   }
+}
+
+/* Where a GEMM result with no storage is written: down its one reader,
+ * group-0 permutes and reshapes (and a concat), to a stored value; NULL
+ * if there is none. */
+static const IrValue *home_of(const IrFunc *f, const IrValue *v) {
+  while (v->storage == IR_STORE_NONE) {
+    const IrOp *user = NULL;
+    int n = 0;
+    for (int i = 0; i < f->nops; i++)
+      for (int j = 0; j < f->ops[i]->nargs; j++)
+        if (f->ops[i]->args[j] == v) user = f->ops[i], n++;
+    if (n != 1 || !(group0(user, IR_OP_PERMUTE) || group0(user, IR_OP_RESHAPE) || group0(user, IR_OP_CONCAT)))
+      return NULL;
+    v = user->result;
+  }
+  return v;
 }
 
 static const IrValue *param_named(const IrFunc *f, const char *name) {
@@ -203,7 +221,12 @@ static int64_t check_plan(const IrFunc *f, const char *what) {
       if (must && owner(a)->storage == IR_STORE_NONE)
         fail_msg("%s: operand %d of op %d (%s) has no storage", what, j, i, ir_op_info[op->opcode].name);
     }
-    if (group0(op, IR_OP_MATMUL) && op->result->storage == IR_STORE_NONE) fail_msg("%s: GEMM %d not stored", what, i);
+    if (group0(op, IR_OP_MATMUL) && op->result->storage == IR_STORE_NONE) {
+      const IrValue *h = home_of(f, op->result);
+      if (!h || h->storage != IR_STORE_ARENA) fail_msg("%s: GEMM %d not stored", what, i);
+      /* Written at the GEMM's step: the buffer lives from there. */
+      if (step[i] < defstep[h->id]) defstep[h->id] = step[i];
+    }
     if (op->opcode == IR_OP_GRAD) {
       const IrValue *o = owner(op->args[0]);
       if (o->storage != IR_STORE_GRAD) fail_msg("%s: grad %d does not read a gradient buffer", what, i);
