@@ -1,0 +1,642 @@
+/* cuda_loop.c - kernels of one op that do not fit rows (docs/BACKEND.md)
+ * in CUDA C: permute, slice, unslice, concat (one thread per output
+ * element, grid-stride; a permute that moves the contiguous axis goes
+ * through 32x32 tiles in shared memory so that reads and writes are both
+ * coalesced), reductions over leading axes (a thread per output column
+ * and a block's rows splitting the reduced positions, or a block per
+ * output), softmax over a leading axis (a thread per row of the axis),
+ * embedding_grad (a thread per column walking the positions in order, so
+ * the sums do not depend on scheduling) and cross_entropy / mse_loss
+ * reduced to a scalar (one block).  Every output element is written by
+ * exactly one thread, accumulated into gradient buffers; sums combine in a
+ * fixed order.  Semantics follow runtime/interp.c. */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_gen.h"
+
+#define BLOCK 256
+
+static int64_t numel(const IrValue *v) { return ir_numel(&v->type.shape); }
+
+/* The dtype whose literal initialises a sum of dt (cu_acc_type). */
+static IrDType acc_dtype(IrDType dt) { return dt == IR_DT_F64 ? IR_DT_F64 : dt == IR_DT_I32 ? IR_DT_I32 : IR_DT_F32; }
+
+/* An operand of a loop kernel: a pointer argument, or an inline group-0
+ * const (no storage: its value is a literal). */
+typedef struct In {
+  const IrValue *v;
+  const char *ptr;
+  const char *lit;
+} In;
+
+static In in_of(CuGen *g, const IrValue *v, int64_t elem) {
+  In in = {v, NULL, NULL};
+  if (v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0 && v->storage == IR_STORE_NONE)
+    in.lit = cu_lit(g, v->type.dtype, ir_attr_get_float(v->def, "value", 0.0));
+  else
+    in.ptr = cu_param(g, v, elem, false);
+  return in;
+}
+
+/* Element `off` of an operand, as a register. */
+static const char *elem_at(CuGen *g, const In *in, const char *off) {
+  if (in->lit) return in->lit;
+  return cu_load(g, in->v->type.dtype, false, cu_fmt(g, "%s[%s]", in->ptr, off));
+}
+
+/* The grid-stride loop over n output elements: `for (long i ...) {`. */
+static void grid_loop(CuGen *g, int64_t n, const char *how) {
+  int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  g->block[0] = BLOCK;
+  g->block[1] = 1;
+  g->grid = blocks < 65536 ? blocks : 65536;
+  g->how = how;
+  cu_line(g, "for (long i = (long)blockIdx.x * %d + threadIdx.x; i < %lld; i += (long)gridDim.x * %d) {", BLOCK,
+          (long long)n, BLOCK);
+  g->indent++;
+}
+
+static void end_block(CuGen *g) {
+  g->indent--;
+  cu_line(g, "}");
+}
+
+/* y[i] = x[off] (accumulated into a gradient buffer). */
+static void copy_elem(CuGen *g, const In *x, const char *off, const IrValue *y, const char *yp) {
+  cu_store(g, y->type.dtype, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[i]", yp), elem_at(g, x, off));
+}
+
+/* ------------------------------------------------------------------ */
+/* Copies                                                              */
+/* ------------------------------------------------------------------ */
+
+#define TILE 32
+
+/* Input strides of the output's axes; the output axis that reads the
+ * input's contiguous axis when it is not the output's last one (a
+ * transpose), else -1. */
+static int permute_strides(const IrOp *op, int64_t *st) {
+  const IrShape *s = &op->args[0]->type.shape, *o = &op->result->type.shape;
+  int64_t cs[IR_MAX_RANK];
+  cu_contiguous(s, cs);
+  const int64_t *perm;
+  int n = ir_attr_get_ints(op, "perm", &perm), k = s->rank, t = -1;
+  for (int a = 0; a < k; a++) {
+    int64_t p = a < n ? perm[a] : a;
+    if (p < 0) p += k;
+    st[a] = p >= 0 && p < k ? cs[p] : 0;
+    if (st[a] == 1 && s->dim[p] > 1) t = a;
+  }
+  if (k < 2 || t < 0 || t == k - 1 || o->dim[k - 1] < 2) return -1;
+  return t;
+}
+
+static void gen_transpose(CuGen *g, const IrOp *op, const int64_t *st, int t) {
+  const IrValue *x = op->args[0], *y = op->result;
+  const IrShape *o = &y->type.shape;
+  int k = o->rank;
+  int64_t os[IR_MAX_RANK], od[IR_MAX_RANK], ist[IR_MAX_RANK], ost[IR_MAX_RANK];
+  cu_contiguous(o, os);
+  int m = 0;
+  int64_t outer = 1;
+  for (int a = 0; a < k - 1; a++)
+    if (a != t) od[m] = o->dim[a], ist[m] = st[a], ost[m++] = os[a], outer *= o->dim[a];
+  int64_t DT = o->dim[t], DL = o->dim[k - 1];
+  int64_t nt = (DT + TILE - 1) / TILE, nl = (DL + TILE - 1) / TILE;
+  In xi = in_of(g, x, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  IrDType dt = y->type.dtype;
+  g->block[0] = TILE;
+  g->block[1] = 8;
+  g->grid = outer * nt * nl;
+  g->how = cu_fmt(g, "transpose: %lld tiles of 32x32 through shared memory (axis %d of the result is contiguous in "
+                     "the operand)",
+                  (long long)g->grid, t);
+  cu_line(g, "__shared__ %s tile[%d][%d];", cu_reg_type(dt), TILE, TILE + 1);
+  cu_line(g, "const long b = blockIdx.x;");
+  if (outer > 1) cu_line(g, "const long o = b / %lld;", (long long)(nt * nl));
+  cu_line(g, "const long a0 = (b %% %lld) / %lld * %d, c0 = b %% %lld * %d;", (long long)(nt * nl), (long long)nl, TILE,
+          (long long)nl, TILE);
+  const char *xo = outer > 1 ? cu_index(g, "o", od, ist, m) : "0", *yo = outer > 1 ? cu_index(g, "o", od, ost, m) : "0";
+  cu_line(g, "for (int k = threadIdx.y; k < %d; k += 8) { // read along the operand's contiguous axis", TILE);
+  cu_line(g, "  const long a = a0 + threadIdx.x, c = c0 + k;");
+  cu_line(g, "  if (a < %lld && c < %lld) tile[k][threadIdx.x] = %s;", (long long)DT, (long long)DL,
+          elem_at(g, &xi, cu_add(g, xo, cu_fmt(g, "a + c * %lld", (long long)st[k - 1]))));
+  cu_line(g, "}");
+  cu_line(g, "__syncthreads();");
+  cu_line(g, "for (int k = threadIdx.y; k < %d; k += 8) { // write along the result's last axis", TILE);
+  g->indent++;
+  cu_line(g, "const long a = a0 + k, c = c0 + threadIdx.x;");
+  cu_line(g, "if (a < %lld && c < %lld) {", (long long)DT, (long long)DL);
+  g->indent++;
+  cu_store(g, dt, y->storage == IR_STORE_GRAD,
+           cu_fmt(g, "%s[%s]", yp, cu_add(g, yo, cu_fmt(g, "a * %lld + c", (long long)os[t]))), "tile[threadIdx.x][k]");
+  end_block(g);
+  end_block(g);
+}
+
+static void gen_permute(CuGen *g, const IrOp *op) {
+  int64_t st[IR_MAX_RANK];
+  int t = permute_strides(op, st);
+  if (t >= 0) {
+    gen_transpose(g, op, st, t);
+    return;
+  }
+  const IrValue *y = op->result;
+  In x = in_of(g, op->args[0], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, numel(y), "permute: one thread per output element, grid-stride");
+  const IrShape *o = &y->type.shape;
+  copy_elem(g, &x, cu_index(g, "i", o->dim, st, o->rank), y, yp);
+  end_block(g);
+}
+
+/* The slice's first element is folded into the pointer argument, so
+ * slices at different offsets (the layers of a stacked param, q k v of
+ * one projection) share their code. */
+static void gen_slice(CuGen *g, const IrOp *op) {
+  const IrValue *x = op->args[0], *y = op->result;
+  const IrShape *s = &x->type.shape, *o = &y->type.shape;
+  int64_t cs[IR_MAX_RANK], st[IR_MAX_RANK], start[IR_MAX_RANK], step[IR_MAX_RANK];
+  cu_contiguous(s, cs);
+  cu_slice_ranges(op, s, start, step);
+  int64_t base = 0;
+  for (int a = 0; a < s->rank; a++) {
+    st[a] = step[a] * cs[a];
+    if (o->dim[a] > 0) base += start[a] * cs[a];
+  }
+  In xi = in_of(g, x, base);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, numel(y), "slice: one thread per output element, grid-stride");
+  copy_elem(g, &xi, cu_index(g, "i", o->dim, st, o->rank), y, yp);
+  end_block(g);
+}
+
+static void gen_unslice(CuGen *g, const IrOp *op) {
+  const IrValue *x = op->args[0], *y = op->result;
+  const IrShape *o = &y->type.shape, *xs = &x->type.shape;
+  int k = o->rank;
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xst[IR_MAX_RANK], inner = 1;
+  cu_slice_ranges(op, o, start, step);
+  cu_contiguous(xs, xst);
+  In xi = in_of(g, x, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  IrDType dt = y->type.dtype;
+  bool grad = y->storage == IR_STORE_GRAD;
+  grid_loop(g, numel(y), "unslice: one thread per output element, grid-stride");
+  StrBuf cond, off;
+  sb_init(&cond);
+  sb_init(&off);
+  for (int a = k - 1; a >= 0; a--) {
+    const char *q = inner == 1 ? "i" : cu_fmt(g, "(i / %lld)", (long long)inner);
+    cu_line(g, "const long d%d = %s%s - %lld;", a, q, a > 0 ? cu_fmt(g, " %% %lld", (long long)o->dim[a]) : "",
+            (long long)start[a]);
+    inner *= o->dim[a];
+    if (cond.len) sb_puts(&cond, " && ");
+    if (off.len) sb_puts(&off, " + ");
+    if (step[a] == 1) {
+      sb_printf(&cond, "d%d >= 0 && d%d < %lld", a, a, (long long)xs->dim[a]);
+      sb_printf(&off, "d%d * %lld", a, (long long)xst[a]);
+    } else {
+      sb_printf(&cond, "d%d >= 0 && d%d %% %lld == 0 && d%d / %lld < %lld", a, a, (long long)step[a], a,
+                (long long)step[a], (long long)xs->dim[a]);
+      sb_printf(&off, "d%d / %lld * %lld", a, (long long)step[a], (long long)xst[a]);
+    }
+  }
+  const char *in = cond.len ? sb_str(&cond) : "true";
+  const char *v = elem_at(g, &xi, off.len ? sb_str(&off) : "0");
+  if (grad) { /* outside the slice there is nothing to add */
+    cu_line(g, "if (%s) {", in);
+    g->indent++;
+    cu_store(g, dt, true, cu_fmt(g, "%s[i]", yp), v);
+    end_block(g);
+  } else {
+    cu_store(g, dt, false, cu_fmt(g, "%s[i]", yp), cu_fmt(g, "(%s) ? %s : %s", in, v, cu_lit(g, dt, 0)));
+  }
+  sb_free(&cond);
+  sb_free(&off);
+  end_block(g);
+}
+
+static void gen_concat(CuGen *g, const IrOp *op) {
+  const IrValue *y = op->result;
+  const IrShape *o = &y->type.shape;
+  int k = o->rank;
+  int64_t axis = 0, inner = 1;
+  ir_norm_axis(ir_attr_get_int(op, "axis", 0), k, &axis);
+  for (int a = (int)axis + 1; a < k; a++) inner *= o->dim[a];
+  In *xp = ARENA_ARRAY(g->a, In, op->nargs);
+  for (int i = 0; i < op->nargs; i++) xp[i] = in_of(g, op->args[i], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  IrDType dt = y->type.dtype;
+  bool grad = y->storage == IR_STORE_GRAD;
+  grid_loop(g, numel(y), "concat: one thread per output element, grid-stride");
+  cu_line(g, "const long c = i / %lld %% %lld, o = i / %lld, rest = i %% %lld;", (long long)inner,
+          (long long)o->dim[axis], (long long)(inner * o->dim[axis]), (long long)inner);
+  int64_t at = 0;
+  for (int i = 0; i < op->nargs; i++) {
+    const IrValue *x = op->args[i];
+    int64_t w = x->type.shape.dim[axis];
+    if (i + 1 < op->nargs)
+      cu_line(g, "%sif (c < %lld) {", i ? "} else " : "", (long long)(at + w));
+    else
+      cu_line(g, "%s{", i ? "} else " : "");
+    g->indent++;
+    const char *off = cu_fmt(g, "(o * %lld + c - %lld) * %lld + rest", (long long)w, (long long)at, (long long)inner);
+    cu_store(g, dt, grad, cu_fmt(g, "%s[i]", yp), elem_at(g, &xp[i], off));
+    g->indent--;
+    at += w;
+  }
+  cu_line(g, "}");
+  end_block(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* Reductions over leading axes                                        */
+/* ------------------------------------------------------------------ */
+
+typedef struct RedGeom {
+  bool cols;   /* the last axis is kept: a thread per output column */
+  int64_t blk; /* elements of the contiguous suffix (kept or reduced) */
+  int nk, nr;  /* outer kept axes, outer reduced axes */
+  int64_t kd[IR_MAX_RANK], ks[IR_MAX_RANK], rd[IR_MAX_RANK], rs[IR_MAX_RANK];
+  int64_t outer, mred, count;
+} RedGeom;
+
+static void red_geom(const IrOp *op, RedGeom *r) {
+  memset(r, 0, sizeof *r);
+  const IrShape *s = &op->args[0]->type.shape;
+  bool red[IR_MAX_RANK];
+  const int64_t *ax;
+  int n = ir_attr_get_ints(op, "axes", &ax);
+  for (int k = 0; k < s->rank; k++) red[k] = n == 0;
+  for (int i = 0; i < n; i++) {
+    int64_t a;
+    if (ir_norm_axis(ax[i], s->rank, &a)) red[a] = true;
+  }
+  int k = s->rank;
+  int64_t cs[IR_MAX_RANK];
+  cu_contiguous(s, cs);
+  r->cols = k > 0 && !red[k - 1];
+  int t = k;
+  while (t > 0 && red[t - 1] == !r->cols) t--;
+  r->blk = 1;
+  for (int a = t; a < k; a++) r->blk *= s->dim[a];
+  r->outer = r->mred = 1;
+  for (int a = 0; a < t; a++) {
+    if (red[a]) {
+      r->rd[r->nr] = s->dim[a], r->rs[r->nr++] = cs[a];
+      r->mred *= s->dim[a];
+    } else {
+      r->kd[r->nk] = s->dim[a], r->ks[r->nk++] = cs[a];
+      r->outer *= s->dim[a];
+    }
+  }
+  r->count = r->mred * (r->cols ? 1 : r->blk);
+}
+
+/* The reduced value's final form: a mean divides, logsumexp adds the
+ * maximum back, and the result is rounded to its dtype. */
+static const char *red_result(CuGen *g, const IrOp *op, const RedGeom *r, const char *acc, const char *mx) {
+  IrDType dt = op->result->type.dtype;
+  bool d = dt == IR_DT_F64;
+  if (op->opcode == IR_OP_MEAN)
+    return cu_round(g, dt, cu_fmt(g, "%s / %s", acc, cu_lit(g, d ? IR_DT_F64 : IR_DT_F32, (double)r->count)));
+  if (op->opcode == IR_OP_LOGSUMEXP)
+    return cu_round(g, dt,
+                    cu_fmt(g, "(%s(%s) < %s ? %s + %s : %s)", d ? "fabs" : "fabsf", mx, d ? "GRADC_INF_D" : "GRADC_INF",
+                           mx, cu_math1(g, "log", dt, acc), mx));
+  return cu_round(g, dt, acc);
+}
+
+/* Last axis kept: block (32, 8), thread x an output column, the 8 rows of
+ * the block splitting the reduced positions, combined in shared memory. */
+static void reduce_columns(CuGen *g, const IrOp *op, const RedGeom *r) {
+  const IrValue *x = op->args[0], *y = op->result;
+  IrDType dt = y->type.dtype, xt = x->type.dtype;
+  bool mx = op->opcode == IR_OP_MAX, lse = op->opcode == IR_OP_LOGSUMEXP;
+  const char *acc_t = mx ? cu_reg_type(xt) : cu_acc_type(xt);
+  In xi = in_of(g, x, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  int64_t nb = (r->blk + 31) / 32;
+  g->block[0] = 32;
+  g->block[1] = 8;
+  g->grid = r->outer * nb;
+  g->how = cu_fmt(g, "reduction over leading axes: a thread per output column (%lld of them), 8 threads splitting the "
+                     "%lld reduced positions",
+                  (long long)(r->outer * r->blk), (long long)r->mred);
+  cu_line(g, "__shared__ %s part[8][33];", lse ? cu_reg_type(xt) : acc_t);
+  if (lse) cu_line(g, "__shared__ %s part2[8][33];", cu_acc_type(xt));
+  cu_line(g, "const long o = blockIdx.x / %lld, j = blockIdx.x %% %lld * 32 + threadIdx.x;", (long long)nb, (long long)nb);
+  const char *xo = cu_index(g, "o", r->kd, r->ks, r->nk);
+  const char *xr = cu_index(g, "m", r->rd, r->rs, r->nr);
+  const char *xv = elem_at(g, &xi, cu_add(g, cu_add(g, xo, xr), "j"));
+  bool two = mx || lse;
+  /* pass 1: the sum (or the maximum), then the 8 partial results in order */
+  cu_line(g, "%s acc = %s;", two ? cu_reg_type(xt) : acc_t, two ? cu_lowest(g, xt) : cu_lit(g, acc_dtype(xt), 0));
+  cu_line(g, "if (j < %lld)", (long long)r->blk);
+  cu_line(g, "  for (long m = threadIdx.y; m < %lld; m += 8) acc = %s;", (long long)r->mred,
+          two ? cu_fmt(g, "maximum(acc, %s)", xv) : cu_fmt(g, "acc + %s", xv));
+  cu_line(g, "part[threadIdx.y][threadIdx.x] = acc;");
+  cu_line(g, "__syncthreads();");
+  cu_line(g, "acc = part[0][threadIdx.x];");
+  cu_line(g, "for (int k = 1; k < 8; k++) acc = %s;", two ? "maximum(acc, part[k][threadIdx.x])" : "acc + part[k][threadIdx.x]");
+  if (lse) {
+    /* pass 2: the sum of exponentials around the maximum */
+    cu_line(g, "%s z = %s;", cu_acc_type(xt), cu_lit(g, acc_dtype(xt), 0));
+    cu_line(g, "if (j < %lld)", (long long)r->blk);
+    cu_line(g, "  for (long m = threadIdx.y; m < %lld; m += 8) z += %s;", (long long)r->mred,
+            cu_math1(g, "exp", xt, cu_fmt(g, "%s - acc", xv)));
+    cu_line(g, "part2[threadIdx.y][threadIdx.x] = z;");
+    cu_line(g, "__syncthreads();");
+    cu_line(g, "z = part2[0][threadIdx.x];");
+    cu_line(g, "for (int k = 1; k < 8; k++) z += part2[k][threadIdx.x];");
+  }
+  cu_line(g, "if (threadIdx.y == 0 && j < %lld) {", (long long)r->blk);
+  g->indent++;
+  cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[o * %lld + j]", yp, (long long)r->blk),
+           red_result(g, op, r, lse ? "z" : "acc", "acc"));
+  end_block(g);
+}
+
+/* Last axis reduced: a block per output element (one block of 1024 for a
+ * full reduction), block reductions. */
+static void reduce_blocks(CuGen *g, const IrOp *op, const RedGeom *r) {
+  const IrValue *x = op->args[0], *y = op->result;
+  IrDType dt = y->type.dtype, xt = x->type.dtype;
+  bool mx = op->opcode == IR_OP_MAX, lse = op->opcode == IR_OP_LOGSUMEXP;
+  const char *acc_t = cu_acc_type(xt), *reg_t = cu_reg_type(xt);
+  In xi = in_of(g, x, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  int block = r->outer == 1 ? 1024 : 256;
+  int64_t n = r->mred * r->blk;
+  g->block[0] = (unsigned)block;
+  g->block[1] = 1;
+  g->grid = r->outer;
+  g->how = cu_fmt(g, "reduction: a block of %d threads for each of %lld outputs, %lld elements each", block,
+                  (long long)r->outer, (long long)n);
+  bool two = mx || lse;
+  if (two) cu_line(g, "__shared__ %s red_m[32];", reg_t);
+  if (!mx) cu_line(g, "__shared__ %s red_s[32];", acc_t);
+  cu_line(g, "const long o = blockIdx.x;");
+  const char *xo = cu_index(g, "o", r->kd, r->ks, r->nk);
+  /* element e of the output's reduced set: reduced position e / blk, then e % blk in the contiguous suffix */
+  const char *pos = r->blk == 1 ? cu_index(g, "e", r->rd, r->rs, r->nr)
+                               : cu_index(g, cu_fmt(g, "(e / %lld)", (long long)r->blk), r->rd, r->rs, r->nr);
+  const char *in = r->blk == 1 ? "0" : r->mred == 1 ? "e" : cu_fmt(g, "e %% %lld", (long long)r->blk);
+  const char *xv = elem_at(g, &xi, cu_add(g, cu_add(g, xo, pos), in));
+  const char *zero = cu_lit(g, acc_dtype(xt), 0);
+  if (two) {
+    cu_line(g, "%s m = %s;", reg_t, cu_lowest(g, xt));
+    cu_line(g, "for (long e = threadIdx.x; e < %lld; e += %d) m = maximum(m, %s);", (long long)n, block, xv);
+    cu_line(g, "m = block_max(m, red_m, %s);", cu_lowest(g, xt));
+  }
+  if (!mx) {
+    cu_line(g, "%s s = %s;", acc_t, zero);
+    cu_line(g, "for (long e = threadIdx.x; e < %lld; e += %d) s += %s;", (long long)n, block,
+            lse ? cu_math1(g, "exp", xt, cu_fmt(g, "%s - m", xv)) : xv);
+    cu_line(g, "s = block_sum(s, red_s);");
+  }
+  cu_line(g, "if (threadIdx.x == 0) {");
+  g->indent++;
+  cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[o]", yp), red_result(g, op, r, mx ? "m" : "s", "m"));
+  end_block(g);
+}
+
+static void gen_reduce(CuGen *g, const IrOp *op) {
+  RedGeom r;
+  red_geom(op, &r);
+  if (r.cols)
+    reduce_columns(g, op, &r);
+  else
+    reduce_blocks(g, op, &r);
+}
+
+/* ------------------------------------------------------------------ */
+/* Softmax over a leading axis                                         */
+/* ------------------------------------------------------------------ */
+
+static void gen_softmax_axis(CuGen *g, const IrOp *op) {
+  const IrValue *x = op->args[0], *y = op->result;
+  const IrShape *s = &x->type.shape;
+  bool logsm = op->opcode == IR_OP_LOG_SOFTMAX;
+  IrDType dt = y->type.dtype;
+  bool d = dt == IR_DT_F64;
+  In xi = in_of(g, x, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  bool grad = y->storage == IR_STORE_GRAD;
+  if (s->rank == 0) {
+    g->block[0] = 32, g->block[1] = 1, g->grid = 1;
+    g->how = "softmax of a scalar";
+    cu_line(g, "if (threadIdx.x == 0) {");
+    g->indent++;
+    cu_store(g, dt, grad, cu_fmt(g, "%s[0]", yp), cu_lit(g, dt, logsm ? 0 : 1));
+    end_block(g);
+    return;
+  }
+  int64_t axis = 0;
+  ir_norm_axis(ir_attr_get_int(op, "axis", -1), s->rank, &axis);
+  int64_t L = s->dim[axis], inner = 1;
+  for (int a = (int)axis + 1; a < s->rank; a++) inner *= s->dim[a];
+  int64_t lines = L ? numel(x) / L : 0;
+  grid_loop(g, lines, cu_fmt(g, "softmax over axis %lld: a thread for each of %lld lines of %lld (stride %lld)",
+                             (long long)axis, (long long)lines, (long long)L, (long long)inner));
+  cu_line(g, "const long base = i / %lld * %lld + i %% %lld;", (long long)inner, (long long)(L * inner), (long long)inner);
+  const char *xv = elem_at(g, &xi, cu_fmt(g, "base + l * %lld", (long long)inner));
+  cu_line(g, "%s m = %s;", cu_reg_type(dt), cu_lowest(g, dt));
+  cu_line(g, "for (long l = 0; l < %lld; l++) m = maximum(m, %s);", (long long)L, xv);
+  cu_line(g, "%s z = %s;", cu_acc_type(dt), d ? "0.0" : "0.0f");
+  cu_line(g, "for (long l = 0; l < %lld; l++) z += %s;", (long long)L, cu_math1(g, "exp", dt, cu_fmt(g, "%s - m", xv)));
+  if (logsm) cu_line(g, "const %s logz = %s;", cu_acc_type(dt), cu_math1(g, "log", dt, "z"));
+  cu_line(g, "for (long l = 0; l < %lld; l++) {", (long long)L);
+  g->indent++;
+  const char *v = logsm ? cu_fmt(g, "(%s - m) - logz", xv) : cu_fmt(g, "%s / z", cu_math1(g, "exp", dt, cu_fmt(g, "%s - m", xv)));
+  cu_store(g, dt, grad, cu_fmt(g, "%s[base + l * %lld]", yp, (long long)inner), cu_round(g, dt, v));
+  end_block(g);
+  end_block(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* Scalar losses                                                       */
+/* ------------------------------------------------------------------ */
+
+static bool red_mean(const IrOp *op) { return strcmp(ir_attr_get_str(op, "reduction", "mean"), "mean") == 0; }
+
+/* cross_entropy reduced to a scalar: one block, a warp per row. */
+static void gen_ce_total(CuGen *g, const IrOp *op) {
+  const IrValue *x = op->args[0], *tg = op->args[1], *y = op->result;
+  const IrShape *ls = &x->type.shape;
+  int64_t V = ls->rank ? ls->dim[ls->rank - 1] : 1, n = numel(tg);
+  int64_t ii = ir_attr_get_int(op, "ignore_index", -100);
+  IrDType xt = x->type.dtype, dt = y->type.dtype;
+  bool d = xt == IR_DT_F64;
+  const char *ft = cu_reg_type(xt);
+  In xi = in_of(g, x, 0), ti = in_of(g, tg, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  g->block[0] = 1024, g->block[1] = 1, g->grid = 1;
+  g->how = cu_fmt(g, "cross_entropy total: one block, a warp for each of %lld rows of %lld", (long long)n, (long long)V);
+  cu_line(g, "__shared__ double tot[32];");
+  cu_line(g, "__shared__ long cnt[32];");
+  cu_line(g, "const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;");
+  cu_line(g, "double total = 0.0;");
+  cu_line(g, "long count = 0;");
+  cu_line(g, "for (long p = w; p < %lld; p += 32) {", (long long)n);
+  g->indent++;
+  cu_line(g, "const int t = %s;", elem_at(g, &ti, "p"));
+  cu_line(g, "if (t == %lld) continue; // ignored (the whole warp)", (long long)ii);
+  cu_line(g, "count++;");
+  const char *xv = elem_at(g, &xi, cu_fmt(g, "p * %lld + v", (long long)V));
+  cu_line(g, "%s m = %s;", ft, cu_lowest(g, xt));
+  cu_line(g, "for (long v = lane; v < %lld; v += 32) m = maximum(m, %s);", (long long)V, xv);
+  cu_line(g, "m = warp_max(m);");
+  cu_line(g, "%s z = %s;", ft, d ? "0.0" : "0.0f");
+  cu_line(g, "for (long v = lane; v < %lld; v += 32) z += %s;", (long long)V, cu_math1(g, "exp", xt, cu_fmt(g, "%s - m", xv)));
+  cu_line(g, "z = warp_sum(z);");
+  cu_line(g, "const %s lse = %s(m) < %s ? m + %s : m;", ft, d ? "fabs" : "fabsf", d ? "GRADC_INF_D" : "GRADC_INF",
+          cu_math1(g, "log", xt, "z"));
+  cu_line(g, "total += t < 0 || t >= %lld ? GRADC_NAN_D : (double)(lse - %s);", (long long)V,
+          elem_at(g, &xi, cu_fmt(g, "p * %lld + t", (long long)V)));
+  end_block(g);
+  cu_line(g, "if (lane == 0) {");
+  cu_line(g, "  tot[w] = total;");
+  cu_line(g, "  cnt[w] = count;");
+  cu_line(g, "}");
+  cu_line(g, "__syncthreads();");
+  cu_line(g, "if (threadIdx.x == 0) { // the warps' totals in a fixed order");
+  g->indent++;
+  cu_line(g, "double s = 0.0;");
+  cu_line(g, "long c = 0;");
+  cu_line(g, "for (int k = 0; k < 32; k++) {");
+  cu_line(g, "  s += tot[k];");
+  cu_line(g, "  c += cnt[k];");
+  cu_line(g, "}");
+  const char *r = red_mean(op) ? "s / (double)(c > 1 ? c : 1)" : "s";
+  cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[0]", yp), cu_convert(g, r, IR_DT_F64, dt));
+  end_block(g);
+}
+
+static void gen_mse_total(CuGen *g, const IrOp *op) {
+  const IrValue *a = op->args[0], *b = op->args[1], *y = op->result;
+  int64_t n = numel(a);
+  IrDType xt = a->type.dtype, dt = y->type.dtype;
+  const char *at = cu_acc_type(xt);
+  In ai = in_of(g, a, 0), bi = in_of(g, b, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  g->block[0] = 1024, g->block[1] = 1, g->grid = 1;
+  g->how = cu_fmt(g, "mse_loss total: one block over %lld elements", (long long)n);
+  cu_line(g, "__shared__ %s red_s[32];", at);
+  cu_line(g, "%s s = %s;", at, xt == IR_DT_F64 ? "0.0" : "0.0f");
+  cu_line(g, "for (long i = threadIdx.x; i < %lld; i += 1024) s += sq(%s - %s);", (long long)n,
+          elem_at(g, &ai, "i"), elem_at(g, &bi, "i"));
+  cu_line(g, "s = block_sum(s, red_s);");
+  cu_line(g, "if (threadIdx.x == 0) {");
+  g->indent++;
+  const char *r = red_mean(op) ? cu_fmt(g, "s / %s", cu_lit(g, xt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32, (double)n)) : "s";
+  cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[0]", yp),
+           cu_convert(g, r, xt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32, dt));
+  end_block(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* embedding_grad                                                      */
+/* ------------------------------------------------------------------ */
+
+static void gen_embedding_grad(CuGen *g, const IrOp *op) {
+  const IrValue *idx = op->args[0], *dy = op->args[1], *y = op->result;
+  const IrShape *o = &y->type.shape;
+  int64_t rows = o->dim[0], D = o->dim[1], n = numel(idx);
+  IrDType dt = y->type.dtype;
+  bool grad = y->storage == IR_STORE_GRAD;
+  In ii = in_of(g, idx, 0), di = in_of(g, dy, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  g->block[0] = 128, g->block[1] = 1, g->grid = (D + 127) / 128;
+  g->how = cu_fmt(g, "embedding_grad: a thread per column (%lld), walking the %lld positions in order", (long long)D,
+                  (long long)n);
+  cu_line(g, "const long j = (long)blockIdx.x * 128 + threadIdx.x;");
+  cu_line(g, "if (j >= %lld) return;", (long long)D);
+  if (!grad) {
+    cu_line(g, "for (long r = 0; r < %lld; r++) {", (long long)rows);
+    g->indent++;
+    cu_store(g, dt, false, cu_fmt(g, "%s[r * %lld + j]", yp, (long long)D), cu_lit(g, dt, 0));
+    end_block(g);
+  }
+  cu_line(g, "for (long p = 0; p < %lld; p++) {", (long long)n);
+  g->indent++;
+  cu_line(g, "const int t = %s;", elem_at(g, &ii, "p"));
+  cu_line(g, "if (t < 0 || t >= %lld) continue;", (long long)rows);
+  const char *v = elem_at(g, &di, cu_fmt(g, "p * %lld + j", (long long)D));
+  const char *lv = cu_fmt(g, "%s[(long)t * %lld + j]", yp, (long long)D);
+  if (grad)
+    cu_store(g, dt, true, lv, v);
+  else
+    cu_store(g, dt, false, lv, cu_round(g, dt, cu_fmt(g, "%s + %s", cu_load(g, dt, false, lv), v)));
+  end_block(g);
+}
+
+void cu_loop_kernel(CuGen *g, const IrOp *op) {
+  switch (op->opcode) {
+  case IR_OP_PERMUTE: gen_permute(g, op); break;
+  case IR_OP_SLICE: gen_slice(g, op); break;
+  case IR_OP_UNSLICE: gen_unslice(g, op); break;
+  case IR_OP_CONCAT: gen_concat(g, op); break;
+  case IR_OP_SUM:
+  case IR_OP_MEAN:
+  case IR_OP_MAX:
+  case IR_OP_LOGSUMEXP: gen_reduce(g, op); break;
+  case IR_OP_SOFTMAX:
+  case IR_OP_LOG_SOFTMAX: gen_softmax_axis(g, op); break;
+  case IR_OP_CROSS_ENTROPY: gen_ce_total(g, op); break;
+  case IR_OP_MSE_LOSS: gen_mse_total(g, op); break;
+  case IR_OP_EMBEDDING_GRAD: gen_embedding_grad(g, op); break;
+  case IR_OP_NEG:
+  case IR_OP_EXP:
+  case IR_OP_LOG:
+  case IR_OP_SQRT:
+  case IR_OP_RSQRT:
+  case IR_OP_TANH:
+  case IR_OP_SIGMOID:
+  case IR_OP_RELU:
+  case IR_OP_GELU:
+  case IR_OP_SILU:
+  case IR_OP_ABS:
+  case IR_OP_SIGN:
+  case IR_OP_POW:
+  case IR_OP_GELU_GRAD:
+  case IR_OP_CAST:
+  case IR_OP_DETACH:
+  case IR_OP_ADD:
+  case IR_OP_SUB:
+  case IR_OP_MUL:
+  case IR_OP_DIV:
+  case IR_OP_MAXIMUM:
+  case IR_OP_MINIMUM:
+  case IR_OP_EQ:
+  case IR_OP_NE:
+  case IR_OP_LT:
+  case IR_OP_LE:
+  case IR_OP_GT:
+  case IR_OP_GE:
+  case IR_OP_SELECT:
+  case IR_OP_CONST:
+  case IR_OP_RESHAPE:
+  case IR_OP_BROADCAST:
+  case IR_OP_MATMUL:
+  case IR_OP_LAYER_NORM:
+  case IR_OP_RMS_NORM:
+  case IR_OP_CAUSAL_MASK:
+  case IR_OP_EMBEDDING:
+  case IR_OP_ONE_HOT:
+  case IR_OP_WINDOW_SUM:
+  case IR_OP_GRAD_SEED:
+  case IR_OP_LOSS_TERM:
+  case IR_OP_ALL_REDUCE_START:
+  case IR_OP_ALL_REDUCE_WAIT:
+  case IR_OP_ALL_GATHER_START:
+  case IR_OP_ALL_GATHER_WAIT:
+  case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_REDUCE_SCATTER_WAIT:
+  case IR_OP_LOSS:
+  case IR_OP_GRAD: cu_error(g, "no loop-nest code for '%s'", ir_op_info[op->opcode].name); break;
+  }
+}
