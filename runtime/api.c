@@ -6,7 +6,8 @@
  * are the one place that decides which back end a target gets: "ref" is
  * the reference interpreter; "cpu" is the CPU back end (the fuse and
  * memplan passes, LLVM kernels, runtime/exec.c), or the interpreter in a
- * build without LLVM (CPU_BACKEND 0).
+ * build without LLVM (CPU_BACKEND 0); "cuda[:sm_XX]" the CUDA back end (the
+ * same passes, NVRTC kernels, runtime/cuda_exec.c).
  *
  * Errors never exit: user errors (a bad model, a missing tensor) return
  * GRADC_ERR_USER with the whole diagnostic text, clang style with the
@@ -22,6 +23,7 @@
  *         micro-batch shape, batched), loss names
  *   KOBJ  kernel object code, one section per kernel (from the back end's
  *         cpu_program_save_objects hook; none on the interpreter)
+ *   CUDA, CUBN, PTX   the CUDA target's compiled kernels (cuda_program_save)
  * Loading checks the container (magic, version, checksum), the gradc
  * version, and for the cpu target the host, then reads the IR back with
  * ir_read and the signature from SIG: no frontend, no passes. */
@@ -42,6 +44,13 @@
 #define CPU_BACKEND 1
 #else
 #define CPU_BACKEND 0
+#endif
+
+#ifdef GRADC_HAVE_CUDA
+#include "cuda.h"
+#define CUDA_TARGETS ", cuda[:sm_XX]"
+#else
+#define CUDA_TARGETS ""
 #endif
 
 #if CPU_BACKEND
@@ -135,6 +144,9 @@ void gradc_program_free(gradc_program *p) {
 #if CPU_BACKEND
   if (p->cpu) cpu_program_free(p->cpu);
 #endif
+#ifdef GRADC_HAVE_CUDA
+  cuda_program_free(p->cuda);
+#endif
   step_dp_free(&p->stepdp);
   comm_close(p->comm);
   if (p->fe)
@@ -153,12 +165,41 @@ void gradc_program_free(gradc_program *p) {
 
 static bool uses_cpu_backend(const char *target) { return CPU_BACKEND && strcmp(target, "cpu") == 0; }
 
+/* "cuda" or "cuda:sm_XX" in a build with the CUDA back end. */
+static bool uses_cuda_backend(const char *target) {
+#ifdef GRADC_HAVE_CUDA
+  char arch[32];
+  return target && cg_cuda_parse_target(target, arch, sizeof arch);
+#else
+  (void)target;
+  return false;
+#endif
+}
+
 static const char *const *backend_pipeline(const char *target, int *n) {
 #if CPU_BACKEND
   if (uses_cpu_backend(target)) return pass_pipeline_cpu(n);
 #endif
+  if (uses_cuda_backend(target)) return pass_pipeline_cpu(n); /* the same kernels and plan */
   return pass_pipeline(n);
 }
+
+#ifdef GRADC_HAVE_CUDA
+/* The CUDA back end: kernels generated and compiled with NVRTC (no device
+ * needed until a step runs), or taken from the artifact. */
+static gradc_status cuda_start(gradc_program *p, const ArtFile *art) {
+  char err[16384], dir[4096], arch[32];
+  cg_cuda_parse_target(p->target, arch, sizeof arch);
+  CudaOptions co = {arch, !p->no_cache && cache_dir(dir, sizeof dir) ? dir : NULL, p->threads, false};
+  if (art) {
+    p->cuda = cuda_program_load(p->func, art, &co, err, sizeof err);
+    return p->cuda ? GRADC_OK : api_fail(GRADC_ERR_USER, "gradc: error: artifact: %s", err);
+  }
+  if (!cg_nvrtc_load(err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  p->cuda = cuda_program_new(p->func, &co, err, sizeof err);
+  return p->cuda ? GRADC_OK : api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s", err);
+}
+#endif
 
 #if CPU_BACKEND
 static void cpu_options(const gradc_program *p, CpuOptions *co, char *dir, size_t n) {
@@ -170,6 +211,9 @@ static void cpu_options(const gradc_program *p, CpuOptions *co, char *dir, size_
 /* Get the back end ready to run p->func; art: the artifact it came from
  * (kernel objects), or NULL. */
 static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
+#ifdef GRADC_HAVE_CUDA
+  if (uses_cuda_backend(p->target)) return cuda_start(p, art);
+#endif
   if (!uses_cpu_backend(p->target)) return GRADC_OK;
 #if CPU_BACKEND
   char err[2048], dir[4096];
@@ -212,6 +256,11 @@ bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs
     ok = cpu_step_run(p->cpu, p->gas, params, "params", inputs, "inputs", r, err, errlen);
   else
 #endif
+#ifdef GRADC_HAVE_CUDA
+  if (p->cuda)
+    ok = cuda_step_run(p->cuda, p->gas, params, "params", inputs, "inputs", r, err, errlen);
+  else
+#endif
   {
     InterpOptions io = {0};
     ok = step_run_ref(p->func, p->gas, params, "params", inputs, "inputs", &io, r, err, errlen);
@@ -235,8 +284,9 @@ void gradc_compile_options_init(gradc_compile_options *o) {
 
 static gradc_status check_options(const gradc_compile_options *o) {
   if (o->gas < 1) return api_fail(GRADC_ERR_USER, "gradc: error: gas must be at least 1 (got %d)", o->gas);
-  if (o->target && strcmp(o->target, "cpu") != 0 && strcmp(o->target, "ref") != 0)
-    return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: cpu, ref)", o->target);
+  if (o->target && strcmp(o->target, "cpu") != 0 && strcmp(o->target, "ref") != 0 && !uses_cuda_backend(o->target))
+    return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: cpu, ref" CUDA_TARGETS ")",
+                    o->target);
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
   if (o->dp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: dp must be at least 1 (got %d)", o->dp);
 #ifndef GRADC_HAVE_MPI
@@ -516,6 +566,10 @@ gradc_status gradc_program_save(const gradc_program *p, const char *path) {
   if (p->cpu && cpu_program_save_objects && !cpu_program_save_objects(p->cpu, &a, err, sizeof err))
     st = api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s: %s", path, err);
 #endif
+#ifdef GRADC_HAVE_CUDA
+  if (p->cuda && !cuda_program_save(p->cuda, &a, err, sizeof err))
+    st = api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s: %s", path, err);
+#endif
   if (!st && !art_write(path, &a, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   art_free(&a);
   return st;
@@ -581,7 +635,8 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   const char *model = m ? json_str(m, "model") : NULL, *sname = m ? json_str(m, "source_name") : NULL;
   const cJSON *defs = m ? cJSON_GetObjectItemCaseSensitive(m, "defs") : NULL;
   if (!ver || !host || !target || !model || !sname || !cJSON_IsArray(defs) || !json_int(m, "gas", 1, 1 << 20, &gas) ||
-      !json_int(m, "threads", 0, 1 << 20, &threads) || (strcmp(target, "cpu") != 0 && strcmp(target, "ref") != 0))
+      !json_int(m, "threads", 0, 1 << 20, &threads) ||
+      (strcmp(target, "cpu") != 0 && strcmp(target, "ref") != 0 && !uses_cuda_backend(target)))
     goto done;
   if (strcmp(ver, GRADC_VERSION) != 0) {
     snprintf(err, errlen, "%s: artifact was built by gradc %s; this is gradc %s (recompile the model)", path, ver,

@@ -46,6 +46,7 @@ struct gradc_program {
   IrFunc *func;
   char *ir_text;           /* the printed function, as saved in artifacts (malloc'd) */
   struct CpuProgram *cpu;  /* the CPU back end's program, NULL on the interpreter */
+  struct CudaProgram *cuda; /* the CUDA back end's program (target "cuda[:sm_XX]"), or NULL */
   /* Data parallelism (comm.h): dp ranks; the comm layout is opened by the
    * first session or run (api_dist_start), not at compile time. */
   int dp;

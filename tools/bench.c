@@ -35,9 +35,13 @@
 #include "runtime/gemm_floor.h"
 #include "runtime/runtime.h"
 #include "tools/bench.h"
+#ifdef GRADC_HAVE_CUDA
+#include "runtime/cuda.h"
+#endif
 
 const char bench_help[] =
-    "gradc bench MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref] [--threads N] [--steps N]\n"
+    "gradc bench MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--allow-tf32]\n"
+    "            [--threads N] [--steps N]\n"
     "            [--warmup N] [--seed S] [--no-cache] [--json] [--print-gemms]\n"
     "  Compile a model and time forward+backward windows on random inputs and params (after\n"
     "  --warmup windows, default 2; --steps timed windows, default 10).  Prints `name: value`\n"
@@ -54,6 +58,8 @@ typedef struct BenchArgs {
   int ndefs;
   int gas;
   bool ref; /* --target ref */
+  const char *cuda; /* --target cuda[:sm_XX]: the target, else NULL */
+  bool allow_tf32;  /* --allow-tf32 (CUDA f32 GEMMs) */
   int threads;
   int steps, warmup;
   uint64_t seed;
@@ -72,6 +78,9 @@ typedef struct Compiled {
   SrcFile src;
   FeModel *model;
   CpuProgram *prog; /* NULL on ref */
+#ifdef GRADC_HAVE_CUDA
+  CudaProgram *cuda; /* --target cuda */
+#endif
 } Compiled;
 
 static int usage(const char *fmt, const char *arg) {
@@ -137,8 +146,15 @@ static int parse_args(int argc, char **argv, BenchArgs *a) {
       if (!parse_int(v, 0, INT64_MAX, &x)) return usage("--seed expects a non-negative integer, got '%s'", v);
       a->seed = (uint64_t)x;
     } else if ((v = flag(argc, argv, &i, "--target", &missing))) {
+      char arch[32];
       if (strcmp(v, "ref") == 0) a->ref = true;
-      else if (strcmp(v, "cpu") != 0) return usage("unsupported --target '%s' (bench has: cpu, ref)", v);
+#ifdef GRADC_HAVE_CUDA
+      else if (cg_cuda_parse_target(v, arch, sizeof arch)) a->cuda = v;
+#endif
+      else if (strcmp(v, "cpu") != 0) return usage("unsupported --target '%s' (bench has: cpu, ref, cuda)", v);
+      (void)arch;
+    } else if (strcmp(arg, "--allow-tf32") == 0) {
+      a->allow_tf32 = true;
     } else if (strcmp(arg, "--json") == 0) {
       a->json = true;
     } else if (strcmp(arg, "--no-cache") == 0) {
@@ -156,11 +172,21 @@ static int parse_args(int argc, char **argv, BenchArgs *a) {
     }
   }
   if (!a->input) return usage("bench needs a model file%s", "");
+#ifdef GRADC_HAVE_CUDA
+  char err[512];
+  if (a->cuda && !cuda_device_available(err, sizeof err)) {
+    fprintf(stderr, "gradc: error: %s\n", err);
+    return 1;
+  }
+#endif
   return 0;
 }
 
 static void unload(Compiled *c) {
   cpu_program_free(c->prog);
+#ifdef GRADC_HAVE_CUDA
+  cuda_program_free(c->cuda);
+#endif
   fe_model_free(c->model);
   free(c->text);
   memset(c, 0, sizeof *c);
@@ -190,6 +216,20 @@ static int compile(const BenchArgs *a, const char *cache, Diag *d, Compiled *c, 
   PassOptions po = {.gas = a->gas, .diag = d, .src = &c->src};
   int rc = pm_run(&pm, c->model->func, pipe, n, &po);
   if (rc) return rc;
+#ifdef GRADC_HAVE_CUDA
+  if (a->cuda) {
+    char msg[16384], arch[32];
+    cg_cuda_parse_target(a->cuda, arch, sizeof arch);
+    CudaOptions co = {arch, cache, a->threads, a->allow_tf32};
+    c->cuda = cuda_program_new(c->model->func, &co, msg, sizeof msg);
+    if (!c->cuda) {
+      diag_plain(d, DIAG_ERROR, "%s: %s", a->input, msg);
+      return 2;
+    }
+    *ms = rt_now_ms() - t0;
+    return 0;
+  }
+#endif
   if (!a->ref) {
     char msg[1024];
     CpuOptions co = {.threads = a->threads, .cache_dir = cache};
@@ -222,10 +262,16 @@ static int run_steps(const BenchArgs *a, Compiled *c, const StFile *params, cons
   for (int s = -a->warmup; s < a->steps; s++) {
     StepResult r;
     double t0 = rt_now_ms();
-    bool ok = a->ref ? step_run_ref(c->model->func, a->gas, params, "random params", inputs, "random inputs", &io,
-                                    &r, err, sizeof err)
-                     : cpu_step_run(c->prog, a->gas, params, "random params", inputs, "random inputs", &r, err,
-                                    sizeof err);
+    bool ok;
+#ifdef GRADC_HAVE_CUDA
+    if (c->cuda)
+      ok = cuda_step_run(c->cuda, a->gas, params, "random params", inputs, "random inputs", &r, err, sizeof err);
+    else
+#endif
+      ok = a->ref ? step_run_ref(c->model->func, a->gas, params, "random params", inputs, "random inputs", &io, &r,
+                                 err, sizeof err)
+                  : cpu_step_run(c->prog, a->gas, params, "random params", inputs, "random inputs", &r, err,
+                                 sizeof err);
     double t1 = rt_now_ms();
     if (!ok) {
       diag_plain(d, DIAG_ERROR, "%s", err);
@@ -350,14 +396,21 @@ static int bench(const BenchArgs *a, Diag *d) {
     int reps = a->steps < 3 ? 3 : a->steps;
     double *fms = calloc((size_t)reps, sizeof(double));
     if (!fms) abort();
-    rt_gemm_floor(g, ng, a->gas, a->threads, 1, reps, fms);
+#ifdef GRADC_HAVE_CUDA
+    char ferr[1024];
+    if (c.cuda && !cuda_gemm_floor(c.cuda, a->gas, reps, fms, ferr, sizeof ferr)) {
+      diag_plain(d, DIAG_ERROR, "%s", ferr);
+      rc = 1;
+    } else if (!c.cuda)
+#endif
+      rt_gemm_floor(g, ng, a->gas, a->threads, 1, reps, fms);
     fig.gemm_floor_ms = ng ? median(fms, reps) : 0;
     free(fms);
     rt_gemm_list_free(g, ng);
 
     count_launches(f, a->gas, a->ref, &fig);
     fig.peak_bytes = f->arena_size;
-    print_figures(&fig, a->json);
+    if (!rc) print_figures(&fig, a->json);
   }
   free(ms);
   st_free(&params);

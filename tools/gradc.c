@@ -25,6 +25,9 @@
 #include "runtime/runtime.h"
 #include "bench.h"
 #include "tools.h"
+#ifdef GRADC_HAVE_CUDA
+#include "runtime/cuda.h"
+#endif
 
 typedef struct Args {
   const char *cmd;
@@ -45,6 +48,9 @@ typedef struct Args {
   bool verify;
   int threads;   /* --threads N, 0 = one per core */
   int no_cache;  /* --no-cache */
+  bool print_kernels;      /* --print-kernels: the CUDA kernels' source to stderr */
+  const char *kernels_dir; /* --kernels-dir DIR: one .cu file per kernel */
+  bool allow_tf32;         /* --allow-tf32: f32 GEMMs on CUDA may use TF32 */
   const char *params, *inputs, *grads_out;
   uint64_t seed;
 } Args;
@@ -61,12 +67,16 @@ static int usage_error(const char *fmt, const char *arg) {
 static const char *help_text[][2] = {
     {"check", "gradc check MODEL.gdl [-D N=V]...\n"
               "  Parse, type- and shape-check a model.  Prints nothing on success.\n"},
-    {"compile", "gradc compile MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref]\n"
+    {"compile", "gradc compile MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]]\n"
                 "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
                 "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache] [--dp N]\n"
+                "              [--print-kernels] [--kernels-dir DIR]\n"
                 "  Lower, differentiate and optimise a model for the target (cpu: fused kernels compiled\n"
-                "  with LLVM; ref: the reference interpreter).  Without -o the final IR goes to stdout;\n"
-                "  -o writes an artifact that run and train load without compiling.\n"},
+                "  with LLVM; ref: the reference interpreter; cuda: CUDA C kernels compiled with NVRTC for\n"
+                "  sm_XX, by default the present GPU's, else sm_80; no GPU is needed to compile).  Without\n"
+                "  -o the final IR goes to stdout; -o writes an artifact that run and train load without\n"
+                "  compiling.  --print-kernels writes the CUDA source to stderr, --kernels-dir one .cu file\n"
+                "  per kernel.\n"},
     {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
             "  Read IR text, run passes, print IR text to stdout.\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
@@ -75,7 +85,8 @@ static const char *help_text[][2] = {
              "  Write one window of random inputs: floats ~ N(0,1), integers in [0, the size of the\n"
              "  axis they index).\n"},
     {"data", data_text_help},
-    {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref] [--threads N] [--dp N]\n"
+    {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--threads N]\n"
+            "          [--dp N] [--allow-tf32]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
             "  writes one gradient per param.  --dp N runs it on N data-parallel processes\n"
@@ -151,6 +162,35 @@ static const char *join_list(const char *old, const char *add) {
   return b;
 }
 
+#ifdef GRADC_HAVE_CUDA
+#define CUDA_TARGETS ", cuda, cuda:sm_XX"
+#else
+#define CUDA_TARGETS ""
+#endif
+
+/* cuda or cuda:sm_XX, in a build with the CUDA back end. */
+static bool cuda_target(const char *t) {
+#ifdef GRADC_HAVE_CUDA
+  char arch[32];
+  return t && cg_cuda_parse_target(t, arch, sizeof arch);
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+/* Running on CUDA needs a device ("gradc: error: no CUDA device"). */
+static int need_device(void) {
+#ifdef GRADC_HAVE_CUDA
+  char err[512];
+  if (!cuda_device_available(err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    return 1;
+  }
+#endif
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
   a->gas = 1;
@@ -207,6 +247,12 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->threads = (int)t;
     } else if (strcmp(arg, "--no-cache") == 0) {
       a->no_cache = 1;
+    } else if (strcmp(arg, "--print-kernels") == 0) {
+      a->print_kernels = true;
+    } else if (FLAG("--kernels-dir")) {
+      a->kernels_dir = v;
+    } else if (strcmp(arg, "--allow-tf32") == 0) {
+      a->allow_tf32 = true;
     } else if (strcmp(arg, "--time-passes") == 0) {
       a->time_passes = true;
     } else if (strcmp(arg, "--verify") == 0) {
@@ -220,8 +266,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     }
 #undef FLAG
   }
-  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0)
-    return usage_error("unsupported --target '%s' (this build has: cpu, ref)", a->target);
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cuda_target(a->target))
+    return usage_error("unsupported --target '%s' (this build has: cpu, ref" CUDA_TARGETS ")", a->target);
   if (!check_pass_list("--print-ir-after", a->print_after) || !check_pass_list("--print-ir-before", a->print_before))
     return 1;
   return 0;
@@ -359,11 +405,38 @@ static int open_program(const Args *a, gradc_program **out) {
   return st ? api_error(st) : 0;
 }
 
+/* --print-kernels and --kernels-dir: the CUDA target's kernels. */
+static int write_kernels(const Args *a, const gradc_program *p) {
+#ifdef GRADC_HAVE_CUDA
+  if (p->cuda) {
+    const CuModule *m = cuda_program_module(p->cuda);
+    if (a->print_kernels) {
+      StrBuf sb;
+      sb_init(&sb);
+      cg_cuda_print(m, &sb);
+      fputs(sb_str(&sb), stderr);
+      sb_free(&sb);
+    }
+    char err[1024];
+    if (a->kernels_dir && !cg_cuda_write_dir(m, a->kernels_dir, err, sizeof err)) {
+      diag_plain(&diag, DIAG_ERROR, "%s", err);
+      return 1;
+    }
+    return 0;
+  }
+#endif
+  (void)p;
+  diag_plain(&diag, DIAG_ERROR, "%s shows CUDA kernels: compile with --target cuda or cuda:sm_XX",
+             a->print_kernels ? "--print-kernels" : "--kernels-dir");
+  return 1;
+}
+
 static int cmd_compile(const Args *a) {
   gradc_program *p;
   int rc = open_program(a, &p);
   if (rc) return rc;
-  if (a->dot) rc = write_dot(a->dot, p->func);
+  if (a->print_kernels || a->kernels_dir) rc = write_kernels(a, p);
+  if (a->dot && !rc) rc = write_dot(a->dot, p->func);
   if (!rc) {
     if (a->output) {
       gradc_status st = gradc_program_save(p, a->output);
@@ -484,9 +557,13 @@ static int write_grads(const char *path, const StepResult *r) {
 static int cmd_run(const Args *a) {
   if (!a->params) return usage_error("run needs --params PARAMS.safetensors%s", "");
   if (!a->inputs) return usage_error("run needs --inputs BATCH.safetensors%s", "");
+  if (cuda_target(a->target) && need_device()) return 1;
   gradc_program *p;
   int rc = open_program(a, &p);
   if (rc) return rc;
+#ifdef GRADC_HAVE_CUDA
+  if (p->cuda) cuda_program_allow_tf32(p->cuda, a->allow_tf32);
+#endif
   /* mpirun -np N needs --dp N (else every rank would compute the whole window). */
   int launched = comm_launch_size();
   if (launched > 1 && p->dp != launched) {

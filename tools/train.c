@@ -44,9 +44,26 @@
 #include "runtime/runtime.h"
 #include "support/support.h"
 #include "tools.h"
+#ifdef GRADC_HAVE_CUDA
+#include "runtime/cuda.h"
+#define CUDA_TARGETS ", cuda, cuda:sm_XX"
+#else
+#define CUDA_TARGETS ""
+#endif
+
+/* --target cuda or cuda:sm_XX, in a build with the CUDA back end. */
+static bool cuda_target(const char *t) {
+#ifdef GRADC_HAVE_CUDA
+  char arch[32];
+  return t && cg_cuda_parse_target(t, arch, sizeof arch);
+#else
+  (void)t;
+  return false;
+#endif
+}
 
 const char train_help[] =
-    "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref]\n"
+    "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref|cuda]\n"
     "            [--optimizer sgd|adamw] [--lr X] [--momentum M] [--dampening D] [--nesterov]\n"
     "            [--beta1 B] [--beta2 B] [--eps E] [--weight-decay W] [--clip C]\n"
     "            [--warmup N] [--cosine] [--min-lr X] [--seed S] [--init PARAMS.safetensors]\n"
@@ -448,8 +465,12 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   }
   if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
   if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
-  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0)
-    return error(1, "unsupported --target '%s' (this build has: cpu, ref)", a->target);
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cuda_target(a->target))
+    return error(1, "unsupported --target '%s' (this build has: cpu, ref" CUDA_TARGETS ")", a->target);
+#ifdef GRADC_HAVE_CUDA
+  char derr[512];
+  if (cuda_target(a->target) && !cuda_device_available(derr, sizeof derr)) return error(1, "%s", derr);
+#endif
   bool sgd = a->kind == GRADC_SGD;
   if (!sgd && (a->momentum_set || a->dampening_set || a->nesterov))
     return error(1, "--momentum, --dampening and --nesterov are options of --optimizer sgd");
