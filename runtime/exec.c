@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../codegen/codegen.h"
 #include "artifact.h"
@@ -213,7 +214,22 @@ struct CpuProgram {
   GradBuf *grads;
   int ngrads;
   CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
+  size_t arena_bytes;
 };
+
+/* The arena: fresh zero pages from the system, touched only when a step
+ * first writes them (zeroing it up front cost a large model tens of
+ * milliseconds of start-up and all its resident memory at once). */
+static char *arena_map(int64_t size, size_t *bytes) {
+  *bytes = (size_t)((size + 4095) / 4096 * 4096);
+  if (*bytes == 0) *bytes = 4096;
+  void *m = mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return m == MAP_FAILED ? NULL : m;
+}
+
+static void arena_unmap(char *arena, size_t bytes) {
+  if (arena) munmap(arena, bytes);
+}
 
 static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; }
 
@@ -560,7 +576,7 @@ void cpu_program_free(CpuProgram *p) {
   free(p->code);
   free(p->grads);
   cg_views_free(&p->views);
-  free(p->arena);
+  arena_unmap(p->arena, p->arena_bytes);
   pool_free(p->pool);
 #ifdef GRADC_HAVE_LLVM
   if (p->cg) cg_module_free(p->cg);
@@ -723,12 +739,11 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     }
   }
 
-  p->arena = aligned_alloc(64, (size_t)((f->arena_size + 64) / 64 * 64));
+  p->arena = arena_map(f->arena_size, &p->arena_bytes);
   if (!p->arena) {
     fail(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
     goto error;
   }
-  memset(p->arena, 0, (size_t)f->arena_size);
   store_consts(p);
   p->pool = pool_new(p->threads);
   return p;
