@@ -287,14 +287,15 @@ static int run_steps(const BenchArgs *a, Compiled *c, const StFile *params, cons
 }
 
 /* One line per GEMM, as bench/gemm_lib.c reads them:
- * `gemm M N K BATCH TA TB BETA  # op at file:line:col`. */
+ * `gemm M N K BATCH TA TB BETA [f64]  # file:line:col` (the matmul's source). */
 static void print_gemms(const RtGemm *g, int n) {
   for (int i = 0; i < n; i++) {
-    fprintf(stderr, "gemm %lld %lld %lld %lld %c %c %d", (long long)g[i].M, (long long)g[i].N, (long long)g[i].K,
-            (long long)g[i].nb, g[i].ta ? 'T' : 'N', g[i].tb ? 'T' : 'N', g[i].accumulate ? 1 : 0);
+    fprintf(stderr, "gemm %lld %lld %lld %lld %c %c %d%s", (long long)g[i].M, (long long)g[i].N, (long long)g[i].K,
+            (long long)g[i].nb, g[i].ta ? 'T' : 'N', g[i].tb ? 'T' : 'N', g[i].accumulate ? 1 : 0,
+            g[i].dbl ? " f64" : "");
     if (g[i].op->loc.file)
       fprintf(stderr, "  # %s:%d:%d", g[i].op->loc.file, g[i].op->loc.line, g[i].op->loc.col);
-    fprintf(stderr, "%s\n", g[i].dbl ? " f64" : "");
+    fputc('\n', stderr);
   }
 }
 
