@@ -505,7 +505,7 @@ bool cg_cuda_compile(CuModule *m, const CuCompileOptions *o, char *err, size_t e
     if (!src[c]) abort();
   }
   if (o->cache_dir) {
-    if (!cg_nvrtc_version(ver, sizeof ver, err, errlen)) {
+    if (!cg_nvrtc_version_cached(o->cache_dir, ver, sizeof ver, err, errlen)) {
       good = false;
       goto done;
     }

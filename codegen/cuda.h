@@ -134,6 +134,9 @@ uint64_t cg_cuda_source_hash(const CuModule *m);
 bool cg_nvrtc_load(char *err, size_t errlen);
 /* "nvrtc 13.0": the loaded NVRTC's version (loads it). */
 bool cg_nvrtc_version(char *buf, size_t n, char *err, size_t errlen);
+/* The same, when a cache directory is given without loading NVRTC if the
+ * file loaded last time is unchanged (a small cache entry remembers it). */
+bool cg_nvrtc_version_cached(const char *cache_dir, char *buf, size_t n, char *err, size_t errlen);
 /* Whether NVRTC can compile for arch ("sm_90"); the supported ones in
  * `have` (e.g. "sm_75 sm_80 ..."). */
 bool cg_nvrtc_supports(const char *arch, char *have, size_t n);

@@ -6,12 +6,21 @@
  * Search order: $GRADC_NVRTC (a path), libnvrtc.so.13, .12, .11.2 and
  * libnvrtc.so through the dynamic linker's path, then the toolkit's
  * directory found at configure time (GRADC_CUDA_LIBDIR) and
- * /usr/local/cuda/lib64. */
+ * /usr/local/cuda/lib64.
+ *
+ * A warm compile finds every program in the cache, whose keys hold the
+ * NVRTC version: cg_nvrtc_version_cached then reads the version from a
+ * small cache entry naming the library file that was loaded last (its
+ * path, size, modification time and inode, under the search's inputs:
+ * $GRADC_NVRTC, $LD_LIBRARY_PATH), so that such a compile does not load
+ * NVRTC at all (dlopen of its 100 MB costs ~20 ms). */
+#define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cuda.h"
 
@@ -106,6 +115,49 @@ bool cg_nvrtc_version(char *buf, size_t n, char *err, size_t errlen) {
     return false;
   }
   snprintf(buf, n, "nvrtc %d.%d", major, minor);
+  return true;
+}
+
+/* The identity of an NVRTC file: "path size mtime inode". */
+static bool file_id(const char *path, char *buf, size_t n) {
+  struct stat st;
+  if (stat(path, &st) != 0) return false;
+  snprintf(buf, n, "%s %lld %lld %llu", path, (long long)st.st_size, (long long)st.st_mtime,
+           (unsigned long long)st.st_ino);
+  return true;
+}
+
+bool cg_nvrtc_version_cached(const char *cache_dir, char *buf, size_t n, char *err, size_t errlen) {
+  const char *env = getenv("GRADC_NVRTC"), *ldp = getenv("LD_LIBRARY_PATH");
+  char in[8192];
+  snprintf(in, sizeof in, "nvrtc-id 1\n%s\n%s\n", env ? env : "", ldp ? ldp : "");
+  uint64_t key = hash_str(in);
+  size_t len = 0;
+  char *e = cache_dir ? cache_get(cache_dir, "nvrtc-id", key, &len) : NULL;
+  if (e) {
+    /* "ID\nVERSION" */
+    char *nl = memchr(e, '\n', len), id[4200];
+    if (nl && (size_t)(nl - e) < 4096) {
+      *nl = 0;
+      char path[4096];
+      const char *sp = strchr(e, ' ');
+      snprintf(path, sizeof path, "%.*s", sp ? (int)(sp - e) : 0, e);
+      if (sp && file_id(path, id, sizeof id) && strcmp(id, e) == 0 && len - (size_t)(nl + 1 - e) < n) {
+        snprintf(buf, n, "%.*s", (int)(len - (size_t)(nl + 1 - e)), nl + 1);
+        free(e);
+        return true;
+      }
+    }
+    free(e);
+  }
+  if (!cg_nvrtc_version(buf, n, err, errlen)) return false;
+  Dl_info info;
+  char id[4200];
+  if (cache_dir && dladdr((void *)nv.Version, &info) && info.dli_fname && file_id(info.dli_fname, id, sizeof id)) {
+    char entry[4400];
+    int m = snprintf(entry, sizeof entry, "%s\n%s", id, buf);
+    if (m > 0 && (size_t)m < sizeof entry) cache_put(cache_dir, "nvrtc-id", key, entry, (size_t)m);
+  }
   return true;
 }
 

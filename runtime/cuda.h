@@ -45,7 +45,9 @@ const CuModule *cuda_program_module(const CudaProgram *p);
 /* Let f32 GEMMs use TF32 (--allow-tf32); before the first step. */
 void cuda_program_allow_tf32(CudaProgram *p, bool on);
 /* Run one window on the device, with step_run_ref's checks, errors and
- * results; "no CUDA device" without one. */
+ * results; "no CUDA device" without one.  With $GRADC_CUDA_TIMING set, a
+ * line on stderr gives the time of the micro-batches' launches on the
+ * device (without the copies of params, inputs and gradients). */
 bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *params_path, const StFile *inputs,
                    const char *inputs_path, StepResult *out, char *err, size_t errlen);
 /* Time the window's GEMMs alone (gemm_floor_ms of `gradc bench`): gas

@@ -532,11 +532,16 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
     ok = cuda_check(p->d->MemsetD8(p->arena + (CUdeviceptr)p->grads[i].offset, 0,
                                    (size_t)p->grads[i].numel * ir_dtype_size(p->grads[i].dt)),
                     "clearing gradients", err, errlen);
+  double t0 = rt_now_ms(), dev = 0;
   ok = ok && copy_args(p, bound, -1, err, errlen) && window_sums(p, gas, bound, err, errlen);
-  for (int k = 0; ok && k < gas; k++)
-    ok = copy_args(p, bound, k, err, errlen) && run_micro_batch(p, err, errlen) &&
-         cuda_check(p->d->StreamSynchronize(p->stream), "running the step", err, errlen) &&
-         read_losses(p, &r, err, errlen);
+  for (int k = 0; ok && k < gas; k++) {
+    ok = copy_args(p, bound, k, err, errlen);
+    double t1 = rt_now_ms();
+    ok = ok && run_micro_batch(p, err, errlen) &&
+         cuda_check(p->d->StreamSynchronize(p->stream), "running the step", err, errlen);
+    dev += rt_now_ms() - t1;
+    ok = ok && read_losses(p, &r, err, errlen);
+  }
   for (int i = 0; ok && i < p->ngrads; i++) {
     const GradBuf *g = &p->grads[i];
     int slot = -1;
@@ -547,9 +552,16 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
     char *buf = xcalloc((size_t)g->numel, es);
     ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)g->offset, (size_t)g->numel * es),
                     "reading gradients", err, errlen);
-    for (int64_t e = 0; ok && e < g->numel; e++) r.grads[slot][e] = get(buf, g->dt, e);
+    double *dst = r.grads[slot];
+    if (ok && g->dt == IR_DT_F32)
+      for (int64_t e = 0; e < g->numel; e++) dst[e] = ((const float *)buf)[e];
+    else
+      for (int64_t e = 0; ok && e < g->numel; e++) dst[e] = get(buf, g->dt, e);
     free(buf);
   }
+  if (ok && getenv("GRADC_CUDA_TIMING"))
+    fprintf(stderr, "gradc: cuda: window of %d micro-batches: device %.3f ms, window %.3f ms\n", gas, dev,
+            rt_now_ms() - t0);
   free(bound);
   if (!ok) {
     step_result_free(&r);
