@@ -35,9 +35,12 @@
  * contiguous range that only feeds a gradient (w[l]'s: memplan has its
  * operand accumulate straight into that range of the gradient buffer).
  *
- * One rewrite comes first: cross_entropy with reduction="sum" becomes a
- * per-row cross_entropy (reduction="none") and a sum, so that the rows can
- * run in parallel in a kernel shared with the backward. */
+ * Rewrites come first: a batched weight gradient becomes one GEMM over
+ * all rows; a sum of unslices tiling one axis becomes a concat; a
+ * reduction over the last axis and others becomes a row reduction and a
+ * small one; cross_entropy with reduction="sum" becomes a per-row
+ * cross_entropy (reduction="none") and a sum, so that the rows can run in
+ * parallel in a kernel shared with the backward. */
 #include <stdlib.h>
 #include <string.h>
 
