@@ -5,8 +5,8 @@
  * coalesced), reductions over leading axes (a thread per output column
  * and a block's rows splitting the reduced positions, or a block per
  * output), softmax over a leading axis (a thread per row of the axis),
- * embedding_grad (a thread per column walking the positions in order, so
- * the sums do not depend on scheduling) and cross_entropy / mse_loss
+ * embedding_grad (a thread per column and group of rows walking the
+ * positions in order, so the sums do not depend on scheduling) and cross_entropy / mse_loss
  * reduced to a scalar (one block).  Every output element is written by
  * exactly one thread, accumulated into gradient buffers; sums combine in a
  * fixed order.  Semantics follow runtime/interp.c. */
@@ -542,21 +542,33 @@ static void gen_mse_total(CuGen *g, const IrOp *op) {
 /* embedding_grad                                                      */
 /* ------------------------------------------------------------------ */
 
+/* Rows of the result are dealt to EMB_GROUPS groups (row t to group t %
+ * EMB_GROUPS); the thread of column j and group q walks every position in
+ * order and adds those whose row is in its group: each element is summed
+ * by one thread in position order (no atomics, the same result every
+ * run), and D x EMB_GROUPS threads share the work. */
+#define EMB_GROUPS 64
+
 static void gen_embedding_grad(CuGen *g, const IrOp *op) {
   const IrValue *idx = op->args[0], *dy = op->args[1], *y = op->result;
   const IrShape *o = &y->type.shape;
   int64_t rows = o->dim[0], D = o->dim[1], n = numel(idx);
+  int64_t groups = rows < EMB_GROUPS ? (rows > 0 ? rows : 1) : EMB_GROUPS;
+  int64_t gy = (groups + 7) / 8; /* blocks of 8 groups per column block */
   IrDType dt = y->type.dtype;
   bool grad = y->storage == IR_STORE_GRAD;
   In ii = in_of(g, idx, 0), di = in_of(g, dy, 0);
   const char *yp = cu_param(g, y, 0, true);
-  g->block[0] = 128, g->block[1] = 1, g->grid = (D + 127) / 128;
-  g->how = cu_fmt(g, "embedding_grad: a thread per column (%lld), walking the %lld positions in order", (long long)D,
-                  (long long)n);
-  cu_line(g, "const long j = (long)blockIdx.x * 128 + threadIdx.x;");
-  cu_line(g, "if (j >= %lld) return;", (long long)D);
+  g->block[0] = 32, g->block[1] = 8, g->grid = (D + 31) / 32 * gy;
+  g->how = cu_fmt(g, "embedding_grad: a thread per column (%lld) and group of rows (%lld groups), walking the %lld "
+                     "positions in order",
+                  (long long)D, (long long)groups, (long long)n);
+  cu_line(g, "const long j = (long)(blockIdx.x / %lld) * 32 + threadIdx.x;", (long long)gy);
+  cu_line(g, "const int q = (int)(blockIdx.x %% %lld) * 8 + threadIdx.y; // rows t with t %% %lld == q",
+          (long long)gy, (long long)groups);
+  cu_line(g, "if (j >= %lld || q >= %lld) return;", (long long)D, (long long)groups);
   if (!grad) {
-    cu_line(g, "for (long r = 0; r < %lld; r++) {", (long long)rows);
+    cu_line(g, "for (long r = q; r < %lld; r += %lld) {", (long long)rows, (long long)groups);
     g->indent++;
     cu_store(g, dt, false, cu_fmt(g, "%s[r * %lld + j]", yp, (long long)D), cu_lit(g, dt, 0));
     end_block(g);
@@ -564,7 +576,7 @@ static void gen_embedding_grad(CuGen *g, const IrOp *op) {
   cu_line(g, "for (long p = 0; p < %lld; p++) {", (long long)n);
   g->indent++;
   cu_line(g, "const int t = %s;", elem_at(g, &ii, "p"));
-  cu_line(g, "if (t < 0 || t >= %lld) continue;", (long long)rows);
+  cu_line(g, "if (t < 0 || t >= %lld || t %% %lld != q) continue;", (long long)rows, (long long)groups);
   const char *v = elem_at(g, &di, cu_fmt(g, "p * %lld + j", (long long)D));
   const char *lv = cu_fmt(g, "%s[(long)t * %lld + j]", yp, (long long)D);
   if (grad)

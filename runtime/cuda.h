@@ -35,6 +35,10 @@ typedef struct CudaProgram CudaProgram;
  * (fuse, memplan); no device is needed until the first step.  NULL with a
  * message in err (no NVRTC, a kernel NVRTC rejects: internal errors). */
 CudaProgram *cuda_program_new(IrFunc *f, const CudaOptions *o, char *err, size_t errlen);
+/* The kernels generated and every op checked (what each runs as, each
+ * GEMM's cuBLASLt description), without NVRTC: cuda_program_new's first
+ * half, for tests. */
+CudaProgram *cuda_program_plan(IrFunc *f, const CudaOptions *o, char *err, size_t errlen);
 /* The same from an artifact's compiled images (no NVRTC). */
 CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o, char *err, size_t errlen);
 /* Append the compiled images to an artifact: one "CUDA" section (JSON:
@@ -119,14 +123,45 @@ bool cuda_check(CUresult r, const char *what, char *err, size_t errlen);
 /* ------------------------------------------------------------------ */
 /* cuda_blas.c                                                         */
 /* ------------------------------------------------------------------ */
-/* One matmul op (a gemm_floor.h RtGemm) planned for cuBLASLt: row-major
- * C (+)= op(A) op(B), nb times (strided, or one call per batch when the
- * broadcast batch offsets are not a progression). */
+/* One matmul op planned for cuBLASLt, as the CPU executor plans it
+ * (runtime/exec.c): f32/f64 operands and results are strided views of
+ * stored values (codegen/kernel.c's cg_views_find), bf16/f16 ones are
+ * contiguous with transposes as flags. */
 typedef struct CudaGemm CudaGemm;
-/* Plan every matmul of f (after memplan) for the device; arena is the
- * device arena's base.  NULL with a message (no cuBLASLt, a GEMM it
+
+/* A matrix as cuBLASLt sees it: column-major rows x cols, leading
+ * dimension ld, stride (elements) between the matrices of a batch. */
+typedef struct CudaGemmMat {
+  uint64_t rows, cols;
+  int64_t ld, stride;
+} CudaGemmMat;
+
+/* What a GEMM hands cuBLASLt, without cuBLASLt (so that tests can run it
+ * on the host): C^T = B^T A^T in column-major terms (cuBLASLt's A is the
+ * op's B) when C is stored by rows, C = A B when it is stored by columns;
+ * layouts describe the stored matrices, opa and opb whether to transpose
+ * them.  `calls` strided batches of `batch` matrices each, at byte offsets
+ * in the arena. */
+typedef struct CudaGemmDesc {
+  const struct IrOp *op;
+  int32_t opa, opb;         /* 0: as stored, 1: transposed (cublasOperation_t) */
+  CudaGemmMat a, b, c;      /* cuBLASLt's A, B and C (= D) */
+  int64_t m, n, k;          /* its C is m x n */
+  int64_t batch, calls;
+  int64_t *aoff, *boff, *coff; /* per call: the first matrices' byte offsets (malloc'd) */
+  int in, out;              /* cudaDataType of A and B, of C */
+  int compute, scale;       /* cublasComputeType_t, cudaDataType of alpha and beta */
+  bool dbl, accumulate;     /* f64; beta = 1 (a gradient buffer) */
+  uint32_t align_a, align_b, align_c; /* bytes every pointer keeps */
+} CudaGemmDesc;
+bool cuda_gemm_describe(const CgViews *vs, const IrOp *op, bool allow_tf32, CudaGemmDesc *d, char *err,
+                        size_t errlen);
+void cuda_gemm_desc_free(CudaGemmDesc *d);
+/* Plan every group-0 matmul of f (after memplan) for the device; arena is
+ * the device arena's base.  NULL with a message (no cuBLASLt, a GEMM it
  * cannot do). */
-CudaGemm *cuda_gemm_plan(const IrFunc *f, CUdeviceptr arena, bool allow_tf32, int *n, char *err, size_t errlen);
+CudaGemm *cuda_gemm_plan(const IrFunc *f, const CgViews *vs, CUdeviceptr arena, bool allow_tf32, int *n, char *err,
+                         size_t errlen);
 /* Enqueue GEMM i on the stream. */
 bool cuda_gemm_run(CudaGemm *g, int i, CUstream s, char *err, size_t errlen);
 /* The op GEMM i implements. */

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "cuda.h"
-#include "gemm_floor.h"
 
 typedef int cublasStatus_t; /* CUBLAS_STATUS_SUCCESS = 0 */
 typedef struct cublasLtContext *cublasLtHandle_t;
@@ -38,6 +37,7 @@ enum {
   DESC_TRANSA = 3, DESC_TRANSB = 4,                                /* cublasLtMatmulDescAttributes_t */
   LAYOUT_BATCH_COUNT = 5, LAYOUT_STRIDED_BATCH_OFFSET = 6,         /* cublasLtMatrixLayoutAttribute_t */
   PREF_MAX_WORKSPACE_BYTES = 1,                                    /* cublasLtMatmulPreferenceAttributes_t */
+  PREF_MIN_ALIGNMENT_A = 5, PREF_MIN_ALIGNMENT_B = 6, PREF_MIN_ALIGNMENT_C = 7, PREF_MIN_ALIGNMENT_D = 8,
 };
 
 #define WORKSPACE (32u << 20)
@@ -121,19 +121,24 @@ static bool lt_check(cublasStatus_t s, const char *what, const IrOp *op, char *e
 }
 
 struct CudaGemm {
-  const IrOp *op;
+  CudaGemmDesc d;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), C = D */
   cublasLtMatmulAlgo_t algo;
-  CUdeviceptr a, b, c;   /* our A, B, C (batch 0) */
-  int64_t calls;         /* 1 (strided batch) or one per batch */
-  int64_t *aoff, *boff;  /* per call: byte offsets of its A and B (calls > 1) */
-  int64_t cstride;       /* bytes between results of consecutive calls */
-  bool dbl;
-  bool accumulate;
+  CUdeviceptr arena;
   CUdeviceptr workspace; /* shared by all (only [0] owns it) */
   bool owns_workspace;
 };
+
+/* The alignment (a power of two, at most 256: what cuBLASLt assumes unless
+ * told otherwise) that every byte offset in off[0..n) keeps from an
+ * aligned base. */
+static uint32_t alignment(const int64_t *off, int64_t n) {
+  uint32_t a = 256;
+  for (int64_t i = 0; i < n; i++)
+    while (a > 1 && off[i] % a != 0) a /= 2;
+  return a;
+}
 
 static const IrValue *storage_root(const IrValue *v) {
   while (v->storage == IR_STORE_ALIAS && v->def && v->def->opcode == IR_OP_RESHAPE) v = v->def->args[0];
@@ -152,84 +157,330 @@ static int data_type(IrDType dt) {
   return R_32F;
 }
 
-/* Whether idx[0..n) is idx[0] + t * step; the step into *step. */
-static bool progression(const int64_t *idx, int64_t n, int64_t *step) {
-  *step = n > 1 ? idx[1] - idx[0] : 0;
-  for (int64_t t = 1; t < n; t++)
-    if (idx[t] - idx[t - 1] != *step) return false;
+void cuda_gemm_desc_free(CudaGemmDesc *d) {
+  free(d->aoff);
+  free(d->boff);
+  free(d->coff);
+  d->aoff = d->boff = d->coff = NULL;
+}
+
+/* A GEMM in row-major terms, as the CPU executor plans it (runtime/exec.c):
+ * C (+)= op(A) op(B), nb matrices; each operand a matrix with a unit stride
+ * along its rows (t false: element (i, j) at i ld + j) or its columns (t
+ * true: at i + j ld), at an element offset per batch from its root. */
+typedef struct RowGemm {
+  IrDType dt;
+  bool accumulate;
+  int64_t M, N, K;
+  bool ta, tb, tc;
+  int64_t lda, ldb, ldc;
+  int64_t nb;
+  int64_t *aoff, *boff, *coff; /* elements, per batch */
+  const IrValue *a, *b, *c;    /* the roots */
+} RowGemm;
+
+static void row_free(RowGemm *g) {
+  free(g->aoff);
+  free(g->boff);
+  free(g->coff);
+}
+
+static bool gemm_fail(char *err, size_t n, const IrOp *op, const char *what) {
+  if (op->loc.file)
+    snprintf(err, n, "%s:%d:%d: 'matmul' %s", op->loc.file, op->loc.line, op->loc.col, what);
+  else
+    snprintf(err, n, "'matmul' %s", what);
+  return false;
+}
+
+/* A transpose left in group 0 with no storage: a flag of the GEMMs that read it. */
+static bool is_flag_permute(const IrValue *v) {
+  const IrOp *d = v->def;
+  if (!d || d->group != 0 || d->opcode != IR_OP_PERMUTE || v->storage != IR_STORE_NONE) return false;
+  const int64_t *perm;
+  int n = ir_attr_get_ints(d, "perm", &perm);
+  if (n < 2 || n != v->type.shape.rank) return false;
+  for (int i = 0; i < n - 2; i++)
+    if (perm[i] != i) return false;
+  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
+}
+
+/* out[t]: which of the operand's batch matrices result batch t uses. */
+static void batch_index(const IrShape *batch, const IrShape *ob, int64_t *out) {
+  int64_t nb = ir_numel(batch);
+  int64_t idx[IR_MAX_RANK] = {0};
+  int lead = batch->rank - ob->rank;
+  for (int64_t t = 0; t < nb; t++) {
+    int64_t o = 0;
+    for (int k = 0; k < ob->rank; k++) o = o * ob->dim[k] + (ob->dim[k] == 1 ? 0 : idx[lead + k]);
+    out[t] = o;
+    for (int k = batch->rank - 1; k >= 0; k--) {
+      if (++idx[k] < batch->dim[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+
+/* bf16 and f16 (no views): contiguous operands, transposes as flags, a
+ * left-only batch folded into M. */
+static bool plan_packed(const IrOp *op, RowGemm *g, char *err, size_t n) {
+  const IrValue *A = op->args[0], *B = op->args[1];
+  const IrShape *as = &A->type.shape, *bs = &B->type.shape;
+  g->ta = is_flag_permute(A);
+  g->tb = is_flag_permute(B);
+  g->a = storage_root(g->ta ? A->def->args[0] : A);
+  g->b = storage_root(g->tb ? B->def->args[0] : B);
+  g->c = storage_root(op->result);
+  if (g->a->storage == IR_STORE_NONE || g->b->storage == IR_STORE_NONE || g->c->storage == IR_STORE_NONE)
+    return gemm_fail(err, n, op, "has an operand or result without storage (run memplan)");
+  g->M = as->rank == 1 ? 1 : as->dim[as->rank - 2];
+  g->K = as->dim[as->rank - 1];
+  g->N = bs->rank == 1 ? 1 : bs->dim[bs->rank - 1];
+  IrShape ab = {0}, bb = {0}, batch;
+  ab.rank = as->rank > 2 ? as->rank - 2 : 0;
+  bb.rank = bs->rank > 2 ? bs->rank - 2 : 0;
+  for (int k = 0; k < ab.rank; k++) ab.dim[k] = as->dim[k];
+  for (int k = 0; k < bb.rank; k++) bb.dim[k] = bs->dim[k];
+  if (!ir_broadcast_shapes(&ab, &bb, &batch)) return gemm_fail(err, n, op, "has batch dims that do not broadcast");
+  g->nb = ir_numel(&batch);
+  if (bb.rank == 0 && ab.rank > 0 && !g->ta) {
+    g->M *= g->nb;
+    g->nb = 1;
+  }
+  g->lda = g->ta ? g->M : g->K;
+  g->ldb = g->tb ? g->K : g->N;
+  g->ldc = g->N;
+  g->aoff = calloc((size_t)g->nb, sizeof(int64_t));
+  g->boff = calloc((size_t)g->nb, sizeof(int64_t));
+  g->coff = calloc((size_t)g->nb, sizeof(int64_t));
+  if (!g->aoff || !g->boff || !g->coff) abort();
+  if (g->nb > 1) {
+    batch_index(&batch, &ab, g->aoff);
+    batch_index(&batch, &bb, g->boff);
+  }
+  for (int64_t t = 0; t < g->nb; t++) {
+    g->aoff[t] *= g->M * g->K;
+    g->boff[t] *= g->K * g->N;
+    g->coff[t] = t * g->M * g->N;
+  }
   return true;
 }
 
-static bool plan_one(CudaGemm *g, const RtGemm *r, CUdeviceptr arena, bool tf32, char *err, size_t errlen) {
-  const IrOp *op = r->op;
-  g->op = op;
-  IrDType dt = op->args[0]->type.dtype;
-  const IrValue *A = op->args[0], *B = op->args[1];
-  if (r->ta) A = A->def->args[0];
-  if (r->tb) B = B->def->args[0];
-  A = storage_root(A), B = storage_root(B);
-  const IrValue *C = storage_root(op->result);
-  if (A->storage == IR_STORE_NONE || B->storage == IR_STORE_NONE || C->storage == IR_STORE_NONE) {
-    snprintf(err, errlen, "a matmul has an operand or result without storage (run memplan)");
-    return false;
+/* A rank-1 operand as a matrix: a row ([K] as [1, K]) or a column. */
+static void view_unit_axis(CgView *v, int pos) {
+  int r = v->shape.rank;
+  for (int k = r; k > pos; k--) {
+    v->shape.dim[k] = v->shape.dim[k - 1];
+    v->stride[k] = v->stride[k - 1];
   }
-  g->dbl = dt == IR_DT_F64;
-  g->accumulate = r->accumulate;
-  size_t es = ir_dtype_size(dt), cs = g->accumulate ? (g->dbl ? 8 : 4) : es;
-  g->a = arena + (CUdeviceptr)A->offset;
-  g->b = arena + (CUdeviceptr)B->offset;
-  g->c = arena + (CUdeviceptr)C->offset;
-  int64_t M = r->M, N = r->N, K = r->K;
-  int64_t da = 0, db = 0;
-  bool strided = r->nb > 1 && progression(r->aidx, r->nb, &da) && progression(r->bidx, r->nb, &db);
-  int64_t batch = strided ? r->nb : 1;
-  g->calls = strided || r->nb <= 1 ? 1 : r->nb;
-  g->cstride = M * N * (int64_t)cs;
-  if (g->calls > 1) {
-    g->aoff = calloc((size_t)g->calls, sizeof(int64_t));
-    g->boff = calloc((size_t)g->calls, sizeof(int64_t));
-    if (!g->aoff || !g->boff) abort();
-    for (int64_t t = 0; t < g->calls; t++) {
-      g->aoff[t] = r->aidx[t] * M * K * (int64_t)es;
-      g->boff[t] = r->bidx[t] * K * N * (int64_t)es;
+  v->stride[pos] = pos < r ? v->stride[pos + 1] * v->shape.dim[pos + 1] : 1;
+  v->shape.dim[pos] = 1;
+  v->shape.rank = r + 1;
+}
+
+/* Whether the view's axes [0, last] are one run of rows `ld` apart. */
+static bool rows_collapse(const CgView *v, int last, int64_t ld) {
+  int64_t want = ld;
+  for (int k = last; k >= 0; k--) {
+    if (v->shape.dim[k] != 1 && v->stride[k] != want) return false;
+    want *= v->shape.dim[k];
+  }
+  return true;
+}
+
+/* Offset of batch matrix t: the view's batch axes right-aligned to the
+ * result's batch shape, broadcast axes (size 1) repeating their matrix. */
+static int64_t batch_offset(const CgView *v, const IrShape *batch, int64_t t) {
+  int vb = v->shape.rank - 2, lead = batch->rank - vb;
+  int64_t off = v->offset;
+  for (int k = batch->rank - 1; k >= 0; k--) {
+    int64_t i = t % batch->dim[k];
+    t /= batch->dim[k];
+    int a = k - lead;
+    if (a >= 0 && v->shape.dim[a] != 1) off += i * v->stride[a];
+  }
+  return off;
+}
+
+/* f32 and f64: operands and result are strided views of stored values
+ * (codegen/kernel.c: q read out of qkv, heads written into [B, T, C]). */
+static bool plan_views(const CgViews *vs, const IrOp *op, RowGemm *g, char *err, size_t n) {
+  CgView va, vb, vc;
+  if (!cg_view_in(vs, op->args[0], &va) || !cg_view_in(vs, op->args[1], &vb) || !cg_view_out(vs, op->result, &vc))
+    return gemm_fail(err, n, op, "has an operand or result that is not a strided view");
+  if (va.root->storage == IR_STORE_NONE || vb.root->storage == IR_STORE_NONE || vc.root->storage == IR_STORE_NONE)
+    return gemm_fail(err, n, op, "has an operand or result without storage (run memplan)");
+  bool a1 = va.shape.rank == 1, b1 = vb.shape.rank == 1;
+  if (a1) view_unit_axis(&va, 0);
+  if (b1) view_unit_axis(&vb, 1);
+  if (a1) view_unit_axis(&vc, vc.shape.rank - (b1 ? 0 : 1));
+  if (b1) view_unit_axis(&vc, vc.shape.rank);
+  int ra = va.shape.rank, rb = vb.shape.rank, rc = vc.shape.rank;
+  g->M = va.shape.dim[ra - 2];
+  g->K = va.shape.dim[ra - 1];
+  g->N = vb.shape.dim[rb - 1];
+  if (vb.shape.dim[rb - 2] != g->K) return gemm_fail(err, n, op, "has mismatched inner dimensions");
+  if (rc < 2 || vc.shape.dim[rc - 2] != g->M || vc.shape.dim[rc - 1] != g->N)
+    return gemm_fail(err, n, op, "has a result of the wrong size");
+  if (!cg_view_matrix(&va, &g->ta, &g->lda) || !cg_view_matrix(&vb, &g->tb, &g->ldb) ||
+      !cg_view_matrix(&vc, &g->tc, &g->ldc))
+    return gemm_fail(err, n, op, "has a view with no unit stride in its last two axes");
+  IrShape batch = ir_shape_make(rc - 2, vc.shape.dim);
+  g->nb = ir_numel(&batch);
+  g->a = va.root, g->b = vb.root, g->c = vc.root;
+  if (rb == 2 && ra > 2 && !g->ta && !g->tc && rows_collapse(&va, ra - 2, g->lda) &&
+      rows_collapse(&vc, rc - 2, g->ldc)) {
+    g->M *= g->nb;
+    g->nb = 1;
+    batch = ir_shape_scalar();
+  }
+  g->aoff = calloc((size_t)g->nb, sizeof(int64_t));
+  g->boff = calloc((size_t)g->nb, sizeof(int64_t));
+  g->coff = calloc((size_t)g->nb, sizeof(int64_t));
+  if (!g->aoff || !g->boff || !g->coff) abort();
+  for (int64_t t = 0; t < g->nb; t++) {
+    g->aoff[t] = batch_offset(&va, &batch, t);
+    g->boff[t] = batch_offset(&vb, &batch, t);
+    g->coff[t] = batch_offset(&vc, &batch, t);
+  }
+  return true;
+}
+
+/* The largest group of consecutive batches (nb, the last batch axis's,
+ * or 1) in which every operand's offsets step by one stride, the same in
+ * every group: one strided-batch call per group. */
+static int64_t batch_group(const RowGemm *g, int64_t last, int64_t *sa, int64_t *sb, int64_t *sc) {
+  int64_t cand[3] = {g->nb, last, 1};
+  for (int c = 0; c < 3; c++) {
+    int64_t L = cand[c];
+    if (L < 1 || g->nb % L != 0) continue;
+    *sa = L > 1 ? g->aoff[1] - g->aoff[0] : 0;
+    *sb = L > 1 ? g->boff[1] - g->boff[0] : 0;
+    *sc = L > 1 ? g->coff[1] - g->coff[0] : 0;
+    bool ok = true;
+    for (int64_t t = 0; t < g->nb && ok; t++) {
+      int64_t i = t % L, base = t - i;
+      ok = g->aoff[t] - g->aoff[base] == i * *sa && g->boff[t] - g->boff[base] == i * *sb &&
+           g->coff[t] - g->coff[base] == i * *sc;
     }
+    if (ok) return L;
   }
-  int ct = g->dbl ? COMPUTE_64F : dt == IR_DT_F32 && tf32 ? COMPUTE_32F_FAST_TF32 : COMPUTE_32F;
-  int st = g->dbl ? R_64F : R_32F;
-  int ta = r->tb ? OP_T : OP_N, tb = r->ta ? OP_T : OP_N; /* cuBLASLt's A is our B */
-  int in = data_type(dt), out = g->accumulate ? (g->dbl ? R_64F : R_32F) : in;
-  if (!lt_check(lt.DescCreate(&g->desc, ct, st), "cublasLtMatmulDescCreate", op, err, errlen) ||
-      !lt_check(lt.DescSet(g->desc, DESC_TRANSA, &ta, sizeof ta), "setting TRANSA", op, err, errlen) ||
-      !lt_check(lt.DescSet(g->desc, DESC_TRANSB, &tb, sizeof tb), "setting TRANSB", op, err, errlen))
+  return 1;
+}
+
+bool cuda_gemm_describe(const CgViews *vs, const IrOp *op, bool tf32, CudaGemmDesc *d, char *err, size_t errlen) {
+  memset(d, 0, sizeof *d);
+  d->op = op;
+  IrDType dt = op->args[0]->type.dtype;
+  if (!ir_dtype_is_float(dt) || op->args[1]->type.dtype != dt || op->args[0]->type.shape.rank < 1 ||
+      op->args[1]->type.shape.rank < 1)
+    return gemm_fail(err, errlen, op, "needs float operands of one dtype, of rank >= 1");
+  RowGemm g;
+  memset(&g, 0, sizeof g);
+  bool ok = dt == IR_DT_F32 || dt == IR_DT_F64 ? plan_views(vs, op, &g, err, errlen) : plan_packed(op, &g, err, errlen);
+  if (!ok) {
+    row_free(&g);
     return false;
-  /* Stored shapes, column-major: our B[K,N] row-major is N x K (ld N), or
-   * K x N (ld K) when it is stored transposed; likewise our A. */
-  if (!lt_check(r->tb ? lt.LayoutCreate(&g->la, in, (uint64_t)K, (uint64_t)N, K)
-                      : lt.LayoutCreate(&g->la, in, (uint64_t)N, (uint64_t)K, N),
-                "creating B's layout", op, err, errlen) ||
-      !lt_check(r->ta ? lt.LayoutCreate(&g->lb, in, (uint64_t)M, (uint64_t)K, M)
-                      : lt.LayoutCreate(&g->lb, in, (uint64_t)K, (uint64_t)M, K),
-                "creating A's layout", op, err, errlen) ||
-      !lt_check(lt.LayoutCreate(&g->lc, out, (uint64_t)N, (uint64_t)M, N), "creating C's layout", op, err, errlen))
+  }
+  if (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX) {
+    row_free(&g);
+    return gemm_fail(err, errlen, op, "is too large for cuBLASLt (a dimension over 2^31)");
+  }
+  d->dbl = dt == IR_DT_F64;
+  d->accumulate = g.c->storage == IR_STORE_GRAD;
+  int64_t es = (int64_t)ir_dtype_size(dt), cs = d->accumulate ? (d->dbl ? 8 : 4) : es;
+  d->compute = d->dbl ? COMPUTE_64F : dt == IR_DT_F32 && tf32 ? COMPUTE_32F_FAST_TF32 : COMPUTE_32F;
+  d->scale = d->dbl ? R_64F : R_32F;
+  d->in = data_type(dt);
+  d->out = d->accumulate ? (d->dbl ? R_64F : R_32F) : d->in;
+  /* Column-major, a row-major matrix X with rows ld apart is X^T (ld); one
+   * with unit stride down its columns is X itself.  So when C is stored
+   * by rows, cuBLASLt computes C^T = B^T A^T (its A is our B); when C is
+   * stored by columns, C = A B.  A stored matrix whose shape is not the
+   * one cuBLASLt needs there gets the transpose op. */
+  CudaGemmMat ma = g.ta ? (CudaGemmMat){(uint64_t)g.M, (uint64_t)g.K, g.lda, 0}
+                        : (CudaGemmMat){(uint64_t)g.K, (uint64_t)g.M, g.lda, 0}; /* A or A^T as stored */
+  CudaGemmMat mb = g.tb ? (CudaGemmMat){(uint64_t)g.K, (uint64_t)g.N, g.ldb, 0}
+                        : (CudaGemmMat){(uint64_t)g.N, (uint64_t)g.K, g.ldb, 0};
+  const IrValue *ra, *rb;
+  const int64_t *oa, *ob;
+  if (!g.tc) { /* C^T (N x M) = B^T A^T */
+    d->a = mb, d->opa = g.tb ? OP_T : OP_N, ra = g.b, oa = g.boff;
+    d->b = ma, d->opb = g.ta ? OP_T : OP_N, rb = g.a, ob = g.aoff;
+    d->c = (CudaGemmMat){(uint64_t)g.N, (uint64_t)g.M, g.ldc, 0};
+    d->m = g.N, d->n = g.M;
+  } else { /* C (M x N) = A B */
+    d->a = ma, d->opa = g.ta ? OP_N : OP_T, ra = g.a, oa = g.aoff;
+    d->b = mb, d->opb = g.tb ? OP_N : OP_T, rb = g.b, ob = g.boff;
+    d->c = (CudaGemmMat){(uint64_t)g.M, (uint64_t)g.N, g.ldc, 0};
+    d->m = g.M, d->n = g.N;
+  }
+  d->k = g.K;
+  /* Batches: strided groups (strides in elements), one call per group. */
+  int64_t sa = 0, sb = 0, sc = 0, last = 1;
+  const IrShape *cshape = &op->result->type.shape;
+  if (cshape->rank > 2 && g.nb > 1) last = cshape->dim[cshape->rank - 3];
+  int64_t L = batch_group(&g, last, &sa, &sb, &sc);
+  d->batch = L;
+  d->a.stride = g.tc ? sa : sb;
+  d->b.stride = g.tc ? sb : sa;
+  d->c.stride = sc;
+  d->calls = g.nb / L;
+  d->aoff = calloc((size_t)d->calls, sizeof(int64_t));
+  d->boff = calloc((size_t)d->calls, sizeof(int64_t));
+  d->coff = calloc((size_t)d->calls, sizeof(int64_t));
+  if (!d->aoff || !d->boff || !d->coff) abort();
+  for (int64_t t = 0; t < d->calls; t++) {
+    d->aoff[t] = ra->offset + oa[t * L] * es;
+    d->boff[t] = rb->offset + ob[t * L] * es;
+    d->coff[t] = g.c->offset + g.coff[t * L] * cs;
+  }
+  /* The alignment every pointer keeps (the arena's base from cuMemAlloc is
+   * aligned; memplan's offsets to 64 bytes, views and batches less), so
+   * that the heuristic picks an algorithm that works with them. */
+  int64_t st[3] = {d->a.stride * es, d->b.stride * es, d->c.stride * cs};
+  d->align_a = alignment(&st[0], 1);
+  d->align_b = alignment(&st[1], 1);
+  d->align_c = alignment(&st[2], 1);
+  for (int64_t t = 0; t < d->calls; t++) {
+    uint32_t x = alignment(&d->aoff[t], 1), y = alignment(&d->boff[t], 1), z = alignment(&d->coff[t], 1);
+    if (x < d->align_a) d->align_a = x;
+    if (y < d->align_b) d->align_b = y;
+    if (z < d->align_c) d->align_c = z;
+  }
+  row_free(&g);
+  return true;
+}
+
+static bool plan_one(CudaGemm *g, const CgViews *vs, const IrOp *op, CUdeviceptr arena, bool tf32, char *err,
+                     size_t errlen) {
+  CudaGemmDesc *d = &g->d;
+  if (!cuda_gemm_describe(vs, op, tf32, d, err, errlen)) return false;
+  g->arena = arena;
+  if (!lt_check(lt.DescCreate(&g->desc, d->compute, d->scale), "cublasLtMatmulDescCreate", op, err, errlen) ||
+      !lt_check(lt.DescSet(g->desc, DESC_TRANSA, &d->opa, sizeof d->opa), "setting TRANSA", op, err, errlen) ||
+      !lt_check(lt.DescSet(g->desc, DESC_TRANSB, &d->opb, sizeof d->opb), "setting TRANSB", op, err, errlen) ||
+      !lt_check(lt.LayoutCreate(&g->la, d->in, d->a.rows, d->a.cols, d->a.ld), "creating a layout", op, err, errlen) ||
+      !lt_check(lt.LayoutCreate(&g->lb, d->in, d->b.rows, d->b.cols, d->b.ld), "creating a layout", op, err, errlen) ||
+      !lt_check(lt.LayoutCreate(&g->lc, d->out, d->c.rows, d->c.cols, d->c.ld), "creating a layout", op, err, errlen))
     return false;
-  if (batch > 1) {
-    int32_t nb = (int32_t)batch;
-    int64_t sa = db * K * N, sb = da * M * K, sc = M * N;
-    if (!lt_check(lt.LayoutSet(g->la, LAYOUT_BATCH_COUNT, &nb, sizeof nb), "batching", op, err, errlen) ||
-        !lt_check(lt.LayoutSet(g->la, LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa), "batching", op, err, errlen) ||
-        !lt_check(lt.LayoutSet(g->lb, LAYOUT_BATCH_COUNT, &nb, sizeof nb), "batching", op, err, errlen) ||
-        !lt_check(lt.LayoutSet(g->lb, LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb), "batching", op, err, errlen) ||
-        !lt_check(lt.LayoutSet(g->lc, LAYOUT_BATCH_COUNT, &nb, sizeof nb), "batching", op, err, errlen) ||
-        !lt_check(lt.LayoutSet(g->lc, LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc), "batching", op, err, errlen))
-      return false;
-    /* the first batch's matrices */
-    g->a += (CUdeviceptr)(r->aidx[0] * M * K * (int64_t)es);
-    g->b += (CUdeviceptr)(r->bidx[0] * K * N * (int64_t)es);
+  if (d->batch > 1) {
+    int32_t nb = (int32_t)d->batch;
+    cublasLtMatrixLayout_t ls[3] = {g->la, g->lb, g->lc};
+    const int64_t st[3] = {d->a.stride, d->b.stride, d->c.stride};
+    for (int i = 0; i < 3; i++)
+      if (!lt_check(lt.LayoutSet(ls[i], LAYOUT_BATCH_COUNT, &nb, sizeof nb), "batching", op, err, errlen) ||
+          !lt_check(lt.LayoutSet(ls[i], LAYOUT_STRIDED_BATCH_OFFSET, &st[i], sizeof st[i]), "batching", op, err, errlen))
+        return false;
   }
   cublasLtMatmulPreference_t pref;
   uint64_t ws = WORKSPACE;
   if (!lt_check(lt.PrefCreate(&pref), "cublasLtMatmulPreferenceCreate", op, err, errlen)) return false;
-  bool ok = lt_check(lt.PrefSet(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "setting the workspace", op, err, errlen);
+  bool ok = lt_check(lt.PrefSet(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "setting the workspace", op, err, errlen) &&
+            lt_check(lt.PrefSet(pref, PREF_MIN_ALIGNMENT_A, &d->align_a, sizeof d->align_a), "alignments", op, err, errlen) &&
+            lt_check(lt.PrefSet(pref, PREF_MIN_ALIGNMENT_B, &d->align_b, sizeof d->align_b), "alignments", op, err, errlen) &&
+            lt_check(lt.PrefSet(pref, PREF_MIN_ALIGNMENT_C, &d->align_c, sizeof d->align_c), "alignments", op, err, errlen) &&
+            lt_check(lt.PrefSet(pref, PREF_MIN_ALIGNMENT_D, &d->align_c, sizeof d->align_c), "alignments", op, err, errlen);
   cublasLtMatmulHeuristicResult_t res;
   int found = 0;
   memset(&res, 0, sizeof res);
@@ -237,24 +488,23 @@ static bool plan_one(CudaGemm *g, const RtGemm *r, CUdeviceptr arena, bool tf32,
                       "cublasLtMatmulAlgoGetHeuristic", op, err, errlen);
   lt.PrefDestroy(pref);
   if (ok && found < 1) {
-    snprintf(err, errlen, "cuBLASLt has no algorithm for the matmul %s[%lld,%lld] x [%lld,%lld] (batch %lld)",
-             ir_dtype_name(dt), (long long)M, (long long)K, (long long)K, (long long)N, (long long)r->nb);
+    snprintf(err, errlen, "cuBLASLt has no algorithm for the matmul %s, %lld x %lld x %lld (batch %lld)",
+             ir_dtype_name(op->args[0]->type.dtype), (long long)d->m, (long long)d->n, (long long)d->k,
+             (long long)d->batch);
     ok = false;
   }
   g->algo = res.algo;
   return ok;
 }
 
-CudaGemm *cuda_gemm_plan(const IrFunc *f, CUdeviceptr arena, bool allow_tf32, int *n, char *err, size_t errlen) {
-  RtGemm *r;
-  int nr = rt_gemm_list(f, &r);
+CudaGemm *cuda_gemm_plan(const IrFunc *f, const CgViews *vs, CUdeviceptr arena, bool allow_tf32, int *n, char *err,
+                         size_t errlen) {
+  int nr = 0;
+  for (int i = 0; i < f->nops; i++) nr += f->ops[i]->opcode == IR_OP_MATMUL && f->ops[i]->group == 0;
   *n = 0;
   CudaGemm *g = calloc((size_t)nr + 1, sizeof *g);
   if (!g) abort();
-  if (nr == 0) {
-    rt_gemm_list_free(r, nr);
-    return g;
-  }
+  if (nr == 0) return g;
   pthread_once(&once, load);
   const CudaDriver *d = cuda_driver(err, errlen);
   bool ok = d != NULL;
@@ -264,12 +514,13 @@ CudaGemm *cuda_gemm_plan(const IrFunc *f, CUdeviceptr arena, bool allow_tf32, in
   }
   if (ok) ok = cuda_check(d->MemAlloc(&g[0].workspace, WORKSPACE), "allocating the cuBLASLt workspace", err, errlen);
   g[0].owns_workspace = ok;
-  for (int i = 0; ok && i < nr; i++) {
-    g[i].workspace = g[0].workspace;
-    ok = plan_one(&g[i], &r[i], arena, allow_tf32, err, errlen);
-    *n = i + 1;
+  for (int i = 0; ok && i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_MATMUL || op->group != 0) continue;
+    g[*n].workspace = g[0].workspace;
+    ok = plan_one(&g[*n], vs, op, arena, allow_tf32, err, errlen);
+    (*n)++;
   }
-  rt_gemm_list_free(r, nr);
   if (!ok) {
     cuda_gemm_free(g, *n > 0 ? *n : 1);
     *n = 0;
@@ -280,24 +531,24 @@ CudaGemm *cuda_gemm_plan(const IrFunc *f, CUdeviceptr arena, bool allow_tf32, in
 
 bool cuda_gemm_run(CudaGemm *gs, int i, CUstream s, char *err, size_t errlen) {
   CudaGemm *g = &gs[i];
+  const CudaGemmDesc *d = &g->d;
   float one = 1.0f, zero = 0.0f;
   double oned = 1.0, zerod = 0.0;
-  const void *alpha = g->dbl ? (const void *)&oned : (const void *)&one;
-  const void *beta = g->accumulate ? alpha : g->dbl ? (const void *)&zerod : (const void *)&zero;
-  for (int64_t t = 0; t < g->calls; t++) {
-    CUdeviceptr a = g->a + (CUdeviceptr)(g->calls > 1 ? g->aoff[t] : 0);
-    CUdeviceptr b = g->b + (CUdeviceptr)(g->calls > 1 ? g->boff[t] : 0);
-    CUdeviceptr c = g->c + (CUdeviceptr)(t * g->cstride);
-    if (!lt_check(lt.Matmul(lt.handle, g->desc, alpha, (const void *)(uintptr_t)b, g->la, (const void *)(uintptr_t)a,
+  const void *alpha = d->dbl ? (const void *)&oned : (const void *)&one;
+  const void *beta = d->accumulate ? alpha : d->dbl ? (const void *)&zerod : (const void *)&zero;
+  for (int64_t t = 0; t < d->calls; t++) {
+    CUdeviceptr a = g->arena + (CUdeviceptr)d->aoff[t], b = g->arena + (CUdeviceptr)d->boff[t];
+    CUdeviceptr c = g->arena + (CUdeviceptr)d->coff[t];
+    if (!lt_check(lt.Matmul(lt.handle, g->desc, alpha, (const void *)(uintptr_t)a, g->la, (const void *)(uintptr_t)b,
                             g->lb, beta, (const void *)(uintptr_t)c, g->lc, (void *)(uintptr_t)c, g->lc, &g->algo,
                             (void *)(uintptr_t)g->workspace, WORKSPACE, s),
-                  "cublasLtMatmul", g->op, err, errlen))
+                  "cublasLtMatmul", d->op, err, errlen))
       return false;
   }
   return true;
 }
 
-const IrOp *cuda_gemm_op(const CudaGemm *g, int i) { return g[i].op; }
+const IrOp *cuda_gemm_op(const CudaGemm *g, int i) { return g[i].d.op; }
 
 void cuda_gemm_free(CudaGemm *g, int n) {
   if (!g) return;
@@ -307,8 +558,7 @@ void cuda_gemm_free(CudaGemm *g, int n) {
     if (g[i].la) lt.LayoutDestroy(g[i].la);
     if (g[i].lb) lt.LayoutDestroy(g[i].lb);
     if (g[i].lc) lt.LayoutDestroy(g[i].lc);
-    free(g[i].aoff);
-    free(g[i].boff);
+    cuda_gemm_desc_free(&g[i].d);
   }
   if (d && g[0].owns_workspace) d->MemFree(g[0].workspace);
   free(g);

@@ -32,10 +32,11 @@ typedef enum { L_KERNEL, L_GEMM, L_COPY } LaunchKind;
 
 typedef struct Launch {
   LaunchKind kind;
+  const IrOp *op;
   int idx;             /* kernel (index into the module's kernels) or GEMM */
   CUdeviceptr *ptrs;   /* L_KERNEL: its pointer arguments */
   void **args;         /* &ptrs[i] */
-  CUdeviceptr src, dst; /* L_COPY */
+  int64_t src, dst;    /* L_COPY: arena offsets */
   size_t bytes;
 } Launch;
 
@@ -54,10 +55,13 @@ typedef struct GradBuf {
 struct CudaProgram {
   IrFunc *f;
   CuModule *m;
+  CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
   bool allow_tf32;
   /* The device, set up by the first step. */
   const CudaDriver *d;
-  bool ready;
+  bool ready;      /* device resources may exist (cuda_program_free releases them) */
+  int setup;       /* 0: not tried, 1: done, -1: failed (setup_err says why) */
+  char setup_err[512];
   CUdeviceptr arena;
   CUstream stream;
   CUmodule *mods;
@@ -201,6 +205,13 @@ static bool op_fail(char *err, size_t n, const IrOp *op, const char *what) {
   return fail(err, n, "'%s' %s", name, what);
 }
 
+static bool build_code(CudaProgram *p, char *err, size_t errlen);
+
+static bool in_group0(const IrOp *op, void *ctx) {
+  (void)ctx;
+  return op->group == 0;
+}
+
 static CudaProgram *program_alloc(IrFunc *f, const CudaOptions *o, char *err, size_t errlen) {
   bool planned = f->arena_size > 0;
   for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
@@ -218,7 +229,16 @@ static CudaProgram *program_alloc(IrFunc *f, const CudaOptions *o, char *err, si
     free(p);
     return NULL;
   }
+  cg_views_find(f, in_group0, NULL, &p->views);
+  if (!build_code(p, err, errlen)) {
+    cuda_program_free(p);
+    return NULL;
+  }
   return p;
+}
+
+CudaProgram *cuda_program_plan(IrFunc *f, const CudaOptions *o, char *err, size_t errlen) {
+  return program_alloc(f, o, err, errlen);
 }
 
 CudaProgram *cuda_program_new(IrFunc *f, const CudaOptions *o, char *err, size_t errlen) {
@@ -259,6 +279,7 @@ void cuda_program_free(CudaProgram *p) {
   free(p->fns);
   free(p->losses);
   free(p->grads);
+  cg_views_free(&p->views);
   cg_cuda_free(p->m);
   free(p);
 }
@@ -293,7 +314,11 @@ static size_t elem_size(const CuParam *q) {
   return ir_dtype_size(q->v->type.dtype);
 }
 
-/* The launch list of one micro-batch, in op order. */
+static void find_grads(CudaProgram *p);
+
+/* The launch list of one micro-batch, in op order (kernels' pointers and
+ * GEMMs are resolved when the device is set up), the losses, the
+ * gradient buffers: checked when the program is made, without a device. */
 static bool build_code(CudaProgram *p, char *err, size_t errlen) {
   const IrFunc *f = p->f;
   p->code = xcalloc((size_t)f->nops + 1, sizeof(Launch));
@@ -311,20 +336,33 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
       l->idx = (int)(k - p->m->kernels);
       l->ptrs = xcalloc((size_t)k->nparams, sizeof(CUdeviceptr));
       l->args = xcalloc((size_t)k->nparams, sizeof(void *));
-      for (int a = 0; a < k->nparams; a++) {
-        const CuParam *q = &k->params[a];
-        l->ptrs[a] = p->arena + (CUdeviceptr)q->v->offset + (CUdeviceptr)((size_t)q->elem * elem_size(q));
-        l->args[a] = &l->ptrs[a];
-      }
       continue;
     }
     if (opc == IR_OP_MATMUL) {
-      if (gemm >= p->ngemms || cuda_gemm_op(p->gemms, gemm) != op)
-        return op_fail(err, errlen, op, "cannot run on cuBLASLt (needs float operands of one dtype)");
-      p->code[p->ncode++] = (Launch){.kind = L_GEMM, .idx = gemm++};
+      CudaGemmDesc d; /* what cuBLASLt will be asked, checked now */
+      bool ok = cuda_gemm_describe(&p->views, op, p->allow_tf32, &d, err, errlen);
+      cuda_gemm_desc_free(&d);
+      if (!ok) return false;
+      p->code[p->ncode++] = (Launch){.kind = L_GEMM, .op = op, .idx = gemm++};
       continue;
     }
-    if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_GRAD) continue;
+    /* Views GEMMs read or write in place; aliases (reshapes, range slices);
+     * a range unslice, whose operand accumulates into its range of the
+     * gradient buffer (memplan): no work of their own. */
+    if ((opc == IR_OP_PERMUTE || opc == IR_OP_RESHAPE || opc == IR_OP_SLICE || opc == IR_OP_CONCAT) &&
+        cg_view_free_op(&p->views, op))
+      continue;
+    if (opc == IR_OP_RESHAPE || opc == IR_OP_SLICE) {
+      if (op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
+        return op_fail(err, errlen, op, "must alias its operand (run memplan)");
+      continue;
+    }
+    if (opc == IR_OP_UNSLICE) {
+      if (op->result->storage != IR_STORE_GRAD || storage_root(op->args[0])->storage != IR_STORE_GRAD)
+        return op_fail(err, errlen, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
+      continue;
+    }
+    if (opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_GRAD) continue;
     if (opc == IR_OP_PERMUTE && is_flag_permute(op->result)) continue;
     if (opc == IR_OP_LOSS) {
       const IrValue *v = storage_root(op->args[0]);
@@ -340,13 +378,32 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
         return op_fail(err, errlen, op, "has an operand or result without storage (run memplan)");
       size_t bytes = (size_t)ir_numel(&op->result->type.shape) * ir_dtype_size(op->result->type.dtype);
       if (s->offset != dv->offset)
-        p->code[p->ncode++] = (Launch){.kind = L_COPY, .src = p->arena + (CUdeviceptr)s->offset,
-                                       .dst = p->arena + (CUdeviceptr)dv->offset, .bytes = bytes};
+        p->code[p->ncode++] = (Launch){.kind = L_COPY, .src = s->offset, .dst = dv->offset, .bytes = bytes};
       continue;
     }
     return op_fail(err, errlen, op, "is not in a kernel (the CUDA target runs fuse before memplan)");
   }
-  if (gemm != p->ngemms) return fail(err, errlen, "the GEMM plan does not match the program");
+  find_grads(p);
+  return true;
+}
+
+/* The kernels' pointers into the device's arena; the GEMMs as planned. */
+static bool bind_code(CudaProgram *p, char *err, size_t errlen) {
+  for (int i = 0; i < p->ncode; i++) {
+    Launch *l = &p->code[i];
+    if (l->kind == L_GEMM) {
+      if (l->idx >= p->ngemms || cuda_gemm_op(p->gemms, l->idx) != l->op)
+        return fail(err, errlen, "the GEMM plan does not match the program");
+      continue;
+    }
+    if (l->kind != L_KERNEL) continue;
+    const CuKernel *k = &p->m->kernels[l->idx];
+    for (int a = 0; a < k->nparams; a++) {
+      const CuParam *q = &k->params[a];
+      l->ptrs[a] = p->arena + (CUdeviceptr)q->v->offset + (CUdeviceptr)((size_t)q->elem * elem_size(q));
+      l->args[a] = &l->ptrs[a];
+    }
+  }
   return true;
 }
 
@@ -387,8 +444,7 @@ static void find_grads(CudaProgram *p) {
 }
 
 /* The first step's setup: device, arena, modules, GEMMs, launch list. */
-static bool device_setup(CudaProgram *p, char *err, size_t errlen) {
-  if (p->ready) return true;
+static bool setup_once(CudaProgram *p, char *err, size_t errlen) {
   p->d = cuda_driver(err, errlen);
   if (!p->d) return false;
   const CudaDriver *d = p->d;
@@ -398,11 +454,18 @@ static bool device_setup(CudaProgram *p, char *err, size_t errlen) {
       !cuda_check(d->MemsetD8(p->arena, 0, bytes), "clearing the arena", err, errlen) ||
       !cuda_check(d->StreamCreate(&p->stream, 0), "creating a stream", err, errlen) || !load_modules(p, err, errlen))
     return false;
-  p->gemms = cuda_gemm_plan(p->f, p->arena, p->allow_tf32, &p->ngemms, err, errlen);
+  p->gemms = cuda_gemm_plan(p->f, &p->views, p->arena, p->allow_tf32, &p->ngemms, err, errlen);
   if (!p->gemms) return false;
-  if (!build_code(p, err, errlen) || !store_consts(p, err, errlen)) return false;
-  find_grads(p);
-  return true;
+  return bind_code(p, err, errlen) && store_consts(p, err, errlen);
+}
+
+/* The first step's setup; a failed one fails every later step the same way. */
+static bool device_setup(CudaProgram *p, char *err, size_t errlen) {
+  if (p->setup == 0) {
+    p->setup = setup_once(p, p->setup_err, sizeof p->setup_err) ? 1 : -1;
+  }
+  if (p->setup < 0 && err && errlen) snprintf(err, errlen, "%s", p->setup_err);
+  return p->setup > 0;
 }
 
 /* ------------------------------------------------------------------ */

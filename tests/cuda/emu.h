@@ -12,7 +12,8 @@
 //   A deadlock (a barrier that cannot complete) aborts with a message.
 //
 // Launch with emu_launch(trampoline, args, grid, block.x, block.y), where
-// the trampoline calls the kernel with args[i] cast to its parameters.
+// the trampoline calls the kernel with args[i] cast to its parameters;
+// emu_release() frees the coroutines' stacks.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -179,4 +180,9 @@ extern "C" void emu_launch(void (*tramp)(void **), void **args, unsigned grid, u
     blockIdx.x = b, blockIdx.y = blockIdx.z = 0;
     run_block();
   }
+}
+
+extern "C" void emu_release(void) {
+  free(emu::stacks);
+  emu::stacks = NULL;
 }

@@ -125,16 +125,29 @@ static void run_passes(IrFunc *f, const char *const *names, int n) {
   diag_free(&d);
 }
 
+/* Memory that lives until the tests end (model texts and names, which
+ * models and their IR locations point into), freed by main. */
+static void **kept;
+static int nkept, capkept;
+static void *keep(void *p) {
+  if (nkept == capkept) {
+    capkept = capkept ? 2 * capkept : 64;
+    kept = realloc(kept, sizeof *kept * (size_t)capkept);
+    if (!kept) abort();
+  }
+  kept[nkept++] = p;
+  return p;
+}
+
+static void free_kept(void) {
+  for (int i = 0; i < nkept; i++) free(kept[i]);
+  free(kept);
+}
+
 /* A model file through the CPU pipeline; defs: "N=V" strings, NULL-ended. */
 static FeModel *load_model(const char *rel, const char *const *defs) {
-  static SrcFile srcs[128]; /* models keep a pointer to their source */
-  static int nsrcs;
-  GRADC_ASSERT(nsrcs < 128);
-  char *text = tu_read(rel);
-  SrcFile *src = &srcs[nsrcs++];
-  src->name = strdup(rel);
-  src->text = text;
-  src->len = strlen(text);
+  char *text = keep(tu_read(rel));
+  SrcFile src = {keep(strdup(rel)), text, strlen(text)};
   const char *names[16];
   int64_t values[16];
   int nd = 0;
@@ -147,13 +160,14 @@ static FeModel *load_model(const char *rel, const char *const *defs) {
   diag_init(&d, NULL);
   d.quiet = true;
   FeOptions fo = {.def_names = names, .def_values = values, .ndefs = nd, .gas = 1, .dp = 1};
-  FeModel *m = fe_model_compile(src, &fo, &d);
+  FeModel *m = fe_model_compile(&src, &fo, &d);
+  for (int i = 0; i < nd; i++) free((void *)names[i]);
   if (!m) fail_msg("%s: %s", rel, sb_str(&d.log));
   int n;
   const char *const *pipe = pass_pipeline_cpu(&n);
   PassManager pm;
   pm_init(&pm);
-  PassOptions po = {.gas = 1, .diag = &d, .src = src};
+  PassOptions po = {.gas = 1, .diag = &d, .src = &src};
   if (pm_run(&pm, m->func, pipe, n, &po) != 0) fail_msg("%s: the CPU pipeline failed: %s", rel, sb_str(&d.log));
   diag_free(&d);
   return m;
@@ -418,6 +432,12 @@ static void *emu_build(Case *cs, int n) {
 }
 
 /* Run every kernel of case c under the emulator against the interpreter. */
+static void emu_release(void *so) {
+  void (*release)(void) = (void (*)(void))(uintptr_t)dlsym(so, "emu_release");
+  if (release) release();
+  dlclose(so);
+}
+
 static Stats emu_check(const Case *cs, int c, void *so) {
   const Case *cc = &cs[c];
   IrFunc *f = cc->f;
@@ -855,7 +875,7 @@ static void test_cuda_emulated_ops(void **state) {
     if (getenv("GRADC_TEST_TIME")) fprintf(stderr, "%s: %.0f ms\n", cs[c].name, rt_now_ms() - t0);
   }
   assert_true(outputs >= 400);
-  dlclose(so);
+  emu_release(so);
   free_cases(cs, n);
 }
 
@@ -899,14 +919,204 @@ static void test_cuda_emulated_models(void **state) {
   for (int i = 0; i < NT; i++) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/torchref/cases/%s.gdl", torchref[i]);
-    cs[n++] = model(strdup(rel), NULL, 100 + (uint64_t)i);
+    cs[n++] = model(keep(strdup(rel)), NULL, 100 + (uint64_t)i);
   }
   void *so = emu_build(cs, n);
   int kernels = 0;
   for (int c = 0; c < n; c++) kernels += emu_check(cs, c, so).kernels;
   assert_true(kernels >= 200);
-  dlclose(so);
+  emu_release(so);
   free_cases(cs, n);
+}
+
+/* ------------------------------------------------------------------ */
+/* GEMMs: what cuBLASLt is handed, executed on the host                 */
+/* ------------------------------------------------------------------ */
+
+static const IrValue *root_of(const IrValue *v) {
+  while (v->storage == IR_STORE_ALIAS && v->def && v->def->opcode == IR_OP_RESHAPE) v = v->def->args[0];
+  return v;
+}
+
+/* Element i of a cuBLASLt matrix of cudaDataType t at byte offset off. */
+static double lt_get(const char *arena, int t, int64_t off, int64_t i) {
+  switch (t) {
+  case 0: return ((const float *)(arena + off))[i];
+  case 1: return ((const double *)(arena + off))[i];
+  case 2: return f16_value(((const uint16_t *)(arena + off))[i]);
+  default: {
+    uint32_t u = (uint32_t)((const uint16_t *)(arena + off))[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+  }
+}
+
+static size_t lt_size(int t) { return t == 1 ? 8 : t == 0 ? 4 : 2; }
+
+/* cublasLtMatmul as documented: D = alpha op(A) op(B) + beta C, column-major. */
+static void lt_emulate(const CudaGemmDesc *d, char *arena) {
+  size_t ei = lt_size(d->in), eo = lt_size(d->out);
+  for (int64_t t = 0; t < d->calls; t++)
+    for (int64_t bt = 0; bt < d->batch; bt++) {
+      int64_t a = d->aoff[t] + bt * d->a.stride * (int64_t)ei;
+      int64_t b = d->boff[t] + bt * d->b.stride * (int64_t)ei;
+      int64_t c = d->coff[t] + bt * d->c.stride * (int64_t)eo;
+      for (int64_t i = 0; i < d->m; i++)
+        for (int64_t j = 0; j < d->n; j++) {
+          double sum = 0;
+          for (int64_t p = 0; p < d->k; p++) {
+            double x = lt_get(arena, d->in, a, d->opa ? p + i * d->a.ld : i + p * d->a.ld);
+            double y = lt_get(arena, d->in, b, d->opb ? j + p * d->b.ld : p + j * d->b.ld);
+            sum += x * y;
+          }
+          int64_t ci = i + j * d->c.ld;
+          if (d->accumulate) sum += lt_get(arena, d->out, c, ci);
+          if (d->out == 1)
+            ((double *)(arena + c))[ci] = sum;
+          else if (d->out == 0)
+            ((float *)(arena + c))[ci] = (float)sum;
+          else { /* bf16, f16 results: rounded as the interpreter rounds */
+            IrDType dt = d->out == 2 ? IR_DT_F16 : IR_DT_BF16;
+            double r = interp_round(sum, dt);
+            uint16_t h;
+            if (dt == IR_DT_F16) {
+              h = f16_bits(r);
+            } else {
+              float f = (float)r;
+              uint32_t u;
+              memcpy(&u, &f, 4);
+              h = (uint16_t)(u >> 16);
+            }
+            ((uint16_t *)(arena + c))[ci] = h;
+          }
+        }
+    }
+}
+
+static bool group0(const IrOp *op, void *ctx) {
+  (void)ctx;
+  return op->group == 0;
+}
+
+/* A transpose left in group 0 without storage: a GEMM flag (bf16, f16). */
+static const IrValue *packed_root(const IrValue *v) {
+  if (v->def && v->def->group == 0 && v->def->opcode == IR_OP_PERMUTE && v->storage == IR_STORE_NONE)
+    v = v->def->args[0];
+  return root_of(v);
+}
+
+/* Element e (row-major over v's shape) of view w: its index in w's root. */
+static int64_t view_index(const CgView *w, const IrValue *v, int64_t e) {
+  int64_t off = w->offset;
+  const IrShape *s = &v->type.shape;
+  for (int k = s->rank - 1; k >= 0; k--) {
+    off += (e % s->dim[k]) * (k < w->shape.rank ? w->stride[k] : 0);
+    e /= s->dim[k];
+  }
+  return off;
+}
+
+/* Every GEMM of a model: its cuBLASLt description run on the host against
+ * the interpreter's matmul (batched, broadcast, transposed operands, views
+ * of q, k, v in qkv and heads written into [B, T, C], f64, bf16,
+ * accumulation into gradient buffers). */
+static int check_gemms(const char *rel, const char *const *defs, uint64_t seed) {
+  FeModel *fe = load_model(rel, defs);
+  IrFunc *f = fe->func;
+  Inputs in = make_inputs(f, seed);
+  char err[1024];
+  InterpState is = {0};
+  double **wsum = calloc((size_t)f->nvalues + 1, sizeof(double *));
+  bool any_wsum = false;
+  for (int i = 0; i < f->nops; i++) any_wsum |= f->ops[i]->opcode == IR_OP_WINDOW_SUM;
+  if (any_wsum) {
+    if (!interp_run(&is, f, in.a, NULL, INTERP_COUNT, NULL, err, sizeof err)) fail_msg("%s: %s", rel, err);
+    for (int i = 0; i < f->nops; i++) {
+      const IrOp *op = f->ops[i];
+      if (op->opcode != IR_OP_WINDOW_SUM) continue;
+      int64_t n = ir_numel(&op->result->type.shape);
+      wsum[op->result->id] = calloc((size_t)(n ? n : 1), sizeof(double));
+      memcpy(wsum[op->result->id], is.val[op->args[0]->id], sizeof(double) * (size_t)n);
+    }
+    interp_free(&is);
+  }
+  if (!interp_run(&is, f, in.a, wsum, INTERP_STEP, NULL, err, sizeof err)) fail_msg("%s: %s", rel, err);
+  char *arena = calloc((size_t)f->arena_size + 64, 1);
+  CgViews vs;
+  cg_views_find(f, group0, NULL, &vs);
+  int ng = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_MATMUL || op->group != 0) continue;
+    ng++;
+    CudaGemmDesc d;
+    if (!cuda_gemm_describe(&vs, op, false, &d, err, sizeof err)) fail_msg("%s: %s", rel, err);
+    bool views = op->result->type.dtype == IR_DT_F32 || op->result->type.dtype == IR_DT_F64;
+    CgView va, vb, vc;
+    if (views) {
+      assert_true(cg_view_in(&vs, op->args[0], &va) && cg_view_in(&vs, op->args[1], &vb) &&
+                  cg_view_out(&vs, op->result, &vc));
+    } else {
+      cg_view_whole(packed_root(op->args[0]), &va);
+      cg_view_whole(packed_root(op->args[1]), &vb);
+      cg_view_whole(root_of(op->result), &vc);
+    }
+    const IrValue *ra = root_of(va.root), *rb = root_of(vb.root), *rc = root_of(vc.root);
+    for (int64_t e = 0; e < ir_numel(&ra->type.shape); e++) put(arena, ra, e, is.val[ra->id][e]);
+    for (int64_t e = 0; e < ir_numel(&rb->type.shape); e++) put(arena, rb, e, is.val[rb->id][e]);
+    /* the result's elements, where the GEMM writes them: NaN, or the
+     * gradient buffer's prefill */
+    const IrValue *y = op->result;
+    int64_t ny = ir_numel(&y->type.shape);
+    for (int64_t e = 0; e < ny; e++)
+      put(arena, rc, view_index(&vc, y, e), rc->storage == IR_STORE_GRAD ? grad_prefill(e) : NAN);
+    lt_emulate(&d, arena);
+    double *want = calloc((size_t)ny + 1, sizeof(double)), *got = calloc((size_t)ny + 1, sizeof(double));
+    for (int64_t e = 0; e < ny; e++) {
+      want[e] = is.val[y->id][e];
+      got[e] = get(arena, rc, view_index(&vc, y, e));
+    }
+    /* compared through a contiguous stand-in for the result, at its
+     * dtype's tolerance (a bf16 product accumulates unrounded into an f32
+     * gradient buffer, where the interpreter rounds it first) */
+    IrValue stand = *y;
+    stand.storage = rc->storage == IR_STORE_GRAD ? IR_STORE_GRAD : IR_STORE_ARENA;
+    stand.offset = 0;
+    char *buf = calloc((size_t)ny + 1, 8);
+    for (int64_t e = 0; e < ny; e++) put(buf, &stand, e, got[e]);
+    char what[512];
+    snprintf(what, sizeof what, "%s: matmul at %d:%d (%lld x %lld x %lld, %lld calls of %lld)", rel, op->loc.line,
+             op->loc.col, (long long)d.m, (long long)d.n, (long long)d.k, (long long)d.calls, (long long)d.batch);
+    compare(what, "cublasLt", &stand, buf, want);
+    free(buf);
+    free(want);
+    free(got);
+    cuda_gemm_desc_free(&d);
+  }
+  cg_views_free(&vs);
+  free(arena);
+  interp_free(&is);
+  for (int v = 0; v < f->nvalues; v++) free(wsum[v]);
+  free(wsum);
+  free_inputs(&in);
+  fe_model_free(fe);
+  return ng;
+}
+
+static void test_cuda_gemms_as_cublaslt_sees_them(void **state) {
+  static const char *const tiny[] = {"B=2", "T=8", "C=32", "NH=2", "L=2", "V=40", NULL};
+  int n = 0;
+  n += check_gemms("examples/tinygpt.gdl", tiny, 1);
+  n += check_gemms("examples/mlp.gdl", NULL, 2);
+  n += check_gemms("tests/torchref/cases/matmul_shapes.gdl", NULL, 3);
+  n += check_gemms("tests/torchref/cases/matmul_vec.gdl", NULL, 4);
+  n += check_gemms("tests/torchref/cases/attention.gdl", NULL, 5);
+  n += check_gemms("tests/torchref/cases/embedding_tied.gdl", NULL, 6);
+  n += check_gemms("tests/torchref/cases/f64_model.gdl", NULL, 7);
+  n += check_gemms("tests/cuda/lowp.gdl", NULL, 8);
+  assert_true(n >= 40);
 }
 
 /* ------------------------------------------------------------------ */
@@ -937,7 +1147,7 @@ static int all_models(FeModel **out, int cap) {
       if (strncmp(base, "err_", 4) == 0) continue;
       char rel[512];
       snprintf(rel, sizeof rel, "%s/%s", dirs[d], base);
-      out[n++] = load_model(strdup(rel), NULL);
+      out[n++] = load_model(rel, NULL);
     }
     pclose(p);
   }
@@ -964,6 +1174,20 @@ static void compile_progs(void *ctx, int64_t b, int64_t e) {
     p[i].ok = cg_nvrtc_compile(p[i].src, "all_models.cu", opts, 1, &img, &p[i].log);
     free(img.cubin);
     free(img.ptx);
+  }
+}
+
+/* Every op of every model has something to run it on the device: a
+ * kernel, a GEMM cuBLASLt can do, a copy, or nothing (views, aliases). */
+static void test_cuda_every_model_plans(void **state) {
+  FeModel *models[128];
+  int nm = all_models(models, 128);
+  for (int i = 0; i < nm; i++) {
+    char err[2048];
+    CudaProgram *p = cuda_program_plan(models[i]->func, NULL, err, sizeof err);
+    if (!p) fail_msg("%s: %s", models[i]->func->name, err);
+    cuda_program_free(p);
+    fe_model_free(models[i]);
   }
 }
 
@@ -1408,6 +1632,8 @@ int main(void) {
       cmocka_unit_test(test_cuda_golden_transpose),
       cmocka_unit_test(test_cuda_emulated_ops),
       cmocka_unit_test(test_cuda_emulated_models),
+      cmocka_unit_test(test_cuda_gemms_as_cublaslt_sees_them),
+      cmocka_unit_test(test_cuda_every_model_plans),
       cmocka_unit_test(test_cuda_nvrtc_compiles_every_model),
       cmocka_unit_test(test_cuda_cache_hit_makes_no_nvrtc_call),
       cmocka_unit_test(test_cuda_corrupted_cache_entry_is_ignored),
@@ -1417,7 +1643,9 @@ int main(void) {
       cmocka_unit_test(test_cuda_command_line),
       cmocka_unit_test(test_cuda_build_without_llvm),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  free_kept();
+  return rc;
 }
 
 #else /* no CUDA back end in this build */
