@@ -31,7 +31,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "../codegen/codegen.h"
 #include "artifact.h"
@@ -214,22 +213,18 @@ struct CpuProgram {
   GradBuf *grads;
   int ngrads;
   CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
-  size_t arena_bytes;
 };
 
-/* The arena: fresh zero pages from the system, touched only when a step
- * first writes them (zeroing it up front cost a large model tens of
- * milliseconds of start-up and all its resident memory at once). */
-static char *arena_map(int64_t size, size_t *bytes) {
-  *bytes = (size_t)((size + 4095) / 4096 * 4096);
-  if (*bytes == 0) *bytes = 4096;
-  void *m = mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return m == MAP_FAILED ? NULL : m;
-}
-
-static void arena_unmap(char *arena, size_t bytes) {
-  if (arena) munmap(arena, bytes);
-}
+/* The arena is not zeroed: every byte a step reads is written first in
+ * the step (activations by their producers, a GEMM's C with beta = 0 is
+ * not read) or per window (gradient buffers, params, inputs, window sums),
+ * and consts are stored at start-up.  Zeroing it up front cost a large
+ * model tens of milliseconds of start-up and all its resident memory at
+ * once.  It comes from malloc, not a private mapping: freeing a large
+ * block is what raises glibc's mmap threshold, without which every step's
+ * megabyte-sized result arrays were mapped, faulted in and unmapped again
+ * (a tenth of a small model's step). */
+static char *arena_new(int64_t size) { return aligned_alloc(64, (size_t)((size + 64) / 64 * 64)); }
 
 static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; }
 
@@ -576,7 +571,7 @@ void cpu_program_free(CpuProgram *p) {
   free(p->code);
   free(p->grads);
   cg_views_free(&p->views);
-  arena_unmap(p->arena, p->arena_bytes);
+  free(p->arena);
   pool_free(p->pool);
 #ifdef GRADC_HAVE_LLVM
   if (p->cg) cg_module_free(p->cg);
@@ -739,7 +734,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     }
   }
 
-  p->arena = arena_map(f->arena_size, &p->arena_bytes);
+  p->arena = arena_new(f->arena_size);
   if (!p->arena) {
     fail(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
     goto error;
