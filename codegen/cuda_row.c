@@ -798,16 +798,32 @@ static void write_outputs(Row *R) {
 
 static void loop(Row *R, int k) {
   CuGen *g = R->g;
-  bool any = k == R->final;
+  StrBuf c; /* what this pass over the row is for */
+  sb_init(&c);
+  for (int i = 0; i < R->nst; i++) {
+    const Stat *st = &R->st[i];
+    if (st->loop != k) continue;
+    sb_printf(&c, "%s%s = ", c.len ? ", " : "", st->acc);
+    switch (st->kind) {
+    case S_SUM: sb_puts(&c, "the sum"); break;
+    case S_MAX: sb_puts(&c, "the maximum"); break;
+    case S_SUMEXP: sb_printf(&c, "the sum of exp(x - %s)", R->st[st->dep].res); break;
+    case S_DEV2: sb_printf(&c, "the sum of (x - %s)^2", st->center); break;
+    case S_SUMSQ: sb_puts(&c, "the sum of squares"); break;
+    }
+  }
+  if (k == R->final) sb_printf(&c, "%sthe outputs", c.len ? "; " : "");
+  if (c.len) cu_line(g, "// pass %d over the row: %s", k + 1, sb_str(&c));
+  bool any = c.len > 0;
+  sb_free(&c);
+  if (!any) return;
   for (int i = 0; i < R->nst; i++) {
     Stat *s = &R->st[i];
     if (s->loop != k) continue;
-    any = true;
     const char *t = stat_type(s);
     const char *init = s->kind == S_MAX ? cu_lowest(g, s->dt) : strcmp(t, "int") == 0 ? "0" : strcmp(t, "double") == 0 ? "0.0" : "0.0f";
     cu_line(g, "%s %s = %s;", t, s->acc, init);
   }
-  if (!any) return;
   cu_line(g, "for (int j = tid; j < %lld; j += %d) {", (long long)R->l->cols, R->warp ? 32 : (int)g->block[0]);
   g->indent++;
   open_scope(R, "j");

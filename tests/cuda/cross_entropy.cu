@@ -19,12 +19,14 @@ extern "C" __global__ void __launch_bounds__(64) k3_cross_entropy_softmax_one_ho
   float *out1_row = out1 + row * 50;
   const int p1 = in1[row];
   const float p6 = in2[row];
+  // pass 1 over the row: acc0 = the maximum
   float acc0 = (-GRADC_INF);
   for (int j = tid; j < 50; j += 64) {
     const float e0 = in0_row[j];
     acc0 = maximum(acc0, e0);
   }
   const float max0 = block_max(acc0, red_f, (-GRADC_INF));
+  // pass 2 over the row: acc1 = the sum of exp(x - max0)
   float acc1 = 0.0f;
   for (int j = tid; j < 50; j += 64) {
     const float e0 = in0_row[j];
@@ -47,6 +49,7 @@ extern "C" __global__ void __launch_bounds__(64) k3_cross_entropy_softmax_one_ho
   if (tid == 0) {
     out0[row] = r2;
   }
+  // pass 3 over the row: the outputs
   for (int j = tid; j < 50; j += 64) {
     const float e0 = in0_row[j];
     const float e3 = expf(e0 - max0) / sum1;

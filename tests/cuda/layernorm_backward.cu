@@ -48,6 +48,7 @@ extern "C" __global__ void __launch_bounds__(64) k2_mul_layer_norm_tanh(
   float *out2_row = out2 + row * 40;
   float *out3_row = out3 + row * 40;
   const float p8 = in4[0];
+  // pass 1 over the row: acc0 = the sum
   float acc0 = 0.0f;
   for (int j = tid; j < 40; j += 64) {
     const float e0 = in0_row[j];
@@ -58,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(64) k2_mul_layer_norm_tanh(
   const float sum0 = block_sum(acc0, red_f);
   const float mean1 = sum0 / 40.0f;
   const float r17 = sum0 / 40.0f;
+  // pass 2 over the row: acc1 = the sum of (x - mean1)^2, acc2 = the sum
   float acc1 = 0.0f;
   float acc2 = 0.0f;
   for (int j = tid; j < 40; j += 64) {
@@ -75,6 +77,7 @@ extern "C" __global__ void __launch_bounds__(64) k2_mul_layer_norm_tanh(
   const float r20 = sum2 / 40.0f;
   const float r22 = (r20 + 9.999999747378752e-06f);
   const float r23 = (1.0f / sqrtf(r22));
+  // pass 3 over the row: acc3 = the sum, acc4 = the sum
   float acc3 = 0.0f;
   float acc4 = 0.0f;
   for (int j = tid; j < 40; j += 64) {
@@ -101,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(64) k2_mul_layer_norm_tanh(
   const float sum4 = block_sum(acc4, red_f);
   const float r27 = sum3 / 40.0f;
   const float r29 = sum4 / 40.0f;
+  // pass 4 over the row: the outputs
   for (int j = tid; j < 40; j += 64) {
     const float e0 = in0_row[j];
     const float e1 = in1[j];

@@ -1573,6 +1573,14 @@ static void test_cuda_command_line(void **state) {
   rc = sh(cmd, &out);
   if (rc != 1 || strcmp(out, "gradc: error: no CUDA device\n") != 0) fail_msg("run: rc %d: %s", rc, out);
   free(out);
+  /* a CPU run maps none of the CUDA libraries */
+  snprintf(cmd, sizeof cmd,
+           "cd %s && LD_DEBUG=libs %s run %s --target cpu --params p.safetensors --inputs i.safetensors 2>&1 | "
+           "grep -c -i -E 'nvrtc|libcuda|cublas'",
+           dir, g, mlp_path);
+  rc = sh(cmd, &out);
+  if (strcmp(out, "0\n") != 0) fail_msg("a CPU run loads CUDA libraries: %s", out);
+  free(out);
   /* the artifact holds the compiled kernels; running it needs a device */
   snprintf(cmd, sizeof cmd, "cd %s && %s run m.gca --params p.safetensors --inputs i.safetensors", dir, g);
   rc = sh(cmd, &out);
