@@ -30,7 +30,7 @@
 
 #include "llvm_gen.h"
 
-#define CG_VERSION "gradc-cg-2" /* bump when generated code or the bundle changes (cache keys) */
+#define CG_VERSION "gradc-cg-3" /* bump when generated code or the bundle changes (cache keys) */
 
 struct CgModule {
   LLVMOrcLLJITRef jit;
