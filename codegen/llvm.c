@@ -30,7 +30,7 @@
 
 #include "llvm_gen.h"
 
-#define CG_VERSION "gradc-cg-3" /* bump when generated code or the bundle changes (cache keys) */
+#define CG_VERSION "gradc-cg-4" /* bump when generated code or the bundle changes (cache keys) */
 
 struct CgModule {
   LLVMOrcLLJITRef jit;
@@ -285,6 +285,19 @@ static void add_attr(Gen *g, LLVMValueRef fn, const char *name) {
   LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(g->ctx, kind, 0));
 }
 
+/* Let the backend fuse a multiply and the add that consumes it into one
+ * FMA (the polynomials of exp, tanh and gelu are chains of them): one
+ * rounding fewer per pair, well within what the kernels promise against
+ * the reference interpreter, and about a fifth fewer instructions. */
+static void allow_contraction(LLVMValueRef fn) {
+  for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(fn); bb; bb = LLVMGetNextBasicBlock(bb))
+    for (LLVMValueRef in = LLVMGetFirstInstruction(bb); in; in = LLVMGetNextInstruction(in)) {
+      LLVMOpcode op = LLVMGetInstructionOpcode(in);
+      if ((op == LLVMFMul || op == LLVMFAdd || op == LLVMFSub) && LLVMCanValueUseFastMathFlags(in))
+        LLVMSetFastMathFlags(in, LLVMGetFastMathFlags(in) | LLVMFastMathAllowContract);
+    }
+}
+
 /* The body of kernel ki: the kernel itself (void name(arena, begin, end),
  * offsets as constants), or with shared = true a body every kernel of its
  * key calls (void name(arena, begin, end, offs)). */
@@ -319,6 +332,7 @@ static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
     gen_loop_kernel(g, ki->ops[0]);
   gen_scopes_free(g);
   g->offs = NULL;
+  allow_contraction(g->fn);
   return g->fn;
 }
 
