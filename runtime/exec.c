@@ -449,7 +449,8 @@ static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t 
  * split into pieces over its batch, then over row or column blocks of C
  * (disjoint, so accumulating into a gradient buffer stays exact); one too
  * small to pay for waking the workers runs on the calling thread. */
-#define GEMM_INLINE_FLOPS 2000000 /* ~20 us of one core */
+#define GEMM_INLINE_FLOPS 1000000 /* ~10 us of one core */
+#define GEMM_CALL_FLOPS 200000    /* what one BLAS call costs beyond its flops (~2 us) */
 #define GEMM_MIN_PIECE_FLOPS 1000000
 
 typedef struct GemmRun {
@@ -515,7 +516,9 @@ static void run_gemm(CpuProgram *p, const Gemm *g) {
     GemmRun r = {g, p->arena, 1, false, g->M};
     int nt = pool_size(p->pool);
     double flops = 2.0 * (double)mn * (double)g->K;
-    if (nt == 1 || flops * (double)g->nb < GEMM_INLINE_FLOPS) {
+    /* A batch of tiny GEMMs (attention's heads) is mostly call overhead,
+     * which splits over threads as well as flops do. */
+    if (nt == 1 || (flops + GEMM_CALL_FLOPS) * (double)g->nb < GEMM_INLINE_FLOPS) {
       gemm_pieces(&r, 0, g->nb);
       return;
     }
