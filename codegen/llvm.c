@@ -42,8 +42,7 @@ struct CgModule {
   bool from_cache;
 };
 
-static bool failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool failf(char *err, size_t n, const char *fmt, ...) {
+bool cg_failf(char *err, size_t n, const char *fmt, ...) {
   if (err && n) {
     va_list ap;
     va_start(ap, fmt);
@@ -53,11 +52,10 @@ static bool failf(char *err, size_t n, const char *fmt, ...) {
   return false;
 }
 
-/* Consume an LLVMErrorRef: false with its message. */
-static bool check(LLVMErrorRef e, const char *what, char *err, size_t n) {
+bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n) {
   if (!e) return true;
   char *msg = LLVMGetErrorMessage(e);
-  failf(err, n, "LLVM: %s: %s", what, msg ? msg : "unknown error");
+  cg_failf(err, n, "LLVM: %s: %s", what, msg ? msg : "unknown error");
   LLVMDisposeErrorMessage(msg);
   return false;
 }
@@ -205,7 +203,7 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     int j = i;
     while (j < f->nops && f->ops[j]->group == g) j++;
     for (int k = 0; k < K->n; k++)
-      if (K->k[k].group == g) return failf(err, errlen, "kernel k%d is not contiguous in the op list", g);
+      if (K->k[k].group == g) return cg_failf(err, errlen, "kernel k%d is not contiguous in the op list", g);
     KInfo *ki = &K->k[K->n++];
     ki->group = g;
     ki->ops = f->ops + i;
@@ -217,7 +215,7 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     } else if (cg_row_layout(ki->ops, ki->n, outside_use, out, &K->a, &ki->layout, why, sizeof why)) {
       ki->row = true;
     } else {
-      return failf(err, errlen, "kernel k%d: %s", g, why);
+      return cg_failf(err, errlen, "kernel k%d: %s", g, why);
     }
     ki->name = kernel_name(&K->a, g, ki->ops, ki->n);
     gen_kernel_extent(f, ki->ops, ki->n, ki->row ? &ki->layout : NULL, &ki->iters, &ki->cost);
@@ -263,11 +261,11 @@ static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
   char *msg = NULL;
   LLVMTargetMachineRef tm = NULL;
   if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
-    failf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
+    cg_failf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
   } else {
     tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
                                  LLVMCodeModelDefault);
-    if (!tm) failf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
+    if (!tm) cg_failf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
   }
   LLVMDisposeMessage(msg);
   LLVMDisposeMessage(triple);
@@ -404,7 +402,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
   if (g.failed) ok = false;
   char *msg = NULL;
   if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
-    ok = failf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
+    ok = cg_failf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
   }
   LLVMDisposeMessage(msg);
   msg = NULL;
@@ -414,7 +412,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
     LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
     LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
     LLVMPassBuilderOptionsSetLoopUnrolling(po, 0); /* full unrolling of short rows costs more compile time than it saves */
-    ok = check(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
+    ok = cg_check_llvm(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
     LLVMDisposePassBuilderOptions(po);
   }
   if (ok && dump) {
@@ -424,7 +422,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
   }
   LLVMMemoryBufferRef buf = NULL;
   if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
-    ok = failf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
+    ok = cg_failf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
     buf = NULL;
   }
   LLVMDisposeMessage(msg);
@@ -515,7 +513,7 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
   bool ok = true;
   size_t total = sizeof bundle_magic + 4;
   for (int i = 0; i < nch; i++) {
-    if (!c[i].ok && ok) ok = failf(err, errlen, "%s", c[i].err);
+    if (!c[i].ok && ok) ok = cg_failf(err, errlen, "%s", c[i].err);
     total += 8 + c[i].len;
   }
   if (ok) {
@@ -549,13 +547,13 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
 /* ------------------------------------------------------------------ */
 
 static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen) {
-  if (!check(LLVMOrcCreateLLJIT(&m->jit, NULL), "creating the JIT", err, errlen)) {
+  if (!cg_check_llvm(LLVMOrcCreateLLJIT(&m->jit, NULL), "creating the JIT", err, errlen)) {
     m->jit = NULL;
     return false;
   }
   LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(m->jit);
   LLVMOrcDefinitionGeneratorRef gen = NULL;
-  if (!check(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(m->jit), NULL, NULL),
+  if (!cg_check_llvm(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(m->jit), NULL, NULL),
              "resolving process symbols", err, errlen))
     return false;
   LLVMOrcJITDylibAddGenerator(jd, gen);
@@ -563,23 +561,23 @@ static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen)
   const char *p = m->obj, *end = m->obj + m->objlen;
   uint32_t n = 0;
   if (m->objlen < sizeof bundle_magic + 4 || memcmp(p, bundle_magic, sizeof bundle_magic) != 0)
-    return failf(err, errlen, "not a gradc object bundle");
+    return cg_failf(err, errlen, "not a gradc object bundle");
   memcpy(&n, p + sizeof bundle_magic, 4);
   p += sizeof bundle_magic + 4;
   for (uint32_t i = 0; i < n; i++) {
     uint64_t len;
-    if (end - p < 8) return failf(err, errlen, "a truncated object bundle");
+    if (end - p < 8) return cg_failf(err, errlen, "a truncated object bundle");
     memcpy(&len, p, 8);
     p += 8;
-    if ((uint64_t)(end - p) < len) return failf(err, errlen, "a truncated object bundle");
+    if ((uint64_t)(end - p) < len) return cg_failf(err, errlen, "a truncated object bundle");
     LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(p, (size_t)len, "gradc-kernels");
-    if (!check(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading object code", err, errlen)) return false;
+    if (!cg_check_llvm(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading object code", err, errlen)) return false;
     p += len;
   }
   for (int i = 0; i < K->n; i++) {
     const KInfo *ki = &K->k[i];
     LLVMOrcExecutorAddress addr = 0;
-    if (!check(LLVMOrcLLJITLookup(m->jit, &addr, ki->name), ki->name, err, errlen)) return false;
+    if (!cg_check_llvm(LLVMOrcLLJITLookup(m->jit, &addr, ki->name), ki->name, err, errlen)) return false;
     CgKernel *k = &m->kernels[ki->group];
     k->group = ki->group;
     k->name = arena_strdup(&m->names, ki->name);
@@ -642,7 +640,7 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
   compile_count++;
   pthread_once(&init_once, init_llvm);
   if (!init_ok) {
-    failf(err, errlen, "LLVM: cannot initialise the native target");
+    cg_failf(err, errlen, "LLVM: cannot initialise the native target");
     return NULL;
   }
   Kernels K;
@@ -684,7 +682,7 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
 CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, char *err, size_t errlen) {
   pthread_once(&init_once, init_llvm);
   if (!init_ok) {
-    failf(err, errlen, "LLVM: cannot initialise the native target");
+    cg_failf(err, errlen, "LLVM: cannot initialise the native target");
     return NULL;
   }
   Kernels K;

@@ -9,6 +9,7 @@
 #define GRADC_LLVM_GEN_H
 
 #include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
 
 #include "codegen.h"
 
@@ -41,6 +42,10 @@ typedef struct Gen {
 
 /* Record the first error (a value without storage, ...); emission goes on
  * harmlessly and the caller checks g->failed. */
+/* llvm.c: a message into err (when non-NULL) and false; an LLVMErrorRef
+ * consumed into "LLVM: what: message" (true when there was none). */
+bool cg_failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n);
 void gen_error(Gen *g, const char *fmt, ...) GRADC_PRINTF(2, 3);
 
 /* llvm_ops.c: types, constants, memory */

@@ -36,25 +36,6 @@ struct CgOptim {
   bool from_cache;
 };
 
-static bool failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool failf(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
-static bool check(LLVMErrorRef e, const char *what, char *err, size_t n) {
-  if (!e) return true;
-  char *msg = LLVMGetErrorMessage(e);
-  failf(err, n, "LLVM: %s: %s", what, msg ? msg : "unknown error");
-  LLVMDisposeErrorMessage(msg);
-  return false;
-}
-
 static const char *kernel_symbol(CgOptimKind kind, bool f64) {
   static const char *const names[2][2] = {{"gradc_optim_sgd_f32", "gradc_optim_sgd_f64"},
                                           {"gradc_optim_adamw_f32", "gradc_optim_adamw_f64"}};
@@ -213,11 +194,11 @@ static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
   char *msg = NULL;
   LLVMTargetMachineRef tm = NULL;
   if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
-    failf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
+    cg_failf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
   } else {
     tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
                                  LLVMCodeModelDefault);
-    if (!tm) failf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
+    if (!tm) cg_failf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
   }
   LLVMDisposeMessage(msg);
   LLVMDisposeMessage(triple);
@@ -259,7 +240,7 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
   bool ok = !g.failed;
   char *msg = NULL;
   if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg))
-    ok = failf(err, errlen, "LLVM: the optimiser module does not verify: %.400s", msg ? msg : "");
+    ok = cg_failf(err, errlen, "LLVM: the optimiser module does not verify: %.400s", msg ? msg : "");
   LLVMDisposeMessage(msg);
   msg = NULL;
   if (ok) {
@@ -267,12 +248,12 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
     LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
     LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
     LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-    ok = check(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
+    ok = cg_check_llvm(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
     LLVMDisposePassBuilderOptions(po);
   }
   LLVMMemoryBufferRef buf = NULL;
   if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
-    ok = failf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
+    ok = cg_failf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
     buf = NULL;
   }
   LLVMDisposeMessage(msg);
@@ -292,22 +273,22 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
 
 /* Load the object into a fresh JIT and look the kernels up. */
 static bool load_object(CgOptim *m, const char *obj, size_t len, char *err, size_t errlen) {
-  if (!check(LLVMOrcCreateLLJIT(&m->jit, NULL), "creating the JIT", err, errlen)) {
+  if (!cg_check_llvm(LLVMOrcCreateLLJIT(&m->jit, NULL), "creating the JIT", err, errlen)) {
     m->jit = NULL;
     return false;
   }
   LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(m->jit);
   LLVMOrcDefinitionGeneratorRef gen = NULL;
-  if (!check(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(m->jit), NULL, NULL),
+  if (!cg_check_llvm(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(m->jit), NULL, NULL),
              "resolving process symbols", err, errlen))
     return false;
   LLVMOrcJITDylibAddGenerator(jd, gen);
   LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, len, "gradc-optim");
-  if (!check(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading the optimiser kernels", err, errlen)) return false;
+  if (!cg_check_llvm(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading the optimiser kernels", err, errlen)) return false;
   for (int k = 0; k < 2; k++)
     for (int f64 = 0; f64 < 2 && (m->kinds & (1u << k)); f64++) {
       LLVMOrcExecutorAddress addr = 0;
-      if (!check(LLVMOrcLLJITLookup(m->jit, &addr, kernel_symbol((CgOptimKind)k, f64)), kernel_symbol((CgOptimKind)k, f64),
+      if (!cg_check_llvm(LLVMOrcLLJITLookup(m->jit, &addr, kernel_symbol((CgOptimKind)k, f64)), kernel_symbol((CgOptimKind)k, f64),
                  err, errlen))
         return false;
       m->fn[k][f64] = (CgOptimFn)(uintptr_t)addr;
