@@ -165,6 +165,7 @@ static bool elementwise(IrOpcode opc) {
   case IR_OP_ALL_GATHER_START:
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_TP_COPY:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: return false;
@@ -300,6 +301,7 @@ static void plan(Row *R, int k) {
   case IR_OP_ALL_GATHER_START:
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_TP_COPY:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: cu_error(g, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name); break;
@@ -533,6 +535,7 @@ static const char *elem(Row *R, int i) {
   case IR_OP_ALL_GATHER_START:
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_TP_COPY:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: break;
@@ -761,6 +764,7 @@ static void section(Row *R, int k) {
     case IR_OP_ALL_GATHER_START:
     case IR_OP_ALL_GATHER_WAIT:
     case IR_OP_REDUCE_SCATTER_START:
+    case IR_OP_TP_COPY:
     case IR_OP_REDUCE_SCATTER_WAIT:
     case IR_OP_LOSS:
     case IR_OP_GRAD: cu_error(g, "'%s' in a row kernel", ir_op_info[op->opcode].name); break;

@@ -656,6 +656,7 @@ void gen_loop_kernel(Gen *g, const IrOp *op) {
   case IR_OP_ALL_GATHER_START:
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_TP_COPY:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD:

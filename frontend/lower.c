@@ -1278,6 +1278,8 @@ static void decl_tensor(Lower *L, const FeStmt *s) {
     if (!axis_of(L, v.i, &ty, s->split->begin, &split)) return;
   }
   IrValue *v = ir_func_add_arg(L->f, s->id, ty, IR_ARG_PARAM, false);
+  v->split_axis = (int)split;
+  if (s->split) v->split_loc = loc_of(L, s->split->begin);
   FeParam *p = &m->params[m->nparams++];
   p->name = arena_strdup(&m->arena, s->id);
   p->type = ty;

@@ -191,6 +191,7 @@ IrValue *ir_func_add_arg(IrFunc *f, const char *name, IrType type, IrArgRole rol
   IrValue *v = ir_func_new_value(f, type, name);
   v->role = role;
   v->batched = batched;
+  v->split_axis = -1;
   PUSH(f->args, f->nargs, f->capargs, v);
   return v;
 }

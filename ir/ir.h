@@ -136,6 +136,10 @@ typedef struct IrValue {
   /* Function arguments only: */
   IrArgRole role;
   bool batched;     /* input whose first axis is the batch axis (split into micro-batches) */
+  int split_axis;   /* param: the split(N) annotation (tensor parallelism), -1 if none */
+  int split_ranks;  /* param: set by `shard`: the value is this rank's 1/split_ranks of the
+                       declared tensor along split_axis (0 or 1: the whole tensor) */
+  IrLoc split_loc;  /* param: where the annotation is, for errors (file NULL if unknown) */
   /* Set by `memplan` (see docs/BACKEND.md): */
   IrStorage storage;
   int64_t offset;   /* byte offset in the arena (IR_STORE_ARENA, IR_STORE_GRAD, IR_STORE_ALIAS) */

@@ -294,9 +294,11 @@ void ir_print(const IrFunc *f, StrBuf *out) {
     sb_puts(out, ": ");
     print_type(&v->type, out);
     print_storage(v, out);
-    if (v->role == IR_ARG_PARAM)
+    if (v->role == IR_ARG_PARAM) {
       sb_puts(out, " param");
-    else
+      if (v->split_axis >= 0) sb_printf(out, " split(%d)", v->split_axis);
+      if (v->split_axis >= 0 && v->split_ranks > 1) sb_printf(out, " ranks %d", v->split_ranks);
+    } else
       sb_puts(out, v->batched ? " input batch" : " input");
   }
   sb_putc(out, ')');

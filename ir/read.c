@@ -577,7 +577,7 @@ static void parse_op(Reader *r) {
 /* Functions                                                           */
 /* ------------------------------------------------------------------ */
 
-/* arg = "%" NAME ":" type ("input" "batch"? | "param") */
+/* arg = "%" NAME ":" type ("input" "batch"? | "param" ("split" "(" INT ")" ("ranks" INT)?)?) */
 static void parse_arg(Reader *r) {
   if (r->tok.kind != TK_VALUE) error_tok(r, "an argument '%name: type'");
   Tok t = r->tok;
@@ -590,6 +590,7 @@ static void parse_arg(Reader *r) {
   parse_storage(r, &store);
   IrArgRole role;
   bool batched = false;
+  int64_t split = -1, ranks = 0;
   if (is_ident(r, "input")) {
     role = IR_ARG_INPUT;
     next(r);
@@ -600,10 +601,32 @@ static void parse_arg(Reader *r) {
   } else if (is_ident(r, "param")) {
     role = IR_ARG_PARAM;
     next(r);
+    if (is_ident(r, "split")) {
+      next(r);
+      expect_punct(r, '(');
+      Tok at = r->tok;
+      split = parse_int(r);
+      if (split < 0 || split >= type.shape.rank) {
+        r->tok = at;
+        error_tok(r, "an axis of the param's type");
+      }
+      expect_punct(r, ')');
+      if (is_ident(r, "ranks")) {
+        next(r);
+        at = r->tok;
+        ranks = parse_int(r);
+        if (ranks < 1 || ranks > 1 << 20) {
+          r->tok = at;
+          error_tok(r, "a rank count between 1 and 2^20");
+        }
+      }
+    }
   } else {
     error_tok(r, "'input' or 'param'");
   }
   IrValue *v = ir_func_add_arg(r->f, NULL, type, role, batched);
+  v->split_axis = (int)split;
+  v->split_ranks = (int)ranks;
   v->storage = store.storage;
   v->offset = store.offset;
   define(r, &t, name, v);

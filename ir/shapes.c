@@ -651,6 +651,15 @@ static bool ir_shape_all_reduce(const IrOp *op, const IrType *hint, IrType *out,
   return true;
 }
 
+/* tp.copy: group="..." ranks=N; the identity on a float operand. */
+static bool ir_shape_tp_copy(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  int64_t ranks;
+  if (!collective_attrs(op, &ranks, err, n)) return false;
+  if (!need_float_operand(op, 0, err, n)) return false;
+  *out = *arg(op, 0);
+  return true;
+}
+
 static bool ir_shape_all_gather(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   const IrType *x = arg(op, 0);
   int64_t ranks, axis;

@@ -582,6 +582,15 @@ static IrValue *collective(AdCtx *ad, IrOp *op, IrValue *dy, IrOpcode opc_start,
 /* Forward all-reduce: the backward is the identity. */
 void ad_grad_all_reduce(AdCtx *ad, IrOp *op, IrValue *dy) { ad_accum(ad, op->args[0], dy); }
 
+/* tp.copy (Megatron's f): the identity whose backward all-reduces dy, so
+ * the partial input gradients of a column-parallel GEMM are summed. */
+void ad_grad_tp_copy(AdCtx *ad, IrOp *op, IrValue *dy) {
+  if (!ad_needs_grad(ad, op->args[0])) return;
+  IrFunc *f = ad_func(ad);
+  IrValue *s = ir_emit(f, IR_OP_ALL_REDUCE_START, &dy, 1, op->attrs, op->nattrs, NULL, op->loc);
+  ad_accum(ad, op->args[0], ir_emit(f, IR_OP_ALL_REDUCE_WAIT, &s, 1, op->attrs, op->nattrs, NULL, op->loc));
+}
+
 /* Forward all-gather: the backward reduce-scatters dy. */
 void ad_grad_all_gather(AdCtx *ad, IrOp *op, IrValue *dy) {
   if (!ad_needs_grad(ad, op->args[0])) return;

@@ -15,6 +15,12 @@ typedef struct PassOptions {
   int gas;             /* K: micro-batches per window (>= 1) */
   Diag *diag;          /* user errors */
   const SrcFile *src;  /* the model source, for located errors (may be NULL) */
+  /* Distributed runs (docs/DISTRIBUTED.md); zero-initialised means one process. */
+  int tp;                 /* --tp: tensor-parallel ranks (0 or 1: none) */
+  int dp;                 /* --dp: data-parallel ranks (0 or 1: none) */
+  bool sequence_parallel; /* --sequence-parallel */
+  bool no_overlap;        /* --no-overlap: schedule keeps collectives where they are issued */
+  int64_t bucket_bytes;   /* dp-reduce bucket cap in bytes (0: the default) */
 } PassOptions;
 
 typedef PassResult (*PassFn)(IrFunc *f, const PassOptions *o, Arena *scratch);

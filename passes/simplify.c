@@ -105,6 +105,10 @@ static IrValue *simplify_op(IrFunc *f, IrOp *op) {
 PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch) {
   (void)o;
   int changed = 0;
+  /* tp.copy matters only to autodiff (its gradient is all-reduced): once
+   * the function has its gradients it is the identity. */
+  bool differentiated = false;
+  for (int i = 0; i < f->nops; i++) differentiated |= f->ops[i]->opcode == IR_OP_GRAD;
   /* Values created here get ids past the table: size it generously and
    * only record replacements of existing values. */
   int nv = f->nvalues;
@@ -119,6 +123,11 @@ PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch) {
     }
     if (!op->result || op->result->id >= nv) continue;
     IrOpKind kind = ir_op_info[op->opcode].kind;
+    if (op->opcode == IR_OP_TP_COPY && differentiated) {
+      repl[op->result->id] = op->args[0];
+      changed++;
+      continue;
+    }
     if (kind == IR_KIND_WINDOW || kind == IR_KIND_COLLECTIVE) continue;
     IrValue *s = simplify_op(f, op);
     if (!s || s == op->result) continue;

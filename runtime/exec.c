@@ -632,8 +632,9 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     return true;
   }
   if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
-      opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT) {
-    if (ir_attr_get_int(op, "ranks", 1) > 1) return op_fail(err, n, op, "needs a distributed runtime");
+      opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT ||
+      opc == IR_OP_TP_COPY) {
+    if (opc != IR_OP_TP_COPY && ir_attr_get_int(op, "ranks", 1) > 1) return op_fail(err, n, op, "needs a distributed runtime");
     const IrValue *s = storage_root(op->args[0]), *d = storage_root(op->result);
     if (s->storage == IR_STORE_NONE || d->storage == IR_STORE_NONE)
       return op_fail(err, n, op, "has an operand or result without storage (run memplan)");

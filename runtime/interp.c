@@ -784,6 +784,7 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_REDUCE_SCATTER_START: return eval_collective(c, op, out);
   case IR_OP_ALL_REDUCE_WAIT:
   case IR_OP_ALL_GATHER_WAIT:
+  case IR_OP_TP_COPY:
   case IR_OP_REDUCE_SCATTER_WAIT: return eval_copy(c, op, out);
   case IR_OP_LOSS:
   case IR_OP_GRAD: return true; /* outputs: the caller reads their operands */
