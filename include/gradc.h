@@ -48,6 +48,12 @@ typedef struct gradc_compile_options {
   int no_cache;       /* 1: bypass the on-disk compile cache */
   int dp;             /* data-parallel ranks N >= 1 (default 1; 0 reads as 1): the run is N processes
                          (mpirun -np N, after gradc_mpi_enable), each computing B/N samples of the window */
+  int tp;             /* tensor-parallel ranks T >= 1 (default 1): params annotated split(N) are sharded
+                         over T processes; the run is T x dp processes, tp ranks adjacent */
+  int sequence_parallel; /* 1: between tensor-parallel regions activations are sharded along the
+                            sequence axis (all-gather / reduce-scatter instead of all-reduce) */
+  int no_overlap;     /* 1: collectives wait right after they start (no compute in between) */
+  int64_t bucket_bytes; /* data-parallel gradient bucket cap (0: the default, 4 MiB) */
 } gradc_compile_options;
 
 void gradc_compile_options_init(gradc_compile_options *o);
@@ -102,6 +108,17 @@ void gradc_session_free(gradc_session *s);
  * not); without dp the rank is 0 and the check passes. */
 int gradc_session_rank(const gradc_session *s);
 gradc_status gradc_session_check_replicas(const gradc_session *s);
+/* Record a Chrome trace (JSON for Perfetto / chrome://tracing) of the
+ * session's steps from now on: kernels, GEMMs and copies on a compute lane
+ * and collectives on a comm lane, per rank.  gradc_session_trace_write
+ * writes it (collective in a distributed run: every rank's events go into
+ * the one file rank 0 writes).  The figures: time collectives were in
+ * flight, the part of it a rank sat waiting (exposed), summed over ranks'
+ * maximum, in milliseconds. */
+gradc_status gradc_session_trace(gradc_session *s);
+gradc_status gradc_session_trace_write(gradc_session *s, const char *path);
+gradc_status gradc_session_trace_stats(const gradc_session *s, double *comm_ms, double *exposed_ms,
+                                       double *compute_ms);
 
 /* Params: initialise from the model's `init` specs, or set/get by name.
  * Data is F32 (F64 for f64 params), n elements. */
