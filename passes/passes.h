@@ -61,6 +61,12 @@ PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_autodiff(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* shard.c: split(N) params over --tp ranks, collectives inserted (docs/DISTRIBUTED.md). */
+PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* dp_reduce.c: gradients all-reduced over --dp ranks in buckets, in the window's last micro-batch. */
+PassResult pass_dp_reduce(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* schedule.c: collectives' starts early, waits late, by a cost model. */
+PassResult pass_schedule(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* memplan.c: arena offsets for every stored value (docs/BACKEND.md); CPU pipeline only. */
 PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch);
 

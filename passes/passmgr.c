@@ -8,20 +8,24 @@
 
 /* Every pass, in pipeline order. */
 static const Pass passes[] = {
+    {"shard", pass_shard, "shard split(N) params over the --tp ranks and insert the collectives"},
     {"gas-fold", pass_gas_fold, "fold gradient-accumulation scaling into the objective root (DESIGN.md §3)"},
     {"autodiff", pass_autodiff, "derive the backward graph by reverse-mode differentiation"},
     {"simplify", pass_simplify, "constant folding and algebraic identities"},
     {"cse", pass_cse, "merge identical ops"},
     {"dce", pass_dce, "remove ops whose results are unused"},
+    {"dp-reduce", pass_dp_reduce, "all-reduce gradients over the --dp ranks in buckets, in the last micro-batch"},
     {"fuse", pass_fuse, "group ops into kernels: elementwise chains, row reductions and their neighbours"},
+    {"schedule", pass_schedule, "start collectives early and wait late, so communication overlaps compute"},
     {"memplan", pass_memplan, "assign every stored value an offset in the step's arena (CPU back end)"},
 };
 #define NPASSES ((int)(sizeof passes / sizeof passes[0]))
 
-static const char *const pipeline[] = {"gas-fold", "autodiff", "simplify", "cse", "dce"};
+static const char *const pipeline[] = {"shard", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce", "schedule"};
 
 /* The CPU back end (docs/BACKEND.md). */
-static const char *const pipeline_cpu[] = {"gas-fold", "autodiff", "simplify", "cse", "dce", "fuse", "memplan"};
+static const char *const pipeline_cpu[] = {"shard", "gas-fold", "autodiff", "simplify", "cse",
+                                           "dce",   "dp-reduce", "fuse",  "schedule", "memplan"};
 
 const Pass *pass_lookup(const char *name) {
   for (int i = 0; i < NPASSES; i++)
