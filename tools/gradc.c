@@ -40,6 +40,14 @@ typedef struct Args {
   bool gas_set; /* --gas was given (an artifact fixes K) */
   int dp;
   bool dp_set; /* --dp was given (an artifact fixes it) */
+  int tp;
+  bool tp_set; /* --tp was given (an artifact fixes it) */
+  bool sequence_parallel;   /* --sequence-parallel */
+  bool no_overlap;          /* --no-overlap */
+  int64_t bucket_bytes;     /* --bucket-mb X */
+  const char *trace;        /* --trace FILE.json */
+  double link_latency_us;   /* --link-latency-us X (a simulated slow link) */
+  double link_gbps;         /* --link-gbps X */
   const char *target;
   const char *passes;
   const char *print_before, *print_after;
@@ -70,13 +78,15 @@ static const char *help_text[][2] = {
     {"compile", "gradc compile MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]]\n"
                 "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
                 "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache] [--dp N]\n"
+                "              [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X]\n"
                 "              [--print-kernels] [--kernels-dir DIR]\n"
                 "  Lower, differentiate and optimise a model for the target (cpu: fused kernels compiled\n"
                 "  with LLVM; ref: the reference interpreter; cuda: CUDA C kernels compiled with NVRTC for\n"
                 "  sm_XX, by default the present GPU's, else sm_80; no GPU is needed to compile).  Without\n"
                 "  -o the final IR goes to stdout; -o writes an artifact that run and train load without\n"
                 "  compiling.  --print-kernels writes the CUDA source to stderr, --kernels-dir one .cu file\n"
-                "  per kernel.\n"},
+                "  per kernel.  --tp/--dp/--sequence-parallel/--no-overlap/--bucket-mb compile for a\n"
+                "  distributed run (see gradc help run and docs/DISTRIBUTED.md).\n"},
     {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
             "  Read IR text, run passes, print IR text to stdout.\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
@@ -86,12 +96,19 @@ static const char *help_text[][2] = {
              "  axis they index).\n"},
     {"data", data_text_help},
     {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--threads N]\n"
-            "          [--dp N] [--allow-tf32]\n"
+            "          [--dp N] [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--allow-tf32]\n"
+            "          [--trace FILE.json] [--link-latency-us X] [--link-gbps X]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
             "  writes one gradient per param.  --dp N runs it on N data-parallel processes\n"
             "  (mpirun -np N gradc run ... --dp N): each takes B/N samples of the window, and rank 0\n"
-            "  prints the losses and writes the gradients of the whole window.\n"},
+            "  prints the losses and writes the gradients of the whole window.  --tp T shards the params\n"
+            "  annotated split(N) over T processes (Megatron-style tensor parallelism; with\n"
+            "  --sequence-parallel activations between the parallel regions are sharded along the\n"
+            "  sequence); the run is T x N processes.  Gradients are reduced in buckets of --bucket-mb\n"
+            "  (default 4) while the backward runs; --no-overlap waits for each collective at once.\n"
+            "  --trace writes a Chrome trace (Perfetto) of kernels and collectives per rank and reports\n"
+            "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"},
     {"train", train_help},
     {"bench", bench_help},
 };
@@ -133,6 +150,15 @@ static bool parse_int(const char *s, int64_t *out) {
   char *end;
   errno = 0;
   long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end) return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_double(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
   if (errno || end == s || *end) return false;
   *out = v;
   return true;
@@ -195,6 +221,7 @@ static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
   a->gas = 1;
   a->dp = 1;
+  a->tp = 1;
   a->cmd = argv[1];
   for (int i = 2; i < argc; i++) {
     const char *v;
@@ -221,6 +248,29 @@ static int parse_args(int argc, char **argv, Args *a) {
       if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--dp expects a positive integer, got '%s'", v);
       a->dp = (int)k;
       a->dp_set = true;
+    } else if (FLAG("--tp")) {
+      int64_t k;
+      if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--tp expects a positive integer, got '%s'", v);
+      a->tp = (int)k;
+      a->tp_set = true;
+    } else if (strcmp(arg, "--sequence-parallel") == 0) {
+      a->sequence_parallel = true;
+    } else if (strcmp(arg, "--no-overlap") == 0) {
+      a->no_overlap = true;
+    } else if (FLAG("--bucket-mb")) {
+      double mb;
+      if (!parse_double(v, &mb) || !(mb > 0) || mb > 1 << 20)
+        return usage_error("--bucket-mb expects a positive size in MiB, got '%s'", v);
+      a->bucket_bytes = (int64_t)(mb * (1 << 20));
+      if (a->bucket_bytes < 1) a->bucket_bytes = 1;
+    } else if (FLAG("--trace")) {
+      a->trace = v;
+    } else if (FLAG("--link-latency-us")) {
+      if (!parse_double(v, &a->link_latency_us) || !(a->link_latency_us >= 0))
+        return usage_error("--link-latency-us expects a non-negative number, got '%s'", v);
+    } else if (FLAG("--link-gbps")) {
+      if (!parse_double(v, &a->link_gbps) || !(a->link_gbps > 0))
+        return usage_error("--link-gbps expects a positive number, got '%s'", v);
     } else if (FLAG("--seed")) {
       int64_t s;
       if (!parse_int(v, &s) || s < 0) return usage_error("--seed expects a non-negative integer, got '%s'", v);
@@ -309,7 +359,14 @@ static int run_pipeline(const Args *a, IrFunc *f, const SrcFile *src, const char
   pm.print_before = a->print_before;
   pm.time_passes = a->time_passes;
   if (a->verify) pm.verify = true;
-  PassOptions po = {.gas = a->gas, .diag = &diag, .src = src};
+  PassOptions po = {.gas = a->gas,
+                    .diag = &diag,
+                    .src = src,
+                    .tp = a->tp,
+                    .dp = a->dp,
+                    .sequence_parallel = a->sequence_parallel,
+                    .no_overlap = a->no_overlap,
+                    .bucket_bytes = a->bucket_bytes};
   return pm_run(&pm, f, names, n, &po);
 }
 
@@ -391,6 +448,10 @@ static int open_program(const Args *a, gradc_program **out) {
   o.threads = a->threads;
   o.no_cache = a->no_cache;
   o.dp = a->dp;
+  o.tp = a->tp;
+  o.sequence_parallel = a->sequence_parallel;
+  o.no_overlap = a->no_overlap;
+  o.bucket_bytes = a->bucket_bytes;
   o.def_names = (const char *const *)a->defs_name;
   o.def_values = a->defs_value;
   o.ndefs = a->ndefs;
@@ -564,11 +625,15 @@ static int cmd_run(const Args *a) {
 #ifdef GRADC_HAVE_CUDA
   if (p->cuda) cuda_program_allow_tf32(p->cuda, a->allow_tf32);
 #endif
-  /* mpirun -np N needs --dp N (else every rank would compute the whole window). */
-  int launched = comm_launch_size();
-  if (launched > 1 && p->dp != launched) {
-    diag_plain(&diag, DIAG_ERROR, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
-               p->dp == 1 ? "no --dp" : "a different --dp", launched);
+  /* mpirun -np N needs --tp T --dp D with T*D = N (else every rank would compute the whole window). */
+  int launched = comm_launch_size(), ranks = p->dp * a->tp;
+  if (launched > 1 && ranks != launched) {
+    if (a->tp == 1)
+      diag_plain(&diag, DIAG_ERROR, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
+                 p->dp == 1 ? "no --dp" : "a different --dp", launched);
+    else
+      diag_plain(&diag, DIAG_ERROR, "this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
+                 launched, launched, a->tp, p->dp, ranks, launched);
     gradc_program_free(p);
     return 1;
   }
@@ -638,6 +703,7 @@ int main(int argc, char **argv) {
   }
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc;
+  tools_set_link(a.link_latency_us, a.link_gbps);
   if (strcmp(a.cmd, "check") == 0) rc = cmd_check(&a);
   else if (strcmp(a.cmd, "compile") == 0) rc = cmd_compile(&a);
   else if (strcmp(a.cmd, "opt") == 0) rc = cmd_opt(&a);

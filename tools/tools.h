@@ -18,6 +18,11 @@ int cmd_data_text(int argc, char **argv);
 extern const char train_help[];
 extern const char data_text_help[];
 
+/* --link-latency-us / --link-gbps: a simulated slow link between ranks,
+ * handed to the comm layer through GRADC_COMM_LATENCY_US / GRADC_COMM_GBPS
+ * (docs/DISTRIBUTED.md) before it starts.  Values <= 0 leave them alone. */
+void tools_set_link(double latency_us, double gbps);
+
 /* ------------------------------------------------------------------ */
 /* plot.c                                                              */
 /* ------------------------------------------------------------------ */

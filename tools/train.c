@@ -69,7 +69,9 @@ const char train_help[] =
     "            [--warmup N] [--cosine] [--min-lr X] [--seed S] [--init PARAMS.safetensors]\n"
     "            [--params-out PARAMS.safetensors] [--checkpoint FILE] [--checkpoint-every N]\n"
     "            [--resume FILE] [--stop-after N] [--log FILE.csv|FILE.jsonl] [--plot FILE.svg]\n"
-    "            [--print-every N] [--threads N] [--no-cache] [--dp N] [-D N=V]...\n"
+    "            [--print-every N] [--threads N] [--no-cache] [--dp N] [--tp T] [--sequence-parallel]\n"
+    "            [--no-overlap] [--bucket-mb X] [--trace FILE.json] [--link-latency-us X]\n"
+    "            [--link-gbps X] [-D N=V]...\n"
     "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
@@ -83,7 +85,8 @@ const char train_help[] =
     "  row per step (step, lr, each loss, total, grad_norm, elapsed_s) as CSV or JSON lines;\n"
     "  --plot draws the loss curves as SVG.  stdout stays empty.  --dp N trains on N data-parallel\n"
     "  processes (mpirun -np N gradc train ... --dp N): each runs B/N samples of every window, all take\n"
-    "  the same steps, and rank 0 prints and writes the files.\n";
+    "  the same steps, and rank 0 prints and writes the files.  --tp T shards params annotated split(N)\n"
+    "  over T processes (T x N in all); the other distributed flags are those of gradc help run.\n";
 
 const char data_text_help[] =
     "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
@@ -94,6 +97,18 @@ const char data_text_help[] =
     "  bytes in __metadata__ as vocab_size and vocab).  --names renames the two tensors.\n";
 
 /* ---- small helpers ---- */
+
+void tools_set_link(double latency_us, double gbps) {
+  char buf[64];
+  if (latency_us > 0) {
+    snprintf(buf, sizeof buf, "%.17g", latency_us);
+    setenv("GRADC_COMM_LATENCY_US", buf, 1);
+  }
+  if (gbps > 0) {
+    snprintf(buf, sizeof buf, "%.17g", gbps);
+    setenv("GRADC_COMM_GBPS", buf, 1);
+  }
+}
 
 static int error(int code, const char *fmt, ...) GRADC_PRINTF(2, 3);
 static int error(int code, const char *fmt, ...) {
@@ -339,6 +354,12 @@ typedef struct TrainArgs {
   bool gas_set;
   int dp;
   bool dp_set;
+  int tp;
+  bool tp_set;
+  bool sequence_parallel, no_overlap;
+  int64_t bucket_bytes;
+  const char *trace;
+  double link_latency_us, link_gbps;
   const char *target;
   int threads;
   bool no_cache;
@@ -360,6 +381,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   a->steps = 100;
   a->gas = 1;
   a->dp = 1;
+  a->tp = 1;
   a->kind = GRADC_ADAMW;
   for (int i = 1; i < argc; i++) {
     char *arg = argv[i];
@@ -412,6 +434,27 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--dp expects a positive integer, got '%s'", v);
       a->dp = (int)n;
       a->dp_set = true;
+    } else if (FLAG("--tp")) {
+      if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--tp expects a positive integer, got '%s'", v);
+      a->tp = (int)n;
+      a->tp_set = true;
+    } else if (strcmp(arg, "--sequence-parallel") == 0) {
+      a->sequence_parallel = true;
+    } else if (strcmp(arg, "--no-overlap") == 0) {
+      a->no_overlap = true;
+    } else if (FLAG("--bucket-mb")) {
+      if (!parse_f64(v, &x) || !(x > 0) || x > 1 << 20)
+        return error(1, "--bucket-mb expects a positive size in MiB, got '%s'", v);
+      a->bucket_bytes = (int64_t)(x * (1 << 20));
+      if (a->bucket_bytes < 1) a->bucket_bytes = 1;
+    } else if (FLAG("--trace")) {
+      a->trace = v;
+    } else if (FLAG("--link-latency-us")) {
+      if (!parse_f64(v, &x) || !(x >= 0)) return error(1, "--link-latency-us expects a non-negative number, got '%s'", v);
+      a->link_latency_us = x;
+    } else if (FLAG("--link-gbps")) {
+      if (!parse_f64(v, &x) || !(x > 0)) return error(1, "--link-gbps expects a positive number, got '%s'", v);
+      a->link_gbps = x;
     } else if (FLAG("--threads")) {
       if (!parse_i64(v, &n) || n < 0 || n > 4096) return error(1, "--threads expects an integer >= 0, got '%s'", v);
       a->threads = (int)n;
@@ -1021,6 +1064,10 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.ndefs = a->ndefs;
     o.no_cache = a->no_cache;
     o.dp = a->dp;
+    o.tp = a->tp;
+    o.sequence_parallel = a->sequence_parallel;
+    o.no_overlap = a->no_overlap;
+    o.bucket_bytes = a->bucket_bytes;
     st = gradc_program_compile_file(a->model, &o, p);
     return st == GRADC_OK ? 0 : api_error(st);
   }
@@ -1239,6 +1286,7 @@ done:
 int cmd_train(int argc, char **argv) {
   TrainArgs a;
   int rc = parse_train_args(argc, argv, &a);
+  if (!rc) tools_set_link(a.link_latency_us, a.link_gbps);
   if (!rc) rc = train(&a);
   for (int i = 0; i < a.ndefs; i++) free((void *)a.def_names[i]);
   return rc;
