@@ -43,4 +43,23 @@ void trace_stats(const Trace *t, TraceStats *out);
 /* Write this rank's events as a Chrome trace JSON file (pid = rank). */
 bool trace_write(const Trace *t, const char *path, char *err, size_t n);
 
+/* What gathering every rank's events into one file needs (comm.c's
+ * comm_trace_gather).  The recorder's origin on the monotonic clock (ranks
+ * of one machine share it, so origins line up their timelines), its rank,
+ * its events (this rank's and any added), and adding an event of another
+ * rank, in this recorder's time.  trace_stats counts this rank's only. */
+typedef struct TraceEventInfo {
+  double t0_us, t1_us;
+  const char *name;  /* owned by the recorder */
+  int rank;
+  TraceLane lane;
+  bool exposed;      /* a trace_exposed span */
+} TraceEventInfo;
+
+double trace_origin_us(const Trace *t);
+int trace_rank(const Trace *t);
+size_t trace_count(const Trace *t);
+bool trace_event(const Trace *t, size_t i, TraceEventInfo *out);
+void trace_add_rank(Trace *t, int rank, TraceLane lane, const char *name, double t0_us, double t1_us, bool exposed);
+
 #endif
