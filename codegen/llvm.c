@@ -30,7 +30,6 @@
 
 #include "llvm_gen.h"
 
-#define CG_VERSION "gradc-cg-4" /* bump when generated code or the bundle changes (cache keys) */
 
 struct CgModule {
   LLVMOrcLLJITRef jit;

@@ -244,7 +244,12 @@ done:
 
 void art_host_id(char *buf, size_t n) {
 #ifdef GRADC_HAVE_LLVM
-  cg_llvm_host_id(buf, n); /* what the kernels' object code depends on */
+  /* What the kernels' object code depends on: the host and the generator
+   * that wrote it (a newer gradc may generate different kernels for the
+   * same IR, so its objects are not interchangeable). */
+  char host[1024];
+  cg_llvm_host_id(host, sizeof host);
+  snprintf(buf, n, "%s;%s", CG_VERSION, host);
 #else
   struct utsname u;
   if (uname(&u) != 0) snprintf(u.machine, sizeof u.machine, "unknown");

@@ -186,6 +186,13 @@ static void test_artifact_refuses_foreign_kernels(void **state) {
   snprintf(other, sizeof other, "%.16s;x86_64-unknown-linux-gnu;znver9;+avx1024;llvm19", name);
   rewrite_kobj(tmp("k.gca"), tmp("host.gca"), other, (size_t)-1);
   expect_load_error(tmp("host.gca"), "kernel object code was built for another host (x86_64-unknown-linux-gnu;znver9");
+  /* Kernels of this host from another version of the code generator. */
+  char host[1024];
+  cg_llvm_host_id(host, sizeof host);
+  snprintf(other, sizeof other, "%.16s;gradc-cg-0;%s", name, host);
+  assert_non_null(strstr(name, CG_VERSION)); /* the saved id names the generator */
+  rewrite_kobj(tmp("k.gca"), tmp("gen.gca"), other, (size_t)-1);
+  expect_load_error(tmp("gen.gca"), "gradc-cg-0");
   /* Kernels of another model (or another plan). */
   snprintf(other, sizeof other, "0123456789abcdef%s", strchr(name, ';'));
   rewrite_kobj(tmp("k.gca"), tmp("ir.gca"), other, (size_t)-1);
