@@ -35,6 +35,7 @@
 #include "runtime/gemm_floor.h"
 #include "runtime/runtime.h"
 #include "tools/bench.h"
+#include "tools/tools.h"
 #ifdef GRADC_HAVE_CUDA
 #include "runtime/cuda.h"
 #endif
@@ -91,25 +92,10 @@ static int usage(const char *fmt, const char *arg) {
 }
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return false;
+  int64_t v;
+  if (!tools_parse_i64(s, &v) || v < lo || v > hi) return false;
   *out = v;
   return true;
-}
-
-/* "--flag=value" or "--flag value": the value, or NULL if arg is not flag. */
-static const char *flag(int argc, char **argv, int *i, const char *name, bool *missing) {
-  size_t n = strlen(name);
-  if (strncmp(argv[*i], name, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != 0) return NULL;
-  if (*i + 1 >= argc) {
-    *missing = true;
-    return NULL;
-  }
-  return argv[++*i];
 }
 
 static int parse_args(int argc, char **argv, BenchArgs *a) {
@@ -130,22 +116,22 @@ static int parse_args(int argc, char **argv, BenchArgs *a) {
       if (a->ndefs == 64) return usage("too many -D options%s", "");
       a->defs_name[a->ndefs] = strndup(def, (size_t)(eq - def));
       a->defs_value[a->ndefs++] = x;
-    } else if ((v = flag(argc, argv, &i, "--gas", &missing))) {
+    } else if ((v = tools_flag_value(argc, argv, &i, "--gas", &missing))) {
       if (!parse_int(v, 1, 1 << 20, &x)) return usage("--gas expects a positive integer, got '%s'", v);
       a->gas = (int)x;
-    } else if ((v = flag(argc, argv, &i, "--threads", &missing))) {
+    } else if ((v = tools_flag_value(argc, argv, &i, "--threads", &missing))) {
       if (!parse_int(v, 0, 4096, &x)) return usage("--threads expects a non-negative integer, got '%s'", v);
       a->threads = (int)x;
-    } else if ((v = flag(argc, argv, &i, "--steps", &missing))) {
+    } else if ((v = tools_flag_value(argc, argv, &i, "--steps", &missing))) {
       if (!parse_int(v, 1, 1000000, &x)) return usage("--steps expects a positive integer, got '%s'", v);
       a->steps = (int)x;
-    } else if ((v = flag(argc, argv, &i, "--warmup", &missing))) {
+    } else if ((v = tools_flag_value(argc, argv, &i, "--warmup", &missing))) {
       if (!parse_int(v, 0, 1000000, &x)) return usage("--warmup expects a non-negative integer, got '%s'", v);
       a->warmup = (int)x;
-    } else if ((v = flag(argc, argv, &i, "--seed", &missing))) {
+    } else if ((v = tools_flag_value(argc, argv, &i, "--seed", &missing))) {
       if (!parse_int(v, 0, INT64_MAX, &x)) return usage("--seed expects a non-negative integer, got '%s'", v);
       a->seed = (uint64_t)x;
-    } else if ((v = flag(argc, argv, &i, "--target", &missing))) {
+    } else if ((v = tools_flag_value(argc, argv, &i, "--target", &missing))) {
       char arch[32];
       if (strcmp(v, "ref") == 0) a->ref = true;
 #ifdef GRADC_HAVE_CUDA

@@ -136,34 +136,6 @@ static void print_help(const char *cmd) {
   printf("gradc help CMD shows one command; gradc --version prints the version.\n");
 }
 
-/* "--flag=value" or "--flag value"; returns the value or NULL. */
-static const char *flag_value(int argc, char **argv, int *i, const char *flag) {
-  size_t n = strlen(flag);
-  if (strncmp(argv[*i], flag, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != 0) return NULL;
-  if (*i + 1 >= argc) return NULL;
-  return argv[++*i];
-}
-
-static bool parse_int(const char *s, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end) return false;
-  *out = v;
-  return true;
-}
-
-static bool parse_double(const char *s, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end) return false;
-  *out = v;
-  return true;
-}
-
 /* A --print-ir-* value: "all" or pass names separated by commas. */
 static bool check_pass_list(const char *flag, const char *list) {
   if (!list || strcmp(list, "all") == 0) return true;
@@ -194,17 +166,6 @@ static const char *join_list(const char *old, const char *add) {
 #define CUDA_TARGETS ""
 #endif
 
-/* cuda or cuda:sm_XX, in a build with the CUDA back end. */
-static bool cuda_target(const char *t) {
-#ifdef GRADC_HAVE_CUDA
-  char arch[32];
-  return t && cg_cuda_parse_target(t, arch, sizeof arch);
-#else
-  (void)t;
-  return false;
-#endif
-}
-
 /* Running on CUDA needs a device ("gradc: error: no CUDA device"). */
 static int need_device(void) {
 #ifdef GRADC_HAVE_CUDA
@@ -226,12 +187,12 @@ static int parse_args(int argc, char **argv, Args *a) {
   for (int i = 2; i < argc; i++) {
     const char *v;
     char *arg = argv[i];
-#define FLAG(name) (strncmp(arg, name, strlen(name)) == 0 && (v = flag_value(argc, argv, &i, name)) != NULL)
+#define FLAG(name) (strncmp(arg, name, strlen(name)) == 0 && (v = tools_flag_value(argc, argv, &i, name, NULL)) != NULL)
     if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
       const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
       const char *eq = def ? strchr(def, '=') : NULL;
       int64_t val;
-      if (!eq || eq == def || !parse_int(eq + 1, &val)) return usage_error("-D expects NAME=INTEGER, got '%s'", def ? def : "");
+      if (!eq || eq == def || !tools_parse_i64(eq + 1, &val)) return usage_error("-D expects NAME=INTEGER, got '%s'", def ? def : "");
       if (a->ndefs == 64) return usage_error("too many -D options%s", "");
       a->defs_name[a->ndefs] = strndup(def, (size_t)(eq - def));
       a->defs_value[a->ndefs++] = val;
@@ -240,17 +201,17 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->output = argv[++i];
     } else if (FLAG("--gas")) {
       int64_t k;
-      if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--gas expects a positive integer, got '%s'", v);
+      if (!tools_parse_i64(v, &k) || k < 1 || k > 1 << 20) return usage_error("--gas expects a positive integer, got '%s'", v);
       a->gas = (int)k;
       a->gas_set = true;
     } else if (FLAG("--dp")) {
       int64_t k;
-      if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--dp expects a positive integer, got '%s'", v);
+      if (!tools_parse_i64(v, &k) || k < 1 || k > 1 << 20) return usage_error("--dp expects a positive integer, got '%s'", v);
       a->dp = (int)k;
       a->dp_set = true;
     } else if (FLAG("--tp")) {
       int64_t k;
-      if (!parse_int(v, &k) || k < 1 || k > 1 << 20) return usage_error("--tp expects a positive integer, got '%s'", v);
+      if (!tools_parse_i64(v, &k) || k < 1 || k > 1 << 20) return usage_error("--tp expects a positive integer, got '%s'", v);
       a->tp = (int)k;
       a->tp_set = true;
     } else if (strcmp(arg, "--sequence-parallel") == 0) {
@@ -259,21 +220,21 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->no_overlap = true;
     } else if (FLAG("--bucket-mb")) {
       double mb;
-      if (!parse_double(v, &mb) || !(mb > 0) || mb > 1 << 20)
+      if (!tools_parse_f64(v, &mb) || !(mb > 0) || mb > 1 << 20)
         return usage_error("--bucket-mb expects a positive size in MiB, got '%s'", v);
       a->bucket_bytes = (int64_t)(mb * (1 << 20));
       if (a->bucket_bytes < 1) a->bucket_bytes = 1;
     } else if (FLAG("--trace")) {
       a->trace = v;
     } else if (FLAG("--link-latency-us")) {
-      if (!parse_double(v, &a->link_latency_us) || !(a->link_latency_us >= 0))
+      if (!tools_parse_f64(v, &a->link_latency_us) || !(a->link_latency_us >= 0))
         return usage_error("--link-latency-us expects a non-negative number, got '%s'", v);
     } else if (FLAG("--link-gbps")) {
-      if (!parse_double(v, &a->link_gbps) || !(a->link_gbps > 0))
+      if (!tools_parse_f64(v, &a->link_gbps) || !(a->link_gbps > 0))
         return usage_error("--link-gbps expects a positive number, got '%s'", v);
     } else if (FLAG("--seed")) {
       int64_t s;
-      if (!parse_int(v, &s) || s < 0) return usage_error("--seed expects a non-negative integer, got '%s'", v);
+      if (!tools_parse_i64(v, &s) || s < 0) return usage_error("--seed expects a non-negative integer, got '%s'", v);
       a->seed = (uint64_t)s;
     } else if (FLAG("--target")) {
       a->target = v;
@@ -293,7 +254,7 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->grads_out = v;
     } else if (FLAG("--threads")) {
       int64_t t;
-      if (!parse_int(v, &t) || t < 0 || t > 1024) return usage_error("--threads expects a count, got '%s'", v);
+      if (!tools_parse_i64(v, &t) || t < 0 || t > 1024) return usage_error("--threads expects a count, got '%s'", v);
       a->threads = (int)t;
     } else if (strcmp(arg, "--no-cache") == 0) {
       a->no_cache = 1;
@@ -316,7 +277,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     }
 #undef FLAG
   }
-  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cuda_target(a->target))
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !tools_cuda_target(a->target))
     return usage_error("unsupported --target '%s' (this build has: cpu, ref" CUDA_TARGETS ")", a->target);
   if (!check_pass_list("--print-ir-after", a->print_after) || !check_pass_list("--print-ir-before", a->print_before))
     return 1;
@@ -393,31 +354,14 @@ static int cmd_check(const Args *a) {
   return rc;
 }
 
-/* Report the C API's last error; status 2 for internal errors. */
-static int api_error(gradc_status st) {
-  const char *msg = gradc_last_error();
-  fputs(msg, stderr);
-  if (*msg && msg[strlen(msg) - 1] != '\n') fputc('\n', stderr);
-  return st == GRADC_ERR_INTERNAL ? 2 : 1;
-}
-
-static bool is_artifact(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return false;
-  char magic[8] = {0};
-  size_t n = fread(magic, 1, sizeof magic, f);
-  fclose(f);
-  return n == sizeof magic && memcmp(magic, "GRADCART", 8) == 0;
-}
-
 /* Compile a.input (a .gdl model) for a.target, or load it (an artifact,
  * whose sizes, K and target are fixed: a conflicting flag is an error). */
 static int open_program(const Args *a, gradc_program **out) {
   *out = NULL;
   if (!a->input) return usage_error("%s needs a model file or an artifact", a->cmd);
-  if (is_artifact(a->input)) {
+  if (tools_is_artifact(a->input)) {
     gradc_status st = gradc_program_load(a->input, out);
-    if (st) return api_error(st);
+    if (st) return tools_api_error(st);
     const gradc_program *p = *out;
     const char *why = NULL;
     char buf[256];
@@ -463,7 +407,7 @@ static int open_program(const Args *a, gradc_program **out) {
   if (a->verify) pm.verify = true;
   gradc_status st = api_program_compile(a->input, text, &o, &pm, out);
   free(text);
-  return st ? api_error(st) : 0;
+  return st ? tools_api_error(st) : 0;
 }
 
 /* --print-kernels and --kernels-dir: the CUDA target's kernels. */
@@ -501,7 +445,7 @@ static int cmd_compile(const Args *a) {
   if (!rc) {
     if (a->output) {
       gradc_status st = gradc_program_save(p, a->output);
-      if (st) rc = api_error(st);
+      if (st) rc = tools_api_error(st);
     } else {
       ir_print_file(p->func, stdout);
     }
@@ -618,7 +562,7 @@ static int write_grads(const char *path, const StepResult *r) {
 static int cmd_run(const Args *a) {
   if (!a->params) return usage_error("run needs --params PARAMS.safetensors%s", "");
   if (!a->inputs) return usage_error("run needs --inputs BATCH.safetensors%s", "");
-  if (cuda_target(a->target) && need_device()) return 1;
+  if (tools_cuda_target(a->target) && need_device()) return 1;
   gradc_program *p;
   int rc = open_program(a, &p);
   if (rc) return rc;

@@ -6,6 +6,30 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "gradc.h"
+
+/* ------------------------------------------------------------------ */
+/* common.c                                                            */
+/* ------------------------------------------------------------------ */
+/* "--flag=value" or "--flag value" at argv[*i] (advancing *i past the
+ * value): the value, or NULL when argv[*i] is not the flag, or (setting
+ * *missing when missing is given) when its value is absent. */
+const char *tools_flag_value(int argc, char **argv, int *i, const char *flag, bool *missing);
+bool tools_parse_i64(const char *s, int64_t *out); /* the whole string, base 10 */
+bool tools_parse_f64(const char *s, double *out);  /* the whole string, finite */
+/* cuda or cuda:sm_XX, in a build with the CUDA back end. */
+bool tools_cuda_target(const char *t);
+/* Whether path starts with the artifact magic (else it is model source). */
+bool tools_is_artifact(const char *path);
+/* Report the C API's last error on stderr; returns the exit status (1 user
+ * error, 2 internal). */
+int tools_api_error(gradc_status st);
+/* --link-latency-us / --link-gbps: a simulated slow link between ranks,
+ * handed to the comm layer through GRADC_COMM_LATENCY_US / GRADC_COMM_GBPS
+ * (docs/DISTRIBUTED.md) before it starts.  Values <= 0 leave them alone. */
+void tools_set_link(double latency_us, double gbps);
 
 /* ------------------------------------------------------------------ */
 /* train.c                                                             */
@@ -17,11 +41,6 @@ int cmd_train(int argc, char **argv);
 int cmd_data_text(int argc, char **argv);
 extern const char train_help[];
 extern const char data_text_help[];
-
-/* --link-latency-us / --link-gbps: a simulated slow link between ranks,
- * handed to the comm layer through GRADC_COMM_LATENCY_US / GRADC_COMM_GBPS
- * (docs/DISTRIBUTED.md) before it starts.  Values <= 0 leave them alone. */
-void tools_set_link(double latency_us, double gbps);
 
 /* ------------------------------------------------------------------ */
 /* plot.c                                                              */

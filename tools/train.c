@@ -51,17 +51,6 @@
 #define CUDA_TARGETS ""
 #endif
 
-/* --target cuda or cuda:sm_XX, in a build with the CUDA back end. */
-static bool cuda_target(const char *t) {
-#ifdef GRADC_HAVE_CUDA
-  char arch[32];
-  return t && cg_cuda_parse_target(t, arch, sizeof arch);
-#else
-  (void)t;
-  return false;
-#endif
-}
-
 const char train_help[] =
     "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref|cuda]\n"
     "            [--optimizer sgd|adamw] [--lr X] [--momentum M] [--dampening D] [--nesterov]\n"
@@ -98,18 +87,6 @@ const char data_text_help[] =
 
 /* ---- small helpers ---- */
 
-void tools_set_link(double latency_us, double gbps) {
-  char buf[64];
-  if (latency_us > 0) {
-    snprintf(buf, sizeof buf, "%.17g", latency_us);
-    setenv("GRADC_COMM_LATENCY_US", buf, 1);
-  }
-  if (gbps > 0) {
-    snprintf(buf, sizeof buf, "%.17g", gbps);
-    setenv("GRADC_COMM_GBPS", buf, 1);
-  }
-}
-
 static int error(int code, const char *fmt, ...) GRADC_PRINTF(2, 3);
 static int error(int code, const char *fmt, ...) {
   va_list ap;
@@ -129,49 +106,6 @@ static void warning(const char *fmt, ...) {
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
-}
-
-/* A failed API call: its message, exit 1 (user) or 2 (internal).  Model
- * diagnostics already carry their "file:line:col: error:" prefix. */
-static int api_error(gradc_status st) {
-  const char *msg = gradc_last_error();
-  if (!msg || !*msg) msg = "unknown failure";
-  if (strstr(msg, "error: "))
-    fprintf(stderr, "%s%s", msg, msg[strlen(msg) - 1] == '\n' ? "" : "\n");
-  else
-    fprintf(stderr, "gradc: error: %s\n", msg);
-  return st == GRADC_ERR_INTERNAL ? 2 : 1;
-}
-
-static bool parse_i64(const char *s, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long v = strtoll(s, &end, 10);
-  if (errno || end == s || *end) return false;
-  *out = v;
-  return true;
-}
-
-static bool parse_f64(const char *s, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end || !isfinite(v)) return false;
-  *out = v;
-  return true;
-}
-
-/* "--flag=value" or "--flag value": the value, or NULL when arg is not flag. */
-static const char *flag_value(int argc, char **argv, int *i, const char *flag, bool *missing) {
-  size_t n = strlen(flag);
-  if (strncmp(argv[*i], flag, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != 0) return NULL;
-  if (*i + 1 >= argc) {
-    *missing = true;
-    return NULL;
-  }
-  return argv[++*i];
 }
 
 static double now_s(void) {
@@ -218,14 +152,14 @@ int cmd_data_text(int argc, char **argv) {
     const char *v;
     bool missing = false;
     char *arg = argv[i];
-    if (strcmp(arg, "-T") == 0 || (v = flag_value(argc, argv, &i, "--context", &missing))) {
+    if (strcmp(arg, "-T") == 0 || (v = tools_flag_value(argc, argv, &i, "--context", &missing))) {
       if (strcmp(arg, "-T") == 0) v = i + 1 < argc ? argv[++i] : NULL;
-      if (!v || !parse_i64(v, &T) || T < 1 || T > (1 << 24))
+      if (!v || !tools_parse_i64(v, &T) || T < 1 || T > (1 << 24))
         return error(1, "-T expects a positive context length, got '%s' (see gradc help data)", v ? v : "");
-    } else if ((v = flag_value(argc, argv, &i, "--stride", &missing))) {
-      if (!parse_i64(v, &stride) || stride < 1)
+    } else if ((v = tools_flag_value(argc, argv, &i, "--stride", &missing))) {
+      if (!tools_parse_i64(v, &stride) || stride < 1)
         return error(1, "--stride expects a positive integer, got '%s' (see gradc help data)", v);
-    } else if ((v = flag_value(argc, argv, &i, "--names", &missing))) {
+    } else if ((v = tools_flag_value(argc, argv, &i, "--names", &missing))) {
       names = v;
     } else if (strcmp(arg, "-o") == 0) {
       if (i + 1 >= argc) return error(1, "-o needs a file name (see gradc help data)");
@@ -389,16 +323,16 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
     bool missing = false;
     int64_t n;
     double x;
-#define FLAG(name) ((v = flag_value(argc, argv, &i, name, &missing)) != NULL)
+#define FLAG(name) ((v = tools_flag_value(argc, argv, &i, name, &missing)) != NULL)
 #define INT_FLAG(name, dst, lo)                                                                            \
   if (FLAG(name)) {                                                                                        \
-    if (!parse_i64(v, &n) || n < (lo)) return error(1, "%s expects an integer >= %d, got '%s'", name, lo, v); \
+    if (!tools_parse_i64(v, &n) || n < (lo)) return error(1, "%s expects an integer >= %d, got '%s'", name, lo, v); \
     dst = n;                                                                                               \
     continue;                                                                                              \
   }
 #define REAL_FLAG(name, dst, set)                                                                          \
   if (FLAG(name)) {                                                                                        \
-    if (!parse_f64(v, &x) || x < 0) return error(1, "%s expects a non-negative number, got '%s'", name, v); \
+    if (!tools_parse_f64(v, &x) || x < 0) return error(1, "%s expects a non-negative number, got '%s'", name, v); \
     dst = x;                                                                                               \
     set = true;                                                                                            \
     continue;                                                                                              \
@@ -406,7 +340,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
     if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
       const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
       const char *eq = def ? strchr(def, '=') : NULL;
-      if (!eq || eq == def || !parse_i64(eq + 1, &n))
+      if (!eq || eq == def || !tools_parse_i64(eq + 1, &n))
         return error(1, "-D expects NAME=INTEGER, got '%s' (see gradc help train)", def ? def : "");
       if (a->ndefs == 64) return error(1, "too many -D options");
       a->def_names[a->ndefs] = strndup(def, (size_t)(eq - def));
@@ -427,15 +361,15 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
     REAL_FLAG("--weight-decay", a->weight_decay, a->wd_set)
     REAL_FLAG("--min-lr", a->min_lr, a->min_lr_set)
     if (FLAG("--gas")) {
-      if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--gas expects a positive integer, got '%s'", v);
+      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--gas expects a positive integer, got '%s'", v);
       a->gas = (int)n;
       a->gas_set = true;
     } else if (FLAG("--dp")) {
-      if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--dp expects a positive integer, got '%s'", v);
+      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--dp expects a positive integer, got '%s'", v);
       a->dp = (int)n;
       a->dp_set = true;
     } else if (FLAG("--tp")) {
-      if (!parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--tp expects a positive integer, got '%s'", v);
+      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--tp expects a positive integer, got '%s'", v);
       a->tp = (int)n;
       a->tp_set = true;
     } else if (strcmp(arg, "--sequence-parallel") == 0) {
@@ -443,26 +377,26 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
     } else if (strcmp(arg, "--no-overlap") == 0) {
       a->no_overlap = true;
     } else if (FLAG("--bucket-mb")) {
-      if (!parse_f64(v, &x) || !(x > 0) || x > 1 << 20)
+      if (!tools_parse_f64(v, &x) || !(x > 0) || x > 1 << 20)
         return error(1, "--bucket-mb expects a positive size in MiB, got '%s'", v);
       a->bucket_bytes = (int64_t)(x * (1 << 20));
       if (a->bucket_bytes < 1) a->bucket_bytes = 1;
     } else if (FLAG("--trace")) {
       a->trace = v;
     } else if (FLAG("--link-latency-us")) {
-      if (!parse_f64(v, &x) || !(x >= 0)) return error(1, "--link-latency-us expects a non-negative number, got '%s'", v);
+      if (!tools_parse_f64(v, &x) || !(x >= 0)) return error(1, "--link-latency-us expects a non-negative number, got '%s'", v);
       a->link_latency_us = x;
     } else if (FLAG("--link-gbps")) {
-      if (!parse_f64(v, &x) || !(x > 0)) return error(1, "--link-gbps expects a positive number, got '%s'", v);
+      if (!tools_parse_f64(v, &x) || !(x > 0)) return error(1, "--link-gbps expects a positive number, got '%s'", v);
       a->link_gbps = x;
     } else if (FLAG("--threads")) {
-      if (!parse_i64(v, &n) || n < 0 || n > 4096) return error(1, "--threads expects an integer >= 0, got '%s'", v);
+      if (!tools_parse_i64(v, &n) || n < 0 || n > 4096) return error(1, "--threads expects an integer >= 0, got '%s'", v);
       a->threads = (int)n;
     } else if (FLAG("--clip")) {
-      if (!parse_f64(v, &x) || x <= 0) return error(1, "--clip expects a positive norm, got '%s'", v);
+      if (!tools_parse_f64(v, &x) || x <= 0) return error(1, "--clip expects a positive norm, got '%s'", v);
       a->clip = x;
     } else if (FLAG("--seed")) {
-      if (!parse_i64(v, &n) || n < 0) return error(1, "--seed expects a non-negative integer, got '%s'", v);
+      if (!tools_parse_i64(v, &n) || n < 0) return error(1, "--seed expects a non-negative integer, got '%s'", v);
       a->seed = (uint64_t)n;
     } else if (FLAG("--optimizer")) {
       if (strcmp(v, "sgd") == 0)
@@ -508,11 +442,11 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   }
   if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
   if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
-  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cuda_target(a->target))
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !tools_cuda_target(a->target))
     return error(1, "unsupported --target '%s' (this build has: cpu, ref" CUDA_TARGETS ")", a->target);
 #ifdef GRADC_HAVE_CUDA
   char derr[512];
-  if (cuda_target(a->target) && !cuda_device_available(derr, sizeof derr)) return error(1, "%s", derr);
+  if (tools_cuda_target(a->target) && !cuda_device_available(derr, sizeof derr)) return error(1, "%s", derr);
 #endif
   bool sgd = a->kind == GRADC_SGD;
   if (!sgd && (a->momentum_set || a->dampening_set || a->nesterov))
@@ -578,7 +512,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
   d->unit = "samples/s";
   for (int i = 0; i < ni; i++) {
     gradc_tensor_info in;
-    if (gradc_program_input_info(p, i, &in) != GRADC_OK) return api_error(GRADC_ERR_INTERNAL);
+    if (gradc_program_input_info(p, i, &in) != GRADC_OK) return tools_api_error(GRADC_ERR_INTERNAL);
     Feed *f = &d->feed[d->nfeed++];
     f->name = in.name;
     f->batched = in.batched && in.rank > 0;
@@ -676,7 +610,7 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
       src = f->buf;
     }
     gradc_status st = gradc_session_set_input(s, f->name, f->dt, src, (size_t)f->window);
-    if (st != GRADC_OK) return api_error(st);
+    if (st != GRADC_OK) return tools_api_error(st);
   }
   return 0;
 }
@@ -685,7 +619,7 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
 
 static int save_checkpoint(gradc_session *s, const char *path, const Data *d) {
   gradc_status st = gradc_session_save_checkpoint(s, path);
-  if (st != GRADC_OK) return api_error(st);
+  if (st != GRADC_OK) return tools_api_error(st);
   StFile f;
   st_init(&f);
   char err[1024], buf[64];
@@ -716,7 +650,7 @@ static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
   gradc_status st = gradc_session_load_checkpoint(s, path);
   if (st != GRADC_OK) {
     st_free(&f);
-    return api_error(st);
+    return tools_api_error(st);
   }
   int rc = 0;
   int64_t step = gradc_session_step_count(s);
@@ -1041,19 +975,9 @@ static void on_interrupt(int sig) { interrupted = sig; }
 
 /* ---- the loop ---- */
 
-/* Whether path starts with the artifact magic (else it is model source). */
-static bool is_artifact(const char *path) {
-  char magic[8] = {0};
-  FILE *f = fopen(path, "rb");
-  if (!f) return false;
-  size_t n = fread(magic, 1, sizeof magic, f);
-  fclose(f);
-  return n == sizeof magic && memcmp(magic, ART_MAGIC, 8) == 0;
-}
-
 static int open_program(const TrainArgs *a, gradc_program **p) {
   gradc_status st;
-  if (!is_artifact(a->model)) {
+  if (!tools_is_artifact(a->model)) {
     gradc_compile_options o;
     gradc_compile_options_init(&o);
     o.gas = a->gas;
@@ -1069,12 +993,12 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.no_overlap = a->no_overlap;
     o.bucket_bytes = a->bucket_bytes;
     st = gradc_program_compile_file(a->model, &o, p);
-    return st == GRADC_OK ? 0 : api_error(st);
+    return st == GRADC_OK ? 0 : tools_api_error(st);
   }
   if (a->ndefs || a->target)
     return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
   st = gradc_program_load(a->model, p);
-  if (st != GRADC_OK) return api_error(st);
+  if (st != GRADC_OK) return tools_api_error(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
     return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
   if (a->dp_set && a->dp != gradc_program_dp(*p))
@@ -1101,7 +1025,7 @@ static int set_optimizer(const TrainArgs *a, gradc_session *s) {
   o.total_steps = a->cosine ? a->steps : 0;
   o.min_lr = a->min_lr;
   gradc_status st = gradc_session_set_optimizer(s, &o);
-  return st == GRADC_OK ? 0 : api_error(st);
+  return st == GRADC_OK ? 0 : tools_api_error(st);
 }
 
 static const char *base_name(const char *path) {
@@ -1139,7 +1063,7 @@ static int train(const TrainArgs *a) {
 
   gradc_status st = gradc_session_new(p, &s);
   if (st != GRADC_OK) {
-    rc = api_error(st);
+    rc = tools_api_error(st);
     goto done;
   }
   lead = gradc_session_rank(s) == 0;
@@ -1151,10 +1075,10 @@ static int train(const TrainArgs *a) {
     rc = load_checkpoint(s, a->resume, &d);
   } else if (a->init) {
     st = gradc_session_load_params(s, a->init);
-    rc = st == GRADC_OK ? 0 : api_error(st);
+    rc = st == GRADC_OK ? 0 : tools_api_error(st);
   } else {
     st = gradc_session_init_params(s, a->seed);
-    rc = st == GRADC_OK ? 0 : api_error(st);
+    rc = st == GRADC_OK ? 0 : tools_api_error(st);
   }
   if (rc) goto done;
 
@@ -1203,7 +1127,7 @@ static int train(const TrainArgs *a) {
     if ((rc = data_feed(&d, s, step))) break;
     double lr = gradc_session_lr(s);
     if ((st = gradc_session_run(s)) != GRADC_OK) {
-      rc = api_error(st);
+      rc = tools_api_error(st);
       break;
     }
     for (int i = 0; i < nl; i++) loss[i] = gradc_session_loss(s, i);
@@ -1216,7 +1140,7 @@ static int train(const TrainArgs *a) {
       break;
     }
     if ((st = gradc_session_step(s)) != GRADC_OK) {
-      rc = api_error(st);
+      rc = tools_api_error(st);
       break;
     }
     step = gradc_session_step_count(s);
@@ -1236,7 +1160,7 @@ static int train(const TrainArgs *a) {
   if (rc) goto done;
   /* Data-parallel ranks took the same steps on the same gradients. */
   if ((st = gradc_session_check_replicas(s)) != GRADC_OK) {
-    rc = api_error(st);
+    rc = tools_api_error(st);
     goto done;
   }
   if (!lead) {
@@ -1255,7 +1179,7 @@ static int train(const TrainArgs *a) {
   if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", step, a->checkpoint);
   if (a->params_out) {
     if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) {
-      rc = api_error(st);
+      rc = tools_api_error(st);
       goto done;
     }
     fprintf(stderr, "params: %s\n", a->params_out);
