@@ -1,14 +1,19 @@
 /* comm.c - the back-end-independent half of the comm layer (comm.h):
  * opening a tp × dp layout and its groups, checking and starting
  * collectives, the running hash of the collectives each rank issued and
- * its comparison across ranks, waits with a time limit, and the single
- * back end (one process: every collective is a copy). */
+ * its comparison across ranks, waits with a time limit, the simulated
+ * slow link, tracing (each collective's span from start to completion on
+ * the comm lane, and the time a wait blocked as exposed communication),
+ * gathering every rank's trace into rank 0's, and the single back end
+ * (one process: every collective is a copy). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "api_impl.h"
 #include "comm.h"
+#include "trace.h"
 
 static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
 static bool fail(char *err, size_t n, const char *fmt, ...) {
@@ -249,12 +254,20 @@ bool comm_start(CommGroup *g, const CommArgs *a, CommReq **out, char *err, size_
     g->hash = h;
     g->issued++;
   }
+  double t0 = comm_now_us();
   void *impl = NULL;
   if (!g->comm->be->start(g->impl, a, &impl, err, n)) return false;
   CommReq *r = xcalloc(1, sizeof *r);
   r->g = g;
   r->a = *a;
   r->impl = impl;
+  r->t0_us = t0;
+  r->ready_us = t0 + (a->ctl ? 0 : comm_link_us(g, a));
+  if (!impl) {
+    r->be_done = true;
+    r->done_us = t0;
+  }
+  r->trace = a->ctl ? NULL : trace_current();
   *out = r;
   return true;
 }
@@ -277,35 +290,89 @@ bool comm_reduce_scatter_start(CommGroup *g, const void *send, void *recv, int64
   return comm_start(g, &a, out, err, n);
 }
 
-bool comm_test(CommReq *r, bool *done, char *err, size_t n) {
-  if (!r->impl) {
-    *done = true;
-    return true;
+/* The trace's name of a collective: kind, group, dtype[count], and the
+ * caller's name (or the step layer's well-known tags). */
+static void span_name(const CommReq *r, const char *prefix, char *buf, size_t n) {
+  static uint64_t window_sum, loss;
+  if (!window_sum) {
+    window_sum = hash_str("window.sum");
+    loss = hash_str("loss");
   }
+  const char *what = r->a.name ? r->a.name : r->a.tag == window_sum ? "window.sum" : r->a.tag == loss ? "loss" : NULL;
+  snprintf(buf, n, "%s%s %s %s[%lld]%s%s", prefix, kind_name(r->a.kind), r->g->name, comm_dtype_name(r->a.dt),
+           (long long)r->a.count, what ? " " : "", what ? what : "");
+}
+
+/* Record r's span, from its start to its completion (the back end's, or
+ * the simulated link's if later), once. */
+static void trace_req(CommReq *r) {
+  if (!r->trace || r->traced) return;
+  r->traced = true;
+  double origin = trace_origin_us(r->trace), end = fmax(r->done_us, r->ready_us);
+  char name[160];
+  span_name(r, "", name, sizeof name);
+  trace_span(r->trace, TRACE_COMM, name, r->t0_us - origin, end - origin);
+}
+
+/* Ask the back end whether r completed (once it did, never again). */
+static bool poll_backend(CommReq *r, char *err, size_t n) {
+  if (r->be_done) return true;
   bool fin = false;
-  if (!r->g->comm->be->test(r->impl, &fin, err, n)) return false;
-  if (fin) r->impl = NULL;
-  *done = fin;
+  double at = 0;
+  const CommBackend *be = r->g->comm->be;
+  if (be->test_at) {
+    if (!be->test_at(r->impl, &fin, &at, err, n)) return false;
+  } else if (!be->test(r->impl, &fin, err, n)) {
+    return false;
+  }
+  if (fin) {
+    r->impl = NULL;
+    r->be_done = true;
+    r->done_us = at > 0 ? at : comm_now_us();
+  }
   return true;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+bool comm_test(CommReq *r, bool *done, char *err, size_t n) {
+  *done = false;
+  if (!poll_backend(r, err, n)) return false;
+  if (!r->be_done || comm_now_us() < r->ready_us) return true;
+  trace_req(r);
+  *done = true;
+  return true;
 }
 
-/* Poll until done: spin briefly, then sleep in growing steps (up to 1 ms)
- * so a waiting rank leaves the cores to the ranks still computing. */
+double comm_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static void sleep_us(double us) {
+  if (us <= 0) return;
+  struct timespec ts = {(time_t)(us / 1e6), (long)(fmod(us, 1e6) * 1e3)};
+  nanosleep(&ts, NULL);
+}
+
+/* Poll until done: spin briefly, then sleep in growing steps (up to
+ * 200 us) so a waiting rank leaves the cores to the ranks still computing;
+ * once the back end is done and only the simulated link holds it back,
+ * sleep until the link's time.  The time blocked is exposed communication
+ * (traced as "wait ..." on the comm lane). */
 bool comm_wait(CommReq *r, char *err, size_t n) {
-  double t0 = now_s();
-  long nap_ns = 0;
-  bool ok = true, done = false;
+  double t_enter = comm_now_us(), nap_us = 0;
+  bool ok = true, done = false, blocked = false;
   for (int spin = 0; ok && !done; spin++) {
     ok = comm_test(r, &done, err, n);
     if (!ok || done) break;
+    blocked = true;
+    double now = comm_now_us();
+    if (r->be_done) {
+      sleep_us(r->ready_us - now);
+      continue;
+    }
     if (spin < 1000) continue;
-    if (now_s() - t0 > r->g->comm->timeout_s) {
+    if (now - t_enter > r->g->comm->timeout_s * 1e6) {
       ok = fail(err, n,
                 "%s over the %s group (%s[%lld], tag %016llx) did not complete in %.0f s: a rank failed or issued "
                 "different collectives (GRADC_COMM_TIMEOUT sets the limit)",
@@ -313,9 +380,14 @@ bool comm_wait(CommReq *r, char *err, size_t n) {
                 (unsigned long long)r->a.tag, r->g->comm->timeout_s);
       break;
     }
-    nap_ns = nap_ns ? (nap_ns * 2 > 1000000 ? 1000000 : nap_ns * 2) : 1000;
-    struct timespec ts = {0, nap_ns};
-    nanosleep(&ts, NULL);
+    nap_us = nap_us ? fmin(nap_us * 2, 200) : 1;
+    sleep_us(nap_us);
+  }
+  if (ok && blocked && r->trace) {
+    double origin = trace_origin_us(r->trace);
+    char name[170];
+    span_name(r, "wait ", name, sizeof name);
+    trace_add_rank(r->trace, trace_rank(r->trace), TRACE_COMM, name, t_enter - origin, comm_now_us() - origin, true);
   }
   /* A request that failed or timed out stays with the back end: its
    * buffers may still be written, and the run is about to end. */
@@ -339,6 +411,139 @@ bool comm_barrier(CommGroup *g, char *err, size_t n) {
   CommArgs a = {.kind = COMM_BARRIER, .dt = COMM_U64};
   CommReq *r;
   return comm_start(g, &a, &r, err, n) && comm_wait(r, err, n);
+}
+
+/* ------------------------------------------------------------------ */
+/* The simulated link                                                   */
+/* ------------------------------------------------------------------ */
+
+static bool link_set;
+static double link_latency_us, link_gbps;
+
+void comm_set_link(double latency_us, double gbps) {
+  link_set = true;
+  link_latency_us = latency_us > 0 ? latency_us : 0;
+  link_gbps = gbps > 0 ? gbps : 0;
+}
+
+static double env_nonneg(const char *name) {
+  const char *v = getenv(name);
+  char *end;
+  double x = v ? strtod(v, &end) : 0;
+  return v && end != v && x > 0 && isfinite(x) ? x : 0;
+}
+
+void comm_get_link(double *latency_us, double *gbps) {
+  if (link_set) {
+    *latency_us = link_latency_us;
+    *gbps = link_gbps;
+  } else {
+    *latency_us = env_nonneg("GRADC_COMM_LATENCY_US");
+    *gbps = env_nonneg("GRADC_COMM_GBPS");
+  }
+}
+
+double comm_link_us(const CommGroup *g, const CommArgs *a) {
+  double lat, gbps;
+  comm_get_link(&lat, &gbps);
+  int N = g->size;
+  if (N <= 1 || (lat <= 0 && gbps <= 0)) return 0;
+  double buf = (double)a->count * (double)comm_dtype_size(a->dt), bytes = 0;
+  switch (a->kind) {
+  case COMM_ALL_REDUCE: bytes = 2.0 * (N - 1) / N * buf; break;
+  case COMM_ALL_GATHER:
+  case COMM_REDUCE_SCATTER: bytes = (double)(N - 1) * buf; break; /* (N-1)/N of the N * count whole */
+  case COMM_BROADCAST: bytes = buf; break;
+  case COMM_BARRIER: bytes = 0; break;
+  }
+  return lat + (gbps > 0 ? bytes / (gbps * 125.0) : 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Gathering traces                                                     */
+/* ------------------------------------------------------------------ */
+
+/* One event packed in u64 words: t0, t1 (as f64 bits, on the monotonic
+ * clock), lane | exposed << 8 | name length << 16, then the name padded
+ * to whole words. */
+static size_t pack_events(const Trace *t, uint64_t **out) {
+  size_t cap = 64, len = 0, ne = trace_count(t);
+  uint64_t *w = xcalloc(cap, sizeof *w);
+  double origin = trace_origin_us(t);
+  for (size_t i = 0; i < ne; i++) {
+    TraceEventInfo e;
+    if (!trace_event(t, i, &e) || e.rank != trace_rank(t)) continue;
+    size_t nl = strlen(e.name), words = 3 + (nl + 8) / 8;
+    if (len + words > cap) {
+      while (len + words > cap) cap *= 2;
+      w = realloc(w, cap * sizeof *w);
+      if (!w) abort();
+    }
+    double a = e.t0_us + origin, b = e.t1_us + origin;
+    memcpy(&w[len], &a, 8);
+    memcpy(&w[len + 1], &b, 8);
+    w[len + 2] = (uint64_t)e.lane | (uint64_t)e.exposed << 8 | (uint64_t)nl << 16;
+    memset(&w[len + 3], 0, (words - 3) * 8);
+    memcpy(&w[len + 3], e.name, nl);
+    len += words;
+  }
+  *out = w;
+  return len;
+}
+
+bool comm_trace_gather(CommGroup *g, Trace *t, char *err, size_t n) {
+  if (g->size == 1) return true;
+  uint64_t *mine;
+  size_t len = pack_events(t, &mine);
+  /* Every rank's length and origin, then the events padded to the longest. */
+  uint64_t *lens = xcalloc((size_t)g->size * 2, sizeof *lens);
+  double origin = trace_origin_us(t);
+  uint64_t hdr[2] = {len, 0};
+  memcpy(&hdr[1], &origin, 8);
+  CommArgs a = {.kind = COMM_ALL_GATHER, .send = hdr, .recv = lens, .count = 2, .dt = COMM_U64, .ctl = true};
+  CommReq *r;
+  bool ok = comm_start(g, &a, &r, err, n) && comm_wait(r, err, n);
+  uint64_t most = 0;
+  for (int i = 0; ok && i < g->size; i++) most = lens[2 * i] > most ? lens[2 * i] : most;
+  uint64_t *all = NULL;
+  if (ok && most > 0) {
+    uint64_t *send = xcalloc(most, sizeof *send);
+    memcpy(send, mine, len * sizeof *send);
+    all = xcalloc((size_t)most * (size_t)g->size, sizeof *all);
+    CommArgs b = {.kind = COMM_ALL_GATHER, .send = send, .recv = all, .count = (int64_t)most, .dt = COMM_U64,
+                  .ctl = true};
+    ok = comm_start(g, &b, &r, err, n) && comm_wait(r, err, n);
+    free(send);
+  }
+  /* Rank 0 adds the others' events, in its own time.  The pid is the world
+   * rank (g's ranks are ordered by world rank in every layout's groups). */
+  for (int i = 0; ok && all && g->rank == 0 && i < g->size; i++) {
+    if (i == g->rank) continue;
+    const uint64_t *w = all + (size_t)i * most, *end = w + lens[2 * i];
+    int pid = g == &g->comm->world ? i : -1;
+    if (pid < 0) {
+      int tp = g->comm->tp, me = g->comm->rank;
+      pid = g == &g->comm->dp_group ? i * tp + me % tp : (me / tp) * tp + i;
+    }
+    while (w + 3 <= end) {
+      double a0, a1;
+      memcpy(&a0, &w[0], 8);
+      memcpy(&a1, &w[1], 8);
+      int lane = (int)(w[2] & 0xff);
+      bool exposed = (w[2] >> 8) & 1;
+      size_t nl = (size_t)(w[2] >> 16), words = 3 + (nl + 8) / 8;
+      if (w + words > end || lane > TRACE_STEP) break;
+      char *name = xcalloc(nl + 1, 1);
+      memcpy(name, &w[3], nl);
+      trace_add_rank(t, pid, (TraceLane)lane, name, a0 - origin, a1 - origin, exposed);
+      free(name);
+      w += words;
+    }
+  }
+  free(all);
+  free(lens);
+  free(mine);
+  return ok;
 }
 
 /* Every rank's pair (issued, hash), gathered on the control channel. */

@@ -54,7 +54,9 @@ typedef struct CommArgs {
   CommOp op;     /* all_reduce, reduce_scatter */
   int root;      /* broadcast */
   uint64_t tag;  /* the caller's name for it (a value id, a hashed param name) */
-  bool ctl;      /* on the group's control channel (the order check), apart from data */
+  bool ctl;      /* on the group's control channel (the order check), apart from data;
+                  * neither traced nor slowed by the simulated link */
+  const char *name; /* optional: what the trace calls it ("bucket 0", a param's name) */
 } CommArgs;
 
 /* A back end.  Group and request handles are the back end's own. */
@@ -75,6 +77,10 @@ typedef struct CommBackend {
   void (*abort)(int code);
   /* Shut the back end down (init registers this to run at exit too). */
   void (*finalize)(void);
+  /* Optional: test, also giving the time (monotonic clock, microseconds)
+   * the back end saw the collective complete (its progress thread may see
+   * it before anyone polls). */
+  bool (*test_at)(void *req, bool *done, double *done_us, char *err, size_t n);
 } CommBackend;
 
 typedef struct Comm Comm;
@@ -100,6 +106,13 @@ typedef struct CommReq {
   CommGroup *g;
   CommArgs a;
   void *impl;       /* NULL once complete */
+  /* Times on the monotonic clock (comm_now_us): the start, when the back
+   * end completed it (0 until then), and the earliest completion the
+   * simulated link allows (the start when there is none). */
+  double t0_us, done_us, ready_us;
+  bool be_done;     /* the back end completed it */
+  struct Trace *trace; /* the recorder current when it started (or NULL) */
+  bool traced;      /* its span was recorded */
 } CommReq;
 
 /* ---- comm.c ---- */
@@ -123,6 +136,31 @@ void comm_finalize(void);
  * early would leave the others waiting): MPI_Abort when a back end with
  * more than one rank is initialised, else nothing (returns). */
 void comm_abort(int code);
+
+/* A simulated slow link between ranks, for benchmarks and tests: every
+ * collective of a group of N > 1 ranks completes no earlier than its start
+ * + latency_us + bytes / bandwidth, where bytes is what a ring moves per
+ * rank: 2 (N-1)/N of the buffer for all_reduce, (N-1)/N of the whole
+ * buffer for all_gather and reduce_scatter, the buffer for broadcast, none
+ * for a barrier.  gbps is in gigabits per second (1 Gb/s = 125 bytes per
+ * microsecond); 0 means no bandwidth limit.  comm_set_link sets it for the
+ * process (the command line's --link-latency-us / --link-gbps); until
+ * then GRADC_COMM_LATENCY_US and GRADC_COMM_GBPS in the environment give
+ * it.  Collectives finish as early as the real ones would, and comm_test
+ * reports them done only from that time, so compute placed between start
+ * and wait hides the delay exactly as it would hide a slow link.  The
+ * control channel and one-rank groups are not slowed. */
+void comm_set_link(double latency_us, double gbps);
+void comm_get_link(double *latency_us, double *gbps);
+/* The simulated time of a collective on g (0 without a simulated link). */
+double comm_link_us(const CommGroup *g, const CommArgs *a);
+/* The monotonic clock of the comm layer and the traces, in microseconds. */
+double comm_now_us(void);
+/* Gather every rank's trace events into rank 0's recorder (collective over
+ * g, on its control channel; times are lined up by each recorder's origin
+ * on the monotonic clock, which the ranks of one machine share).  Ranks
+ * other than 0 keep their own events only. */
+bool comm_trace_gather(CommGroup *g, struct Trace *t, char *err, size_t n);
 
 const char *comm_dtype_name(CommDType dt);
 size_t comm_dtype_size(CommDType dt);

@@ -4,7 +4,18 @@
  * collectives go on separate tracks of the comm lane and nest properly;
  * names with quotes and control characters survive; the figures equal the
  * sums worked out by hand; the current recorder is per thread; spans
- * recorded from another thread (as the progress thread does) are kept. */
+ * recorded from another thread (as the progress thread does) are kept.
+ *
+ * The comm layer's side (runtime/comm.h): the simulated link's time for
+ * each collective, worked out by hand; the single back end is never
+ * slowed; and, on 2 MPI ranks (this executable again under mpirun,
+ * `test_trace --worker NAME`, skipped when the build has no MPI or mpirun
+ * is absent), a slowed all-reduce waited for at once takes at least its
+ * modelled time, all of it exposed, while one waited for after compute as
+ * long hides it (the wait costs next to nothing), with the progress thread
+ * and with polling; each rank's traced spans and exposed time agree with
+ * what the worker timed itself; every rank's events gathered into rank 0's
+ * file. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
@@ -13,6 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "include/gradc.h"
+#include "runtime/comm.h"
 #include "runtime/trace.h"
 #include "testutil.h"
 
@@ -270,13 +283,317 @@ static void test_trace_current_per_thread(void **state) {
   trace_free(t);
 }
 
-int main(void) {
+/* ------------------------------------------------------------------ */
+/* The comm layer: the simulated link and its traces                  */
+/* ------------------------------------------------------------------ */
+
+/* 1 Gb/s is 125 bytes per microsecond.  250000 f32 (1e6 bytes): a ring
+ * all-reduce over 2 ranks moves 2 (2-1)/2 1e6 = 1e6 bytes (8000 us), over
+ * 4 ranks 2 (3/4) 1e6 = 1.5e6 (12000 us); all-gather of 250000 per rank
+ * over 4 moves 3 1e6 bytes (24000 us); a barrier only waits the latency. */
+static void test_trace_link_model_by_hand(void **state) {
+  CommGroup g2 = {.name = "dp", .size = 2}, g4 = {.name = "dp", .size = 4}, g1 = {.name = "tp", .size = 1};
+  CommArgs ar = {.kind = COMM_ALL_REDUCE, .count = 250000, .dt = COMM_F32};
+  CommArgs ag = {.kind = COMM_ALL_GATHER, .count = 250000, .dt = COMM_F32};
+  CommArgs rs = {.kind = COMM_REDUCE_SCATTER, .count = 125000, .dt = COMM_F64};
+  CommArgs bc = {.kind = COMM_BROADCAST, .count = 1000, .dt = COMM_F64};
+  CommArgs ba = {.kind = COMM_BARRIER, .dt = COMM_U64};
+  comm_set_link(12000, 1);
+  assert_true(fabs(comm_link_us(&g2, &ar) - 20000) < 1e-6);
+  assert_true(fabs(comm_link_us(&g4, &ar) - 24000) < 1e-6);
+  assert_true(fabs(comm_link_us(&g4, &ag) - 36000) < 1e-6);
+  assert_true(fabs(comm_link_us(&g2, &rs) - 20000) < 1e-6);
+  assert_true(fabs(comm_link_us(&g2, &bc) - (12000 + 64)) < 1e-6);
+  assert_true(fabs(comm_link_us(&g4, &ba) - 12000) < 1e-6);
+  assert_true(comm_link_us(&g1, &ar) == 0); /* one rank: nothing moves */
+  comm_set_link(0, 8);                      /* bandwidth only: 1000 B/us */
+  assert_true(fabs(comm_link_us(&g2, &ar) - 1000) < 1e-6);
+  comm_set_link(0, 0);
+  assert_true(comm_link_us(&g2, &ar) == 0);
+}
+
+/* The environment gives the link until comm_set_link; the single back end
+ * ignores it. */
+static void test_trace_link_single_backend_unaffected(void **state) {
+  comm_set_link(1e6, 0.001); /* a second of latency: would be noticed */
+  char err[256] = "";
+  Comm *c = comm_open(1, 1, err, sizeof err);
+  assert_non_null(c);
+  Trace *t = trace_new(0);
+  trace_set_current(t);
+  float x[4] = {1, 2, 3, 4}, y[4];
+  double t0 = comm_now_us();
+  assert_true(comm_all_reduce(&c->dp_group, x, y, 4, COMM_F32, COMM_SUM, 1, err, sizeof err));
+  assert_true(comm_now_us() - t0 < 1e5);
+  assert_true(y[3] == 4);
+  TraceStats s;
+  trace_stats(t, &s);
+  assert_int_equal(s.collectives, 1); /* traced, never blocked */
+  assert_true(s.exposed_us == 0 && s.comm_us < 1e5);
+  trace_set_current(NULL);
+  trace_free(t);
+  comm_close(c);
+}
+
+static int worker_rank;
+
+#define CHECK(cond, ...)                                                     \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      fprintf(stderr, "rank %d: %s:%d: ", worker_rank, __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                          \
+      fputc('\n', stderr);                                                   \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
+#define OK(call) CHECK((call), "%s: %s", #call, err)
+
+#define LINK_LAT_US 12000.0
+#define LINK_GBPS 1.0
+#define NELEM 250000  /* f32: 1e6 bytes; 20000 us on the link above over 2 ranks */
+#define MODEL_US 20000.0
+#define SLACK_US 15000.0 /* scheduling noise of 2 oversubscribed ranks */
+
+static volatile double sink;
+
+/* Compute (real arithmetic) for us microseconds; with poll, comm_test r
+ * every 500 us as an executor does between kernels. */
+static int compute_for(double us, CommReq *poll) {
+  char err[256] = "";
+  double t0 = comm_now_us(), next = t0 + 500, acc = 0;
+  while (comm_now_us() - t0 < us) {
+    for (int i = 0; i < 2000; i++) acc += 1.0 / (1.0 + i * acc);
+    if (poll && comm_now_us() >= next) {
+      bool done;
+      OK(comm_test(poll, &done, err, sizeof err));
+      next += 500;
+    }
+  }
+  sink = acc;
+  return 0;
+}
+
+/* The traced figures of t since *before (exposed and comm time, count). */
+static void stats_since(Trace *t, TraceStats *before, TraceStats *d) {
+  TraceStats now;
+  trace_stats(t, &now);
+  d->exposed_us = now.exposed_us - before->exposed_us;
+  d->comm_us = now.comm_us - before->comm_us;
+  d->collectives = now.collectives - before->collectives;
+  *before = now;
+}
+
+/* The last comm span of t (not a wait). */
+static TraceEventInfo last_span(Trace *t) {
+  TraceEventInfo e = {0}, x;
+  for (size_t i = 0; trace_event(t, i, &x); i++)
+    if (x.lane == TRACE_COMM && !x.exposed) e = x;
+  return e;
+}
+
+static int link_worker(Comm *c, bool poll) {
+  char err[1024] = "";
+  CommGroup *g = &c->dp_group;
+  Trace *t = trace_new(c->rank);
+  trace_set_current(t);
+  float *x = malloc(NELEM * sizeof *x);
+  for (int i = 0; i < NELEM; i++) x[i] = (float)(c->rank + 1) * (float)(i % 7);
+  TraceStats base, d;
+  OK(comm_barrier(g, err, sizeof err)); /* line the ranks up (slowed by the latency too) */
+  trace_stats(t, &base);
+  /* 1. Waited for at once: at least the model, all of it exposed. */
+  CommReq *r;
+  double t0 = comm_now_us();
+  OK(comm_all_reduce_start(g, x, x, NELEM, COMM_F32, COMM_SUM, 1, &r, err, sizeof err));
+  double tw = comm_now_us();
+  OK(comm_wait(r, err, sizeof err));
+  double t1 = comm_now_us(), took = t1 - t0;
+  for (int i = 0; i < NELEM; i += 997) CHECK(x[i] == 3.0f * (float)(i % 7), "sum[%d] = %g", i, x[i]);
+  stats_since(t, &base, &d);
+  TraceEventInfo e = last_span(t);
+  CHECK(took >= MODEL_US && took < MODEL_US + SLACK_US, "waited at once: %.0f us, model %.0f", took, MODEL_US);
+  CHECK(d.collectives == 1, "collectives %lld", (long long)d.collectives);
+  CHECK(e.t1_us - e.t0_us >= MODEL_US && e.t1_us - e.t0_us <= took, "span %.0f us, took %.0f", e.t1_us - e.t0_us, took);
+  /* Exposed: the time in the wait (the start itself is not waiting). */
+  CHECK(d.exposed_us >= t1 - tw - 200 && d.exposed_us <= t1 - tw, "exposed %.0f us, in the wait %.0f", d.exposed_us,
+        t1 - tw);
+  CHECK(strstr(e.name, "all_reduce dp f32[250000]") != NULL, "span name '%s'", e.name);
+  printf("rank %d: at once: took %.0f us (start %.0f), span %.0f, exposed %.0f (model %.0f)\n", c->rank, took,
+         tw - t0, e.t1_us - e.t0_us, d.exposed_us, MODEL_US);
+  /* 2. Compute as long as the model (plus a margin for the ranks' skew)
+   * between start and wait: the wait costs next to nothing. */
+  OK(comm_barrier(g, err, sizeof err));
+  trace_stats(t, &base);
+  t0 = comm_now_us();
+  OK(comm_all_reduce_start(g, x, x, NELEM, COMM_F32, COMM_SUM, 2, &r, err, sizeof err));
+  if (compute_for(MODEL_US + 5000, poll ? r : NULL)) return 1;
+  tw = comm_now_us();
+  OK(comm_wait(r, err, sizeof err));
+  double wait = comm_now_us() - tw;
+  for (int i = 0; i < NELEM; i += 997) CHECK(x[i] == 6.0f * (float)(i % 7), "sum[%d] = %g", i, x[i]);
+  stats_since(t, &base, &d);
+  e = last_span(t);
+  double origin = trace_origin_us(t);
+  CHECK(wait < 2000, "the wait after compute took %.0f us", wait);
+  CHECK(d.exposed_us <= wait + 1, "exposed %.0f us, the wait took %.0f", d.exposed_us, wait);
+  CHECK(e.t1_us - e.t0_us >= MODEL_US, "span %.0f us", e.t1_us - e.t0_us);
+  CHECK(e.t1_us + origin <= tw + 1, "completed at %.0f, after the wait began (%.0f)", e.t1_us + origin, tw);
+  CHECK(fabs(e.t0_us + origin - t0) < 1000, "span starts %.0f us from the start", e.t0_us + origin - t0);
+  printf("rank %d: after compute: wait %.0f us, span %.0f, exposed %.0f\n", c->rank, wait, e.t1_us - e.t0_us,
+         d.exposed_us);
+  /* 3. No simulated link, 4 MB, nobody polls during the compute: with
+   * the progress thread it completes while the compute runs. */
+  comm_set_link(0, 0);
+  int64_t big = 1 << 20;
+  float *y = calloc((size_t)big, sizeof *y);
+  OK(comm_barrier(g, err, sizeof err));
+  OK(comm_all_reduce_start(g, y, y, big, COMM_F32, COMM_SUM, 3, &r, err, sizeof err));
+  t0 = comm_now_us();
+  if (compute_for(100000, NULL)) return 1;
+  tw = comm_now_us();
+  OK(comm_wait(r, err, sizeof err));
+  e = last_span(t);
+  printf("rank %d: 4 MB, no polling: completed %.0f us into 100 ms of compute, the wait took %.0f us\n", c->rank,
+         e.t1_us + origin - t0, comm_now_us() - tw);
+  if (!poll) CHECK(e.t1_us + origin <= tw, "the progress thread did not complete it during the compute");
+  free(y);
+  free(x);
+  trace_set_current(NULL);
+  trace_free(t);
+  return 0;
+}
+
+/* Every rank records spans of its own; rank 0's file holds them all. */
+static int gather_worker(Comm *c, const char *path) {
+  char err[1024] = "";
+  Trace *t = trace_new(c->rank);
+  trace_span(t, TRACE_COMPUTE, c->rank ? "kernel of rank 1" : "kernel of rank 0", 10, 20 + c->rank);
+  trace_span(t, TRACE_COMM, "c \"quoted\"", 5, 30);
+  trace_exposed(t, 25, 30);
+  OK(comm_trace_gather(&c->world, t, err, sizeof err));
+  if (c->rank == 0) {
+    CHECK(trace_count(t) == 6, "rank 0 holds %zu events", trace_count(t));
+    TraceStats s;
+    trace_stats(t, &s);
+    CHECK(s.collectives == 1 && s.exposed_us == 5, "rank 0's figures count the others'");
+    OK(trace_write(t, path, err, sizeof err));
+  } else {
+    CHECK(trace_count(t) == 3, "rank 1 holds %zu events", trace_count(t));
+  }
+  trace_free(t);
+  return 0;
+}
+
+static int worker(const char *name, const char *arg) {
+#ifdef GRADC_HAVE_MPI
+  gradc_mpi_enable();
+#endif
+  char err[1024];
+  Comm *c = comm_open(1, 2, err, sizeof err);
+  if (!c) {
+    fprintf(stderr, "comm_open: %s\n", err);
+    return 1;
+  }
+  worker_rank = c->rank;
+  int rc = 1;
+  if (strcmp(name, "link") == 0) rc = link_worker(c, strcmp(arg, "poll") == 0);
+  else if (strcmp(name, "gather") == 0) rc = gather_worker(c, arg);
+  if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
+  comm_close(c);
+  comm_finalize();
+  return rc;
+}
+
+static char self[4096];
+
+static int sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+static int sh(char *out, size_t n, const char *fmt, ...) {
+  char cmd[8192], full[8300];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  snprintf(full, sizeof full, "%s 2>&1", cmd);
+  FILE *p = popen(full, "r");
+  assert_non_null(p);
+  size_t k = fread(out, 1, n - 1, p);
+  out[k] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool have_mpirun(void) {
+#ifndef GRADC_HAVE_MPI
+  print_message("skipped: this build has no MPI (GRADC_MPI=OFF)\n");
+  return false;
+#else
+  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+    print_message("skipped: mpirun is not installed (Debian: openmpi-bin)\n");
+    return false;
+  }
+  return true;
+#endif
+}
+
+#define MPIRUN "LSAN_OPTIONS=\"$LSAN_OPTIONS:fast_unwind_on_malloc=0\" mpirun --oversubscribe --allow-run-as-root"
+
+/* The link's figures come from the environment, as mpirun passes them on. */
+static void run_link(const char *env, const char *mode) {
+  if (!have_mpirun()) return;
+  char out[16384];
+  int rc = sh(out, sizeof out, "%s GRADC_COMM_LATENCY_US=%g GRADC_COMM_GBPS=%g " MPIRUN " -np 2 %s --worker link %s",
+              env, LINK_LAT_US, LINK_GBPS, self, mode);
+  if (rc != 0 || !strstr(out, "worker link: rank 0 of 2 ok") || !strstr(out, "worker link: rank 1 of 2 ok"))
+    fail_msg("workers failed (%d):\n%s", rc, out);
+  print_message("%s", out);
+}
+
+static void test_trace_mpi_link_hidden_by_compute_progress_thread(void **state) { run_link("", "wait"); }
+
+static void test_trace_mpi_link_hidden_by_compute_polling(void **state) {
+  run_link("GRADC_COMM_PROGRESS=0", "poll");
+}
+
+static void test_trace_mpi_gather_into_rank0(void **state) {
+  if (!have_mpirun()) return;
+  char path[] = "/tmp/gradc-trace-gather-XXXXXX", out[16384];
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  int rc = sh(out, sizeof out, MPIRUN " -np 2 %s --worker gather %s", self, path);
+  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
+  char *text = slurp(path);
+  unlink(path);
+  cJSON *j = cJSON_Parse(text);
+  if (!j) fail_msg("not JSON:\n%s", text);
+  free(text);
+  assert_int_equal(count_x(j), 6);
+  const cJSON *k0 = find_x(j, "kernel of rank 0", 0), *k1 = find_x(j, "kernel of rank 1", 0);
+  assert_int_equal((int)num(k0, "pid"), 0);
+  assert_int_equal((int)num(k1, "pid"), 1);
+  assert_true(fabs(num(k1, "dur") - 11) < 1e-3);
+  assert_string_equal(thread_name(j, 1, 2), "comm");
+  assert_int_equal((int)num(find_x(j, "c \"quoted\"", 1), "pid"), 1);
+  cJSON_Delete(j);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "--worker") == 0) return worker(argv[2], argv[3]);
+  ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (sn <= 0) return 1;
+  self[sn] = 0;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trace_stats_sums),
       cmocka_unit_test(test_trace_write_events),
       cmocka_unit_test(test_trace_write_tracks_nest),
       cmocka_unit_test(test_trace_write_escapes_names),
       cmocka_unit_test(test_trace_current_per_thread),
+      cmocka_unit_test(test_trace_link_model_by_hand),
+      cmocka_unit_test(test_trace_link_single_backend_unaffected),
+      cmocka_unit_test(test_trace_mpi_link_hidden_by_compute_progress_thread),
+      cmocka_unit_test(test_trace_mpi_link_hidden_by_compute_polling),
+      cmocka_unit_test(test_trace_mpi_gather_into_rank0),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
