@@ -71,6 +71,56 @@ PassResult pass_schedule(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch);
 
 /* ------------------------------------------------------------------ */
+/* cost.c: the cost model of `schedule` and a simulation of a step      */
+/* ------------------------------------------------------------------ */
+/* One rank's machine: compute is a roofline (FLOPs against a rate, bytes
+ * against a memory bandwidth, plus a fixed cost per kernel); a collective
+ * moves the bytes of a ring algorithm over a link with a bandwidth and a
+ * latency.  Collectives of one group run one after another on that group's
+ * link, concurrently with compute. */
+typedef struct CostModel {
+  double flops_per_s;      /* compute throughput */
+  double mem_bytes_per_s;  /* memory bandwidth of compute */
+  double kernel_s;         /* fixed cost of each kernel (or unfused op) */
+  double link_bytes_per_s; /* bytes per second a rank sends over its link */
+  double link_latency_s;   /* per collective (one per coalesced dp bucket) */
+} CostModel;
+
+/* Defaults: a few-core CPU rank on a 10 Gb/s link with 20 us latency. */
+void cost_model_default(CostModel *m);
+/* Floating-point operations of one op (0 for views, outputs, collectives). */
+double cost_op_flops(const IrOp *op);
+/* escapes[value id]: the value is read by an op outside its defining
+ * kernel, or is an output's operand (so a kernel writes it to memory).
+ * escapes: f->nvalues bools, caller-owned. */
+void cost_escapes(const IrFunc *f, bool *escapes);
+/* Seconds of one unit of compute: ops[0..n) are one kernel (contiguous ops
+ * of one group) or a single op.  escapes as from cost_escapes (NULL: every
+ * result is written). */
+double cost_compute_s(const CostModel *m, IrOp *const *ops, int n, const bool *escapes);
+/* Bytes a rank sends for a collective start (ring algorithm; 0 for ranks=1). */
+double cost_collective_bytes(const IrOp *start);
+/* Seconds of a collective start on its link; with_latency false for the
+ * second and later starts of a coalesced dp bucket. */
+double cost_collective_s(const CostModel *m, const IrOp *start, bool with_latency);
+
+/* The simulation of one pass over f in its op order (a micro-batch in which
+ * every collective communicates: the window's last). */
+typedef struct CostSim {
+  double step_s;    /* when the last op ends */
+  double compute_s; /* sum of compute */
+  double comm_s;    /* sum of collective durations */
+  double exposed_s; /* time compute waited for communication */
+  int ncollectives; /* starts (a coalesced dp bucket counts once) */
+} CostSim;
+/* overlap: collectives run between start and wait as scheduled; false:
+ * every start blocks until its collective completes (no overlap). */
+void cost_simulate(const IrFunc *f, const CostModel *m, bool overlap, CostSim *out);
+/* Both simulations, a few lines: compute, comm, step time, exposed
+ * communication and the fraction hidden. */
+void cost_report(const IrFunc *f, const CostModel *m, FILE *out);
+
+/* ------------------------------------------------------------------ */
 /* autodiff.c / autodiff_rules.c: the derivative rules' interface      */
 /* ------------------------------------------------------------------ */
 /* Reverse mode walks the forward ops backwards; for each op whose result
