@@ -178,6 +178,32 @@ static bool is_range_unslice(const IrOp *op, int64_t *first) {
   return op && op->group == 0 && op->opcode == IR_OP_UNSLICE && cg_slice_contiguous(op, first);
 }
 
+/* A data-parallel gradient reduction (dp-reduce's last=true all-reduce
+ * start or wait): it lives in the param's gradient buffer with its operand,
+ * reduced in place after the window's last contribution. */
+static bool is_last_coll(const IrOp *op) {
+  if (!op || op->group != 0 || (op->opcode != IR_OP_ALL_REDUCE_START && op->opcode != IR_OP_ALL_REDUCE_WAIT)) return false;
+  const IrAttr *a = ir_attr_get(op, "last");
+  return a && a->i != 0;
+}
+
+/* Any other collective's wait: its result is the start's result buffer,
+ * which the collective fills between the two. */
+static bool is_coll_wait(const IrOp *op) {
+  return op && op->group == 0 && !is_last_coll(op) &&
+         (op->opcode == IR_OP_ALL_REDUCE_WAIT || op->opcode == IR_OP_ALL_GATHER_WAIT ||
+          op->opcode == IR_OP_REDUCE_SCATTER_WAIT);
+}
+
+/* The next value down a gradient's chain from its `grad` to its producer,
+ * all in the gradient buffer: through group-0 reshapes, range unslices and
+ * last=true reductions; NULL at the producer. */
+static IrValue *chain_next(const IrValue *v) {
+  int64_t first;
+  if (is_group0_reshape(v->def) || is_range_unslice(v->def, &first) || is_last_coll(v->def)) return v->def->args[0];
+  return NULL;
+}
+
 /* Reshapes and range slices share their operand's bytes. */
 static bool is_view(const IrOp *op) {
   int64_t first;
@@ -188,7 +214,7 @@ static bool is_view(const IrOp *op) {
  * a reshape receiving a GEMM's writes holds them (codegen/kernel.c). */
 static bool is_alias(const CgViews *vs, const IrOp *op) {
   int64_t first;
-  if (is_range_slice(op, &first)) return true;
+  if (is_range_slice(op, &first) || is_coll_wait(op)) return true;
   return is_group0_reshape(op) && vs->place[op->args[0]->id] == CG_MEM && vs->place[op->result->id] == CG_MEM;
 }
 
@@ -240,11 +266,8 @@ static int after_def(const IrFunc *f, const IrValue *v) {
  * producer through group-0 reshapes only, and nothing else reads any of
  * them.  uses[]: operand counts by value id. */
 static bool grad_in_place(const IrValue *v, const int *uses) {
-  int64_t first;
-  while (is_group0_reshape(v->def) || is_range_unslice(v->def, &first)) {
+  for (const IrValue *next; (next = chain_next(v)); v = next)
     if (uses[v->id] != 1) return false;
-    v = v->def->args[0];
-  }
   return uses[v->id] == 1 && accumulates(v->def);
 }
 
@@ -263,8 +286,7 @@ static void place_unslices(IrFunc *f, Arena *scratch) {
   for (int i = 0; i < f->nops; i++) {
     IrOp *gop = f->ops[i];
     if (gop->opcode != IR_OP_GRAD || !grad_in_place(gop->args[0], uses)) continue;
-    for (IrValue *v = gop->args[0]; is_group0_reshape(v->def) || is_range_unslice(v->def, &first); v = v->def->args[0])
-      v->def->mark = 1;
+    for (IrValue *v = gop->args[0]; chain_next(v); v = chain_next(v)) v->def->mark = 1;
   }
   for (int i = 0; i < f->nops; i++) {
     IrOp *op = f->ops[i];
@@ -324,7 +346,12 @@ static void insert_grad_copies(IrFunc *f, Arena *scratch) {
   for (int i = 0; i < ngrads; i++) {
     IrOp *gop = grads[i];
     if (grad_in_place(gop->args[0], uses)) continue;
-    IrValue *v = gop->args[0];
+    /* Under a last=true reduction the copy feeds the reduction's start,
+     * which then is in the buffer with it. */
+    IrOp *at_op = gop;
+    for (IrValue *u = gop->args[0]; chain_next(u); u = chain_next(u))
+      if (is_last_coll(u->def) && u->def->opcode == IR_OP_ALL_REDUCE_START) at_op = u->def;
+    IrValue *v = at_op->args[0];
     IrValue *c = ir_unary(f, IR_OP_DETACH, v, gop->loc); /* appended at the end */
     c->name = arena_printf(&f->arena, "d%s.acc", ir_attr_get_str(gop, "name", ""));
     IrOp *cop = f->ops[f->nops - 1];
@@ -333,7 +360,7 @@ static void insert_grad_copies(IrFunc *f, Arena *scratch) {
     int at = after_def(f, v);
     memmove(&f->ops[at + 1], &f->ops[at], sizeof(IrOp *) * (size_t)(f->nops - 1 - at));
     f->ops[at] = cop;
-    gop->args[0] = c; /* v keeps its use count: the copy reads it instead */
+    at_op->args[0] = c; /* v keeps its use count: the copy reads it instead */
     uses[c->id] = 1;
   }
 }
@@ -518,8 +545,33 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     a->offset = top;
     top = align_up(top + value_bytes(a));
   }
+  /* Gradient buffers in argument order, but those of a data-parallel
+   * bucket first, each bucket's contiguous (the executor reduces a bucket
+   * in one collective), by dtype and in the order of their reductions. */
+  int *porder = ARENA_ARRAY(scratch, int, f->nargs + 1);
+  int64_t *pkey = ARENA_ARRAY(scratch, int64_t, f->nargs + 1);
   for (int i = 0; i < f->nargs; i++) {
-    IrValue *p = f->args[i];
+    porder[i] = i;
+    pkey[i] = INT64_MAX;
+    const IrValue *p = f->args[i];
+    if (p->role != IR_ARG_PARAM || !p->name) continue;
+    for (int k = 0; k < n; k++) {
+      IrOp *op = f->ops[k];
+      if (op->opcode != IR_OP_GRAD || strcmp(ir_attr_get_str(op, "name", ""), p->name) != 0) continue;
+      for (const IrValue *v = op->args[0]; chain_next(v); v = chain_next(v))
+        if (is_last_coll(v->def) && v->def->opcode == IR_OP_ALL_REDUCE_START)
+          pkey[i] = (ir_attr_get_int(v->def, "bucket", 0) * 2 + (p->type.dtype == IR_DT_F64)) * ((int64_t)n + 1) +
+                    v->def->mark;
+    }
+  }
+  for (int i = 1; i < f->nargs; i++) /* insertion sort: stable, arguments are few */
+    for (int j = i; j > 0 && pkey[porder[j - 1]] > pkey[porder[j]]; j--) {
+      int t = porder[j];
+      porder[j] = porder[j - 1];
+      porder[j - 1] = t;
+    }
+  for (int pi = 0; pi < f->nargs; pi++) {
+    IrValue *p = f->args[porder[pi]];
     if (p->role != IR_ARG_PARAM) continue;
     bool has_grad = false;
     for (int k = 0; k < n; k++) {
@@ -538,6 +590,12 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
       int64_t gsize = p->type.dtype == IR_DT_F64 ? 8 : 4;
       for (;;) {
         if (is_group0_reshape(v->def)) {
+          v = v->def->args[0];
+          continue;
+        }
+        if (is_last_coll(v->def)) {
+          v->storage = IR_STORE_GRAD;
+          v->offset = off;
           v = v->def->args[0];
           continue;
         }
@@ -603,6 +661,17 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
       if (u->opcode == IR_OP_WINDOW_SUM && u->group == 0) continue;
       if (step[use[k]] > bufs[b].t1) bufs[b].t1 = step[use[k]];
     }
+  }
+  /* A collective reads its start's operand until its wait. */
+  for (int i = 0; i < n; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->group != 0 || is_last_coll(op) || !op->result ||
+        (op->opcode != IR_OP_ALL_REDUCE_START && op->opcode != IR_OP_ALL_GATHER_START &&
+         op->opcode != IR_OP_REDUCE_SCATTER_START))
+      continue;
+    int b = bufof[root[op->args[0]->id]], id = op->result->id;
+    for (int k = ustart[id]; b >= 0 && k < ustart[id + 1]; k++)
+      if (step[use[k]] > bufs[b].t1) bufs[b].t1 = step[use[k]];
   }
   Buf **order = ARENA_ARRAY(scratch, Buf *, nb + 1);
   for (int i = 0; i < nb; i++) order[i] = &bufs[i];

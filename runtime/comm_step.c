@@ -16,6 +16,8 @@
  * The window in progress is the calling thread's (step_dp_begin), which is
  * how the shared helpers reach it without a parameter: both step drivers
  * (the reference interpreter and the CPU executor) call them. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +31,17 @@ static void *xcalloc(size_t n, size_t size) {
 
 static _Thread_local StepDp *current;
 
+/* This rank's parts of the sharded params bound in the thread's window
+ * (step_tp_slice), freed when the window ends. */
+static _Thread_local StFile *tp_parts;
+
+static void tp_parts_free(void) {
+  if (!tp_parts) return;
+  st_free(tp_parts);
+  free(tp_parts);
+  tp_parts = NULL;
+}
+
 void step_dp_init(StepDp *d, Comm *c) {
   memset(d, 0, sizeof *d);
   d->comm = c;
@@ -36,7 +49,10 @@ void step_dp_init(StepDp *d, Comm *c) {
 }
 
 void step_dp_free(StepDp *d) {
-  if (current == d) current = NULL;
+  if (current == d) {
+    current = NULL;
+    tp_parts_free();
+  }
   free(d->views);
   memset(d, 0, sizeof *d);
 }
@@ -101,40 +117,274 @@ bool step_dp_reduce_sums(const IrFunc *f, double **wsum, char *err, size_t n) {
 }
 
 bool step_dp_end(StepDp *d, StepResult *r, char *err, size_t n) {
-  if (current == d) current = NULL;
-  if (!r || !d->g || d->g->size == 1) return true;
-  /* Every gradient and the losses in flight at once, then wait for all
-   * (a failed start or wait keeps the first message). */
-  CommReq **req = xcalloc((size_t)r->ngrads + 1, sizeof(CommReq *));
-  int started = 0;
+  if (current == d) {
+    current = NULL;
+    tp_parts_free();
+  }
+  if (!r || !d->comm) return true;
   bool ok = true;
   char why[1024] = "";
-  for (int i = 0; ok && i < r->ngrads; i++) {
-    int64_t m = ir_numel(&r->grad_types[i].shape);
-    ok = comm_all_reduce_start(d->g, r->grads[i], r->grads[i], m, COMM_F64, COMM_SUM, hash_str(r->grad_names[i]),
-                               &req[started], why, sizeof why);
-    started += ok;
-  }
-  if (ok) {
-    ok = comm_all_reduce_start(d->g, r->losses, r->losses, r->nlosses, COMM_F64, COMM_SUM, hash_str("loss"),
-                               &req[started], why, sizeof why);
-    started += ok;
-  }
-  for (int i = 0; i < started; i++) {
-    char e[1024];
-    if (!comm_wait(req[i], e, sizeof e) && ok) {
-      ok = false;
-      snprintf(why, sizeof why, "%s", e);
+  if (d->g && d->g->size > 1) {
+    /* Every gradient the driver has not reduced yet and the losses in
+     * flight at once, then wait for all (a failed start or wait keeps the
+     * first message). */
+    CommReq **req = xcalloc((size_t)r->ngrads + 1, sizeof(CommReq *));
+    int started = 0;
+    for (int i = 0; ok && i < r->ngrads; i++) {
+      if (r->dp_reduced && r->dp_reduced[i]) continue;
+      int64_t m = ir_numel(&r->grad_types[i].shape);
+      ok = comm_all_reduce_start(d->g, r->grads[i], r->grads[i], m, COMM_F64, COMM_SUM, hash_str(r->grad_names[i]),
+                                 &req[started], why, sizeof why);
+      started += ok;
     }
+    if (ok) {
+      ok = comm_all_reduce_start(d->g, r->losses, r->losses, r->nlosses, COMM_F64, COMM_SUM, hash_str("loss"),
+                                 &req[started], why, sizeof why);
+      started += ok;
+    }
+    for (int i = 0; i < started; i++) {
+      char e[1024];
+      if (!comm_wait(req[i], e, sizeof e) && ok) {
+        ok = false;
+        snprintf(why, sizeof why, "%s", e);
+      }
+    }
+    free(req);
+    /* A gradient buffer of f32 holds the sum rounded to f32. */
+    for (int i = 0; ok && i < r->ngrads; i++) {
+      if (r->grad_types[i].dtype == IR_DT_F64) continue;
+      int64_t m = ir_numel(&r->grad_types[i].shape);
+      for (int64_t e = 0; e < m; e++) r->grads[i][e] = interp_round(r->grads[i][e], r->grad_types[i].dtype);
+    }
+    if (ok) ok = comm_check(d->g, "the step", why, sizeof why);
   }
-  free(req);
-  /* A gradient buffer of f32 holds the sum rounded to f32. */
-  for (int i = 0; ok && i < r->ngrads; i++) {
-    if (r->grad_types[i].dtype == IR_DT_F64) continue;
-    int64_t m = ir_numel(&r->grad_types[i].shape);
-    for (int64_t e = 0; e < m; e++) r->grads[i][e] = interp_round(r->grads[i][e], r->grad_types[i].dtype);
-  }
-  if (ok) ok = comm_check(d->g, "the step", why, sizeof why);
+  /* The tensor-parallel collectives (the executors' and the gradients'
+   * gathers) in the same order on every rank of the replica. */
+  if (ok && d->comm->tp_group.size > 1) ok = comm_check(&d->comm->tp_group, "the step", why, sizeof why);
   if (!ok && err && n) snprintf(err, n, "%s", why);
   return ok;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tensor-parallel params                                              */
+/* ------------------------------------------------------------------ */
+
+static bool sharded(const IrValue *a) {
+  return a->role == IR_ARG_PARAM && a->split_ranks > 1 && a->split_axis >= 0 && a->split_axis < a->type.shape.rank;
+}
+
+IrType step_arg_type(const IrValue *a) {
+  IrType t = a->type;
+  if (sharded(a)) t.shape.dim[a->split_axis] *= a->split_ranks;
+  return t;
+}
+
+static bool failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+static bool failf(char *err, size_t n, const char *fmt, ...) {
+  if (err && n) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+  }
+  return false;
+}
+
+/* The thread's tp group, which must have `ranks` ranks. */
+static CommGroup *tp_group(int64_t ranks, const char *what, char *err, size_t n) {
+  CommGroup *g = current && current->comm ? &current->comm->tp_group : NULL;
+  if (!g || g->size != ranks) {
+    failf(err, n, "%s is sharded over %lld tensor-parallel ranks, and this run has %d (compile and run with --tp %lld "
+          "under mpirun)", what, (long long)ranks, g ? g->size : 1, (long long)ranks);
+    return NULL;
+  }
+  return g;
+}
+
+/* Elements before, at and after axis of a shape. */
+static void axis_split(const IrShape *s, int axis, int64_t *outer, int64_t *inner) {
+  *outer = 1;
+  *inner = 1;
+  for (int k = 0; k < axis; k++) *outer *= s->dim[k];
+  for (int k = axis; k < s->rank; k++) *inner *= s->dim[k];
+}
+
+/* parts[r] (each outer x inner elements of es bytes, rank-major) into
+ * whole, where part r is block r of inner along the axis of each outer row. */
+static void parts_to_axis(char *whole, const char *parts, int ranks, int64_t outer, int64_t inner, size_t es) {
+  size_t blk = (size_t)inner * es;
+  for (int r = 0; r < ranks; r++)
+    for (int64_t o = 0; o < outer; o++)
+      memcpy(whole + ((size_t)o * (size_t)ranks + (size_t)r) * blk, parts + ((size_t)r * (size_t)outer + (size_t)o) * blk,
+             blk);
+}
+
+/* The inverse: whole (outer rows of ranks x inner) into rank-major parts. */
+static void axis_to_parts(char *parts, const char *whole, int ranks, int64_t outer, int64_t inner, size_t es) {
+  size_t blk = (size_t)inner * es;
+  for (int r = 0; r < ranks; r++)
+    for (int64_t o = 0; o < outer; o++)
+      memcpy(parts + ((size_t)r * (size_t)outer + (size_t)o) * blk, whole + ((size_t)o * (size_t)ranks + (size_t)r) * blk,
+             blk);
+}
+
+bool step_tp_slice(const IrFunc *f, const StTensor **bound, char *err, size_t errlen) {
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (!sharded(a) || !bound[i]) continue;
+    CommGroup *g = tp_group(a->split_ranks, a->name ? a->name : "a param", err, errlen);
+    if (!g) return false;
+    if (!tp_parts) {
+      tp_parts = xcalloc(1, sizeof(StFile));
+      st_init(tp_parts);
+    }
+    /* The file holds the whole tensor; this rank's part along the axis. */
+    const StTensor *t = bound[i];
+    int64_t outer, inner;
+    IrShape local = a->type.shape;
+    axis_split(&local, a->split_axis, &outer, &inner);
+    size_t es = st_dtype_size(t->dtype), blk = (size_t)inner * es;
+    char *part = xcalloc((size_t)(outer * inner) + 1, es);
+    for (int64_t o = 0; o < outer; o++)
+      memcpy(part + (size_t)o * blk, (const char *)t->data + ((size_t)o * (size_t)g->size + (size_t)g->rank) * blk, blk);
+    bound[i] = st_add(tp_parts, t->name, t->dtype, local.rank, local.dim, part);
+    free(part);
+  }
+  return true;
+}
+
+bool step_tp_gather(const IrFunc *f, StepResult *r, char *err, size_t errlen) {
+  for (int i = 0, k = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_PARAM) continue;
+    int slot = k++;
+    if (!sharded(a)) continue;
+    CommGroup *g = tp_group(a->split_ranks, a->name ? a->name : "a param", err, errlen);
+    if (!g) return false;
+    int64_t outer, inner, m = ir_numel(&a->type.shape);
+    axis_split(&a->type.shape, a->split_axis, &outer, &inner);
+    double *mine = xcalloc((size_t)m, sizeof(double)), *parts = xcalloc((size_t)(m * g->size), sizeof(double));
+    memcpy(mine, r->grads[slot], sizeof(double) * (size_t)m);
+    CommReq *q;
+    bool ok = comm_all_gather_start(g, mine, parts, m, COMM_F64, hash_str(a->name ? a->name : "grad"), &q, err, errlen) &&
+              comm_wait(q, err, errlen);
+    if (ok) parts_to_axis((char *)r->grads[slot], (const char *)parts, g->size, outer, inner, sizeof(double));
+    free(mine);
+    free(parts);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Collective ops                                                      */
+/* ------------------------------------------------------------------ */
+
+bool step_coll_last(const IrOp *op) {
+  const IrAttr *a = ir_attr_get(op, "last");
+  return a && a->i != 0;
+}
+
+CommGroup *step_coll_group(const IrOp *op, char *err, size_t errlen) {
+  const char *name = ir_attr_get_str(op, "group", "");
+  int64_t ranks = ir_attr_get_int(op, "ranks", 1);
+  Comm *c = current ? current->comm : NULL;
+  CommGroup *g = !c ? NULL : strcmp(name, "tp") == 0 ? &c->tp_group : strcmp(name, "dp") == 0 ? &c->dp_group : NULL;
+  if (!g) {
+    failf(err, errlen, "collectives need a distributed runtime: '%s' is over %lld ranks of group \"%s\" (compile and "
+          "run with --tp/--dp under mpirun)", ir_op_info[op->opcode].name, (long long)ranks, name);
+    return NULL;
+  }
+  if (g->size != ranks) {
+    failf(err, errlen, "'%s' is over %lld ranks of group \"%s\", and the run's %s group has %d",
+          ir_op_info[op->opcode].name, (long long)ranks, name, g->name, g->size);
+    return NULL;
+  }
+  return g;
+}
+
+static void *grow(char **buf, size_t *cap, size_t bytes) {
+  if (*cap < bytes) {
+    free(*buf);
+    *buf = xcalloc(bytes, 1);
+    *cap = bytes;
+  }
+  return *buf;
+}
+
+bool step_coll_start(StepColl *c, const IrOp *op, bool f64, const void *send, void *recv, char *err, size_t errlen) {
+  GRADC_ASSERT(!c->req);
+  c->op = op;
+  c->es = f64 ? 8 : 4;
+  c->permute_out = false;
+  const IrShape *in = &op->args[0]->type.shape, *out = &op->result->type.shape;
+  size_t in_bytes = (size_t)ir_numel(in) * c->es, out_bytes = (size_t)ir_numel(out) * c->es;
+  if (!recv) recv = grow(&c->own, &c->own_cap, out_bytes + 1);
+  c->recv = recv;
+  int64_t ranks = ir_attr_get_int(op, "ranks", 1);
+  if (ranks == 1) { /* one rank: the identity */
+    if (recv != send) memmove(recv, send, in_bytes);
+    return true;
+  }
+  CommGroup *g = step_coll_group(op, err, errlen);
+  if (!g) return false;
+  CommDType dt = f64 ? COMM_F64 : COMM_F32;
+  uint64_t tag = hash_str(ir_op_info[op->opcode].name) ^ ((uint64_t)op->result->id * 0x9e3779b97f4a7c15ull);
+  int64_t axis = ir_attr_get_int(op, "axis", 0), outer = 1, inner = 1;
+  if (op->opcode == IR_OP_ALL_REDUCE_START)
+    return comm_all_reduce_start(g, send, recv, ir_numel(in), dt, COMM_SUM, tag, &c->req, err, errlen);
+  if (op->opcode == IR_OP_ALL_GATHER_START) {
+    axis_split(in, (int)axis, &outer, &inner);
+    if (outer == 1) /* the parts are contiguous along the axis already */
+      return comm_all_gather_start(g, send, recv, ir_numel(in), dt, tag, &c->req, err, errlen);
+    c->permute_out = true;
+    return comm_all_gather_start(g, send, grow(&c->stage, &c->stage_cap, out_bytes), ir_numel(in), dt, tag, &c->req,
+                                 err, errlen);
+  }
+  if (op->opcode == IR_OP_REDUCE_SCATTER_START) {
+    axis_split(out, (int)axis, &outer, &inner);
+    const void *src = send;
+    if (outer > 1) { /* rank r's part: block r along the axis of every outer row */
+      axis_to_parts(grow(&c->stage, &c->stage_cap, in_bytes), send, g->size, outer, inner, c->es);
+      src = c->stage;
+    }
+    return comm_reduce_scatter_start(g, src, recv, ir_numel(out), dt, COMM_SUM, tag, &c->req, err, errlen);
+  }
+  return failf(err, errlen, "'%s' is not the start of a collective", ir_op_info[op->opcode].name);
+}
+
+bool step_coll_test(StepColl *c, bool *done, char *err, size_t errlen) {
+  *done = true;
+  return !c->req || comm_test(c->req, done, err, errlen);
+}
+
+bool step_coll_wait(StepColl *c, void *dst, char *err, size_t errlen) {
+  if (c->req) {
+    CommReq *q = c->req;
+    c->req = NULL;
+    if (!comm_wait(q, err, errlen)) return false;
+  }
+  if (!c->op) return true;
+  const IrOp *op = c->op;
+  const IrShape *out = &op->result->type.shape;
+  size_t out_bytes = (size_t)ir_numel(out) * c->es;
+  if (c->permute_out) {
+    int64_t outer, inner;
+    axis_split(&op->args[0]->type.shape, (int)ir_attr_get_int(op, "axis", 0), &outer, &inner);
+    parts_to_axis(dst, c->stage, (int)ir_attr_get_int(op, "ranks", 1), outer, inner, c->es);
+  } else if (dst != c->recv) {
+    memmove(dst, c->recv, out_bytes);
+  }
+  c->op = NULL;
+  return true;
+}
+
+void step_coll_free(StepColl *c) {
+  if (c->req) {
+    char e[256];
+    (void)comm_wait(c->req, e, sizeof e); /* the buffers are in use until it completes */
+  }
+  free(c->stage);
+  free(c->own);
+  memset(c, 0, sizeof *c);
 }

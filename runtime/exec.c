@@ -34,6 +34,7 @@
 
 #include "../codegen/codegen.h"
 #include "artifact.h"
+#include "comm.h"
 #include "runtime.h"
 
 #ifdef GRADC_HAVE_BLAS
@@ -185,14 +186,17 @@ typedef struct Gemm {
   int64_t *aoff, *boff, *coff; /* per batch: element offset of its A, B and C matrices */
 } Gemm;
 
-typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS } InstrKind;
+typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT } InstrKind;
 
 typedef struct Instr {
   InstrKind kind;
   const IrOp *op;
   const CgKernel *kernel;
   Gemm gemm;
-  int64_t src, dst, bytes; /* I_COPY; I_LOSS: src = offset of the operand */
+  int64_t src, dst, bytes; /* I_COPY, I_START (send, recv), I_WAIT (dst); I_LOSS: src = offset of the operand */
+  int slot;                /* I_START, I_WAIT: the StepColl; I_BUCKET_*: the bucket */
+  bool f64;                /* I_START: f64 elements (else f32) */
+  bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
 } Instr;
 
 typedef struct GradBuf {
@@ -200,7 +204,28 @@ typedef struct GradBuf {
   int64_t offset;  /* in the arena */
   IrDType dt;      /* f32 or f64 */
   int64_t numel;
+  bool reduced;    /* a data-parallel bucket all-reduces it (its `grad` reads a last=true wait) */
 } GradBuf;
+
+/* A data-parallel gradient bucket (dp-reduce's last=true all-reduces): in
+ * the window's last micro-batch its gradient buffers are all-reduced in
+ * place, one collective per contiguous run of buffers of one dtype, started
+ * at the bucket's last start and waited for at its first wait; in the
+ * other micro-batches its ops do nothing.  A bucket whose waits are not all
+ * after its starts (no overlap) is one of these per start/wait pair. */
+typedef struct BucketRun {
+  int64_t lo, hi;  /* byte range in the arena */
+  bool f64;
+  CommReq *req;
+  bool done;       /* comm_test saw it complete */
+} BucketRun;
+
+typedef struct Bucket {
+  const IrOp *op;  /* a start (its group and ranks) */
+  BucketRun *runs;
+  int nruns;
+  bool open;       /* started, not yet waited for */
+} Bucket;
 
 struct CpuProgram {
   IrFunc *f;
@@ -213,6 +238,13 @@ struct CpuProgram {
   GradBuf *grads;
   int ngrads;
   CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
+  /* Collectives: one StepColl per start (tensor-parallel and other
+   * collectives that run in every micro-batch), the buckets. */
+  StepColl *colls;
+  bool *coll_open; /* started, not yet waited for */
+  int ncolls;
+  Bucket *buckets;
+  int nbuckets;
 };
 
 /* The arena is not zeroed: every byte a step reads is written first in
@@ -573,6 +605,18 @@ void cpu_program_free(CpuProgram *p) {
   }
   free(p->code);
   free(p->grads);
+  for (int i = 0; i < p->ncolls; i++) step_coll_free(&p->colls[i]);
+  free(p->colls);
+  free(p->coll_open);
+  for (int i = 0; i < p->nbuckets; i++) {
+    for (int k = 0; k < p->buckets[i].nruns; k++)
+      if (p->buckets[i].runs[k].req) {
+        char e[256];
+        (void)comm_wait(p->buckets[i].runs[k].req, e, sizeof e);
+      }
+    free(p->buckets[i].runs);
+  }
+  free(p->buckets);
   cg_views_free(&p->views);
   free(p->arena);
   pool_free(p->pool);
@@ -634,13 +678,39 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
       opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT ||
       opc == IR_OP_TP_COPY) {
-    if (opc != IR_OP_TP_COPY && ir_attr_get_int(op, "ranks", 1) > 1) return op_fail(err, n, op, "needs a distributed runtime");
     const IrValue *s = storage_root(op->args[0]), *d = storage_root(op->result);
     if (s->storage == IR_STORE_NONE || d->storage == IR_STORE_NONE)
       return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
+    bool start = opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_GATHER_START || opc == IR_OP_REDUCE_SCATTER_START;
+    if (opc != IR_OP_TP_COPY && step_coll_last(op)) {
+      /* A gradient bucket's member: in place in the gradient buffer. */
+      if (opc != IR_OP_ALL_REDUCE_START && opc != IR_OP_ALL_REDUCE_WAIT)
+        return op_fail(err, n, op, "with last=true must be an all-reduce");
+      if (s->storage != IR_STORE_GRAD || d->storage != IR_STORE_GRAD || s->offset != d->offset)
+        return op_fail(err, n, op, "with last=true must be in its param's gradient buffer (run memplan)");
+      emit(p, (Instr){.kind = start ? I_BUCKET_START : I_BUCKET_WAIT, .op = op, .slot = -1});
+      return true;
+    }
     if (d->storage == IR_STORE_GRAD) return op_fail(err, n, op, "cannot accumulate into a gradient buffer");
     int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
-    if (s->offset != d->offset) emit(p, (Instr){.kind = I_COPY, .op = op, .src = s->offset, .dst = d->offset, .bytes = bytes});
+    if (opc == IR_OP_TP_COPY || ir_attr_get_int(op, "ranks", 1) == 1) {
+      if (s->offset != d->offset)
+        emit(p, (Instr){.kind = I_COPY, .op = op, .src = s->offset, .dst = d->offset, .bytes = bytes});
+      return true;
+    }
+    IrDType dt = op->args[0]->type.dtype;
+    if (dt != IR_DT_F32 && dt != IR_DT_F64) return op_fail(err, n, op, "needs f32 or f64 values on the CPU target");
+    if (start) {
+      emit(p, (Instr){.kind = I_START, .op = op, .src = s->offset, .dst = d->offset, .slot = p->ncolls++,
+                      .f64 = dt == IR_DT_F64});
+      return true;
+    }
+    /* A wait: the StepColl of its start, emitted before it. */
+    int slot = -1;
+    for (int i = p->ncode - 1; i >= 0 && slot < 0; i--)
+      if (p->code[i].kind == I_START && p->code[i].op->result == op->args[0]) slot = p->code[i].slot;
+    if (slot < 0) return op_fail(err, n, op, "waits for a collective that was not started before it");
+    emit(p, (Instr){.kind = I_WAIT, .op = op, .dst = d->offset, .slot = slot});
     return true;
   }
   return op_fail(err, n, op, "is not in a kernel (the CPU target runs fuse before memplan)");
@@ -656,6 +726,96 @@ static void store_consts(CpuProgram *p) {
     int64_t n = ir_numel(&op->result->type.shape);
     for (int64_t k = 0; k < n; k++) elem_set(p->arena + op->result->offset, op->result->type.dtype, k, v);
   }
+}
+
+/* The gradient buffer range of a bucket member (a last=true start). */
+static BucketRun member_range(const IrOp *start) {
+  const IrValue *v = storage_root(start->args[0]);
+  bool f64 = v->type.dtype == IR_DT_F64;
+  return (BucketRun){v->offset, v->offset + ir_numel(&v->type.shape) * (f64 ? 8 : 4), f64, NULL, false};
+}
+
+static int cmp_run(const void *pa, const void *pb) {
+  const BucketRun *a = pa, *b = pb;
+  if (a->f64 != b->f64) return a->f64 ? 1 : -1;
+  return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+/* Add a bucket of the given members (start instructions); their buffers
+ * merged into contiguous runs (memplan lays a bucket out so, each buffer
+ * 64-byte aligned: the padding between two is zeroed with them). */
+static int add_bucket(CpuProgram *p, const int *starts, int n) {
+  Bucket *b = &p->buckets[p->nbuckets];
+  b->op = p->code[starts[0]].op;
+  b->runs = xcalloc((size_t)n, sizeof(BucketRun));
+  for (int i = 0; i < n; i++) b->runs[i] = member_range(p->code[starts[i]].op);
+  qsort(b->runs, (size_t)n, sizeof(BucketRun), cmp_run);
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    BucketRun *last = m ? &b->runs[m - 1] : NULL;
+    if (last && last->f64 == b->runs[i].f64 && b->runs[i].lo >= last->hi && b->runs[i].lo - last->hi < 64) {
+      if (b->runs[i].hi > last->hi) last->hi = b->runs[i].hi;
+      continue;
+    }
+    b->runs[m++] = b->runs[i];
+  }
+  b->nruns = m;
+  return p->nbuckets++;
+}
+
+/* Group the last=true starts and waits into buckets (see Bucket). */
+static bool plan_buckets(CpuProgram *p, char *err, size_t n) {
+  int *starts = xcalloc((size_t)p->ncode + 1, sizeof(int)), *waits = xcalloc((size_t)p->ncode + 1, sizeof(int));
+  int ns = 0, nw = 0;
+  for (int i = 0; i < p->ncode; i++) {
+    if (p->code[i].kind == I_BUCKET_START) starts[ns++] = i;
+    if (p->code[i].kind == I_BUCKET_WAIT) waits[nw++] = i;
+  }
+  p->buckets = xcalloc((size_t)ns + 1, sizeof(Bucket));
+  int *members = xcalloc((size_t)ns + 1, sizeof(int));
+  bool ok = true;
+  for (int i = 0; i < ns && ok; i++) {
+    Instr *s0 = &p->code[starts[i]];
+    if (s0->slot >= 0) continue;
+    int64_t id = ir_attr_get_int(s0->op, "bucket", -1);
+    /* The bucket's starts and waits; coalesced when every wait follows every start. */
+    int nm = 0, last_start = -1, first_wait = INT32_MAX;
+    for (int k = i; k < ns; k++) {
+      const Instr *sk = &p->code[starts[k]];
+      if (sk->slot >= 0 || ir_attr_get_int(sk->op, "bucket", -1) != id || (id < 0 && k != i)) continue;
+      members[nm++] = starts[k];
+      last_start = starts[k];
+    }
+    for (int k = 0; k < nw; k++)
+      for (int j = 0; j < nm; j++)
+        if (p->code[waits[k]].op->args[0] == p->code[members[j]].op->result && waits[k] < first_wait)
+          first_wait = waits[k];
+    bool together = first_wait > last_start;
+    for (int j = 0; j < nm; j++) {
+      int one = together ? nm : 1, *set = together ? members : &members[j];
+      if (together && j > 0) break;
+      int b = add_bucket(p, set, one);
+      /* Its starts and waits: the last start and the first wait act. */
+      int issue_start = set[one - 1], issue_wait = -1;
+      for (int m = 0; m < one; m++) {
+        p->code[set[m]].slot = b;
+        p->code[set[m]].issue = set[m] == issue_start;
+        for (int k = 0; k < nw; k++) {
+          Instr *w = &p->code[waits[k]];
+          if (w->op->args[0] != p->code[set[m]].op->result) continue;
+          w->slot = b;
+          if (issue_wait < 0 || waits[k] < issue_wait) issue_wait = waits[k];
+        }
+      }
+      if (issue_wait >= 0) p->code[issue_wait].issue = true;
+    }
+  }
+  for (int k = 0; k < nw && ok; k++)
+    if (p->code[waits[k]].slot < 0) ok = op_fail(err, n, p->code[waits[k]].op, "waits for a collective that is not started");
+  free(members);
+  free(starts);
+  free(waits);
+  return ok;
 }
 
 /* cpu_program_new, or with cg != NULL a program around kernels already
@@ -722,6 +882,9 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     }
     if (!build_op(p, op, err, errlen)) goto error;
   }
+  if (!plan_buckets(p, err, errlen)) goto error;
+  p->colls = xcalloc((size_t)p->ncolls + 1, sizeof(StepColl));
+  p->coll_open = xcalloc((size_t)p->ncolls + 1, sizeof(bool));
 
   /* One gradient buffer per param with a `grad` output. */
   p->grads = xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
@@ -731,8 +894,11 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     for (int k = 0; k < f->nops; k++) {
       const IrOp *op = f->ops[k];
       if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
-      p->grads[p->ngrads] = (GradBuf){i, storage_root(op->args[0])->offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
-                                      ir_numel(&a->type.shape)};
+      const IrValue *v = storage_root(op->args[0]);
+      p->grads[p->ngrads] = (GradBuf){i, v->offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
+                                      ir_numel(&a->type.shape),
+                                      v->def && v->def->opcode == IR_OP_ALL_REDUCE_WAIT && step_coll_last(v->def) &&
+                                          ir_attr_get_int(v->def, "ranks", 1) > 1};
       p->ngrads++;
       break;
     }
@@ -925,8 +1091,70 @@ static bool window_sums(CpuProgram *p, int gas, const StTensor *const *bound, ch
   return ok;
 }
 
-static void run_micro_batch(CpuProgram *p, StepResult *r) {
-  for (int i = 0; i < p->ncode; i++) {
+/* Start a bucket's all-reduces (in place in the gradient buffers). */
+static bool bucket_start(CpuProgram *p, Bucket *b, char *err, size_t n) {
+  b->open = true;
+  if (ir_attr_get_int(b->op, "ranks", 1) == 1) return true;
+  CommGroup *g = step_coll_group(b->op, err, n);
+  if (!g) return false;
+  uint64_t tag = hash_str("bucket") ^ (uint64_t)ir_attr_get_int(b->op, "bucket", -1);
+  for (int k = 0; k < b->nruns; k++) {
+    BucketRun *r = &b->runs[k];
+    char *buf = p->arena + r->lo;
+    r->done = false;
+    if (!comm_all_reduce_start(g, buf, buf, (r->hi - r->lo) / (r->f64 ? 8 : 4), r->f64 ? COMM_F64 : COMM_F32, COMM_SUM,
+                               tag, &r->req, err, n))
+      return false;
+  }
+  return true;
+}
+
+static bool bucket_wait(Bucket *b, char *err, size_t n) {
+  bool ok = true;
+  b->open = false;
+  for (int k = 0; k < b->nruns; k++) {
+    CommReq *q = b->runs[k].req;
+    b->runs[k].req = NULL;
+    char e[1024];
+    if (q && !comm_wait(q, e, sizeof e) && ok) ok = fail(err, n, "%s", e);
+  }
+  return ok;
+}
+
+/* Let the comm layer progress the collectives in flight (MPI advances
+ * non-blocking collectives only inside its calls). */
+static bool progress(CpuProgram *p, char *err, size_t n) {
+  for (int i = 0; i < p->ncolls; i++) {
+    bool done;
+    if (p->coll_open[i] && !step_coll_test(&p->colls[i], &done, err, n)) return false;
+  }
+  for (int i = 0; i < p->nbuckets; i++) {
+    Bucket *b = &p->buckets[i];
+    for (int k = 0; b->open && k < b->nruns; k++) {
+      BucketRun *r = &b->runs[k];
+      if (r->req && !r->done && !comm_test(r->req, &r->done, err, n)) return false;
+    }
+  }
+  return true;
+}
+
+/* After a failure: complete whatever is still in flight. */
+static void drain(CpuProgram *p) {
+  char e[256];
+  for (int i = 0; i < p->ncolls; i++)
+    if (p->coll_open[i]) {
+      p->coll_open[i] = false;
+      (void)step_coll_wait(&p->colls[i], p->colls[i].recv, e, sizeof e);
+    }
+  for (int i = 0; i < p->nbuckets; i++)
+    if (p->buckets[i].open) (void)bucket_wait(&p->buckets[i], e, sizeof e);
+}
+
+/* One micro-batch; last: the window's last, where buckets communicate. */
+static bool run_micro_batch(CpuProgram *p, StepResult *r, bool last, char *err, size_t n) {
+  int open = 0; /* collectives in flight */
+  bool ok = true;
+  for (int i = 0; ok && i < p->ncode; i++) {
     const Instr *in = &p->code[i];
     switch (in->kind) {
     case I_KERNEL: run_kernel(p, in->kernel); break;
@@ -934,14 +1162,39 @@ static void run_micro_batch(CpuProgram *p, StepResult *r) {
     case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
     case I_LOSS: {
       const IrValue *v = in->op->args[0];
-      int64_t n = ir_numel(&v->type.shape);
+      int64_t m = ir_numel(&v->type.shape);
       double s = 0;
-      for (int64_t e = 0; e < n; e++) s += elem_get(p->arena + in->src, v->type.dtype, e);
+      for (int64_t e = 0; e < m; e++) s += elem_get(p->arena + in->src, v->type.dtype, e);
       r->losses[step_loss_slot(r, in->op)] += s;
       break;
     }
+    case I_START:
+      ok = step_coll_start(&p->colls[in->slot], in->op, in->f64, p->arena + in->src, p->arena + in->dst, err, n);
+      p->coll_open[in->slot] = ok;
+      open += ok;
+      continue;
+    case I_WAIT:
+      p->coll_open[in->slot] = false;
+      open--;
+      ok = step_coll_wait(&p->colls[in->slot], p->arena + in->dst, err, n);
+      continue;
+    case I_BUCKET_START:
+      if (last && in->issue) {
+        ok = bucket_start(p, &p->buckets[in->slot], err, n);
+        open++;
+      }
+      continue;
+    case I_BUCKET_WAIT:
+      if (last && in->issue) {
+        ok = bucket_wait(&p->buckets[in->slot], err, n);
+        open--;
+      }
+      continue;
     }
+    if (open > 0) ok = progress(p, err, n);
   }
+  if (!ok) drain(p);
+  return ok;
 }
 
 bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *params_path, const StFile *inputs,
@@ -960,12 +1213,15 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   if (ok) {
     for (int i = 0; i < p->ngrads; i++)
       bulk(p, BULK_ZERO, p->arena + p->grads[i].offset, NULL, p->grads[i].numel * (int64_t)ir_dtype_size(p->grads[i].dt));
+    for (int i = 0; i < p->nbuckets; i++) /* with the padding between a bucket's buffers */
+      for (int k = 0; k < p->buckets[i].nruns; k++)
+        bulk(p, BULK_ZERO, p->arena + p->buckets[i].runs[k].lo, NULL, p->buckets[i].runs[k].hi - p->buckets[i].runs[k].lo);
     copy_args(p, bound, -1);
     ok = window_sums(p, gas, bound, err, errlen);
   }
   for (int k = 0; ok && k < gas; k++) {
     copy_args(p, bound, k);
-    run_micro_batch(p, &r);
+    ok = run_micro_batch(p, &r, k == gas - 1, err, errlen);
   }
   if (ok) {
     for (int i = 0; i < p->ngrads; i++) {
@@ -979,7 +1235,13 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
         bulk(p, BULK_WIDEN, r.grads[slot], p->arena + g->offset, g->numel);
       else
         bulk(p, BULK_COPY, r.grads[slot], p->arena + g->offset, g->numel * 8);
+      if (g->reduced) {
+        if (!r.dp_reduced) r.dp_reduced = xcalloc((size_t)r.ngrads + 1, sizeof(bool));
+        r.dp_reduced[slot] = true;
+      }
     }
+    /* Sharded params: the whole gradient from every tp rank's shard. */
+    ok = step_tp_gather(f, &r, err, errlen);
   }
   free(bound);
   if (!ok) {

@@ -24,6 +24,7 @@ typedef struct Ctx {
   InterpPhase phase;
   char *err;
   size_t errlen;
+  StepColl *coll; /* collectives in flight, by the start's value id (allocated at the first) */
 } Ctx;
 
 static bool fail(Ctx *c, const char *fmt, ...) GRADC_PRINTF(2, 3);
@@ -707,10 +708,26 @@ static bool eval_grad_seed(Ctx *c, const IrOp *op, double *out) {
   return map1(c, op, out, f_mul, coef);
 }
 
+/* A start hands its operand to the comm layer (comm_step.c), which owns
+ * the buffer the collective writes; the matching wait completes it into
+ * its own result.  The start's result holds nothing.  A data-parallel
+ * gradient reduction (last=true) is the identity here: the step layer sums
+ * the window's gradients over the ranks after the window (step_dp_end),
+ * which is the same value. */
 static bool eval_collective(Ctx *c, const IrOp *op, double *out) {
-  if (ir_attr_get_int(op, "ranks", 1) > 1)
-    return fail(c, "%s: collectives need a distributed runtime", opname(op));
-  return eval_copy(c, op, out);
+  if (step_coll_last(op) || op->opcode == IR_OP_TP_COPY) return eval_copy(c, op, out);
+  bool start = op->opcode == IR_OP_ALL_REDUCE_START || op->opcode == IR_OP_ALL_GATHER_START ||
+               op->opcode == IR_OP_REDUCE_SCATTER_START;
+  int id = start ? op->result->id : op->args[0]->id;
+  if (!c->coll) {
+    c->coll = calloc((size_t)c->st->f->nvalues + 1, sizeof(StepColl));
+    if (!c->coll) abort();
+  }
+  char why[1024];
+  if (start ? step_coll_start(&c->coll[id], op, true, in(c, op, 0), NULL, why, sizeof why)
+            : step_coll_wait(&c->coll[id], out, why, sizeof why))
+    return true;
+  return fail(c, "%s: %s", opname(op), why);
 }
 
 /* ------------------------------------------------------------------ */
@@ -785,7 +802,7 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_ALL_REDUCE_WAIT:
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_TP_COPY:
-  case IR_OP_REDUCE_SCATTER_WAIT: return eval_copy(c, op, out);
+  case IR_OP_REDUCE_SCATTER_WAIT: return eval_collective(c, op, out);
   case IR_OP_LOSS:
   case IR_OP_GRAD: return true; /* outputs: the caller reads their operands */
   }
@@ -838,7 +855,7 @@ static bool check_indices(Ctx *c, const IrOp *op, const double *v) {
 bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *const *window_sums,
                 InterpPhase phase, const InterpOptions *opt, char *err, size_t errlen) {
   static const InterpOptions defaults = {0};
-  Ctx c = {st, opt ? opt : &defaults, window_sums, phase, err, errlen};
+  Ctx c = {st, opt ? opt : &defaults, window_sums, phase, err, errlen, NULL};
   st->f = f;
   st->val = calloc((size_t)(f->nvalues > 0 ? f->nvalues : 1), sizeof(double *));
   if (!st->val) abort();
@@ -894,6 +911,10 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
     if (ix >= 0 && st->val[op->args[ix]->id]) ok = check_indices(&c, op, st->val[op->args[ix]->id]);
   }
   free(need);
+  if (c.coll) {
+    for (int i = 0; i < f->nvalues; i++) step_coll_free(&c.coll[i]);
+    free(c.coll);
+  }
   if (!ok) interp_free(st);
   return ok;
 }

@@ -95,6 +95,8 @@ typedef struct StepResult {
   const char **grad_names; /* params, in argument order */
   IrType *grad_types;      /* gradient type (the param's shape, f32 or f64) */
   double **grads;          /* accumulated gradients; zeros for params with no `grad` output */
+  bool *dp_reduced;        /* per gradient: already summed over the data-parallel ranks by the driver
+                              (the CPU executor's bucket all-reduces), so step_dp_end leaves it; NULL: none */
 } StepResult;
 
 /* Run one window on the reference interpreter.  inputs/params: tensors by
@@ -128,6 +130,53 @@ bool step_window_needs(const IrFunc *f, bool *arg_needed);
  * id] gets each window.sum result (malloc'd; the caller frees). */
 bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **wsum, const InterpOptions *opt,
                       char *err, size_t errlen);
+
+/* ------------------------------------------------------------------ */
+/* comm_step.c: what the step drivers share in a distributed window     */
+/* ------------------------------------------------------------------ */
+/* Tensor parallelism (docs/DISTRIBUTED.md): after `shard` a split param's
+ * IR type is this rank's shard (split_ranks parts along split_axis); the
+ * files, the session and StepResult hold the whole (declared) tensor. */
+/* The declared type of an argument: a sharded param's whole shape. */
+IrType step_arg_type(const IrValue *a);
+/* Point bound[i] of each sharded param at a copy of this tp rank's part
+ * (kept until step_dp_end); an error without a tensor-parallel window. */
+bool step_tp_slice(const IrFunc *f, const StTensor **bound, char *err, size_t errlen);
+/* All-gather the gradients of sharded params over the tp ranks: r->grads[i]
+ * holds the local shard's gradient in its first elements and gets the whole
+ * gradient (r->grad_types are the whole shapes). */
+bool step_tp_gather(const IrFunc *f, StepResult *r, char *err, size_t errlen);
+
+/* One collective op (X.start .. X.wait) in flight on the thread's window's
+ * groups (group="tp"|"dp"), on f32 or f64 elements.  An all-gather or a
+ * reduce-scatter along an axis with a non-unit extent before it goes
+ * through a staging buffer (the ranks' parts are contiguous in MPI) and a
+ * permute.  ranks=1 is a copy.  Zero-initialise; step_coll_free releases
+ * the buffers (kept between uses) and completes a request still pending. */
+struct CommReq;
+typedef struct StepColl {
+  struct CommReq *req; /* NULL when none is in flight */
+  const IrOp *op;      /* the start */
+  size_t es;           /* element size: 4 (f32) or 8 (f64) */
+  void *recv;          /* where the collective writes (the start's result, or `own`) */
+  char *stage, *own;   /* staging (gather: received parts; scatter: permuted send), own result */
+  size_t stage_cap, own_cap;
+  bool permute_out;    /* at the wait: stage -> the result, parts along the axis */
+} StepColl;
+/* Start op (a *.start) reading send; recv: the start's result buffer, or
+ * NULL for one of the StepColl's own. */
+bool step_coll_start(StepColl *c, const IrOp *op, bool f64, const void *send, void *recv, char *err, size_t errlen);
+/* Make progress; *done once complete (the request stays until the wait). */
+bool step_coll_test(StepColl *c, bool *done, char *err, size_t errlen);
+/* Complete it and put the result into dst (the wait's result buffer). */
+bool step_coll_wait(StepColl *c, void *dst, char *err, size_t errlen);
+void step_coll_free(StepColl *c);
+/* Whether a collective is a data-parallel gradient reduction that only
+ * communicates in the window's last micro-batch (dp-reduce's last=true). */
+bool step_coll_last(const IrOp *op);
+/* The window's group an op names (group="tp"|"dp"), NULL with a message
+ * when the window has none or its size is not the op's ranks. */
+struct CommGroup *step_coll_group(const IrOp *op, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
 /* exec.c: the CPU executor (docs/BACKEND.md)                           */

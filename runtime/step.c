@@ -133,7 +133,7 @@ void step_load(const StTensor *t, int64_t begin, int64_t n, double *out) {
  * the whole window (K micro-batches on axis 0, of every data-parallel
  * rank). */
 static IrType window_type(const IrValue *a, int gas) {
-  IrType t = a->type;
+  IrType t = step_arg_type(a); /* a sharded param's file tensor is the whole param */
   if (a->role == IR_ARG_INPUT && a->batched && t.shape.rank > 0) t.shape.dim[0] *= (int64_t)gas * step_dp_size();
   return t;
 }
@@ -174,7 +174,7 @@ bool step_bind(const IrFunc *f, int gas, const StFile *params, const char *param
       !bind_file(f, gas, IR_ARG_INPUT, inputs, inputs_path, bound, err, errlen))
     return false;
   step_dp_slice(f, bound); /* data-parallel: this rank's samples of the window */
-  return true;
+  return step_tp_slice(f, bound, err, errlen); /* tensor-parallel: this rank's shards */
 }
 
 /* ------------------------------------------------------------------ */
@@ -188,6 +188,7 @@ void step_result_free(StepResult *r) {
   free(r->grad_names);
   free(r->losses);
   free(r->loss_names);
+  free(r->dp_reduced);
   memset(r, 0, sizeof *r);
 }
 
@@ -234,8 +235,8 @@ bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen
     if (a->role != IR_ARG_PARAM) continue;
     r.grad_names[r.ngrads] = a->name;
     r.grad_types[r.ngrads].dtype = a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32;
-    r.grad_types[r.ngrads].shape = a->type.shape;
-    r.grads[r.ngrads] = xcalloc((size_t)ir_numel(&a->type.shape), sizeof(double));
+    r.grad_types[r.ngrads].shape = step_arg_type(a).shape; /* whole; a shard's driver fills the first part */
+    r.grads[r.ngrads] = xcalloc((size_t)ir_numel(&r.grad_types[r.ngrads].shape), sizeof(double));
     r.ngrads++;
   }
   bool ok = true;
@@ -363,7 +364,7 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
       } else if (op->opcode == IR_OP_GRAD) {
         int g = step_grad_slot(&r, op);
         const double *v = st.val[op->args[0]->id];
-        int64_t n = ir_numel(&r.grad_types[g].shape);
+        int64_t n = ir_numel(&op->args[0]->type.shape); /* the param's (this rank's shard's) size */
         double *dst = r.grads[g];
         /* The buffer is f32 (f64 for f64 params): round as it would. */
         for (int64_t e = 0; e < n; e++)
@@ -372,6 +373,8 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
     }
     if (ok) interp_free(&st);
   }
+  /* Sharded params: the whole gradient from every tp rank's shard. */
+  ok = ok && step_tp_gather(f, &r, err, errlen);
 
   for (int i = 0; i < na; i++) free(data[i]);
   for (int i = 0; i < nv; i++) free(wsum[i]);
