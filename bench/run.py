@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Run `gradc bench` and its PyTorch twin (bench/torch_models.py) side by
-side, in one run, for tinygpt large, tinygpt small and mlp at 1 and 2
-threads, and print one table of ratios (markdown):
+side, in one run, for tinygpt large, tinygpt small, mlp and mlp2
+(bench/models/mlp2.gdl) at 1 and 2 threads, and print one table of ratios (markdown):
 
   step/floor     gradc step / gradc GEMM floor (the step's GEMMs alone)
   vs torch       gradc step / torch step (both medians, same threads, f32)
@@ -39,7 +39,15 @@ CONFIGS = [
     ("tinygpt small", "tinygpt", ["B=8", "T=32", "C=64", "L=2"]),
     # examples/mlp.gdl has one hidden layer (D -> H -> 10), benched as written.
     ("mlp", "mlp", ["B=256", "D=784", "H=1024"]),
+    # The issue's 784-1024-1024-10: bench/models/mlp2.gdl, two hidden layers.
+    ("mlp2", "mlp2", ["B=256", "D=784", "H=1024"]),
 ]
+
+
+def model_path(model):
+    """examples/MODEL.gdl, else bench/models/MODEL.gdl (models only the bench uses)."""
+    p = os.path.join(ROOT, "examples", model + ".gdl")
+    return p if os.path.exists(p) else os.path.join(ROOT, "bench", "models", model + ".gdl")
 
 
 def parse():
@@ -75,7 +83,7 @@ def defs_args(defs):
 
 
 def run_gradc(a, model, defs, threads, cache):
-    cmd = [a.gradc, "bench", os.path.join(ROOT, "examples", model + ".gdl")] + defs_args(defs) + [
+    cmd = [a.gradc, "bench", model_path(model)] + defs_args(defs) + [
         "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup), "--target", a.target,
         "--json"]
     env = dict(os.environ, GRADC_CACHE_DIR=cache)
@@ -171,7 +179,7 @@ def gemm_lib(a, threads_list, tmp):
     for name, model, defs in CONFIGS:
         if a.only and a.only not in name:
             continue
-        cmd = [a.gradc, "bench", os.path.join(ROOT, "examples", model + ".gdl")] + defs_args(defs) + [
+        cmd = [a.gradc, "bench", model_path(model)] + defs_args(defs) + [
             "--steps", "1", "--warmup", "0", "--target", a.target, "--print-gemms", "--no-cache"]
         rc, _, err = sh(cmd)
         shapes = "\n".join(l for l in err.splitlines() if l.startswith("gemm "))

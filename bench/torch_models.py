@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""PyTorch twins of examples/tinygpt.gdl and examples/mlp.gdl, timed the way
+"""PyTorch twins of examples/tinygpt.gdl, examples/mlp.gdl and
+bench/models/mlp2.gdl, timed the way
 `gradc bench` times gradc (DESIGN.md section 5).
 
 Same math, same shapes and the same init scale as the .gdl models: stacked
@@ -26,7 +27,7 @@ Prints one JSON object:
                                out): the kernels a step launches
   gemms                        GEMM operators per step
 
-Usage: torch_models.py tinygpt|mlp [-D NAME=V]... [--threads N] [--steps N]
+Usage: torch_models.py tinygpt|mlp|mlp2 [-D NAME=V]... [--threads N] [--steps N]
        [--warmup N]
 """
 import argparse
@@ -40,7 +41,7 @@ import time
 
 def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", choices=["tinygpt", "mlp"])
+    ap.add_argument("model", choices=["tinygpt", "mlp", "mlp2"])
     ap.add_argument("-D", dest="defs", action="append", default=[], metavar="NAME=V")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=10)
@@ -161,8 +162,34 @@ class MLP(torch.nn.Module):
         return torch.randn(B, D), torch.randint(0, 10, (B,), dtype=torch.long)
 
 
+class MLP2(torch.nn.Module):
+    """bench/models/mlp2.gdl: two hidden layers of width H, an L2 term on W1."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.d = d
+        D, H = d["D"], d["H"]
+        self.W1 = normal((D, H), 0.02)
+        self.b1 = zeros((H,))
+        self.W2 = normal((H, H), 0.02)
+        self.b2 = zeros((H,))
+        self.W3 = normal((H, 10), 0.02)
+
+    def forward(self, x, y):
+        h1 = torch.relu(x @ self.W1 + self.b1)
+        h2 = torch.relu(h1 @ self.W2 + self.b2)
+        logits = h2 @ self.W3
+        return F.cross_entropy(logits, y) + 1e-4 * torch.sum(self.W1 * self.W1)
+
+    def batch(self):
+        B, D = self.d["B"], self.d["D"]
+        return torch.randn(B, D), torch.randint(0, 10, (B,), dtype=torch.long)
+
+
 if args.model == "tinygpt":
     model = TinyGPT(dims({"B": 8, "T": 32, "C": 64, "NH": 4, "L": 2, "V": 96}))
+elif args.model == "mlp2":
+    model = MLP2(dims({"B": 256, "D": 784, "H": 1024}))
 else:
     model = MLP(dims({"B": 64, "D": 784, "H": 256}))
 inputs = model.batch()
