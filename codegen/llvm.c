@@ -13,12 +13,18 @@
  * process.  The object bytes are kept (cg_module_object) so that a cache
  * or an artifact can load them again without LLVM's optimiser
  * (cg_module_load_object).  Every LLVM call that can fail is checked and
- * reported through err; nothing here exits. */
+ * reported through err; nothing here exits.
+ *
+ * For profiling: GRADC_DUMP_LLVM (set) prints the optimised module to
+ * stderr as CgOptions.dump_llvm does (the cache is bypassed), and
+ * GRADC_PERF_MAP appends the loaded kernels' addresses to
+ * /tmp/perf-<pid>.map, where `perf report` finds their names. */
 #include <llvm-c/Core.h>
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Error.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm-c/LLJIT.h>
+#include <llvm-c/Object.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
@@ -27,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "llvm_gen.h"
 
@@ -474,7 +481,7 @@ static int64_t kernel_work(const KInfo *k) { return 4 + (int64_t)k->n; }
  * core), into one bundle of objects. */
 static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char **obj, size_t *objlen, char *err,
                            size_t errlen) {
-  bool dump = o && o->dump_llvm;
+  bool dump = (o && o->dump_llvm) || getenv("GRADC_DUMP_LLVM");
   int threads = o && o->threads > 0 ? o->threads : pool_ncores();
   int nreps = 0;
   for (int i = 0; i < K->n; i++) nreps += K->k[i].rep == i;
@@ -545,6 +552,50 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
 /* Loading object code                                                 */
 /* ------------------------------------------------------------------ */
 
+/* With GRADC_PERF_MAP set, every function of the loaded objects (kernels,
+ * their shared bodies) is appended to /tmp/perf-<pid>.map, so that
+ * `perf report` names generated code.  An object's .text is loaded whole:
+ * one exported kernel's JIT address fixes the others'. */
+static void perf_map(CgModule *m, const Kernels *K, const char *obj, size_t len) {
+  LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, len, "gradc-kernels");
+  char *msg = NULL;
+  LLVMBinaryRef bin = LLVMCreateBinary(mb, NULL, &msg);
+  LLVMDisposeMessage(msg);
+  if (!bin) {
+    LLVMDisposeMemoryBuffer(mb);
+    return;
+  }
+  int64_t delta = 0;
+  bool found = false;
+  LLVMSymbolIteratorRef it = LLVMObjectFileCopySymbolIterator(bin);
+  for (; !found && !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it); LLVMMoveToNextSymbol(it)) {
+    const char *nm = LLVMGetSymbolName(it);
+    for (int i = 0; nm && i < K->n && !found; i++)
+      if (strcmp(nm, K->k[i].name) == 0 && m->kernels[K->k[i].group].fn) {
+        delta = (int64_t)(uintptr_t)m->kernels[K->k[i].group].fn - (int64_t)LLVMGetSymbolAddress(it);
+        found = true;
+      }
+  }
+  LLVMDisposeSymbolIterator(it);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+  FILE *fp = found ? fopen(path, "a") : NULL;
+  if (fp) {
+    it = LLVMObjectFileCopySymbolIterator(bin);
+    for (; !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it); LLVMMoveToNextSymbol(it)) {
+      const char *nm = LLVMGetSymbolName(it);
+      uint64_t size = LLVMGetSymbolSize(it);
+      if (nm && *nm && size > 0)
+        fprintf(fp, "%llx %llx %s\n", (unsigned long long)(LLVMGetSymbolAddress(it) + (uint64_t)delta),
+                (unsigned long long)size, nm);
+    }
+    LLVMDisposeSymbolIterator(it);
+    fclose(fp);
+  }
+  LLVMDisposeBinary(bin);
+  LLVMDisposeMemoryBuffer(mb);
+}
+
 static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen) {
   if (!cg_check_llvm(LLVMOrcCreateLLJIT(&m->jit, NULL), "creating the JIT", err, errlen)) {
     m->jit = NULL;
@@ -583,6 +634,15 @@ static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen)
     k->fn = (CgKernelFn)(uintptr_t)addr;
     k->iters = ki->iters;
     k->cost = ki->cost;
+  }
+  if (getenv("GRADC_PERF_MAP")) {
+    p = m->obj + sizeof bundle_magic + 4;
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t len;
+      memcpy(&len, p, 8);
+      perf_map(m, K, p + 8, (size_t)len);
+      p += 8 + len;
+    }
   }
   return true;
 }
@@ -649,7 +709,7 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
   }
   CgModule *m = module_new(&K);
   uint64_t key = 0;
-  bool cached = o && o->cache_dir && !o->dump_llvm;
+  bool cached = o && o->cache_dir && !o->dump_llvm && !getenv("GRADC_DUMP_LLVM");
   if (cached) {
     key = cache_key(f);
     size_t len = 0;
