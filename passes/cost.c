@@ -206,6 +206,7 @@ void cost_report(const IrFunc *f, const CostModel *m, FILE *out) {
   cost_simulate(f, m, true, &on);
   cost_simulate(f, m, false, &off);
   double hidden = on.comm_s > 0 ? 100.0 * (1.0 - on.exposed_s / on.comm_s) : 100.0;
+  if (hidden < 0) hidden = 0; /* queueing behind another collective counts as exposed too */
   fprintf(out, "cost model: %.3g FLOP/s, %.3g B/s memory, %.3g us per kernel; link %.3g B/s, %.3g us latency\n",
           m->flops_per_s, m->mem_bytes_per_s, m->kernel_s * 1e6, m->link_bytes_per_s, m->link_latency_s * 1e6);
   fprintf(out, "estimated compute %.3f ms, communication %.3f ms in %d collectives\n", on.compute_s * 1e3,

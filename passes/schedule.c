@@ -28,9 +28,9 @@
  *      start of a tp collective (so that collective is in flight sooner:
  *      Megatron's input-gradient GEMM before the weight-gradient one),
  *      then the rest in their previous order;
- *   4. else a wait: critical ones by the time their collective ends, then
- *      the others (dp gradient reductions, read only by outputs: at the
- *      end) in their previous order.
+ *   4. else a wait: critical ones first, then the others (dp gradient
+ *      reductions, read only by outputs: at the end), each by the time
+ *      its collective ends (dp: bucket order), then previous order.
  * Hence a wait is placed only when nothing else can run, or when its
  * collective is already over; the compute placed between a start and its
  * wait is what hides the communication. */
@@ -267,7 +267,7 @@ PassResult pass_schedule(IrFunc *f, const PassOptions *o, Arena *scratch) {
         Unit *p = &g.u[ready[pick]];
         bool before;
         if (c->critical != p->critical) before = c->critical;
-        else if (c->critical && g.u[c->start].done != g.u[p->start].done)
+        else if (g.u[c->start].done != g.u[p->start].done)
           before = g.u[c->start].done < g.u[p->start].done;
         else before = c->orig < p->orig;
         if (before) pick = r;
