@@ -45,11 +45,11 @@ static IrFunc *clone(const IrFunc *f) {
 /* Run shard (with tp, sequence_parallel) and then `rest` on a copy of m's
  * forward function, verifying after every pass.  Returns the function, or
  * NULL on a user error (diagnostics in d). */
-static IrFunc *pipeline(FeModel *m, int tp, bool sp, const char *const *rest, int nrest, Diag *d) {
+static IrFunc *pipeline_k(FeModel *m, int gas, int tp, bool sp, const char *const *rest, int nrest, Diag *d) {
   IrFunc *f = clone(m->func);
   /* The copy lost the annotations' locations (not in the text form). */
   for (int i = 0; i < f->nargs; i++) f->args[i]->split_loc = m->func->args[i]->split_loc;
-  PassOptions o = {.gas = 1, .diag = d, .src = &m->src, .tp = tp, .sequence_parallel = sp};
+  PassOptions o = {.gas = gas, .diag = d, .src = &m->src, .tp = tp, .sequence_parallel = sp};
   PassManager pm;
   pm_init(&pm);
   pm.verify = true;
@@ -62,6 +62,10 @@ static IrFunc *pipeline(FeModel *m, int tp, bool sp, const char *const *rest, in
     return NULL;
   }
   return f;
+}
+
+static IrFunc *pipeline(FeModel *m, int tp, bool sp, const char *const *rest, int nrest, Diag *d) {
+  return pipeline_k(m, 1, tp, sp, rest, nrest, d);
 }
 
 static const char *const TRAIN[] = {"gas-fold", "autodiff", "simplify", "cse", "dce"};
@@ -455,8 +459,9 @@ static void test_shard_gpt_four_ranks(void **state) {
  * a row-parallel matmul, a replicated param scaling a sharded value
  * (tp.copy: its gradient is summed over ranks), a replicated scale param
  * broadcast along the sharded axis, a mean over a sharded axis (partial,
- * scaled by 1/T), a sum over another axis, layer_norm of a batch-sharded
- * value, reshape and permute of a sharded axis. */
+ * scaled by 1/T; a batch mean too, which gas-fold turns into a sum), a
+ * sum over another axis, layer_norm of a batch-sharded value, reshape and
+ * permute of a sharded axis. */
 static const char misc_model[] =
     "model misc {\n"
     "  batch B = 4\n"
@@ -482,6 +487,7 @@ static const char misc_model[] =
     "  z = layer_norm(h @ P, lw, lb)\n"
     "  loss ce = cross_entropy(logits, y)\n"
     "  loss pen = mean(W2 * W2) + sum(mean(r, axis=2) ** 2) + sum(z * z) * 0.01\n"
+    "  loss m = mean(u)\n"
     "}\n";
 
 static void test_shard_rules_match_one_process(void **state) {
@@ -557,6 +563,35 @@ static void test_shard_gpt_ir(void **state) {
   f = pipeline(m, 2, false, TRAIN, NTRAIN, &d);
   assert_int_equal(count(f, IR_OP_TP_COPY), 0);
   assert_int_equal(count(f, IR_OP_ALL_REDUCE_START), 8);
+  ir_func_free(f);
+  fe_model_free(m);
+  diag_free(&d);
+  free(text);
+}
+
+/* With K = 2 (tp_gpt) and K = 4 (tp_mlp) micro-batches gas-fold folds the sharded program's losses
+ * (through the all-reduces) and the collectives stay as with K = 1. */
+static void test_shard_with_gas(void **state) {
+  (void)state;
+  char *text = tu_read("tests/models/tp_gpt.gdl");
+  Diag d;
+  FeModel *m = tu_compile("tests/models/tp_gpt.gdl", text, 2, &d);
+  assert_non_null(m);
+  IrFunc *f = pipeline_k(m, 2, 2, false, TRAIN, NTRAIN, &d);
+  if (!f) fail_msg("%s", sb_str(&d.log));
+  assert_int_equal(count(f, IR_OP_ALL_REDUCE_START), 8);
+  assert_int_equal(count(f, IR_OP_LOSS_TERM), 1);
+  ir_func_free(f);
+  fe_model_free(m);
+  diag_free(&d);
+  free(text);
+  text = tu_read("tests/models/tp_mlp.gdl");
+  m = tu_compile("tests/models/tp_mlp.gdl", text, 4, &d);
+  assert_non_null(m);
+  f = pipeline_k(m, 4, 2, false, TRAIN, NTRAIN, &d);
+  if (!f) fail_msg("%s", sb_str(&d.log));
+  assert_int_equal(count(f, IR_OP_ALL_REDUCE_START), 2);
+  assert_int_equal(count(f, IR_OP_LOSS_TERM), 2);
   ir_func_free(f);
   fe_model_free(m);
   diag_free(&d);
@@ -765,6 +800,7 @@ int main(void) {
       cmocka_unit_test(test_shard_rules_match_one_process),
       cmocka_unit_test(test_shard_mlp_ir),
       cmocka_unit_test(test_shard_gpt_ir),
+      cmocka_unit_test(test_shard_with_gas),
       cmocka_unit_test(test_shard_noop),
       cmocka_unit_test(test_shard_error_not_divisible),
       cmocka_unit_test(test_shard_error_vocab_parallel_cross_entropy),
