@@ -183,6 +183,7 @@ static bool is_range_unslice(const IrOp *op, int64_t *first) {
  * reduced in place after the window's last contribution. */
 static bool is_last_coll(const IrOp *op) {
   if (!op || op->group != 0 || (op->opcode != IR_OP_ALL_REDUCE_START && op->opcode != IR_OP_ALL_REDUCE_WAIT)) return false;
+  if (op->opcode == IR_OP_ALL_REDUCE_WAIT && op->args[0]->def) op = op->args[0]->def; /* its start's attributes */
   const IrAttr *a = ir_attr_get(op, "last");
   return a && a->i != 0;
 }

@@ -136,6 +136,7 @@ static gradc_program *program_new(void) {
   if (!p) abort();
   arena_init(&p->arena);
   p->dp = 1;
+  p->tp = 1;
   return p;
 }
 
@@ -233,8 +234,8 @@ static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
 }
 
 bool api_dist_start(gradc_program *p, char *err, size_t errlen) {
-  if (p->dp <= 1 || p->comm) return true;
-  p->comm = comm_open(1, p->dp, err, errlen);
+  if ((int64_t)p->dp * p->tp <= 1 || p->comm) return true;
+  p->comm = comm_open(p->tp, p->dp, err, errlen);
   if (!p->comm) return false;
   step_dp_init(&p->stepdp, p->comm);
   return true;
@@ -289,10 +290,16 @@ static gradc_status check_options(const gradc_compile_options *o) {
                     o->target);
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
   if (o->dp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: dp must be at least 1 (got %d)", o->dp);
+  if (o->tp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: tp must be at least 1 (got %d)", o->tp);
+  if (o->bucket_bytes < 0)
+    return api_fail(GRADC_ERR_USER, "gradc: error: bucket_bytes must be >= 0 (got %lld)", (long long)o->bucket_bytes);
 #ifndef GRADC_HAVE_MPI
   if (o->dp > 1)
     return api_fail(GRADC_ERR_USER, "gradc: error: --dp %d runs over MPI, and this build has none (configure with "
                                     "-DGRADC_MPI=ON and libopenmpi-dev installed)", o->dp);
+  if (o->tp > 1)
+    return api_fail(GRADC_ERR_USER, "gradc: error: --tp %d runs over MPI, and this build has none (configure with "
+                                    "-DGRADC_MPI=ON and libopenmpi-dev installed)", o->tp);
 #endif
   if (o->ndefs < 0 || (o->ndefs > 0 && (!o->def_names || !o->def_values)))
     return api_fail(GRADC_ERR_USER, "gradc: error: bad dim overrides (ndefs %d)", o->ndefs);
@@ -308,6 +315,10 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
   p->threads = o->threads;
   p->no_cache = o->no_cache != 0;
   p->dp = o->dp > 1 ? o->dp : 1;
+  p->tp = o->tp > 1 ? o->tp : 1;
+  p->sequence_parallel = o->sequence_parallel != 0;
+  p->no_overlap = o->no_overlap != 0;
+  p->bucket_bytes = o->bucket_bytes;
   p->ndefs = o->ndefs;
   p->def_names = ARENA_ARRAY(&p->arena, const char *, o->ndefs + 1);
   p->def_values = ARENA_ARRAY(&p->arena, int64_t, o->ndefs + 1);
@@ -383,7 +394,15 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
   PassManager pm;
   pm_init(&pm);
   if (pmo) pm = *pmo;
-  PassOptions po = {.gas = p->gas, .diag = &d, .src = &src};
+  /* The micro-batch is B / (K dp): tensor-parallel ranks share samples. */
+  PassOptions po = {.gas = p->gas,
+                    .diag = &d,
+                    .src = &src,
+                    .tp = p->tp,
+                    .dp = p->dp,
+                    .sequence_parallel = p->sequence_parallel,
+                    .no_overlap = p->no_overlap,
+                    .bucket_bytes = p->bucket_bytes};
   int rc = pm_run(&pm, p->func, names, n, &po);
   if (pmo) *pmo = pm; /* the caller reads the per-pass times */
   if (rc == 1) {
@@ -498,6 +517,10 @@ static char *meta_json(const gradc_program *p) {
   cJSON_AddStringToObject(m, "target", p->target);
   cJSON_AddNumberToObject(m, "gas", p->gas);
   cJSON_AddNumberToObject(m, "dp", p->dp);
+  cJSON_AddNumberToObject(m, "tp", p->tp);
+  cJSON_AddBoolToObject(m, "sequence_parallel", p->sequence_parallel);
+  cJSON_AddBoolToObject(m, "no_overlap", p->no_overlap);
+  cJSON_AddNumberToObject(m, "bucket_bytes", (double)p->bucket_bytes);
   cJSON_AddNumberToObject(m, "threads", p->threads);
   cJSON_AddBoolToObject(m, "no_cache", p->no_cache);
   cJSON *defs = cJSON_AddArrayToObject(m, "defs");
@@ -657,6 +680,14 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   int64_t dp = 1; /* absent before data parallelism: 1 */
   if (cJSON_GetObjectItemCaseSensitive(m, "dp") && !json_int(m, "dp", 1, 1 << 20, &dp)) goto done;
   p->dp = (int)dp;
+  int64_t tp = 1, bucket = 0; /* absent before tensor parallelism: 1 */
+  if (cJSON_GetObjectItemCaseSensitive(m, "tp") && !json_int(m, "tp", 1, 1 << 20, &tp)) goto done;
+  if (cJSON_GetObjectItemCaseSensitive(m, "bucket_bytes") && !json_int(m, "bucket_bytes", 0, INT64_MAX / 2, &bucket))
+    goto done;
+  p->tp = (int)tp;
+  p->bucket_bytes = bucket;
+  p->sequence_parallel = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "sequence_parallel"));
+  p->no_overlap = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_overlap"));
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);

@@ -47,9 +47,13 @@ struct gradc_program {
   char *ir_text;           /* the printed function, as saved in artifacts (malloc'd) */
   struct CpuProgram *cpu;  /* the CPU back end's program, NULL on the interpreter */
   struct CudaProgram *cuda; /* the CUDA back end's program (target "cuda[:sm_XX]"), or NULL */
-  /* Data parallelism (comm.h): dp ranks; the comm layout is opened by the
-   * first session or run (api_dist_start), not at compile time. */
+  /* Distributed runs (comm.h): dp and tp ranks (the run has tp x dp);
+   * the comm layout is opened by the first session or run
+   * (api_dist_start), not at compile time. */
   int dp;
+  int tp;
+  bool sequence_parallel, no_overlap; /* what the passes were given */
+  int64_t bucket_bytes;
   Comm *comm;
   StepDp stepdp;
 };
@@ -70,6 +74,7 @@ struct gradc_session {
   int64_t step;            /* optimiser steps taken */
   Rng rng;
   struct CgOptim *optim_code; /* generated update kernels (CPU back end), built at the first step */
+  struct Trace *trace;     /* gradc_session_trace's recorder, or NULL */
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,
@@ -102,7 +107,8 @@ void api_copy_tensor(const StTensor *src, StTensor *dst);
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen);
 
-/* Join the run's ranks for a dp > 1 program (once; a no-op for dp 1). */
+/* Join the run's ranks for a program of tp x dp > 1 ranks (once; a no-op
+ * for one). */
 bool api_dist_start(gradc_program *p, char *err, size_t errlen);
 /* This process's rank in the program's run (0 without one). */
 int api_program_rank(const gradc_program *p);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "api_impl.h"
+#include "trace.h"
 
 static void *xcalloc(size_t n, size_t size) {
   void *p = calloc(n ? n : 1, size);
@@ -50,6 +51,8 @@ void gradc_session_free(gradc_session *s) {
   if (s->have_res) step_result_free(&s->res);
   api_optim_free_state(s);
   api_optim_free_code(s);
+  if (s->trace && trace_current() == s->trace) trace_set_current(NULL);
+  trace_free(s->trace);
   free(s);
 }
 
@@ -270,8 +273,16 @@ gradc_status gradc_session_run(gradc_session *s) {
   if (!s) return null_arg("session_run");
   char err[2048];
   StepResult r;
-  if (!api_run_window(s->p, &s->params, &s->inputs, &r, err, sizeof err))
-    return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  /* Traced: the executors and the comm layer report to the session's recorder. */
+  Trace *prev = trace_current();
+  double t0 = s->trace ? trace_now_us(s->trace) : 0;
+  if (s->trace) trace_set_current(s->trace);
+  bool ok = api_run_window(s->p, &s->params, &s->inputs, &r, err, sizeof err);
+  if (s->trace) {
+    trace_span(s->trace, TRACE_STEP, "step", t0, trace_now_us(s->trace));
+    trace_set_current(prev);
+  }
+  if (!ok) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   if (s->have_res) step_result_free(&s->res);
   s->res = r;
   s->have_res = true;
@@ -369,12 +380,52 @@ gradc_status gradc_session_check_replicas(const gradc_session *s) {
   char err[2048];
   int diff;
   uint64_t h0, hd;
-  if (!comm_agree(&p->comm->dp_group, h, &diff, &h0, &hd, err, sizeof err))
+  /* Every rank holds the whole params (tensor-parallel ranks too). */
+  if (!comm_agree(&p->comm->world, h, &diff, &h0, &hd, err, sizeof err))
     return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   if (diff >= 0)
     return api_fail(GRADC_ERR_USER,
                     "gradc: error: data-parallel ranks hold different params at step %lld: rank %d's hash is "
                     "%016llx, rank 0's %016llx",
                     (long long)s->step, diff, (unsigned long long)hd, (unsigned long long)h0);
+  return GRADC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Traces                                                              */
+/* ------------------------------------------------------------------ */
+
+gradc_status gradc_session_trace(gradc_session *s) {
+  if (!s) return null_arg("session_trace");
+  char err[2048];
+  if (!api_dist_start(s->p, err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  if (!s->trace) s->trace = trace_new(api_program_rank(s->p));
+  return GRADC_OK;
+}
+
+/* Collective in a distributed run: rank 0 writes every rank's events. */
+gradc_status gradc_session_trace_write(gradc_session *s, const char *path) {
+  if (!s) return null_arg("session_trace_write");
+  if (!path) return api_fail(GRADC_ERR_USER, "gradc: error: session_trace_write: no path");
+  if (!s->trace) return api_fail(GRADC_ERR_USER, "gradc: error: session_trace_write: tracing is off (call gradc_session_trace first)");
+  char err[2048];
+  const gradc_program *p = s->p;
+  if (p->comm && !comm_trace_gather(&p->comm->world, s->trace, err, sizeof err))
+    return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  if (api_program_rank(p) == 0 && !trace_write(s->trace, path, err, sizeof err))
+    return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  return GRADC_OK;
+}
+
+/* This rank's figures, in milliseconds. */
+gradc_status gradc_session_trace_stats(const gradc_session *s, double *comm_ms, double *exposed_ms,
+                                       double *compute_ms) {
+  if (!s) return null_arg("session_trace_stats");
+  if (!s->trace) return api_fail(GRADC_ERR_USER, "gradc: error: session_trace_stats: tracing is off (call gradc_session_trace first)");
+  TraceStats st;
+  trace_stats(s->trace, &st);
+  if (comm_ms) *comm_ms = st.comm_us / 1000;
+  if (exposed_ms) *exposed_ms = st.exposed_us / 1000;
+  if (compute_ms) *compute_ms = st.compute_us / 1000;
   return GRADC_OK;
 }

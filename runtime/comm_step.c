@@ -281,6 +281,10 @@ bool step_tp_gather(const IrFunc *f, StepResult *r, char *err, size_t errlen) {
 /* ------------------------------------------------------------------ */
 
 bool step_coll_last(const IrOp *op) {
+  /* A wait's attributes are its start's. */
+  bool wait = op->opcode == IR_OP_ALL_REDUCE_WAIT || op->opcode == IR_OP_ALL_GATHER_WAIT ||
+              op->opcode == IR_OP_REDUCE_SCATTER_WAIT;
+  if (wait && op->args[0]->def) op = op->args[0]->def;
   const IrAttr *a = ir_attr_get(op, "last");
   return a && a->i != 0;
 }

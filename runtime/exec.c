@@ -36,6 +36,7 @@
 #include "artifact.h"
 #include "comm.h"
 #include "runtime.h"
+#include "trace.h"
 
 #ifdef GRADC_HAVE_BLAS
 #include <cblas.h>
@@ -682,6 +683,8 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     if (s->storage == IR_STORE_NONE || d->storage == IR_STORE_NONE)
       return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
     bool start = opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_GATHER_START || opc == IR_OP_REDUCE_SCATTER_START;
+    /* A wait's attributes are its start's. */
+    const IrOp *sop = start || opc == IR_OP_TP_COPY || !op->args[0]->def ? op : op->args[0]->def;
     if (opc != IR_OP_TP_COPY && step_coll_last(op)) {
       /* A gradient bucket's member: in place in the gradient buffer. */
       if (opc != IR_OP_ALL_REDUCE_START && opc != IR_OP_ALL_REDUCE_WAIT)
@@ -693,7 +696,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     }
     if (d->storage == IR_STORE_GRAD) return op_fail(err, n, op, "cannot accumulate into a gradient buffer");
     int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
-    if (opc == IR_OP_TP_COPY || ir_attr_get_int(op, "ranks", 1) == 1) {
+    if (opc == IR_OP_TP_COPY || ir_attr_get_int(sop, "ranks", 1) == 1) {
       if (s->offset != d->offset)
         emit(p, (Instr){.kind = I_COPY, .op = op, .src = s->offset, .dst = d->offset, .bytes = bytes});
       return true;
@@ -898,7 +901,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
       p->grads[p->ngrads] = (GradBuf){i, v->offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
                                       ir_numel(&a->type.shape),
                                       v->def && v->def->opcode == IR_OP_ALL_REDUCE_WAIT && step_coll_last(v->def) &&
-                                          ir_attr_get_int(v->def, "ranks", 1) > 1};
+                                          ir_attr_get_int(v->def->args[0]->def ? v->def->args[0]->def : v->def, "ranks", 1) > 1};
       p->ngrads++;
       break;
     }
@@ -1154,8 +1157,10 @@ static void drain(CpuProgram *p) {
 static bool run_micro_batch(CpuProgram *p, StepResult *r, bool last, char *err, size_t n) {
   int open = 0; /* collectives in flight */
   bool ok = true;
+  Trace *t = trace_current(); /* compute spans when tracing */
   for (int i = 0; ok && i < p->ncode; i++) {
     const Instr *in = &p->code[i];
+    double t0 = t && in->kind <= I_COPY ? trace_now_us(t) : 0;
     switch (in->kind) {
     case I_KERNEL: run_kernel(p, in->kernel); break;
     case I_GEMM: run_gemm(p, &in->gemm); break;
@@ -1191,6 +1196,9 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool last, char *err, 
       }
       continue;
     }
+    if (t && in->kind <= I_COPY)
+      trace_span(t, TRACE_COMPUTE, in->kind == I_KERNEL ? in->kernel->name : in->kind == I_GEMM ? "matmul" : "copy", t0,
+                 trace_now_us(t));
     if (open > 0) ok = progress(p, err, n);
   }
   if (!ok) drain(p);
