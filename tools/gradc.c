@@ -23,6 +23,7 @@
 #include "runtime/api_impl.h"
 #include "runtime/comm.h"
 #include "runtime/runtime.h"
+#include "runtime/trace.h"
 #include "bench.h"
 #include "tools.h"
 #ifdef GRADC_HAVE_CUDA
@@ -368,6 +369,7 @@ static int open_program(const Args *a, gradc_program **out) {
     if (a->ndefs) why = "its sizes are fixed (no -D)";
     else if (a->gas_set && a->gas != p->gas) why = (snprintf(buf, sizeof buf, "it was built with --gas %d", p->gas), buf);
     else if (a->dp_set && a->dp != p->dp) why = (snprintf(buf, sizeof buf, "it was built with --dp %d", p->dp), buf);
+    else if (a->tp_set && a->tp != p->tp) why = (snprintf(buf, sizeof buf, "it was built with --tp %d", p->tp), buf);
     else if (a->target && strcmp(a->target, p->target) != 0)
       why = (snprintf(buf, sizeof buf, "it was built for --target %s", p->target), buf);
     if (why) {
@@ -559,6 +561,28 @@ static int write_grads(const char *path, const StepResult *r) {
   return rc;
 }
 
+/* --trace: every rank's events into the file rank 0 writes, and rank 0's
+ * figures on stderr (collective in a distributed run). */
+static int write_trace(const char *path, const gradc_program *p, Trace *t) {
+  char err[1024];
+  if (p->comm && !comm_trace_gather(&p->comm->world, t, err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    return 1;
+  }
+  if (api_program_rank(p) != 0) return 0;
+  if (!trace_write(t, path, err, sizeof err)) {
+    diag_plain(&diag, DIAG_ERROR, "%s", err);
+    return 1;
+  }
+  TraceStats st;
+  trace_stats(t, &st);
+  fprintf(stderr, "trace: %s: rank 0: compute %.3f ms, %lld collectives in flight %.3f ms, exposed %.3f ms", path,
+          st.compute_us / 1000, (long long)st.collectives, st.comm_us / 1000, st.exposed_us / 1000);
+  if (st.comm_us > 0) fprintf(stderr, " (%.1f%% hidden)", 100.0 * (1.0 - st.exposed_us / st.comm_us));
+  fputc('\n', stderr);
+  return 0;
+}
+
 static int cmd_run(const Args *a) {
   if (!a->params) return usage_error("run needs --params PARAMS.safetensors%s", "");
   if (!a->inputs) return usage_error("run needs --inputs BATCH.safetensors%s", "");
@@ -570,14 +594,14 @@ static int cmd_run(const Args *a) {
   if (p->cuda) cuda_program_allow_tf32(p->cuda, a->allow_tf32);
 #endif
   /* mpirun -np N needs --tp T --dp D with T*D = N (else every rank would compute the whole window). */
-  int launched = comm_launch_size(), ranks = p->dp * a->tp;
+  int launched = comm_launch_size(), ranks = p->dp * p->tp;
   if (launched > 1 && ranks != launched) {
-    if (a->tp == 1)
+    if (p->tp == 1)
       diag_plain(&diag, DIAG_ERROR, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
                  p->dp == 1 ? "no --dp" : "a different --dp", launched);
     else
       diag_plain(&diag, DIAG_ERROR, "this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
-                 launched, launched, a->tp, p->dp, ranks, launched);
+                 launched, launched, p->tp, p->dp, ranks, launched);
     gradc_program_free(p);
     return 1;
   }
@@ -586,6 +610,16 @@ static int cmd_run(const Args *a) {
   st_init(&params);
   st_init(&inputs);
   StepResult r;
+  Trace *trace = NULL;
+  if (a->trace) {
+    if (!api_dist_start(p, err, sizeof err)) { /* the rank names the trace's events */
+      diag_plain(&diag, DIAG_ERROR, "%s", err);
+      gradc_program_free(p);
+      return 1;
+    }
+    trace = trace_new(api_program_rank(p));
+    trace_set_current(trace);
+  }
   if (!st_read(a->params, &params, err, sizeof err) || !st_read(a->inputs, &inputs, err, sizeof err)) {
     diag_plain(&diag, DIAG_ERROR, "%s", err);
     rc = 1;
@@ -607,6 +641,11 @@ static int cmd_run(const Args *a) {
     fflush(stdout);
     if (a->grads_out) rc = write_grads(a->grads_out, &r);
     step_result_free(&r);
+  }
+  if (trace) {
+    trace_set_current(NULL);
+    if (!rc) rc = write_trace(a->trace, p, trace);
+    trace_free(trace);
   }
   st_free(&params);
   st_free(&inputs);

@@ -1067,6 +1067,10 @@ static int train(const TrainArgs *a) {
     goto done;
   }
   lead = gradc_session_rank(s) == 0;
+  if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) {
+    rc = tools_api_error(st);
+    goto done;
+  }
   if ((rc = set_optimizer(a, s))) goto done;
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
@@ -1162,6 +1166,19 @@ static int train(const TrainArgs *a) {
   if ((st = gradc_session_check_replicas(s)) != GRADC_OK) {
     rc = tools_api_error(st);
     goto done;
+  }
+  /* Every rank's events go into the one file rank 0 writes (collective). */
+  if (a->trace && (st = gradc_session_trace_write(s, a->trace)) != GRADC_OK) {
+    rc = tools_api_error(st);
+    goto done;
+  }
+  if (a->trace && lead) {
+    double comm_ms = 0, exposed_ms = 0, compute_ms = 0;
+    gradc_session_trace_stats(s, &comm_ms, &exposed_ms, &compute_ms);
+    fprintf(stderr, "trace: %s: rank 0: compute %.3f ms, collectives in flight %.3f ms, exposed %.3f ms", a->trace,
+            compute_ms, comm_ms, exposed_ms);
+    if (comm_ms > 0) fprintf(stderr, " (%.1f%% hidden)", 100.0 * (1.0 - exposed_ms / comm_ms));
+    fputc('\n', stderr);
   }
   if (!lead) {
     if (interrupted) rc = 128 + (int)interrupted;
