@@ -53,6 +53,19 @@
  * accumulates into its part of the buffer; a group-0 unslice that cannot
  * be filled so becomes a kernel of its own.
  *
+ * Collectives (docs/DISTRIBUTED.md).  A start hands its operand to the
+ * comm layer and the collective writes the start's result buffer until
+ * the wait: the operand lives until the wait's step, and the wait's result
+ * is an alias of the start's (IR_STORE_ALIAS, same offset), so neither is
+ * reused in between.  A data-parallel gradient reduction (dp-reduce's
+ * last=true all-reduce start and wait) is part of the gradient's chain
+ * like a reshape: its operand, start and wait all live in the param's
+ * gradient buffer (IR_STORE_GRAD, one offset), where the executor reduces
+ * the window's accumulated gradient in place; a copy-accumulate kernel, when
+ * one is needed, feeds the start.  The gradient buffers of those params
+ * come first in the persistent region, by bucket (then dtype, then the
+ * order of their starts), so each bucket is one contiguous range.
+ *
  * Liveness is over "steps": a kernel (its contiguous ops) is one step, any
  * other op one step.  A buffer lives from the step that writes it to the
  * last step that reads it or any alias of it, inclusive, so a step never

@@ -13,6 +13,20 @@
  * the last contribution) and compares the order of the collectives every
  * rank issued.
  *
+ * Tensor parallelism: a param that `shard` split is bound as this tp
+ * rank's part of the whole tensor in the file (step_tp_slice, a copy along
+ * its split axis) and its gradient, the local shard's, is all-gathered
+ * back into the whole gradient (step_tp_gather), so results and params are
+ * whole and identical on every rank.  With dp-reduce's buckets the CPU
+ * executor has already reduced the gradients it marks in
+ * StepResult.dp_reduced, and step_dp_end leaves them.
+ *
+ * Collective ops (StepColl): the executors run X.start / X.wait through
+ * the comm layer on the window's tp or dp group; along an axis with a
+ * non-unit extent before it, an all-gather receives the ranks' contiguous
+ * parts into a staging buffer and permutes them into place at the wait,
+ * and a reduce-scatter permutes its operand into rank-major parts first.
+ *
  * The window in progress is the calling thread's (step_dp_begin), which is
  * how the shared helpers reach it without a parameter: both step drivers
  * (the reference interpreter and the CPU executor) call them. */
