@@ -9,9 +9,9 @@ For each mode (overlap on, then --no-overlap) it runs
          --link-latency-us L --link-gbps G [--bucket-mb X] [--no-overlap]
 
 R times, reads each run's Chrome trace (every rank's events; pid = rank)
-and sums, per rank, over the gradient reductions (the dp group's f32
+and sums, per rank, over the gradient reductions (the dp group's
 collectives; the step layer's "window.sum" and "loss" reductions are not
-gradients):
+gradients; the comm layer names them by their tags):
 
   in flight   time from each collective's start to its completion
   exposed     time the rank sat blocked waiting for them
@@ -101,7 +101,7 @@ def link_us(kind, ranks, dtype, count, lat, gbps):
 
 
 def is_grad(group, dtype, what):
-    return group == "dp" and dtype == "f32" and what not in ("window.sum", "loss")
+    return group == "dp" and what not in ("window.sum", "loss")
 
 
 def read_trace(paths):

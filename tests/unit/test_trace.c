@@ -350,8 +350,8 @@ static int worker_rank;
 #define OK(call) CHECK((call), "%s: %s", #call, err)
 
 #define LINK_LAT_US 12000.0
-#define LINK_GBPS 1.0
-#define NELEM 250000  /* f32: 1e6 bytes; 20000 us on the link above over 2 ranks */
+#define LINK_GBPS 0.1 /* 12.5 bytes per us */
+#define NELEM 25000   /* f32: 1e5 bytes; 8000 us on the link above over 2 ranks (MPI itself: well under 1 ms) */
 #define MODEL_US 20000.0
 #define SLACK_US 15000.0 /* scheduling noise of 2 oversubscribed ranks */
 
@@ -418,7 +418,7 @@ static int link_worker(Comm *c, bool poll) {
   /* Exposed: the time in the wait (the start itself is not waiting). */
   CHECK(d.exposed_us >= t1 - tw - 200 && d.exposed_us <= t1 - tw, "exposed %.0f us, in the wait %.0f", d.exposed_us,
         t1 - tw);
-  CHECK(strstr(e.name, "all_reduce dp f32[250000]") != NULL, "span name '%s'", e.name);
+  CHECK(strstr(e.name, "all_reduce dp f32[25000]") != NULL, "span name '%s'", e.name);
   printf("rank %d: at once: took %.0f us (start %.0f), span %.0f, exposed %.0f (model %.0f)\n", c->rank, took,
          tw - t0, e.t1_us - e.t0_us, d.exposed_us, MODEL_US);
   /* 2. Compute as long as the model (plus a margin for the ranks' skew)
@@ -435,17 +435,17 @@ static int link_worker(Comm *c, bool poll) {
   stats_since(t, &base, &d);
   e = last_span(t);
   double origin = trace_origin_us(t);
-  CHECK(wait < 2000, "the wait after compute took %.0f us", wait);
+  CHECK(wait < 3000, "the wait after compute took %.0f us", wait); /* next to nothing: 15% of the model */
   CHECK(d.exposed_us <= wait + 1, "exposed %.0f us, the wait took %.0f", d.exposed_us, wait);
   CHECK(e.t1_us - e.t0_us >= MODEL_US, "span %.0f us", e.t1_us - e.t0_us);
   CHECK(e.t1_us + origin <= tw + 1, "completed at %.0f, after the wait began (%.0f)", e.t1_us + origin, tw);
   CHECK(fabs(e.t0_us + origin - t0) < 1000, "span starts %.0f us from the start", e.t0_us + origin - t0);
   printf("rank %d: after compute: wait %.0f us, span %.0f, exposed %.0f\n", c->rank, wait, e.t1_us - e.t0_us,
          d.exposed_us);
-  /* 3. No simulated link, 4 MB, nobody polls during the compute: with
+  /* 3. No simulated link, 1 MB, nobody polls during the compute: with
    * the progress thread it completes while the compute runs. */
   comm_set_link(0, 0);
-  int64_t big = 1 << 20;
+  int64_t big = 1 << 18;
   float *y = calloc((size_t)big, sizeof *y);
   OK(comm_barrier(g, err, sizeof err));
   OK(comm_all_reduce_start(g, y, y, big, COMM_F32, COMM_SUM, 3, &r, err, sizeof err));
@@ -454,7 +454,7 @@ static int link_worker(Comm *c, bool poll) {
   tw = comm_now_us();
   OK(comm_wait(r, err, sizeof err));
   e = last_span(t);
-  printf("rank %d: 4 MB, no polling: completed %.0f us into 100 ms of compute, the wait took %.0f us\n", c->rank,
+  printf("rank %d: 1 MB, no polling: completed %.0f us into 100 ms of compute, the wait took %.0f us\n", c->rank,
          e.t1_us + origin - t0, comm_now_us() - tw);
   if (!poll) CHECK(e.t1_us + origin <= tw, "the progress thread did not complete it during the compute");
   free(y);
@@ -500,6 +500,7 @@ static int worker(const char *name, const char *arg) {
   if (strcmp(name, "link") == 0) rc = link_worker(c, strcmp(arg, "poll") == 0);
   else if (strcmp(name, "gather") == 0) rc = gather_worker(c, arg);
   if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
+  else comm_abort(rc); /* rather than leave the other rank waiting */
   comm_close(c);
   comm_finalize();
   return rc;
@@ -542,7 +543,7 @@ static bool have_mpirun(void) {
 static void run_link(const char *env, const char *mode) {
   if (!have_mpirun()) return;
   char out[16384];
-  int rc = sh(out, sizeof out, "%s GRADC_COMM_LATENCY_US=%g GRADC_COMM_GBPS=%g " MPIRUN " -np 2 %s --worker link %s",
+  int rc = sh(out, sizeof out, "%s GRADC_COMM_TIMEOUT=20 GRADC_COMM_LATENCY_US=%g GRADC_COMM_GBPS=%g " MPIRUN " -np 2 %s --worker link %s",
               env, LINK_LAT_US, LINK_GBPS, self, mode);
   if (rc != 0 || !strstr(out, "worker link: rank 0 of 2 ok") || !strstr(out, "worker link: rank 1 of 2 ok"))
     fail_msg("workers failed (%d):\n%s", rc, out);
