@@ -243,11 +243,17 @@ static void axis_to_parts(char *parts, const char *whole, int ranks, int64_t out
 }
 
 bool step_tp_slice(const IrFunc *f, const StTensor **bound, char *err, size_t errlen) {
+  /* st_add may move tp_parts' tensors: bind by index once all are added. */
+  int *slot = xcalloc((size_t)f->nargs + 1, sizeof(int));
+  for (int i = 0; i < f->nargs; i++) slot[i] = -1;
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     if (!sharded(a) || !bound[i]) continue;
     CommGroup *g = tp_group(a->split_ranks, a->name ? a->name : "a param", err, errlen);
-    if (!g) return false;
+    if (!g) {
+      free(slot);
+      return false;
+    }
     if (!tp_parts) {
       tp_parts = xcalloc(1, sizeof(StFile));
       st_init(tp_parts);
@@ -261,9 +267,13 @@ bool step_tp_slice(const IrFunc *f, const StTensor **bound, char *err, size_t er
     char *part = xcalloc((size_t)(outer * inner) + 1, es);
     for (int64_t o = 0; o < outer; o++)
       memcpy(part + (size_t)o * blk, (const char *)t->data + ((size_t)o * (size_t)g->size + (size_t)g->rank) * blk, blk);
-    bound[i] = st_add(tp_parts, t->name, t->dtype, local.rank, local.dim, part);
+    st_add(tp_parts, t->name, t->dtype, local.rank, local.dim, part);
+    slot[i] = tp_parts->n - 1;
     free(part);
   }
+  for (int i = 0; i < f->nargs; i++)
+    if (slot[i] >= 0) bound[i] = &tp_parts->t[slot[i]];
+  free(slot);
   return true;
 }
 
