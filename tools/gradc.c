@@ -49,6 +49,7 @@ typedef struct Args {
   const char *trace;        /* --trace FILE.json */
   double link_latency_us;   /* --link-latency-us X (a simulated slow link) */
   double link_gbps;         /* --link-gbps X */
+  bool cost_report;         /* --cost-report: the schedule's simulated step on stderr */
   const char *target;
   const char *passes;
   const char *print_before, *print_after;
@@ -79,7 +80,8 @@ static const char *help_text[][2] = {
     {"compile", "gradc compile MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]]\n"
                 "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
                 "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache] [--dp N]\n"
-                "              [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X]\n"
+                "              [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--cost-report]\n"
+                "              [--link-latency-us X] [--link-gbps X]\n"
                 "              [--print-kernels] [--kernels-dir DIR]\n"
                 "  Lower, differentiate and optimise a model for the target (cpu: fused kernels compiled\n"
                 "  with LLVM; ref: the reference interpreter; cuda: CUDA C kernels compiled with NVRTC for\n"
@@ -87,7 +89,9 @@ static const char *help_text[][2] = {
                 "  -o the final IR goes to stdout; -o writes an artifact that run and train load without\n"
                 "  compiling.  --print-kernels writes the CUDA source to stderr, --kernels-dir one .cu file\n"
                 "  per kernel.  --tp/--dp/--sequence-parallel/--no-overlap/--bucket-mb compile for a\n"
-                "  distributed run (see gradc help run and docs/DISTRIBUTED.md).\n"},
+                "  distributed run (see gradc help run and docs/DISTRIBUTED.md); --cost-report prints the\n"
+                "  schedule pass's cost-model simulation of one step (compute, communication, exposed\n"
+                "  communication with and without overlap) for the link the --link-* flags describe.\n"},
     {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
             "  Read IR text, run passes, print IR text to stdout.\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
@@ -219,6 +223,8 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->sequence_parallel = true;
     } else if (strcmp(arg, "--no-overlap") == 0) {
       a->no_overlap = true;
+    } else if (strcmp(arg, "--cost-report") == 0) {
+      a->cost_report = true;
     } else if (FLAG("--bucket-mb")) {
       double mb;
       if (!tools_parse_f64(v, &mb) || !(mb > 0) || mb > 1 << 20)
@@ -444,6 +450,14 @@ static int cmd_compile(const Args *a) {
   if (rc) return rc;
   if (a->print_kernels || a->kernels_dir) rc = write_kernels(a, p);
   if (a->dot && !rc) rc = write_dot(a->dot, p->func);
+  if (a->cost_report && !rc) {
+    /* The cost model's defaults, with the link the flags describe. */
+    CostModel m;
+    cost_model_default(&m);
+    if (a->link_gbps > 0) m.link_bytes_per_s = a->link_gbps * 1e9 / 8;
+    if (a->link_latency_us > 0) m.link_latency_s = a->link_latency_us * 1e-6;
+    cost_report(p->func, &m, stderr);
+  }
   if (!rc) {
     if (a->output) {
       gradc_status st = gradc_program_save(p, a->output);
