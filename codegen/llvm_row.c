@@ -12,7 +12,10 @@
  * loop and is finished in the next section (softmax, layer_norm, rms_norm,
  * logsumexp and cross_entropy take two or three such passes, like the
  * reference interpreter's loops; softmax, logsumexp and cross_entropy of
- * one operand share their row maximum and sum).  Sums accumulate in f64
+ * one operand share their row maximum and sum; a softmax keeps its
+ * exponentials in a row buffer and sums them after their loop, which then
+ * runs at the value's vector width, and a causal softmax computes them
+ * only up to the diagonal).  Sums accumulate in f64
  * and the normalisations' statistics are f64, as in the interpreter; the
  * per-element math is in the value's dtype.
  * Values stay in registers inside one loop; a value a later loop reads is
@@ -23,6 +26,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <llvm-c/DebugInfo.h>
 
 #include "llvm_gen.h"
 
@@ -409,6 +414,16 @@ static void row_stats_step(Row *R, Plan *p, int k) {
   Gen *g = R->g;
   int ax1 = p->fin[0]; /* the section after the max loop */
   if (k == ax1) p->st[0] = p->share >= 0 ? R->plan[p->share].st[0] : gen_acc_get(g, p->acc[0]);
+  if (k == ax1 + 1 && p->share < 0 && p->erow) {
+    /* The exponentials were kept in erow by a loop of the value's width:
+     * an f64 sum in that loop would halve its vector width (and the exp's). */
+    GenLoop sl;
+    gen_loop_begin(g, &sl, gen_i64(g, 0), gen_i64(g, R->l->cols), "esum");
+    LLVMTypeRef et = gen_reg_type(g, p->op->args[0]->type.dtype);
+    LLVMValueRef e = LLVMBuildLoad2(g->b, et, LLVMBuildInBoundsGEP2(g->b, et, p->erow, &sl.iv, 1, ""), "");
+    gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
+    gen_loop_end(g, &sl);
+  }
   if (k == ax1 + 1) p->st[1] = p->share >= 0 ? R->plan[p->share].st[1] : gen_acc_get(g, p->acc[1]);
 }
 
@@ -600,8 +615,10 @@ static void loop_step(Row *R, Plan *p, int k) {
     if (p->p[0] == k) gen_acc_set(g, p->acc[0], gen_max_step(g, gen_acc_get(g, p->acc[0]), elem_val(R, p->x[0], k)));
     if (p->p[1] == k) {
       LLVMValueRef e = gen_exp(g, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
-      if (p->erow) LLVMBuildStore(g->b, e, LLVMBuildInBoundsGEP2(g->b, LLVMTypeOf(e), p->erow, &R->j, 1, ""));
-      gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
+      if (p->erow) /* summed by row_stats_step after the loop */
+        LLVMBuildStore(g->b, e, LLVMBuildInBoundsGEP2(g->b, LLVMTypeOf(e), p->erow, &R->j, 1, ""));
+      else
+        gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
     }
     if (p->kind == P_SOFTMAX && p->p[2] == k) {
       LLVMValueRef y;
@@ -681,6 +698,46 @@ static void loop_step(Row *R, Plan *p, int k) {
     break;
   case P_EWROW: break;
   }
+}
+
+/* The causal exp loop's trip count is a multiple of this (one AVX-512
+ * vector of f32), and the loop is not interleaved, so that it runs whole
+ * vectors only, with no remainder. */
+#define CAUSAL_VEC 16
+
+/* Tell the vectoriser not to interleave the loop whose latch is block latch. */
+static void no_interleave(Gen *g, LLVMBasicBlockRef latch) {
+  LLVMValueRef br = LLVMGetBasicBlockTerminator(latch);
+  if (!br) return;
+  LLVMMetadataRef tmp = LLVMTemporaryMDNode(g->ctx, NULL, 0);
+  const char *key = "llvm.loop.interleave.count";
+  LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, key, strlen(key)),
+                           LLVMValueAsMetadata(LLVMConstInt(g->t_i32, 1, 0))};
+  LLVMMetadataRef ops[2] = {tmp, LLVMMDNodeInContext2(g->ctx, kv, 2)};
+  LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, 2);
+  LLVMMetadataReplaceAllUsesWith(tmp, loop);
+  LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9), LLVMMetadataAsValue(g->ctx, loop));
+}
+
+/* A causal softmax's exponentials: when loop k does nothing but the exp
+ * pass of a softmax whose operand is causal_mask's result in this kernel,
+ * row i's columns past i are -inf, and their exponentials one value per
+ * row (0, or NaN where the row's maximum is -inf or NaN): the loop runs
+ * over columns [0, i] and the rest of erow is filled.  Returns that plan. */
+static Plan *causal_exp_loop(Row *R, int k) {
+  Plan *sm = NULL;
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    bool here = p->p[0] == k || p->p[1] == k || p->p[2] == k;
+    if (!here) continue;
+    if (sm || p->kind != P_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX || p->p[1] != k || p->share >= 0 || !p->erow)
+      return NULL;
+    sm = p;
+  }
+  if (!sm || R->l->space.rank < 2 || R->s[sm->x[0]].buf.is_const) return NULL;
+  for (int q = 0; q < R->np; q++)
+    if (R->plan[q].kind == P_CMASK && R->plan[q].y == sm->x[0]) return sm;
+  return NULL;
 }
 
 void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
@@ -797,11 +854,29 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
   for (int k = 0; k <= K; k++) {
     for (int q = 0; q < n; q++) section_step(&R, &R.plan[q], k);
     if (k == K || !loop_used[k]) continue;
+    Plan *cs = causal_exp_loop(&R, k);
+    LLVMValueRef hi = gen_i64(g, l->cols);
+    if (cs) { /* columns j <= i (up to a whole vector) only: exp(-inf - max) past them */
+      int nr = l->space.rank;
+      LLVMValueRef i = LLVMBuildURem(g->b, R.r, gen_i64(g, l->space.dim[nr - 2]), "");
+      LLVMValueRef up = LLVMBuildAnd(g->b, LLVMBuildAdd(g->b, i, gen_i64(g, CAUSAL_VEC), ""), gen_i64(g, -CAUSAL_VEC), "");
+      hi = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, up, hi, ""), up, hi, "");
+    }
     GenLoop cl;
-    gen_loop_begin(g, &cl, zero, gen_i64(g, l->cols), "col");
+    gen_loop_begin(g, &cl, zero, hi, "col");
     R.j = cl.iv;
     for (int q = 0; q < n; q++) loop_step(&R, &R.plan[q], k);
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
+    if (cs) {
+      no_interleave(g, latch);
+      LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
+      LLVMValueRef tail = gen_exp(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
+      GenLoop tl;
+      gen_loop_begin(g, &tl, hi, gen_i64(g, l->cols), "masked");
+      LLVMBuildStore(g->b, tail, LLVMBuildInBoundsGEP2(g->b, ft, cs->erow, &tl.iv, 1, ""));
+      gen_loop_end(g, &tl);
+    }
   }
   gen_loop_end(g, &rows);
   LLVMBuildRetVoid(g->b);
