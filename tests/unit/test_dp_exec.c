@@ -339,8 +339,8 @@ static int worker_tp(Comm *c) {
   step_dp_init(&d, c);
   for (int K = 1; K <= 2; K++)
     for (int cpu = 0; cpu < 2; cpu++) {
-      char *text;
-      FeModel *m1 = model("tests/models/tp_mlp.gdl", K, 1, &text), *m2 = model("tests/models/tp_mlp.gdl", K, 1, &text);
+      char *text, *text2;
+      FeModel *m1 = model("tests/models/tp_mlp.gdl", K, 1, &text), *m2 = model("tests/models/tp_mlp.gdl", K, 1, &text2);
       CHECK(m1 && m2, "tp_mlp does not compile");
       int n;
       const char *const *pipe = cpu ? pass_pipeline_cpu(&n) : pass_pipeline(&n);
@@ -367,6 +367,7 @@ static int worker_tp(Comm *c) {
       fe_model_free(m1);
       fe_model_free(m2);
       free(text);
+      free(text2);
     }
   step_dp_free(&d);
   return 0;
