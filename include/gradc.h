@@ -53,7 +53,10 @@ typedef struct gradc_compile_options {
   int sequence_parallel; /* 1: between tensor-parallel regions activations are sharded along the
                             sequence axis (all-gather / reduce-scatter instead of all-reduce) */
   int no_overlap;     /* 1: collectives wait right after they start (no compute in between) */
-  int64_t bucket_bytes; /* data-parallel gradient bucket cap (0: the default, 4 MiB) */
+  int64_t bucket_bytes; /* data-parallel gradient bucket cap (0: the default) */
+  int zero1;          /* 1: ZeRO-1 (dp > 1): gradients are reduce-scattered over the dp ranks, each rank
+                         keeps the optimiser state of and updates its 1/dp of the params, and the params
+                         are all-gathered after the step */
 } gradc_compile_options;
 
 void gradc_compile_options_init(gradc_compile_options *o);
@@ -112,9 +115,9 @@ gradc_status gradc_session_check_replicas(const gradc_session *s);
  * session's steps from now on: kernels, GEMMs and copies on a compute lane
  * and collectives on a comm lane, per rank.  gradc_session_trace_write
  * writes it (collective in a distributed run: every rank's events go into
- * the one file rank 0 writes).  The figures: time collectives were in
- * flight, the part of it a rank sat waiting (exposed), summed over ranks'
- * maximum, in milliseconds. */
+ * the one file rank 0 writes).  The figures are this rank's, in
+ * milliseconds: time collectives were in flight, the part of it the rank
+ * sat waiting for them (exposed), and time in kernels, GEMMs and copies. */
 gradc_status gradc_session_trace(gradc_session *s);
 gradc_status gradc_session_trace_write(gradc_session *s, const char *path);
 gradc_status gradc_session_trace_stats(const gradc_session *s, double *comm_ms, double *exposed_ms,

@@ -50,6 +50,7 @@ typedef struct Args {
   double link_latency_us;   /* --link-latency-us X (a simulated slow link) */
   double link_gbps;         /* --link-gbps X */
   bool cost_report;         /* --cost-report: the schedule's simulated step on stderr */
+  bool zero1;               /* --zero1 */
   const char *target;
   const char *passes;
   const char *print_before, *print_after;
@@ -223,6 +224,8 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->sequence_parallel = true;
     } else if (strcmp(arg, "--no-overlap") == 0) {
       a->no_overlap = true;
+    } else if (strcmp(arg, "--zero1") == 0) {
+      a->zero1 = true;
     } else if (strcmp(arg, "--cost-report") == 0) {
       a->cost_report = true;
     } else if (FLAG("--bucket-mb")) {
@@ -404,6 +407,7 @@ static int open_program(const Args *a, gradc_program **out) {
   o.sequence_parallel = a->sequence_parallel;
   o.no_overlap = a->no_overlap;
   o.bucket_bytes = a->bucket_bytes;
+  o.zero1 = a->zero1;
   o.def_names = (const char *const *)a->defs_name;
   o.def_values = a->defs_value;
   o.ndefs = a->ndefs;

@@ -59,7 +59,7 @@ const char train_help[] =
     "            [--params-out PARAMS.safetensors] [--checkpoint FILE] [--checkpoint-every N]\n"
     "            [--resume FILE] [--stop-after N] [--log FILE.csv|FILE.jsonl] [--plot FILE.svg]\n"
     "            [--print-every N] [--threads N] [--no-cache] [--dp N] [--tp T] [--sequence-parallel]\n"
-    "            [--no-overlap] [--bucket-mb X] [--trace FILE.json] [--link-latency-us X]\n"
+    "            [--no-overlap] [--bucket-mb X] [--zero1] [--trace FILE.json] [--link-latency-us X]\n"
     "            [--link-gbps X] [-D N=V]...\n"
     "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
@@ -75,7 +75,9 @@ const char train_help[] =
     "  --plot draws the loss curves as SVG.  stdout stays empty.  --dp N trains on N data-parallel\n"
     "  processes (mpirun -np N gradc train ... --dp N): each runs B/N samples of every window, all take\n"
     "  the same steps, and rank 0 prints and writes the files.  --tp T shards params annotated split(N)\n"
-    "  over T processes (T x N in all); the other distributed flags are those of gradc help run.\n";
+    "  over T processes (T x N in all); --zero1 shards the optimiser over the --dp ranks (ZeRO-1:\n"
+    "  gradients reduce-scattered, each rank updates 1/N of the params, params all-gathered); the\n"
+    "  other distributed flags are those of gradc help run.\n";
 
 const char data_text_help[] =
     "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
@@ -290,7 +292,7 @@ typedef struct TrainArgs {
   bool dp_set;
   int tp;
   bool tp_set;
-  bool sequence_parallel, no_overlap;
+  bool sequence_parallel, no_overlap, zero1;
   int64_t bucket_bytes;
   const char *trace;
   double link_latency_us, link_gbps;
@@ -376,6 +378,8 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       a->sequence_parallel = true;
     } else if (strcmp(arg, "--no-overlap") == 0) {
       a->no_overlap = true;
+    } else if (strcmp(arg, "--zero1") == 0) {
+      a->zero1 = true;
     } else if (FLAG("--bucket-mb")) {
       if (!tools_parse_f64(v, &x) || !(x > 0) || x > 1 << 20)
         return error(1, "--bucket-mb expects a positive size in MiB, got '%s'", v);
@@ -992,6 +996,7 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.sequence_parallel = a->sequence_parallel;
     o.no_overlap = a->no_overlap;
     o.bucket_bytes = a->bucket_bytes;
+    o.zero1 = a->zero1;
     st = gradc_program_compile_file(a->model, &o, p);
     return st == GRADC_OK ? 0 : tools_api_error(st);
   }
