@@ -3,7 +3,8 @@
  *
  * Requires: a differentiated function (`grad %g {name="W"}` outputs), run
  * after dce.  Does nothing when PassOptions.dp <= 1 or when the gradients
- * already go through dp reductions.
+ * already go through dp reductions, nor with PassOptions.zero1 (ZeRO-1:
+ * the runtime reduce-scatters the window's gradients, runtime/api_zero.c).
  *
  * For every gradient output it inserts, just before the output,
  *     %s = all_reduce.start %g {group="dp", ranks=N, bucket=B, last=true}
@@ -58,7 +59,7 @@ static int by_reduction_order(const void *pa, const void *pb) {
 }
 
 PassResult pass_dp_reduce(IrFunc *f, const PassOptions *o, Arena *scratch) {
-  if (o->dp <= 1) return PASS_UNCHANGED;
+  if (o->dp <= 1 || o->zero1) return PASS_UNCHANGED;
   int64_t cap = o->bucket_bytes > 0 ? o->bucket_bytes : DEFAULT_BUCKET_BYTES;
 
   /* root[value id]: the param a value is a view of (arg index + 1), 0: none.

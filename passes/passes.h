@@ -21,6 +21,8 @@ typedef struct PassOptions {
   bool sequence_parallel; /* --sequence-parallel */
   bool no_overlap;        /* --no-overlap: schedule keeps collectives where they are issued */
   int64_t bucket_bytes;   /* dp-reduce bucket cap in bytes (0: the default) */
+  bool zero1;             /* --zero1: the runtime reduce-scatters the gradients after the window (ZeRO-1),
+                             so dp-reduce inserts no all-reduces */
 } PassOptions;
 
 typedef PassResult (*PassFn)(IrFunc *f, const PassOptions *o, Arena *scratch);
