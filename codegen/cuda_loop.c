@@ -648,6 +648,9 @@ void cu_loop_kernel(CuGen *g, const IrOp *op) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: cu_error(g, "no loop-nest code for '%s'", ir_op_info[op->opcode].name); break;

@@ -402,6 +402,9 @@ const char *cu_elementwise(CuGen *g, const IrOp *op, const char *const *x) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: break;

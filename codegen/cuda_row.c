@@ -166,6 +166,9 @@ static bool elementwise(IrOpcode opc) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: return false;
@@ -302,6 +305,9 @@ static void plan(Row *R, int k) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: cu_error(g, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name); break;
@@ -536,6 +542,9 @@ static const char *elem(Row *R, int i) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: break;
@@ -765,6 +774,9 @@ static void section(Row *R, int k) {
     case IR_OP_ALL_GATHER_WAIT:
     case IR_OP_REDUCE_SCATTER_START:
     case IR_OP_TP_COPY:
+    case IR_OP_TP_SCATTER:
+    case IR_OP_RANK_SLICE:
+    case IR_OP_RANK_CONCAT:
     case IR_OP_REDUCE_SCATTER_WAIT:
     case IR_OP_LOSS:
     case IR_OP_GRAD: cu_error(g, "'%s' in a row kernel", ir_op_info[op->opcode].name); break;

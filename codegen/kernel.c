@@ -32,6 +32,9 @@ bool cg_op_group0(IrOpcode opc) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT: return true;
   case IR_OP_NEG:
   case IR_OP_EXP:
@@ -169,6 +172,9 @@ bool cg_op_rowwise(const IrOp *op) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT: return false;
   }
   return false;
@@ -362,6 +368,9 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     case IR_OP_ALL_GATHER_WAIT:
     case IR_OP_REDUCE_SCATTER_START:
     case IR_OP_TP_COPY:
+    case IR_OP_TP_SCATTER:
+    case IR_OP_RANK_SLICE:
+    case IR_OP_RANK_CONCAT:
     case IR_OP_REDUCE_SCATTER_WAIT:
     case IR_OP_LOSS:
     case IR_OP_GRAD: return fail(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);

@@ -260,6 +260,9 @@ static bool is_ew(IrOpcode opc) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: return false;

@@ -684,6 +684,47 @@ static bool ir_shape_reduce_scatter(const IrOp *op, const IrType *hint, IrType *
   return true;
 }
 
+/* tp.scatter / rank.slice: chunk of T along axis of a float operand
+ * (rank.slice: shift=j, 0 <= j < T). */
+static bool ir_shape_tp_scatter(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  const IrType *x = arg(op, 0);
+  int64_t ranks, axis;
+  if (!collective_attrs(op, &ranks, err, n)) return false;
+  if (!need_float_operand(op, 0, err, n)) return false;
+  if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
+  if (x->shape.dim[axis] % ranks != 0)
+    return fail(err, n, "'%s': axis %lld of %s is not divisible by %lld ranks", opname(op), (long long)axis, ts(x).s,
+                (long long)ranks);
+  *out = *x;
+  out->shape.dim[axis] /= ranks;
+  return true;
+}
+
+static bool ir_shape_rank_slice(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  int64_t ranks, shift;
+  if (!collective_attrs(op, &ranks, err, n)) return false;
+  if (!need_int(op, "shift", &shift, err, n)) return false;
+  if (shift < 0 || shift >= ranks) return fail(err, n, "'%s': shift %lld is not in [0, ranks)", opname(op), (long long)shift);
+  return ir_shape_tp_scatter(op, hint, out, err, n);
+}
+
+/* rank.concat: T operands of one float type joined along axis. */
+static bool ir_shape_rank_concat(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  const IrType *x = arg(op, 0);
+  int64_t ranks, axis;
+  if (!collective_attrs(op, &ranks, err, n)) return false;
+  if (op->nargs != ranks)
+    return fail(err, n, "'%s' takes ranks=%lld operands, got %d", opname(op), (long long)ranks, op->nargs);
+  if (!need_float_operand(op, 0, err, n)) return false;
+  for (int j = 1; j < op->nargs; j++)
+    if (!need_same_type(op, 0, j, err, n)) return false;
+  if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
+  *out = *x;
+  if (x->shape.dim[axis] >= MAX_DIM / ranks) return fail(err, n, "'%s': result is too large", opname(op));
+  out->shape.dim[axis] *= ranks;
+  return true;
+}
+
 /* *.wait: the operand is the result of the matching *.start. */
 static bool ir_shape_wait(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   IrOpcode start = IR_OP_ALL_REDUCE_START;

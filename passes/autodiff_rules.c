@@ -591,10 +591,64 @@ void ad_grad_tp_copy(AdCtx *ad, IrOp *op, IrValue *dy) {
   ad_accum(ad, op->args[0], ir_emit(f, IR_OP_ALL_REDUCE_WAIT, &s, 1, op->attrs, op->nattrs, NULL, op->loc));
 }
 
-/* Forward all-gather: the backward reduce-scatters dy. */
+/* group, ranks and axis of a rank-dependent op or collective (and shift). */
+static int rank_attrs(IrOp *op, IrAttr *a, int64_t shift) {
+  int n = 0;
+  a[n++] = ir_attr_str("group", ir_attr_get_str(op, "group", "tp"));
+  a[n++] = ir_attr_int("ranks", ir_attr_get_int(op, "ranks", 1));
+  a[n++] = ir_attr_int("axis", ir_attr_get_int(op, "axis", 0));
+  if (shift >= 0) a[n++] = ir_attr_int("shift", shift);
+  return n;
+}
+
+/* Forward all-gather: the backward reduce-scatters dy (the ranks' dy are
+ * partial sums, as behind a column-parallel GEMM).  With grad="scatter"
+ * the gathered value feeds replicated computation, whose dy is the same
+ * on every rank: the backward is this rank's chunk of it (tp.scatter). */
 void ad_grad_all_gather(AdCtx *ad, IrOp *op, IrValue *dy) {
   if (!ad_needs_grad(ad, op->args[0])) return;
+  if (strcmp(ir_attr_get_str(op, "grad", ""), "scatter") == 0) {
+    IrAttr a[4];
+    int n = rank_attrs(op, a, -1);
+    ad_accum(ad, op->args[0], ir_emit(ad_func(ad), IR_OP_TP_SCATTER, &dy, 1, a, n, NULL, op->loc));
+    return;
+  }
   ad_accum(ad, op->args[0], collective(ad, op, dy, IR_OP_REDUCE_SCATTER_START, IR_OP_REDUCE_SCATTER_WAIT));
+}
+
+/* tp.scatter (this rank's chunk of a replicated value): the backward
+ * all-gathers the chunks' gradients into the whole one. */
+void ad_grad_tp_scatter(AdCtx *ad, IrOp *op, IrValue *dy) {
+  if (!ad_needs_grad(ad, op->args[0])) return;
+  IrFunc *f = ad_func(ad);
+  IrAttr a[4];
+  int n = rank_attrs(op, a, -1);
+  IrValue *s = ir_emit(f, IR_OP_ALL_GATHER_START, &dy, 1, a, n, NULL, op->loc);
+  ad_accum(ad, op->args[0], ir_emit(f, IR_OP_ALL_GATHER_WAIT, &s, 1, a, n, NULL, op->loc));
+}
+
+/* rank.slice shift=j (chunk (r + j) mod T): dy placed at that chunk, zeros
+ * elsewhere, which is rank.concat with dy as operand j. */
+void ad_grad_rank_slice(AdCtx *ad, IrOp *op, IrValue *dy) {
+  if (!ad_needs_grad(ad, op->args[0])) return;
+  IrFunc *f = ad_func(ad);
+  int64_t T = ir_attr_get_int(op, "ranks", 1), shift = ir_attr_get_int(op, "shift", 0);
+  IrValue **ys = ARENA_ARRAY(&f->arena, IrValue *, T);
+  IrValue *zero = T > 1 ? ir_const_shaped(f, 0.0, dy->type, op->loc) : NULL;
+  for (int64_t j = 0; j < T; j++) ys[j] = j == shift ? dy : zero;
+  IrAttr a[4];
+  int n = rank_attrs(op, a, -1);
+  ad_accum(ad, op->args[0], ir_emit(f, IR_OP_RANK_CONCAT, ys, (int)T, a, n, NULL, op->loc));
+}
+
+/* rank.concat: operand j's gradient is its chunk of dy, rank.slice shift=j. */
+void ad_grad_rank_concat(AdCtx *ad, IrOp *op, IrValue *dy) {
+  for (int j = 0; j < op->nargs; j++) {
+    if (!ad_needs_grad(ad, op->args[j])) continue;
+    IrAttr a[4];
+    int n = rank_attrs(op, a, j);
+    ad_accum(ad, op->args[j], ir_emit(ad_func(ad), IR_OP_RANK_SLICE, &dy, 1, a, n, NULL, op->loc));
+  }
 }
 
 /* Forward reduce-scatter: the backward all-gathers dy. */

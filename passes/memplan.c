@@ -123,6 +123,9 @@ static ExecKind exec_kind(IrOpcode opc) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT: return X_COPY;
   case IR_OP_PERMUTE: return X_PERMUTE;
   case IR_OP_NEG:

@@ -555,6 +555,9 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   case IR_OP_REDUCE_SCATTER_START:
   case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
   case IR_OP_GRAD: return rule_replicated(c, op, out);
   }
   GRADC_ASSERT(!"unknown opcode");

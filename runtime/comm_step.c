@@ -407,6 +407,40 @@ bool step_coll_wait(StepColl *c, void *dst, char *err, size_t errlen) {
   return true;
 }
 
+/* ------------------------------------------------------------------ */
+/* Rank-dependent copies (tp.scatter, rank.slice, rank.concat)          */
+/* ------------------------------------------------------------------ */
+
+bool step_rank_of(const IrOp *op, int *rank, char *err, size_t errlen) {
+  *rank = 0;
+  if (ir_attr_get_int(op, "ranks", 1) == 1) return true;
+  CommGroup *g = step_coll_group(op, err, errlen);
+  if (!g) return false;
+  *rank = g->rank;
+  return true;
+}
+
+void step_rank_copy(const IrOp *op, int rank, size_t es, const void *const *src, void *dst) {
+  int T = (int)ir_attr_get_int(op, "ranks", 1);
+  bool concat = op->opcode == IR_OP_RANK_CONCAT;
+  const IrShape *whole = concat ? &op->result->type.shape : &op->args[0]->type.shape;
+  int axis = (int)ir_attr_get_int(op, "axis", 0);
+  int64_t outer = 1, inner = 1, d = whole->dim[axis] / T;
+  for (int k = 0; k < axis; k++) outer *= whole->dim[k];
+  for (int k = axis + 1; k < whole->rank; k++) inner *= whole->dim[k];
+  size_t blk = (size_t)(d * inner) * es, row = blk * (size_t)T;
+  int shift = op->opcode == IR_OP_RANK_SLICE ? (int)ir_attr_get_int(op, "shift", 0) : 0;
+  for (int j = 0; j < (concat ? T : 1); j++) {
+    size_t c = (size_t)((rank + (concat ? j : shift)) % T); /* the chunk of the whole value */
+    for (int64_t o = 0; o < outer; o++) {
+      if (concat)
+        memcpy((char *)dst + (size_t)o * row + c * blk, (const char *)src[j] + (size_t)o * blk, blk);
+      else
+        memcpy((char *)dst + (size_t)o * blk, (const char *)src[0] + (size_t)o * row + c * blk, blk);
+    }
+  }
+}
+
 void step_coll_free(StepColl *c) {
   if (c->req) {
     char e[256];

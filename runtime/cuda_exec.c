@@ -370,6 +370,8 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
       p->losses[p->nlosses++] = (Loss){op, v->offset, ir_numel(&v->type.shape), op->args[0]->type.dtype};
       continue;
     }
+    if (opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT)
+      return op_fail(err, errlen, op, "needs a distributed runtime");
     if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
         opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT ||
         opc == IR_OP_TP_COPY) {

@@ -187,7 +187,7 @@ typedef struct Gemm {
   int64_t *aoff, *boff, *coff; /* per batch: element offset of its A, B and C matrices */
 } Gemm;
 
-typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT } InstrKind;
+typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK } InstrKind;
 
 typedef struct Instr {
   InstrKind kind;
@@ -676,6 +676,25 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
       return op_fail(err, n, op, "reads a value outside the gradient buffers (run memplan)");
     return true;
   }
+  if (opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT) {
+    /* Strided copies at this rank's offsets (known at run time). */
+    const IrValue *d = storage_root(op->result);
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *s = storage_root(op->args[j]);
+      if (s->storage == IR_STORE_NONE) return op_fail(err, n, op, "has an operand without storage (run memplan)");
+      if (s->offset == d->offset && op->nargs > 1) return op_fail(err, n, op, "shares its result's storage with an operand");
+    }
+    if (d->storage == IR_STORE_NONE || d->storage == IR_STORE_GRAD)
+      return op_fail(err, n, op, "needs its own result storage (run memplan)");
+    int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
+    if (ir_attr_get_int(op, "ranks", 1) == 1) { /* the identity */
+      int64_t so = storage_root(op->args[0])->offset;
+      if (so != d->offset) emit(p, (Instr){.kind = I_COPY, .op = op, .src = so, .dst = d->offset, .bytes = bytes});
+      return true;
+    }
+    emit(p, (Instr){.kind = I_RANK, .op = op, .dst = d->offset, .bytes = bytes});
+    return true;
+  }
   if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
       opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT ||
       opc == IR_OP_TP_COPY) {
@@ -1153,6 +1172,19 @@ static void drain(CpuProgram *p) {
     if (p->buckets[i].open) (void)bucket_wait(&p->buckets[i], e, sizeof e);
 }
 
+/* tp.scatter, rank.slice, rank.concat: copies at this rank's offsets. */
+static bool run_rank_copy(CpuProgram *p, const Instr *in, char *err, size_t n) {
+  const IrOp *op = in->op;
+  int rank;
+  if (!step_rank_of(op, &rank, err, n)) return false;
+  enum { MAXOPS = 1024 };
+  const void *src[MAXOPS];
+  if (op->nargs > MAXOPS) return op_fail(err, n, op, "has too many operands");
+  for (int j = 0; j < op->nargs; j++) src[j] = p->arena + storage_root(op->args[j])->offset;
+  step_rank_copy(op, rank, ir_dtype_size(op->result->type.dtype), src, p->arena + in->dst);
+  return true;
+}
+
 /* One micro-batch; last: the window's last, where buckets communicate. */
 static bool run_micro_batch(CpuProgram *p, StepResult *r, bool last, char *err, size_t n) {
   int open = 0; /* collectives in flight */
@@ -1195,6 +1227,7 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool last, char *err, 
         open--;
       }
       continue;
+    case I_RANK: ok = run_rank_copy(p, in, err, n); break;
     }
     if (t && in->kind <= I_COPY)
       trace_span(t, TRACE_COMPUTE, in->kind == I_KERNEL ? in->kernel->name : in->kind == I_GEMM ? "matmul" : "copy", t0,

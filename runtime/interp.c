@@ -730,6 +730,21 @@ static bool eval_collective(Ctx *c, const IrOp *op, double *out) {
   return fail(c, "%s: %s", opname(op), why);
 }
 
+/* tp.scatter, rank.slice, rank.concat: copies that depend on this rank
+ * in the op's group (comm_step.c), the identity with ranks=1. */
+enum { MAX_CONCAT = 1024 }; /* rank.concat operands */
+
+static bool eval_rank_copy(Ctx *c, const IrOp *op, double *out) {
+  int rank;
+  char why[1024];
+  if (!step_rank_of(op, &rank, why, sizeof why)) return fail(c, "%s: %s", opname(op), why);
+  const void *src[MAX_CONCAT];
+  if (op->nargs > MAX_CONCAT) return fail(c, "%s: too many operands", opname(op));
+  for (int j = 0; j < op->nargs; j++) src[j] = in(c, op, j);
+  step_rank_copy(op, rank, sizeof(double), src, out);
+  return true;
+}
+
 /* ------------------------------------------------------------------ */
 /* Dispatch                                                            */
 /* ------------------------------------------------------------------ */
@@ -803,6 +818,9 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_ALL_GATHER_WAIT:
   case IR_OP_TP_COPY:
   case IR_OP_REDUCE_SCATTER_WAIT: return eval_collective(c, op, out);
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT: return eval_rank_copy(c, op, out);
   case IR_OP_LOSS:
   case IR_OP_GRAD: return true; /* outputs: the caller reads their operands */
   }

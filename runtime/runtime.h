@@ -177,6 +177,12 @@ bool step_coll_last(const IrOp *op);
 /* The window's group an op names (group="tp"|"dp"), NULL with a message
  * when the window has none or its size is not the op's ranks. */
 struct CommGroup *step_coll_group(const IrOp *op, char *err, size_t errlen);
+/* tp.scatter, rank.slice, rank.concat: *rank = this rank in the op's group
+ * (0 when ranks=1); false with a message when the window has no such group. */
+bool step_rank_of(const IrOp *op, int *rank, char *err, size_t errlen);
+/* The op's result for `rank` into dst (elements of es bytes; src[j]:
+ * operand j, dense in its IR shape). */
+void step_rank_copy(const IrOp *op, int rank, size_t es, const void *const *src, void *dst);
 
 /* ------------------------------------------------------------------ */
 /* exec.c: the CPU executor (docs/BACKEND.md)                           */
