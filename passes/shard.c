@@ -52,6 +52,7 @@ typedef struct Shard {
   StKind k;
   int axis;        /* ST_S */
   IrValue *origin; /* ST_S, ST_P: the split param the shard comes from (for errors) */
+  bool seq;        /* ST_S: sharded along the sequence by sequence parallelism */
 } Shard;
 
 typedef struct Ctx {
@@ -68,16 +69,26 @@ typedef struct Ctx {
   IrOp **order;     /* the new op list */
   int norder;
   bool failed;
+  /* Sequence parallelism: */
+  bool sp;
+  bool probe;       /* trying an op's rule: an error is not reported */
+  IrValue **gath;   /* by id: a sequence-sharded value all-gathered to R for replicated use */
+  IrValue **full;   /* by id: the same gathered for column-parallel GEMMs (split-shard matmul) */
+  IrValue **scat;   /* by id: this rank's tp.scatter chunk of a replicated value */
 } Ctx;
 
-static const Shard R = {ST_R, -1, NULL};
-static Shard S(int axis, IrValue *origin) { return (Shard){ST_S, axis, origin}; }
+static const Shard R = {ST_R, -1, NULL, false};
+static Shard S(int axis, IrValue *origin) { return (Shard){ST_S, axis, origin, false}; }
+static Shard with_axis(Shard s, int axis) {
+  s.axis = axis;
+  return s;
+}
 
 static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; }
 
-/* The value's type before the pass (values made by the pass are replicated:
- * their type is the whole value's). */
-static const IrType *gtype(Ctx *c, const IrValue *v) { return v->id < c->nv0 ? &c->gtype[v->id] : &v->type; }
+/* The value's type before the pass, or for a value the pass made, its
+ * whole (global) type. */
+static const IrType *gtype(Ctx *c, const IrValue *v) { return &c->gtype[v->id]; }
 
 static char *tstr(const IrType *t, char *buf) { return ir_type_str(t, buf, IR_TYPE_STR_MAX); }
 
@@ -92,7 +103,7 @@ static bool refuse(Ctx *c, IrValue *origin, const IrOp *op, const char *fmt, ...
 static bool refuse(Ctx *c, IrValue *origin, const IrOp *op, const char *fmt, ...) {
   if (c->failed) return false;
   c->failed = true;
-  if (!c->o->diag) return false;
+  if (!c->o->diag || c->probe) return false;
   StrBuf sb;
   sb_init(&sb);
   va_list ap;
@@ -125,6 +136,8 @@ static void track(Ctx *c, IrValue *v, Shard s, bool dep) {
   GRADC_ASSERT(v->id < c->cap);
   c->st[v->id] = s;
   c->dep[v->id] = dep;
+  c->gtype[v->id] = v->type;
+  if (s.k == ST_S) c->gtype[v->id].shape.dim[s.axis] *= c->T;
 }
 
 /* Operand j of op is replicated and takes part in a sharded result: give it
@@ -163,6 +176,109 @@ static void set_ints(Ctx *c, IrOp *op, const char *key, const int64_t *v, int n)
 }
 
 /* ------------------------------------------------------------------ */
+/* Sequence parallelism                                                 */
+/* ------------------------------------------------------------------ */
+
+/* Emit op opc over args with group="tp" ranks=T axis=axis (shift >= 0:
+ * and shift; grad: and grad="..."), tracked with state s. */
+static IrValue *emit_tp(Ctx *c, IrOpcode opc, IrValue *const *args, int nargs, int axis, int shift, const char *grad,
+                        Shard s, bool dep, IrLoc loc) {
+  IrAttr at[5] = {ir_attr_str("group", "tp"), ir_attr_int("ranks", c->T)};
+  int na = 2;
+  if (axis >= 0) at[na++] = ir_attr_int("axis", axis);
+  if (shift >= 0) at[na++] = ir_attr_int("shift", shift);
+  if (grad) at[na++] = ir_attr_str("grad", grad);
+  IrValue *y = ir_emit(c->f, opc, args, nargs, at, na, NULL, loc);
+  track(c, y, s, dep);
+  c->order[c->norder++] = y->def;
+  return y;
+}
+
+/* x all-gathered along its sharded axis: a start and its wait. */
+static IrValue *gather(Ctx *c, IrValue *x, const char *grad, IrLoc loc) {
+  Shard s = c->st[x->id];
+  IrValue *st = emit_tp(c, IR_OP_ALL_GATHER_START, &x, 1, s.axis, -1, grad, s, c->dep[x->id], loc);
+  return emit_tp(c, IR_OP_ALL_GATHER_WAIT, &st, 1, s.axis, -1, grad, R, c->dep[x->id], loc);
+}
+
+/* A sequence-sharded value made replicated for an op that cannot take it
+ * (a loss, cross_entropy, a softmax over the sequence, ...): what follows
+ * is replicated, so its gradient is too, and the gather's backward is this
+ * rank's chunk of it (grad="scatter") rather than a reduce-scatter. */
+static IrValue *gather_replicated(Ctx *c, IrValue *x, IrLoc loc) {
+  if (!c->gath[x->id]) c->gath[x->id] = gather(c, x, "scatter", loc);
+  return c->gath[x->id];
+}
+
+/* This rank's chunk along axis a of the replicated x (tp.scatter; its
+ * backward all-gathers the chunks' gradients). */
+static IrValue *scatter_value(Ctx *c, IrValue *x, int a, IrValue *origin, IrLoc loc) {
+  IrValue *y = c->scat[x->id];
+  if (y && c->st[y->id].axis == a) return y;
+  Shard s = S(a, origin);
+  s.seq = true;
+  y = emit_tp(c, IR_OP_TP_SCATTER, &x, 1, a, -1, NULL, s, c->dep[x->id], loc);
+  c->scat[x->id] = y;
+  return y;
+}
+
+/* A column-parallel matmul (B split along its columns) whose input A is
+ * sequence-sharded (axis rank-2 of A).  Megatron all-gathers A first;
+ * nanotron's split-shard matmul starts the gather, multiplies the local
+ * chunk meanwhile (op itself, now x_loc @ W), then the remote chunks
+ * (rank.slice of the gathered value, shifts 1..T-1), and joins the T
+ * products along the sequence (rank.concat).  The gather's backward
+ * reduce-scatters the remote chunks' partial input gradients, and the
+ * local GEMM adds this rank's own: no tp.copy.  Returns false if op is
+ * not such a matmul. */
+static bool is_sp_column(Ctx *c, const IrOp *op) {
+  if (!c->sp || op->opcode != IR_OP_MATMUL) return false;
+  Shard sa = c->st[op->args[0]->id], sb = c->st[op->args[1]->id];
+  int ra = gtype(c, op->args[0])->shape.rank, rb = gtype(c, op->args[1])->shape.rank;
+  return sa.k == ST_S && sa.seq && ra >= 2 && sa.axis == ra - 2 && sb.k == ST_S && !sb.seq && rb >= 2 &&
+         sb.axis == rb - 1 && gtype(c, op->result)->shape.rank == ra;
+}
+
+static bool sp_column(Ctx *c, IrOp *op) {
+  IrValue *A = op->args[0], *B = op->args[1];
+  Shard sa = c->st[A->id], sb = c->st[B->id];
+  const IrType *g = gtype(c, op->result);
+  int rr = g->shape.rank;
+  if (g->shape.dim[rr - 1] % c->T != 0) {
+    char b[IR_TYPE_STR_MAX];
+    return refuse(c, sb.origin, op, "'matmul' gives %s split along its columns, which are not divisible by --tp %d",
+                  tstr(g, b), c->T);
+  }
+  if (!c->full[A->id]) c->full[A->id] = gather(c, A, NULL, op->loc);
+  IrValue *full = c->full[A->id];
+  bool dep = c->dep[A->id] || c->dep[B->id];
+  Shard out = with_axis(sb, rr - 1);
+  /* y_0 = x_loc @ W: the op, on local types. */
+  char err[512];
+  IrType got;
+  if (!ir_infer_type(op, NULL, &got, err, sizeof err)) return refuse(c, sb.origin, op, "%s", err);
+  op->result->type = got;
+  c->st[op->result->id] = out;
+  c->dep[op->result->id] = dep;
+  c->order[c->norder++] = op;
+  IrValue **ys = ARENA_ARRAY(&c->f->arena, IrValue *, c->T);
+  ys[0] = op->result;
+  for (int j = 1; j < c->T; j++) {
+    IrValue *x = emit_tp(c, IR_OP_RANK_SLICE, &full, 1, sa.axis, j, NULL, sa, c->dep[A->id], op->loc);
+    IrValue *ab[2] = {x, B};
+    ys[j] = ir_emit(c->f, IR_OP_MATMUL, ab, 2, op->attrs, op->nattrs, NULL, op->loc);
+    track(c, ys[j], out, dep);
+    c->order[c->norder++] = ys[j]->def;
+  }
+  IrValue *y = emit_tp(c, IR_OP_RANK_CONCAT, ys, c->T, rr - 2, -1, NULL, out, dep, op->loc);
+  y->name = op->result->name;
+  op->result->name = NULL;
+  c->repl[op->result->id] = y;
+  (void)sa;
+  return true;
+}
+
+/* ------------------------------------------------------------------ */
 /* Rules: each computes op's result state from its operands' (and may  */
 /* wrap operands in tp.copy or rewrite attributes); false on an error.  */
 /* ------------------------------------------------------------------ */
@@ -194,7 +310,7 @@ static bool rule_elementwise(Ctx *c, IrOp *op, Shard *out) {
       return refuse(c, s.origin, op, "'%s' combines operands sharded along different axes (%s and %s)", opname(op),
                     tstr(gtype(c, op->args[0]), b1), tstr(gtype(c, op->args[j]), b2));
     }
-    res = S(ra, s.origin);
+    res = with_axis(s, ra);
   }
   if (res.k == ST_R) return *out = R, true;
   for (int j = 0; j < op->nargs; j++) {
@@ -202,6 +318,12 @@ static bool rule_elementwise(Ctx *c, IrOp *op, Shard *out) {
     if (c->st[x->id].k != ST_R) continue;
     const IrType *t = gtype(c, x);
     int a = res.axis - (rr - t->shape.rank);
+    if (a >= 0 && t->shape.dim[a] != 1 && res.seq && t->shape.dim[a] == gtype(c, op->result)->shape.dim[res.axis] &&
+        ir_dtype_is_float(x->type.dtype)) {
+      /* The replicated residual stream meets sequence-parallel values. */
+      op->args[j] = scatter_value(c, x, a, res.origin, op->loc);
+      continue;
+    }
     if (a >= 0 && t->shape.dim[a] != 1) {
       char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
       return refuse(c, res.origin, op,
@@ -231,7 +353,7 @@ static bool rule_reduce(Ctx *c, IrOp *op, Shard *out, double *scale) {
   }
   if (reduced[s.axis]) {
     if (op->opcode == IR_OP_MEAN) *scale = 1.0 / c->T;
-    if (op->opcode == IR_OP_SUM || op->opcode == IR_OP_MEAN) return *out = (Shard){ST_P, -1, s.origin}, true;
+    if (op->opcode == IR_OP_SUM || op->opcode == IR_OP_MEAN) return *out = (Shard){ST_P, -1, s.origin, false}, true;
     char b[IR_TYPE_STR_MAX];
     return refuse(c, s.origin, op, "'%s' reduces %s over its sharded axis %d (only sum and mean can)", opname(op),
                   tstr(t, b), s.axis);
@@ -239,7 +361,7 @@ static bool rule_reduce(Ctx *c, IrOp *op, Shard *out, double *scale) {
   int a = s.axis;
   if (!keep)
     for (int i = 0; i < s.axis; i++) a -= reduced[i];
-  *out = S(a, s.origin);
+  *out = with_axis(s, a);
   return true;
 }
 
@@ -285,7 +407,7 @@ static bool rule_reshape(Ctx *c, IrOp *op, Shard *out) {
       why = "the leading factor of the sharded axis is not divisible by --tp";
       break;
     }
-    *out = S(a, s.origin);
+    *out = with_axis(s, a);
     return true;
   }
   return refuse(c, s.origin, op, "'reshape' of %s (sharded along axis %d) to %s: %s", tstr(gtype(c, op->args[0]), b1),
@@ -298,7 +420,7 @@ static bool rule_permute(Ctx *c, IrOp *op, Shard *out) {
   const int64_t *perm;
   int n = ir_attr_get_ints(op, "perm", &perm);
   for (int j = 0; j < n; j++)
-    if (perm[j] == s.axis) return *out = S(j, s.origin), true;
+    if (perm[j] == s.axis) return *out = with_axis(s, j), true;
   GRADC_ASSERT(!"permute without the sharded axis");
   return false;
 }
@@ -306,7 +428,7 @@ static bool rule_permute(Ctx *c, IrOp *op, Shard *out) {
 static bool rule_broadcast(Ctx *c, IrOp *op, Shard *out) {
   Shard s = c->st[op->args[0]->id];
   if (s.k == ST_R) return *out = R, true;
-  *out = S(s.axis + gtype(c, op->result)->shape.rank - gtype(c, op->args[0])->shape.rank, s.origin);
+  *out = with_axis(s, s.axis + gtype(c, op->result)->shape.rank - gtype(c, op->args[0])->shape.rank);
   return true;
 }
 
@@ -380,7 +502,7 @@ static bool rule_matmul(Ctx *c, IrOp *op, Shard *out) {
   if (sa.k == ST_P || sb.k == ST_P) return refuse(c, origin, op, "'matmul' of a partial sum");
   MmRole ka = sa.k == ST_S ? mm_role(ra, sa.axis, true) : MM_K, kb = sb.k == ST_S ? mm_role(rb, sb.axis, false) : MM_K;
   /* Row-parallel: both sharded along the contraction. */
-  if (sa.k == ST_S && sb.k == ST_S && ka == MM_K && kb == MM_K) return *out = (Shard){ST_P, -1, origin}, true;
+  if (sa.k == ST_S && sb.k == ST_S && ka == MM_K && kb == MM_K) return *out = (Shard){ST_P, -1, origin, false}, true;
   if ((sa.k == ST_S && ka == MM_K) || (sb.k == ST_S && kb == MM_K))
     return refuse(c, origin, op,
                   "'matmul' %s @ %s contracts over an axis sharded on one operand only (a row-parallel matmul "
@@ -389,9 +511,9 @@ static bool rule_matmul(Ctx *c, IrOp *op, Shard *out) {
   int xa = sa.k == ST_S ? mm_result_axis(ra, rb, rr, sa.axis, true) : -1;
   int xb = sb.k == ST_S ? mm_result_axis(ra, rb, rr, sb.axis, false) : -1;
   if (sa.k == ST_S && sb.k == ST_S) {
-    if (xa != xb || ka != MM_BATCH)
+    if (xa != xb || ka != MM_BATCH || sa.seq != sb.seq)
       return refuse(c, origin, op, "'matmul' %s @ %s has operands sharded along axes that do not match", b1, b2);
-    return *out = S(xa, origin), true;
+    return *out = with_axis(sa, xa), true;
   }
   /* One operand sharded along a row, column or batch axis; the other is
    * replicated and must broadcast along a batch axis. */
@@ -409,7 +531,7 @@ static bool rule_matmul(Ctx *c, IrOp *op, Shard *out) {
                     b1, b2);
   }
   copy_operand(c, op, a_sharded ? 1 : 0);
-  *out = S(x, a_sharded ? sa.origin : sb.origin);
+  *out = with_axis(a_sharded ? sa : sb, x);
   return true;
 }
 
@@ -611,13 +733,19 @@ static bool rebuild(Ctx *c, IrOp *op, Shard s, double scale) {
     track(c, x, s, dep);
     c->order[c->norder++] = x->def;
   }
-  IrAttr at[2] = {ir_attr_str("group", "tp"), ir_attr_int("ranks", c->T)};
-  IrValue *st = ir_emit(c->f, IR_OP_ALL_REDUCE_START, &x, 1, at, 2, NULL, op->loc);
-  track(c, st, s, dep);
-  c->order[c->norder++] = st->def;
-  IrValue *w = ir_emit(c->f, IR_OP_ALL_REDUCE_WAIT, &st, 1, at, 2, NULL, op->loc);
-  track(c, w, R, dep);
-  c->order[c->norder++] = w->def;
+  IrValue *w;
+  int sa = got.shape.rank - 2; /* the sequence axis of an activation (axis 1 of [B, T, C]) */
+  if (c->sp && op->opcode == IR_OP_MATMUL && sa >= 0 && got.shape.dim[sa] % c->T == 0) {
+    /* Sequence parallelism: a row-parallel output is reduce-scattered along
+     * the sequence (Megatron's reduce_scatter_to_sequence_parallel_region). */
+    Shard q = S(sa, s.origin);
+    q.seq = true;
+    IrValue *st = emit_tp(c, IR_OP_REDUCE_SCATTER_START, &x, 1, sa, -1, NULL, s, dep, op->loc);
+    w = emit_tp(c, IR_OP_REDUCE_SCATTER_WAIT, &st, 1, sa, -1, NULL, q, dep, op->loc);
+  } else {
+    IrValue *st = emit_tp(c, IR_OP_ALL_REDUCE_START, &x, 1, -1, -1, NULL, s, dep, op->loc);
+    w = emit_tp(c, IR_OP_ALL_REDUCE_WAIT, &st, 1, -1, -1, NULL, R, dep, op->loc);
+  }
   w->name = op->result->name; /* the name the source gave the whole value */
   op->result->name = NULL;
   c->repl[op->result->id] = w;
@@ -626,18 +754,12 @@ static bool rebuild(Ctx *c, IrOp *op, Shard s, double scale) {
 
 PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch) {
   if (o->tp <= 1) return PASS_UNCHANGED;
-  if (o->sequence_parallel) {
-    if (o->diag)
-      diag_plain(o->diag, DIAG_ERROR,
-                 "--sequence-parallel is not supported yet (--tp shards with all-reduces only; drop the flag)");
-    return PASS_ERROR;
-  }
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->opcode == IR_OP_GRAD || ir_op_info[f->ops[i]->opcode].kind == IR_KIND_WINDOW) {
       if (o->diag) diag_plain(o->diag, DIAG_ERROR, "shard must run before gas-fold and autodiff");
       return PASS_ERROR;
     }
-  Ctx c = {.f = f, .o = o, .T = o->tp, .nv0 = f->nvalues};
+  Ctx c = {.f = f, .o = o, .T = o->tp, .nv0 = f->nvalues, .sp = o->sequence_parallel};
   bool any = false;
   for (int i = 0; i < f->nargs; i++) any |= f->args[i]->role == IR_ARG_PARAM && f->args[i]->split_axis >= 0;
   if (!any) return PASS_UNCHANGED;
@@ -645,12 +767,18 @@ PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch) {
   /* New values per op: a tp.copy per operand, a scale and its constant, a start and a wait. */
   int grow = 8;
   for (int i = 0; i < n0; i++) grow += f->ops[i]->nargs + 4;
+  /* Sequence parallelism: per operand a gather or a scatter, per matmul the split-shard's 2 T + 1. */
+  if (c.sp)
+    for (int i = 0; i < n0; i++) grow += 2 * f->ops[i]->nargs + 2 * c.T + 2;
   c.cap = f->nvalues + grow;
-  c.gtype = ARENA_ARRAY(scratch, IrType, c.nv0 + 1);
+  c.gtype = ARENA_ARRAY(scratch, IrType, c.cap);
   c.st = ARENA_ARRAY(scratch, Shard, c.cap);
   c.dep = ARENA_ARRAY(scratch, bool, c.cap);
   c.repl = ARENA_ARRAY(scratch, IrValue *, c.cap);
   c.copy = ARENA_ARRAY(scratch, IrValue *, c.cap);
+  c.gath = ARENA_ARRAY(scratch, IrValue *, c.cap);
+  c.full = ARENA_ARRAY(scratch, IrValue *, c.cap);
+  c.scat = ARENA_ARRAY(scratch, IrValue *, c.cap);
   c.order = ARENA_ARRAY(scratch, IrOp *, n0 + grow);
   for (int i = 0; i < c.nv0; i++) c.gtype[i] = f->values[i]->type;
   for (int i = 0; i < c.cap; i++) c.st[i] = R;
@@ -680,7 +808,27 @@ PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch) {
       if (c.repl[op->args[j]->id]) op->args[j] = c.repl[op->args[j]->id];
     Shard s = R;
     double scale = 1.0;
+    bool seq = false;
+    for (int j = 0; j < op->nargs; j++) seq |= c.st[op->args[j]->id].seq;
+    if (seq && is_sp_column(&c, op)) {
+      if (!sp_column(&c, op)) break;
+      continue;
+    }
+    if (seq) {
+      /* An op that cannot take its sequence-sharded operands gets them
+       * all-gathered back to replicated. */
+      c.probe = true;
+      bool ok = lower(&c, op, &s, &scale);
+      c.probe = false;
+      if (ok) goto lowered;
+      c.failed = false;
+      s = R;
+      scale = 1.0;
+      for (int j = 0; j < op->nargs; j++)
+        if (c.st[op->args[j]->id].seq) op->args[j] = gather_replicated(&c, op->args[j], op->loc);
+    }
     if (!lower(&c, op, &s, &scale)) break;
+  lowered:
     if (!op->result) {
       c.order[c.norder++] = op;
       continue;

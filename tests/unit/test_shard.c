@@ -169,6 +169,47 @@ static void outs_free(Outs *o) {
   for (int i = 0; i < o->nloss; i++) free((char *)o->loss_name[i]);
 }
 
+/* Rank r's program: its rank-dependent copies (tp.scatter, rank.slice,
+ * rank.concat) become the slice or concat they are on rank r. */
+static void bind_rank(IrFunc *g, int T, int r) {
+  for (int k = 0; k < g->nops; k++) {
+    IrOp *op = g->ops[k];
+    if (op->opcode != IR_OP_TP_SCATTER && op->opcode != IR_OP_RANK_SLICE && op->opcode != IR_OP_RANK_CONCAT) continue;
+    assert_int_equal(ir_attr_get_int(op, "ranks", 0), T);
+    int axis = (int)ir_attr_get_int(op, "axis", -1);
+    if (op->opcode == IR_OP_RANK_CONCAT) {
+      /* Operand j goes to chunk (r + j) mod T: position p holds operand (p - r) mod T. */
+      assert_int_equal(op->nargs, T);
+      IrValue **a = ARENA_ARRAY(&g->arena, IrValue *, T);
+      for (int p = 0; p < T; p++) a[p] = op->args[((p - r) % T + T) % T];
+      op->args = a;
+      IrAttr *at = ARENA_ARRAY(&g->arena, IrAttr, 1);
+      at[0] = ir_attr_int("axis", axis);
+      op->attrs = at;
+      op->nattrs = 1;
+      op->opcode = IR_OP_CONCAT;
+      continue;
+    }
+    const IrShape *x = &op->args[0]->type.shape;
+    int c = (r + (int)ir_attr_get_int(op, "shift", 0)) % T;
+    int64_t *v = ARENA_ARRAY(&g->arena, int64_t, 3 * x->rank);
+    for (int i = 0; i < x->rank; i++) {
+      v[i] = 0;
+      v[x->rank + i] = x->dim[i];
+      v[2 * x->rank + i] = 1;
+    }
+    v[axis] = c * (x->dim[axis] / T);
+    v[x->rank + axis] = (c + 1) * (x->dim[axis] / T);
+    IrAttr *at = ARENA_ARRAY(&g->arena, IrAttr, 3);
+    at[0] = ir_attr_ints("starts", v, x->rank);
+    at[1] = ir_attr_ints("stops", v + x->rank, x->rank);
+    at[2] = ir_attr_ints("steps", v + 2 * x->rank, x->rank);
+    op->attrs = at;
+    op->nattrs = 3;
+    op->opcode = IR_OP_SLICE;
+  }
+}
+
 typedef struct LockStep {
   int rounds;       /* rounds of collectives */
   int collectives;  /* collectives performed (each across all ranks) */
@@ -196,6 +237,7 @@ static LockStep run_ranks(const IrFunc *sf, int T, double ***args, Outs *out) {
     for (int r = 0; r < T; r++) {
       IrFunc *g = clone(sf);
       GRADC_ASSERT(g->nops == n);
+      bind_rank(g, T, r);
       int nargs0 = g->nargs;
       double **ga = calloc((size_t)(nargs0 + n + 1), sizeof(double *));
       memcpy(ga, args[r], sizeof(double *) * (size_t)nargs0);
@@ -300,7 +342,7 @@ static double rel_err(double a, double b) { return fabs(a - b) / (fabs(b) + 1e-6
 /* Compare the model run on T ranks with one process (exact f64);
  * returns the worst relative error (a gradient's elements relative to its
  * largest) and the lock-step's figures. */
-static double check_equivalence(const char *rel, const char *text_or_null, int T, LockStep *ls_out) {
+static double check_equivalence_sp(const char *rel, const char *text_or_null, int T, bool sp, LockStep *ls_out) {
   Diag d;
   char *text = NULL;
   FeModel *m;
@@ -311,7 +353,7 @@ static double check_equivalence(const char *rel, const char *text_or_null, int T
     m = load(rel, &d, &text);
   }
   IrFunc *ref = pipeline(m, 1, false, TRAIN, NTRAIN, &d);
-  IrFunc *sf = pipeline(m, T, false, TRAIN, NTRAIN, &d);
+  IrFunc *sf = pipeline(m, T, sp, TRAIN, NTRAIN, &d);
   if (!ref || !sf) fail_msg("%s: %s", rel, sb_str(&d.log));
 
   /* Whole inputs and params (params ~ N(0, 0.5^2), norm weights around 1). */
@@ -416,6 +458,10 @@ static double check_equivalence(const char *rel, const char *text_or_null, int T
   return worst;
 }
 
+static double check_equivalence(const char *rel, const char *text_or_null, int T, LockStep *ls_out) {
+  return check_equivalence_sp(rel, text_or_null, T, false, ls_out);
+}
+
 static int count(const IrFunc *f, IrOpcode oc) {
   int n = 0;
   for (int i = 0; i < f->nops; i++) n += f->ops[i]->opcode == oc;
@@ -453,6 +499,27 @@ static void test_shard_gpt_four_ranks(void **state) {
   double e = check_equivalence("tests/models/tp_gpt.gdl", NULL, 4, &ls);
   print_message("tp_gpt T=4: worst relative error %.3g\n", e);
   assert_int_equal(ls.collectives, 8);
+}
+
+/* Sequence parallelism (Megatron-SP with nanotron's split-shard matmul). */
+static void test_shard_sp_gpt_matches_one_process(void **state) {
+  (void)state;
+  for (int T = 2; T <= 4; T += 2) {
+    LockStep ls;
+    double e = check_equivalence_sp("tests/models/tp_gpt.gdl", NULL, T, true, &ls);
+    print_message("tp_gpt SP T=%d: worst relative error %.3g, %d collectives in %d rounds\n", T, e, ls.collectives,
+                  ls.rounds);
+  }
+}
+
+static void test_shard_sp_mlp_matches_one_process(void **state) {
+  (void)state;
+  for (int T = 2; T <= 4; T += 2) {
+    LockStep ls;
+    double e = check_equivalence_sp("tests/models/tp_mlp.gdl", NULL, T, true, &ls);
+    print_message("tp_mlp SP T=%d: worst relative error %.3g, %d collectives in %d rounds\n", T, e, ls.collectives,
+                  ls.rounds);
+  }
 }
 
 /* Rules beyond the two models: an embedding split along its width feeding
@@ -780,13 +847,56 @@ static void test_shard_error_mismatched_axes(void **state) {
                "                          ^\n");
 }
 
-static void test_shard_error_sequence_parallel(void **state) {
+/* The sequence-parallel program of tp_gpt after shard: per layer a
+ * reduce-scatter along the sequence after proj and fcp, the column GEMMs
+ * (q, k, v, fc; layer 0's attention still reads the replicated embedding)
+ * as split-shard matmuls on one all-gather per input (the
+ * local chunk's GEMM reads the gathered value not at all), the residual
+ * stream scattered once, the logits gathered back for cross_entropy. */
+static void test_shard_sp_gpt_ir(void **state) {
   (void)state;
   Diag d;
   char *text;
   FeModel *m = load("tests/models/tp_gpt.gdl", &d, &text);
-  assert_null(pipeline(m, 2, true, NULL, 0, &d));
-  assert_non_null(strstr(sb_str(&d.log), "gradc: error: --sequence-parallel is not supported yet"));
+  for (int T = 2; T <= 4; T += 2) {
+    IrFunc *f = pipeline(m, T, true, NULL, 0, &d);
+    assert_non_null(f);
+    assert_int_equal(count(f, IR_OP_REDUCE_SCATTER_START), 4);
+    assert_int_equal(count(f, IR_OP_ALL_REDUCE_START), 0);
+    /* Layer 0's attention reads the replicated embedding (tp.copy as
+     * without SP); the stream is scattered at its first residual add. */
+    assert_int_equal(count(f, IR_OP_ALL_GATHER_START), 1 + 2 + 1);
+    assert_int_equal(count(f, IR_OP_RANK_CONCAT), 5);
+    assert_int_equal(count(f, IR_OP_RANK_SLICE), 5 * (T - 1));
+    assert_int_equal(count(f, IR_OP_MATMUL) - count(f, IR_OP_RANK_SLICE), 2 * 8 + 1);
+    assert_int_equal(count(f, IR_OP_TP_SCATTER), 1);
+    for (int i = 0; i < f->nops; i++) {
+      IrOp *op = f->ops[i];
+      if (op->opcode == IR_OP_REDUCE_SCATTER_START) {
+        assert_int_equal(ir_attr_get_int(op, "axis", -1), 1);
+        assert_int_equal(op->args[0]->def->opcode, IR_OP_MATMUL);
+      }
+      if (op->opcode == IR_OP_RANK_CONCAT) {
+        /* operand 0: the local GEMM on the sequence chunk this rank holds */
+        IrOp *y0 = op->args[0]->def;
+        assert_int_equal(y0->opcode, IR_OP_MATMUL);
+        assert_int_equal(y0->args[0]->type.shape.dim[1], 8 / T);
+        assert_int_not_equal(y0->args[0]->def->opcode, IR_OP_ALL_GATHER_WAIT);
+        for (int j = 1; j < T; j++) {
+          IrOp *sl = op->args[j]->def->args[0]->def;
+          assert_int_equal(sl->opcode, IR_OP_RANK_SLICE);
+          assert_int_equal(ir_attr_get_int(sl, "shift", -1), j);
+          assert_int_equal(sl->args[0]->def->opcode, IR_OP_ALL_GATHER_WAIT);
+        }
+      }
+      if (op->opcode == IR_OP_CROSS_ENTROPY) {
+        IrOp *w = op->args[0]->def;
+        assert_int_equal(w->opcode, IR_OP_ALL_GATHER_WAIT);
+        assert_string_equal(ir_attr_get_str(w, "grad", ""), "scatter");
+      }
+    }
+    ir_func_free(f);
+  }
   fe_model_free(m);
   diag_free(&d);
   free(text);
@@ -797,6 +907,8 @@ int main(void) {
       cmocka_unit_test(test_shard_mlp_matches_one_process),
       cmocka_unit_test(test_shard_gpt_matches_one_process),
       cmocka_unit_test(test_shard_gpt_four_ranks),
+      cmocka_unit_test(test_shard_sp_gpt_matches_one_process),
+      cmocka_unit_test(test_shard_sp_mlp_matches_one_process),
       cmocka_unit_test(test_shard_rules_match_one_process),
       cmocka_unit_test(test_shard_mlp_ir),
       cmocka_unit_test(test_shard_gpt_ir),
@@ -812,7 +924,7 @@ int main(void) {
       cmocka_unit_test(test_shard_error_max_over_shard),
       cmocka_unit_test(test_shard_error_heads_not_divisible),
       cmocka_unit_test(test_shard_error_mismatched_axes),
-      cmocka_unit_test(test_shard_error_sequence_parallel),
+      cmocka_unit_test(test_shard_sp_gpt_ir),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
