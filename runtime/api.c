@@ -149,6 +149,7 @@ void gradc_program_free(gradc_program *p) {
   cuda_program_free(p->cuda);
 #endif
   step_dp_free(&p->stepdp);
+  api_zero_free(p->zero);
   comm_close(p->comm);
   if (p->fe)
     fe_model_free(p->fe);
@@ -238,6 +239,7 @@ bool api_dist_start(gradc_program *p, char *err, size_t errlen) {
   p->comm = comm_open(p->tp, p->dp, err, errlen);
   if (!p->comm) return false;
   step_dp_init(&p->stepdp, p->comm);
+  p->zero = api_zero_layout(p);
   return true;
 }
 
@@ -246,9 +248,18 @@ int api_program_rank(const gradc_program *p) { return p && p->comm ? p->comm->ra
 /* A data-parallel window brackets the driver with step_dp_begin/end
  * (comm_step.c): the driver's step_bind and step_window_sums take this
  * rank's samples and add every rank's counts; step_dp_end adds the
- * gradients and losses.  The same for every target. */
+ * gradients and losses.  The same for every target.  Under ZeRO-1 the
+ * pipeline has no gradient all-reduces and step_dp_end is told the
+ * gradients are done: they are reduce-scattered here instead (api_zero.c)
+ * and, unless the caller keeps the shards, all-gathered whole. */
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen) {
+  return api_run_window_ex(p, params, inputs, r, false, NULL, err, errlen);
+}
+
+bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, bool keep_shard,
+                       bool *sharded, char *err, size_t errlen) {
+  if (sharded) *sharded = false;
   if (!api_dist_start(p, err, errlen)) return false;
   bool dist = p->comm != NULL, ok;
   if (dist) step_dp_begin(&p->stepdp);
@@ -265,6 +276,26 @@ bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs
   {
     InterpOptions io = {0};
     ok = step_run_ref(p->func, p->gas, params, "params", inputs, "inputs", &io, r, err, errlen);
+  }
+  if (ok && p->zero) {
+    if (!r->dp_reduced) r->dp_reduced = calloc((size_t)r->ngrads + 1, sizeof(bool));
+    if (!r->dp_reduced) abort();
+    for (int i = 0; i < r->ngrads; i++) {
+      if (r->dp_reduced[i]) { /* the program has dp reductions of its own: they would count twice */
+        snprintf(err, errlen, "internal error: ZeRO-1: gradient '%s' was already all-reduced by the program",
+                 r->grad_names[i]);
+        ok = false;
+      }
+      r->dp_reduced[i] = true;
+    }
+    if (ok) ok = api_zero_reduce_scatter(p, r, err, errlen);
+    if (ok && !keep_shard) ok = api_zero_gather_grads(p, r, err, errlen);
+    if (ok && sharded) *sharded = keep_shard;
+    if (!ok) {
+      step_dp_end(&p->stepdp, NULL, NULL, 0);
+      step_result_free(r);
+      return false;
+    }
   }
   if (dist && !step_dp_end(&p->stepdp, ok ? r : NULL, err, errlen) && ok) {
     step_result_free(r);
@@ -319,6 +350,7 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
   p->sequence_parallel = o->sequence_parallel != 0;
   p->no_overlap = o->no_overlap != 0;
   p->bucket_bytes = o->bucket_bytes;
+  p->zero1 = o->zero1 != 0 && p->dp > 1;
   p->ndefs = o->ndefs;
   p->def_names = ARENA_ARRAY(&p->arena, const char *, o->ndefs + 1);
   p->def_values = ARENA_ARRAY(&p->arena, int64_t, o->ndefs + 1);
@@ -391,6 +423,16 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
 
   int n;
   const char *const *names = backend_pipeline(p->target, &n);
+  /* ZeRO-1: no dp-reduce (its all-reduce buckets); the gradients are
+   * reduce-scattered after the window (api_zero.c). */
+  const char *kept[64];
+  if (p->zero1 && n <= 64) {
+    int k = 0;
+    for (int i = 0; i < n; i++)
+      if (strcmp(names[i], "dp-reduce") != 0) kept[k++] = names[i];
+    names = kept;
+    n = k;
+  }
   PassManager pm;
   pm_init(&pm);
   if (pmo) pm = *pmo;
@@ -402,7 +444,8 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
                     .dp = p->dp,
                     .sequence_parallel = p->sequence_parallel,
                     .no_overlap = p->no_overlap,
-                    .bucket_bytes = p->bucket_bytes};
+                    .bucket_bytes = p->bucket_bytes,
+                    .zero1 = p->zero1};
   int rc = pm_run(&pm, p->func, names, n, &po);
   if (pmo) *pmo = pm; /* the caller reads the per-pass times */
   if (rc == 1) {
@@ -521,6 +564,7 @@ static char *meta_json(const gradc_program *p) {
   cJSON_AddBoolToObject(m, "sequence_parallel", p->sequence_parallel);
   cJSON_AddBoolToObject(m, "no_overlap", p->no_overlap);
   cJSON_AddNumberToObject(m, "bucket_bytes", (double)p->bucket_bytes);
+  cJSON_AddBoolToObject(m, "zero1", p->zero1);
   cJSON_AddNumberToObject(m, "threads", p->threads);
   cJSON_AddBoolToObject(m, "no_cache", p->no_cache);
   cJSON *defs = cJSON_AddArrayToObject(m, "defs");
@@ -688,6 +732,7 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   p->bucket_bytes = bucket;
   p->sequence_parallel = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "sequence_parallel"));
   p->no_overlap = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_overlap"));
+  p->zero1 = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "zero1")) && p->dp > 1;
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);

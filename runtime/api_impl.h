@@ -3,7 +3,8 @@
  *
  *   api.c          errors, programs (compile, signature), artifacts
  *   api_session.c  sessions: params, inputs, running a window, gradients
- *   api_optim.c    optimisers, the learning-rate schedule, checkpoints */
+ *   api_optim.c    optimisers, the learning-rate schedule, checkpoints
+ *   api_zero.c     ZeRO-1: the optimiser state sharded over the dp ranks */
 #ifndef GRADC_API_IMPL_H
 #define GRADC_API_IMPL_H
 
@@ -11,6 +12,19 @@
 #include "../include/gradc.h"
 #include "comm.h"
 #include "runtime.h"
+
+/* ZeRO-1 (api_zero.c): per storage dtype (group 0: F32, 1: F64) the
+ * params in declaration order form one flat vector of n elements, cut into
+ * dp parts of count = ceil(n / dp); this rank owns part `rank`, which is
+ * elements [lo, lo + len) of param i (len may be 0). */
+typedef struct ZeroLayout {
+  int dp, rank;
+  int nparams;
+  int64_t n[2], count[2];
+  int *group;   /* per param: 0 (F32 storage) or 1 (F64) */
+  int64_t *off; /* per param: its first element in its group's vector */
+  int64_t *lo, *len;
+} ZeroLayout;
 
 /* An input of the program's signature. */
 typedef struct ApiInput {
@@ -56,6 +70,8 @@ struct gradc_program {
   int64_t bucket_bytes;
   Comm *comm;
   StepDp stepdp;
+  bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
+  ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
 };
 
 struct gradc_session {
@@ -75,6 +91,7 @@ struct gradc_session {
   Rng rng;
   struct CgOptim *optim_code; /* generated update kernels (CPU back end), built at the first step */
   struct Trace *trace;     /* gradc_session_trace's recorder, or NULL */
+  bool grads_sharded;      /* ZeRO-1: res.grads hold only this rank's reduced slices (zeros elsewhere) */
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,
@@ -107,11 +124,35 @@ void api_copy_tensor(const StTensor *src, StTensor *dst);
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen);
 
+/* api_run_window, and under ZeRO-1 with keep_shard: the gradients are
+ * left reduce-scattered (only this rank's slices of r->grads hold their
+ * sums; *sharded is set).  Without keep_shard they are gathered whole. */
+bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, bool keep_shard,
+                       bool *sharded, char *err, size_t errlen);
+
 /* Join the run's ranks for a program of tp x dp > 1 ranks (once; a no-op
  * for one). */
 bool api_dist_start(gradc_program *p, char *err, size_t errlen);
 /* This process's rank in the program's run (0 without one). */
 int api_program_rank(const gradc_program *p);
+
+/* api_zero.c: ZeRO-1 (see there).  Collectives over the dp group, every
+ * rank in the same order. */
+ZeroLayout *api_zero_layout(const gradc_program *p); /* NULL unless zero1 over > 1 dp ranks */
+void api_zero_free(ZeroLayout *z);
+/* Reduce-scatter r's (unreduced) gradients: this rank's slices get the sums, the rest zeros. */
+bool api_zero_reduce_scatter(const gradc_program *p, StepResult *r, char *err, size_t errlen);
+/* All-gather the slices back into whole gradients. */
+bool api_zero_gather_grads(const gradc_program *p, StepResult *r, char *err, size_t errlen);
+/* The squared global norm of sharded gradients (all-reduced sums of squares). */
+bool api_zero_norm2(const gradc_program *p, const StepResult *r, double *out, char *err, size_t errlen);
+/* All-gather the params' owned slices (after an update) into every rank's whole params. */
+bool api_zero_gather_params(const gradc_program *p, StFile *params, char *err, size_t errlen);
+/* All-gather an optimiser slot (per param: this rank's slice) into whole
+ * vectors per group (malloc'd; param i at whole[group][off[i]]). */
+bool api_zero_gather_slot(const gradc_program *p, void *const *slot, void *whole[2], char *err, size_t errlen);
+/* Bytes of optimiser state this rank holds (slot0 and slot1). */
+int64_t api_optim_state_bytes(const gradc_session *s);
 
 /* api_optim.c: the slot names an optimiser keeps ("exp_avg", ...). */
 int api_optim_slots(const gradc_optimizer_options *o, const char **names);

@@ -128,8 +128,10 @@ static void alloc_slots(gradc_session *s, const gradc_optimizer_options *o) {
   for (int k = 0; k < nslots; k++) {
     if (*slots[k]) continue;
     *slots[k] = xcalloc((size_t)s->p->nparams, sizeof(void *));
+    /* ZeRO-1: state for this rank's slice of each param only. */
     for (int i = 0; i < s->p->nparams; i++)
-      (*slots[k])[i] = xcalloc((size_t)st_numel(&s->params.t[i]), st_dtype_size(s->params.t[i].dtype));
+      (*slots[k])[i] = xcalloc((size_t)(s->p->zero ? s->p->zero->len[i] : st_numel(&s->params.t[i])),
+                               st_dtype_size(s->params.t[i].dtype));
   }
 }
 
@@ -276,6 +278,7 @@ gradc_status gradc_session_step(gradc_session *s) {
   if (st) return st;
   CgOptimScalars sc;
   step_scalars(s, &sc);
+  const ZeroLayout *z = s->p->zero;
   for (int i = 0; i < s->p->nparams; i++) {
     StTensor *t = &s->params.t[i];
     const double *g = NULL;
@@ -284,15 +287,29 @@ gradc_status gradc_session_step(gradc_session *s) {
     GRADC_ASSERT(g != NULL);
     void *s0 = s->slot0 ? s->slot0[i] : NULL, *s1 = s->slot1 ? s->slot1[i] : NULL;
     bool f64 = t->dtype == ST_F64;
+    /* ZeRO-1: only this rank's slice (the update is element-wise, so a
+     * slice updates exactly as it would within the whole tensor). */
+    void *data = t->data;
+    int64_t n = st_numel(t);
+    if (z) {
+      data = (char *)t->data + (size_t)z->lo[i] * st_dtype_size(t->dtype);
+      g += z->lo[i];
+      n = z->len[i];
+      if (n == 0) continue;
+    }
 #ifdef GRADC_HAVE_LLVM
     CgOptimFn fn = code ? cg_optim_kernel(code, kind, f64) : NULL;
     if (fn) {
-      fn(t->data, g, s0, s1, st_numel(t), &sc);
+      fn(data, g, s0, s1, n, &sc);
       continue;
     }
 #endif
-    cg_optim_update_c(kind, f64, t->data, g, s0, s1, st_numel(t), &sc);
+    cg_optim_update_c(kind, f64, data, g, s0, s1, n, &sc);
   }
+  /* ZeRO-1: every rank gets the whole updated params. */
+  char err[2048];
+  if (z && !api_zero_gather_params(s->p, &s->params, err, sizeof err))
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_step: %s", err);
   if (s->opt.kind == GRADC_SGD && s->opt.momentum != 0) s->momentum_valid = true;
   s->step++;
   return GRADC_OK;
@@ -361,22 +378,36 @@ gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *p
     const StTensor *t = &s->params.t[i];
     st_add(&f, t->name, t->dtype, t->rank, t->shape, t->data);
   }
+  char err[2048];
+  gradc_status st = GRADC_OK;
   if (s->have_opt) {
     const char *names[2];
     int nslots = api_optim_slots(&s->opt, names);
     bool have = s->opt.kind == GRADC_ADAMW || s->momentum_valid;
     void **slots[2] = {s->slot0, s->slot1};
-    for (int k = 0; k < nslots && have; k++)
+    const ZeroLayout *z = p->zero;
+    for (int k = 0; k < nslots && have && !st; k++) {
+      /* ZeRO-1: the slot's slices gathered whole (one slot at a time). */
+      void *whole[2] = {NULL, NULL};
+      if (z && !api_zero_gather_slot(p, slots[k], whole, err, sizeof err)) {
+        st = api_fail(GRADC_ERR_USER, "gradc: error: session_save_checkpoint: %s", err);
+        break;
+      }
       for (int i = 0; i < s->params.n; i++) {
         const StTensor *t = &s->params.t[i];
         char name[1024];
         snprintf(name, sizeof name, "optim.%s.%s", names[k], t->name);
-        st_add(&f, name, t->dtype, t->rank, t->shape, slots[k][i]);
+        const void *data = slots[k][i];
+        if (z) data = (const char *)whole[z->group[i]] + (size_t)z->off[i] * st_dtype_size(t->dtype);
+        st_add(&f, name, t->dtype, t->rank, t->shape, data);
       }
+      free(whole[0]);
+      free(whole[1]);
+    }
   }
-  char err[2048];
-  gradc_status st = GRADC_OK;
-  if (!st_write(path, &f, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  /* ZeRO-1: the state was gathered from every rank (collective); rank 0 writes. */
+  bool writer = !p->zero || p->zero->rank == 0;
+  if (!st && writer && !st_write(path, &f, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   st_free(&f);
   return st;
 }
@@ -542,7 +573,11 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
         char name[1024];
         snprintf(name, sizeof name, "optim.%s.%s", names[k], p->params[i].name);
         const StTensor *t = st_find(&f, name);
-        memcpy(slots[k][i], t->data, t->nbytes);
+        if (p->zero) /* ZeRO-1: this rank's slice of the whole state in the file */
+          memcpy(slots[k][i], (const char *)t->data + (size_t)p->zero->lo[i] * st_dtype_size(t->dtype),
+                 (size_t)p->zero->len[i] * st_dtype_size(t->dtype));
+        else
+          memcpy(slots[k][i], t->data, t->nbytes);
       }
     s->momentum_valid = o.kind == GRADC_SGD && have;
   }

@@ -277,7 +277,10 @@ gradc_status gradc_session_run(gradc_session *s) {
   Trace *prev = trace_current();
   double t0 = s->trace ? trace_now_us(s->trace) : 0;
   if (s->trace) trace_set_current(s->trace);
-  bool ok = api_run_window(s->p, &s->params, &s->inputs, &r, err, sizeof err);
+  /* ZeRO-1 with an optimiser: the gradients stay reduce-scattered (the
+   * step updates this rank's slices); whole ones are gathered on demand. */
+  bool sharded = false;
+  bool ok = api_run_window_ex(s->p, &s->params, &s->inputs, &r, s->have_opt, &sharded, err, sizeof err);
   if (s->trace) {
     trace_span(s->trace, TRACE_STEP, "step", t0, trace_now_us(s->trace));
     trace_set_current(prev);
@@ -286,10 +289,15 @@ gradc_status gradc_session_run(gradc_session *s) {
   if (s->have_res) step_result_free(&s->res);
   s->res = r;
   s->have_res = true;
+  s->grads_sharded = sharded;
   double ss = 0;
-  for (int i = 0; i < r.ngrads; i++) {
-    int64_t n = ir_numel(&r.grad_types[i].shape);
-    for (int64_t j = 0; j < n; j++) ss += r.grads[i][j] * r.grads[i][j];
+  if (sharded) {
+    if (!api_zero_norm2(s->p, &r, &ss, err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  } else {
+    for (int i = 0; i < r.ngrads; i++) {
+      int64_t n = ir_numel(&r.grad_types[i].shape);
+      for (int64_t j = 0; j < n; j++) ss += r.grads[i][j] * r.grads[i][j];
+    }
   }
   s->grad_norm = sqrt(ss);
   return GRADC_OK;
@@ -309,6 +317,18 @@ double gradc_session_loss_total(const gradc_session *s) {
   return total;
 }
 
+/* ZeRO-1: gather the last result's gradient slices into whole gradients
+ * (collective over the dp ranks; once per run). */
+static gradc_status whole_grads(const gradc_session *cs, const char *fn) {
+  gradc_session *s = (gradc_session *)cs;
+  if (!s->have_res || !s->grads_sharded) return GRADC_OK;
+  char err[2048];
+  if (!api_zero_gather_grads(s->p, &s->res, err, sizeof err))
+    return api_fail(GRADC_ERR_USER, "gradc: error: %s: %s", fn, err);
+  s->grads_sharded = false;
+  return GRADC_OK;
+}
+
 /* The gradient slot of param name in the last result, or -1 (error recorded). */
 static int grad_slot(const gradc_session *s, const char *fn, const char *name) {
   if (!s->have_res) {
@@ -326,6 +346,8 @@ gradc_status gradc_session_get_grad(const gradc_session *s, const char *name, vo
   if (!s || (!out && n)) return null_arg("session_get_grad");
   int g = grad_slot(s, "session_get_grad", name);
   if (g < 0) return GRADC_ERR_USER;
+  gradc_status ws = whole_grads(s, "session_get_grad");
+  if (ws) return ws;
   const IrType *t = &s->res.grad_types[g];
   int64_t numel = ir_numel(&t->shape);
   if ((int64_t)n != numel)
@@ -344,6 +366,8 @@ gradc_status gradc_session_save_grads(const gradc_session *s, const char *path) 
   if (!s || !path) return null_arg("session_save_grads");
   if (!s->have_res)
     return api_fail(GRADC_ERR_USER, "gradc: error: session_save_grads: no gradients yet (call gradc_session_run first)");
+  gradc_status ws = whole_grads(s, "session_save_grads");
+  if (ws) return ws;
   StFile f;
   st_init(&f);
   for (int i = 0; i < s->res.ngrads; i++) {
