@@ -406,7 +406,7 @@ gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *p
     }
   }
   /* ZeRO-1: the state was gathered from every rank (collective); rank 0 writes. */
-  bool writer = !p->zero || p->zero->rank == 0;
+  bool writer = !p->zero || p->comm->rank == 0;
   if (!st && writer && !st_write(path, &f, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   st_free(&f);
   return st;

@@ -621,9 +621,10 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
 
 /* ---- checkpoints: the C API's file plus the data order ---- */
 
-static int save_checkpoint(gradc_session *s, const char *path, const Data *d) {
+static int save_checkpoint(gradc_session *s, const char *path, const Data *d, bool lead) {
   gradc_status st = gradc_session_save_checkpoint(s, path);
   if (st != GRADC_OK) return tools_api_error(st);
+  if (!lead) return 0; /* --zero1: the other ranks only send rank 0 their optimiser state */
   StFile f;
   st_init(&f);
   char err[1024], buf[64];
@@ -1158,9 +1159,10 @@ static int train(const TrainArgs *a) {
     hist_push(&h, step, loss);
     log_row(&lg, p, step, lr, loss, grad_norm, lg.elapsed0 + now_s() - pr.t0);
     if (lead) progress(&pr, p, step, loss, lr, grad_norm, step == end);
-    if (lead && a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
-      if ((rc = save_checkpoint(s, a->checkpoint, &d))) break;
-      if (a->plot && (rc = write_plot(a->plot, base_name(a->model), p, &h))) break;
+    /* --zero1: saving a checkpoint is collective (the optimiser state is sharded). */
+    if ((lead || a->zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
+      if ((rc = save_checkpoint(s, a->checkpoint, &d, lead))) break;
+      if (lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), p, &h))) break;
     }
   }
   if (interrupted && pr.tty) fputc('\n', stderr);
@@ -1186,6 +1188,7 @@ static int train(const TrainArgs *a) {
     fputc('\n', stderr);
   }
   if (!lead) {
+    if (a->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, false))) goto done;
     if (interrupted) rc = 128 + (int)interrupted;
     goto done;
   }
@@ -1197,7 +1200,7 @@ static int train(const TrainArgs *a) {
     fprintf(stderr, "%s %" PRId64 " steps in %.1f s (%s %s): loss %.4f -> %.4f\n",
             interrupted ? "interrupted after" : "trained", step - step0, took, rate, d.unit, first_loss, last_loss);
   }
-  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d))) goto done;
+  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, true))) goto done;
   if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", step, a->checkpoint);
   if (a->params_out) {
     if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) {
