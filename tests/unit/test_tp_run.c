@@ -7,8 +7,8 @@
  * 1e-5 of its tensor's largest magnitude, with a floor of GRAD_FLOOR of
  * the largest gradient magnitude of all params for tensors that are
  * analytically zero (attention's key bias: its gradient is rounding noise,
- * ~1e-9).  Also the CLI's errors: --tp with the wrong number of ranks and
- * --sequence-parallel.  Skipped with a message when the build has no MPI or
+ * ~1e-9).  The same with --sequence-parallel (tp_gpt, tp_mlp).  Also the
+ * CLI's errors: --tp with the wrong number of ranks.  Skipped with a message when the build has no MPI or
  * mpirun is absent. */
 #include "test_dp.h"
 
@@ -36,6 +36,8 @@ typedef struct {
 
 static const Layout tp2 = {2, "--tp 2", "tp 2"};
 static const Layout tp2dp2 = {4, "--tp 2 --dp 2", "tp 2 x dp 2"};
+static const Layout tp2sp = {2, "--tp 2 --sequence-parallel", "tp 2, sequence parallel"};
+static const Layout tp2dp2sp = {4, "--tp 2 --dp 2 --sequence-parallel", "tp 2 x dp 2, sequence parallel"};
 
 /* The floor of a gradient's scale, as a fraction of the largest gradient
  * magnitude of the window.  tp_gpt's k_b gradient is analytically zero (a
@@ -166,6 +168,7 @@ static void compare(const Model *m, const char *in, int K, const char *target, c
 }
 
 static const Layout *const both[] = {&tp2, &tp2dp2};
+static const Layout *const both_sp[] = {&tp2sp, &tp2dp2sp};
 
 static void test_tp_run_mlp_matches_one_process(void **state) {
   (void)state;
@@ -183,6 +186,18 @@ static void test_tp_run_tinygpt_matches_one_process(void **state) {
   compare(&gpt, "gpt.k4", 4, "cpu", both, 2);
   compare(&gpt, "gpt.k1", 1, "ref", both, 2);
   compare(&gpt, "gpt.k4", 4, "ref", both, 2);
+}
+
+/* --sequence-parallel: reduce-scatters and split-shard matmuls (tp.scatter,
+ * rank.slice, rank.concat at run time) give the same window. */
+static void test_tp_run_sequence_parallel(void **state) {
+  (void)state;
+  if (!dp_have_mpirun()) return;
+  compare(&gpt, "gpt.k1", 1, "cpu", both_sp, 2);
+  compare(&gpt, "gpt.k4", 4, "cpu", both_sp, 2);
+  compare(&gpt, "gpt.k1", 1, "ref", both_sp, 2);
+  compare(&gpt, "gpt.k4", 4, "ref", both_sp, 2);
+  compare(&mlp, "mlp.k4", 4, "cpu", both_sp, 2);
 }
 
 /* Rank layout of tp 2 x dp 2: dp rank 0 runs samples 0-3, dp rank 1
@@ -256,13 +271,13 @@ static void test_tp_run_cli_errors(void **state) {
   expect_error("--tp 2 x --dp 1 needs 2 ranks (launch it with mpirun -np 2); this run has 1", "", "--tp 2");
   expect_error("this run has 4 ranks (mpirun -np 4) but --tp 2 x --dp 1 = 2; pass --tp and --dp whose product is 4",
                MPIRUN " -np 4", "--tp 2");
-  expect_error("--sequence-parallel is not supported yet", MPIRUN " -np 2", "--tp 2 --sequence-parallel");
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tp_run_mlp_matches_one_process),
       cmocka_unit_test(test_tp_run_tinygpt_matches_one_process),
+      cmocka_unit_test(test_tp_run_sequence_parallel),
       cmocka_unit_test(test_tp_run_uneven_ignore_index),
       cmocka_unit_test(test_tp_run_cli_errors),
   };
