@@ -41,7 +41,17 @@
  * Requires: the frontend's forward function (before gas-fold and
  * autodiff).  Guarantees: every op's types re-inferred for the local
  * shards; every loss replicated; a no-op for --tp <= 1.
- * --sequence-parallel is refused (not supported yet). */
+ *
+ * --sequence-parallel (Megatron-SP): the sequence axis is the axis before
+ * the last of an activation (axis 1 of [B, T, C]; the token axis 0 of a
+ * [B, C] one).  A row-parallel matmul's partial output is reduce-scattered
+ * along it (state S(seq)) when divisible by T, else all-reduced; a
+ * replicated operand of an elementwise op with an S(seq) one of the same
+ * extent is tp.scatter'd (the residual stream entering SP); a column-
+ * parallel matmul of an S(seq) input is nanotron's split-shard matmul
+ * (sp_column); any other op that cannot take an S(seq) operand gets it
+ * all-gathered back to R (grad="scatter": its gradient is replicated).
+ * Replicated params meeting S(seq) values get tp.copy as before. */
 #include <string.h>
 
 #include "passes.h"
