@@ -637,12 +637,103 @@ static bool fuse_outside(const IrOp *op, void *ctx) {
 /* The pass                                                            */
 /* ------------------------------------------------------------------ */
 
-PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
-  (void)o;
-  bool changed = fold_weight_grads(f, scratch);
-  changed |= unslices_to_concat(f, scratch);
-  changed |= split_reductions(f);
-  changed |= split_cross_entropy(f);
+/* ------------------------------------------------------------------ */
+/* Rematerialising cheap elementwise values                            */
+/* ------------------------------------------------------------------ */
+
+/* A value v = E(a, b...) that a kernel computes and a later kernel reads
+ * again (the backward reading a pre-activation, gelu's x @ W + b, or a
+ * layer norm's x - mean) is written to memory by the first and read back
+ * by the second.  When E is one cheap elementwise op whose operands are
+ * all kernel inputs already in memory, and at most one of them is as
+ * large as v (the rest broadcast: a bias, a row statistic), the reader
+ * can compute E itself from the operands: the write of v goes, the read
+ * of v becomes a read of its large operand, and the memory kept alive
+ * until the reader is the same size.  Every reader of v outside E's
+ * kernel must be a row-kernel op (a GEMM reading v keeps it stored
+ * anyway).  Each reading kernel gets its own copy of E, placed before
+ * its first reader; grouping then runs again, so the copy joins it. */
+#define REMAT_MIN_ELEMS 4096
+
+static bool remat_op(IrOpcode opc) { return opc == IR_OP_ADD || opc == IR_OP_SUB || opc == IR_OP_MUL; }
+
+static bool rematerialise(Fuse *fu) {
+  IrFunc *f = fu->f;
+  int n = fu->n;
+  /* by op index: the copy of E that op reads instead of v (one per kernel) */
+  IrValue **copy_for = ARENA_ARRAY(fu->a, IrValue *, n ? n : 1);
+  IrOp **before = ARENA_ARRAY(fu->a, IrOp *, n ? n : 1); /* copies, by the index of the op they precede */
+  IrOp **extra = ARENA_ARRAY(fu->a, IrOp *, n ? n : 1);  /* a second copy before the same op: rare */
+  bool any = false;
+  for (int e = 0; e < n; e++) {
+    IrOp *E = f->ops[e];
+    IrValue *v = E->result;
+    if (fu->kind[e] != K_ROW || !remat_op(E->opcode) || !v || ir_numel(&v->type.shape) < REMAT_MIN_ELEMS ||
+        (v->type.dtype != IR_DT_F32 && v->type.dtype != IR_DT_F64))
+      continue;
+    int ke = root(fu, e), big = 0;
+    bool ok = true;
+    for (int k = 0; k < E->nargs && ok; k++) {
+      const IrValue *a = E->args[k];
+      if (ir_numel(&a->type.shape) == ir_numel(&v->type.shape)) big++;
+      if (a->def) {
+        int d = pos_of(a->def);
+        ok = d >= 0 && d < n && f->ops[d] == a->def && node(fu, d) != ke && a->def->opcode != IR_OP_CONST;
+      }
+    }
+    if (!ok || big != 1) continue;
+    int outside = 0;
+    for (int k = 0; k < fu->nusers[e] && ok; k++) {
+      int u = fu->users[e][k];
+      ok = fu->kind[u] == K_ROW;
+      if (ok && root(fu, u) != ke) outside++;
+    }
+    if (!ok || outside == 0) continue;
+    /* One copy per reading kernel, before that kernel's first reader. */
+    for (int k = 0; k < fu->nusers[e]; k++) {
+      int u = fu->users[e][k], ku = root(fu, u);
+      if (ku == ke || copy_for[u]) continue;
+      int first = u;
+      for (int j = 0; j < fu->nusers[e]; j++)
+        if (root(fu, fu->users[e][j]) == ku && fu->users[e][j] < first) first = fu->users[e][j];
+      IrValue *c = ir_emit(f, E->opcode, E->args, E->nargs, E->attrs, E->nattrs, NULL, E->loc); /* placed below */
+      if (!before[first]) before[first] = c->def;
+      else if (!extra[first]) extra[first] = c->def;
+      else {
+        GRADC_ASSERT(!"more than two copies before one op");
+      }
+      for (int j = 0; j < fu->nusers[e]; j++)
+        if (root(fu, fu->users[e][j]) == ku) copy_for[fu->users[e][j]] = c;
+      any = true;
+    }
+    /* The readers take the copy (copy_for is per op; an op reading two
+     * rematerialised values is rewritten for each in turn below). */
+    for (int k = 0; k < fu->nusers[e]; k++) {
+      int u = fu->users[e][k];
+      if (!copy_for[u]) continue;
+      IrOp *U = f->ops[u];
+      for (int j = 0; j < U->nargs; j++)
+        if (U->args[j] == v) U->args[j] = copy_for[u];
+      copy_for[u] = NULL;
+    }
+  }
+  if (!any) return false;
+  /* Rebuild the op list with the copies in place. */
+  IrOp **ops = ARENA_ARRAY(fu->a, IrOp *, f->nops);
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (before[i]) ops[m++] = before[i];
+    if (extra[i]) ops[m++] = extra[i];
+    ops[m++] = f->ops[i];
+  }
+  GRADC_ASSERT(m == f->nops);
+  memcpy(f->ops, ops, sizeof(IrOp *) * (size_t)m);
+  for (int i = 0; i < m; i++) f->ops[i]->group = 0;
+  return true;
+}
+
+/* Group f's ops into kernels (fu's union-find), not yet ordered. */
+static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
   int n = f->nops;
   Fuse fu;
   memset(&fu, 0, sizeof fu);
@@ -660,12 +751,8 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
   fu.seen = ARENA_ARRAY(scratch, int, nn);
   fu.stack = ARENA_ARRAY(scratch, int, nn);
   fu.buf = ARENA_ARRAY(scratch, IrOp *, nn);
-  IrOp **old_order = ARENA_ARRAY(scratch, IrOp *, nn);
-  int *old_group = ARENA_ARRAY(scratch, int, nn);
   for (int i = 0; i < n; i++) {
     IrOp *op = f->ops[i];
-    old_order[i] = op;
-    old_group[i] = op->group;
     op->mark = i;
     fu.kind[i] = cg_op_group0(op->opcode) ? K_GROUP0 : cg_op_rowwise(op) ? K_ROW : K_LOOP;
     fu.parent[i] = i;
@@ -759,11 +846,32 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
   qsort(cands, (size_t)ncand, sizeof(Cand), cand_cmp);
   for (int c = 0; c < ncand; c++) try_merge(&fu, cands[c].i, cands[c].j, cands[c].shared);
   free(cands);
+  *out = fu;
+}
 
-  schedule(&fu);
+PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
+  (void)o;
+  bool changed = fold_weight_grads(f, scratch);
+  changed |= unslices_to_concat(f, scratch);
+  changed |= split_reductions(f);
+  changed |= split_cross_entropy(f);
+  int n = f->nops, nn = n ? n : 1;
+  IrOp **old_order = ARENA_ARRAY(scratch, IrOp *, nn);
+  int *old_group = ARENA_ARRAY(scratch, int, nn);
   for (int i = 0; i < n; i++) {
-    if (f->ops[i] != old_order[i] || f->ops[i]->group != old_group[pos_of(f->ops[i])]) changed = true;
+    old_order[i] = f->ops[i];
+    old_group[i] = f->ops[i]->group;
   }
-  for (int i = 0; i < n; i++) f->ops[i]->mark = 0;
+  Fuse fu;
+  group_ops(f, scratch, &fu);
+  if (rematerialise(&fu)) {
+    changed = true;
+    group_ops(f, scratch, &fu);
+  }
+  schedule(&fu);
+  if (f->nops != n) changed = true;
+  for (int i = 0; i < n && !changed; i++)
+    if (f->ops[i] != old_order[i] || f->ops[i]->group != old_group[i]) changed = true;
+  for (int i = 0; i < f->nops; i++) f->ops[i]->mark = 0;
   return changed ? PASS_CHANGED : PASS_UNCHANGED;
 }
