@@ -62,9 +62,17 @@
  * like a reshape: its operand, start and wait all live in the param's
  * gradient buffer (IR_STORE_GRAD, one offset), where the executor reduces
  * the window's accumulated gradient in place; a copy-accumulate kernel, when
- * one is needed, feeds the start.  The gradient buffers of those params
- * come first in the persistent region, by bucket (then dtype, then the
- * order of their starts), so each bucket is one contiguous range.
+ * one is needed, feeds the start.  A stacked param's gradient reduced one
+ * layer slice at a time (dp-reduce: `grad (unslice (wait (start %c)))` per
+ * slice) has each slice's contribution, start and wait in the slice's
+ * range of the buffer, and its unslice is no work (fuse makes such an
+ * unslice a kernel of its own; it goes back to group 0).  The gradient
+ * buffers of those params come first in the persistent region, by the
+ * first bucket of each (then dtype, then the order of their starts), so
+ * a bucket of whole gradients is one contiguous range, and the slices of
+ * one param in one bucket (consecutive layers) are one too; slices of
+ * different params are not (each param's buffer is whole), and the
+ * executor reduces such a bucket as one all-reduce per contiguous run.
  *
  * Liveness is over "steps": a kernel (its contiguous ops) is one step, any
  * other op one step.  A buffer lives from the step that writes it to the
@@ -288,6 +296,25 @@ static bool grad_in_place(const IrValue *v, const int *uses) {
   return uses[v->id] == 1 && accumulates(v->def);
 }
 
+/* A slice of a stacked param's gradient reduced on its own (dp-reduce):
+ * `grad (unslice (all_reduce.wait ...))`, with last=true.  fuse, which
+ * keeps only unslices of a GEMM's or kernel's result in group 0, makes
+ * this unslice a kernel of its own; it is no work (the reduction is in the
+ * slice's range of the gradient buffer), so it goes back to group 0. */
+static void ungroup_slice_reductions(IrFunc *f) {
+  int64_t first;
+  for (int i = 0; i < f->nops; i++) {
+    IrOp *op = f->ops[i];
+    int g = op->group;
+    if (g == 0 || op->opcode != IR_OP_UNSLICE || !cg_slice_contiguous(op, &first) || !op->args[0]->def ||
+        op->args[0]->def->opcode != IR_OP_ALL_REDUCE_WAIT || (i > 0 && f->ops[i - 1]->group == g) ||
+        (i + 1 < f->nops && f->ops[i + 1]->group == g))
+      continue;
+    op->group = 0;
+    if (!is_last_coll(op->args[0]->def)) op->group = g; /* not a dp gradient reduction */
+  }
+}
+
 /* Group-0 range unslices (fuse leaves those that feed a gradient there)
  * are no work when their operand accumulates straight into the range of
  * the gradient buffer: those on the way from a `grad` that is in place
@@ -302,7 +329,13 @@ static void place_unslices(IrFunc *f, Arena *scratch) {
   int64_t first;
   for (int i = 0; i < f->nops; i++) {
     IrOp *gop = f->ops[i];
-    if (gop->opcode != IR_OP_GRAD || !grad_in_place(gop->args[0], uses)) continue;
+    if (gop->opcode != IR_OP_GRAD) continue;
+    /* Under a last=true reduction a copy-accumulate kernel feeds the
+     * start when the producer cannot accumulate (insert_grad_copies), so
+     * the chain is in place either way. */
+    bool reduced = false;
+    for (IrValue *v = gop->args[0]; chain_next(v); v = chain_next(v)) reduced |= is_last_coll(v->def);
+    if (!reduced && !grad_in_place(gop->args[0], uses)) continue;
     for (IrValue *v = gop->args[0]; chain_next(v); v = chain_next(v)) v->def->mark = 1;
   }
   for (int i = 0; i < f->nops; i++) {
@@ -434,6 +467,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     f->values[i]->storage = IR_STORE_NONE;
     f->values[i]->offset = 0;
   }
+  ungroup_slice_reductions(f);
   split_grad_sums(f, scratch);
   place_unslices(f, scratch);
   insert_grad_copies(f, scratch);
@@ -576,9 +610,12 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
       IrOp *op = f->ops[k];
       if (op->opcode != IR_OP_GRAD || strcmp(ir_attr_get_str(op, "name", ""), p->name) != 0) continue;
       for (const IrValue *v = op->args[0]; chain_next(v); v = chain_next(v))
-        if (is_last_coll(v->def) && v->def->opcode == IR_OP_ALL_REDUCE_START)
-          pkey[i] = (ir_attr_get_int(v->def, "bucket", 0) * 2 + (p->type.dtype == IR_DT_F64)) * ((int64_t)n + 1) +
-                    v->def->mark;
+        if (is_last_coll(v->def) && v->def->opcode == IR_OP_ALL_REDUCE_START) {
+          /* A stacked param's slices may be in several buckets: its first. */
+          int64_t key = (ir_attr_get_int(v->def, "bucket", 0) * 2 + (p->type.dtype == IR_DT_F64)) * ((int64_t)n + 1) +
+                        v->def->mark;
+          if (key < pkey[i]) pkey[i] = key;
+        }
     }
   }
   for (int i = 1; i < f->nargs; i++) /* insertion sort: stable, arguments are few */

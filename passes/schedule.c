@@ -30,7 +30,11 @@
  *      then the rest in their previous order;
  *   4. else a wait: critical ones first, then the others (dp gradient
  *      reductions, read only by outputs: at the end), each by the time
- *      its collective ends (dp: bucket order), then previous order.
+ *      its collective ends (dp: bucket order), then previous order;
+ *   5. else the unslice of a layer slice's dp reduction (dp-reduce
+ *      reduces a stacked param's gradient slice by slice), which reads
+ *      the wait and feeds only its output: no work (memplan), so not
+ *      compute to hide a reduction behind; previous order.
  * Hence a wait is placed only when nothing else can run, or when its
  * collective is already over; the compute placed between a start and its
  * wait is what hides the communication. */
@@ -49,6 +53,7 @@ typedef struct Unit {
   int link;      /* start: the group's link */
   bool dp;       /* start: a dp gradient reduction */
   bool critical; /* wait: a non-output op reads its result */
+  bool tail;     /* compute: a slice's unslice after its dp wait (no work once memplan runs) */
   int start;     /* wait: its start's unit */
   double done;   /* start, once placed: when the collective ends */
   int key;       /* compute: orig of the nearest tp start it leads to (INT_MAX: none) */
@@ -164,8 +169,19 @@ static bool build(IrFunc *f, Graph *g, const CostModel *m, Arena *a) {
     if (un->kind == U_WAIT) {
       const IrOp *w = f->ops[un->ops[0]];
       un->start = g->unit_of[w->args[0]->def->mark];
-      un->critical = uses_by_compute[w->result->id] > 0;
+      un->critical = uses_by_compute[w->result->id] > 0 && !g->u[un->start].dp;
     }
+  }
+  /* A dp gradient reduction's result goes only to outputs, through the
+   * unslice of its slice when it reduces one layer of a stacked param
+   * (dp-reduce): that unslice is not compute the reduction could hide
+   * behind, so it waits until the waits are placed. */
+  for (int u = 0; u < g->n; u++) {
+    Unit *un = &g->u[u];
+    const IrOp *op = f->ops[un->ops[0]];
+    const IrValue *x = un->nops == 1 && op->opcode == IR_OP_UNSLICE ? op->args[0] : NULL;
+    un->tail = un->kind == U_COMPUTE && x && x->def && is_wait(x->def->opcode) &&
+               g->u[g->u[g->unit_of[x->def->mark]].start].dp;
   }
 
   /* Edges: operands, the outputs' order, the buckets' order. */
@@ -254,12 +270,13 @@ PassResult pass_schedule(IrFunc *f, const PassOptions *o, Arena *scratch) {
     if (pick < 0)
       for (int r = 0; r < nready; r++) {
         Unit *c = &g.u[ready[r]];
-        if (c->kind == U_COMPUTE && (pick < 0 || compute_before(c, &g.u[ready[pick]]))) pick = r;
+        if (c->kind == U_COMPUTE && !c->tail && (pick < 0 || compute_before(c, &g.u[ready[pick]]))) pick = r;
       }
     /* 4. waits */
     if (pick < 0)
       for (int r = 0; r < nready; r++) {
         Unit *c = &g.u[ready[r]];
+        if (c->kind != U_WAIT) continue;
         if (pick < 0) {
           pick = r;
           continue;
@@ -272,6 +289,11 @@ PassResult pass_schedule(IrFunc *f, const PassOptions *o, Arena *scratch) {
         else before = c->orig < p->orig;
         if (before) pick = r;
       }
+
+    /* 5. the slices' unslices, in their previous order */
+    if (pick < 0)
+      for (int r = 0; r < nready; r++)
+        if (pick < 0 || g.u[ready[r]].orig < g.u[ready[pick]].orig) pick = r;
 
     int u = ready[pick];
     ready[pick] = ready[--nready];

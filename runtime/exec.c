@@ -763,6 +763,16 @@ static int cmp_run(const void *pa, const void *pb) {
   return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
+/* Whether a `grad` operand is a bucket's reduction (a last=true wait over
+ * more than one rank), through aliases and a slice's range unslice. */
+static bool bucket_reduced(const IrValue *v) {
+  v = storage_root(v);
+  if (v->def && v->def->opcode == IR_OP_UNSLICE) v = storage_root(v->def->args[0]);
+  const IrOp *w = v->def;
+  if (!w || w->opcode != IR_OP_ALL_REDUCE_WAIT || !step_coll_last(w)) return false;
+  return ir_attr_get_int(w->args[0]->def ? w->args[0]->def : w, "ranks", 1) > 1;
+}
+
 /* Add a bucket of the given members (start instructions); their buffers
  * merged into contiguous runs (memplan lays a bucket out so, each buffer
  * 64-byte aligned: the padding between two is zeroed with them). */
@@ -908,22 +918,25 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   p->colls = xcalloc((size_t)p->ncolls + 1, sizeof(StepColl));
   p->coll_open = xcalloc((size_t)p->ncolls + 1, sizeof(bool));
 
-  /* One gradient buffer per param with a `grad` output. */
+  /* One gradient buffer per param with a `grad` output; the buckets
+   * reduce it when every `grad` of the param reads a last=true wait (a
+   * stacked param reduced by slices has one per slice). */
   p->grads = xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     if (a->role != IR_ARG_PARAM) continue;
+    int found = 0;
+    bool reduced = true;
+    int64_t offset = 0;
     for (int k = 0; k < f->nops; k++) {
       const IrOp *op = f->ops[k];
       if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
-      const IrValue *v = storage_root(op->args[0]);
-      p->grads[p->ngrads] = (GradBuf){i, v->offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
-                                      ir_numel(&a->type.shape),
-                                      v->def && v->def->opcode == IR_OP_ALL_REDUCE_WAIT && step_coll_last(v->def) &&
-                                          ir_attr_get_int(v->def->args[0]->def ? v->def->args[0]->def : v->def, "ranks", 1) > 1};
-      p->ngrads++;
-      break;
+      if (!found++) offset = storage_root(op->args[0])->offset;
+      reduced &= bucket_reduced(op->args[0]);
     }
+    if (!found) continue;
+    p->grads[p->ngrads++] = (GradBuf){i, offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
+                                      ir_numel(&a->type.shape), reduced};
   }
 
   p->arena = arena_new(f->arena_size);

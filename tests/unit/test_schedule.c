@@ -1,5 +1,6 @@
 /* test_schedule.c - dp-reduce's gradient buckets (reverse order of forward
- * use, the size cap), the schedule pass (a bucket's starts adjacent and
+ * use, the size cap; a stacked param's gradient one layer slice at a
+ * time), the schedule pass (a bucket's starts adjacent and
  * right after its last gradient, waits late, tp collectives overlapping
  * independent GEMMs, --no-overlap order, determinism), the same gradients
  * through the reference interpreter with overlap on and off, and the cost
@@ -134,14 +135,22 @@ static void test_dp_reduce_buckets_reverse_forward_use(void **state) {
   release(&c);
 }
 
+/* The unslice of a stacked param's layer slice after its dp wait (no work:
+ * memplan puts the slice in its range of the gradient buffer). */
+static bool slice_tail(const IrOp *op) {
+  return op->opcode == IR_OP_UNSLICE && op->args[0]->def && op->args[0]->def->opcode == IR_OP_ALL_REDUCE_WAIT;
+}
+
 /* Each bucket's starts are adjacent, in bucket order, and the first comes
  * right after the later of (the bucket's last gradient, the previous
- * bucket's starts); every dp wait comes after the last compute op. */
+ * bucket's starts); every dp wait comes after the last compute op (the
+ * slices' unslices are not compute). */
 static void check_dp_schedule(const IrFunc *f, int nbuckets) {
   int last_compute = -1;
   for (int i = 0; i < f->nops; i++) {
     IrOpKind k = ir_op_info[f->ops[i]->opcode].kind;
-    if (k != IR_KIND_COLLECTIVE && k != IR_KIND_OUTPUT && k != IR_KIND_CONST) last_compute = i;
+    if (k != IR_KIND_COLLECTIVE && k != IR_KIND_OUTPUT && k != IR_KIND_CONST && !slice_tail(f->ops[i]))
+      last_compute = i;
   }
   int prev_end = -1;
   for (int b = 0; b < nbuckets; b++) {
@@ -194,6 +203,125 @@ static void test_schedule_bucket_starts_after_last_contribution(void **state) {
   cost_report(c.m->func, &m, stdout);
   release(&c);
   free(text);
+}
+
+static void check_same_gradients(const char *text, int gas, int64_t bucket_bytes);
+
+/* A stack of L = 3 tanh layers whose weights are stacked params, read as
+ * W[l] and b[l] (as tinygpt's per-layer params): W 3 x 256 B, b 3 x 32 B. */
+static const char *stacked = "model stacked {\n"
+                             "  batch B = 8\n"
+                             "  dim D = 8\n"
+                             "  dim L = 3\n"
+                             "  input x : f32[B, D]\n"
+                             "  input y : i32[B]\n"
+                             "  param W : f32[L, D, D] init normal(0, 0.3)\n"
+                             "  param b : f32[L, D]\n"
+                             "  h = x\n"
+                             "  for l in 0..L {\n"
+                             "    h = tanh(h @ W[l] + b[l])\n"
+                             "  }\n"
+                             "  loss ce = cross_entropy(h, y)\n"
+                             "}\n";
+
+/* The slice reductions of a stacked param: for each of its grad outputs
+ * (one per layer, in layer order of the leading index), the start. */
+static int slice_starts(const IrFunc *f, const char *name, const IrOp **starts, int64_t *layer) {
+  int n = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *g = f->ops[i];
+    if (g->opcode != IR_OP_GRAD || strcmp(ir_attr_get_str(g, "name", ""), name) != 0) continue;
+    const IrOp *u = g->args[0]->def;
+    assert_non_null(u);
+    assert_int_equal(u->opcode, IR_OP_UNSLICE);
+    const IrOp *w = u->args[0]->def;
+    assert_int_equal(w->opcode, IR_OP_ALL_REDUCE_WAIT);
+    const IrOp *s = w->args[0]->def;
+    assert_int_equal(s->opcode, IR_OP_ALL_REDUCE_START);
+    assert_int_equal(ir_attr_get_int(s, "last", 0), 1);
+    assert_int_equal(s->args[0]->type.shape.dim[0], 1); /* one layer's slice */
+    const int64_t *st;
+    assert_int_equal(ir_attr_get_ints(u, "starts", &st), u->result->type.shape.rank);
+    layer[n] = st[0];
+    starts[n++] = s;
+  }
+  return n;
+}
+
+static void test_dp_reduce_stacked_param_one_reduction_per_layer(void **state) {
+  (void)state;
+  Compiled c;
+  compile(&c, stacked, 1, 2, 1, false); /* one-byte cap: every slice its own bucket */
+  const IrFunc *f = c.m->func;
+  const char *names[] = {"W", "b"};
+  for (int k = 0; k < 2; k++) {
+    const IrOp *s[8];
+    int64_t layer[8];
+    int n = slice_starts(f, names[k], s, layer);
+    assert_int_equal(n, 3);
+    bool seen[3] = {false, false, false};
+    for (int i = 0; i < n; i++) {
+      assert_true(layer[i] >= 0 && layer[i] < 3 && !seen[layer[i]]);
+      seen[layer[i]] = true;
+    }
+    /* Slice l starts inside layer l's backward: right after its own
+     * contribution, before layer l - 1's contribution is computed. */
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++) {
+        if (layer[j] != layer[i] - 1) continue;
+        int c_i = pos_of(f, s[i]->args[0]->def), c_j = pos_of(f, s[j]->args[0]->def);
+        assert_true(c_i < pos_of(f, s[i]));
+        if (!(pos_of(f, s[i]) < c_j))
+          fail_msg("%s[%d] starts at %d, after %s[%d]'s contribution at %d", names[k], (int)layer[i], pos_of(f, s[i]),
+                   names[k], (int)layer[j], c_j);
+        assert_true(ir_attr_get_int(s[i], "bucket", -1) < ir_attr_get_int(s[j], "bucket", -1));
+      }
+  }
+  check_dp_schedule(f, 6);
+  release(&c);
+  /* The same values as one process, with overlap on and off. */
+  check_same_gradients(stacked, 1, 1);
+  check_same_gradients(stacked, 2, 300);
+
+  /* The cpu pipeline: each slice's contribution, start and wait in the
+   * slice's range of the param's gradient buffer; the unslice is no work. */
+  c.m = tu_compile("m.gdl", stacked, 1, &c.d);
+  assert_non_null(c.m);
+  PassManager pm;
+  pm_init(&pm);
+  pm.verify = true;
+  PassOptions po = {.gas = 1, .diag = &c.d, .src = &c.m->src, .dp = 2, .bucket_bytes = 300};
+  int np;
+  const char *const *pipe = pass_pipeline_cpu(&np);
+  if (pm_run(&pm, c.m->func, pipe, np, &po) != 0) fail_msg("passes: %s", sb_str(&c.d.log));
+  f = c.m->func;
+  for (int k = 0; k < 2; k++) {
+    const IrOp *s[8];
+    int64_t layer[8];
+    int n = slice_starts(f, names[k], s, layer);
+    assert_int_equal(n, 3);
+    int64_t base = -1, slice = ir_numel(&s[0]->args[0]->type.shape) * 4;
+    for (int i = 0; i < f->nops; i++) {
+      const IrOp *g = f->ops[i];
+      if (g->opcode != IR_OP_GRAD || strcmp(ir_attr_get_str(g, "name", ""), names[k]) != 0) continue;
+      assert_int_equal(g->args[0]->storage, IR_STORE_GRAD);
+      assert_int_equal(g->args[0]->def->group, 0);
+      if (base < 0) base = g->args[0]->offset;
+      assert_int_equal(g->args[0]->offset, base); /* the unslice's result: the whole buffer */
+    }
+    for (int i = 0; i < n; i++) {
+      const IrValue *vs[3] = {s[i]->args[0], s[i]->result, NULL};
+      for (int j = 0; j < f->nops; j++)
+        if (f->ops[j]->opcode == IR_OP_ALL_REDUCE_WAIT && f->ops[j]->args[0] == s[i]->result) vs[2] = f->ops[j]->result;
+      for (int j = 0; j < 3; j++) {
+        assert_non_null(vs[j]);
+        while (vs[j]->storage == IR_STORE_ALIAS && vs[j]->def->opcode == IR_OP_RESHAPE) vs[j] = vs[j]->def->args[0];
+        assert_int_equal(vs[j]->storage, IR_STORE_GRAD);
+        assert_int_equal(vs[j]->offset, base + layer[i] * slice);
+      }
+    }
+  }
+  release(&c);
 }
 
 /* The reference IR of Megatron's backward of a column-parallel linear:
@@ -449,6 +577,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp_reduce_buckets_reverse_forward_use),
       cmocka_unit_test(test_schedule_bucket_starts_after_last_contribution),
+      cmocka_unit_test(test_dp_reduce_stacked_param_one_reduction_per_layer),
       cmocka_unit_test(test_schedule_megatron_weight_gradient_under_reduction),
       cmocka_unit_test(test_schedule_gather_overlaps_local_gemm),
       cmocka_unit_test(test_schedule_no_overlap_waits_follow_starts),
