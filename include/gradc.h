@@ -140,7 +140,9 @@ gradc_status gradc_session_run(gradc_session *s);
 /* Window values of the last run: loss i (program order), and their sum. */
 double gradc_session_loss(const gradc_session *s, int i);
 double gradc_session_loss_total(const gradc_session *s);
-/* The gradient of the last run (zeros for a param with no gradient). */
+/* The gradient of the last run (zeros for a param with no gradient).
+ * Under zero1 with an optimiser set, the first of these calls after a run
+ * all-gathers the reduce-scattered gradients: every dp rank calls it. */
 gradc_status gradc_session_get_grad(const gradc_session *s, const char *name, void *out, size_t n);
 gradc_status gradc_session_save_grads(const gradc_session *s, const char *path);
 
@@ -174,6 +176,9 @@ double gradc_session_grad_norm(const gradc_session *s); /* of the last run, befo
 /* Checkpoints: params, optimiser state (optim.<slot>.<param>), step and
  * RNG state, written to a temporary file, fsynced and renamed.  The RNG is
  * the session's data-order generator (gradc_session_rng). */
+/* Under zero1 saving is collective (every rank sends its optimiser
+ * slices; rank 0 writes the whole state); loading is not (each rank keeps
+ * its slices), and the file is the same as without zero1. */
 gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path);
 gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
 /* A 64-bit generator saved with the checkpoint (e.g. for shuffling data). */

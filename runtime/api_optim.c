@@ -53,7 +53,12 @@
  * xoshiro256** words of the session generator (rng.s0..rng.s3, decimal),
  * and the optimiser (optimizer = sgd|adamw|none, optimizer.<option> as
  * shortest round-trip decimals).  Everything is restored bit for bit, so
- * training resumed from a checkpoint continues exactly as it would have. */
+ * training resumed from a checkpoint continues exactly as it would have.
+ *
+ * ZeRO-1 (api_zero.c): the slots hold this rank's slices only, the update
+ * runs on those slices and is followed by an all-gather of the params;
+ * checkpoints gather the slots whole for rank 0 and loading keeps the
+ * slices. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>

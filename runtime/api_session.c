@@ -5,7 +5,12 @@
  * Params are kept as a safetensors-shaped StFile in the program's
  * declaration order: F32 for every float param except f64 ones (F64); a
  * new session's params are zeros.  Inputs are kept as given (F32/F64,
- * I32/I64), window-sized; the step driver checks and splits them. */
+ * I32/I64), window-sized; the step driver checks and splits them.
+ *
+ * ZeRO-1 (api_zero.c): with an optimiser set, a run's gradients stay
+ * reduce-scattered (only this rank's slices are summed), the grad norm is
+ * all-reduced from the ranks' sums of squares, and get_grad / save_grads
+ * gather the whole gradients on demand (collective). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
