@@ -119,7 +119,7 @@ static void test_dp_reduce_buckets_reverse_forward_use(void **state) {
   }
   release(&c);
 
-  /* The default cap (4 MiB) holds everything in one bucket; dp = 1 inserts nothing. */
+  /* The default cap (1 MiB) holds everything in one bucket; dp = 1 inserts nothing. */
   compile(&c, mlp3, 1, 2, 0, false);
   for (int i = 0; i < 6; i++) assert_int_equal(bucket_of(c.m->func, mlp3_params[i]), 0);
   release(&c);
