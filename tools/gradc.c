@@ -112,7 +112,7 @@ static const char *help_text[][2] = {
             "  annotated split(N) over T processes (Megatron-style tensor parallelism; with\n"
             "  --sequence-parallel activations between the parallel regions are sharded along the\n"
             "  sequence); the run is T x N processes.  Gradients are reduced in buckets of --bucket-mb\n"
-            "  (default 4) while the backward runs; --no-overlap waits for each collective at once.\n"
+            "  (default 1) while the backward runs; --no-overlap waits for each collective at once.\n"
             "  --trace writes a Chrome trace (Perfetto) of kernels and collectives per rank and reports\n"
             "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"},
     {"train", train_help},
