@@ -88,6 +88,8 @@ gradc_status gradc_program_input_info(const gradc_program *p, int i, gradc_tenso
 const char *gradc_program_loss_name(const gradc_program *p, int i);
 int gradc_program_gas(const gradc_program *p);
 int gradc_program_dp(const gradc_program *p);
+int gradc_program_tp(const gradc_program *p);    /* tensor-parallel ranks (1: none) */
+int gradc_program_zero1(const gradc_program *p); /* 1: ZeRO-1 over its dp ranks (checkpoints are collective) */
 
 /* Data parallelism (gradc_compile_options.dp > 1) runs over MPI: a
  * program launched by mpirun calls this once, before its first session,

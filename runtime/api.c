@@ -499,6 +499,8 @@ int gradc_program_num_inputs(const gradc_program *p) { return p ? p->ninputs : 0
 int gradc_program_num_losses(const gradc_program *p) { return p ? p->nlosses : 0; }
 int gradc_program_gas(const gradc_program *p) { return p ? p->gas : 0; }
 int gradc_program_dp(const gradc_program *p) { return p ? p->dp : 0; }
+int gradc_program_tp(const gradc_program *p) { return p ? p->tp : 0; }
+int gradc_program_zero1(const gradc_program *p) { return p && p->zero1 ? 1 : 0; }
 
 const char *gradc_program_loss_name(const gradc_program *p, int i) {
   return p && i >= 0 && i < p->nlosses ? p->losses[i] : NULL;

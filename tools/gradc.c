@@ -337,7 +337,8 @@ static int run_pipeline(const Args *a, IrFunc *f, const SrcFile *src, const char
                     .dp = a->dp,
                     .sequence_parallel = a->sequence_parallel,
                     .no_overlap = a->no_overlap,
-                    .bucket_bytes = a->bucket_bytes};
+                    .bucket_bytes = a->bucket_bytes,
+                    .zero1 = a->zero1};
   return pm_run(&pm, f, names, n, &po);
 }
 

@@ -1009,6 +1009,8 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
   if (a->dp_set && a->dp != gradc_program_dp(*p))
     return error(1, "%s: the artifact was compiled for --dp %d, not %d", a->model, gradc_program_dp(*p), a->dp);
+  if (a->tp_set && a->tp != gradc_program_tp(*p))
+    return error(1, "%s: the artifact was compiled for --tp %d, not %d", a->model, gradc_program_tp(*p), a->tp);
   return 0;
 }
 
@@ -1054,12 +1056,18 @@ static int train(const TrainArgs *a) {
   bool lead = true; /* rank 0 of a data-parallel run (or the only process) prints and writes */
   int rc = open_program(a, &p);
   if (rc) goto done;
-  int launched = comm_launch_size();
-  if (launched > 1 && gradc_program_dp(p) != launched) {
-    rc = error(1, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
-               gradc_program_dp(p) == 1 ? "no --dp" : "a different --dp", launched);
+  int launched = comm_launch_size(), ranks = gradc_program_tp(p) * gradc_program_dp(p);
+  if (launched > 1 && ranks != launched) {
+    if (gradc_program_tp(p) == 1)
+      rc = error(1, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
+                 gradc_program_dp(p) == 1 ? "no --dp" : "a different --dp", launched);
+    else
+      rc = error(1, "this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
+                 launched, launched, gradc_program_tp(p), gradc_program_dp(p), ranks, launched);
     goto done;
   }
+  /* ZeRO-1 (the program's, from the flag or the artifact): checkpoints are collective. */
+  bool zero1 = gradc_program_zero1(p) != 0;
   nl = gradc_program_num_losses(p);
   h.nl = nl + 1;
   h.loss = calloc((size_t)h.nl, sizeof *h.loss);
@@ -1110,6 +1118,8 @@ static int train(const TrainArgs *a) {
             base_name(a->model), nparams, base_name(a->data), d.n, d.wpe, d.b, gradc_program_gas(p),
             a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
     if (gradc_program_dp(p) > 1) fprintf(stderr, ", %d data-parallel ranks", gradc_program_dp(p));
+    if (gradc_program_tp(p) > 1) fprintf(stderr, ", %d tensor-parallel ranks", gradc_program_tp(p));
+    if (zero1) fprintf(stderr, ", ZeRO-1");
     if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
     if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
     if (step0) fprintf(stderr, "; resuming at step %" PRId64, step0);
@@ -1160,7 +1170,7 @@ static int train(const TrainArgs *a) {
     log_row(&lg, p, step, lr, loss, grad_norm, lg.elapsed0 + now_s() - pr.t0);
     if (lead) progress(&pr, p, step, loss, lr, grad_norm, step == end);
     /* --zero1: saving a checkpoint is collective (the optimiser state is sharded). */
-    if ((lead || a->zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
+    if ((lead || zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
       if ((rc = save_checkpoint(s, a->checkpoint, &d, lead))) break;
       if (lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), p, &h))) break;
     }
@@ -1188,7 +1198,7 @@ static int train(const TrainArgs *a) {
     fputc('\n', stderr);
   }
   if (!lead) {
-    if (a->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, false))) goto done;
+    if (zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, false))) goto done;
     if (interrupted) rc = 128 + (int)interrupted;
     goto done;
   }
