@@ -893,6 +893,34 @@ static void test_codegen_softmax_fwd_bwd(void **state) {
   assert_true(st.kernels >= 2);
 }
 
+/* A causal softmax computes its exponentials up to the diagonal only
+ * (rounded up to whole vectors) and fills the rest: T = 37 has rows whose
+ * loop stops short of the row (i < 32) and rows that run to its end. */
+static void test_codegen_causal_softmax(void **state) {
+  const char *src = "model cs {\n"
+                    "  batch B = 3\n  dim T = 37\n"
+                    "  input x : f32[B, 2, T, T]\n  param w : f32[T]\n"
+                    "  p = softmax(causal_mask(x * 0.5), axis=-1)\n"
+                    "  loss l = sum(p * w) + sum(p * p)\n"
+                    "}\n";
+  Stats st = check_model("cs.gdl", src, 88, NULL);
+  assert_true(st.kernels >= 2);
+}
+
+/* gelu's pre-activation x @ W + b and a layer norm's centred input are
+ * recomputed by the backward kernels (fuse), not stored: same results. */
+static void test_codegen_recomputed_values(void **state) {
+  const char *src = "model rc {\n"
+                    "  batch B = 4\n  dim T = 32\n  dim C = 48\n  dim H = 64\n"
+                    "  input x : f32[B, T, C]\n  param W : f32[C, H]\n  param b : f32[H]\n"
+                    "  param g : f32[H] init ones\n  param V : f32[H, C]\n"
+                    "  h = layer_norm(gelu(x @ W + b), g, b)\n"
+                    "  loss l = sum((h @ V) * x)\n"
+                    "}\n";
+  Stats st = check_model("rc.gdl", src, 89, NULL);
+  assert_true(st.kernels >= 2);
+}
+
 static void test_codegen_layer_norm_fwd_bwd(void **state) {
   const char *src = "model ln {\n"
                     "  batch B = 4\n  dim C = 48\n"
@@ -1080,6 +1108,8 @@ int main(void) {
       cmocka_unit_test(test_codegen_bf16),
       cmocka_unit_test(test_codegen_f16),
       cmocka_unit_test(test_codegen_softmax_fwd_bwd),
+      cmocka_unit_test(test_codegen_causal_softmax),
+      cmocka_unit_test(test_codegen_recomputed_values),
       cmocka_unit_test(test_codegen_layer_norm_fwd_bwd),
       cmocka_unit_test(test_codegen_cross_entropy_fwd_bwd),
       cmocka_unit_test(test_codegen_gelu_chain_f64),
