@@ -33,11 +33,11 @@ causes), and from them
 A bucket is one all-reduce per contiguous run of its gradient buffers
 (dp-reduce reduces a stacked param's gradient one layer slice at a time,
 and slices of different params are not contiguous), so "reductions"
-counts those.  The comm layer's simulated link times each collective
-from its own start and does not queue concurrent ones: a bucket of
-several all-reduces takes as long as its largest, which flatters both
-modes; the compile-time cost model (gradc compile --cost-report) does
-queue them on the link.
+counts those.  The comm layer's simulated link queues a group's
+collectives one after another (a transfer begins when the previous one on
+the link ends), so a bucket of several all-reduces takes the sum of their
+modelled times, as in the compile-time cost model (gradc compile
+--cost-report).
 
 The link defaults are chosen so that the reduction time is comparable to
 the backward's compute on this machine; --link-gbps and --link-latency-us

@@ -2,7 +2,8 @@
  * opening a tp × dp layout and its groups, checking and starting
  * collectives, the running hash of the collectives each rank issued and
  * its comparison across ranks, waits with a time limit, the simulated
- * slow link, tracing (each collective's span from start to completion on
+ * slow link (one per group, collectives queued on it in start order),
+ * tracing (each collective's span from start to completion on
  * the comm lane, and the time a wait blocked as exposed communication),
  * gathering every rank's trace into rank 0's, and the single back end
  * (one process: every collective is a copy). */
@@ -262,7 +263,12 @@ bool comm_start(CommGroup *g, const CommArgs *a, CommReq **out, char *err, size_
   r->a = *a;
   r->impl = impl;
   r->t0_us = t0;
-  r->ready_us = t0 + (a->ctl ? 0 : comm_link_us(g, a));
+  r->ready_us = t0;
+  double link = a->ctl ? 0 : comm_link_us(g, a);
+  if (link > 0) { /* queued on the group's link behind the transfers before it */
+    r->ready_us = fmax(t0, g->link_free_us) + link;
+    g->link_free_us = r->ready_us;
+  }
   if (!impl) {
     r->be_done = true;
     r->done_us = t0;
@@ -416,6 +422,10 @@ bool comm_barrier(CommGroup *g, char *err, size_t n) {
 /* ------------------------------------------------------------------ */
 /* The simulated link                                                   */
 /* ------------------------------------------------------------------ */
+
+/* comm_link_us is one collective's time on the link; comm_start queues it
+ * behind the group's earlier ones (CommGroup.link_free_us) to get the
+ * time it may complete, CommReq.ready_us. */
 
 static bool link_set;
 static double link_latency_us, link_gbps;

@@ -92,6 +92,8 @@ typedef struct CommGroup {
   void *impl;       /* the back end's handle */
   uint64_t hash;    /* running hash of the collectives since the last comm_check */
   int64_t issued;   /* their number */
+  double link_free_us; /* the simulated link's clock (comm_now_us): when the
+                        * last transfer queued on this group's link ends */
 } CommGroup;
 
 struct Comm {
@@ -108,7 +110,8 @@ typedef struct CommReq {
   void *impl;       /* NULL once complete */
   /* Times on the monotonic clock (comm_now_us): the start, when the back
    * end completed it (0 until then), and the earliest completion the
-   * simulated link allows (the start when there is none). */
+   * simulated link allows (the start when there is none; else after the
+   * collectives queued before it on the group's link). */
   double t0_us, done_us, ready_us;
   bool be_done;     /* the back end completed it */
   struct Trace *trace; /* the recorder current when it started (or NULL) */
@@ -137,12 +140,21 @@ void comm_finalize(void);
  * more than one rank is initialised, else nothing (returns). */
 void comm_abort(int code);
 
-/* A simulated slow link between ranks, for benchmarks and tests: every
- * collective of a group of N > 1 ranks completes no earlier than its start
- * + latency_us + bytes / bandwidth, where bytes is what a ring moves per
- * rank: 2 (N-1)/N of the buffer for all_reduce, (N-1)/N of the whole
- * buffer for all_gather and reduce_scatter, the buffer for broadcast, none
- * for a barrier.  gbps is in gigabits per second (1 Gb/s = 125 bytes per
+/* A simulated slow link between ranks, for benchmarks and tests.  Each
+ * group of N > 1 ranks has one link, and the collectives started on it
+ * queue there one after another, as on a real link (or a NCCL stream):
+ * a collective's transfer begins at
+ *     begin = max(its start, the end of the previous transfer on the link)
+ * and the collective completes no earlier than
+ *     begin + latency_us + bytes / bandwidth
+ * (CommGroup.link_free_us is the link's clock: that end), where bytes is
+ * what a ring moves per rank: 2 (N-1)/N of the buffer for all_reduce,
+ * (N-1)/N of the whole buffer for all_gather and reduce_scatter, the buffer
+ * for broadcast, none for a barrier.  So two all-reduces started together
+ * complete one model time (comm_link_us) apart, and a bucket issued as
+ * several all-reduces takes the sum of their times, not the longest.
+ * The groups' links are independent (tp and dp collectives do not queue
+ * behind each other).  gbps is in gigabits per second (1 Gb/s = 125 bytes per
  * microsecond); 0 means no bandwidth limit.  comm_set_link sets it for the
  * process (the command line's --link-latency-us / --link-gbps); until
  * then GRADC_COMM_LATENCY_US and GRADC_COMM_GBPS in the environment give
@@ -152,7 +164,9 @@ void comm_abort(int code);
  * control channel and one-rank groups are not slowed. */
 void comm_set_link(double latency_us, double gbps);
 void comm_get_link(double *latency_us, double *gbps);
-/* The simulated time of a collective on g (0 without a simulated link). */
+/* The simulated time of a collective on g once its transfer begins,
+ * latency included, not counting the time it queues behind the link's
+ * earlier collectives (0 without a simulated link). */
 double comm_link_us(const CommGroup *g, const CommArgs *a);
 /* The monotonic clock of the comm layer and the traces, in microseconds. */
 double comm_now_us(void);

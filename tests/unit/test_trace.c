@@ -7,13 +7,15 @@
  * recorded from another thread (as the progress thread does) are kept.
  *
  * The comm layer's side (runtime/comm.h): the simulated link's time for
- * each collective, worked out by hand; the single back end is never
- * slowed; and, on 2 MPI ranks (this executable again under mpirun,
+ * each collective, worked out by hand; collectives started together queue
+ * on their group's link (the link's clock, by hand, over the single back
+ * end with groups of 2); the single back end is never slowed; and, on 2 MPI ranks (this executable again under mpirun,
  * `test_trace --worker NAME`, skipped when the build has no MPI or mpirun
  * is absent), a slowed all-reduce waited for at once takes at least its
  * modelled time, all of it exposed, while one waited for after compute as
- * long hides it (the wait costs next to nothing), with the progress thread
- * and with polling; each rank's traced spans and exposed time agree with
+ * long hides it (the wait costs next to nothing), two started together
+ * complete one and two model times after their starts, with the progress
+ * thread and with polling; each rank's traced spans and exposed time agree with
  * what the worker timed itself; every rank's events gathered into rank 0's
  * file. */
 #include <cjson/cJSON.h>
@@ -335,6 +337,66 @@ static void test_trace_link_single_backend_unaffected(void **state) {
   comm_close(c);
 }
 
+/* The link queues collectives: one process, groups of 2 ranks over the
+ * single back end (every collective a copy, done at once), so only the
+ * simulated link holds them back.  1 Gb/s and 1000 us latency: an
+ * all-reduce of 1000 f32 over 2 ranks moves 4000 bytes, 32 us, so 1032 us
+ * on the link.  Two started together: the second's transfer begins when
+ * the first's ends (1032 us later); a third on another group does not
+ * queue behind them; a control collective neither queues nor is slowed;
+ * one started once the link is idle begins at its own start. */
+static void test_trace_link_queues_collectives_by_hand(void **state) {
+  Comm c = {.be = &comm_single_backend, .rank = 0, .size = 2, .tp = 1, .dp = 2, .timeout_s = 20};
+  CommGroup dp = {.comm = &c, .name = "dp", .rank = 0, .size = 2};
+  CommGroup tp = {.comm = &c, .name = "tp", .rank = 0, .size = 2};
+  float x[1000], y[1000], z[1000];
+  for (int i = 0; i < 1000; i++) x[i] = (float)i;
+  const double model = 1032.0;
+  char err[256] = "";
+  comm_set_link(1000, 1);
+  CommArgs ar = {.kind = COMM_ALL_REDUCE, .count = 1000, .dt = COMM_F32};
+  assert_true(fabs(comm_link_us(&dp, &ar) - model) < 1e-9);
+  CommReq *r1, *r2, *r3, *rc;
+  double t0 = comm_now_us();
+  assert_true(comm_all_reduce_start(&dp, x, y, 1000, COMM_F32, COMM_SUM, 1, &r1, err, sizeof err));
+  assert_true(comm_all_reduce_start(&dp, x, z, 1000, COMM_F32, COMM_SUM, 2, &r2, err, sizeof err));
+  assert_true(comm_all_reduce_start(&tp, x, x, 1000, COMM_F32, COMM_SUM, 3, &r3, err, sizeof err));
+  CommArgs ctl = {.kind = COMM_ALL_REDUCE, .send = x, .recv = x, .count = 1000, .dt = COMM_F32, .ctl = true};
+  assert_true(comm_start(&dp, &ctl, &rc, err, sizeof err));
+  /* The clock: exact figures from each request's start. */
+  assert_true(fabs(r1->ready_us - (r1->t0_us + model)) < 1e-6);
+  assert_true(fabs(r2->ready_us - (r1->ready_us + model)) < 1e-6); /* queued behind r1 */
+  assert_true(fabs(r3->ready_us - (r3->t0_us + model)) < 1e-6);    /* its own group's link */
+  assert_true(rc->ready_us == rc->t0_us);                          /* control: not slowed */
+  assert_true(fabs(dp.link_free_us - r2->ready_us) < 1e-6 && fabs(tp.link_free_us - r3->ready_us) < 1e-6);
+  /* Measured: lower bounds from the clock, upper bounds loose. */
+  bool done = true;
+  assert_true(comm_test(r2, &done, err, sizeof err));
+  assert_false(done && comm_now_us() < r2->ready_us);
+  assert_true(comm_wait(rc, err, sizeof err));
+  assert_true(comm_wait(r1, err, sizeof err));
+  double w1 = comm_now_us();
+  assert_true(comm_wait(r2, err, sizeof err));
+  double w2 = comm_now_us();
+  assert_true(comm_wait(r3, err, sizeof err));
+  assert_true(w1 - t0 >= model && w1 - t0 < model + 1e6);
+  assert_true(w2 - t0 >= 2 * model && w2 - t0 < 2 * model + 1e6);
+  assert_true(y[999] == 999 && z[999] == 999);
+  /* Idle link: a later collective begins at its own start, not at the
+   * clock (which is in the past). */
+  double idle = comm_now_us();
+  assert_true(dp.link_free_us <= idle);
+  assert_true(comm_all_reduce_start(&dp, x, y, 1000, COMM_F32, COMM_SUM, 4, &r1, err, sizeof err));
+  assert_true(fabs(r1->ready_us - (r1->t0_us + model)) < 1e-6 && r1->t0_us >= idle);
+  assert_true(comm_wait(r1, err, sizeof err));
+  /* Without a link nothing queues and the clock stays. */
+  comm_set_link(0, 0);
+  double before = dp.link_free_us;
+  assert_true(comm_all_reduce_start(&dp, x, y, 1000, COMM_F32, COMM_SUM, 5, &r1, err, sizeof err));
+  assert_true(r1->ready_us == r1->t0_us && dp.link_free_us == before);
+  assert_true(comm_wait(r1, err, sizeof err));
+}
+
 static int worker_rank;
 
 #define CHECK(cond, ...)                                                     \
@@ -445,7 +507,42 @@ static int link_worker(Comm *c, bool poll) {
         e.t0_us + origin - t0);
   printf("rank %d: after compute: wait %.0f us, span %.0f, exposed %.0f\n", c->rank, wait, e.t1_us - e.t0_us,
          d.exposed_us);
-  /* 3. No simulated link, 1 MB, nobody polls during the compute: with
+  /* 3. Two all-reduces started together queue on the link: the second's
+   * transfer begins when the first's ends, so it completes a model time
+   * after the first, two after the starts, and the wait for both is
+   * exposed. */
+  float *z = malloc(NELEM * sizeof *z);
+  for (int i = 0; i < NELEM; i++) z[i] = (float)(c->rank + 1);
+  OK(comm_barrier(g, err, sizeof err));
+  trace_stats(t, &base);
+  CommReq *r2;
+  t0 = comm_now_us();
+  OK(comm_all_reduce_start(g, x, x, NELEM, COMM_F32, COMM_SUM, 4, &r, err, sizeof err));
+  OK(comm_all_reduce_start(g, z, z, NELEM, COMM_F32, COMM_SUM, 5, &r2, err, sizeof err));
+  tw = comm_now_us();
+  double ready1 = r->ready_us, ready2 = r2->ready_us;
+  CHECK(ready1 >= t0 + MODEL_US && fabs(ready2 - ready1 - MODEL_US) < 1e-3,
+        "link clock: first ready %.0f us after the start, second %.0f after the first (model %.0f)", ready1 - t0,
+        ready2 - ready1, MODEL_US);
+  OK(comm_wait(r, err, sizeof err));
+  double d1 = comm_now_us();
+  TraceEventInfo e1 = last_span(t);
+  OK(comm_wait(r2, err, sizeof err));
+  double d2 = comm_now_us();
+  TraceEventInfo e2 = last_span(t);
+  stats_since(t, &base, &d);
+  for (int i = 0; i < NELEM; i += 997) CHECK(x[i] == 12.0f * (float)(i % 7) && z[i] == 3.0f, "sums at %d", i);
+  CHECK(d1 - t0 >= MODEL_US && d1 - t0 < MODEL_US + SLACK_US, "first completed after %.0f us", d1 - t0);
+  CHECK(d2 - t0 >= 2 * MODEL_US && d2 - t0 < 2 * MODEL_US + SLACK_US, "second completed after %.0f us", d2 - t0);
+  CHECK(d.collectives == 2, "collectives %lld", (long long)d.collectives);
+  CHECK(e2.t1_us - e1.t0_us >= 2 * MODEL_US && e2.t1_us + origin >= ready2 - 1, "spans end %.0f and %.0f us in",
+        e1.t1_us + origin - t0, e2.t1_us + origin - t0);
+  CHECK(d.exposed_us >= 2 * MODEL_US - (tw - t0) - 1000 && d.exposed_us <= d2 - tw + 1, "exposed %.0f us, waits %.0f",
+        d.exposed_us, d2 - tw);
+  printf("rank %d: two together: first %.0f us, second %.0f us (model %.0f each), exposed %.0f\n", c->rank,
+         d1 - t0, d2 - t0, MODEL_US, d.exposed_us);
+  free(z);
+  /* 4. No simulated link, 1 MB, nobody polls during the compute: with
    * the progress thread it completes while the compute runs. */
   comm_set_link(0, 0);
   int64_t big = 1 << 18;
@@ -595,6 +692,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_trace_current_per_thread),
       cmocka_unit_test(test_trace_link_model_by_hand),
       cmocka_unit_test(test_trace_link_single_backend_unaffected),
+      cmocka_unit_test(test_trace_link_queues_collectives_by_hand),
       cmocka_unit_test(test_trace_mpi_link_hidden_by_compute_progress_thread),
       cmocka_unit_test(test_trace_mpi_link_hidden_by_compute_polling),
       cmocka_unit_test(test_trace_mpi_gather_into_rank0),
