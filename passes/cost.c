@@ -4,15 +4,22 @@
  * Compute is a roofline per unit (a fused kernel, or one op outside
  * kernels): kernel_s + max(FLOPs / flops_per_s, bytes / mem_bytes_per_s),
  * where the bytes are the unit's operands from outside it and the results
- * it writes for others.  A collective sends the bytes of a ring algorithm
+ * it writes for others.  Views cost nothing (reshapes, and the slices and
+ * unslices memplan aliases or turns into no work: view_op); the
+ * rank-dependent copies (tp.scatter, rank.slice, rank.concat) cost a
+ * memory copy of their result: kernel_s + 2 bytes / mem_bytes_per_s.  A collective sends the bytes of a ring algorithm
  * (all-reduce 2(n-1)/n of the buffer, all-gather and reduce-scatter
  * (n-1)/n of the whole tensor) at link_bytes_per_s after link_latency_s;
  * the starts of one dp bucket are one message (one latency).  Collectives
- * of a group queue on that group's link; the compute stream stalls at a
- * wait whose collective has not finished, and that stall is the exposed
+ * of a group queue on that group's link as on the runtime's simulated link
+ * (runtime/comm.h, comm_set_link): a transfer begins at max(its start, the
+ * end of the previous transfer on the link) and ends its time later; the
+ * groups' links are independent.  The compute stream stalls at a wait
+ * whose collective has not finished, and that stall is the exposed
  * communication. */
 #include <string.h>
 
+#include "../codegen/codegen.h"
 #include "passes.h"
 
 void cost_model_default(CostModel *m) {
@@ -70,17 +77,46 @@ void cost_escapes(const IrFunc *f, bool *escapes) {
   }
 }
 
-/* Whether a unit costs nothing: ops that only rename memory (a reshape, an
- * output, a const the executor stores once, window ops the step layer
- * evaluates, collectives whose cost is on the link). */
+/* The rank-dependent copies: no communication, a strided copy of their
+ * result's bytes at this rank's offsets (never fused). */
+static bool rank_copy(IrOpcode opc) {
+  return opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT;
+}
+
+/* Whether a slice or unslice is a view memplan gives no work: a group-0
+ * slice of one contiguous range (an alias of its operand: a stacked
+ * param's w[l]); a group-0 unslice of one (its operand accumulates into
+ * its range of the gradient buffer: w[l]'s gradient; memplan turns any
+ * other group-0 unslice into a kernel, and schedule, before memplan, takes
+ * them as views); and the unslice of a stacked gradient's slice
+ * reduction (dp-reduce: `grad (unslice (all_reduce.wait ...))`, last=true),
+ * which fuse makes a kernel of its own and memplan puts back in group 0. */
+static bool view_op(const IrOp *op) {
+  int64_t first;
+  if (op->opcode == IR_OP_SLICE) return op->group == 0 && cg_slice_contiguous(op, &first);
+  if (op->opcode != IR_OP_UNSLICE || !cg_slice_contiguous(op, &first)) return false;
+  if (op->group == 0) return true;
+  const IrOp *w = op->args[0]->def;
+  if (!w || w->opcode != IR_OP_ALL_REDUCE_WAIT || !w->args[0]->def) return false;
+  const IrAttr *last = ir_attr_get(w->args[0]->def, "last");
+  return last && last->i != 0;
+}
+
+/* Whether a unit costs nothing: ops that only rename memory (a reshape, a
+ * view slice or unslice, an output, a const the executor stores once,
+ * window ops the step layer evaluates, collectives whose cost is on the
+ * link).  The rank-dependent copies are not free (a memory copy). */
 static bool free_op(const IrOp *op) {
   IrOpKind k = ir_op_info[op->opcode].kind;
-  return op->opcode == IR_OP_RESHAPE || k == IR_KIND_CONST || k == IR_KIND_OUTPUT || k == IR_KIND_WINDOW ||
-         k == IR_KIND_COLLECTIVE;
+  if (rank_copy(op->opcode)) return false;
+  return op->opcode == IR_OP_RESHAPE || view_op(op) || k == IR_KIND_CONST || k == IR_KIND_OUTPUT ||
+         k == IR_KIND_WINDOW || k == IR_KIND_COLLECTIVE;
 }
 
 double cost_compute_s(const CostModel *m, IrOp *const *ops, int n, const bool *escapes) {
   if (n == 1 && free_op(ops[0])) return 0.0;
+  if (n == 1 && rank_copy(ops[0]->opcode)) /* reads its result's bytes, writes them */
+    return m->kernel_s + 2.0 * nbytes(ops[0]->result) / m->mem_bytes_per_s;
   double flops = 0, bytes = 0;
   for (int i = 0; i < n; i++) {
     const IrOp *op = ops[i];

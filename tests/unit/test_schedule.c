@@ -4,7 +4,9 @@
  * right after its last gradient, waits late, tp collectives overlapping
  * independent GEMMs, --no-overlap order, determinism), the same gradients
  * through the reference interpreter with overlap on and off, and the cost
- * model and its simulation against hand-derived figures. */
+ * model and its simulation against hand-derived figures (views free, the
+ * rank-dependent copies a memory copy, collectives queued per group's
+ * link). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -573,6 +575,100 @@ static void test_cost_model_hand_figures(void **state) {
   ir_func_free(f);
 }
 
+/* Views cost nothing: a contiguous range slice (an alias), a group-0
+ * range unslice (filled in place), and the unslice of a stacked
+ * gradient's slice reduction that fuse made a kernel of its own (memplan
+ * puts it back in group 0); the same unslice of anything else in a kernel
+ * of its own is work.  The rank-dependent copies cost a memory copy of
+ * their result: kernel_s + 2 bytes / bandwidth. */
+static void test_cost_model_views_and_rank_copies(void **state) {
+  (void)state;
+  const char *text =
+      "func @v(%W: f32[3,8,8] param, %x: f32[2,8,16] input) {\n"
+      "  %w1 = slice %W {starts=[1,0,0], stops=[2,8,8], steps=[1,1,1]} : f32[1,8,8]\n"
+      "  %sl = slice %W {starts=[0,0,0], stops=[3,8,4], steps=[1,1,1]} : f32[3,8,4]\n"
+      "  %st = all_reduce.start %w1 {group=\"dp\", ranks=2, bucket=0, last=true} : f32[1,8,8]\n"
+      "  %wt = all_reduce.wait %st {group=\"dp\", ranks=2, bucket=0, last=true} : f32[1,8,8]\n"
+      "  %g = unslice %wt {starts=[1,0,0], stops=[2,8,8], steps=[1,1,1], shape=[3,8,8]} : f32[3,8,8]\n"
+      "  %u = unslice %w1 {starts=[1,0,0], stops=[2,8,8], steps=[1,1,1], shape=[3,8,8]} : f32[3,8,8]\n"
+      "  %a = tp.scatter %x {group=\"tp\", ranks=2, axis=1} : f32[2,4,16]\n"
+      "  %b = rank.slice %x {group=\"tp\", ranks=2, axis=2, shift=1} : f32[2,8,8]\n"
+      "  %c = rank.concat %b, %b {group=\"tp\", ranks=2, axis=2} : f32[2,8,16]\n"
+      "  grad %g {name=\"W\"}\n"
+      "  grad %u {name=\"W\"}\n"
+      "  %sa = sum %a {axes=[0,1,2], keepdim=false} : f32\n"
+      "  %sc = sum %c {axes=[0,1,2], keepdim=false} : f32\n"
+      "  %ss = sum %sl {axes=[0,1,2], keepdim=false} : f32\n"
+      "  %t = add %sa, %sc : f32\n"
+      "  %t2 = add %t, %ss : f32\n"
+      "  loss %t2 {name=\"l\"}\n"
+      "}\n";
+  IrFunc *f = read_ir(text);
+  CostModel m = {.flops_per_s = 1e30, .mem_bytes_per_s = 1e9, .kernel_s = 1e-6, .link_bytes_per_s = 1e9,
+                 .link_latency_s = 0};
+  IrOp *w1 = f->ops[0], *sl = f->ops[1], *g = f->ops[4], *u = f->ops[5], *a = f->ops[6], *b = f->ops[7],
+       *c = f->ops[8];
+  assert_int_equal(g->opcode, IR_OP_UNSLICE);
+  assert_int_equal(c->opcode, IR_OP_RANK_CONCAT);
+  assert_true(cost_compute_s(&m, &w1, 1, NULL) == 0);
+  assert_true(cost_compute_s(&m, &u, 1, NULL) == 0);
+  assert_true(cost_compute_s(&m, &g, 1, NULL) == 0);
+  g->group = 1; /* fuse's kernel of its own */
+  assert_true(cost_compute_s(&m, &g, 1, NULL) == 0);
+  u->group = 2; /* an unslice of something else in a kernel: zeros and the slice, 768 B, plus its 256 B operand */
+  assert_true(fabs(cost_compute_s(&m, &u, 1, NULL) - (1e-6 + 1024e-9)) < 1e-15);
+  /* Not one contiguous range: a copy (768 B read, 384 written). */
+  assert_true(fabs(cost_compute_s(&m, &sl, 1, NULL) - (1e-6 + 1152e-9)) < 1e-15);
+  /* tp.scatter [2,4,16] and rank.slice [2,8,8]: 512 B each, read and
+   * written; rank.concat [2,8,16]: 1024 B. */
+  assert_true(fabs(cost_compute_s(&m, &a, 1, NULL) - (1e-6 + 1024e-9)) < 1e-15);
+  assert_true(fabs(cost_compute_s(&m, &b, 1, NULL) - (1e-6 + 1024e-9)) < 1e-15);
+  assert_true(fabs(cost_compute_s(&m, &c, 1, NULL) - (1e-6 + 2048e-9)) < 1e-15);
+  ir_func_free(f);
+}
+
+/* Collectives queue on their group's link, as on the runtime's simulated
+ * link: two dp all-reduces started together of 1 s each end at 1 s and
+ * 2 s; a tp one started with them has its own link (ends at 1 s).  With a
+ * 0.25 s GEMM between the starts and the waits: exposed 0.75 s (dp 1)
+ * + 1 s (dp 2, queued), tp hidden.  Without overlap every start blocks:
+ * 3 s exposed. */
+static void test_cost_model_links_queue_per_group(void **state) {
+  (void)state;
+  const char *text = "func @q(%x: f32[64,64] input, %u: f32[1024] input, %v: f32[1024] input) {\n"
+                     "  %s1 = all_reduce.start %u {group=\"dp\", ranks=2} : f32[1024]\n"
+                     "  %s2 = all_reduce.start %v {group=\"dp\", ranks=2} : f32[1024]\n"
+                     "  %s3 = all_reduce.start %u {group=\"tp\", ranks=2} : f32[1024]\n"
+                     "  %m = matmul %x, %x : f32[64,64]\n"
+                     "  %r1 = all_reduce.wait %s1 {group=\"dp\", ranks=2} : f32[1024]\n"
+                     "  %r2 = all_reduce.wait %s2 {group=\"dp\", ranks=2} : f32[1024]\n"
+                     "  %r3 = all_reduce.wait %s3 {group=\"tp\", ranks=2} : f32[1024]\n"
+                     "  %a = sum %m {axes=[0,1], keepdim=false} : f32\n"
+                     "  %b = sum %r1 {axes=[0], keepdim=false} : f32\n"
+                     "  %c = sum %r2 {axes=[0], keepdim=false} : f32\n"
+                     "  %d = sum %r3 {axes=[0], keepdim=false} : f32\n"
+                     "  %t1 = add %a, %b : f32\n"
+                     "  %t2 = add %t1, %c : f32\n"
+                     "  %t3 = add %t2, %d : f32\n"
+                     "  loss %t3 {name=\"l\"}\n"
+                     "}\n";
+  IrFunc *f = read_ir(text);
+  CostModel m = {.flops_per_s = 2.0 * 64 * 64 * 64 / 0.25, .mem_bytes_per_s = 1e30, .kernel_s = 0,
+                 .link_bytes_per_s = 4096.0 / 0.75, .link_latency_s = 0.25};
+  double tail = (4096.0 + 3 * 1024.0 + 3.0) / m.flops_per_s;
+  CostSim on, off;
+  cost_simulate(f, &m, true, &on);
+  cost_simulate(f, &m, false, &off);
+  assert_int_equal(on.ncollectives, 3);
+  assert_true(fabs(on.comm_s - 3.0) < 1e-9);
+  assert_true(fabs(on.compute_s - (0.25 + tail)) < 1e-9);
+  assert_true(fabs(on.exposed_s - 1.75) < 1e-9);
+  assert_true(fabs(on.step_s - (2.0 + tail)) < 1e-9);
+  assert_true(fabs(off.exposed_s - 3.0) < 1e-9);
+  assert_true(fabs(off.step_s - (3.25 + tail)) < 1e-9);
+  ir_func_free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp_reduce_buckets_reverse_forward_use),
@@ -584,6 +680,8 @@ int main(void) {
       cmocka_unit_test(test_schedule_same_gradients_overlap_on_off),
       cmocka_unit_test(test_schedule_deterministic),
       cmocka_unit_test(test_cost_model_hand_figures),
+      cmocka_unit_test(test_cost_model_views_and_rank_copies),
+      cmocka_unit_test(test_cost_model_links_queue_per_group),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
