@@ -642,14 +642,18 @@ static bool fuse_outside(const IrOp *op, void *ctx) {
 /* ------------------------------------------------------------------ */
 
 /* A value v = E(a, b...) that a kernel computes and a later kernel reads
- * again (the backward reading a pre-activation, gelu's x @ W + b, or a
- * layer norm's x - mean) is written to memory by the first and read back
- * by the second.  When E is one cheap elementwise op whose operands are
- * all kernel inputs already in memory, and at most one of them is as
- * large as v (the rest broadcast: a bias, a row statistic), the reader
- * can compute E itself from the operands: the write of v goes, the read
- * of v becomes a read of its large operand, and the memory kept alive
- * until the reader is the same size.  Every reader of v outside E's
+ * again (the backward reading a layer norm's centred input x - mean) is
+ * written to memory by the first and read back by the second.  When E is
+ * one cheap elementwise op with exactly one operand as large as v and
+ * already in memory (a kernel input, or an output read elsewhere), the
+ * rest one value per row (a row statistic, then stored if it was not) or
+ * scalars, the reader can compute E itself from
+ * the operands: the write of v goes, the read of v becomes a read of its
+ * large operand, and the memory kept alive until the reader is the same
+ * size.  (A bias, which varies along the row, is left out: recomputing
+ * gelu's x @ W + b in gelu_grad's kernel saved the forward's write but
+ * cost the backward more, one more load per element, measured on tinygpt
+ * large: 0.6 ms a window slower in all.)  Every reader of v outside E's
  * kernel must be a row-kernel op (a GEMM reading v keeps it stored
  * anyway).  Each reading kernel gets its own copy of E, placed before
  * its first reader; grouping then runs again, so the copy joins it. */
@@ -675,10 +679,20 @@ static bool rematerialise(Fuse *fu) {
     bool ok = true;
     for (int k = 0; k < E->nargs && ok; k++) {
       const IrValue *a = E->args[k];
-      if (ir_numel(&a->type.shape) == ir_numel(&v->type.shape)) big++;
-      if (a->def) {
+      const IrShape *as = &a->type.shape;
+      bool large = ir_numel(as) == ir_numel(&v->type.shape);
+      big += large;
+      if (!large && as->rank > 0 && as->dim[as->rank - 1] != 1) ok = false; /* varies along the row */
+      if (a->def && ok) {
+        /* The large operand must be in memory already (defined elsewhere or
+         * read elsewhere); a per-row one may become a (small) output of E's kernel. */
         int d = pos_of(a->def);
-        ok = d >= 0 && d < n && f->ops[d] == a->def && node(fu, d) != ke && a->def->opcode != IR_OP_CONST;
+        ok = d >= 0 && d < n && f->ops[d] == a->def && a->def->opcode != IR_OP_CONST;
+        if (ok && large && node(fu, d) == ke) {
+          bool out = false;
+          for (int j = 0; j < fu->nusers[d]; j++) out |= node(fu, fu->users[d][j]) != ke;
+          ok = out;
+        }
       }
     }
     if (!ok || big != 1) continue;
