@@ -234,6 +234,14 @@ static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
   return GRADC_OK;
 }
 
+void api_set_params_gen(gradc_program *p, uint64_t gen) {
+#if CPU_BACKEND
+  if (p->cpu) cpu_program_set_params_gen(p->cpu, gen);
+#else
+  (void)p, (void)gen;
+#endif
+}
+
 bool api_dist_start(gradc_program *p, char *err, size_t errlen) {
   if ((int64_t)p->dp * p->tp <= 1 || p->comm) return true;
   p->comm = comm_open(p->tp, p->dp, err, errlen);

@@ -92,6 +92,7 @@ struct gradc_session {
   struct CgOptim *optim_code; /* generated update kernels (CPU back end), built at the first step */
   struct Trace *trace;     /* gradc_session_trace's recorder, or NULL */
   bool grads_sharded;      /* ZeRO-1: res.grads hold only this rank's reduced slices (zeros elsewhere) */
+  uint64_t params_gen;     /* taken anew at every change to params (api_params_changed) */
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,
@@ -100,6 +101,13 @@ struct gradc_session {
 struct PassManager;
 gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
                                  struct PassManager *pm, gradc_program **out);
+
+/* The session's params changed (set, loaded, stepped): a new generation,
+ * unique in the process, so the CPU back end copies them in again. */
+void api_params_changed(gradc_session *s);
+/* The generation of the params the next api_run_window* gets (the CPU
+ * back end skips copying params it holds already; 0: unknown). */
+void api_set_params_gen(gradc_program *p, uint64_t gen);
 
 /* Record msg as this thread's last error and return st. */
 gradc_status api_fail(gradc_status st, const char *fmt, ...) GRADC_PRINTF(2, 3);

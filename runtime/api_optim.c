@@ -284,6 +284,7 @@ gradc_status gradc_session_step(gradc_session *s) {
   CgOptimScalars sc;
   step_scalars(s, &sc);
   const ZeroLayout *z = s->p->zero;
+  api_params_changed(s);
   for (int i = 0; i < s->p->nparams; i++) {
     StTensor *t = &s->params.t[i];
     const double *g = NULL;
@@ -565,6 +566,7 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
 
   /* Everything checked: commit. */
   for (int i = 0; i < p->nparams; i++) api_copy_tensor(st_find(&f, p->params[i].name), &s->params.t[i]);
+  api_params_changed(s);
   api_optim_free_state(s);
   s->have_opt = have_opt;
   if (have_opt) {

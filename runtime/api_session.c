@@ -12,6 +12,7 @@
  * all-reduced from the ranks' sums of squares, and get_grad / save_grads
  * gather the whole gradients on demand (collective). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,11 @@ static void *xcalloc(size_t n, size_t size) {
 }
 
 static gradc_status null_arg(const char *fn) { return api_fail(GRADC_ERR_USER, "gradc: error: %s: NULL argument", fn); }
+
+void api_params_changed(gradc_session *s) {
+  static _Atomic uint64_t last;
+  s->params_gen = atomic_fetch_add(&last, 1) + 1;
+}
 
 gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
   if (!out) return null_arg("session_new");
@@ -45,6 +51,7 @@ gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
     free(zero);
   }
   rng_seed(&s->rng, 0);
+  api_params_changed(s);
   *out = s;
   return GRADC_OK;
 }
@@ -72,6 +79,7 @@ gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed) {
   rt_init_params(s->p->params, s->p->nparams, seed, &fresh);
   st_free(&s->params);
   s->params = fresh;
+  api_params_changed(s);
   return GRADC_OK;
 }
 
@@ -98,6 +106,7 @@ gradc_status gradc_session_set_param(gradc_session *s, const char *name, const v
   StTensor *t = param_tensor(s, "session_set_param", name, n);
   if (!t) return GRADC_ERR_USER;
   if (t->nbytes) memcpy(t->data, data, t->nbytes);
+  api_params_changed(s);
   return GRADC_OK;
 }
 
@@ -180,6 +189,7 @@ gradc_status gradc_session_load_params(gradc_session *s, const char *path) {
   if (!st_read(path, &f, err, sizeof err) || !api_check_params_file(s->p, &f, path, false, err, sizeof err))
     st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   for (int i = 0; !st && i < s->p->nparams; i++) api_copy_tensor(st_find(&f, s->p->params[i].name), &s->params.t[i]);
+  api_params_changed(s);
   st_free(&f);
   return st;
 }
@@ -285,6 +295,7 @@ gradc_status gradc_session_run(gradc_session *s) {
   /* ZeRO-1 with an optimiser: the gradients stay reduce-scattered (the
    * step updates this rank's slices); whole ones are gathered on demand. */
   bool sharded = false;
+  api_set_params_gen(s->p, s->params_gen);
   bool ok = api_run_window_ex(s->p, &s->params, &s->inputs, &r, s->have_opt, &sharded, err, sizeof err);
   if (s->trace) {
     trace_span(s->trace, TRACE_STEP, "step", t0, trace_now_us(s->trace));

@@ -20,10 +20,13 @@
  * reshape, const, window.sum and grad need no work during a micro-batch.
  *
  * cpu_step_run runs a window: it checks and binds the tensors (shared with
- * step_run_ref), zeroes the gradient buffers, copies the params in,
- * evaluates window sums with the interpreter's count phase and stores
- * them, then for each micro-batch copies its input slices in and runs the
- * program; at the end the gradients are read out of their buffers.
+ * step_run_ref), zeroes the gradient buffers but the parts a store-first
+ * GEMM writes whole (plan_zeroing: with beta = 0 in micro-batch 0), copies
+ * the params in unless the arena holds them already (the caller's params
+ * generation, cpu_program_set_params_gen, and the same tensors), evaluates
+ * window sums with the interpreter's count phase and stores them, then for
+ * each micro-batch copies its input slices in and runs the program; at the
+ * end the gradients are read out of their buffers.
  *
  * Artifacts (artifact.h's hook): cpu_program_save_objects stores the
  * kernels' object code, cpu_program_load_objects builds the program from
@@ -181,6 +184,7 @@ typedef struct Gemm {
   IrDType cdt;        /* result buffer dtype (f32/f64 for a gradient buffer) */
   int64_t a, b, c;    /* byte offsets in the arena of the buffers A, B and C lie in */
   bool ta, tb, accumulate;
+  bool store_first;   /* accumulate, but the window's first writer of all of C: beta = 0 in micro-batch 0 */
   bool tc;            /* C is written transposed (a view with unit stride down its columns) */
   int64_t M, N, K, lda, ldb, ldc;
   int64_t nb;         /* GEMMs in the batch loop */
@@ -238,6 +242,15 @@ struct CpuProgram {
   int ncode;
   GradBuf *grads;
   int ngrads;
+  /* What the window zeroes: the gradient buffers less the parts a
+   * store-first GEMM writes whole (byte ranges in the arena). */
+  int64_t (*zero)[2];
+  int nzero;
+  /* Params already in the arena: the generation the caller gave for the
+   * next window (cpu_program_set_params_gen; 0 = unknown), the one the
+   * arena holds, and the tensors it was copied from. */
+  uint64_t params_gen, arena_gen;
+  const void **arena_src;
   CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
   /* Collectives: one StepColl per start (tensor-parallel and other
    * collectives that run in every micro-batch), the buckets. */
@@ -489,6 +502,7 @@ static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t 
 typedef struct GemmRun {
   const Gemm *g;
   char *arena;
+  double beta;
   int64_t parts;       /* pieces per batch matrix */
   bool split_n;        /* pieces are column blocks (else row blocks) */
   int64_t blk;         /* rows or columns per piece */
@@ -499,7 +513,7 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   const Gemm *g = r->g;
   bool dbl = g->dt == IR_DT_F64;
   size_t es = dbl ? 8 : 4;
-  double beta = g->accumulate ? 1.0 : 0.0;
+  double beta = r->beta;
   for (int64_t i = begin; i < end; i++) {
     int64_t t = i / r->parts, q = i % r->parts;
     const char *a = r->arena + g->a + g->aoff[t] * (int64_t)es, *b = r->arena + g->b + g->boff[t] * (int64_t)es;
@@ -543,10 +557,11 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
   pool_run(p->pool, k->iters, grain > 0 ? grain : 1, kernel_chunk, &run);
 }
 
-static void run_gemm(CpuProgram *p, const Gemm *g) {
+/* first: the window's first micro-batch. */
+static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
   if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
-    GemmRun r = {g, p->arena, 1, false, g->M};
+    GemmRun r = {g, p->arena, g->accumulate && !(first && g->store_first) ? 1.0 : 0.0, 1, false, g->M};
     int nt = pool_size(p->pool);
     double flops = 2.0 * (double)mn * (double)g->K;
     /* A batch of tiny GEMMs (attention's heads) is mostly call overhead,
@@ -606,6 +621,8 @@ void cpu_program_free(CpuProgram *p) {
   }
   free(p->code);
   free(p->grads);
+  free(p->zero);
+  free(p->arena_src);
   for (int i = 0; i < p->ncolls; i++) step_coll_free(&p->colls[i]);
   free(p->colls);
   free(p->coll_open);
@@ -850,6 +867,100 @@ static bool plan_buckets(CpuProgram *p, char *err, size_t n) {
   return ok;
 }
 
+/* Bytes [*lo, *hi) of the arena a stored value occupies (a gradient
+ * buffer's elements counted as 8 bytes, whatever their type: an upper bound). */
+static bool value_bytes(const IrValue *v, int64_t *lo, int64_t *hi) {
+  if (!v || v->storage == IR_STORE_NONE) return false;
+  int64_t es = v->storage == IR_STORE_GRAD ? 8 : (int64_t)ir_dtype_size(v->type.dtype);
+  *lo = v->offset;
+  *hi = v->offset + ir_numel(&v->type.shape) * es;
+  return true;
+}
+
+/* Bytes a GEMM may write: from its first batch matrix's C to past its
+ * last (bf16/f16 results counted as 8-byte elements: an upper bound). */
+static void gemm_c_bytes(const Gemm *g, int64_t *lo, int64_t *hi) {
+  bool packed = g->dt != IR_DT_F32 && g->dt != IR_DT_F64;
+  int64_t es = packed || g->dt == IR_DT_F64 ? 8 : 4, mn = 0, mx = 0;
+  for (int64_t t = 0; t < g->nb; t++) {
+    if (t == 0 || g->coff[t] < mn) mn = g->coff[t];
+    if (t == 0 || g->coff[t] > mx) mx = g->coff[t];
+  }
+  int64_t span = packed ? g->M * g->N : g->tc ? g->N * g->ldc + g->M : g->M * g->ldc + g->N;
+  *lo = g->c + mn * es;
+  *hi = g->c + (mx + span) * es;
+}
+
+static bool overlaps(int64_t a0, int64_t a1, int64_t b0, int64_t b1) { return a0 < b1 && b0 < a1; }
+
+static int cmp_range(const void *pa, const void *pb) {
+  const int64_t *a = pa, *b = pb;
+  return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+/* Store-first GEMMs and the ranges the window zeroes.  A GEMM that
+ * accumulates into a gradient buffer writes the window's first value of
+ * every byte of its result when its result is one contiguous matrix
+ * inside one buffer and nothing earlier in the program (a value any
+ * earlier op reads or writes, or an earlier GEMM's result) touches those
+ * bytes: in micro-batch 0 it stores (beta = 0), and the buffer's range it
+ * covers needs no zeroing.  The rest of every buffer is zeroed as before
+ * (kernels accumulate with +=). */
+static void plan_zeroing(CpuProgram *p) {
+  const IrFunc *f = p->f;
+  int64_t(*cover)[2] = xcalloc((size_t)p->ncode + 1, sizeof *cover);
+  int ncover = 0, opi = 0;
+  for (int i = 0; i < p->ncode; i++) {
+    Gemm *g = &p->code[i].gemm;
+    if (p->code[i].kind != I_GEMM || !g->accumulate || (g->dt != IR_DT_F32 && g->dt != IR_DT_F64)) continue;
+    if (g->nb != 1 || g->tc || (g->ldc != g->N && g->M != 1)) continue;
+    int64_t es = g->dt == IR_DT_F64 ? 8 : 4, lo = g->c, hi = g->c + g->M * g->N * es;
+    bool inside = false;
+    for (int k = 0; k < p->ngrads && !inside; k++) {
+      const GradBuf *b = &p->grads[k];
+      inside = lo >= b->offset && hi <= b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
+    }
+    bool first = inside;
+    while (opi < f->nops && f->ops[opi] != p->code[i].op) opi++;
+    for (int k = 0; first && k < opi; k++) {
+      const IrOp *op = f->ops[k];
+      int64_t a, b;
+      if (value_bytes(op->result, &a, &b) && overlaps(a, b, lo, hi)) first = false;
+      for (int j = 0; first && j < op->nargs; j++)
+        if (value_bytes(op->args[j], &a, &b) && overlaps(a, b, lo, hi)) first = false;
+    }
+    for (int k = 0; first && k < i; k++) {
+      int64_t a, b;
+      if (p->code[k].kind != I_GEMM) continue;
+      gemm_c_bytes(&p->code[k].gemm, &a, &b);
+      if (overlaps(a, b, lo, hi)) first = false;
+    }
+    if (!first) continue;
+    g->store_first = true;
+    cover[ncover][0] = lo;
+    cover[ncover++][1] = hi;
+  }
+  qsort(cover, (size_t)ncover, sizeof *cover, cmp_range);
+  p->zero = xcalloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
+  for (int k = 0; k < p->ngrads; k++) {
+    const GradBuf *b = &p->grads[k];
+    int64_t at = b->offset, end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
+    for (int c = 0; c < ncover; c++) {
+      if (cover[c][1] <= at || cover[c][0] >= end) continue;
+      if (cover[c][0] > at) {
+        p->zero[p->nzero][0] = at;
+        p->zero[p->nzero++][1] = cover[c][0];
+      }
+      at = cover[c][1];
+    }
+    if (at < end) {
+      p->zero[p->nzero][0] = at;
+      p->zero[p->nzero++][1] = end;
+    }
+  }
+  free(cover);
+}
+
 /* cpu_program_new, or with cg != NULL a program around kernels already
  * loaded (cpu_program_load_objects; the program owns cg, even on failure). */
 static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, char *err, size_t errlen) {
@@ -944,6 +1055,8 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     fail(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
     goto error;
   }
+  plan_zeroing(p);
+  p->arena_src = xcalloc((size_t)f->nargs + 1, sizeof(void *));
   store_consts(p);
   p->pool = pool_new(p->threads);
   return p;
@@ -956,6 +1069,8 @@ error:
 CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t errlen) {
   return program_new(f, o, NULL, err, errlen);
 }
+
+void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen) { p->params_gen = gen; }
 
 /* ------------------------------------------------------------------ */
 /* Kernels in artifacts (artifact.h's back-end hook)                    */
@@ -1081,12 +1196,17 @@ static void bulk(CpuProgram *p, BulkKind kind, void *dst, const void *src, int64
 
 /* Copy micro-batch k of every argument that changes per micro-batch
  * (batched inputs), or every other argument (k < 0). */
-static void copy_args(CpuProgram *p, const StTensor *const *bound, int k) {
+static void copy_args(CpuProgram *p, const StTensor *const *bound, int k, bool keep_params) {
   const IrFunc *f = p->f;
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
     if (split != (k >= 0)) continue;
+    if (a->role == IR_ARG_PARAM) {
+      /* The same tensors, unchanged since they were copied (the caller's generation). */
+      if (keep_params && p->arena_src[i] == bound[i]->data) continue;
+      p->arena_src[i] = bound[i]->data;
+    }
     int64_t n = ir_numel(&a->type.shape), begin = split ? (int64_t)k * n : 0, es;
     if (copy_in_plain(bound[i], a->type.dtype, &es))
       bulk(p, BULK_COPY, p->arena + a->offset, (const char *)bound[i]->data + es * begin, es * n);
@@ -1198,8 +1318,9 @@ static bool run_rank_copy(CpuProgram *p, const Instr *in, char *err, size_t n) {
   return true;
 }
 
-/* One micro-batch; last: the window's last, where buckets communicate. */
-static bool run_micro_batch(CpuProgram *p, StepResult *r, bool last, char *err, size_t n) {
+/* One micro-batch; first: the window's first (store-first GEMMs store);
+ * last: the window's last, where buckets communicate. */
+static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last, char *err, size_t n) {
   int open = 0; /* collectives in flight */
   bool ok = true;
   Trace *t = trace_current(); /* compute spans when tracing */
@@ -1208,7 +1329,7 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool last, char *err, 
     double t0 = t && in->kind <= I_COPY ? trace_now_us(t) : 0;
     switch (in->kind) {
     case I_KERNEL: run_kernel(p, in->kernel); break;
-    case I_GEMM: run_gemm(p, &in->gemm); break;
+    case I_GEMM: run_gemm(p, &in->gemm, first); break;
     case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
     case I_LOSS: {
       const IrValue *v = in->op->args[0];
@@ -1255,6 +1376,8 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
                   const char *inputs_path, StepResult *out, char *err, size_t errlen) {
   const IrFunc *f = p->f;
   memset(out, 0, sizeof *out);
+  uint64_t gen = p->params_gen;
+  p->params_gen = 0; /* for this window only */
   const StTensor **bound = xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
@@ -1265,17 +1388,19 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 #endif
   if (ok) {
-    for (int i = 0; i < p->ngrads; i++)
-      bulk(p, BULK_ZERO, p->arena + p->grads[i].offset, NULL, p->grads[i].numel * (int64_t)ir_dtype_size(p->grads[i].dt));
+    for (int i = 0; i < p->nzero; i++) bulk(p, BULK_ZERO, p->arena + p->zero[i][0], NULL, p->zero[i][1] - p->zero[i][0]);
     for (int i = 0; i < p->nbuckets; i++) /* with the padding between a bucket's buffers */
       for (int k = 0; k < p->buckets[i].nruns; k++)
         bulk(p, BULK_ZERO, p->arena + p->buckets[i].runs[k].lo, NULL, p->buckets[i].runs[k].hi - p->buckets[i].runs[k].lo);
-    copy_args(p, bound, -1);
+    bool keep = gen != 0 && gen == p->arena_gen;
+    p->arena_gen = 0; /* while the params are copied */
+    copy_args(p, bound, -1, keep);
+    p->arena_gen = gen;
     ok = window_sums(p, gas, bound, err, errlen);
   }
   for (int k = 0; ok && k < gas; k++) {
-    copy_args(p, bound, k);
-    ok = run_micro_batch(p, &r, k == gas - 1, err, errlen);
+    copy_args(p, bound, k, false);
+    ok = run_micro_batch(p, &r, k == 0, k == gas - 1, err, errlen);
   }
   if (ok) {
     for (int i = 0; i < p->ngrads; i++) {

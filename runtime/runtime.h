@@ -203,6 +203,13 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
 bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *params_path, const StFile *inputs,
                   const char *inputs_path, StepResult *out, char *err, size_t errlen);
 void cpu_program_free(CpuProgram *p);
+/* The generation of the params the next cpu_step_run gets (that window
+ * only): a caller that takes a new generation, unique in the process, at
+ * every change to its params (set, loaded, an optimiser step) passes it;
+ * a window whose params have the generation the arena's copy was made
+ * from, and are the same tensors (data pointers), is not copied in again.
+ * Not called, or 0: the params are copied. */
+void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

@@ -1,0 +1,190 @@
+/* test_exec_window.c - what the CPU executor does around the program in
+ * a window: params it already holds are not copied in again, and a GEMM
+ * that writes a whole gradient first stores instead of accumulating.
+ *
+ * The model is linear, so every value is derived by hand: with
+ * loss s = sum(x @ W), s = sum_d colsum(x)[d] * rowsum(W)[d] and
+ * dW[d][j] = colsum(x)[d] (the weight gradient is one GEMM, x^T @ ones,
+ * the window's only writer of dW).  Through the session API: a run sees
+ * every set_param, load_params, optimiser step and checkpoint load before
+ * it, also when the params are unchanged in between (no copy) and with two
+ * sessions taking turns on one program; K = 1 and K = 4 (the store in the
+ * first micro-batch, accumulation in the others).  Through the executor:
+ * the same params generation with other tensors is still copied. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gradc.h"
+#include "passes/passes.h"
+#include "runtime/runtime.h"
+#include "testutil.h"
+
+/* B = 8 rows (a window; K micro-batches of 8 / K), D = 3, two columns. */
+static const char lin_src[] = "model lin {\n"
+                              "  batch B = 8\n"
+                              "  dim D = 3\n"
+                              "  input x : f32[B, D]\n"
+                              "  param W : f32[D, 2] init zeros\n"
+                              "  loss s = sum(x @ W)\n"
+                              "}\n";
+
+enum { B = 8, D = 3, J = 2 };
+
+static float X[B * D];
+
+static void make_x(void) {
+  for (int i = 0; i < B * D; i++) X[i] = (float)((i * 7) % 11) - 4.0f; /* small integers: exact sums */
+}
+
+static double colsum(int d) {
+  double s = 0;
+  for (int b = 0; b < B; b++) s += X[b * D + d];
+  return s;
+}
+
+/* The loss for W, by hand. */
+static double loss_of(const float *w) {
+  double s = 0;
+  for (int d = 0; d < D; d++) s += colsum(d) * ((double)w[d * J] + w[d * J + 1]);
+  return s;
+}
+
+static void check_run(gradc_session *s, const float *w, const char *what) {
+  assert_int_equal(gradc_session_run(s), GRADC_OK);
+  double got = gradc_session_loss(s, 0), want = loss_of(w);
+  if (fabs(got - want) > 1e-4 * (1 + fabs(want))) fail_msg("%s: loss %.9g, by hand %.9g", what, got, want);
+  float g[D * J];
+  assert_int_equal(gradc_session_get_grad(s, "W", g, D * J), GRADC_OK);
+  for (int d = 0; d < D; d++)
+    for (int j = 0; j < J; j++)
+      if (fabs(g[d * J + j] - colsum(d)) > 1e-4) fail_msg("%s: dW[%d][%d] %.9g, by hand %.9g", what, d, j, g[d * J + j], colsum(d));
+}
+
+static gradc_program *compile(int gas) {
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  o.target = "cpu";
+  o.gas = gas;
+  o.no_cache = true;
+  gradc_program *p = NULL;
+  if (gradc_program_compile_source("lin.gdl", lin_src, &o, &p) != GRADC_OK) fail_msg("compile: %s", gradc_last_error());
+  return p;
+}
+
+static gradc_session *session(gradc_program *p, const float *w) {
+  gradc_session *s = NULL;
+  assert_int_equal(gradc_session_new(p, &s), GRADC_OK);
+  assert_int_equal(gradc_session_set_input(s, "x", GRADC_F32, X, B * D), GRADC_OK);
+  assert_int_equal(gradc_session_set_param(s, "W", w, D * J), GRADC_OK);
+  return s;
+}
+
+static void test_exec_window_session_sees_every_param_change(void **state) {
+  (void)state;
+  make_x();
+  char dir[] = "/tmp/gradc_exec_window_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char saved[300], ckpt[300];
+  snprintf(saved, sizeof saved, "%s/params.safetensors", dir);
+  snprintf(ckpt, sizeof ckpt, "%s/ckpt.safetensors", dir);
+  for (int gas = 1; gas <= 4; gas += 3) {
+    gradc_program *p = compile(gas);
+    float w[D * J] = {1, 2, 3, 4, 5, 6}, v[D * J] = {-1, 0.5f, 2, -3, 0.25f, 1};
+    gradc_session *s = session(p, w);
+    check_run(s, w, "first run");
+    check_run(s, w, "unchanged params");
+    w[3] = -7;
+    assert_int_equal(gradc_session_set_param(s, "W", w, D * J), GRADC_OK);
+    check_run(s, w, "after set_param");
+
+    /* A second session on the same program, then the first again. */
+    gradc_session *t = session(p, v);
+    check_run(t, v, "second session");
+    check_run(s, w, "first session again");
+    check_run(t, v, "second session again");
+    gradc_session_free(t);
+
+    /* An optimiser step: SGD, W -= lr * dW. */
+    gradc_optimizer_options oo;
+    gradc_optimizer_options_init(&oo, GRADC_SGD);
+    oo.lr = 0.125;
+    assert_int_equal(gradc_session_set_optimizer(s, &oo), GRADC_OK);
+    assert_int_equal(gradc_session_save_params(s, saved), GRADC_OK);
+    float before[D * J];
+    memcpy(before, w, sizeof w);
+    assert_int_equal(gradc_session_step(s), GRADC_OK);
+    for (int d = 0; d < D; d++)
+      for (int j = 0; j < J; j++) w[d * J + j] = (float)(w[d * J + j] - 0.125 * colsum(d));
+    check_run(s, w, "after a step");
+    assert_int_equal(gradc_session_save_checkpoint(s, ckpt), GRADC_OK);
+
+    /* Loads: the params saved before the step, then the checkpoint after it. */
+    assert_int_equal(gradc_session_load_params(s, saved), GRADC_OK);
+    check_run(s, before, "after load_params");
+    assert_int_equal(gradc_session_load_checkpoint(s, ckpt), GRADC_OK);
+    check_run(s, w, "after load_checkpoint");
+    assert_int_equal(gradc_session_init_params(s, 1), GRADC_OK); /* init zeros */
+    float zero[D * J] = {0};
+    check_run(s, zero, "after init_params");
+    gradc_session_free(s);
+    gradc_program_free(p);
+  }
+  unlink(saved);
+  unlink(ckpt);
+  rmdir(dir);
+}
+
+/* The executor: a params generation held with other tensors is copied. */
+static void test_exec_window_same_generation_other_tensors(void **state) {
+  (void)state;
+  make_x();
+  Diag d;
+  FeModel *m = tu_compile("lin.gdl", lin_src, 1, &d);
+  assert_non_null(m);
+  int n;
+  const char *const *names = pass_pipeline_cpu(&n);
+  PassManager pm;
+  pm_init(&pm);
+  PassOptions po = {.gas = 1, .diag = &d};
+  assert_int_equal(pm_run(&pm, m->func, names, n, &po), 0);
+  diag_free(&d);
+  char err[1024];
+  CpuOptions o = {.threads = 1};
+  CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
+  if (!p) fail_msg("%s", err);
+  float w1[D * J] = {1, 2, 3, 4, 5, 6}, w2[D * J] = {6, 5, 4, 3, 2, 1};
+  int64_t wshape[2] = {D, J}, xshape[2] = {B, D};
+  StFile a, b, in;
+  st_init(&a);
+  st_init(&b);
+  st_init(&in);
+  st_add(&a, "W", ST_F32, 2, wshape, w1);
+  st_add(&b, "W", ST_F32, 2, wshape, w2);
+  st_add(&in, "x", ST_F32, 2, xshape, X);
+  const StFile *order[] = {&a, &a, &b, &a};
+  const float *want[] = {w1, w1, w2, w1};
+  for (int i = 0; i < 4; i++) {
+    StepResult r;
+    cpu_program_set_params_gen(p, 42); /* one generation throughout: only the tensors differ */
+    if (!cpu_step_run(p, 1, order[i], "P", &in, "I", &r, err, sizeof err)) fail_msg("%s", err);
+    assert_true(fabs(r.losses[0] - loss_of(want[i])) < 1e-4 * (1 + fabs(loss_of(want[i]))));
+    for (int k = 0; k < D * J; k++) assert_true(fabs(r.grads[0][k] - colsum(k / J)) < 1e-4);
+    step_result_free(&r);
+  }
+  st_free(&a);
+  st_free(&b);
+  st_free(&in);
+  cpu_program_free(p);
+  fe_model_free(m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_exec_window_session_sees_every_param_change),
+      cmocka_unit_test(test_exec_window_same_generation_other_tensors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
