@@ -249,6 +249,7 @@ static int run_steps(const BenchArgs *a, Compiled *c, const StFile *params, cons
     StepResult r;
     double t0 = rt_now_ms();
     bool ok;
+    if (c->prog) cpu_program_set_params_gen(c->prog, 1); /* the same random params every window */
 #ifdef GRADC_HAVE_CUDA
     if (c->cuda)
       ok = cuda_step_run(c->cuda, a->gas, params, "random params", inputs, "random inputs", &r, err, sizeof err);
