@@ -39,7 +39,7 @@ CONFIGS = [
     ("tinygpt small", "tinygpt", ["B=8", "T=32", "C=64", "L=2"]),
     # examples/mlp.gdl has one hidden layer (D -> H -> 10), benched as written.
     ("mlp", "mlp", ["B=256", "D=784", "H=1024"]),
-    # The issue's 784-1024-1024-10: bench/models/mlp2.gdl, two hidden layers.
+    # The benchmarks' 784-1024-1024-10 MLP: bench/models/mlp2.gdl, two hidden layers.
     ("mlp2", "mlp2", ["B=256", "D=784", "H=1024"]),
 ]
 
