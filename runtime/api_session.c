@@ -302,7 +302,12 @@ gradc_status gradc_session_run(gradc_session *s) {
     trace_set_current(prev);
   }
   if (!ok) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
-  if (s->have_res) step_result_free(&s->res);
+  /* The CPU back end reads the next window's gradients into the arrays of
+   * the one before (no allocation and page faults per window). */
+  if (s->have_res && s->p->cpu)
+    cpu_program_recycle(s->p->cpu, &s->res);
+  else if (s->have_res)
+    step_result_free(&s->res);
   s->res = r;
   s->have_res = true;
   s->grads_sharded = sharded;

@@ -259,6 +259,11 @@ struct CpuProgram {
   int ncolls;
   Bucket *buckets;
   int nbuckets;
+  /* A result of an earlier window handed back (cpu_program_recycle): the
+   * next window reads its gradients into these arrays instead of fresh
+   * ones (no allocation, zeroing or page faults per window). */
+  StepResult spare;
+  bool have_spare;
 };
 
 /* The arena is not zeroed: every byte a step reads is written first in
@@ -635,6 +640,7 @@ void cpu_program_free(CpuProgram *p) {
     free(p->buckets[i].runs);
   }
   free(p->buckets);
+  if (p->have_spare) step_result_free(&p->spare);
   cg_views_free(&p->views);
   free(p->arena);
   pool_free(p->pool);
@@ -1072,6 +1078,47 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
 
 void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen) { p->params_gen = gen; }
 
+void cpu_program_recycle(CpuProgram *p, StepResult *r) {
+  /* Keep one, and only a result laid out for this program: its gradients
+   * are this function's params in order, of their whole sizes. */
+  bool fits = !p->have_spare && r->grads && r->losses;
+  const IrFunc *f = p->f;
+  int k = 0;
+  for (int i = 0; fits && i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_PARAM) continue;
+    IrType whole = step_arg_type(a);
+    fits = k < r->ngrads && r->grad_names[k] == a->name && r->grads[k] &&
+           ir_numel(&r->grad_types[k].shape) == ir_numel(&whole.shape);
+    k++;
+  }
+  if (!fits || k != r->ngrads) {
+    step_result_free(r);
+    return;
+  }
+  p->spare = *r;
+  p->have_spare = true;
+  memset(r, 0, sizeof *r);
+}
+
+/* The result of the window starting: the spare one's arrays with its
+ * losses and its gradients that no buffer fills zeroed, else a fresh one. */
+static bool result_begin(CpuProgram *p, StepResult *r, char *err, size_t errlen) {
+  if (!p->have_spare) return step_result_init(p->f, r, err, errlen);
+  *r = p->spare;
+  p->have_spare = false;
+  memset(&p->spare, 0, sizeof p->spare);
+  for (int i = 0; i < r->nlosses; i++) r->losses[i] = 0;
+  free(r->dp_reduced);
+  r->dp_reduced = NULL;
+  for (int j = 0; j < r->ngrads; j++) {
+    bool filled = false;
+    for (int i = 0; i < p->ngrads && !filled; i++) filled = strcmp(r->grad_names[j], p->f->args[p->grads[i].arg]->name) == 0;
+    if (!filled) memset(r->grads[j], 0, sizeof(double) * (size_t)ir_numel(&r->grad_types[j].shape));
+  }
+  return true;
+}
+
 /* ------------------------------------------------------------------ */
 /* Kernels in artifacts (artifact.h's back-end hook)                    */
 /* ------------------------------------------------------------------ */
@@ -1381,7 +1428,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   const StTensor **bound = xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
-            step_result_init(f, &r, err, errlen);
+            result_begin(p, &r, err, errlen);
 #ifdef GRADC_HAVE_BLAS
   /* The pool splits GEMMs; the BLAS runs single-threaded inside each piece
    * (others, such as the bench's GEMM floor, may have set it otherwise). */

@@ -210,6 +210,10 @@ void cpu_program_free(CpuProgram *p);
  * from, and are the same tensors (data pointers), is not copied in again.
  * Not called, or 0: the params are copied. */
 void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen);
+/* Hand back a result of cpu_step_run on p that the caller is done with
+ * (instead of step_result_free): the next window fills its arrays again
+ * rather than allocating new ones.  p keeps one; r is emptied either way. */
+void cpu_program_recycle(CpuProgram *p, StepResult *r);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

@@ -267,7 +267,14 @@ static int run_steps(const BenchArgs *a, Compiled *c, const StFile *params, cons
     for (int i = 0; i < r.nlosses; i++)
       if (!isfinite(r.losses[i]))
         fprintf(stderr, "gradc: warning: loss '%s' is %g on random inputs\n", r.loss_names[i], r.losses[i]);
-    step_result_free(&r);
+    bool cpu = c->prog && !a->ref;
+#ifdef GRADC_HAVE_CUDA
+    cpu = cpu && !c->cuda;
+#endif
+    if (cpu)
+      cpu_program_recycle(c->prog, &r); /* the next window reads its gradients into the same arrays */
+    else
+      step_result_free(&r);
     if (s >= 0) ms[s] = t1 - t0;
   }
   return 0;

@@ -10,7 +10,9 @@
  * it, also when the params are unchanged in between (no copy) and with two
  * sessions taking turns on one program; K = 1 and K = 4 (the store in the
  * first micro-batch, accumulation in the others).  Through the executor:
- * the same params generation with other tensors is still copied. */
+ * the same params generation with other tensors is still copied, and a
+ * result handed back (cpu_program_recycle) is filled again by the next
+ * window: its arrays reused, nothing of the poisoned old values left. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,10 +183,67 @@ static void test_exec_window_same_generation_other_tensors(void **state) {
   fe_model_free(m);
 }
 
+/* A recycled result's arrays come back in the next window with that
+ * window's values only: the old ones are poisoned (NaN, dp_reduced set)
+ * before they are handed back, and each window has other inputs. */
+static void test_exec_window_recycled_result_is_refilled(void **state) {
+  (void)state;
+  Diag d;
+  FeModel *m = tu_compile("lin.gdl", lin_src, 4, &d); /* K = 4: micro-batches of 2 */
+  assert_non_null(m);
+  int n;
+  const char *const *names = pass_pipeline_cpu(&n);
+  PassManager pm;
+  pm_init(&pm);
+  PassOptions po = {.gas = 4, .diag = &d};
+  assert_int_equal(pm_run(&pm, m->func, names, n, &po), 0);
+  diag_free(&d);
+  char err[1024];
+  CpuOptions o = {.threads = 1};
+  CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
+  if (!p) fail_msg("%s", err);
+  float w[D * J] = {1, -2, 3, 0.5f, 5, 6};
+  int64_t wshape[2] = {D, J}, xshape[2] = {B, D};
+  StFile a;
+  st_init(&a);
+  st_add(&a, "W", ST_F32, 2, wshape, w);
+  double *first = NULL;
+  for (int i = 0; i < 4; i++) {
+    make_x();
+    for (int k = 0; k < B * D; k++) X[k] *= (float)(i + 1); /* other inputs every window */
+    StFile in;
+    st_init(&in);
+    st_add(&in, "x", ST_F32, 2, xshape, X);
+    StepResult r;
+    if (!cpu_step_run(p, 4, &a, "P", &in, "I", &r, err, sizeof err)) fail_msg("%s", err);
+    st_free(&in);
+    if (fabs(r.losses[0] - loss_of(w)) > 1e-4 * (1 + fabs(loss_of(w))))
+      fail_msg("window %d: loss %.9g, by hand %.9g", i, r.losses[0], loss_of(w));
+    for (int k = 0; k < D * J; k++)
+      if (fabs(r.grads[0][k] - colsum(k / J)) > 1e-4)
+        fail_msg("window %d: dW[%d] %.9g, by hand %.9g", i, k, r.grads[0][k], colsum(k / J));
+    assert_null(r.dp_reduced);
+    if (i == 0)
+      first = r.grads[0];
+    else
+      assert_ptr_equal(r.grads[0], first); /* the same array, refilled */
+    for (int k = 0; k < D * J; k++) r.grads[0][k] = NAN;
+    r.losses[0] = NAN;
+    r.dp_reduced = calloc(2, sizeof(bool));
+    r.dp_reduced[0] = true;
+    cpu_program_recycle(p, &r);
+    assert_null(r.grads);
+  }
+  st_free(&a);
+  cpu_program_free(p); /* frees the result it holds */
+  fe_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_exec_window_session_sees_every_param_change),
       cmocka_unit_test(test_exec_window_same_generation_other_tensors),
+      cmocka_unit_test(test_exec_window_recycled_result_is_refilled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
