@@ -250,6 +250,7 @@ struct CpuProgram {
    * next window (cpu_program_set_params_gen; 0 = unknown), the one the
    * arena holds, and the tensors it was copied from. */
   uint64_t params_gen, arena_gen;
+  bool no_grads; /* the next window's gradients stay in the arena (cpu_program_skip_grads) */
   const void **arena_src;
   CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
   /* Collectives: one StepColl per start (tensor-parallel and other
@@ -1078,6 +1079,8 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
 
 void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen) { p->params_gen = gen; }
 
+void cpu_program_skip_grads(CpuProgram *p) { p->no_grads = true; }
+
 void cpu_program_recycle(CpuProgram *p, StepResult *r) {
   /* Keep one, and only a result laid out for this program: its gradients
    * are this function's params in order, of their whole sizes. */
@@ -1425,6 +1428,8 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   memset(out, 0, sizeof *out);
   uint64_t gen = p->params_gen;
   p->params_gen = 0; /* for this window only */
+  bool no_grads = p->no_grads;
+  p->no_grads = false;
   const StTensor **bound = xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
@@ -1449,7 +1454,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
     copy_args(p, bound, k, false);
     ok = run_micro_batch(p, &r, k == 0, k == gas - 1, err, errlen);
   }
-  if (ok) {
+  if (ok && !no_grads) {
     for (int i = 0; i < p->ngrads; i++) {
       const GradBuf *g = &p->grads[i];
       int slot = -1;

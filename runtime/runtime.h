@@ -214,6 +214,11 @@ void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen);
  * (instead of step_result_free): the next window fills its arrays again
  * rather than allocating new ones.  p keeps one; r is emptied either way. */
 void cpu_program_recycle(CpuProgram *p, StepResult *r);
+/* The next cpu_step_run (that window only) leaves the gradients in the
+ * arena: its result has the losses, and gradients it does not fill (zeros
+ * in a fresh result, a recycled one's old values), nor gathers over the tp
+ * ranks.  For callers that use only the losses (gradc bench). */
+void cpu_program_skip_grads(CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

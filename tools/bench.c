@@ -249,7 +249,10 @@ static int run_steps(const BenchArgs *a, Compiled *c, const StFile *params, cons
     StepResult r;
     double t0 = rt_now_ms();
     bool ok;
-    if (c->prog) cpu_program_set_params_gen(c->prog, 1); /* the same random params every window */
+    if (c->prog) {
+      cpu_program_set_params_gen(c->prog, 1); /* the same random params every window */
+      cpu_program_skip_grads(c->prog);        /* only the losses are used: the gradients stay in the arena */
+    }
 #ifdef GRADC_HAVE_CUDA
     if (c->cuda)
       ok = cuda_step_run(c->cuda, a->gas, params, "random params", inputs, "random inputs", &r, err, sizeof err);
