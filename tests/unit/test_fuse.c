@@ -9,21 +9,9 @@
 
 #include "codegen/codegen.h"
 #include "passes/passes.h"
+#include "irbuild.h"
 #include "testutil.h"
 
-static const IrLoc noloc = {NULL, 0, 0};
-
-static IrType ty(IrDType dt, int rank, ...) {
-  IrType t;
-  memset(&t, 0, sizeof t);
-  t.dtype = dt;
-  t.shape.rank = rank;
-  va_list ap;
-  va_start(ap, rank);
-  for (int i = 0; i < rank; i++) t.shape.dim[i] = va_arg(ap, int);
-  va_end(ap);
-  return t;
-}
 
 static PassResult run(IrFunc *f, const char *const *names, int n) {
   PassManager pm;
