@@ -498,46 +498,85 @@ static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t 
  * each piece: one set of threads.  A threaded BLAS next to the pool
  * oversubscribes the cores (its threads spin after every call while the
  * pool's run kernels), which made two threads slower than one.  A GEMM is
- * split into pieces over its batch, then over row or column blocks of C
- * (disjoint, so accumulating into a gradient buffer stays exact); one too
- * small to pay for waking the workers runs on the calling thread. */
+ * cut into pieces over its batch and over a grid of row and column blocks
+ * of C (disjoint, so accumulating into a gradient buffer stays exact); one
+ * too small to pay for waking the workers runs on the calling thread.
+ *
+ * Every piece is a BLAS call of its own, which packs the rows of A and the
+ * columns of B it reads: a grid of pm row blocks by pn column blocks packs
+ * A pn times and B pm times.  So the grid is as coarse as the threads
+ * allow, one piece per thread, in the shape that packs least
+ * (gemm_grid).  Four column blocks per thread, for balance, packed mlp2's
+ * 256x1024 activations eight times per GEMM and cost its step ~4% at two
+ * threads. */
 #define GEMM_INLINE_FLOPS 1000000 /* ~10 us of one core */
 #define GEMM_CALL_FLOPS 200000    /* what one BLAS call costs beyond its flops (~2 us) */
 #define GEMM_MIN_PIECE_FLOPS 1000000
+#define GEMM_ROW_UNIT 8 /* blocks of whole register tiles (row-major C is
+                         * the BLAS's column-major C^T: its 16-wide tiles
+                         * run along our rows' length) */
+#define GEMM_COL_UNIT 16
 
 typedef struct GemmRun {
   const Gemm *g;
   char *arena;
   double beta;
-  int64_t parts;       /* pieces per batch matrix */
-  bool split_n;        /* pieces are column blocks (else row blocks) */
-  int64_t blk;         /* rows or columns per piece */
+  int64_t pm, pn;     /* row blocks x column blocks of each batch matrix */
+  int64_t mblk, nblk; /* rows and columns per block */
 } GemmRun;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Cut len into at most `want` blocks of whole units; the block length. */
+static int64_t block_len(int64_t len, int64_t want, int64_t unit) {
+  int64_t blk = ceil_div(ceil_div(len, want), unit) * unit;
+  return blk < len ? blk : len;
+}
+
+/* Cut each batch matrix of g into about q pieces: the pm x pn grid with
+ * pm * pn <= q closest to q, then packing least (pn * M*K + pm * K*N
+ * elements packed over the grid). */
+static void gemm_grid(GemmRun *r, int64_t q) {
+  const Gemm *g = r->g;
+  int64_t best_n = 0;
+  double best_pack = 0;
+  r->pm = r->pn = 1;
+  r->mblk = g->M;
+  r->nblk = g->N;
+  for (int64_t pm = 1; pm <= q; pm++) {
+    int64_t mblk = block_len(g->M, pm, GEMM_ROW_UNIT), nblk = block_len(g->N, q / pm, GEMM_COL_UNIT);
+    int64_t gm = ceil_div(g->M, mblk), gn = ceil_div(g->N, nblk);
+    double pack = (double)gn * (double)(g->M * g->K) + (double)gm * (double)(g->K * g->N);
+    if (gm * gn > best_n || (gm * gn == best_n && pack < best_pack)) {
+      best_n = gm * gn;
+      best_pack = pack;
+      r->pm = gm;
+      r->pn = gn;
+      r->mblk = mblk;
+      r->nblk = nblk;
+    }
+  }
+}
 
 static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   const GemmRun *r = ctx;
   const Gemm *g = r->g;
   bool dbl = g->dt == IR_DT_F64;
   size_t es = dbl ? 8 : 4;
-  double beta = r->beta;
+  int64_t per = r->pm * r->pn;
   for (int64_t i = begin; i < end; i++) {
-    int64_t t = i / r->parts, q = i % r->parts;
+    int64_t t = i / per, qm = i % per / r->pn, qn = i % r->pn;
     const char *a = r->arena + g->a + g->aoff[t] * (int64_t)es, *b = r->arena + g->b + g->boff[t] * (int64_t)es;
     char *c = r->arena + g->c + g->coff[t] * (int64_t)es;
-    int64_t M = g->M, N = g->N, lo = q * r->blk;
-    if (r->split_n) {
-      N = N - lo < r->blk ? N - lo : r->blk;
-      b += (g->tb ? lo * g->ldb : lo) * (int64_t)es;
-      c += (g->tc ? lo * g->ldc : lo) * (int64_t)es;
-    } else {
-      M = M - lo < r->blk ? M - lo : r->blk;
-      a += (g->ta ? lo : lo * g->lda) * (int64_t)es;
-      c += (g->tc ? lo : lo * g->ldc) * (int64_t)es;
-    }
+    int64_t m0 = qm * r->mblk, n0 = qn * r->nblk;
+    int64_t M = g->M - m0 < r->mblk ? g->M - m0 : r->mblk, N = g->N - n0 < r->nblk ? g->N - n0 : r->nblk;
+    a += (g->ta ? m0 : m0 * g->lda) * (int64_t)es;
+    b += (g->tb ? n0 * g->ldb : n0) * (int64_t)es;
+    c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * (int64_t)es;
     if (g->tc) /* C^T = B^T A^T, written row by row down C's columns */
-      gemm_call(dbl, !g->tb, !g->ta, N, M, g->K, b, g->ldb, a, g->lda, beta, c, g->ldc);
+      gemm_call(dbl, !g->tb, !g->ta, N, M, g->K, b, g->ldb, a, g->lda, r->beta, c, g->ldc);
     else
-      gemm_call(dbl, g->ta, g->tb, M, N, g->K, a, g->lda, b, g->ldb, beta, c, g->ldc);
+      gemm_call(dbl, g->ta, g->tb, M, N, g->K, a, g->lda, b, g->ldb, r->beta, c, g->ldc);
   }
 }
 
@@ -567,7 +606,7 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
 static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
   if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
-    GemmRun r = {g, p->arena, g->accumulate && !(first && g->store_first) ? 1.0 : 0.0, 1, false, g->M};
+    GemmRun r = {g, p->arena, g->accumulate && !(first && g->store_first) ? 1.0 : 0.0, 1, 1, g->M, g->N};
     int nt = pool_size(p->pool);
     double flops = 2.0 * (double)mn * (double)g->K;
     /* A batch of tiny GEMMs (attention's heads) is mostly call overhead,
@@ -576,21 +615,13 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
       gemm_pieces(&r, 0, g->nb);
       return;
     }
-    /* Pieces: enough for every thread (4 per thread, for balance, when
-     * the batch gives them for free), none under GEMM_MIN_PIECE_FLOPS. */
-    int64_t want = (g->nb >= 4 * nt) ? 1 : (4 * nt + g->nb - 1) / g->nb;
-    int64_t most = (int64_t)(flops / GEMM_MIN_PIECE_FLOPS);
-    if (want > most) want = most > 1 ? most : 1;
-    if (want > 1) {
-      /* Split the longer side of C in blocks of whole register tiles. */
-      r.split_n = g->N > g->M;
-      int64_t len = r.split_n ? g->N : g->M, unit = r.split_n ? 64 : 32;
-      r.blk = (len + want - 1) / want;
-      r.blk = (r.blk + unit - 1) / unit * unit;
-      if (r.blk >= len) r.blk = len;
-      r.parts = (len + r.blk - 1) / r.blk;
-    }
-    pool_run(p->pool, g->nb * r.parts, 1, gemm_pieces, &r);
+    /* q pieces per batch matrix: the fewest that keep every thread busy
+     * to within 1/8 (a batch of 3 on 2 threads is cut in 6), none under
+     * GEMM_MIN_PIECE_FLOPS. */
+    int64_t most = (int64_t)(flops / GEMM_MIN_PIECE_FLOPS), q = 1;
+    while (q < most && 8 * ceil_div(g->nb * q, nt) * nt > 9 * g->nb * q) q++;
+    if (q > 1) gemm_grid(&r, q);
+    pool_run(p->pool, g->nb * r.pm * r.pn, 1, gemm_pieces, &r);
     return;
   }
   /* bf16 / f16: widen to f32, multiply, and round the result back (or

@@ -1,13 +1,15 @@
 /* test_cpu_paths.c - the CPU back end's fast paths against the reference
  * interpreter: GEMMs cut into pieces over the thread pool (batches, row
- * blocks, column blocks, uneven with 3 threads, accumulating into
+ * blocks, column blocks, a grid of both with 4 threads, uneven with 3,
+ * accumulating into
  * gradient buffers), weight gradients of batched activations folded into
  * one GEMM, and stacked params read and differentiated through range views
  * (w[l] aliases its slice of the param; w[l]'s gradient is accumulated by
  * its GEMM straight into its range of the gradient buffer), and attention's
  * heads read and written by GEMMs through strided views.  Every loss and
  * gradient equals step_run_ref's within 1e-5 relative (f32) or 1e-12
- * (f64), at 1, 2 and 3 threads, K = 1 and 3. */
+ * (f64), at 1 to 4 threads (the stacked and attention cases at 1 and 3),
+ * K = 1 and 3. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,7 +173,7 @@ static void test_cpu_gemm_pieces(void **state) {
   const char *const *pipe = pass_pipeline_cpu(&n);
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(gemm_pieces_text, "f32", "f64") : strdup(gemm_pieces_text);
-    for (int threads = 1; threads <= 3; threads++)
+    for (int threads = 1; threads <= 4; threads++)
       for (int K = 1; K <= 3; K += 2) {
         IrFunc *f = read_ir(text);
         run_pipeline(f, pipe, n, K);
