@@ -100,6 +100,7 @@ void gen_buf_store(Gen *g, const GenBuf *b, LLVMValueRef idx, LLVMValueRef x);
 LLVMValueRef gen_call1(Gen *g, const char *intrinsic, LLVMValueRef x); /* "llvm.exp", overloaded on x */
 LLVMValueRef gen_libm1(Gen *g, const char *fname, LLVMValueRef x);     /* "tanh": tanhf for float */
 LLVMValueRef gen_exp(Gen *g, LLVMValueRef x); /* f32 inline (vectorisable), f64 libm */
+LLVMValueRef gen_exp_nonpos(Gen *g, LLVMValueRef x); /* the same for x <= 0 (or NaN), cheaper */
 LLVMValueRef gen_isnan(Gen *g, LLVMValueRef x);
 LLVMValueRef gen_isfinite(Gen *g, LLVMValueRef x);
 /* NaN-propagating running maximum (torch.amax), vectorisable. */

@@ -402,7 +402,7 @@ static void gen_reduce(Gen *g, const IrOp *op) {
     LLVMValueRef nv;
     if (pass == 1) {
       LLVMValueRef m = LLVMBuildLoad2(g->b, t, LLVMBuildInBoundsGEP2(g->b, t, acc, &ai, 1, ""), "");
-      nv = gen_add_reassoc(g, cur, gen_widen(g, gen_exp(g, LLVMBuildFSub(g->b, v, m, ""))));
+      nv = gen_add_reassoc(g, cur, gen_widen(g, gen_exp_nonpos(g, LLVMBuildFSub(g->b, v, m, ""))));
     } else {
       nv = mx ? gen_max_step(g, cur, v) : gen_add_reassoc(g, cur, gen_widen(g, v));
     }
@@ -459,14 +459,14 @@ static void gen_softmax_axis(Gen *g, const IrOp *op) {
   LLVMValueRef mv = gen_acc_get(g, m);
   gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, L), "sum");
   LLVMValueRef d = LLVMBuildFSub(g->b, gen_buf_load(g, &x, add(g, base, mul(g, l.iv, inner))), mv, "");
-  gen_acc_set(g, z, gen_add_reassoc(g, gen_acc_get(g, z), gen_widen(g, gen_exp(g, d))));
+  gen_acc_set(g, z, gen_add_reassoc(g, gen_acc_get(g, z), gen_widen(g, gen_exp_nonpos(g, d))));
   gen_loop_end(g, &l);
   LLVMValueRef zv = gen_acc_get(g, z), lz = gen_call1(g, "llvm.log", zv);
   gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, L), "out");
   LLVMValueRef idx = add(g, base, mul(g, l.iv, inner));
   d = LLVMBuildFSub(g->b, gen_buf_load(g, &x, idx), mv, "");
   LLVMValueRef v = logsm ? LLVMBuildFSub(g->b, gen_widen(g, d), lz, "")
-                         : LLVMBuildFDiv(g->b, gen_widen(g, gen_exp(g, d)), zv, "");
+                         : LLVMBuildFDiv(g->b, gen_widen(g, gen_exp_nonpos(g, d)), zv, "");
   gen_buf_store(g, &y, idx, gen_narrow(g, v, dt));
   gen_loop_end(g, &l);
   gen_loop_end(g, &it);
@@ -501,7 +501,7 @@ static void gen_ce_total(Gen *g, const IrOp *op) {
   LLVMValueRef mv = gen_acc_get(g, m);
   gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, V), "sum");
   LLVMValueRef d = LLVMBuildFSub(g->b, gen_buf_load(g, &x, add(g, base, l.iv)), mv, "");
-  gen_acc_set(g, z, gen_add_reassoc(g, gen_acc_get(g, z), gen_widen(g, gen_exp(g, d))));
+  gen_acc_set(g, z, gen_add_reassoc(g, gen_acc_get(g, z), gen_widen(g, gen_exp_nonpos(g, d))));
   gen_loop_end(g, &l);
   LLVMValueRef lse = LLVMBuildFAdd(g->b, gen_widen(g, mv), gen_call1(g, "llvm.log", gen_acc_get(g, z)), "");
   lse = LLVMBuildSelect(g->b, gen_isfinite(g, mv), lse, gen_widen(g, mv), "");

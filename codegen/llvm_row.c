@@ -617,7 +617,7 @@ static void loop_step(Row *R, Plan *p, int k) {
   case P_CE:
     if (p->p[0] == k) gen_acc_set(g, p->acc[0], gen_max_step(g, gen_acc_get(g, p->acc[0]), elem_val(R, p->x[0], k)));
     if (p->p[1] == k) {
-      LLVMValueRef e = gen_exp(g, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
+      LLVMValueRef e = gen_exp_nonpos(g, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
       if (p->erow) /* summed by row_stats_step after the loop */
         LLVMBuildStore(g->b, e, LLVMBuildInBoundsGEP2(g->b, LLVMTypeOf(e), p->erow, &R->j, 1, ""));
       else
@@ -874,7 +874,7 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
     if (cs) {
       no_interleave(g, latch);
       LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
-      LLVMValueRef tail = gen_exp(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
+      LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
       GenLoop tl;
       gen_loop_begin(g, &tl, hi, gen_i64(g, l->cols), "masked");
       LLVMBuildStore(g->b, tail, LLVMBuildInBoundsGEP2(g->b, ft, cs->erow, &tl.iv, 1, ""));

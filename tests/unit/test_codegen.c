@@ -623,6 +623,81 @@ static void test_codegen_exp_tanh_accuracy(void **state) {
   ir_func_free(f);
 }
 
+/* sigmoid, silu, gelu and gelu's derivative in f32 take e^-|x| from an
+ * exp that flushes results under FLT_MIN to 0 (gen_exp_nonpos).  Against
+ * the formulas in double, within 4 ulp of the rounded value times 1 + the
+ * function's condition number |x f'(x) / f(x)| (what rounding the f32
+ * argument alone costs: ~9 for gelu at -3.5), plus FLT_MIN (1 + |x|)^3
+ * where the flush applies, plus 1e-7 absolute for the derivative (it
+ * crosses zero near x = -0.75).  NaN stays NaN, and the infinities give
+ * PyTorch's values (gelu(-inf) = 0.5 * -inf * (1 + tanh(-inf)) is NaN, and
+ * so is the derivative at both infinities). */
+static double sigmoid_ref(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+static double silu_ref(double x) { return x * sigmoid_ref(x); }
+
+/* gelu = 0.5 x (1 + tanh u) = x sigmoid(2u), u = c (x + a x^3): the second
+ * form, as 1 + tanh u cancels to 0 in double too for x < ~ -5. */
+static double gelu_u_ref(double x) { return 0.7978845608028654 * (x + 0.044715 * x * x * x); }
+static double gelu_ref(double x) { return x * sigmoid_ref(2 * gelu_u_ref(x)); }
+
+/* 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2) with 1 + t = 2p, 1 - t = 2q */
+static double gelu_grad_ref(double x) {
+  double p = sigmoid_ref(2 * gelu_u_ref(x)), q = sigmoid_ref(-2 * gelu_u_ref(x));
+  return p + 2 * x * p * q * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+static void test_codegen_sigmoid_gelu_accuracy(void **state) {
+  (void)state;
+  enum { N = 4006 };
+  static const IrOpcode ops[] = {IR_OP_SIGMOID, IR_OP_SILU, IR_OP_GELU, IR_OP_GELU_GRAD};
+  IrFunc *f = ir_func_new("acc");
+  IrValue *x = input(f, "x", ty(IR_DT_F32, 1, N)), *y[4];
+  for (int k = 0; k < 4; k++) sink(f, y[k] = un(f, ops[k], x));
+  one_kernel_per_op(f);
+  trivial_plan(f);
+  char err[512];
+  CgOptions o = {0};
+  CgModule *m = cg_llvm_compile(f, &o, err, sizeof err);
+  if (!m) fail_msg("%s", err);
+  char *arena = aligned_alloc(64, (size_t)(f->arena_size + 63) / 64 * 64);
+  float xs[N];
+  for (int i = 0; i < N - 5; i++) {
+    xs[i] = -110.0f + 200.0f * (float)i / (N - 6); /* through the flushed results */
+    if (i % 5 == 1) xs[i] = ldexpf((float)(i % 97) - 48.0f, -(i % 40)); /* and small arguments */
+  }
+  const float special[] = {NAN, INFINITY, -INFINITY, -87.0f, -88.0f};
+  for (int i = 0; i < 5; i++) xs[N - 5 + i] = special[i];
+  for (int i = 0; i < N; i++) put(arena, x, i, xs[i]);
+  for (int g = 1; g <= 4; g++) {
+    const CgKernel *k = cg_module_kernel(m, g);
+    k->fn(arena, 0, k->iters);
+  }
+  double (*const ref[4])(double) = {sigmoid_ref, silu_ref, gelu_ref, gelu_grad_ref};
+  for (int i = 0; i < N; i++) {
+    double v = xs[i], want[4];
+    for (int k = 0; k < 4; k++) want[k] = ref[k](v);
+    if (isinf(v)) { /* as the formulas evaluate in PyTorch */
+      want[1] = v > 0 ? INFINITY : NAN;
+      want[2] = v > 0 ? INFINITY : NAN;
+      want[3] = NAN; /* x (1 - t^2): inf * 0 */
+    }
+    for (int k = 0; k < 4; k++) {
+      double got = get(arena, y[k], i), w = (double)(float)want[k];
+      if (isnan(w) || isinf(w)) {
+        if (!(isnan(w) ? isnan(got) : got == w)) fail_msg("op %d (x = %.9g) = %.9g, want %.9g", k, v, got, w);
+        continue;
+      }
+      double h = 1e-6, cond = w == 0 ? 0 : fabs((ref[k](v * (1 + h)) - ref[k](v * (1 - h))) / (2 * h * w));
+      double flush = 1.18e-38 * pow(1 + fabs(v), 3); /* FLT_MIN times up to x^3 (gelu's derivative) */
+      double tol = 4 * (1 + cond) * fabs(w) * ldexp(1.0, -23) + flush + (k == 3 ? 1e-7 : 0);
+      if (!(fabs(got - w) <= tol)) fail_msg("op %d (x = %.9g) = %.9g, want %.9g", k, v, got, w);
+    }
+  }
+  free(arena);
+  cg_module_free(m);
+  ir_func_free(f);
+}
+
 /* ------------------------------------------------------------------ */
 /* Reductions and row ops                                              */
 /* ------------------------------------------------------------------ */
@@ -1064,6 +1139,7 @@ int main(void) {
       cmocka_unit_test(test_codegen_layer_norm_fwd_bwd),
       cmocka_unit_test(test_codegen_cross_entropy_fwd_bwd),
       cmocka_unit_test(test_codegen_gelu_chain_f64),
+      cmocka_unit_test(test_codegen_sigmoid_gelu_accuracy),
       cmocka_unit_test(test_codegen_broadcasting),
       cmocka_unit_test(test_codegen_mlp_example),
       cmocka_unit_test(test_codegen_tinygpt_example),
