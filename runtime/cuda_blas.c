@@ -1,18 +1,20 @@
 /* cuda_blas.c - the step's GEMMs through cuBLASLt (libcublasLt.so, loaded
  * with dlopen on first use).  Each matmul op is planned once as the CPU
- * executor plans it (runtime/gemm_floor.c's rt_gemm_list: transposes as
- * flags, a left-only batch folded into M, beta = 1 into f32 gradient
- * buffers) and handed to cuBLASLt with its layouts, a heuristic algorithm
- * and a preallocated workspace (so the calls can be captured in a CUDA
- * graph).  Row-major C = A B is computed as column-major C^T = B^T A^T.
- * f32 runs without TF32 unless allowed (DESIGN.md §2: f32 means f32);
- * bf16 and f16 accumulate in f32; f64 in f64. */
+ * executor plans it (runtime/gemm_plan.c: views or contiguous operands,
+ * transposes as flags, a left-only batch folded into M), with beta = 1
+ * into f32 gradient buffers, and handed to cuBLASLt with its layouts, a
+ * heuristic algorithm and a preallocated workspace (so the calls can be
+ * captured in a CUDA graph).  Row-major C = A B is computed as
+ * column-major C^T = B^T A^T.  f32 runs without TF32 unless allowed
+ * (DESIGN.md §2: f32 means f32); bf16 and f16 accumulate in f32; f64 in
+ * f64. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda.h"
+#include "gemm_plan.h"
 
 typedef int cublasStatus_t; /* CUBLAS_STATUS_SUCCESS = 0 */
 typedef struct cublasLtContext *cublasLtHandle_t;
@@ -140,11 +142,6 @@ static uint32_t alignment(const int64_t *off, int64_t n) {
   return a;
 }
 
-static const IrValue *storage_root(const IrValue *v) {
-  while (v->storage == IR_STORE_ALIAS && v->def && v->def->opcode == IR_OP_RESHAPE) v = v->def->args[0];
-  return v;
-}
-
 static int data_type(IrDType dt) {
   switch (dt) {
   case IR_DT_F64: return R_64F;
@@ -164,192 +161,10 @@ void cuda_gemm_desc_free(CudaGemmDesc *d) {
   d->aoff = d->boff = d->coff = NULL;
 }
 
-/* A GEMM in row-major terms, as the CPU executor plans it (runtime/exec.c):
- * C (+)= op(A) op(B), nb matrices; each operand a matrix with a unit stride
- * along its rows (t false: element (i, j) at i ld + j) or its columns (t
- * true: at i + j ld), at an element offset per batch from its root. */
-typedef struct RowGemm {
-  IrDType dt;
-  bool accumulate;
-  int64_t M, N, K;
-  bool ta, tb, tc;
-  int64_t lda, ldb, ldc;
-  int64_t nb;
-  int64_t *aoff, *boff, *coff; /* elements, per batch */
-  const IrValue *a, *b, *c;    /* the roots */
-} RowGemm;
-
-static void row_free(RowGemm *g) {
-  free(g->aoff);
-  free(g->boff);
-  free(g->coff);
-}
-
-static bool gemm_fail(char *err, size_t n, const IrOp *op, const char *what) {
-  if (op->loc.file)
-    snprintf(err, n, "%s:%d:%d: 'matmul' %s", op->loc.file, op->loc.line, op->loc.col, what);
-  else
-    snprintf(err, n, "'matmul' %s", what);
-  return false;
-}
-
-/* A transpose left in group 0 with no storage: a flag of the GEMMs that read it. */
-static bool is_flag_permute(const IrValue *v) {
-  const IrOp *d = v->def;
-  if (!d || d->group != 0 || d->opcode != IR_OP_PERMUTE || v->storage != IR_STORE_NONE) return false;
-  const int64_t *perm;
-  int n = ir_attr_get_ints(d, "perm", &perm);
-  if (n < 2 || n != v->type.shape.rank) return false;
-  for (int i = 0; i < n - 2; i++)
-    if (perm[i] != i) return false;
-  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
-}
-
-/* out[t]: which of the operand's batch matrices result batch t uses. */
-static void batch_index(const IrShape *batch, const IrShape *ob, int64_t *out) {
-  int64_t nb = ir_numel(batch);
-  int64_t idx[IR_MAX_RANK] = {0};
-  int lead = batch->rank - ob->rank;
-  for (int64_t t = 0; t < nb; t++) {
-    int64_t o = 0;
-    for (int k = 0; k < ob->rank; k++) o = o * ob->dim[k] + (ob->dim[k] == 1 ? 0 : idx[lead + k]);
-    out[t] = o;
-    for (int k = batch->rank - 1; k >= 0; k--) {
-      if (++idx[k] < batch->dim[k]) break;
-      idx[k] = 0;
-    }
-  }
-}
-
-/* bf16 and f16 (no views): contiguous operands, transposes as flags, a
- * left-only batch folded into M. */
-static bool plan_packed(const IrOp *op, RowGemm *g, char *err, size_t n) {
-  const IrValue *A = op->args[0], *B = op->args[1];
-  const IrShape *as = &A->type.shape, *bs = &B->type.shape;
-  g->ta = is_flag_permute(A);
-  g->tb = is_flag_permute(B);
-  g->a = storage_root(g->ta ? A->def->args[0] : A);
-  g->b = storage_root(g->tb ? B->def->args[0] : B);
-  g->c = storage_root(op->result);
-  if (g->a->storage == IR_STORE_NONE || g->b->storage == IR_STORE_NONE || g->c->storage == IR_STORE_NONE)
-    return gemm_fail(err, n, op, "has an operand or result without storage (run memplan)");
-  g->M = as->rank == 1 ? 1 : as->dim[as->rank - 2];
-  g->K = as->dim[as->rank - 1];
-  g->N = bs->rank == 1 ? 1 : bs->dim[bs->rank - 1];
-  IrShape ab = {0}, bb = {0}, batch;
-  ab.rank = as->rank > 2 ? as->rank - 2 : 0;
-  bb.rank = bs->rank > 2 ? bs->rank - 2 : 0;
-  for (int k = 0; k < ab.rank; k++) ab.dim[k] = as->dim[k];
-  for (int k = 0; k < bb.rank; k++) bb.dim[k] = bs->dim[k];
-  if (!ir_broadcast_shapes(&ab, &bb, &batch)) return gemm_fail(err, n, op, "has batch dims that do not broadcast");
-  g->nb = ir_numel(&batch);
-  if (bb.rank == 0 && ab.rank > 0 && !g->ta) {
-    g->M *= g->nb;
-    g->nb = 1;
-  }
-  g->lda = g->ta ? g->M : g->K;
-  g->ldb = g->tb ? g->K : g->N;
-  g->ldc = g->N;
-  g->aoff = calloc((size_t)g->nb, sizeof(int64_t));
-  g->boff = calloc((size_t)g->nb, sizeof(int64_t));
-  g->coff = calloc((size_t)g->nb, sizeof(int64_t));
-  if (!g->aoff || !g->boff || !g->coff) abort();
-  if (g->nb > 1) {
-    batch_index(&batch, &ab, g->aoff);
-    batch_index(&batch, &bb, g->boff);
-  }
-  for (int64_t t = 0; t < g->nb; t++) {
-    g->aoff[t] *= g->M * g->K;
-    g->boff[t] *= g->K * g->N;
-    g->coff[t] = t * g->M * g->N;
-  }
-  return true;
-}
-
-/* A rank-1 operand as a matrix: a row ([K] as [1, K]) or a column. */
-static void view_unit_axis(CgView *v, int pos) {
-  int r = v->shape.rank;
-  for (int k = r; k > pos; k--) {
-    v->shape.dim[k] = v->shape.dim[k - 1];
-    v->stride[k] = v->stride[k - 1];
-  }
-  v->stride[pos] = pos < r ? v->stride[pos + 1] * v->shape.dim[pos + 1] : 1;
-  v->shape.dim[pos] = 1;
-  v->shape.rank = r + 1;
-}
-
-/* Whether the view's axes [0, last] are one run of rows `ld` apart. */
-static bool rows_collapse(const CgView *v, int last, int64_t ld) {
-  int64_t want = ld;
-  for (int k = last; k >= 0; k--) {
-    if (v->shape.dim[k] != 1 && v->stride[k] != want) return false;
-    want *= v->shape.dim[k];
-  }
-  return true;
-}
-
-/* Offset of batch matrix t: the view's batch axes right-aligned to the
- * result's batch shape, broadcast axes (size 1) repeating their matrix. */
-static int64_t batch_offset(const CgView *v, const IrShape *batch, int64_t t) {
-  int vb = v->shape.rank - 2, lead = batch->rank - vb;
-  int64_t off = v->offset;
-  for (int k = batch->rank - 1; k >= 0; k--) {
-    int64_t i = t % batch->dim[k];
-    t /= batch->dim[k];
-    int a = k - lead;
-    if (a >= 0 && v->shape.dim[a] != 1) off += i * v->stride[a];
-  }
-  return off;
-}
-
-/* f32 and f64: operands and result are strided views of stored values
- * (codegen/kernel.c: q read out of qkv, heads written into [B, T, C]). */
-static bool plan_views(const CgViews *vs, const IrOp *op, RowGemm *g, char *err, size_t n) {
-  CgView va, vb, vc;
-  if (!cg_view_in(vs, op->args[0], &va) || !cg_view_in(vs, op->args[1], &vb) || !cg_view_out(vs, op->result, &vc))
-    return gemm_fail(err, n, op, "has an operand or result that is not a strided view");
-  if (va.root->storage == IR_STORE_NONE || vb.root->storage == IR_STORE_NONE || vc.root->storage == IR_STORE_NONE)
-    return gemm_fail(err, n, op, "has an operand or result without storage (run memplan)");
-  bool a1 = va.shape.rank == 1, b1 = vb.shape.rank == 1;
-  if (a1) view_unit_axis(&va, 0);
-  if (b1) view_unit_axis(&vb, 1);
-  if (a1) view_unit_axis(&vc, vc.shape.rank - (b1 ? 0 : 1));
-  if (b1) view_unit_axis(&vc, vc.shape.rank);
-  int ra = va.shape.rank, rb = vb.shape.rank, rc = vc.shape.rank;
-  g->M = va.shape.dim[ra - 2];
-  g->K = va.shape.dim[ra - 1];
-  g->N = vb.shape.dim[rb - 1];
-  if (vb.shape.dim[rb - 2] != g->K) return gemm_fail(err, n, op, "has mismatched inner dimensions");
-  if (rc < 2 || vc.shape.dim[rc - 2] != g->M || vc.shape.dim[rc - 1] != g->N)
-    return gemm_fail(err, n, op, "has a result of the wrong size");
-  if (!cg_view_matrix(&va, &g->ta, &g->lda) || !cg_view_matrix(&vb, &g->tb, &g->ldb) ||
-      !cg_view_matrix(&vc, &g->tc, &g->ldc))
-    return gemm_fail(err, n, op, "has a view with no unit stride in its last two axes");
-  IrShape batch = ir_shape_make(rc - 2, vc.shape.dim);
-  g->nb = ir_numel(&batch);
-  g->a = va.root, g->b = vb.root, g->c = vc.root;
-  if (rb == 2 && ra > 2 && !g->ta && !g->tc && rows_collapse(&va, ra - 2, g->lda) &&
-      rows_collapse(&vc, rc - 2, g->ldc)) {
-    g->M *= g->nb;
-    g->nb = 1;
-    batch = ir_shape_scalar();
-  }
-  g->aoff = calloc((size_t)g->nb, sizeof(int64_t));
-  g->boff = calloc((size_t)g->nb, sizeof(int64_t));
-  g->coff = calloc((size_t)g->nb, sizeof(int64_t));
-  if (!g->aoff || !g->boff || !g->coff) abort();
-  for (int64_t t = 0; t < g->nb; t++) {
-    g->aoff[t] = batch_offset(&va, &batch, t);
-    g->boff[t] = batch_offset(&vb, &batch, t);
-    g->coff[t] = batch_offset(&vc, &batch, t);
-  }
-  return true;
-}
-
 /* The largest group of consecutive batches (nb, the last batch axis's,
  * or 1) in which every operand's offsets step by one stride, the same in
  * every group: one strided-batch call per group. */
-static int64_t batch_group(const RowGemm *g, int64_t last, int64_t *sa, int64_t *sb, int64_t *sc) {
+static int64_t batch_group(const RtGemmPlan *g, int64_t last, int64_t *sa, int64_t *sb, int64_t *sc) {
   int64_t cand[3] = {g->nb, last, 1};
   for (int c = 0; c < 3; c++) {
     int64_t L = cand[c];
@@ -374,17 +189,15 @@ bool cuda_gemm_describe(const CgViews *vs, const IrOp *op, bool tf32, CudaGemmDe
   IrDType dt = op->args[0]->type.dtype;
   if (!ir_dtype_is_float(dt) || op->args[1]->type.dtype != dt || op->args[0]->type.shape.rank < 1 ||
       op->args[1]->type.shape.rank < 1)
-    return gemm_fail(err, errlen, op, "needs float operands of one dtype, of rank >= 1");
-  RowGemm g;
-  memset(&g, 0, sizeof g);
-  bool ok = dt == IR_DT_F32 || dt == IR_DT_F64 ? plan_views(vs, op, &g, err, errlen) : plan_packed(op, &g, err, errlen);
+    return rt_op_fail(err, errlen, op, "needs float operands of one dtype, of rank >= 1");
+  RtGemmPlan g;
+  bool ok = dt == IR_DT_F32 || dt == IR_DT_F64 ? rt_gemm_plan_views(vs, op, &g, err, errlen)
+                                               : rt_gemm_plan_ir(op, true, &g, err, errlen);
+  if (ok && (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX))
+    ok = rt_op_fail(err, errlen, op, "is too large for cuBLASLt (a dimension over 2^31)");
   if (!ok) {
-    row_free(&g);
+    rt_gemm_plan_free(&g);
     return false;
-  }
-  if (g.M > INT32_MAX || g.N > INT32_MAX || g.K > INT32_MAX) {
-    row_free(&g);
-    return gemm_fail(err, errlen, op, "is too large for cuBLASLt (a dimension over 2^31)");
   }
   d->dbl = dt == IR_DT_F64;
   d->accumulate = g.c->storage == IR_STORE_GRAD;
@@ -448,7 +261,7 @@ bool cuda_gemm_describe(const CgViews *vs, const IrOp *op, bool tf32, CudaGemmDe
     if (y < d->align_b) d->align_b = y;
     if (z < d->align_c) d->align_c = z;
   }
-  row_free(&g);
+  rt_gemm_plan_free(&g);
   return true;
 }
 

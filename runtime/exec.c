@@ -38,6 +38,7 @@
 #include "../codegen/codegen.h"
 #include "artifact.h"
 #include "comm.h"
+#include "gemm_plan.h"
 #include "runtime.h"
 #include "trace.h"
 
@@ -160,25 +161,6 @@ static void copy_in(const StTensor *t, int64_t begin, int64_t n, IrDType dt, cha
 /* The program                                                         */
 /* ------------------------------------------------------------------ */
 
-/* A transpose (permute of the last two axes) left in group 0 with no
- * storage: memplan made it a flag of the GEMMs that read it. */
-static bool is_flag_permute(const IrValue *v) {
-  const IrOp *d = v->def;
-  if (!d || d->group != 0 || d->opcode != IR_OP_PERMUTE || v->storage != IR_STORE_NONE) return false;
-  const int64_t *perm;
-  int n = ir_attr_get_ints(d, "perm", &perm);
-  if (n < 2 || n != v->type.shape.rank) return false;
-  for (int i = 0; i < n - 2; i++)
-    if (perm[i] != i) return false;
-  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
-}
-
-/* The value whose bytes v uses (through reshape aliases). */
-static const IrValue *storage_root(const IrValue *v) {
-  while (v->storage == IR_STORE_ALIAS && v->def && v->def->opcode == IR_OP_RESHAPE) v = v->def->args[0];
-  return v;
-}
-
 typedef struct Gemm {
   IrDType dt;         /* operand dtype */
   IrDType cdt;        /* result buffer dtype (f32/f64 for a gradient buffer) */
@@ -291,174 +273,46 @@ static bool op_fail(char *err, size_t n, const IrOp *op, const char *what) {
   return fail(err, n, "'%s' %s", opname(op), what);
 }
 
-/* Batch offsets of torch.matmul's broadcast batch dims: out[t] is the
- * index of operand batch matrix used by result batch t. */
-static void batch_offsets(const IrShape *batch, const IrShape *ob, int64_t *out) {
-  int64_t nb = ir_numel(batch);
-  int64_t idx[IR_MAX_RANK] = {0};
-  for (int64_t t = 0; t < nb; t++) {
-    int64_t o = 0;
-    int lead = batch->rank - ob->rank;
-    for (int k = 0; k < ob->rank; k++) o = o * ob->dim[k] + (ob->dim[k] == 1 ? 0 : idx[lead + k]);
-    out[t] = o;
-    for (int k = batch->rank - 1; k >= 0; k--) {
-      if (++idx[k] < batch->dim[k]) break;
-      idx[k] = 0;
-    }
-  }
-}
-
-/* bf16 and f16 GEMMs: contiguous operands (transposes as flags), widened
- * to f32 matrix by matrix. */
-static bool plan_gemm_packed(const IrOp *op, Gemm *g, char *err, size_t n) {
-  const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
-  const IrShape *as = &A->type.shape, *bs = &B->type.shape;
-  memset(g, 0, sizeof *g);
-  g->dt = A->type.dtype;
-  if (!ir_dtype_is_float(g->dt) || B->type.dtype != g->dt) return op_fail(err, n, op, "needs float operands of one dtype");
-  if (as->rank < 1 || bs->rank < 1) return op_fail(err, n, op, "needs operands of rank >= 1");
-  g->ta = is_flag_permute(A);
-  g->tb = is_flag_permute(B);
-  const IrValue *sa = g->ta ? A->def->args[0] : A, *sb = g->tb ? B->def->args[0] : B;
-  sa = storage_root(sa);
-  sb = storage_root(sb);
-  const IrValue *sc = storage_root(C);
-  if (sa->storage == IR_STORE_NONE || sb->storage == IR_STORE_NONE || sc->storage == IR_STORE_NONE)
-    return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
-  g->a = sa->offset;
-  g->b = sb->offset;
-  g->c = sc->offset;
-  g->accumulate = sc->storage == IR_STORE_GRAD;
-  g->cdt = g->accumulate ? (g->dt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32) : C->type.dtype;
-  g->M = as->rank == 1 ? 1 : as->dim[as->rank - 2];
-  g->K = as->dim[as->rank - 1];
-  g->N = bs->rank == 1 ? 1 : bs->dim[bs->rank - 1];
-  int64_t K2 = bs->rank == 1 ? bs->dim[0] : bs->dim[bs->rank - 2];
-  if (g->K != K2) return op_fail(err, n, op, "has mismatched inner dimensions");
-  IrShape ab = {0}, bb = {0}, batch;
-  ab.rank = as->rank > 2 ? as->rank - 2 : 0;
-  bb.rank = bs->rank > 2 ? bs->rank - 2 : 0;
-  for (int k = 0; k < ab.rank; k++) ab.dim[k] = as->dim[k];
-  for (int k = 0; k < bb.rank; k++) bb.dim[k] = bs->dim[k];
-  if (!ir_broadcast_shapes(&ab, &bb, &batch)) return op_fail(err, n, op, "has batch dims that do not broadcast");
-  g->nb = ir_numel(&batch);
-  if (g->nb * g->M * g->N != ir_numel(&C->type.shape)) return op_fail(err, n, op, "has a result of the wrong size");
-  /* Only the left operand batched, not transposed: one GEMM of nb*M rows. */
-  if (bb.rank == 0 && ab.rank > 0 && !g->ta) {
-    g->M *= g->nb;
-    g->nb = 1;
-  }
-  g->lda = g->ta ? g->M : g->K;
-  g->ldb = g->tb ? g->K : g->N;
-  if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX)
-    return op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
-  g->ldc = g->N;
-  g->aoff = xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->boff = xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->coff = xcalloc((size_t)g->nb, sizeof(int64_t));
-  if (g->nb > 1) {
-    batch_offsets(&batch, &ab, g->aoff);
-    batch_offsets(&batch, &bb, g->boff);
-  }
-  for (int64_t t = 0; t < g->nb; t++) {
-    g->aoff[t] *= g->M * g->K;
-    g->boff[t] *= g->K * g->N;
-    g->coff[t] = t * g->M * g->N;
-  }
-  return true;
-}
-
-/* A rank-1 operand as a matrix: a row ([K] as [1, K]) or a column. */
-static void view_unit_axis(CgView *v, int pos) {
-  int r = v->shape.rank;
-  for (int k = r; k > pos; k--) {
-    v->shape.dim[k] = v->shape.dim[k - 1];
-    v->stride[k] = v->stride[k - 1];
-  }
-  v->stride[pos] = pos < r ? v->stride[pos + 1] * v->shape.dim[pos + 1] : 1;
-  v->shape.dim[pos] = 1;
-  v->shape.rank = r + 1;
-}
-
-/* Whether the view's axes [0, last] are one run of rows `ld` apart. */
-static bool rows_collapse(const CgView *v, int last, int64_t ld) {
-  int64_t want = ld;
-  for (int k = last; k >= 0; k--) {
-    if (v->shape.dim[k] != 1 && v->stride[k] != want) return false;
-    want *= v->shape.dim[k];
-  }
-  return true;
-}
-
-/* Offset of batch matrix t: the batch axes of v right-aligned to the
- * result's batch shape, broadcast axes (size 1) repeating their matrix. */
-static int64_t batch_offset(const CgView *v, const IrShape *batch, int64_t t) {
-  int vb = v->shape.rank - 2, lead = batch->rank - vb;
-  int64_t off = v->offset;
-  for (int k = batch->rank - 1; k >= 0; k--) {
-    int64_t i = t % batch->dim[k];
-    t /= batch->dim[k];
-    int a = k - lead;
-    if (a >= 0 && v->shape.dim[a] != 1) off += i * v->stride[a];
-  }
-  return off;
-}
-
-/* f32/f64 GEMMs: operands and result are strided views (codegen/kernel.c:
- * a stored value whole, q read out of qkv, heads written into [B, T, C]). */
+/* A matmul op as the executor runs it (gemm_plan.h): f32 and f64 through
+ * strided views (codegen/kernel.c: a stored value whole, q read out of
+ * qkv, heads written into [B, T, C]); bf16 and f16 contiguous (transposes
+ * as flags), widened to f32 matrix by matrix. */
 static bool plan_gemm(const CgViews *vs, const IrOp *op, Gemm *g, char *err, size_t n) {
   const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
   memset(g, 0, sizeof *g);
   g->dt = A->type.dtype;
-  if (g->dt != IR_DT_F32 && g->dt != IR_DT_F64) return plan_gemm_packed(op, g, err, n);
-  if (B->type.dtype != g->dt) return op_fail(err, n, op, "needs float operands of one dtype");
+  if (!ir_dtype_is_float(g->dt) || B->type.dtype != g->dt) return op_fail(err, n, op, "needs float operands of one dtype");
   if (A->type.shape.rank < 1 || B->type.shape.rank < 1) return op_fail(err, n, op, "needs operands of rank >= 1");
-  CgView va, vb, vc;
-  if (!cg_view_in(vs, A, &va) || !cg_view_in(vs, B, &vb) || !cg_view_out(vs, C, &vc))
-    return op_fail(err, n, op, "has an operand or result that is not a strided view");
-  if (va.root->storage == IR_STORE_NONE || vb.root->storage == IR_STORE_NONE || vc.root->storage == IR_STORE_NONE)
-    return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
-  bool a1 = va.shape.rank == 1, b1 = vb.shape.rank == 1;
-  if (a1) view_unit_axis(&va, 0);
-  if (b1) view_unit_axis(&vb, 1);
-  if (a1) view_unit_axis(&vc, vc.shape.rank - (b1 ? 0 : 1));
-  if (b1) view_unit_axis(&vc, vc.shape.rank);
-  int ra = va.shape.rank, rb = vb.shape.rank, rc = vc.shape.rank;
-  g->M = va.shape.dim[ra - 2];
-  g->K = va.shape.dim[ra - 1];
-  g->N = vb.shape.dim[rb - 1];
-  if (vb.shape.dim[rb - 2] != g->K) return op_fail(err, n, op, "has mismatched inner dimensions");
-  if (rc < 2 || vc.shape.dim[rc - 2] != g->M || vc.shape.dim[rc - 1] != g->N)
-    return op_fail(err, n, op, "has a result of the wrong size");
-  if (!cg_view_matrix(&va, &g->ta, &g->lda) || !cg_view_matrix(&vb, &g->tb, &g->ldb) ||
-      !cg_view_matrix(&vc, &g->tc, &g->ldc))
-    return op_fail(err, n, op, "has a view with no unit stride in its last two axes");
-  IrShape batch = ir_shape_make(rc - 2, vc.shape.dim);
-  g->nb = ir_numel(&batch);
-  g->a = va.root->offset;
-  g->b = vb.root->offset;
-  g->c = vc.root->offset;
-  g->accumulate = storage_root(vc.root)->storage == IR_STORE_GRAD;
-  g->cdt = g->accumulate ? g->dt : C->type.dtype;
-  if (g->M > INT32_MAX || g->N > INT32_MAX || g->K > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
-      g->ldc > INT32_MAX)
-    return op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
-  /* Only the left operand batched, its rows and the result's one run: one
-   * GEMM over all rows. */
-  if (rb == 2 && ra > 2 && !g->ta && !g->tc && rows_collapse(&va, ra - 2, g->lda) &&
-      rows_collapse(&vc, rc - 2, g->ldc)) {
-    g->M *= g->nb;
-    g->nb = 1;
-    batch = ir_shape_scalar();
+  bool packed = g->dt != IR_DT_F32 && g->dt != IR_DT_F64;
+  RtGemmPlan s;
+  bool ok = packed ? rt_gemm_plan_ir(op, true, &s, err, n) : rt_gemm_plan_views(vs, op, &s, err, n);
+  if (ok && packed) {
+    const IrShape *bs = &B->type.shape;
+    if (s.K != (bs->rank == 1 ? bs->dim[0] : bs->dim[bs->rank - 2]))
+      ok = op_fail(err, n, op, "has mismatched inner dimensions");
+    else if (s.nb * s.M * s.N != ir_numel(&C->type.shape))
+      ok = op_fail(err, n, op, "has a result of the wrong size");
   }
-  g->aoff = xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->boff = xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->coff = xcalloc((size_t)g->nb, sizeof(int64_t));
-  for (int64_t t = 0; t < g->nb; t++) {
-    g->aoff[t] = batch_offset(&va, &batch, t);
-    g->boff[t] = batch_offset(&vb, &batch, t);
-    g->coff[t] = batch_offset(&vc, &batch, t);
+  /* The BLAS's 32-bit sizes: contiguous GEMMs as folded, views by the rows
+   * of one result matrix (M before a left-only batch is folded in). */
+  int64_t m = packed ? s.M : s.rows;
+  if (ok && (m > INT32_MAX || s.N > INT32_MAX || s.K > INT32_MAX || s.lda > INT32_MAX || s.ldb > INT32_MAX ||
+             s.ldc > INT32_MAX))
+    ok = op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
+  if (!ok) {
+    rt_gemm_plan_free(&s);
+    return false;
   }
+  g->a = s.a->offset;
+  g->b = s.b->offset;
+  g->c = s.c->offset;
+  g->accumulate = rt_storage_root(s.c)->storage == IR_STORE_GRAD;
+  g->cdt = g->accumulate ? (g->dt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32) : C->type.dtype;
+  g->ta = s.ta, g->tb = s.tb, g->tc = s.tc;
+  g->M = s.M, g->N = s.N, g->K = s.K;
+  g->lda = s.lda, g->ldb = s.ldb, g->ldc = s.ldc;
+  g->nb = s.nb;
+  g->aoff = s.aoff, g->boff = s.boff, g->coff = s.coff; /* g owns them now */
   return true;
 }
 
@@ -707,7 +561,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
       return op_fail(err, n, op, "must alias its operand (run memplan)");
     return true;
   }
-  if (opc == IR_OP_PERMUTE && is_flag_permute(op->result)) return true;
+  if (opc == IR_OP_PERMUTE && rt_is_flag_permute(op->result)) return true;
   /* Range slices alias their operand; range unslices have their operand
    * accumulate into the gradient buffer (memplan). */
   if (opc == IR_OP_SLICE) {
@@ -716,26 +570,26 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     return true;
   }
   if (opc == IR_OP_UNSLICE) {
-    if (op->result->storage != IR_STORE_GRAD || storage_root(op->args[0])->storage != IR_STORE_GRAD)
+    if (op->result->storage != IR_STORE_GRAD || rt_storage_root(op->args[0])->storage != IR_STORE_GRAD)
       return op_fail(err, n, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
     return true;
   }
   if (opc == IR_OP_LOSS) {
-    const IrValue *v = storage_root(op->args[0]);
+    const IrValue *v = rt_storage_root(op->args[0]);
     if (v->storage == IR_STORE_NONE) return op_fail(err, n, op, "reads a value without storage (run memplan)");
     emit(p, (Instr){.kind = I_LOSS, .op = op, .src = v->offset});
     return true;
   }
   if (opc == IR_OP_GRAD) {
-    if (storage_root(op->args[0])->storage != IR_STORE_GRAD)
+    if (rt_storage_root(op->args[0])->storage != IR_STORE_GRAD)
       return op_fail(err, n, op, "reads a value outside the gradient buffers (run memplan)");
     return true;
   }
   if (opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT) {
     /* Strided copies at this rank's offsets (known at run time). */
-    const IrValue *d = storage_root(op->result);
+    const IrValue *d = rt_storage_root(op->result);
     for (int j = 0; j < op->nargs; j++) {
-      const IrValue *s = storage_root(op->args[j]);
+      const IrValue *s = rt_storage_root(op->args[j]);
       if (s->storage == IR_STORE_NONE) return op_fail(err, n, op, "has an operand without storage (run memplan)");
       if (s->offset == d->offset && op->nargs > 1) return op_fail(err, n, op, "shares its result's storage with an operand");
     }
@@ -743,7 +597,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
       return op_fail(err, n, op, "needs its own result storage (run memplan)");
     int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
     if (ir_attr_get_int(op, "ranks", 1) == 1) { /* the identity */
-      int64_t so = storage_root(op->args[0])->offset;
+      int64_t so = rt_storage_root(op->args[0])->offset;
       if (so != d->offset) emit(p, (Instr){.kind = I_COPY, .op = op, .src = so, .dst = d->offset, .bytes = bytes});
       return true;
     }
@@ -753,7 +607,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
       opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT ||
       opc == IR_OP_TP_COPY) {
-    const IrValue *s = storage_root(op->args[0]), *d = storage_root(op->result);
+    const IrValue *s = rt_storage_root(op->args[0]), *d = rt_storage_root(op->result);
     if (s->storage == IR_STORE_NONE || d->storage == IR_STORE_NONE)
       return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
     bool start = opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_GATHER_START || opc == IR_OP_REDUCE_SCATTER_START;
@@ -807,7 +661,7 @@ static void store_consts(CpuProgram *p) {
 
 /* The gradient buffer range of a bucket member (a last=true start). */
 static BucketRun member_range(const IrOp *start) {
-  const IrValue *v = storage_root(start->args[0]);
+  const IrValue *v = rt_storage_root(start->args[0]);
   bool f64 = v->type.dtype == IR_DT_F64;
   return (BucketRun){v->offset, v->offset + ir_numel(&v->type.shape) * (f64 ? 8 : 4), f64, NULL, false};
 }
@@ -821,8 +675,8 @@ static int cmp_run(const void *pa, const void *pb) {
 /* Whether a `grad` operand is a bucket's reduction (a last=true wait over
  * more than one rank), through aliases and a slice's range unslice. */
 static bool bucket_reduced(const IrValue *v) {
-  v = storage_root(v);
-  if (v->def && v->def->opcode == IR_OP_UNSLICE) v = storage_root(v->def->args[0]);
+  v = rt_storage_root(v);
+  if (v->def && v->def->opcode == IR_OP_UNSLICE) v = rt_storage_root(v->def->args[0]);
   const IrOp *w = v->def;
   if (!w || w->opcode != IR_OP_ALL_REDUCE_WAIT || !step_coll_last(w)) return false;
   return ir_attr_get_int(w->args[0]->def ? w->args[0]->def : w, "ranks", 1) > 1;
@@ -1080,7 +934,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     for (int k = 0; k < f->nops; k++) {
       const IrOp *op = f->ops[k];
       if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
-      if (!found++) offset = storage_root(op->args[0])->offset;
+      if (!found++) offset = rt_storage_root(op->args[0])->offset;
       reduced &= bucket_reduced(op->args[0]);
     }
     if (!found) continue;
@@ -1394,7 +1248,7 @@ static bool run_rank_copy(CpuProgram *p, const Instr *in, char *err, size_t n) {
   enum { MAXOPS = 1024 };
   const void *src[MAXOPS];
   if (op->nargs > MAXOPS) return op_fail(err, n, op, "has too many operands");
-  for (int j = 0; j < op->nargs; j++) src[j] = p->arena + storage_root(op->args[j])->offset;
+  for (int j = 0; j < op->nargs; j++) src[j] = p->arena + rt_storage_root(op->args[j])->offset;
   step_rank_copy(op, rank, ir_dtype_size(op->result->type.dtype), src, p->arena + in->dst);
   return true;
 }

@@ -3,10 +3,11 @@
  * matrix products through the same BLAS on the same threads.
  *
  * rt_gemm_list reads the matmul ops of a function the way the CPU executor
- * plans them (runtime/exec.c, docs/BACKEND.md): torch.matmul semantics
- * (1-D operands, broadcast batch dims as a loop of calls), a group-0
- * permute of the last two axes becomes a transpose flag, a left-only batch
- * folds into M, and a result in a gradient buffer accumulates (beta = 1).
+ * plans them from the IR (runtime/gemm_plan.c's rt_gemm_plan_ir,
+ * docs/BACKEND.md): torch.matmul semantics (1-D operands, broadcast batch
+ * dims as a loop of calls), a group-0 permute of the last two axes becomes
+ * a transpose flag, a left-only batch folds into M, and a result in a
+ * gradient buffer accumulates (beta = 1).
  * rt_gemm_floor runs that list on private buffers and times each window. */
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 
 #include "gemm_floor.h"
+#include "gemm_plan.h"
 
 #ifdef GRADC_HAVE_BLAS
 #include <cblas.h>
@@ -25,87 +27,40 @@ double rt_now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
-
-/* A permute of the last two axes left to the executor as a GEMM flag (as
- * exec.c decides: group 0, no storage of its own). */
-static bool is_flag_permute(const IrValue *v) {
-  const IrOp *d = v->def;
-  if (!d || d->group != 0 || d->opcode != IR_OP_PERMUTE || v->storage != IR_STORE_NONE) return false;
-  const int64_t *perm;
-  int n = ir_attr_get_ints(d, "perm", &perm);
-  if (n < 2 || n != v->type.shape.rank) return false;
-  for (int i = 0; i < n - 2; i++)
-    if (perm[i] != i) return false;
-  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
-}
-
-static const IrValue *storage_root(const IrValue *v) {
-  while (v->storage == IR_STORE_ALIAS && v->def && v->def->opcode == IR_OP_RESHAPE) v = v->def->args[0];
-  return v;
-}
-
-/* out[t]: the operand's batch matrix used by call t (broadcast dims of
- * size 1 repeat their one matrix). */
-static void batch_index(const IrShape *batch, const IrShape *ob, int64_t *out) {
-  int64_t nb = ir_numel(batch);
-  int64_t idx[IR_MAX_RANK] = {0};
-  int lead = batch->rank - ob->rank;
-  for (int64_t t = 0; t < nb; t++) {
-    int64_t o = 0;
-    for (int k = 0; k < ob->rank; k++) o = o * ob->dim[k] + (ob->dim[k] == 1 ? 0 : idx[lead + k]);
-    out[t] = o;
-    for (int k = batch->rank - 1; k >= 0; k--) {
-      if (++idx[k] < batch->dim[k]) break;
-      idx[k] = 0;
-    }
-  }
-}
-
-/* One matmul op as a BLAS plan; false for ops the executor would refuse
- * (non-float or mismatched operands), which the floor leaves out. */
+/* One matmul op as a BLAS plan, as the executor plans it from the IR
+ * (gemm_plan.c); false for ops the executor would refuse (non-float or
+ * mismatched operands), which the floor leaves out. */
 static bool plan(const IrOp *op, RtGemm *g) {
   const IrValue *A = op->args[0], *B = op->args[1];
-  const IrShape *as = &A->type.shape, *bs = &B->type.shape;
   memset(g, 0, sizeof *g);
-  if (!ir_dtype_is_float(A->type.dtype) || B->type.dtype != A->type.dtype || as->rank < 1 || bs->rank < 1)
+  if (!ir_dtype_is_float(A->type.dtype) || B->type.dtype != A->type.dtype || A->type.shape.rank < 1 ||
+      B->type.shape.rank < 1)
     return false;
+  RtGemmPlan s;
+  if (!rt_gemm_plan_ir(op, false, &s, NULL, 0)) return false;
   g->op = op;
   g->dbl = A->type.dtype == IR_DT_F64;
-  g->ta = is_flag_permute(A);
-  g->tb = is_flag_permute(B);
-  g->accumulate = storage_root(op->result)->storage == IR_STORE_GRAD;
-  g->M = as->rank == 1 ? 1 : as->dim[as->rank - 2];
-  g->K = as->dim[as->rank - 1];
-  g->N = bs->rank == 1 ? 1 : bs->dim[bs->rank - 1];
-  IrShape ab = {0}, bb = {0}, batch;
-  ab.rank = as->rank > 2 ? as->rank - 2 : 0;
-  bb.rank = bs->rank > 2 ? bs->rank - 2 : 0;
-  for (int k = 0; k < ab.rank; k++) ab.dim[k] = as->dim[k];
-  for (int k = 0; k < bb.rank; k++) bb.dim[k] = bs->dim[k];
-  if (!ir_broadcast_shapes(&ab, &bb, &batch)) return false;
-  g->nb = ir_numel(&batch);
-  g->na = ir_numel(&ab);
-  g->nbb = ir_numel(&bb);
-  if (bb.rank == 0 && ab.rank > 0 && !g->ta) {
-    g->M *= g->nb;
-    g->nb = g->na = 1;
-  }
-  g->aidx = xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->bidx = xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->ta = s.ta;
+  g->tb = s.tb;
+  g->accumulate = s.c->storage == IR_STORE_GRAD;
+  g->M = s.M;
+  g->N = s.N;
+  g->K = s.K;
+  g->nb = s.nb;
+  g->na = s.na;
+  g->nbb = s.nbb;
+  g->aidx = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->bidx = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
   if (g->nb > 1) {
-    batch_index(&batch, &ab, g->aidx);
-    batch_index(&batch, &bb, g->bidx);
+    rt_gemm_batch_index(&s.batch, &s.abatch, g->aidx);
+    rt_gemm_batch_index(&s.batch, &s.bbatch, g->bidx);
   }
+  rt_gemm_plan_free(&s);
   return true;
 }
 
 int rt_gemm_list(const IrFunc *f, RtGemm **out) {
-  RtGemm *g = xcalloc((size_t)f->nops + 1, sizeof(RtGemm));
+  RtGemm *g = rt_xcalloc((size_t)f->nops + 1, sizeof(RtGemm));
   int n = 0;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -184,7 +139,7 @@ void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int
 #else
   (void)threads;
 #endif
-  Bufs *b = xcalloc((size_t)n + 1, sizeof(Bufs));
+  Bufs *b = rt_xcalloc((size_t)n + 1, sizeof(Bufs));
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   for (int i = 0; i < n; i++) {
     size_t es = g[i].dbl ? 8 : 4;
@@ -193,9 +148,9 @@ void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int
       if (g[i].aidx[t] + 1 > na) na = g[i].aidx[t] + 1;
       if (g[i].bidx[t] + 1 > nbb) nbb = g[i].bidx[t] + 1;
     }
-    b[i].a = xcalloc((size_t)(na * g[i].M * g[i].K), es);
-    b[i].b = xcalloc((size_t)(nbb * g[i].K * g[i].N), es);
-    b[i].c = xcalloc((size_t)(g[i].nb * g[i].M * g[i].N), es);
+    b[i].a = rt_xcalloc((size_t)(na * g[i].M * g[i].K), es);
+    b[i].b = rt_xcalloc((size_t)(nbb * g[i].K * g[i].N), es);
+    b[i].c = rt_xcalloc((size_t)(g[i].nb * g[i].M * g[i].N), es);
     fill(b[i].a, g[i].dbl, na * g[i].M * g[i].K, &seed);
     fill(b[i].b, g[i].dbl, nbb * g[i].K * g[i].N, &seed);
   }
