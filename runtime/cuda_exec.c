@@ -27,6 +27,7 @@
 
 #include "cuda.h"
 #include "gemm_floor.h"
+#include "gemm_plan.h"
 
 typedef enum { L_KERNEL, L_GEMM, L_COPY } LaunchKind;
 
@@ -78,23 +79,6 @@ struct CudaProgram {
   bool use_graph;
   int64_t runs; /* micro-batches run */
 };
-
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
 
 /* ------------------------------------------------------------------ */
 /* Elements on the host                                                */
@@ -157,7 +141,7 @@ static double get(const char *p, IrDType dt, int64_t i) {
 static bool copy_in(CudaProgram *p, const StTensor *t, int64_t begin, int64_t n, IrDType dt, int64_t offset, char *err,
                     size_t errlen) {
   size_t es = ir_dtype_size(dt);
-  char *buf = xcalloc((size_t)n, es);
+  char *buf = rt_xcalloc((size_t)n, es);
   if ((t->dtype == ST_F32 && dt == IR_DT_F32) || (t->dtype == ST_I32 && dt == IR_DT_I32) ||
       (t->dtype == ST_F64 && dt == IR_DT_F64)) {
     memcpy(buf, (const char *)t->data + (size_t)begin * es, (size_t)n * es);
@@ -183,28 +167,6 @@ const CuModule *cuda_program_module(const CudaProgram *p) { return p->m; }
 
 void cuda_program_allow_tf32(CudaProgram *p, bool on) { p->allow_tf32 = on; }
 
-static const IrValue *storage_root(const IrValue *v) {
-  while (v->storage == IR_STORE_ALIAS && v->def && v->def->opcode == IR_OP_RESHAPE) v = v->def->args[0];
-  return v;
-}
-
-static bool is_flag_permute(const IrValue *v) {
-  const IrOp *d = v->def;
-  if (!d || d->group != 0 || d->opcode != IR_OP_PERMUTE || v->storage != IR_STORE_NONE) return false;
-  const int64_t *perm;
-  int n = ir_attr_get_ints(d, "perm", &perm);
-  if (n < 2 || n != v->type.shape.rank) return false;
-  for (int i = 0; i < n - 2; i++)
-    if (perm[i] != i) return false;
-  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
-}
-
-static bool op_fail(char *err, size_t n, const IrOp *op, const char *what) {
-  const char *name = ir_op_info[op->opcode].name;
-  if (op->loc.file) return fail(err, n, "%s:%d:%d: '%s' %s", op->loc.file, op->loc.line, op->loc.col, name, what);
-  return fail(err, n, "'%s' %s", name, what);
-}
-
 static bool build_code(CudaProgram *p, char *err, size_t errlen);
 
 static bool in_group0(const IrOp *op, void *ctx) {
@@ -216,10 +178,10 @@ static CudaProgram *program_alloc(IrFunc *f, const CudaOptions *o, char *err, si
   bool planned = f->arena_size > 0;
   for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
   if (!planned && (f->nargs > 0 || f->nops > 0)) {
-    fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
+    rt_fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
     return NULL;
   }
-  CudaProgram *p = xcalloc(1, sizeof *p);
+  CudaProgram *p = rt_xcalloc(1, sizeof *p);
   p->f = f;
   p->allow_tf32 = o && o->allow_tf32;
   const char *g = getenv("GRADC_CUDA_GRAPHS");
@@ -289,8 +251,8 @@ void cuda_program_free(CudaProgram *p) {
 static bool load_modules(CudaProgram *p, char *err, size_t errlen) {
   const CudaDriver *d = p->d;
   CuModule *m = p->m;
-  p->mods = xcalloc((size_t)m->nchunks, sizeof(CUmodule));
-  p->fns = xcalloc((size_t)m->ncodes, sizeof(CUfunction));
+  p->mods = rt_xcalloc((size_t)m->nchunks, sizeof(CUmodule));
+  p->fns = rt_xcalloc((size_t)m->ncodes, sizeof(CUfunction));
   for (int c = 0; c < m->nchunks; c++) {
     CUresult r = d->ModuleLoadData(&p->mods[c], m->images[c].cubin);
     if (r != 0) r = d->ModuleLoadData(&p->mods[c], m->images[c].ptx);
@@ -321,8 +283,8 @@ static void find_grads(CudaProgram *p);
  * gradient buffers: checked when the program is made, without a device. */
 static bool build_code(CudaProgram *p, char *err, size_t errlen) {
   const IrFunc *f = p->f;
-  p->code = xcalloc((size_t)f->nops + 1, sizeof(Launch));
-  p->losses = xcalloc((size_t)f->nops + 1, sizeof(Loss));
+  p->code = rt_xcalloc((size_t)f->nops + 1, sizeof(Launch));
+  p->losses = rt_xcalloc((size_t)f->nops + 1, sizeof(Loss));
   int gemm = 0;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -330,12 +292,12 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
     if (op->group > 0) {
       if (i > 0 && f->ops[i - 1]->group == op->group) continue;
       const CuKernel *k = cg_cuda_kernel(p->m, op->group);
-      if (!k) return op_fail(err, errlen, op, "is in a kernel the code generator did not produce");
+      if (!k) return rt_op_fail(err, errlen, op, "is in a kernel the code generator did not produce");
       Launch *l = &p->code[p->ncode++];
       l->kind = L_KERNEL;
       l->idx = (int)(k - p->m->kernels);
-      l->ptrs = xcalloc((size_t)k->nparams, sizeof(CUdeviceptr));
-      l->args = xcalloc((size_t)k->nparams, sizeof(void *));
+      l->ptrs = rt_xcalloc((size_t)k->nparams, sizeof(CUdeviceptr));
+      l->args = rt_xcalloc((size_t)k->nparams, sizeof(void *));
       continue;
     }
     if (opc == IR_OP_MATMUL) {
@@ -354,37 +316,37 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
       continue;
     if (opc == IR_OP_RESHAPE || opc == IR_OP_SLICE) {
       if (op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
-        return op_fail(err, errlen, op, "must alias its operand (run memplan)");
+        return rt_op_fail(err, errlen, op, "must alias its operand (run memplan)");
       continue;
     }
     if (opc == IR_OP_UNSLICE) {
-      if (op->result->storage != IR_STORE_GRAD || storage_root(op->args[0])->storage != IR_STORE_GRAD)
-        return op_fail(err, errlen, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
+      if (op->result->storage != IR_STORE_GRAD || rt_storage_root(op->args[0])->storage != IR_STORE_GRAD)
+        return rt_op_fail(err, errlen, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
       continue;
     }
     if (opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_GRAD) continue;
-    if (opc == IR_OP_PERMUTE && is_flag_permute(op->result)) continue;
+    if (opc == IR_OP_PERMUTE && rt_is_flag_permute(op->result)) continue;
     if (opc == IR_OP_LOSS) {
-      const IrValue *v = storage_root(op->args[0]);
-      if (v->storage == IR_STORE_NONE) return op_fail(err, errlen, op, "reads a value without storage (run memplan)");
+      const IrValue *v = rt_storage_root(op->args[0]);
+      if (v->storage == IR_STORE_NONE) return rt_op_fail(err, errlen, op, "reads a value without storage (run memplan)");
       p->losses[p->nlosses++] = (Loss){op, v->offset, ir_numel(&v->type.shape), op->args[0]->type.dtype};
       continue;
     }
     if (opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT)
-      return op_fail(err, errlen, op, "needs a distributed runtime");
+      return rt_op_fail(err, errlen, op, "needs a distributed runtime");
     if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
         opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT ||
         opc == IR_OP_TP_COPY) {
-      if (opc != IR_OP_TP_COPY && ir_attr_get_int(op, "ranks", 1) > 1) return op_fail(err, errlen, op, "needs a distributed runtime");
-      const IrValue *s = storage_root(op->args[0]), *dv = storage_root(op->result);
+      if (opc != IR_OP_TP_COPY && ir_attr_get_int(op, "ranks", 1) > 1) return rt_op_fail(err, errlen, op, "needs a distributed runtime");
+      const IrValue *s = rt_storage_root(op->args[0]), *dv = rt_storage_root(op->result);
       if (s->storage == IR_STORE_NONE || dv->storage == IR_STORE_NONE)
-        return op_fail(err, errlen, op, "has an operand or result without storage (run memplan)");
+        return rt_op_fail(err, errlen, op, "has an operand or result without storage (run memplan)");
       size_t bytes = (size_t)ir_numel(&op->result->type.shape) * ir_dtype_size(op->result->type.dtype);
       if (s->offset != dv->offset)
         p->code[p->ncode++] = (Launch){.kind = L_COPY, .src = s->offset, .dst = dv->offset, .bytes = bytes};
       continue;
     }
-    return op_fail(err, errlen, op, "is not in a kernel (the CUDA target runs fuse before memplan)");
+    return rt_op_fail(err, errlen, op, "is not in a kernel (the CUDA target runs fuse before memplan)");
   }
   find_grads(p);
   return true;
@@ -396,7 +358,7 @@ static bool bind_code(CudaProgram *p, char *err, size_t errlen) {
     Launch *l = &p->code[i];
     if (l->kind == L_GEMM) {
       if (l->idx >= p->ngemms || cuda_gemm_op(p->gemms, l->idx) != l->op)
-        return fail(err, errlen, "the GEMM plan does not match the program");
+        return rt_fail(err, errlen, "the GEMM plan does not match the program");
       continue;
     }
     if (l->kind != L_KERNEL) continue;
@@ -418,7 +380,7 @@ static bool store_consts(CudaProgram *p, char *err, size_t errlen) {
     if (op->opcode != IR_OP_CONST || op->group != 0 || op->result->storage != IR_STORE_ARENA) continue;
     IrDType dt = op->result->type.dtype;
     int64_t n = ir_numel(&op->result->type.shape);
-    char *buf = xcalloc((size_t)n, ir_dtype_size(dt));
+    char *buf = rt_xcalloc((size_t)n, ir_dtype_size(dt));
     double v = ir_attr_get_float(op, "value", 0.0);
     for (int64_t k = 0; k < n; k++) put(buf, dt, k, v);
     bool ok = n == 0 || cuda_check(p->d->MemcpyHtoD(p->arena + (CUdeviceptr)op->result->offset, buf,
@@ -432,14 +394,14 @@ static bool store_consts(CudaProgram *p, char *err, size_t errlen) {
 
 static void find_grads(CudaProgram *p) {
   const IrFunc *f = p->f;
-  p->grads = xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
+  p->grads = rt_xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     if (a->role != IR_ARG_PARAM) continue;
     for (int k = 0; k < f->nops; k++) {
       const IrOp *op = f->ops[k];
       if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
-      p->grads[p->ngrads++] = (GradBuf){i, storage_root(op->args[0])->offset, ir_numel(&a->type.shape),
+      p->grads[p->ngrads++] = (GradBuf){i, rt_storage_root(op->args[0])->offset, ir_numel(&a->type.shape),
                                         a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32};
       break;
     }
@@ -524,7 +486,7 @@ static bool read_losses(CudaProgram *p, StepResult *r, char *err, size_t errlen)
   for (int i = 0; i < p->nlosses; i++) {
     const Loss *l = &p->losses[i];
     size_t es = ir_dtype_size(l->dt);
-    char *buf = xcalloc((size_t)l->numel, es);
+    char *buf = rt_xcalloc((size_t)l->numel, es);
     bool ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)l->offset, (size_t)l->numel * es),
                          "reading a loss", err, errlen);
     double s = 0;
@@ -539,17 +501,17 @@ static bool read_losses(CudaProgram *p, StepResult *r, char *err, size_t errlen)
 /* Window sums on the host (the interpreter's count phase), into the arena. */
 static bool window_sums(CudaProgram *p, int gas, const StTensor *const *bound, char *err, size_t errlen) {
   const IrFunc *f = p->f;
-  bool *needed = xcalloc((size_t)f->nargs + 1, sizeof(bool));
+  bool *needed = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
   if (!step_window_needs(f, needed)) {
     free(needed);
     return true;
   }
-  double **data = xcalloc((size_t)f->nargs + 1, sizeof(double *));
-  double **wsum = xcalloc((size_t)f->nvalues + 1, sizeof(double *));
+  double **data = rt_xcalloc((size_t)f->nargs + 1, sizeof(double *));
+  double **wsum = rt_xcalloc((size_t)f->nvalues + 1, sizeof(double *));
   for (int i = 0; i < f->nargs; i++) {
     if (!needed[i]) continue;
     int64_t n = st_numel(bound[i]);
-    data[i] = xcalloc((size_t)n, sizeof(double));
+    data[i] = rt_xcalloc((size_t)n, sizeof(double));
     step_load(bound[i], 0, n, data[i]);
   }
   bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
@@ -558,7 +520,7 @@ static bool window_sums(CudaProgram *p, int gas, const StTensor *const *bound, c
     if (op->opcode != IR_OP_WINDOW_SUM || op->result->storage == IR_STORE_NONE) continue;
     IrDType dt = op->result->type.dtype;
     int64_t n = ir_numel(&op->result->type.shape);
-    char *buf = xcalloc((size_t)n, ir_dtype_size(dt));
+    char *buf = rt_xcalloc((size_t)n, ir_dtype_size(dt));
     for (int64_t k = 0; k < n; k++) put(buf, dt, k, wsum[op->result->id][k]);
     ok = n == 0 || cuda_check(p->d->MemcpyHtoD(p->arena + (CUdeviceptr)op->result->offset, buf,
                                                (size_t)n * ir_dtype_size(dt)),
@@ -590,7 +552,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
                    const char *inputs_path, StepResult *out, char *err, size_t errlen) {
   const IrFunc *f = p->f;
   memset(out, 0, sizeof *out);
-  const StTensor **bound = xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
+  const StTensor **bound = rt_xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
             step_result_init(f, &r, err, errlen) && device_setup(p, err, errlen);
@@ -615,7 +577,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
       if (strcmp(r.grad_names[j], f->args[g->arg]->name) == 0) slot = j;
     GRADC_ASSERT(slot >= 0);
     size_t es = ir_dtype_size(g->dt);
-    char *buf = xcalloc((size_t)g->numel, es);
+    char *buf = rt_xcalloc((size_t)g->numel, es);
     ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)g->offset, (size_t)g->numel * es),
                     "reading gradients", err, errlen);
     double *dst = r.grads[slot];
@@ -664,7 +626,7 @@ bool cuda_program_save(const CudaProgram *p, ArtFile *a, char *err, size_t errle
   cJSON_AddStringToObject(o, "source_hash", hash);
   char *s = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
-  if (!s) return fail(err, errlen, "cannot describe the CUDA images");
+  if (!s) return rt_fail(err, errlen, "cannot describe the CUDA images");
   art_add(a, "CUDA", NULL, s, strlen(s));
   cJSON_free(s);
   for (int c = 0; c < m->nchunks; c++) {
@@ -679,7 +641,7 @@ bool cuda_program_save(const CudaProgram *p, ArtFile *a, char *err, size_t errle
 CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o, char *err, size_t errlen) {
   const ArtSection *meta = art_find(a, "CUDA", NULL);
   if (!meta) {
-    fail(err, errlen, "artifact has no CUDA kernels (a CUDA section is missing)");
+    rt_fail(err, errlen, "artifact has no CUDA kernels (a CUDA section is missing)");
     return NULL;
   }
   CudaProgram *p = program_alloc(f, o, err, errlen);
@@ -690,16 +652,16 @@ CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o
   char want[32];
   snprintf(want, sizeof want, "%016llx", (unsigned long long)cg_cuda_source_hash(p->m));
   bool ok = cJSON_IsString(arch) && cJSON_IsNumber(chunks) && cJSON_IsString(hash);
-  if (!ok) fail(err, errlen, "artifact is corrupt (bad CUDA section)");
+  if (!ok) rt_fail(err, errlen, "artifact is corrupt (bad CUDA section)");
   if (ok && (strcmp(hash->valuestring, want) != 0 || chunks->valueint != p->m->nchunks))
-    ok = fail(err, errlen, "artifact's CUDA kernels were built from other sources (by another gradc?)");
-  CuImage *img = xcalloc((size_t)p->m->nchunks, sizeof(CuImage));
+    ok = rt_fail(err, errlen, "artifact's CUDA kernels were built from other sources (by another gradc?)");
+  CuImage *img = rt_xcalloc((size_t)p->m->nchunks, sizeof(CuImage));
   for (int c = 0; ok && c < p->m->nchunks; c++) {
     char name[16];
     snprintf(name, sizeof name, "%d", c);
     const ArtSection *cb = art_find(a, "CUBN", name), *px = art_find(a, "PTX", name);
     if (!cb || !px) {
-      ok = fail(err, errlen, "artifact is corrupt (compiled kernels %d are missing)", c);
+      ok = rt_fail(err, errlen, "artifact is corrupt (compiled kernels %d are missing)", c);
       break;
     }
     img[c] = (CuImage){(char *)cb->data, cb->len, (char *)px->data, px->len, false};

@@ -50,23 +50,6 @@
  * larger ones are split in chunks of about this size. */
 #define INLINE_WORK 32768
 
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
-
 /* ------------------------------------------------------------------ */
 /* Elements in the arena                                               */
 /* ------------------------------------------------------------------ */
@@ -260,17 +243,9 @@ struct CpuProgram {
  * (a tenth of a small model's step). */
 static char *arena_new(int64_t size) { return aligned_alloc(64, (size_t)((size + 64) / 64 * 64)); }
 
-static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; }
-
 static bool in_group0(const IrOp *op, void *ctx) {
   (void)ctx;
   return op->group == 0;
-}
-
-static bool op_fail(char *err, size_t n, const IrOp *op, const char *what) {
-  if (op->loc.file)
-    return fail(err, n, "%s:%d:%d: '%s' %s", op->loc.file, op->loc.line, op->loc.col, opname(op), what);
-  return fail(err, n, "'%s' %s", opname(op), what);
 }
 
 /* A matmul op as the executor runs it (gemm_plan.h): f32 and f64 through
@@ -281,24 +256,25 @@ static bool plan_gemm(const CgViews *vs, const IrOp *op, Gemm *g, char *err, siz
   const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
   memset(g, 0, sizeof *g);
   g->dt = A->type.dtype;
-  if (!ir_dtype_is_float(g->dt) || B->type.dtype != g->dt) return op_fail(err, n, op, "needs float operands of one dtype");
-  if (A->type.shape.rank < 1 || B->type.shape.rank < 1) return op_fail(err, n, op, "needs operands of rank >= 1");
+  if (!ir_dtype_is_float(g->dt) || B->type.dtype != g->dt)
+    return rt_op_fail(err, n, op, "needs float operands of one dtype");
+  if (A->type.shape.rank < 1 || B->type.shape.rank < 1) return rt_op_fail(err, n, op, "needs operands of rank >= 1");
   bool packed = g->dt != IR_DT_F32 && g->dt != IR_DT_F64;
   RtGemmPlan s;
   bool ok = packed ? rt_gemm_plan_ir(op, true, &s, err, n) : rt_gemm_plan_views(vs, op, &s, err, n);
   if (ok && packed) {
     const IrShape *bs = &B->type.shape;
     if (s.K != (bs->rank == 1 ? bs->dim[0] : bs->dim[bs->rank - 2]))
-      ok = op_fail(err, n, op, "has mismatched inner dimensions");
+      ok = rt_op_fail(err, n, op, "has mismatched inner dimensions");
     else if (s.nb * s.M * s.N != ir_numel(&C->type.shape))
-      ok = op_fail(err, n, op, "has a result of the wrong size");
+      ok = rt_op_fail(err, n, op, "has a result of the wrong size");
   }
   /* The BLAS's 32-bit sizes: contiguous GEMMs as folded, views by the rows
    * of one result matrix (M before a left-only batch is folded in). */
   int64_t m = packed ? s.M : s.rows;
   if (ok && (m > INT32_MAX || s.N > INT32_MAX || s.K > INT32_MAX || s.lda > INT32_MAX || s.ldb > INT32_MAX ||
              s.ldc > INT32_MAX))
-    ok = op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
+    ok = rt_op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
   if (!ok) {
     rt_gemm_plan_free(&s);
     return false;
@@ -481,8 +457,8 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   /* bf16 / f16: widen to f32, multiply, and round the result back (or
    * accumulate it into the f32 gradient buffer). */
   char *arena = p->arena;
-  float *a = xcalloc((size_t)mk, sizeof(float)), *b = xcalloc((size_t)kn, sizeof(float));
-  float *c = g->accumulate ? NULL : xcalloc((size_t)mn, sizeof(float));
+  float *a = rt_xcalloc((size_t)mk, sizeof(float)), *b = rt_xcalloc((size_t)kn, sizeof(float));
+  float *c = g->accumulate ? NULL : rt_xcalloc((size_t)mn, sizeof(float));
   for (int64_t t = 0; t < g->nb; t++) {
     for (int64_t i = 0; i < mk; i++) a[i] = (float)elem_get(arena + g->a, g->dt, g->aoff[t] + i);
     for (int64_t i = 0; i < kn; i++) b[i] = (float)elem_get(arena + g->b, g->dt, g->boff[t] + i);
@@ -558,7 +534,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     return true;
   if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM) {
     if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
-      return op_fail(err, n, op, "must alias its operand (run memplan)");
+      return rt_op_fail(err, n, op, "must alias its operand (run memplan)");
     return true;
   }
   if (opc == IR_OP_PERMUTE && rt_is_flag_permute(op->result)) return true;
@@ -566,23 +542,23 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
    * accumulate into the gradient buffer (memplan). */
   if (opc == IR_OP_SLICE) {
     if (op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
-      return op_fail(err, n, op, "must alias its operand (run memplan)");
+      return rt_op_fail(err, n, op, "must alias its operand (run memplan)");
     return true;
   }
   if (opc == IR_OP_UNSLICE) {
     if (op->result->storage != IR_STORE_GRAD || rt_storage_root(op->args[0])->storage != IR_STORE_GRAD)
-      return op_fail(err, n, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
+      return rt_op_fail(err, n, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
     return true;
   }
   if (opc == IR_OP_LOSS) {
     const IrValue *v = rt_storage_root(op->args[0]);
-    if (v->storage == IR_STORE_NONE) return op_fail(err, n, op, "reads a value without storage (run memplan)");
+    if (v->storage == IR_STORE_NONE) return rt_op_fail(err, n, op, "reads a value without storage (run memplan)");
     emit(p, (Instr){.kind = I_LOSS, .op = op, .src = v->offset});
     return true;
   }
   if (opc == IR_OP_GRAD) {
     if (rt_storage_root(op->args[0])->storage != IR_STORE_GRAD)
-      return op_fail(err, n, op, "reads a value outside the gradient buffers (run memplan)");
+      return rt_op_fail(err, n, op, "reads a value outside the gradient buffers (run memplan)");
     return true;
   }
   if (opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT) {
@@ -590,11 +566,11 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     const IrValue *d = rt_storage_root(op->result);
     for (int j = 0; j < op->nargs; j++) {
       const IrValue *s = rt_storage_root(op->args[j]);
-      if (s->storage == IR_STORE_NONE) return op_fail(err, n, op, "has an operand without storage (run memplan)");
-      if (s->offset == d->offset && op->nargs > 1) return op_fail(err, n, op, "shares its result's storage with an operand");
+      if (s->storage == IR_STORE_NONE) return rt_op_fail(err, n, op, "has an operand without storage (run memplan)");
+      if (s->offset == d->offset && op->nargs > 1) return rt_op_fail(err, n, op, "shares its result's storage with an operand");
     }
     if (d->storage == IR_STORE_NONE || d->storage == IR_STORE_GRAD)
-      return op_fail(err, n, op, "needs its own result storage (run memplan)");
+      return rt_op_fail(err, n, op, "needs its own result storage (run memplan)");
     int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
     if (ir_attr_get_int(op, "ranks", 1) == 1) { /* the identity */
       int64_t so = rt_storage_root(op->args[0])->offset;
@@ -609,20 +585,20 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
       opc == IR_OP_TP_COPY) {
     const IrValue *s = rt_storage_root(op->args[0]), *d = rt_storage_root(op->result);
     if (s->storage == IR_STORE_NONE || d->storage == IR_STORE_NONE)
-      return op_fail(err, n, op, "has an operand or result without storage (run memplan)");
+      return rt_op_fail(err, n, op, "has an operand or result without storage (run memplan)");
     bool start = opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_GATHER_START || opc == IR_OP_REDUCE_SCATTER_START;
     /* A wait's attributes are its start's. */
     const IrOp *sop = start || opc == IR_OP_TP_COPY || !op->args[0]->def ? op : op->args[0]->def;
     if (opc != IR_OP_TP_COPY && step_coll_last(op)) {
       /* A gradient bucket's member: in place in the gradient buffer. */
       if (opc != IR_OP_ALL_REDUCE_START && opc != IR_OP_ALL_REDUCE_WAIT)
-        return op_fail(err, n, op, "with last=true must be an all-reduce");
+        return rt_op_fail(err, n, op, "with last=true must be an all-reduce");
       if (s->storage != IR_STORE_GRAD || d->storage != IR_STORE_GRAD || s->offset != d->offset)
-        return op_fail(err, n, op, "with last=true must be in its param's gradient buffer (run memplan)");
+        return rt_op_fail(err, n, op, "with last=true must be in its param's gradient buffer (run memplan)");
       emit(p, (Instr){.kind = start ? I_BUCKET_START : I_BUCKET_WAIT, .op = op, .slot = -1});
       return true;
     }
-    if (d->storage == IR_STORE_GRAD) return op_fail(err, n, op, "cannot accumulate into a gradient buffer");
+    if (d->storage == IR_STORE_GRAD) return rt_op_fail(err, n, op, "cannot accumulate into a gradient buffer");
     int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
     if (opc == IR_OP_TP_COPY || ir_attr_get_int(sop, "ranks", 1) == 1) {
       if (s->offset != d->offset)
@@ -630,7 +606,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
       return true;
     }
     IrDType dt = op->args[0]->type.dtype;
-    if (dt != IR_DT_F32 && dt != IR_DT_F64) return op_fail(err, n, op, "needs f32 or f64 values on the CPU target");
+    if (dt != IR_DT_F32 && dt != IR_DT_F64) return rt_op_fail(err, n, op, "needs f32 or f64 values on the CPU target");
     if (start) {
       emit(p, (Instr){.kind = I_START, .op = op, .src = s->offset, .dst = d->offset, .slot = p->ncolls++,
                       .f64 = dt == IR_DT_F64});
@@ -640,11 +616,11 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     int slot = -1;
     for (int i = p->ncode - 1; i >= 0 && slot < 0; i--)
       if (p->code[i].kind == I_START && p->code[i].op->result == op->args[0]) slot = p->code[i].slot;
-    if (slot < 0) return op_fail(err, n, op, "waits for a collective that was not started before it");
+    if (slot < 0) return rt_op_fail(err, n, op, "waits for a collective that was not started before it");
     emit(p, (Instr){.kind = I_WAIT, .op = op, .dst = d->offset, .slot = slot});
     return true;
   }
-  return op_fail(err, n, op, "is not in a kernel (the CPU target runs fuse before memplan)");
+  return rt_op_fail(err, n, op, "is not in a kernel (the CPU target runs fuse before memplan)");
 }
 
 /* Store the consts that group-0 ops read (they live in the persistent region). */
@@ -688,7 +664,7 @@ static bool bucket_reduced(const IrValue *v) {
 static int add_bucket(CpuProgram *p, const int *starts, int n) {
   Bucket *b = &p->buckets[p->nbuckets];
   b->op = p->code[starts[0]].op;
-  b->runs = xcalloc((size_t)n, sizeof(BucketRun));
+  b->runs = rt_xcalloc((size_t)n, sizeof(BucketRun));
   for (int i = 0; i < n; i++) b->runs[i] = member_range(p->code[starts[i]].op);
   qsort(b->runs, (size_t)n, sizeof(BucketRun), cmp_run);
   int m = 0;
@@ -706,14 +682,14 @@ static int add_bucket(CpuProgram *p, const int *starts, int n) {
 
 /* Group the last=true starts and waits into buckets (see Bucket). */
 static bool plan_buckets(CpuProgram *p, char *err, size_t n) {
-  int *starts = xcalloc((size_t)p->ncode + 1, sizeof(int)), *waits = xcalloc((size_t)p->ncode + 1, sizeof(int));
+  int *starts = rt_xcalloc((size_t)p->ncode + 1, sizeof(int)), *waits = rt_xcalloc((size_t)p->ncode + 1, sizeof(int));
   int ns = 0, nw = 0;
   for (int i = 0; i < p->ncode; i++) {
     if (p->code[i].kind == I_BUCKET_START) starts[ns++] = i;
     if (p->code[i].kind == I_BUCKET_WAIT) waits[nw++] = i;
   }
-  p->buckets = xcalloc((size_t)ns + 1, sizeof(Bucket));
-  int *members = xcalloc((size_t)ns + 1, sizeof(int));
+  p->buckets = rt_xcalloc((size_t)ns + 1, sizeof(Bucket));
+  int *members = rt_xcalloc((size_t)ns + 1, sizeof(int));
   bool ok = true;
   for (int i = 0; i < ns && ok; i++) {
     Instr *s0 = &p->code[starts[i]];
@@ -752,7 +728,7 @@ static bool plan_buckets(CpuProgram *p, char *err, size_t n) {
     }
   }
   for (int k = 0; k < nw && ok; k++)
-    if (p->code[waits[k]].slot < 0) ok = op_fail(err, n, p->code[waits[k]].op, "waits for a collective that is not started");
+    if (p->code[waits[k]].slot < 0) ok = rt_op_fail(err, n, p->code[waits[k]].op, "waits for a collective that is not started");
   free(members);
   free(starts);
   free(waits);
@@ -800,7 +776,7 @@ static int cmp_range(const void *pa, const void *pb) {
  * (kernels accumulate with +=). */
 static void plan_zeroing(CpuProgram *p) {
   const IrFunc *f = p->f;
-  int64_t(*cover)[2] = xcalloc((size_t)p->ncode + 1, sizeof *cover);
+  int64_t(*cover)[2] = rt_xcalloc((size_t)p->ncode + 1, sizeof *cover);
   int ncover = 0, opi = 0;
   for (int i = 0; i < p->ncode; i++) {
     Gemm *g = &p->code[i].gemm;
@@ -833,7 +809,7 @@ static void plan_zeroing(CpuProgram *p) {
     cover[ncover++][1] = hi;
   }
   qsort(cover, (size_t)ncover, sizeof *cover, cmp_range);
-  p->zero = xcalloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
+  p->zero = rt_xcalloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
   for (int k = 0; k < p->ngrads; k++) {
     const GradBuf *b = &p->grads[k];
     int64_t at = b->offset, end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
@@ -861,30 +837,30 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   bool planned = f->arena_size > 0;
   for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
   if (!planned && (f->nargs > 0 || f->nops > 0)) {
-    fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
+    rt_fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
 #ifdef GRADC_HAVE_LLVM
     if (cg) cg_module_free(cg);
 #endif
     return NULL;
   }
-  CpuProgram *p = xcalloc(1, sizeof *p);
+  CpuProgram *p = rt_xcalloc(1, sizeof *p);
   p->f = f;
   p->cg = cg;
   p->threads = o->threads > 0 ? o->threads : pool_ncores();
-  p->code = xcalloc((size_t)f->nops + 1, sizeof(Instr));
+  p->code = rt_xcalloc((size_t)f->nops + 1, sizeof(Instr));
   cg_views_find(f, in_group0, NULL, &p->views);
 
   /* Kernels: contiguous groups, compiled by the code generator. */
   int maxg = 0;
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
-  bool *started = xcalloc((size_t)maxg + 1, sizeof(bool));
+  bool *started = rt_xcalloc((size_t)maxg + 1, sizeof(bool));
   for (int i = 0; i < f->nops; i++) {
     int g = f->ops[i]->group;
     if (g == 0 || (i > 0 && f->ops[i - 1]->group == g)) continue;
     if (started[g]) {
       free(started);
-      op_fail(err, errlen, f->ops[i], "is in a kernel whose ops are not contiguous");
+      rt_op_fail(err, errlen, f->ops[i], "is in a kernel whose ops are not contiguous");
       goto error;
     }
     started[g] = true;
@@ -896,7 +872,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     p->cg = cg_llvm_compile(f, &co, err, errlen);
     if (!p->cg) goto error;
 #else
-    fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels (configure with -DGRADC_LLVM=ON)");
+    rt_fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels (configure with -DGRADC_LLVM=ON)");
     goto error;
 #endif
   }
@@ -908,7 +884,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
 #ifdef GRADC_HAVE_LLVM
       const CgKernel *k = cg_module_kernel(p->cg, op->group);
       if (!k || !k->fn) {
-        op_fail(err, errlen, op, "is in a kernel the code generator did not produce");
+        rt_op_fail(err, errlen, op, "is in a kernel the code generator did not produce");
         goto error;
       }
       emit(p, (Instr){.kind = I_KERNEL, .op = op, .kernel = k});
@@ -918,13 +894,13 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     if (!build_op(p, op, err, errlen)) goto error;
   }
   if (!plan_buckets(p, err, errlen)) goto error;
-  p->colls = xcalloc((size_t)p->ncolls + 1, sizeof(StepColl));
-  p->coll_open = xcalloc((size_t)p->ncolls + 1, sizeof(bool));
+  p->colls = rt_xcalloc((size_t)p->ncolls + 1, sizeof(StepColl));
+  p->coll_open = rt_xcalloc((size_t)p->ncolls + 1, sizeof(bool));
 
   /* One gradient buffer per param with a `grad` output; the buckets
    * reduce it when every `grad` of the param reads a last=true wait (a
    * stacked param reduced by slices has one per slice). */
-  p->grads = xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
+  p->grads = rt_xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     if (a->role != IR_ARG_PARAM) continue;
@@ -944,11 +920,11 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
 
   p->arena = arena_new(f->arena_size);
   if (!p->arena) {
-    fail(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
+    rt_fail(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
     goto error;
   }
   plan_zeroing(p);
-  p->arena_src = xcalloc((size_t)f->nargs + 1, sizeof(void *));
+  p->arena_src = rt_xcalloc((size_t)f->nargs + 1, sizeof(void *));
   store_consts(p);
   p->pool = pool_new(p->threads);
   return p;
@@ -1044,14 +1020,14 @@ bool cpu_program_save_objects(const CpuProgram *p, ArtFile *a, char *err, size_t
   const void *obj;
   size_t len;
   cg_module_object(p->cg, &obj, &len);
-  if (!obj || !len) return fail(err, errlen, "the CPU program has no object code to save");
+  if (!obj || !len) return rt_fail(err, errlen, "the CPU program has no object code to save");
   char name[2200];
   kobj_name(p->f, a, name, sizeof name);
   art_add(a, "KOBJ", name, obj, len);
   return true;
 #else
   (void)a;
-  return fail(err, errlen, "this build has no LLVM: cannot save kernel objects");
+  return rt_fail(err, errlen, "this build has no LLVM: cannot save kernel objects");
 #endif
 }
 
@@ -1059,18 +1035,18 @@ CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptio
 #ifdef GRADC_HAVE_LLVM
   const ArtSection *s = art_find(a, "KOBJ", NULL);
   if (!s) {
-    fail(err, errlen, "no kernel object code (KOBJ section)");
+    rt_fail(err, errlen, "no kernel object code (KOBJ section)");
     return NULL;
   }
   char want[2200];
   kobj_name(f, a, want, sizeof want);
   const char *semi = strchr(s->name, ';'), *host = strchr(want, ';') + 1;
   if (!semi || (size_t)(semi - s->name) != 16 || strncmp(s->name, want, 16) != 0) {
-    fail(err, errlen, "kernel object code does not belong to this artifact's IR (recompile the model)");
+    rt_fail(err, errlen, "kernel object code does not belong to this artifact's IR (recompile the model)");
     return NULL;
   }
   if (strcmp(semi + 1, host) != 0) {
-    fail(err, errlen, "kernel object code was built for another host (%.400s); this host is %.400s (recompile the model)",
+    rt_fail(err, errlen, "kernel object code was built for another host (%.400s); this host is %.400s (recompile the model)",
          semi + 1, host);
     return NULL;
   }
@@ -1079,7 +1055,7 @@ CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptio
   return program_new(f, o, cg, err, errlen);
 #else
   (void)f, (void)a, (void)o;
-  fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels");
+  rt_fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels");
   return NULL;
 #endif
 }
@@ -1152,17 +1128,17 @@ static void copy_args(CpuProgram *p, const StTensor *const *bound, int k, bool k
 
 static bool window_sums(CpuProgram *p, int gas, const StTensor *const *bound, char *err, size_t errlen) {
   const IrFunc *f = p->f;
-  bool *needed = xcalloc((size_t)f->nargs + 1, sizeof(bool));
+  bool *needed = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
   if (!step_window_needs(f, needed)) {
     free(needed);
     return true;
   }
-  double **data = xcalloc((size_t)f->nargs + 1, sizeof(double *));
-  double **wsum = xcalloc((size_t)f->nvalues + 1, sizeof(double *));
+  double **data = rt_xcalloc((size_t)f->nargs + 1, sizeof(double *));
+  double **wsum = rt_xcalloc((size_t)f->nvalues + 1, sizeof(double *));
   for (int i = 0; i < f->nargs; i++) {
     if (!needed[i]) continue;
     int64_t n = st_numel(bound[i]);
-    data[i] = xcalloc((size_t)n, sizeof(double));
+    data[i] = rt_xcalloc((size_t)n, sizeof(double));
     step_load(bound[i], 0, n, data[i]);
   }
   bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
@@ -1206,7 +1182,7 @@ static bool bucket_wait(Bucket *b, char *err, size_t n) {
     CommReq *q = b->runs[k].req;
     b->runs[k].req = NULL;
     char e[1024];
-    if (q && !comm_wait(q, e, sizeof e) && ok) ok = fail(err, n, "%s", e);
+    if (q && !comm_wait(q, e, sizeof e) && ok) ok = rt_fail(err, n, "%s", e);
   }
   return ok;
 }
@@ -1247,7 +1223,7 @@ static bool run_rank_copy(CpuProgram *p, const Instr *in, char *err, size_t n) {
   if (!step_rank_of(op, &rank, err, n)) return false;
   enum { MAXOPS = 1024 };
   const void *src[MAXOPS];
-  if (op->nargs > MAXOPS) return op_fail(err, n, op, "has too many operands");
+  if (op->nargs > MAXOPS) return rt_op_fail(err, n, op, "has too many operands");
   for (int j = 0; j < op->nargs; j++) src[j] = p->arena + rt_storage_root(op->args[j])->offset;
   step_rank_copy(op, rank, ir_dtype_size(op->result->type.dtype), src, p->arena + in->dst);
   return true;
@@ -1315,7 +1291,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   p->params_gen = 0; /* for this window only */
   bool no_grads = p->no_grads;
   p->no_grads = false;
-  const StTensor **bound = xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
+  const StTensor **bound = rt_xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
             result_begin(p, &r, err, errlen);
@@ -1352,7 +1328,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
       else
         bulk(p, BULK_COPY, r.grads[slot], p->arena + g->offset, g->numel * 8);
       if (g->reduced) {
-        if (!r.dp_reduced) r.dp_reduced = xcalloc((size_t)r.ngrads + 1, sizeof(bool));
+        if (!r.dp_reduced) r.dp_reduced = rt_xcalloc((size_t)r.ngrads + 1, sizeof(bool));
         r.dp_reduced[slot] = true;
       }
     }
