@@ -7,13 +7,14 @@
  *
  *   kernel   a compiled kernel over [0, iters), split across the pool
  *            (run inline on the calling thread when iters * cost is small)
- *   gemm     cblas_sgemm / cblas_dgemm with torch.matmul semantics: 1-D
- *            operands, broadcast batch dims by a loop (or folded into M when
- *            only the left operand has them), operands and results that
- *            are strided views of stored values (cg_views_find: group-0
- *            transposes as flags, q read out of qkv, heads written into
- *            [B, T, C]), beta = 1 when the result is a gradient buffer;
- *            split over the pool, the BLAS single-threaded in each piece
+ *   gemm     cblas_sgemm / cblas_dgemm as gemm_plan.c plans the matmul
+ *            (torch.matmul semantics: 1-D operands, broadcast batch dims
+ *            by a loop or folded into M when only the left operand has
+ *            them, operands and results that are strided views of stored
+ *            values: cg_views_find's group-0 transposes as flags, q read
+ *            out of qkv, heads written into [B, T, C]), beta = 1 when the
+ *            result is a gradient buffer; split over the pool, the BLAS
+ *            single-threaded in each piece
  *   copy     a collective on one rank
  *   loss     add the loss operand into its window loss
  *
