@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "codegen/codegen.h"
@@ -242,23 +241,6 @@ static void test_artifact_refuses_other_host(void **state) {
 /* The command line                                                     */
 /* ------------------------------------------------------------------ */
 
-static int sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static int sh(char *out, size_t n, const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  char full[4200];
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  FILE *p = popen(full, "r");
-  assert_non_null(p);
-  size_t k = fread(out, 1, n - 1, p);
-  out[k] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static bool exists(const char *path) {
   struct stat st;
   return stat(path, &st) == 0;
@@ -274,28 +256,30 @@ static void test_artifact_cli_runs_without_compiling(void **state) {
   FILE *f = fopen(tmp("net.gdl"), "w");
   fputs(net_src, f);
   fclose(f);
-  assert_int_equal(sh(out, sizeof out, "%s init %s -o %s --seed 3", GRADC_BINARY, tmp("net.gdl"), tmp("p.st")), 0);
-  assert_int_equal(sh(out, sizeof out, "%s data random %s -o %s --seed 4", GRADC_BINARY, tmp("net.gdl"), tmp("i.st")), 0);
-  assert_int_equal(sh(out, sizeof out, "%s compile %s --gas 2 -o %s", GRADC_BINARY, tmp("net.gdl"), tmp("cli.gca")), 0);
-  assert_int_equal(sh(ref, sizeof ref, "%s run %s --gas 2 --no-cache --params %s --inputs %s", GRADC_BINARY,
-                      tmp("net.gdl"), tmp("p.st"), tmp("i.st")),
+  assert_int_equal(tu_sh(out, sizeof out, "%s init %s -o %s --seed 3", GRADC_BINARY, tmp("net.gdl"), tmp("p.st")), 0);
+  assert_int_equal(
+      tu_sh(out, sizeof out, "%s data random %s -o %s --seed 4", GRADC_BINARY, tmp("net.gdl"), tmp("i.st")), 0);
+  assert_int_equal(tu_sh(out, sizeof out, "%s compile %s --gas 2 -o %s", GRADC_BINARY, tmp("net.gdl"), tmp("cli.gca")),
                    0);
-  assert_int_equal(sh(out, sizeof out, "GRADC_CACHE_DIR=%s %s run %s --params %s --inputs %s", tmp("fresh"),
-                      GRADC_BINARY, tmp("cli.gca"), tmp("p.st"), tmp("i.st")),
+  assert_int_equal(tu_sh(ref, sizeof ref, "%s run %s --gas 2 --no-cache --params %s --inputs %s", GRADC_BINARY,
+                         tmp("net.gdl"), tmp("p.st"), tmp("i.st")),
+                   0);
+  assert_int_equal(tu_sh(out, sizeof out, "GRADC_CACHE_DIR=%s %s run %s --params %s --inputs %s", tmp("fresh"),
+                         GRADC_BINARY, tmp("cli.gca"), tmp("p.st"), tmp("i.st")),
                    0);
   assert_string_equal(out, ref);
   assert_false(exists(tmp("fresh")));
   /* train: the optimiser kernels may be cached there, the model's kernels are not. */
-  assert_int_equal(sh(out, sizeof out, "GRADC_CACHE_DIR=%s %s train %s --data %s --steps 3 --params-out %s",
-                      tmp("fresh2"), GRADC_BINARY, tmp("cli.gca"), tmp("i.st"), tmp("a.st")),
+  assert_int_equal(tu_sh(out, sizeof out, "GRADC_CACHE_DIR=%s %s train %s --data %s --steps 3 --params-out %s",
+                         tmp("fresh2"), GRADC_BINARY, tmp("cli.gca"), tmp("i.st"), tmp("a.st")),
                    0);
-  assert_int_equal(sh(out, sizeof out, "ls %s | grep -c '^cpu-obj-'", tmp("fresh2")), 1); /* grep: no match */
+  assert_int_equal(tu_sh(out, sizeof out, "ls %s | grep -c '^cpu-obj-'", tmp("fresh2")), 1); /* grep: no match */
   assert_string_equal(out, "0\n");
   /* And it trains exactly as the model compiled from source does. */
-  assert_int_equal(sh(out, sizeof out, "%s train %s --gas 2 --no-cache --data %s --steps 3 --params-out %s",
-                      GRADC_BINARY, tmp("net.gdl"), tmp("i.st"), tmp("b.st")),
+  assert_int_equal(tu_sh(out, sizeof out, "%s train %s --gas 2 --no-cache --data %s --steps 3 --params-out %s",
+                         GRADC_BINARY, tmp("net.gdl"), tmp("i.st"), tmp("b.st")),
                    0);
-  assert_int_equal(sh(out, sizeof out, "cmp %s %s", tmp("a.st"), tmp("b.st")), 0);
+  assert_int_equal(tu_sh(out, sizeof out, "cmp %s %s", tmp("a.st"), tmp("b.st")), 0);
 }
 
 int main(void) {

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "runtime/runtime.h"
@@ -25,39 +24,6 @@
 
 /* Largest relative errors seen by this executable (printed at the end). */
 static double dp_worst_loss, dp_worst_grad;
-
-/* Run a shell command: its exit status; stdout in out, stderr appended to
- * out as well unless err is given. */
-static inline int dp_sh(char *out, size_t n, char *err, size_t m, const char *fmt, ...) GRADC_PRINTF(5, 6);
-static inline int dp_sh(char *out, size_t n, char *err, size_t m, const char *fmt, ...) {
-  char cmd[8192], full[8400], errpath[] = "/tmp/gradc-dp-err-XXXXXX";
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  int fd = -1;
-  if (err) {
-    fd = mkstemp(errpath);
-    assert_true(fd >= 0);
-    snprintf(full, sizeof full, "%s 2>%s", cmd, errpath);
-  } else {
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-  }
-  FILE *p = popen(full, "r");
-  assert_non_null(p);
-  size_t k = fread(out, 1, n - 1, p);
-  out[k] = 0;
-  int st = pclose(p);
-  if (err) {
-    FILE *e = fopen(errpath, "r");
-    size_t j = e ? fread(err, 1, m - 1, e) : 0;
-    err[j] = 0;
-    if (e) fclose(e);
-    close(fd);
-    unlink(errpath);
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* Whether the MPI tests can run here; else say why (they are skipped). */
 static inline bool dp_have_mpirun(void) {

@@ -14,9 +14,9 @@ static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
   char out[4096];
-  if (dp_sh(out, sizeof out, NULL, 0, "%s init %s " MLP_DEFS " -o %s/mlp.p.st --seed 11", GRADC_BINARY,
+  if (tu_sh(out, sizeof out, "%s init %s " MLP_DEFS " -o %s/mlp.p.st --seed 11", GRADC_BINARY,
             tu_path("examples/mlp.gdl"), tmpdir) != 0 ||
-      dp_sh(out, sizeof out, NULL, 0, "%s data random %s " MLP_DEFS " -o %s/mlp.i.st --seed 12", GRADC_BINARY,
+      tu_sh(out, sizeof out, "%s data random %s " MLP_DEFS " -o %s/mlp.i.st --seed 12", GRADC_BINARY,
             tu_path("examples/mlp.gdl"), tmpdir) != 0)
     fail_msg("%s", out);
   return 0;
@@ -25,7 +25,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   char out[64];
-  dp_sh(out, sizeof out, NULL, 0, "rm -rf %s", tmpdir);
+  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
   return 0;
 }
 
@@ -33,19 +33,20 @@ static void test_dp_cli_artifact_keeps_dp(void **state) {
   (void)state;
   if (!dp_have_mpirun()) return;
   char out[4096], err[16384], one[4096];
-  if (dp_sh(out, sizeof out, NULL, 0, "%s compile %s " MLP_DEFS " --gas 2 --dp 2 -o %s/mlp.gca", GRADC_BINARY,
+  if (tu_sh(out, sizeof out, "%s compile %s " MLP_DEFS " --gas 2 --dp 2 -o %s/mlp.gca", GRADC_BINARY,
             tu_path("examples/mlp.gdl"), tmpdir) != 0)
     fail_msg("compile: %s", out);
-  if (dp_sh(out, sizeof out, err, sizeof err,
-            MPIRUN " -np 2 %s run %s/mlp.gca --threads 1 --params %s/mlp.p.st --inputs %s/mlp.i.st", GRADC_BINARY,
-            tmpdir, tmpdir, tmpdir) != 0)
+  if (tu_sh_err(out, sizeof out, err, sizeof err,
+                MPIRUN " -np 2 %s run %s/mlp.gca --threads 1 --params %s/mlp.p.st --inputs %s/mlp.i.st", GRADC_BINARY,
+                tmpdir, tmpdir, tmpdir) != 0)
     fail_msg("artifact on two ranks: %s%s", out, err);
-  if (dp_sh(one, sizeof one, err, sizeof err, "%s run %s " MLP_DEFS " --gas 2 --params %s/mlp.p.st --inputs %s/mlp.i.st",
-            GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir, tmpdir) != 0)
+  if (tu_sh_err(one, sizeof one, err, sizeof err,
+                "%s run %s " MLP_DEFS " --gas 2 --params %s/mlp.p.st --inputs %s/mlp.i.st", GRADC_BINARY,
+                tu_path("examples/mlp.gdl"), tmpdir, tmpdir) != 0)
     fail_msg("one process: %s", err);
   dp_compare_losses(out, one, "artifact");
   /* The artifact fixes dp. */
-  assert_int_equal(dp_sh(out, sizeof out, NULL, 0, "%s run %s/mlp.gca --dp 4 --params %s/mlp.p.st --inputs %s/mlp.i.st",
+  assert_int_equal(tu_sh(out, sizeof out, "%s run %s/mlp.gca --dp 4 --params %s/mlp.p.st --inputs %s/mlp.i.st",
                          GRADC_BINARY, tmpdir, tmpdir, tmpdir),
                    1);
   assert_non_null(strstr(out, "mlp.gca: it was built with --dp 2"));
@@ -59,23 +60,22 @@ static void test_dp_cli_rank_count_errors(void **state) {
   char args[1024];
   snprintf(args, sizeof args, files, tmpdir, tmpdir);
   /* --dp 2 on one process. */
-  assert_int_equal(dp_sh(out, sizeof out, NULL, 0, "%s run %s " MLP_DEFS " --dp 2 %s", GRADC_BINARY,
-                         tu_path("examples/mlp.gdl"), args),
-                   1);
+  assert_int_equal(
+      tu_sh(out, sizeof out, "%s run %s " MLP_DEFS " --dp 2 %s", GRADC_BINARY, tu_path("examples/mlp.gdl"), args), 1);
   if (!strstr(out, "gradc: error: --dp 2 needs 2 ranks (launch it with mpirun -np 2); this run has 1"))
     fail_msg("%s", out);
   /* --dp 4 on two ranks, and no --dp on two ranks. */
-  assert_int_not_equal(dp_sh(out, sizeof out, NULL, 0, MPIRUN " -np 2 %s run %s " MLP_DEFS " --dp 4 %s", GRADC_BINARY,
+  assert_int_not_equal(tu_sh(out, sizeof out, MPIRUN " -np 2 %s run %s " MLP_DEFS " --dp 4 %s", GRADC_BINARY,
                              tu_path("examples/mlp.gdl"), args),
                        0);
   if (!strstr(out, "gradc: error: this run has 2 ranks (mpirun -np 2) but a different --dp; pass --dp 2"))
     fail_msg("%s", out);
-  assert_int_not_equal(dp_sh(out, sizeof out, NULL, 0, MPIRUN " -np 2 %s run %s " MLP_DEFS " %s", GRADC_BINARY,
+  assert_int_not_equal(tu_sh(out, sizeof out, MPIRUN " -np 2 %s run %s " MLP_DEFS " %s", GRADC_BINARY,
                              tu_path("examples/mlp.gdl"), args),
                        0);
   if (!strstr(out, "gradc: error: this run has 2 ranks (mpirun -np 2) but no --dp; pass --dp 2")) fail_msg("%s", out);
   /* The window must split into K micro-batches on every rank. */
-  assert_int_equal(dp_sh(out, sizeof out, NULL, 0, "%s run %s " MLP_DEFS " --gas 4 --dp 3 %s", GRADC_BINARY,
+  assert_int_equal(tu_sh(out, sizeof out, "%s run %s " MLP_DEFS " --gas 4 --dp 3 %s", GRADC_BINARY,
                          tu_path("examples/mlp.gdl"), args),
                    1);
   if (!strstr(out, "batch size 16 is not divisible by --gas 4 times --dp 3")) fail_msg("%s", out);

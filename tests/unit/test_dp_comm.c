@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -195,23 +194,6 @@ static int worker(const char *name, int tp, int dp) {
 
 static char self[4096];
 
-static int sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static int sh(char *out, size_t n, const char *fmt, ...) {
-  char cmd[8192];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  char full[8300];
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  FILE *p = popen(full, "r");
-  assert_non_null(p);
-  size_t k = fread(out, 1, n - 1, p);
-  out[k] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Whether the MPI cases can run here; else skip with why. */
 static bool have_mpirun(void) {
 #ifndef GRADC_HAVE_MPI
@@ -272,7 +254,7 @@ static void test_comm_mpi_collectives_on_two_ranks(void **state) {
   (void)state;
   if (!have_mpirun()) return;
   char out[16384];
-  int rc = sh(out, sizeof out, MPIRUN " -np 2 %s --worker collectives 1 2", self);
+  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker collectives 1 2", self);
   if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
   assert_non_null(strstr(out, "worker collectives: rank 0 of 2 ok"));
   assert_non_null(strstr(out, "worker collectives: rank 1 of 2 ok"));
@@ -282,7 +264,7 @@ static void test_comm_mpi_groups_of_tp_times_dp(void **state) {
   (void)state;
   if (!have_mpirun()) return;
   char out[16384];
-  int rc = sh(out, sizeof out, MPIRUN " -np 4 %s --worker collectives 2 2", self);
+  int rc = tu_sh(out, sizeof out, MPIRUN " -np 4 %s --worker collectives 2 2", self);
   if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
   for (int r = 0; r < 4; r++) {
     char want[64];
@@ -295,7 +277,7 @@ static void test_comm_mpi_order_mismatch_is_an_error(void **state) {
   (void)state;
   if (!have_mpirun()) return;
   char out[16384];
-  int rc = sh(out, sizeof out, MPIRUN " -np 2 %s --worker mismatch 1 2", self);
+  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker mismatch 1 2", self);
   if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
   assert_non_null(strstr(out, "ranks issued different collectives in the test"));
   assert_non_null(strstr(out, "worker mismatch: rank 1 of 2 ok"));
@@ -306,7 +288,7 @@ static void test_comm_mpi_missing_rank_times_out(void **state) {
   if (!have_mpirun()) return;
   char out[16384];
   time_t t0 = time(NULL);
-  int rc = sh(out, sizeof out, "GRADC_COMM_TIMEOUT=1 " MPIRUN " -np 2 %s --worker timeout 1 2", self);
+  int rc = tu_sh(out, sizeof out, "GRADC_COMM_TIMEOUT=1 " MPIRUN " -np 2 %s --worker timeout 1 2", self);
   assert_int_not_equal(rc, 0);
   if (!strstr(out, "all_reduce over the world group (f64[1], tag 0000000000000005) did not complete in 1 s"))
     fail_msg("no time-out message:\n%s", out);

@@ -17,10 +17,10 @@ static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
   char out[4096];
-  if (dp_sh(out, sizeof out, NULL, 0, "%s init %s -o %s/p.st --seed 21", GRADC_BINARY, tu_path("tests/models/dp_lm.gdl"),
+  if (tu_sh(out, sizeof out, "%s init %s -o %s/p.st --seed 21", GRADC_BINARY, tu_path("tests/models/dp_lm.gdl"),
             tmpdir) != 0 ||
-      dp_sh(out, sizeof out, NULL, 0, "%s data random %s -o %s/i.st --seed 22", GRADC_BINARY,
-            tu_path("tests/models/dp_lm.gdl"), tmpdir) != 0)
+      tu_sh(out, sizeof out, "%s data random %s -o %s/i.st --seed 22", GRADC_BINARY, tu_path("tests/models/dp_lm.gdl"),
+            tmpdir) != 0)
     fail_msg("%s", out);
   return 0;
 }
@@ -28,7 +28,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   char out[64];
-  dp_sh(out, sizeof out, NULL, 0, "rm -rf %s", tmpdir);
+  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
   print_message("largest relative errors, 2 ranks vs 1: losses %.3g, gradients %.3g\n", dp_worst_loss, dp_worst_grad);
   return 0;
 }
@@ -66,10 +66,10 @@ static void compare(const char *name, int K, const char *target, char *one, char
   char args[1024];
   snprintf(args, sizeof args, "--threads 1 --gas %d --target %s --params %s/p.st --inputs %s/%s.st", K, target, tmpdir,
            tmpdir, name);
-  if (dp_sh(one, n, err, sizeof err, "%s run %s %s --grads-out %s/g1.st", GRADC_BINARY, model, args, tmpdir) != 0)
+  if (tu_sh_err(one, n, err, sizeof err, "%s run %s %s --grads-out %s/g1.st", GRADC_BINARY, model, args, tmpdir) != 0)
     fail_msg("%s: one process: %s", what, err);
-  if (dp_sh(two, n, err, sizeof err, MPIRUN " -np 2 %s run %s %s --dp 2 --grads-out %s/g2.st", GRADC_BINARY,
-            tu_path("tests/models/dp_lm.gdl"), args, tmpdir) != 0)
+  if (tu_sh_err(two, n, err, sizeof err, MPIRUN " -np 2 %s run %s %s --dp 2 --grads-out %s/g2.st", GRADC_BINARY,
+                tu_path("tests/models/dp_lm.gdl"), args, tmpdir) != 0)
     fail_msg("%s: two ranks: %s%s", what, two, err);
   assert_int_equal(dp_count(two, "loss total "), 1);
   char g1[512], g2[512];

@@ -271,7 +271,7 @@ static void run_workers(const char *name, int tp, int dp) {
   if (!dp_have_mpirun()) return;
   char out[32768];
   int np = tp * dp;
-  int rc = dp_sh(out, sizeof out, NULL, 0, MPIRUN " -np %d %s --worker %s %d %d", np, self, name, tp, dp);
+  int rc = tu_sh(out, sizeof out, MPIRUN " -np %d %s --worker %s %d %d", np, self, name, tp, dp);
   if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
   for (int r = 0; r < np; r++) {
     char want[128];

@@ -17,10 +17,10 @@ static int setup(void **state) {
   char out[4096];
   const char *models[][3] = {{"examples/mlp.gdl", MLP_DEFS, "mlp"}, {"examples/tinygpt.gdl", GPT_DEFS, "gpt"}};
   for (int i = 0; i < 2; i++) {
-    if (dp_sh(out, sizeof out, NULL, 0, "%s init %s %s -o %s/%s.p.st --seed 11", GRADC_BINARY, tu_path(models[i][0]),
+    if (tu_sh(out, sizeof out, "%s init %s %s -o %s/%s.p.st --seed 11", GRADC_BINARY, tu_path(models[i][0]),
               models[i][1], tmpdir, models[i][2]) != 0 ||
-        dp_sh(out, sizeof out, NULL, 0, "%s data random %s %s -o %s/%s.i.st --seed 12", GRADC_BINARY,
-              tu_path(models[i][0]), models[i][1], tmpdir, models[i][2]) != 0)
+        tu_sh(out, sizeof out, "%s data random %s %s -o %s/%s.i.st --seed 12", GRADC_BINARY, tu_path(models[i][0]),
+              models[i][1], tmpdir, models[i][2]) != 0)
       fail_msg("%s", out);
   }
   return 0;
@@ -29,7 +29,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   char out[64];
-  dp_sh(out, sizeof out, NULL, 0, "rm -rf %s", tmpdir);
+  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
   print_message("largest relative errors, 2 ranks vs 1: losses %.3g, gradients %.3g\n", dp_worst_loss, dp_worst_grad);
   return 0;
 }
@@ -42,12 +42,12 @@ static void compare(const char *model, const char *defs, const char *name, int K
   const char *common = "--threads 1 --params %s/%s.p.st --inputs %s/%s.i.st";
   char args[1024];
   snprintf(args, sizeof args, common, tmpdir, name, tmpdir, name);
-  if (dp_sh(one, sizeof one, err, sizeof err, "%s run %s %s --gas %d --target %s %s --grads-out %s/%s.g1.st",
-            GRADC_BINARY, tu_path(model), defs, K, target, args, tmpdir, name) != 0)
+  if (tu_sh_err(one, sizeof one, err, sizeof err, "%s run %s %s --gas %d --target %s %s --grads-out %s/%s.g1.st",
+                GRADC_BINARY, tu_path(model), defs, K, target, args, tmpdir, name) != 0)
     fail_msg("%s: one process: %s", what, err);
-  if (dp_sh(two, sizeof two, err, sizeof err,
-            MPIRUN " -np 2 %s run %s %s --gas %d --target %s %s --dp 2 --grads-out %s/%s.g2.st", GRADC_BINARY,
-            tu_path(model), defs, K, target, args, tmpdir, name) != 0)
+  if (tu_sh_err(two, sizeof two, err, sizeof err,
+                MPIRUN " -np 2 %s run %s %s --gas %d --target %s %s --dp 2 --grads-out %s/%s.g2.st", GRADC_BINARY,
+                tu_path(model), defs, K, target, args, tmpdir, name) != 0)
     fail_msg("%s: two ranks: %s%s", what, two, err);
   /* Rank 0 alone prints: one set of loss lines on stdout. */
   assert_int_equal(dp_count(two, "loss total "), 1);

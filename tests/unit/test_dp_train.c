@@ -125,7 +125,7 @@ static int setup(void **state) {
   assert_non_null(mkdtemp(tmpdir));
   char out[4096];
   /* A dataset of 48 samples: one random "window" of B = 48. */
-  if (dp_sh(out, sizeof out, NULL, 0, "%s data random %s " MLP_DEFS " -D B=48 -o %s/data.st --seed 31", GRADC_BINARY,
+  if (tu_sh(out, sizeof out, "%s data random %s " MLP_DEFS " -D B=48 -o %s/data.st --seed 31", GRADC_BINARY,
             tu_path("examples/mlp.gdl"), tmpdir) != 0)
     fail_msg("%s", out);
   return 0;
@@ -134,7 +134,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   char out[64];
-  dp_sh(out, sizeof out, NULL, 0, "rm -rf %s", tmpdir);
+  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
   print_message("largest relative error of the final params, 2 ranks vs 1: %.3g\n", dp_worst_grad);
   return 0;
 }
@@ -148,11 +148,12 @@ static void train_both(const char *opt, const char *what) {
            "train %s " MLP_DEFS " -D B=16 --gas 2 --data %s/data.st --steps 7 --seed 3 --threads 1 %s "
            "--print-every 1",
            tu_path("examples/mlp.gdl"), tmpdir, opt);
-  if (dp_sh(one, sizeof one, err1, sizeof err1, "%s %s --params-out %s/p1.st --log %s/log1.csv", GRADC_BINARY, args,
-            tmpdir, tmpdir) != 0)
+  if (tu_sh_err(one, sizeof one, err1, sizeof err1, "%s %s --params-out %s/p1.st --log %s/log1.csv", GRADC_BINARY, args,
+                tmpdir, tmpdir) != 0)
     fail_msg("%s: one process: %s", what, err1);
-  if (dp_sh(two, sizeof two, err2, sizeof err2, MPIRUN " -np 2 %s %s --dp 2 --params-out %s/p2.st --log %s/log2.csv",
-            GRADC_BINARY, args, tmpdir, tmpdir) != 0)
+  if (tu_sh_err(two, sizeof two, err2, sizeof err2,
+                MPIRUN " -np 2 %s %s --dp 2 --params-out %s/p2.st --log %s/log2.csv", GRADC_BINARY, args, tmpdir,
+                tmpdir) != 0)
     fail_msg("%s: two ranks: %s%s", what, two, err2);
   /* stdout stays empty; rank 0 alone reports on stderr. */
   assert_string_equal(two, "");
@@ -210,7 +211,7 @@ static void test_dp_train_api_sessions(void **state) {
   (void)state;
   if (!dp_have_mpirun()) return;
   char out[16384];
-  int rc = dp_sh(out, sizeof out, NULL, 0, MPIRUN " -np 2 %s --worker api", self);
+  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker api", self);
   if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
   assert_non_null(strstr(out, "worker api: rank 0 ok"));
   assert_non_null(strstr(out, "worker api: rank 1 ok"));

@@ -231,7 +231,7 @@ static int setup(void **state) {
   assert_non_null(mkdtemp(tmpdir));
   char out[4096];
   /* A dataset of 48 samples, and one window of 16 with params for run. */
-  if (dp_sh(out, sizeof out, NULL, 0,
+  if (tu_sh(out, sizeof out,
             "%s data random %s " MLP_DEFS " -D B=48 -o %s/data.st --seed 31 && "
             "%s data random %s " MLP_DEFS " -D B=16 -o %s/batch.st --seed 4 && "
             "%s init %s " MLP_DEFS " -o %s/init.st --seed 1",
@@ -244,7 +244,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   char out[64];
-  dp_sh(out, sizeof out, NULL, 0, "rm -rf %s", tmpdir);
+  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
   return 0;
 }
 
@@ -286,8 +286,8 @@ static double file_rel(const char *a_path, const char *b_path, bool *identical) 
 static void train(const char *opt, const char *ranks, const char *extra, const char *what) {
   char out[8192], err[16384];
   bool mpi = ranks[0] != 0;
-  if (dp_sh(out, sizeof out, err, sizeof err, "%s%s %s " TRAIN_ARGS " %s", mpi ? MPIRUN " -np " : "", ranks,
-            GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir, opt, extra) != 0)
+  if (tu_sh_err(out, sizeof out, err, sizeof err, "%s%s %s " TRAIN_ARGS " %s", mpi ? MPIRUN " -np " : "", ranks,
+                GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir, opt, extra) != 0)
     fail_msg("%s: %s%s", what, out, err);
 }
 
@@ -393,13 +393,13 @@ static void test_dp_zero_run_whole_grads(void **state) {
   for (int t = 0; t < 1; t++) {
     snprintf(g1, sizeof g1, "%s/g1-%s.st", tmpdir, targets[t]);
     snprintf(gz, sizeof gz, "%s/gz-%s.st", tmpdir, targets[t]);
-    if (dp_sh(out, sizeof out, err, sizeof err, fmt, "", "", GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir,
-              tmpdir, targets[t], "", g1) != 0)
+    if (tu_sh_err(out, sizeof out, err, sizeof err, fmt, "", "", GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir,
+                  tmpdir, targets[t], "", g1) != 0)
       fail_msg("one process: %s", err);
     char one[8192];
     snprintf(one, sizeof one, "%s", out);
-    if (dp_sh(out, sizeof out, err, sizeof err, fmt, MPIRUN " -np 2 ", "", GRADC_BINARY,
-              tu_path("examples/mlp.gdl"), tmpdir, tmpdir, targets[t], "--dp 2 --zero1", gz) != 0)
+    if (tu_sh_err(out, sizeof out, err, sizeof err, fmt, MPIRUN " -np 2 ", "", GRADC_BINARY,
+                  tu_path("examples/mlp.gdl"), tmpdir, tmpdir, targets[t], "--dp 2 --zero1", gz) != 0)
       fail_msg("zero1: %s%s", out, err);
     dp_compare_losses(out, one, "run --zero1");
     bool same;
@@ -413,7 +413,7 @@ static void test_dp_zero_api_odd_sizes(void **state) {
   (void)state;
   if (!dp_have_mpirun()) return;
   char out[16384];
-  int rc = dp_sh(out, sizeof out, NULL, 0, "GRADC_TEST_TMP=%s " MPIRUN " -np 2 %s --worker api", tmpdir, self);
+  int rc = tu_sh(out, sizeof out, "GRADC_TEST_TMP=%s " MPIRUN " -np 2 %s --worker api", tmpdir, self);
   if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
   assert_non_null(strstr(out, "worker api: rank 0 ok"));
   assert_non_null(strstr(out, "worker api: rank 1 ok"));

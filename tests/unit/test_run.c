@@ -4,7 +4,6 @@
  * (never a silent wrong result). */
 #include <math.h>
 #include <stdio.h>
-#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,24 +11,6 @@
 #include "testutil.h"
 
 static char tmpdir[] = "/tmp/gradc-run-test-XXXXXX";
-
-/* Run a shell command; returns its exit status and its stdout+stderr in out. */
-static int sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static int sh(char *out, size_t n, const char *fmt, ...) {
-  char cmd[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  char full[4200];
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  FILE *p = popen(full, "r");
-  assert_non_null(p);
-  size_t k = fread(out, 1, n - 1, p);
-  out[k] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static const char *model =
     "model tiny {\n"
@@ -53,9 +34,9 @@ static int setup(void **state) {
   fputs(model, f);
   fclose(f);
   char out[4096];
-  assert_int_equal(sh(out, sizeof out, "%s init %s/tiny.gdl -o %s/p.st --seed 3", GRADC_BINARY, tmpdir, tmpdir), 0);
+  assert_int_equal(tu_sh(out, sizeof out, "%s init %s/tiny.gdl -o %s/p.st --seed 3", GRADC_BINARY, tmpdir, tmpdir), 0);
   assert_int_equal(
-      sh(out, sizeof out, "%s data random %s/tiny.gdl -o %s/i.st --seed 4", GRADC_BINARY, tmpdir, tmpdir), 0);
+      tu_sh(out, sizeof out, "%s data random %s/tiny.gdl -o %s/i.st --seed 4", GRADC_BINARY, tmpdir, tmpdir), 0);
   return 0;
 }
 
@@ -63,7 +44,7 @@ static int teardown(void **state) {
   (void)state;
   char cmd[300], out[64];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  sh(out, sizeof out, "%s", cmd);
+  tu_sh(out, sizeof out, "%s", cmd);
   return 0;
 }
 
@@ -78,17 +59,17 @@ static double loss_of(const char *text, const char *name) {
 static void test_run_targets_and_artifact_agree(void **state) {
   (void)state;
   char ref[4096], cpu[4096], art[4096];
-  assert_int_equal(sh(ref, sizeof ref, "%s run %s/tiny.gdl --gas 2 --target ref --params %s/p.st --inputs %s/i.st",
-                      GRADC_BINARY, tmpdir, tmpdir, tmpdir),
+  assert_int_equal(tu_sh(ref, sizeof ref, "%s run %s/tiny.gdl --gas 2 --target ref --params %s/p.st --inputs %s/i.st",
+                         GRADC_BINARY, tmpdir, tmpdir, tmpdir),
                    0);
-  assert_int_equal(sh(cpu, sizeof cpu, "%s run %s/tiny.gdl --gas 2 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
-                      tmpdir, tmpdir, tmpdir),
+  assert_int_equal(tu_sh(cpu, sizeof cpu, "%s run %s/tiny.gdl --gas 2 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
+                         tmpdir, tmpdir, tmpdir),
                    0);
   char out[4096];
-  assert_int_equal(sh(out, sizeof out, "%s compile %s/tiny.gdl --gas 2 -o %s/tiny.gca", GRADC_BINARY, tmpdir, tmpdir),
-                   0);
-  assert_int_equal(sh(art, sizeof art, "%s run %s/tiny.gca --params %s/p.st --inputs %s/i.st", GRADC_BINARY, tmpdir,
-                      tmpdir, tmpdir),
+  assert_int_equal(
+      tu_sh(out, sizeof out, "%s compile %s/tiny.gdl --gas 2 -o %s/tiny.gca", GRADC_BINARY, tmpdir, tmpdir), 0);
+  assert_int_equal(tu_sh(art, sizeof art, "%s run %s/tiny.gca --params %s/p.st --inputs %s/i.st", GRADC_BINARY, tmpdir,
+                         tmpdir, tmpdir),
                    0);
   const char *names[] = {"ce", "l2", "total"};
   for (int i = 0; i < 3; i++) {
@@ -97,18 +78,19 @@ static void test_run_targets_and_artifact_agree(void **state) {
     assert_true(a == c); /* the artifact runs the same compiled step */
   }
   /* An artifact fixes K, sizes and target. */
-  assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gca --gas 4 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
-                      tmpdir, tmpdir, tmpdir),
+  assert_int_equal(tu_sh(out, sizeof out, "%s run %s/tiny.gca --gas 4 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
+                         tmpdir, tmpdir, tmpdir),
                    1);
   assert_non_null(strstr(out, "tiny.gca: it was built with --gas 2"));
-  assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gca -D V=12 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
-                      tmpdir, tmpdir, tmpdir),
+  assert_int_equal(tu_sh(out, sizeof out, "%s run %s/tiny.gca -D V=12 --params %s/p.st --inputs %s/i.st", GRADC_BINARY,
+                         tmpdir, tmpdir, tmpdir),
                    1);
   assert_non_null(strstr(out, "its sizes are fixed"));
   /* A corrupted artifact is rejected, not run. */
-  assert_int_equal(sh(out, sizeof out, "printf 'XXXX' | dd of=%s/tiny.gca bs=1 seek=200 conv=notrunc 2>/dev/null; "
-                                       "%s run %s/tiny.gca --params %s/p.st --inputs %s/i.st",
-                      tmpdir, GRADC_BINARY, tmpdir, tmpdir, tmpdir),
+  assert_int_equal(tu_sh(out, sizeof out,
+                         "printf 'XXXX' | dd of=%s/tiny.gca bs=1 seek=200 conv=notrunc 2>/dev/null; "
+                         "%s run %s/tiny.gca --params %s/p.st --inputs %s/i.st",
+                         tmpdir, GRADC_BINARY, tmpdir, tmpdir, tmpdir),
                    1);
   assert_non_null(strstr(out, "tiny.gca"));
 }
@@ -142,14 +124,16 @@ static void test_run_rejects_out_of_range_indices_on_every_target(void **state) 
   const char *targets[] = {"cpu", "ref"};
   for (int t = 0; t < 2; t++) {
     char out[4096];
-    assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gdl --gas 2 --target %s --params %s/p.st --inputs %s/bad_tok.st",
-                        GRADC_BINARY, tmpdir, targets[t], tmpdir, tmpdir),
-                     1);
+    assert_int_equal(
+        tu_sh(out, sizeof out, "%s run %s/tiny.gdl --gas 2 --target %s --params %s/p.st --inputs %s/bad_tok.st",
+              GRADC_BINARY, tmpdir, targets[t], tmpdir, tmpdir),
+        1);
     assert_non_null(strstr(out, "index 11 (element 1) out of range [0, 11)"));
     assert_null(strstr(out, "loss "));
-    assert_int_equal(sh(out, sizeof out, "%s run %s/tiny.gdl --gas 2 --target %s --params %s/p.st --inputs %s/bad_y.st",
-                        GRADC_BINARY, tmpdir, targets[t], tmpdir, tmpdir),
-                     1);
+    assert_int_equal(
+        tu_sh(out, sizeof out, "%s run %s/tiny.gdl --gas 2 --target %s --params %s/p.st --inputs %s/bad_y.st",
+              GRADC_BINARY, tmpdir, targets[t], tmpdir, tmpdir),
+        1);
     assert_non_null(strstr(out, "target -1 (element 2) out of range [0, 3)"));
   }
   st_free(&in);

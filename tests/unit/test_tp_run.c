@@ -61,11 +61,11 @@ static int setup(void **state) {
   char out[4096];
   const Model *ms[] = {&mlp, &gpt, &lm};
   for (int i = 0; i < 3; i++) {
-    if (dp_sh(out, sizeof out, NULL, 0, "%s init %s %s -o %s/%s.p.st --seed 31", GRADC_BINARY, tu_path(ms[i]->model),
+    if (tu_sh(out, sizeof out, "%s init %s %s -o %s/%s.p.st --seed 31", GRADC_BINARY, tu_path(ms[i]->model),
               ms[i]->defs, tmpdir, ms[i]->name) != 0)
       fail_msg("%s", out);
     for (int K = 1; K <= 4; K *= 4)
-      if (dp_sh(out, sizeof out, NULL, 0, "%s data random %s %s --gas %d -o %s/%s.k%d.st --seed 32", GRADC_BINARY,
+      if (tu_sh(out, sizeof out, "%s data random %s %s --gas %d -o %s/%s.k%d.st --seed 32", GRADC_BINARY,
                 tu_path(ms[i]->model), ms[i]->defs, K, tmpdir, ms[i]->name, K) != 0)
         fail_msg("%s", out);
   }
@@ -75,7 +75,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   char out[64];
-  dp_sh(out, sizeof out, NULL, 0, "rm -rf %s", tmpdir);
+  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
   print_message(
       "largest errors, tp ranks vs 1 process: losses %.3g (relative), gradients %.3g (of the floored scale)\n",
       dp_worst_loss, worst_floor_grad);
@@ -147,13 +147,13 @@ static void compare(const Model *m, const char *in, int K, const char *target, c
   snprintf(args, sizeof args, "%s %s --threads 1 --gas %d --target %s --params %s/%s.p.st --inputs %s/%s.st",
            tu_path(m->model), m->defs, K, target, tmpdir, m->name, tmpdir, in);
   snprintf(what, sizeof what, "%s (%s) K=%d %s, one process", m->name, in, K, target);
-  if (dp_sh(one, sizeof one, err, sizeof err, "%s run %s --grads-out %s/g1.st", GRADC_BINARY, args, tmpdir) != 0)
+  if (tu_sh_err(one, sizeof one, err, sizeof err, "%s run %s --grads-out %s/g1.st", GRADC_BINARY, args, tmpdir) != 0)
     fail_msg("%s: %s", what, err);
   for (int i = 0; i < nl; i++) {
     const Layout *l = layouts[i];
     snprintf(what, sizeof what, "%s (%s) K=%d %s, %s", m->name, in, K, target, l->what);
-    if (dp_sh(many, sizeof many, err, sizeof err, MPIRUN " -np %d %s run %s %s --grads-out %s/g%d.st", l->np,
-              GRADC_BINARY, args, l->flags, tmpdir, l->np) != 0)
+    if (tu_sh_err(many, sizeof many, err, sizeof err, MPIRUN " -np %d %s run %s %s --grads-out %s/g%d.st", l->np,
+                  GRADC_BINARY, args, l->flags, tmpdir, l->np) != 0)
       fail_msg("%s: %s%s", what, many, err);
     /* Rank 0 alone prints: the same loss lines as one process. */
     assert_int_equal(dp_count(many, "loss total "), 1);
@@ -249,9 +249,9 @@ static void test_tp_run_uneven_ignore_index(void **state) {
 /* A failing run: its exit status is not 0 and its stderr says `want`. */
 static void expect_error(const char *want, const char *fmt_np, const char *flags) {
   char out[4096], err[16384];
-  int rc = dp_sh(out, sizeof out, err, sizeof err,
-                 "%s %s run %s " MLP_DEFS " --threads 1 --params %s/mlp.p.st --inputs %s/mlp.k1.st %s", fmt_np,
-                 GRADC_BINARY, tu_path(mlp.model), tmpdir, tmpdir, flags);
+  int rc = tu_sh_err(out, sizeof out, err, sizeof err,
+                     "%s %s run %s " MLP_DEFS " --threads 1 --params %s/mlp.p.st --inputs %s/mlp.k1.st %s", fmt_np,
+                     GRADC_BINARY, tu_path(mlp.model), tmpdir, tmpdir, flags);
   if (rc == 0) fail_msg("'%s' succeeded:\n%s", flags, out);
   if (!strstr(err, want)) fail_msg("'%s': want '%s' in:\n%s%s", flags, want, out, err);
   assert_null(strstr(out, "loss total"));

@@ -608,22 +608,6 @@ static int worker(const char *name, const char *arg) {
 
 static char self[4096];
 
-static int sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static int sh(char *out, size_t n, const char *fmt, ...) {
-  char cmd[8192], full[8300];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  snprintf(full, sizeof full, "%s 2>&1", cmd);
-  FILE *p = popen(full, "r");
-  assert_non_null(p);
-  size_t k = fread(out, 1, n - 1, p);
-  out[k] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static bool have_mpirun(void) {
 #ifndef GRADC_HAVE_MPI
   print_message("skipped: this build has no MPI (GRADC_MPI=OFF)\n");
@@ -643,8 +627,10 @@ static bool have_mpirun(void) {
 static void run_link(const char *env, const char *mode) {
   if (!have_mpirun()) return;
   char out[16384];
-  int rc = sh(out, sizeof out, "%s GRADC_COMM_TIMEOUT=20 GRADC_COMM_LATENCY_US=%g GRADC_COMM_GBPS=%g " MPIRUN " -np 2 %s --worker link %s",
-              env, LINK_LAT_US, LINK_GBPS, self, mode);
+  int rc =
+      tu_sh(out, sizeof out,
+            "%s GRADC_COMM_TIMEOUT=20 GRADC_COMM_LATENCY_US=%g GRADC_COMM_GBPS=%g " MPIRUN " -np 2 %s --worker link %s",
+            env, LINK_LAT_US, LINK_GBPS, self, mode);
   if (rc != 0 || !strstr(out, "worker link: rank 0 of 2 ok") || !strstr(out, "worker link: rank 1 of 2 ok"))
     fail_msg("workers failed (%d):\n%s", rc, out);
   print_message("%s", out);
@@ -662,7 +648,7 @@ static void test_trace_mpi_gather_into_rank0(void **state) {
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   close(fd);
-  int rc = sh(out, sizeof out, MPIRUN " -np 2 %s --worker gather %s", self, path);
+  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker gather %s", self, path);
   if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
   char *text = slurp(path);
   unlink(path);

@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -27,4 +29,49 @@ FeModel *tu_compile(const char *name, const char *text, int gas, Diag *d) {
   d->quiet = true;
   FeOptions opt = {.gas = gas, .dp = 1};
   return fe_model_compile(&src, &opt, d);
+}
+
+/* tu_sh and tu_sh_err: stderr goes through a temporary file when err is
+ * given, else into the pipe with stdout. */
+static int vsh(char *out, size_t n, char *err, size_t m, const char *fmt, va_list ap) {
+  char cmd[8192], full[8400], errpath[] = "/tmp/gradc-sh-err-XXXXXX";
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  int fd = -1;
+  if (err) {
+    fd = mkstemp(errpath);
+    assert_true(fd >= 0);
+    snprintf(full, sizeof full, "%s 2>%s", cmd, errpath);
+  } else {
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+  }
+  FILE *p = popen(full, "r");
+  assert_non_null(p);
+  size_t k = fread(out, 1, n - 1, p);
+  out[k] = 0;
+  int st = pclose(p);
+  if (err) {
+    FILE *e = fopen(errpath, "r");
+    size_t j = e ? fread(err, 1, m - 1, e) : 0;
+    err[j] = 0;
+    if (e) fclose(e);
+    close(fd);
+    unlink(errpath);
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int tu_sh(char *out, size_t n, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = vsh(out, n, NULL, 0, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int tu_sh_err(char *out, size_t n, char *err, size_t m, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = vsh(out, n, err, m, fmt, ap);
+  va_end(ap);
+  return rc;
 }

@@ -19,5 +19,10 @@ char *tu_read(const char *rel);
 /* Compile model text (named `name` in diagnostics) with K = gas; diagnostics
  * are kept in d (quiet).  Returns NULL on errors. */
 FeModel *tu_compile(const char *name, const char *text, int gas, Diag *d);
+/* Run a shell command (printf-style): its exit status (-1 if it did not
+ * exit); its stdout and stderr together in out (n bytes, NUL-terminated). */
+int tu_sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+/* The same with stdout in out and stderr apart in err (m bytes). */
+int tu_sh_err(char *out, size_t n, char *err, size_t m, const char *fmt, ...) GRADC_PRINTF(5, 6);
 
 #endif
