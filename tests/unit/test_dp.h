@@ -1,6 +1,8 @@
-/* test_dp.h - helpers of the data-parallel tests (test_dp_*.c): running
- * gradc alone and under mpirun, reading loss lines, and comparing tensor
- * files by relative error.  Static, so each test executable has its own. */
+/* test_dp.h - helpers of the distributed tests (test_dp_*.c, test_tp_run.c
+ * and test_trace.c's MPI cases): running gradc alone and under mpirun,
+ * running the test executable itself again as one worker per rank,
+ * reading loss lines, and comparing tensor files by relative error.
+ * Static, so each test executable has its own. */
 #ifndef GRADC_TEST_DP_H
 #define GRADC_TEST_DP_H
 
@@ -10,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "include/gradc.h"
+#include "runtime/comm.h"
 #include "runtime/runtime.h"
 #include "testutil.h"
 
@@ -39,6 +43,104 @@ static inline bool dp_have_mpirun(void) {
 #endif
 }
 
+/* ------------------------------------------------------------------ */
+/* Workers: this executable run again under mpirun, one per rank      */
+/* ------------------------------------------------------------------ */
+
+/* The worker's rank, for CHECK's messages (set by dp_worker_open). */
+static int dp_worker_rank;
+
+/* In a worker: unless cond, say where on stderr (rank, file, line and the
+ * printf-style message) and return 1 from the calling function. */
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "rank %d: %s:%d: ", dp_worker_rank, __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fputc('\n', stderr);                                                     \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+/* CHECK a call that returns false with its reason in err (a char array). */
+#define OK(call) CHECK((call), "%s: %s", #call, err)
+
+/* A worker's start: registers the MPI back end and opens the layout of tp
+ * x dp ranks; NULL (the reason on stderr) when it cannot. */
+static inline Comm *dp_worker_open(int tp, int dp) {
+#ifdef GRADC_HAVE_MPI
+  gradc_mpi_enable();
+#endif
+  char err[1024];
+  Comm *c = comm_open(tp, dp, err, sizeof err);
+  if (!c) {
+    fprintf(stderr, "comm_open: %s\n", err);
+    return NULL;
+  }
+  dp_worker_rank = c->rank;
+  return c;
+}
+
+/* A worker's end with its result rc (0: it passed): prints "worker NAME:
+ * rank R of N ok" (what dp_workers looks for) if it passed, else ends
+ * every rank with comm_abort rather than leave the others waiting; closes
+ * c and returns rc. */
+static inline int dp_worker_close(Comm *c, const char *name, int rc) {
+  if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
+  fflush(stdout);
+  if (rc != 0) comm_abort(rc);
+  comm_close(c);
+  comm_finalize();
+  return rc;
+}
+
+/* In a worker on the C API: say on stderr what failed on this rank (-1:
+ * not known yet) and gradc_last_error(); returns 1. */
+static inline int dp_api_fail(int rank, const char *what) {
+  fprintf(stderr, "rank %d: %s: %s\n", rank, what, gradc_last_error());
+  return 1;
+}
+
+/* The path of this executable, which the tests run again as workers;
+ * main sets it with dp_find_self (false: /proc/self/exe unreadable). */
+static char dp_self[4096];
+
+static inline bool dp_find_self(void) {
+  ssize_t n = readlink("/proc/self/exe", dp_self, sizeof dp_self - 1);
+  if (n <= 0) return false;
+  dp_self[n] = 0;
+  return true;
+}
+
+/* Run np workers: `ENV mpirun -np NP <this executable> --worker NAME
+ * ARGS`, their stdout and stderr in out (n bytes).  Fails the test unless
+ * they exit 0 and each rank r printed "worker NAME: rank r of NP ok". */
+static inline void dp_workers(char *out, size_t n, const char *env, int np, const char *name, const char *args) {
+  int rc = tu_sh(out, n, "%s " MPIRUN " -np %d %s --worker %s %s", env, np, dp_self, name, args);
+  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
+  for (int r = 0; r < np; r++) {
+    char want[128];
+    snprintf(want, sizeof want, "worker %s: rank %d of %d ok", name, r, np);
+    if (!strstr(out, want)) fail_msg("no '%s' in:\n%s", want, out);
+  }
+}
+
+/* The workers NAME on tp x dp ranks (`--worker NAME TP DP`), skipped
+ * without mpirun; shows what they print besides their "worker" lines. */
+static inline void dp_run_workers(const char *name, int tp, int dp) {
+  if (!dp_have_mpirun()) return;
+  char out[32768], args[64];
+  snprintf(args, sizeof args, "%d %d", tp, dp);
+  dp_workers(out, sizeof out, "", tp * dp, name, args);
+  for (char *l = strtok(out, "\n"); l; l = strtok(NULL, "\n"))
+    if (!strstr(l, "worker ")) print_message("  %s\n", l);
+}
+
+/* ------------------------------------------------------------------ */
+/* Outputs: loss lines and tensor files                               */
+/* ------------------------------------------------------------------ */
+
+/* How often needle occurs in text. */
 static inline int dp_count(const char *text, const char *needle) {
   int n = 0;
   for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle)) n++;

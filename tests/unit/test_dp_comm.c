@@ -16,25 +16,11 @@
 
 #include "include/gradc.h"
 #include "runtime/comm.h"
-#include "testutil.h"
+#include "test_dp.h"
 
 /* ------------------------------------------------------------------ */
 /* Workers (one per rank, under mpirun)                                 */
 /* ------------------------------------------------------------------ */
-
-static int worker_rank;
-
-#define CHECK(cond, ...)                                         \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      fprintf(stderr, "rank %d: %s:%d: ", worker_rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                              \
-      fputc('\n', stderr);                                       \
-      return 1;                                                  \
-    }                                                            \
-  } while (0)
-
-#define OK(call) CHECK((call), "%s: %s", #call, err)
 
 /* Every collective on every dtype and op, on the world of c. */
 static int collectives(Comm *c) {
@@ -168,48 +154,18 @@ static int timeout(Comm *c) {
 }
 
 static int worker(const char *name, int tp, int dp) {
-#ifdef GRADC_HAVE_MPI
-  gradc_mpi_enable();
-#endif
-  char err[1024];
-  Comm *c = comm_open(tp, dp, err, sizeof err);
-  if (!c) {
-    fprintf(stderr, "comm_open: %s\n", err);
-    return 1;
-  }
-  worker_rank = c->rank;
+  Comm *c = dp_worker_open(tp, dp);
+  if (!c) return 1;
   int rc = 1;
   if (strcmp(name, "collectives") == 0) rc = collectives(c) || groups(c);
   else if (strcmp(name, "mismatch") == 0) rc = mismatch(c);
   else if (strcmp(name, "timeout") == 0) rc = timeout(c);
-  if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
-  comm_close(c);
-  comm_finalize();
-  return rc;
+  return dp_worker_close(c, name, rc);
 }
 
 /* ------------------------------------------------------------------ */
 /* Tests                                                                */
 /* ------------------------------------------------------------------ */
-
-static char self[4096];
-
-/* Whether the MPI cases can run here; else skip with why. */
-static bool have_mpirun(void) {
-#ifndef GRADC_HAVE_MPI
-  print_message("skipped: this build has no MPI (GRADC_MPI=OFF)\n");
-  return false;
-#else
-  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
-    print_message("skipped: mpirun is not installed (Debian: openmpi-bin)\n");
-    return false;
-  }
-  return true;
-#endif
-}
-
-/* As in test_dp.h: slow unwinding for LSan in the ranks (check-asan). */
-#define MPIRUN "LSAN_OPTIONS=\"$LSAN_OPTIONS:fast_unwind_on_malloc=0\" mpirun --oversubscribe --allow-run-as-root"
 
 static void test_comm_single_backend_is_the_identity(void **state) {
   (void)state;
@@ -252,43 +208,28 @@ static void test_comm_single_backend_is_the_identity(void **state) {
 
 static void test_comm_mpi_collectives_on_two_ranks(void **state) {
   (void)state;
-  if (!have_mpirun()) return;
-  char out[16384];
-  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker collectives 1 2", self);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
-  assert_non_null(strstr(out, "worker collectives: rank 0 of 2 ok"));
-  assert_non_null(strstr(out, "worker collectives: rank 1 of 2 ok"));
+  dp_run_workers("collectives", 1, 2);
 }
 
 static void test_comm_mpi_groups_of_tp_times_dp(void **state) {
   (void)state;
-  if (!have_mpirun()) return;
-  char out[16384];
-  int rc = tu_sh(out, sizeof out, MPIRUN " -np 4 %s --worker collectives 2 2", self);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
-  for (int r = 0; r < 4; r++) {
-    char want[64];
-    snprintf(want, sizeof want, "worker collectives: rank %d of 4 ok", r);
-    assert_non_null(strstr(out, want));
-  }
+  dp_run_workers("collectives", 2, 2);
 }
 
 static void test_comm_mpi_order_mismatch_is_an_error(void **state) {
   (void)state;
-  if (!have_mpirun()) return;
+  if (!dp_have_mpirun()) return;
   char out[16384];
-  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker mismatch 1 2", self);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
+  dp_workers(out, sizeof out, "", 2, "mismatch", "1 2");
   assert_non_null(strstr(out, "ranks issued different collectives in the test"));
-  assert_non_null(strstr(out, "worker mismatch: rank 1 of 2 ok"));
 }
 
 static void test_comm_mpi_missing_rank_times_out(void **state) {
   (void)state;
-  if (!have_mpirun()) return;
+  if (!dp_have_mpirun()) return;
   char out[16384];
   time_t t0 = time(NULL);
-  int rc = tu_sh(out, sizeof out, "GRADC_COMM_TIMEOUT=1 " MPIRUN " -np 2 %s --worker timeout 1 2", self);
+  int rc = tu_sh(out, sizeof out, "GRADC_COMM_TIMEOUT=1 " MPIRUN " -np 2 %s --worker timeout 1 2", dp_self);
   assert_int_not_equal(rc, 0);
   if (!strstr(out, "all_reduce over the world group (f64[1], tag 0000000000000005) did not complete in 1 s"))
     fail_msg("no time-out message:\n%s", out);
@@ -297,9 +238,7 @@ static void test_comm_mpi_missing_rank_times_out(void **state) {
 
 int main(int argc, char **argv) {
   if (argc == 5 && strcmp(argv[1], "--worker") == 0) return worker(argv[2], atoi(argv[3]), atoi(argv[4]));
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 1;
-  self[n] = 0;
+  if (!dp_find_self()) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_comm_single_backend_is_the_identity),
       cmocka_unit_test(test_comm_mpi_collectives_on_two_ranks),

@@ -34,18 +34,6 @@
 /* Workers (one per rank, under mpirun)                                 */
 /* ------------------------------------------------------------------ */
 
-static int wrank;
-
-#define CHECK(cond, ...)                                                 \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "rank %d: %s:%d: ", wrank, __FILE__, __LINE__);    \
-      fprintf(stderr, __VA_ARGS__);                                      \
-      fputc('\n', stderr);                                               \
-      return 1;                                                          \
-    }                                                                    \
-  } while (0)
-
 static IrFunc *parse(const char *text) {
   SrcFile src = {"coll.gir", text, strlen(text)};
   Diag d;
@@ -446,33 +434,18 @@ static int worker_bucket(Comm *c) {
 }
 
 static int worker(const char *name, int tp, int dp) {
-#ifdef GRADC_HAVE_MPI
-  gradc_mpi_enable();
-#endif
-  char err[1024];
-  Comm *c = comm_open(tp, dp, err, sizeof err);
-  if (!c) {
-    fprintf(stderr, "comm_open: %s\n", err);
-    return 1;
-  }
-  wrank = c->rank;
+  Comm *c = dp_worker_open(tp, dp);
+  if (!c) return 1;
   int rc = 1;
   if (strcmp(name, "coll") == 0) rc = worker_coll(c);
   else if (strcmp(name, "tp") == 0) rc = worker_tp(c);
   else if (strcmp(name, "bucket") == 0) rc = worker_bucket(c);
-  if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
-  fflush(stdout);
-  if (rc != 0) comm_abort(1);
-  comm_close(c);
-  comm_finalize();
-  return rc;
+  return dp_worker_close(c, name, rc);
 }
 
 /* ------------------------------------------------------------------ */
 /* Tests                                                                */
 /* ------------------------------------------------------------------ */
-
-static char self[4096];
 
 static bool have_kernels(void) {
 #ifdef GRADC_HAVE_LLVM
@@ -483,39 +456,24 @@ static bool have_kernels(void) {
 #endif
 }
 
-static void run_workers(const char *name, int tp, int dp) {
-  if (!dp_have_mpirun() || !have_kernels()) return;
-  char out[32768];
-  int np = tp * dp;
-  int rc = tu_sh(out, sizeof out, MPIRUN " -np %d %s --worker %s %d %d", np, self, name, tp, dp);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
-  for (int r = 0; r < np; r++) {
-    char want[128];
-    snprintf(want, sizeof want, "worker %s: rank %d of %d ok", name, r, np);
-    if (!strstr(out, want)) fail_msg("no '%s' in:\n%s", want, out);
-  }
-  for (char *l = strtok(out, "\n"); l; l = strtok(NULL, "\n"))
-    if (!strstr(l, "worker ")) print_message("  %s\n", l);
-}
-
 static void test_dp_exec_collectives_on_tp2(void **state) {
   (void)state;
-  run_workers("coll", 2, 1);
+  if (have_kernels()) dp_run_workers("coll", 2, 1);
 }
 
 static void test_dp_exec_collectives_on_tp2_dp2(void **state) {
   (void)state;
-  run_workers("coll", 2, 2);
+  if (have_kernels()) dp_run_workers("coll", 2, 2);
 }
 
 static void test_dp_exec_tp2_model_matches_one_process(void **state) {
   (void)state;
-  run_workers("tp", 2, 1);
+  if (have_kernels()) dp_run_workers("tp", 2, 1);
 }
 
 static void test_dp_exec_buckets_match_reduction_after_window(void **state) {
   (void)state;
-  run_workers("bucket", 1, 2);
+  if (have_kernels()) dp_run_workers("bucket", 1, 2);
 }
 
 /* Without a distributed window a collective over 2 ranks is an error that
@@ -548,9 +506,7 @@ static void test_dp_exec_collective_without_ranks_is_an_error(void **state) {
 
 int main(int argc, char **argv) {
   if (argc == 5 && strcmp(argv[1], "--worker") == 0) return worker(argv[2], atoi(argv[3]), atoi(argv[4]));
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 1;
-  self[n] = 0;
+  if (!dp_find_self()) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp_exec_collective_without_ranks_is_an_error),
       cmocka_unit_test(test_dp_exec_collectives_on_tp2),

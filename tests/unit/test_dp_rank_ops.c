@@ -39,18 +39,6 @@
 #include "runtime/comm.h"
 #include "test_dp.h"
 
-static int wrank;
-
-#define CHECK(cond, ...)                                                 \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "rank %d: %s:%d: ", wrank, __FILE__, __LINE__);    \
-      fprintf(stderr, __VA_ARGS__);                                      \
-      fputc('\n', stderr);                                               \
-      return 1;                                                          \
-    }                                                                    \
-  } while (0)
-
 /* ---- the function and its inputs ---- */
 
 #define ROWS 4
@@ -241,63 +229,31 @@ static int worker_rank_ops(Comm *c, bool cpu_too) {
 }
 
 static int worker(const char *name, int tp, int dp) {
-#ifdef GRADC_HAVE_MPI
-  gradc_mpi_enable();
-#endif
-  char err[1024];
-  Comm *c = comm_open(tp, dp, err, sizeof err);
-  if (!c) {
-    fprintf(stderr, "comm_open: %s\n", err);
-    return 1;
-  }
-  wrank = c->rank;
+  Comm *c = dp_worker_open(tp, dp);
+  if (!c) return 1;
   int rc = 1;
   if (strcmp(name, "rank") == 0 || strcmp(name, "rank-ref") == 0) rc = worker_rank_ops(c, strcmp(name, "rank") == 0);
-  if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
-  fflush(stdout);
-  if (rc != 0) comm_abort(1);
-  comm_close(c);
-  comm_finalize();
-  return rc;
+  return dp_worker_close(c, name, rc);
 }
 
 /* ------------------------------------------------------------------ */
 /* Tests                                                                */
 /* ------------------------------------------------------------------ */
 
-static char self[4096];
-
-static void run_workers(const char *name, int tp, int dp) {
-  if (!dp_have_mpirun()) return;
-  char out[32768];
-  int np = tp * dp;
-  int rc = tu_sh(out, sizeof out, MPIRUN " -np %d %s --worker %s %d %d", np, self, name, tp, dp);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
-  for (int r = 0; r < np; r++) {
-    char want[128];
-    snprintf(want, sizeof want, "worker %s: rank %d of %d ok", name, r, np);
-    if (!strstr(out, want)) fail_msg("no '%s' in:\n%s", want, out);
-  }
-  for (char *l = strtok(out, "\n"); l; l = strtok(NULL, "\n"))
-    if (!strstr(l, "worker ")) print_message("  %s\n", l);
-}
-
 /* The interpreter always; the CPU executor when the build has LLVM. */
 static void test_dp_rank_ops_forward_and_gradients_by_hand_on_tp2(void **state) {
   (void)state;
 #ifdef GRADC_HAVE_LLVM
-  run_workers("rank", 2, 1);
+  dp_run_workers("rank", 2, 1);
 #else
   print_message("the CPU executor is skipped: this build has no LLVM\n");
-  run_workers("rank-ref", 2, 1);
+  dp_run_workers("rank-ref", 2, 1);
 #endif
 }
 
 int main(int argc, char **argv) {
   if (argc == 5 && strcmp(argv[1], "--worker") == 0) return worker(argv[2], atoi(argv[3]), atoi(argv[4]));
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 1;
-  self[n] = 0;
+  if (!dp_find_self()) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp_rank_ops_forward_and_gradients_by_hand_on_tp2),
   };

@@ -12,7 +12,6 @@
 #include "test_dp.h"
 
 static char tmpdir[] = "/tmp/gradc-dp-train-XXXXXX";
-static char self[4096];
 
 #define MLP_DEFS "-D D=24 -D H=12"
 
@@ -34,13 +33,8 @@ static const char lm_src[] =
     "  loss l2 = 0.01 * sum(W * W)\n"
     "}\n";
 
-static int worker_fail(int rank, const char *what) {
-  fprintf(stderr, "rank %d: %s: %s\n", rank, what, gradc_last_error());
-  return 1;
-}
-
 static int api_worker(void) {
-  if (gradc_mpi_enable() != GRADC_OK) return worker_fail(-1, "mpi_enable");
+  if (gradc_mpi_enable() != GRADC_OK) return dp_api_fail(-1, "mpi_enable");
   gradc_program *p1 = NULL, *p2 = NULL;
   gradc_session *s1 = NULL, *s2 = NULL;
   gradc_compile_options o;
@@ -48,17 +42,17 @@ static int api_worker(void) {
   o.gas = 2;
   o.threads = 1;
   o.target = "ref";
-  if (gradc_program_compile_source("lm.gdl", lm_src, &o, &p1) != GRADC_OK) return worker_fail(-1, "compile dp 1");
+  if (gradc_program_compile_source("lm.gdl", lm_src, &o, &p1) != GRADC_OK) return dp_api_fail(-1, "compile dp 1");
   o.dp = 2;
-  if (gradc_program_compile_source("lm.gdl", lm_src, &o, &p2) != GRADC_OK) return worker_fail(-1, "compile dp 2");
-  if (gradc_program_dp(p2) != 2) return worker_fail(-1, "program_dp");
+  if (gradc_program_compile_source("lm.gdl", lm_src, &o, &p2) != GRADC_OK) return dp_api_fail(-1, "compile dp 2");
+  if (gradc_program_dp(p2) != 2) return dp_api_fail(-1, "program_dp");
   if (gradc_session_new(p1, &s1) != GRADC_OK || gradc_session_new(p2, &s2) != GRADC_OK)
-    return worker_fail(-1, "session_new");
+    return dp_api_fail(-1, "session_new");
   int rank = gradc_session_rank(s2);
-  if (gradc_session_rank(s1) != 0) return worker_fail(rank, "a dp 1 session has rank 0");
+  if (gradc_session_rank(s1) != 0) return dp_api_fail(rank, "a dp 1 session has rank 0");
   /* Both programs take the whole window (B = 8 samples). */
   gradc_tensor_info in;
-  if (gradc_program_input_info(p2, 0, &in) != GRADC_OK || in.shape[0] != 8) return worker_fail(rank, "window shape");
+  if (gradc_program_input_info(p2, 0, &in) != GRADC_OK || in.shape[0] != 8) return dp_api_fail(rank, "window shape");
   int32_t idx[32], tgt[32];
   for (int i = 0; i < 32; i++) {
     idx[i] = (i * 7 + 3) % 11;
@@ -73,12 +67,12 @@ static int api_worker(void) {
     if (gradc_session_init_params(ss[k], 5) != GRADC_OK || gradc_session_set_optimizer(ss[k], &oo) != GRADC_OK ||
         gradc_session_set_input(ss[k], "idx", GRADC_I32, idx, 32) != GRADC_OK ||
         gradc_session_set_input(ss[k], "targets", GRADC_I32, tgt, 32) != GRADC_OK)
-      return worker_fail(rank, "set up");
+      return dp_api_fail(rank, "set up");
   }
   for (int step = 0; step < 3; step++) {
     for (int k = 0; k < 2; k++)
       if (gradc_session_run(ss[k]) != GRADC_OK || gradc_session_step(ss[k]) != GRADC_OK)
-        return worker_fail(rank, "run/step");
+        return dp_api_fail(rank, "run/step");
     for (int l = 0; l < 2; l++) {
       double a = gradc_session_loss(s2, l), b = gradc_session_loss(s1, l);
       if (dp_rel(a, b) > DP_TOL) {
@@ -88,7 +82,7 @@ static int api_worker(void) {
     }
     float g1[66], g2[66];
     if (gradc_session_get_grad(s1, "W", g1, 66) != GRADC_OK || gradc_session_get_grad(s2, "W", g2, 66) != GRADC_OK)
-      return worker_fail(rank, "get_grad");
+      return dp_api_fail(rank, "get_grad");
     double diff = 0, scale = 0;
     for (int i = 0; i < 66; i++) diff = fmax(diff, fabs(g2[i] - g1[i])), scale = fmax(scale, fabs(g1[i]));
     if (diff > DP_TOL * scale) {
@@ -96,7 +90,7 @@ static int api_worker(void) {
       return 1;
     }
   }
-  if (gradc_session_check_replicas(s2) != GRADC_OK) return worker_fail(rank, "check_replicas");
+  if (gradc_session_check_replicas(s2) != GRADC_OK) return dp_api_fail(rank, "check_replicas");
   /* A rank whose params changed is named. */
   if (rank == 1) {
     float w[66];
@@ -104,11 +98,11 @@ static int api_worker(void) {
     w[3] += 1;
     gradc_session_set_param(s2, "W", w, 66);
   }
-  if (gradc_session_check_replicas(s2) == GRADC_OK) return worker_fail(rank, "check_replicas passed");
+  if (gradc_session_check_replicas(s2) == GRADC_OK) return dp_api_fail(rank, "check_replicas passed");
   if (!strstr(gradc_last_error(), "data-parallel ranks hold different params at step 3: rank 1's hash"))
-    return worker_fail(rank, "check_replicas message");
+    return dp_api_fail(rank, "check_replicas message");
   if (rank == 0) printf("%s\n", gradc_last_error());
-  printf("worker api: rank %d ok\n", rank);
+  printf("worker api: rank %d of 2 ok\n", rank); /* what dp_workers looks for */
   gradc_session_free(s1);
   gradc_session_free(s2);
   gradc_program_free(p1);
@@ -211,17 +205,12 @@ static void test_dp_train_api_sessions(void **state) {
   (void)state;
   if (!dp_have_mpirun()) return;
   char out[16384];
-  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker api", self);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
-  assert_non_null(strstr(out, "worker api: rank 0 ok"));
-  assert_non_null(strstr(out, "worker api: rank 1 ok"));
+  dp_workers(out, sizeof out, "", 2, "api", "");
 }
 
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--worker") == 0 && strcmp(argv[2], "api") == 0) return api_worker();
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 1;
-  self[n] = 0;
+  if (!dp_find_self()) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp_train_adamw_matches_one_process),
       cmocka_unit_test(test_dp_train_sgd_matches_one_process),

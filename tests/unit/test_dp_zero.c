@@ -19,7 +19,6 @@
 #include "test_dp.h"
 
 static char tmpdir[256] = "/tmp/gradc-dp-zero-XXXXXX";
-static char self[4096];
 
 #define MLP_DEFS "-D D=24 -D H=12"
 /* ZeRO-1 against the plain data-parallel run. */
@@ -50,11 +49,6 @@ static const char odd_src[] =
 
 static const char *const odd_names[4] = {"wte", "W", "b", "s"};
 static const int odd_numel[4] = {55, 55, 11, 7};
-
-static int worker_fail(int rank, const char *what) {
-  fprintf(stderr, "rank %d: %s: %s\n", rank, what, gradc_last_error());
-  return 1;
-}
 
 /* A param's or gradient's values as doubles (f32 ones widened). */
 static void get_values(gradc_session *s, int i, bool grad, double *out) {
@@ -89,7 +83,7 @@ static double compare(gradc_session *a, gradc_session *b, bool grad, bool *ident
 }
 
 static int api_worker(void) {
-  if (gradc_mpi_enable() != GRADC_OK) return worker_fail(-1, "mpi_enable");
+  if (gradc_mpi_enable() != GRADC_OK) return dp_api_fail(-1, "mpi_enable");
   gradc_program *p1 = NULL, *p2 = NULL, *pz = NULL;
   gradc_session *s1 = NULL, *s2 = NULL, *sz = NULL;
   gradc_compile_options o;
@@ -97,18 +91,18 @@ static int api_worker(void) {
   o.gas = 2;
   o.threads = 1;
   o.target = "ref";
-  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &p1) != GRADC_OK) return worker_fail(-1, "compile dp 1");
+  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &p1) != GRADC_OK) return dp_api_fail(-1, "compile dp 1");
   o.dp = 2;
-  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &p2) != GRADC_OK) return worker_fail(-1, "compile dp 2");
+  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &p2) != GRADC_OK) return dp_api_fail(-1, "compile dp 2");
   o.zero1 = 1;
-  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &pz) != GRADC_OK) return worker_fail(-1, "compile zero1");
+  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &pz) != GRADC_OK) return dp_api_fail(-1, "compile zero1");
   if (gradc_session_new(p1, &s1) != GRADC_OK || gradc_session_new(p2, &s2) != GRADC_OK ||
       gradc_session_new(pz, &sz) != GRADC_OK)
-    return worker_fail(-1, "session_new");
+    return dp_api_fail(-1, "session_new");
   int rank = gradc_session_rank(sz);
   /* dp-reduce's all-reduces are left out under ZeRO-1. */
   if (!strstr(p2->ir_text, "all_reduce.start") || strstr(pz->ir_text, "all_reduce.start"))
-    return worker_fail(rank, "zero1's program has dp all-reduces (or dp 2's has none)");
+    return dp_api_fail(rank, "zero1's program has dp all-reduces (or dp 2's has none)");
   int32_t idx[32], tgt[32];
   for (int i = 0; i < 32; i++) {
     idx[i] = (i * 7 + 3) % 11;
@@ -123,7 +117,7 @@ static int api_worker(void) {
     if (gradc_session_init_params(ss[k], 5) != GRADC_OK || gradc_session_set_optimizer(ss[k], &oo) != GRADC_OK ||
         gradc_session_set_input(ss[k], "idx", GRADC_I32, idx, 32) != GRADC_OK ||
         gradc_session_set_input(ss[k], "targets", GRADC_I32, tgt, 32) != GRADC_OK)
-      return worker_fail(rank, "set up");
+      return dp_api_fail(rank, "set up");
   }
   /* The state this rank holds: AdamW's two slots for its slices only. */
   int64_t f32_part = rank == 0 ? 61 : 60, f64_part = rank == 0 ? 4 : 3;
@@ -140,7 +134,7 @@ static int api_worker(void) {
   bool same;
   for (int step = 0; step < 3; step++) {
     for (int k = 0; k < 3; k++)
-      if (gradc_session_run(ss[k]) != GRADC_OK) return worker_fail(rank, "run");
+      if (gradc_session_run(ss[k]) != GRADC_OK) return dp_api_fail(rank, "run");
     /* The global norm: the sharded sums of squares added over the ranks. */
     double n1 = gradc_session_grad_norm(s1), n2 = gradc_session_grad_norm(s2), nz = gradc_session_grad_norm(sz);
     if (dp_rel(nz, n2) > 1e-12 || dp_rel(nz, n1) > DP_TOL || !(nz > oo.clip_norm)) {
@@ -152,10 +146,10 @@ static int api_worker(void) {
      * after it later (the update then ran on the sharded gradients). */
     if (step == 0) {
       worst_g = fmax(worst_g, compare(sz, s2, true, &same));
-      if (compare(sz, s1, true, &same) > DP_TOL) return worker_fail(rank, "gradients vs one process");
+      if (compare(sz, s1, true, &same) > DP_TOL) return dp_api_fail(rank, "gradients vs one process");
     }
     for (int k = 0; k < 3; k++)
-      if (gradc_session_step(ss[k]) != GRADC_OK) return worker_fail(rank, "step");
+      if (gradc_session_step(ss[k]) != GRADC_OK) return dp_api_fail(rank, "step");
     if (step > 0) worst_g = fmax(worst_g, compare(sz, s2, true, &same));
   }
   double ep2 = compare(sz, s2, false, &same), ep1 = compare(sz, s1, false, &same);
@@ -164,7 +158,7 @@ static int api_worker(void) {
             ep1);
     return 1;
   }
-  if (gradc_session_check_replicas(sz) != GRADC_OK) return worker_fail(rank, "check_replicas");
+  if (gradc_session_check_replicas(sz) != GRADC_OK) return dp_api_fail(rank, "check_replicas");
   printf("rank %d: relative errors: gradients %.3g, grad norm %.3g, params %.3g vs dp 2, %.3g vs one process\n", rank,
          worst_g, worst_n, ep2, ep1);
 
@@ -172,8 +166,8 @@ static int api_worker(void) {
    * and into one process; one more step from each equals sz's. */
   char ck[512];
   snprintf(ck, sizeof ck, "%s/api-ck.st", tmpdir);
-  if (gradc_session_save_checkpoint(sz, ck) != GRADC_OK) return worker_fail(rank, "save_checkpoint");
-  if (gradc_session_check_replicas(sz) != GRADC_OK) return worker_fail(rank, "check_replicas"); /* rank 0 has written */
+  if (gradc_session_save_checkpoint(sz, ck) != GRADC_OK) return dp_api_fail(rank, "save_checkpoint");
+  if (gradc_session_check_replicas(sz) != GRADC_OK) return dp_api_fail(rank, "check_replicas"); /* rank 0 has written */
   StFile f;
   char err[1024];
   st_init(&f);
@@ -185,32 +179,32 @@ static int api_worker(void) {
     char name[64];
     snprintf(name, sizeof name, "optim.exp_avg_sq.%s", odd_names[i]);
     const StTensor *t = st_find(&f, name);
-    if (!t || st_numel(t) != odd_numel[i]) return worker_fail(rank, "checkpoint holds whole slots");
+    if (!t || st_numel(t) != odd_numel[i]) return dp_api_fail(rank, "checkpoint holds whole slots");
     for (int64_t k = 0; k < st_numel(t); k++) {
       double v;
       step_load(t, k, 1, &v);
-      if (!(v > 0)) return worker_fail(rank, "a slice of the checkpoint's exp_avg_sq was left out");
+      if (!(v > 0)) return dp_api_fail(rank, "a slice of the checkpoint's exp_avg_sq was left out");
     }
   }
   st_free(&f);
   gradc_session *szb = NULL, *s1b = NULL;
   if (gradc_session_new(pz, &szb) != GRADC_OK || gradc_session_new(p1, &s1b) != GRADC_OK)
-    return worker_fail(rank, "session_new (resume)");
+    return dp_api_fail(rank, "session_new (resume)");
   if (gradc_session_load_checkpoint(szb, ck) != GRADC_OK || gradc_session_load_checkpoint(s1b, ck) != GRADC_OK)
-    return worker_fail(rank, "load_checkpoint");
+    return dp_api_fail(rank, "load_checkpoint");
   gradc_session *sr[3] = {sz, szb, s1b};
   for (int k = 0; k < 3; k++)
     if (gradc_session_set_input(sr[k], "idx", GRADC_I32, idx, 32) != GRADC_OK ||
         gradc_session_set_input(sr[k], "targets", GRADC_I32, tgt, 32) != GRADC_OK ||
         gradc_session_run(sr[k]) != GRADC_OK || gradc_session_step(sr[k]) != GRADC_OK)
-      return worker_fail(rank, "resumed step");
-  if (compare(szb, sz, false, &same) != 0 || !same) return worker_fail(rank, "resumed zero1 session is not identical");
+      return dp_api_fail(rank, "resumed step");
+  if (compare(szb, sz, false, &same) != 0 || !same) return dp_api_fail(rank, "resumed zero1 session is not identical");
   double er = compare(s1b, sz, false, &same);
   if (er > DP_TOL) {
     fprintf(stderr, "rank %d: one process resumed from the zero1 checkpoint: relative error %.3g\n", rank, er);
     return 1;
   }
-  printf("worker api: rank %d ok\n", rank);
+  printf("worker api: rank %d of 2 ok\n", rank); /* what dp_workers looks for */
   gradc_session_free(s1b);
   gradc_session_free(szb);
   gradc_session_free(s1);
@@ -412,11 +406,9 @@ static void test_dp_zero_run_whole_grads(void **state) {
 static void test_dp_zero_api_odd_sizes(void **state) {
   (void)state;
   if (!dp_have_mpirun()) return;
-  char out[16384];
-  int rc = tu_sh(out, sizeof out, "GRADC_TEST_TMP=%s " MPIRUN " -np 2 %s --worker api", tmpdir, self);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
-  assert_non_null(strstr(out, "worker api: rank 0 ok"));
-  assert_non_null(strstr(out, "worker api: rank 1 ok"));
+  char out[16384], env[512];
+  snprintf(env, sizeof env, "GRADC_TEST_TMP=%s", tmpdir);
+  dp_workers(out, sizeof out, env, 2, "api", "");
   print_message("%s", out);
 }
 
@@ -427,9 +419,7 @@ int main(int argc, char **argv) {
     snprintf(tmpdir, sizeof tmpdir, "%s", dir);
     return api_worker();
   }
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 1;
-  self[n] = 0;
+  if (!dp_find_self()) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp_zero_train_adamw_clip),
       cmocka_unit_test(test_dp_zero_train_adamw),

@@ -29,7 +29,7 @@
 #include "include/gradc.h"
 #include "runtime/comm.h"
 #include "runtime/trace.h"
-#include "testutil.h"
+#include "test_dp.h"
 
 static char *slurp(const char *path) {
   FILE *f = fopen(path, "rb");
@@ -397,20 +397,6 @@ static void test_trace_link_queues_collectives_by_hand(void **state) {
   assert_true(comm_wait(r1, err, sizeof err));
 }
 
-static int worker_rank;
-
-#define CHECK(cond, ...)                                                     \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      fprintf(stderr, "rank %d: %s:%d: ", worker_rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                          \
-      fputc('\n', stderr);                                                   \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
-
-#define OK(call) CHECK((call), "%s: %s", #call, err)
-
 #define LINK_LAT_US 12000.0
 #define LINK_GBPS 0.1 /* 12.5 bytes per us */
 #define NELEM 25000   /* f32: 1e5 bytes; 8000 us on the link above over 2 ranks (MPI itself: well under 1 ms) */
@@ -586,53 +572,21 @@ static int gather_worker(Comm *c, const char *path) {
 }
 
 static int worker(const char *name, const char *arg) {
-#ifdef GRADC_HAVE_MPI
-  gradc_mpi_enable();
-#endif
-  char err[1024];
-  Comm *c = comm_open(1, 2, err, sizeof err);
-  if (!c) {
-    fprintf(stderr, "comm_open: %s\n", err);
-    return 1;
-  }
-  worker_rank = c->rank;
+  Comm *c = dp_worker_open(1, 2);
+  if (!c) return 1;
   int rc = 1;
   if (strcmp(name, "link") == 0) rc = link_worker(c, strcmp(arg, "poll") == 0);
   else if (strcmp(name, "gather") == 0) rc = gather_worker(c, arg);
-  if (rc == 0) printf("worker %s: rank %d of %d ok\n", name, c->rank, c->size);
-  else comm_abort(rc); /* rather than leave the other rank waiting */
-  comm_close(c);
-  comm_finalize();
-  return rc;
+  return dp_worker_close(c, name, rc);
 }
-
-static char self[4096];
-
-static bool have_mpirun(void) {
-#ifndef GRADC_HAVE_MPI
-  print_message("skipped: this build has no MPI (GRADC_MPI=OFF)\n");
-  return false;
-#else
-  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
-    print_message("skipped: mpirun is not installed (Debian: openmpi-bin)\n");
-    return false;
-  }
-  return true;
-#endif
-}
-
-#define MPIRUN "LSAN_OPTIONS=\"$LSAN_OPTIONS:fast_unwind_on_malloc=0\" mpirun --oversubscribe --allow-run-as-root"
 
 /* The link's figures come from the environment, as mpirun passes them on. */
 static void run_link(const char *env, const char *mode) {
-  if (!have_mpirun()) return;
-  char out[16384];
-  int rc =
-      tu_sh(out, sizeof out,
-            "%s GRADC_COMM_TIMEOUT=20 GRADC_COMM_LATENCY_US=%g GRADC_COMM_GBPS=%g " MPIRUN " -np 2 %s --worker link %s",
-            env, LINK_LAT_US, LINK_GBPS, self, mode);
-  if (rc != 0 || !strstr(out, "worker link: rank 0 of 2 ok") || !strstr(out, "worker link: rank 1 of 2 ok"))
-    fail_msg("workers failed (%d):\n%s", rc, out);
+  if (!dp_have_mpirun()) return;
+  char out[16384], vars[512];
+  snprintf(vars, sizeof vars, "%s GRADC_COMM_TIMEOUT=20 GRADC_COMM_LATENCY_US=%g GRADC_COMM_GBPS=%g", env, LINK_LAT_US,
+           LINK_GBPS);
+  dp_workers(out, sizeof out, vars, 2, "link", mode);
   print_message("%s", out);
 }
 
@@ -643,13 +597,12 @@ static void test_trace_mpi_link_hidden_by_compute_polling(void **state) {
 }
 
 static void test_trace_mpi_gather_into_rank0(void **state) {
-  if (!have_mpirun()) return;
+  if (!dp_have_mpirun()) return;
   char path[] = "/tmp/gradc-trace-gather-XXXXXX", out[16384];
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   close(fd);
-  int rc = tu_sh(out, sizeof out, MPIRUN " -np 2 %s --worker gather %s", self, path);
-  if (rc != 0) fail_msg("workers failed (%d):\n%s", rc, out);
+  dp_workers(out, sizeof out, "", 2, "gather", path);
   char *text = slurp(path);
   unlink(path);
   cJSON *j = cJSON_Parse(text);
@@ -667,9 +620,7 @@ static void test_trace_mpi_gather_into_rank0(void **state) {
 
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--worker") == 0) return worker(argv[2], argv[3]);
-  ssize_t sn = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (sn <= 0) return 1;
-  self[sn] = 0;
+  if (!dp_find_self()) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trace_stats_sums),
       cmocka_unit_test(test_trace_write_events),
