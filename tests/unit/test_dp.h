@@ -101,6 +101,48 @@ static inline int dp_api_fail(int rank, const char *what) {
   return 1;
 }
 
+/* The C API workers (test_dp_train, test_dp_zero) train sessions of small
+ * language models on one window, with AdamW clipping at this norm (well
+ * below their gradients' norm: clipping is on). */
+#define DP_API_CLIP 0.5
+
+/* Compile src (named name) as the API workers do: the interpreter, K = 2,
+ * one thread, dp ranks, ZeRO-1 when zero1. */
+static inline gradc_status dp_api_compile(const char *name, const char *src, int dp, int zero1, gradc_program **p) {
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  o.gas = 2;
+  o.threads = 1;
+  o.target = "ref";
+  o.dp = dp;
+  o.zero1 = zero1;
+  return gradc_program_compile_source(name, src, &o, p);
+}
+
+/* Give session s the API workers' window: B = 8 samples of T = 4 token
+ * ids below V = 11, and targets of which rank 0's half is mostly ignored
+ * (-100); false on an error. */
+static inline bool dp_api_set_window(gradc_session *s) {
+  int32_t idx[32], tgt[32];
+  for (int i = 0; i < 32; i++) {
+    idx[i] = (i * 7 + 3) % 11;
+    tgt[i] = i % 5 == 0 || i < 12 ? -100 : (i * 5 + 1) % 11;
+  }
+  return gradc_session_set_input(s, "idx", GRADC_I32, idx, 32) == GRADC_OK &&
+         gradc_session_set_input(s, "targets", GRADC_I32, tgt, 32) == GRADC_OK;
+}
+
+/* Set session s up as the API workers do: params from seed 5, AdamW (lr
+ * 0.05, clipping at DP_API_CLIP), and the window; false on an error. */
+static inline bool dp_api_setup(gradc_session *s) {
+  gradc_optimizer_options oo;
+  gradc_optimizer_options_init(&oo, GRADC_ADAMW);
+  oo.lr = 0.05;
+  oo.clip_norm = DP_API_CLIP;
+  return gradc_session_init_params(s, 5) == GRADC_OK && gradc_session_set_optimizer(s, &oo) == GRADC_OK &&
+         dp_api_set_window(s);
+}
+
 /* The path of this executable, which the tests run again as workers;
  * main sets it with dp_find_self (false: /proc/self/exe unreadable). */
 static char dp_self[4096];

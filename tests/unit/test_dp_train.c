@@ -37,14 +37,8 @@ static int api_worker(void) {
   if (gradc_mpi_enable() != GRADC_OK) return dp_api_fail(-1, "mpi_enable");
   gradc_program *p1 = NULL, *p2 = NULL;
   gradc_session *s1 = NULL, *s2 = NULL;
-  gradc_compile_options o;
-  gradc_compile_options_init(&o);
-  o.gas = 2;
-  o.threads = 1;
-  o.target = "ref";
-  if (gradc_program_compile_source("lm.gdl", lm_src, &o, &p1) != GRADC_OK) return dp_api_fail(-1, "compile dp 1");
-  o.dp = 2;
-  if (gradc_program_compile_source("lm.gdl", lm_src, &o, &p2) != GRADC_OK) return dp_api_fail(-1, "compile dp 2");
+  if (dp_api_compile("lm.gdl", lm_src, 1, 0, &p1) != GRADC_OK) return dp_api_fail(-1, "compile dp 1");
+  if (dp_api_compile("lm.gdl", lm_src, 2, 0, &p2) != GRADC_OK) return dp_api_fail(-1, "compile dp 2");
   if (gradc_program_dp(p2) != 2) return dp_api_fail(-1, "program_dp");
   if (gradc_session_new(p1, &s1) != GRADC_OK || gradc_session_new(p2, &s2) != GRADC_OK)
     return dp_api_fail(-1, "session_new");
@@ -53,22 +47,9 @@ static int api_worker(void) {
   /* Both programs take the whole window (B = 8 samples). */
   gradc_tensor_info in;
   if (gradc_program_input_info(p2, 0, &in) != GRADC_OK || in.shape[0] != 8) return dp_api_fail(rank, "window shape");
-  int32_t idx[32], tgt[32];
-  for (int i = 0; i < 32; i++) {
-    idx[i] = (i * 7 + 3) % 11;
-    tgt[i] = i % 5 == 0 || i < 12 ? -100 : (i * 5 + 1) % 11; /* rank 0's half mostly ignored */
-  }
-  gradc_optimizer_options oo;
-  gradc_optimizer_options_init(&oo, GRADC_ADAMW);
-  oo.lr = 0.05;
-  oo.clip_norm = 0.5;
   gradc_session *ss[2] = {s1, s2};
-  for (int k = 0; k < 2; k++) {
-    if (gradc_session_init_params(ss[k], 5) != GRADC_OK || gradc_session_set_optimizer(ss[k], &oo) != GRADC_OK ||
-        gradc_session_set_input(ss[k], "idx", GRADC_I32, idx, 32) != GRADC_OK ||
-        gradc_session_set_input(ss[k], "targets", GRADC_I32, tgt, 32) != GRADC_OK)
-      return dp_api_fail(rank, "set up");
-  }
+  for (int k = 0; k < 2; k++)
+    if (!dp_api_setup(ss[k])) return dp_api_fail(rank, "set up");
   for (int step = 0; step < 3; step++) {
     for (int k = 0; k < 2; k++)
       if (gradc_session_run(ss[k]) != GRADC_OK || gradc_session_step(ss[k]) != GRADC_OK)

@@ -86,16 +86,9 @@ static int api_worker(void) {
   if (gradc_mpi_enable() != GRADC_OK) return dp_api_fail(-1, "mpi_enable");
   gradc_program *p1 = NULL, *p2 = NULL, *pz = NULL;
   gradc_session *s1 = NULL, *s2 = NULL, *sz = NULL;
-  gradc_compile_options o;
-  gradc_compile_options_init(&o);
-  o.gas = 2;
-  o.threads = 1;
-  o.target = "ref";
-  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &p1) != GRADC_OK) return dp_api_fail(-1, "compile dp 1");
-  o.dp = 2;
-  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &p2) != GRADC_OK) return dp_api_fail(-1, "compile dp 2");
-  o.zero1 = 1;
-  if (gradc_program_compile_source("odd.gdl", odd_src, &o, &pz) != GRADC_OK) return dp_api_fail(-1, "compile zero1");
+  if (dp_api_compile("odd.gdl", odd_src, 1, 0, &p1) != GRADC_OK) return dp_api_fail(-1, "compile dp 1");
+  if (dp_api_compile("odd.gdl", odd_src, 2, 0, &p2) != GRADC_OK) return dp_api_fail(-1, "compile dp 2");
+  if (dp_api_compile("odd.gdl", odd_src, 2, 1, &pz) != GRADC_OK) return dp_api_fail(-1, "compile zero1");
   if (gradc_session_new(p1, &s1) != GRADC_OK || gradc_session_new(p2, &s2) != GRADC_OK ||
       gradc_session_new(pz, &sz) != GRADC_OK)
     return dp_api_fail(-1, "session_new");
@@ -103,22 +96,9 @@ static int api_worker(void) {
   /* dp-reduce's all-reduces are left out under ZeRO-1. */
   if (!strstr(p2->ir_text, "all_reduce.start") || strstr(pz->ir_text, "all_reduce.start"))
     return dp_api_fail(rank, "zero1's program has dp all-reduces (or dp 2's has none)");
-  int32_t idx[32], tgt[32];
-  for (int i = 0; i < 32; i++) {
-    idx[i] = (i * 7 + 3) % 11;
-    tgt[i] = i % 5 == 0 || i < 12 ? -100 : (i * 5 + 1) % 11;
-  }
-  gradc_optimizer_options oo;
-  gradc_optimizer_options_init(&oo, GRADC_ADAMW);
-  oo.lr = 0.05;
-  oo.clip_norm = 0.5; /* the norm is well above: clipping is on */
   gradc_session *ss[3] = {s1, s2, sz};
-  for (int k = 0; k < 3; k++) {
-    if (gradc_session_init_params(ss[k], 5) != GRADC_OK || gradc_session_set_optimizer(ss[k], &oo) != GRADC_OK ||
-        gradc_session_set_input(ss[k], "idx", GRADC_I32, idx, 32) != GRADC_OK ||
-        gradc_session_set_input(ss[k], "targets", GRADC_I32, tgt, 32) != GRADC_OK)
-      return dp_api_fail(rank, "set up");
-  }
+  for (int k = 0; k < 3; k++)
+    if (!dp_api_setup(ss[k])) return dp_api_fail(rank, "set up");
   /* The state this rank holds: AdamW's two slots for its slices only. */
   int64_t f32_part = rank == 0 ? 61 : 60, f64_part = rank == 0 ? 4 : 3;
   int64_t want_bytes = 2 * (f32_part * 4 + f64_part * 8), plain_bytes = api_optim_state_bytes(s2);
@@ -137,7 +117,7 @@ static int api_worker(void) {
       if (gradc_session_run(ss[k]) != GRADC_OK) return dp_api_fail(rank, "run");
     /* The global norm: the sharded sums of squares added over the ranks. */
     double n1 = gradc_session_grad_norm(s1), n2 = gradc_session_grad_norm(s2), nz = gradc_session_grad_norm(sz);
-    if (dp_rel(nz, n2) > 1e-12 || dp_rel(nz, n1) > DP_TOL || !(nz > oo.clip_norm)) {
+    if (dp_rel(nz, n2) > 1e-12 || dp_rel(nz, n1) > DP_TOL || !(nz > DP_API_CLIP)) {
       fprintf(stderr, "rank %d: step %d: grad norm %.17g vs %.17g (dp 2) and %.17g (one)\n", rank, step, nz, n2, n1);
       return 1;
     }
@@ -194,9 +174,7 @@ static int api_worker(void) {
     return dp_api_fail(rank, "load_checkpoint");
   gradc_session *sr[3] = {sz, szb, s1b};
   for (int k = 0; k < 3; k++)
-    if (gradc_session_set_input(sr[k], "idx", GRADC_I32, idx, 32) != GRADC_OK ||
-        gradc_session_set_input(sr[k], "targets", GRADC_I32, tgt, 32) != GRADC_OK ||
-        gradc_session_run(sr[k]) != GRADC_OK || gradc_session_step(sr[k]) != GRADC_OK)
+    if (!dp_api_set_window(sr[k]) || gradc_session_run(sr[k]) != GRADC_OK || gradc_session_step(sr[k]) != GRADC_OK)
       return dp_api_fail(rank, "resumed step");
   if (compare(szb, sz, false, &same) != 0 || !same) return dp_api_fail(rank, "resumed zero1 session is not identical");
   double er = compare(s1b, sz, false, &same);
