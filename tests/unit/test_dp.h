@@ -199,6 +199,31 @@ static inline double dp_loss(const char *text, const char *name) {
 
 static inline double dp_rel(double a, double b) { return a == b ? 0 : fabs(a - b) / fmax(fabs(b), 1e-30); }
 
+/* Copy the tensor file in_path to out_path with its i32 targets [B, T]
+ * set to ignore_index (-100) where ignore(sample, position); returns the
+ * number of valid targets of samples [lo, hi). */
+static inline int dp_ignore_targets(const char *in_path, const char *out_path, int B, int T,
+                                    bool (*ignore)(int s, int t), int lo, int hi) {
+  char err[1024];
+  StFile f;
+  st_init(&f);
+  if (!st_read(in_path, &f, err, sizeof err)) fail_msg("%s", err);
+  StTensor *t = (StTensor *)st_find(&f, "targets");
+  assert_non_null(t);
+  assert_int_equal(t->dtype, ST_I32);
+  assert_int_equal(st_numel(t), B * T);
+  int32_t *y = t->data;
+  int valid = 0;
+  for (int s = 0; s < B; s++)
+    for (int k = 0; k < T; k++) {
+      if (ignore(s, k)) y[s * T + k] = -100;
+      valid += s >= lo && s < hi && y[s * T + k] != -100;
+    }
+  if (!st_write(out_path, &f, err, sizeof err)) fail_msg("%s", err);
+  st_free(&f);
+  return valid;
+}
+
 /* Compare the loss lines of two runs (every line of want). */
 static inline double dp_compare_losses(const char *got, const char *want, const char *what) {
   double worst = 0;
@@ -215,24 +240,47 @@ static inline double dp_compare_losses(const char *got, const char *want, const 
   return worst;
 }
 
-/* Compare every tensor of two files (same names, shapes); the largest
- * per-tensor relative error. */
-static inline double dp_compare_files(const char *got_path, const char *want_path, const char *what) {
-  StFile got, want;
+/* Read the tensor files got_path and want_path into got and want (failing
+ * the test if either is unreadable); they must hold as many tensors. */
+static inline void dp_read_pair(const char *got_path, const char *want_path, StFile *got, StFile *want) {
   char err[1024];
-  st_init(&got);
-  st_init(&want);
-  if (!st_read(got_path, &got, err, sizeof err) || !st_read(want_path, &want, err, sizeof err)) fail_msg("%s", err);
-  assert_int_equal(got.n, want.n);
+  st_init(got);
+  st_init(want);
+  if (!st_read(got_path, got, err, sizeof err) || !st_read(want_path, want, err, sizeof err)) fail_msg("%s", err);
+  assert_int_equal(got->n, want->n);
+}
+
+/* Tensor t's elements as doubles (calloc'd: free them). */
+static inline double *dp_load(const StTensor *t) {
+  int64_t n = st_numel(t);
+  double *v = calloc((size_t)n + 1, sizeof(double));
+  assert_non_null(v);
+  step_load(t, 0, n, v);
+  return v;
+}
+
+/* The largest per-tensor relative error of the file got_path against
+ * want_path (per tensor: the largest difference over the largest
+ * magnitude); every tensor of want must be in got with as many elements,
+ * all finite.  Fails the test at a tensor whose error is over tol.  With
+ * identical, the tensors must have as many bytes too, and *identical says
+ * whether they are all the same bits. */
+static inline double dp_file_rel(const char *got_path, const char *want_path, const char *what, double tol,
+                                 bool *identical) {
+  StFile got, want;
+  dp_read_pair(got_path, want_path, &got, &want);
   double worst = 0;
+  if (identical) *identical = true;
   for (int i = 0; i < want.n; i++) {
     const StTensor *w = &want.t[i], *g = st_find(&got, w->name);
     if (!g) fail_msg("%s: no tensor '%s' in %s", what, w->name, got_path);
     int64_t n = st_numel(w);
     assert_int_equal(st_numel(g), n);
-    double *a = calloc((size_t)n + 1, sizeof(double)), *b = calloc((size_t)n + 1, sizeof(double));
-    step_load(g, 0, n, a);
-    step_load(w, 0, n, b);
+    if (identical) {
+      assert_int_equal(g->nbytes, w->nbytes);
+      *identical &= memcmp(g->data, w->data, w->nbytes) == 0;
+    }
+    double *a = dp_load(g), *b = dp_load(w);
     double diff = 0, scale = 0;
     for (int64_t k = 0; k < n; k++) {
       if (!isfinite(a[k])) fail_msg("%s: '%s'[%lld] is %g", what, w->name, (long long)k, a[k]);
@@ -240,13 +288,20 @@ static inline double dp_compare_files(const char *got_path, const char *want_pat
       scale = fmax(scale, fabs(b[k]));
     }
     double e = diff == 0 ? 0 : diff / fmax(scale, 1e-30);
-    if (e > DP_TOL) fail_msg("%s: tensor '%s': relative error %.3g (largest difference %.3g)", what, w->name, e, diff);
+    if (e > tol) fail_msg("%s: tensor '%s': relative error %.3g (largest difference %.3g)", what, w->name, e, diff);
     worst = fmax(worst, e);
     free(a);
     free(b);
   }
   st_free(&got);
   st_free(&want);
+  return worst;
+}
+
+/* Compare every tensor of two files (same names, shapes) to DP_TOL; the
+ * largest per-tensor relative error. */
+static inline double dp_compare_files(const char *got_path, const char *want_path, const char *what) {
+  double worst = dp_file_rel(got_path, want_path, what, DP_TOL, NULL);
   dp_worst_grad = fmax(dp_worst_grad, worst);
   return worst;
 }

@@ -36,26 +36,10 @@ static int teardown(void **state) {
 /* Write the inputs with targets[s][t] = -100 where ignore(s, t); returns
  * the number of valid targets of samples [lo, hi). */
 static int write_targets(const char *name, bool (*ignore)(int s, int t), int lo, int hi) {
-  char in[512], out[512], err[1024];
+  char in[512], out[512];
   snprintf(in, sizeof in, "%s/i.st", tmpdir);
   snprintf(out, sizeof out, "%s/%s.st", tmpdir, name);
-  StFile f;
-  st_init(&f);
-  if (!st_read(in, &f, err, sizeof err)) fail_msg("%s", err);
-  StTensor *t = (StTensor *)st_find(&f, "targets");
-  assert_non_null(t);
-  assert_int_equal(t->dtype, ST_I32);
-  assert_int_equal(st_numel(t), B * T);
-  int32_t *y = t->data;
-  int valid = 0;
-  for (int s = 0; s < B; s++)
-    for (int k = 0; k < T; k++) {
-      if (ignore(s, k)) y[s * T + k] = -100;
-      valid += s >= lo && s < hi && y[s * T + k] != -100;
-    }
-  if (!st_write(out, &f, err, sizeof err)) fail_msg("%s", err);
-  st_free(&f);
-  return valid;
+  return dp_ignore_targets(in, out, B, T, ignore, lo, hi);
 }
 
 /* The window of inputs `name` alone and on 2 ranks; returns both outputs. */

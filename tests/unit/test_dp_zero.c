@@ -221,36 +221,9 @@ static int teardown(void **state) {
 }
 
 /* The largest per-tensor relative error between two files, and whether
- * they are the same bits. */
-static double file_rel(const char *a_path, const char *b_path, bool *identical) {
-  StFile a, b;
-  char err[1024];
-  st_init(&a);
-  st_init(&b);
-  if (!st_read(a_path, &a, err, sizeof err) || !st_read(b_path, &b, err, sizeof err)) fail_msg("%s", err);
-  assert_int_equal(a.n, b.n);
-  double worst = 0;
-  *identical = true;
-  for (int i = 0; i < b.n; i++) {
-    const StTensor *w = &b.t[i], *g = st_find(&a, w->name);
-    if (!g) fail_msg("no tensor '%s' in %s", w->name, a_path);
-    assert_int_equal(g->nbytes, w->nbytes);
-    *identical &= memcmp(g->data, w->data, w->nbytes) == 0;
-    int64_t n = st_numel(w);
-    double diff = 0, scale = 0;
-    for (int64_t k = 0; k < n; k++) {
-      double x, y;
-      step_load(g, k, 1, &x);
-      step_load(w, k, 1, &y);
-      if (!isfinite(x)) fail_msg("'%s'[%lld] is %g", w->name, (long long)k, x);
-      diff = fmax(diff, fabs(x - y));
-      scale = fmax(scale, fabs(y));
-    }
-    worst = fmax(worst, diff == 0 ? 0 : diff / fmax(scale, 1e-30));
-  }
-  st_free(&a);
-  st_free(&b);
-  return worst;
+ * they are the same bits (the callers check the tolerances). */
+static double file_rel(const char *a_path, const char *b_path, const char *what, bool *identical) {
+  return dp_file_rel(a_path, b_path, what, INFINITY, identical);
 }
 
 #define TRAIN_ARGS "train %s " MLP_DEFS " -D B=16 --gas 2 --data %s/data.st --steps 7 --seed 3 --threads 1 %s"
@@ -277,7 +250,7 @@ static void train_three(const char *opt, const char *what) {
   snprintf(extra, sizeof extra, "--dp 2 --zero1 --params-out %s", pz);
   train(opt, "2", extra, what);
   bool same;
-  double e2 = file_rel(pz, p2, &same), e1 = file_rel(pz, p1, &same);
+  double e2 = file_rel(pz, p2, what, &same), e1 = file_rel(pz, p1, what, &same);
   print_message("%s: final params, zero1 vs dp 2: relative error %.3g; vs one process %.3g\n", what, e2, e1);
   if (e2 > ZERO_TOL) fail_msg("%s: zero1 vs dp 2: relative error %.3g", what, e2);
   if (e1 > DP_TOL) fail_msg("%s: zero1 vs one process: relative error %.3g", what, e1);
@@ -346,9 +319,9 @@ static void test_dp_zero_checkpoint_resumes(void **state) {
   snprintf(extra, sizeof extra, "--resume %s --params-out %s", path, e);
   train(opt, "", extra, "one process, resumed");
   bool same;
-  double ec = file_rel(c, a, &same);
+  double ec = file_rel(c, a, "zero1, resumed", &same);
   if (!same) fail_msg("zero1 resumed from its checkpoint differs from the run that never stopped (relative %.3g)", ec);
-  double ed = file_rel(d, a, &same), ee = file_rel(e, a, &same);
+  double ed = file_rel(d, a, "dp 2, resumed", &same), ee = file_rel(e, a, "one process, resumed", &same);
   print_message("resumed from a zero1 checkpoint: zero1 bit-identical; dp 2 %.3g; one process %.3g\n", ed, ee);
   if (ed > ZERO_TOL) fail_msg("dp 2 resumed from the zero1 checkpoint: relative error %.3g", ed);
   if (ee > DP_TOL) fail_msg("one process resumed from the zero1 checkpoint: relative error %.3g", ee);
@@ -375,7 +348,7 @@ static void test_dp_zero_run_whole_grads(void **state) {
       fail_msg("zero1: %s%s", out, err);
     dp_compare_losses(out, one, "run --zero1");
     bool same;
-    double e = file_rel(gz, g1, &same);
+    double e = file_rel(gz, g1, "run --zero1", &same);
     print_message("run --zero1 (%s): gradients vs one process: relative error %.3g\n", targets[t], e);
     if (e > DP_TOL) fail_msg("run --zero1 (%s): gradients: relative error %.3g", targets[t], e);
   }

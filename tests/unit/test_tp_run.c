@@ -82,27 +82,15 @@ static int teardown(void **state) {
   return 0;
 }
 
-static double *load(const StTensor *t) {
-  int64_t n = st_numel(t);
-  double *v = calloc((size_t)n + 1, sizeof(double));
-  assert_non_null(v);
-  step_load(t, 0, n, v);
-  return v;
-}
-
 /* Every tensor of want_path in got_path, same shape, with
  * max|a-b| <= DP_TOL * max(max|b|, GRAD_FLOOR * the largest |b| of all tensors);
  * returns the largest ratio of max|a-b| to that scale. */
 static double compare_grads(const char *got_path, const char *want_path, const char *what) {
   StFile got, want;
-  char err[1024];
-  st_init(&got);
-  st_init(&want);
-  if (!st_read(got_path, &got, err, sizeof err) || !st_read(want_path, &want, err, sizeof err)) fail_msg("%s", err);
-  assert_int_equal(got.n, want.n);
+  dp_read_pair(got_path, want_path, &got, &want);
   double global = 0;
   for (int i = 0; i < want.n; i++) {
-    double *b = load(&want.t[i]);
+    double *b = dp_load(&want.t[i]);
     for (int64_t k = 0; k < st_numel(&want.t[i]); k++) global = fmax(global, fabs(b[k]));
     free(b);
   }
@@ -115,7 +103,7 @@ static double compare_grads(const char *got_path, const char *want_path, const c
     int64_t n = st_numel(w);
     if (st_numel(g) != n)
       fail_msg("%s: gradient '%s' has %lld elements, want %lld", what, w->name, (long long)st_numel(g), (long long)n);
-    double *a = load(g), *b = load(w);
+    double *a = dp_load(g), *b = dp_load(w);
     double diff = 0, big = 0;
     int64_t at = 0;
     for (int64_t k = 0; k < n; k++) {
@@ -210,26 +198,10 @@ static bool uneven(int s, int t) { return s <= 2 || (s == 3 && t < 4) || s == 5 
 /* Write lm.k<K>.st's targets with -100 where uneven(); returns the number
  * of valid targets of samples [lo, hi). */
 static int write_uneven(int K, int lo, int hi) {
-  char in[512], out[512], err[1024];
+  char in[512], out[512];
   snprintf(in, sizeof in, "%s/lm.k%d.st", tmpdir, K);
   snprintf(out, sizeof out, "%s/lm.uneven%d.st", tmpdir, K);
-  StFile f;
-  st_init(&f);
-  if (!st_read(in, &f, err, sizeof err)) fail_msg("%s", err);
-  StTensor *t = (StTensor *)st_find(&f, "targets");
-  assert_non_null(t);
-  assert_int_equal(t->dtype, ST_I32);
-  assert_int_equal(st_numel(t), LM_B * LM_T);
-  int32_t *y = t->data;
-  int valid = 0;
-  for (int s = 0; s < LM_B; s++)
-    for (int k = 0; k < LM_T; k++) {
-      if (uneven(s, k)) y[s * LM_T + k] = -100;
-      valid += s >= lo && s < hi && y[s * LM_T + k] != -100;
-    }
-  if (!st_write(out, &f, err, sizeof err)) fail_msg("%s", err);
-  st_free(&f);
-  return valid;
+  return dp_ignore_targets(in, out, LM_B, LM_T, uneven, lo, hi);
 }
 
 static void test_tp_run_uneven_ignore_index(void **state) {
