@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "include/gradc.h"
+#include "passes/passes.h"
 #include "runtime/comm.h"
 #include "runtime/runtime.h"
 #include "testutil.h"
@@ -91,6 +92,37 @@ static inline int dp_worker_close(Comm *c, const char *name, int rc) {
   if (rc != 0) comm_abort(rc);
   comm_close(c);
   comm_finalize();
+  return rc;
+}
+
+/* The IR function in text (named name in messages); NULL, with the
+ * messages and the text on stderr (a worker's report), when it does not
+ * read. */
+static inline IrFunc *dp_parse(const char *name, const char *text) {
+  SrcFile src = {name, text, strlen(text)};
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  IrFunc *f = ir_read(&src, &d);
+  if (!f) fprintf(stderr, "%s\n%s\n", sb_str(&d.log), text);
+  diag_free(&d);
+  return f;
+}
+
+/* In a worker: run the passes names[0..n) on f with options o (the IR
+ * verified after each); 0, else the messages on stderr. */
+static inline int dp_run_passes(IrFunc *f, const char *const *names, int n, const PassOptions *o) {
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  PassOptions po = *o;
+  po.diag = &d;
+  PassManager pm;
+  pm_init(&pm);
+  pm.verify = true;
+  int rc = pm_run(&pm, f, names, n, &po);
+  if (rc != 0) fprintf(stderr, "passes: %s\n", sb_str(&d.log));
+  diag_free(&d);
   return rc;
 }
 

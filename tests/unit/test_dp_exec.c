@@ -34,32 +34,6 @@
 /* Workers (one per rank, under mpirun)                                 */
 /* ------------------------------------------------------------------ */
 
-static IrFunc *parse(const char *text) {
-  SrcFile src = {"coll.gir", text, strlen(text)};
-  Diag d;
-  diag_init(&d, NULL);
-  d.quiet = true;
-  IrFunc *f = ir_read(&src, &d);
-  if (!f) fprintf(stderr, "%s\n%s\n", sb_str(&d.log), text);
-  diag_free(&d);
-  return f;
-}
-
-static int run_passes(IrFunc *f, const char *const *names, int n, const PassOptions *o0) {
-  Diag d;
-  diag_init(&d, NULL);
-  d.quiet = true;
-  PassOptions o = *o0;
-  o.diag = &d;
-  PassManager pm;
-  pm_init(&pm);
-  pm.verify = true;
-  int rc = pm_run(&pm, f, names, n, &o);
-  if (rc != 0) fprintf(stderr, "passes: %s\n", sb_str(&d.log));
-  diag_free(&d);
-  return rc;
-}
-
 /* Rank r's input: x[i][j] = 100 r + 10 i + j + 0.5 (exact in f32). */
 static double xval(int r, int i, int j) { return 100.0 * r + 10.0 * i + j + 0.5; }
 
@@ -198,11 +172,11 @@ static int check_coll(const Comm *c, const StepResult *r, const char *what) {
 
 static int worker_coll(Comm *c) {
   char err[2048];
-  IrFunc *ref = parse(coll_ir(c->tp, c->dp)), *cpu = parse(coll_ir(c->tp, c->dp));
+  IrFunc *ref = dp_parse("coll.gir", coll_ir(c->tp, c->dp)), *cpu = dp_parse("coll.gir", coll_ir(c->tp, c->dp));
   CHECK(ref && cpu, "parse");
   static const char *const cpu_passes[] = {"fuse", "memplan"};
   PassOptions po = {.gas = 1};
-  CHECK(run_passes(cpu, cpu_passes, 2, &po) == 0, "fuse, memplan");
+  CHECK(dp_run_passes(cpu, cpu_passes, 2, &po) == 0, "fuse, memplan");
   StFile params, inputs;
   st_init(&params);
   st_init(&inputs);
@@ -333,7 +307,7 @@ static int worker_tp(Comm *c) {
       int n;
       const char *const *pipe = cpu ? pass_pipeline_cpu(&n) : pass_pipeline(&n);
       PassOptions one = {.gas = K}, sharded = {.gas = K, .tp = c->tp};
-      CHECK(run_passes(m1->func, pipe, n, &one) == 0 && run_passes(m2->func, pipe, n, &sharded) == 0, "passes");
+      CHECK(dp_run_passes(m1->func, pipe, n, &one) == 0 && dp_run_passes(m2->func, pipe, n, &sharded) == 0, "passes");
       int split = 0;
       for (int i = 0; i < m2->func->nargs; i++) split += m2->func->args[i]->split_ranks > 1;
       CHECK(split == 3, "%d params sharded, want 3", split);
@@ -385,7 +359,7 @@ static int worker_bucket(Comm *c) {
                             {.gas = K, .dp = c->dp, .bucket_bytes = 65536},
                             {.gas = K, .dp = c->dp, .bucket_bytes = 65536, .no_overlap = true},
                             {.gas = K, .dp = c->dp}};
-        for (int k = 0; k < 4; k++) CHECK(run_passes(m[k]->func, pipe, n, &o[k]) == 0, "passes %d", k);
+        for (int k = 0; k < 4; k++) CHECK(dp_run_passes(m[k]->func, pipe, n, &o[k]) == 0, "passes %d", k);
         int buckets = -1, lasts = 0, nparams = 0; /* a stacked param's slices are reduced one by one */
         for (int i = 0; i < m[1]->func->nops; i++) {
           const IrOp *op = m[1]->func->ops[i];
@@ -481,7 +455,7 @@ static void test_dp_exec_buckets_match_reduction_after_window(void **state) {
 static void test_dp_exec_collective_without_ranks_is_an_error(void **state) {
   (void)state;
   if (!have_kernels()) return;
-  IrFunc *ref = parse(coll_ir(2, 1));
+  IrFunc *ref = dp_parse("coll.gir", coll_ir(2, 1));
   assert_non_null(ref);
   StFile params, inputs;
   st_init(&params);

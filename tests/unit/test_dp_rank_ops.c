@@ -128,31 +128,6 @@ static void tensor(StFile *f, const char *name, int rows, int cols, double (*v)(
   st_add(f, name, ST_F32, 2, shape, s);
 }
 
-static IrFunc *parse(const char *text) {
-  SrcFile src = {"rank.gir", text, strlen(text)};
-  Diag d;
-  diag_init(&d, NULL);
-  d.quiet = true;
-  IrFunc *f = ir_read(&src, &d);
-  if (!f) fprintf(stderr, "%s\n%s\n", sb_str(&d.log), text);
-  diag_free(&d);
-  return f;
-}
-
-static int run_passes(IrFunc *f, const char *const *names, int n) {
-  Diag d;
-  diag_init(&d, NULL);
-  d.quiet = true;
-  PassOptions o = {.gas = 1, .diag = &d};
-  PassManager pm;
-  pm_init(&pm);
-  pm.verify = true;
-  int rc = pm_run(&pm, f, names, n, &o);
-  if (rc != 0) fprintf(stderr, "passes: %s\n", sb_str(&d.log));
-  diag_free(&d);
-  return rc;
-}
-
 static int count_ops(const IrFunc *f, IrOpcode opc) {
   int n = 0;
   for (int i = 0; i < f->nops; i++) n += f->ops[i]->opcode == opc;
@@ -177,13 +152,13 @@ static int worker_rank_ops(Comm *c, bool cpu_too) {
   StepDp d;
   step_dp_init(&d, c);
   for (int axis = 0; axis < 2; axis++) {
-    IrFunc *ref = parse(rank_ir(axis)), *cpu = parse(rank_ir(axis));
+    IrFunc *ref = dp_parse("rank.gir", rank_ir(axis)), *cpu = dp_parse("rank.gir", rank_ir(axis));
     CHECK(ref && cpu, "parse");
     int n;
     const char *const *pipe = pass_pipeline(&n);
-    CHECK(run_passes(ref, pipe, n) == 0, "the default pipeline");
+    CHECK(dp_run_passes(ref, pipe, n, &(PassOptions){.gas = 1}) == 0, "the default pipeline");
     pipe = pass_pipeline_cpu(&n);
-    CHECK(run_passes(cpu, pipe, n) == 0, "the cpu pipeline");
+    CHECK(dp_run_passes(cpu, pipe, n, &(PassOptions){.gas = 1}) == 0, "the cpu pipeline");
     /* The backward has the gradients' ops: tp.scatter's all-gather,
      * rank.slice's rank.concat and rank.concat's rank.slices. */
     CHECK(count_ops(ref, IR_OP_ALL_GATHER_START) == 1, "tp.scatter's gradient is not all-gathered");
