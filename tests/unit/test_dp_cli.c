@@ -13,19 +13,14 @@ static char tmpdir[] = "/tmp/gradc-dp-cli-XXXXXX";
 static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
-  char out[4096];
-  if (tu_sh(out, sizeof out, "%s init %s " MLP_DEFS " -o %s/mlp.p.st --seed 11", GRADC_BINARY,
-            tu_path("examples/mlp.gdl"), tmpdir) != 0 ||
-      tu_sh(out, sizeof out, "%s data random %s " MLP_DEFS " -o %s/mlp.i.st --seed 12", GRADC_BINARY,
-            tu_path("examples/mlp.gdl"), tmpdir) != 0)
-    fail_msg("%s", out);
+  tu_gradc("init %s " MLP_DEFS " -o %s/mlp.p.st --seed 11", tu_path("examples/mlp.gdl"), tmpdir);
+  tu_gradc("data random %s " MLP_DEFS " -o %s/mlp.i.st --seed 12", tu_path("examples/mlp.gdl"), tmpdir);
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  char out[64];
-  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
+  tu_rm_rf(tmpdir);
   return 0;
 }
 

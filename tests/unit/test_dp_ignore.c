@@ -16,19 +16,14 @@ enum { B = 8, T = 6 };
 static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
-  char out[4096];
-  if (tu_sh(out, sizeof out, "%s init %s -o %s/p.st --seed 21", GRADC_BINARY, tu_path("tests/models/dp_lm.gdl"),
-            tmpdir) != 0 ||
-      tu_sh(out, sizeof out, "%s data random %s -o %s/i.st --seed 22", GRADC_BINARY, tu_path("tests/models/dp_lm.gdl"),
-            tmpdir) != 0)
-    fail_msg("%s", out);
+  tu_gradc("init %s -o %s/p.st --seed 21", tu_path("tests/models/dp_lm.gdl"), tmpdir);
+  tu_gradc("data random %s -o %s/i.st --seed 22", tu_path("tests/models/dp_lm.gdl"), tmpdir);
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  char out[64];
-  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
+  tu_rm_rf(tmpdir);
   print_message("largest relative errors, 2 ranks vs 1: losses %.3g, gradients %.3g\n", dp_worst_loss, dp_worst_grad);
   return 0;
 }

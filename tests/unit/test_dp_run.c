@@ -14,22 +14,17 @@ static char tmpdir[] = "/tmp/gradc-dp-run-XXXXXX";
 static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
-  char out[4096];
   const char *models[][3] = {{"examples/mlp.gdl", MLP_DEFS, "mlp"}, {"examples/tinygpt.gdl", GPT_DEFS, "gpt"}};
   for (int i = 0; i < 2; i++) {
-    if (tu_sh(out, sizeof out, "%s init %s %s -o %s/%s.p.st --seed 11", GRADC_BINARY, tu_path(models[i][0]),
-              models[i][1], tmpdir, models[i][2]) != 0 ||
-        tu_sh(out, sizeof out, "%s data random %s %s -o %s/%s.i.st --seed 12", GRADC_BINARY, tu_path(models[i][0]),
-              models[i][1], tmpdir, models[i][2]) != 0)
-      fail_msg("%s", out);
+    tu_gradc("init %s %s -o %s/%s.p.st --seed 11", tu_path(models[i][0]), models[i][1], tmpdir, models[i][2]);
+    tu_gradc("data random %s %s -o %s/%s.i.st --seed 12", tu_path(models[i][0]), models[i][1], tmpdir, models[i][2]);
   }
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  char out[64];
-  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
+  tu_rm_rf(tmpdir);
   print_message("largest relative errors, 2 ranks vs 1: losses %.3g, gradients %.3g\n", dp_worst_loss, dp_worst_grad);
   return 0;
 }

@@ -98,18 +98,14 @@ static int api_worker(void) {
 static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
-  char out[4096];
   /* A dataset of 48 samples: one random "window" of B = 48. */
-  if (tu_sh(out, sizeof out, "%s data random %s " MLP_DEFS " -D B=48 -o %s/data.st --seed 31", GRADC_BINARY,
-            tu_path("examples/mlp.gdl"), tmpdir) != 0)
-    fail_msg("%s", out);
+  tu_gradc("data random %s " MLP_DEFS " -D B=48 -o %s/data.st --seed 31", tu_path("examples/mlp.gdl"), tmpdir);
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  char out[64];
-  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
+  tu_rm_rf(tmpdir);
   print_message("largest relative error of the final params, 2 ranks vs 1: %.3g\n", dp_worst_grad);
   return 0;
 }

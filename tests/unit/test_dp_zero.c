@@ -201,22 +201,16 @@ static int api_worker(void) {
 static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
-  char out[4096];
   /* A dataset of 48 samples, and one window of 16 with params for run. */
-  if (tu_sh(out, sizeof out,
-            "%s data random %s " MLP_DEFS " -D B=48 -o %s/data.st --seed 31 && "
-            "%s data random %s " MLP_DEFS " -D B=16 -o %s/batch.st --seed 4 && "
-            "%s init %s " MLP_DEFS " -o %s/init.st --seed 1",
-            GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir, GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir,
-            GRADC_BINARY, tu_path("examples/mlp.gdl"), tmpdir) != 0)
-    fail_msg("%s", out);
+  tu_gradc("data random %s " MLP_DEFS " -D B=48 -o %s/data.st --seed 31", tu_path("examples/mlp.gdl"), tmpdir);
+  tu_gradc("data random %s " MLP_DEFS " -D B=16 -o %s/batch.st --seed 4", tu_path("examples/mlp.gdl"), tmpdir);
+  tu_gradc("init %s " MLP_DEFS " -o %s/init.st --seed 1", tu_path("examples/mlp.gdl"), tmpdir);
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  char out[64];
-  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
+  tu_rm_rf(tmpdir);
   return 0;
 }
 

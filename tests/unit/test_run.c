@@ -42,9 +42,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   (void)state;
-  char cmd[300], out[64];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-  tu_sh(out, sizeof out, "%s", cmd);
+  tu_rm_rf(tmpdir);
   return 0;
 }
 

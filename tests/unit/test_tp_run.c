@@ -58,24 +58,19 @@ static char floored[256];       /* the tensors of the last comparison below the 
 static int setup(void **state) {
   (void)state;
   assert_non_null(mkdtemp(tmpdir));
-  char out[4096];
   const Model *ms[] = {&mlp, &gpt, &lm};
   for (int i = 0; i < 3; i++) {
-    if (tu_sh(out, sizeof out, "%s init %s %s -o %s/%s.p.st --seed 31", GRADC_BINARY, tu_path(ms[i]->model),
-              ms[i]->defs, tmpdir, ms[i]->name) != 0)
-      fail_msg("%s", out);
+    tu_gradc("init %s %s -o %s/%s.p.st --seed 31", tu_path(ms[i]->model), ms[i]->defs, tmpdir, ms[i]->name);
     for (int K = 1; K <= 4; K *= 4)
-      if (tu_sh(out, sizeof out, "%s data random %s %s --gas %d -o %s/%s.k%d.st --seed 32", GRADC_BINARY,
-                tu_path(ms[i]->model), ms[i]->defs, K, tmpdir, ms[i]->name, K) != 0)
-        fail_msg("%s", out);
+      tu_gradc("data random %s %s --gas %d -o %s/%s.k%d.st --seed 32", tu_path(ms[i]->model), ms[i]->defs, K, tmpdir,
+               ms[i]->name, K);
   }
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  char out[64];
-  tu_sh(out, sizeof out, "rm -rf %s", tmpdir);
+  tu_rm_rf(tmpdir);
   print_message(
       "largest errors, tp ranks vs 1 process: losses %.3g (relative), gradients %.3g (of the floored scale)\n",
       dp_worst_loss, worst_floor_grad);

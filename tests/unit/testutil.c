@@ -75,3 +75,17 @@ int tu_sh_err(char *out, size_t n, char *err, size_t m, const char *fmt, ...) {
   va_end(ap);
   return rc;
 }
+
+void tu_gradc(const char *fmt, ...) {
+  char args[4096], out[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof args, fmt, ap);
+  va_end(ap);
+  if (tu_sh(out, sizeof out, "%s %s", GRADC_BINARY, args) != 0) fail_msg("%s", out);
+}
+
+void tu_rm_rf(const char *dir) {
+  char out[64];
+  tu_sh(out, sizeof out, "rm -rf %s", dir);
+}

@@ -24,5 +24,10 @@ FeModel *tu_compile(const char *name, const char *text, int gas, Diag *d);
 int tu_sh(char *out, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
 /* The same with stdout in out and stderr apart in err (m bytes). */
 int tu_sh_err(char *out, size_t n, char *err, size_t m, const char *fmt, ...) GRADC_PRINTF(5, 6);
+/* Run the gradc binary under test with these arguments (printf-style);
+ * fails the test with what it printed unless it exits 0. */
+void tu_gradc(const char *fmt, ...) GRADC_PRINTF(1, 2);
+/* Remove the directory dir and everything in it (a test's scratch files). */
+void tu_rm_rf(const char *dir);
 
 #endif
