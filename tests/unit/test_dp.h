@@ -175,6 +175,10 @@ static inline bool dp_api_setup(gradc_session *s) {
          dp_api_set_window(s);
 }
 
+/* ------------------------------------------------------------------ */
+/* The tests' side: launching the workers                             */
+/* ------------------------------------------------------------------ */
+
 /* The path of this executable, which the tests run again as workers;
  * main sets it with dp_find_self (false: /proc/self/exe unreadable). */
 static char dp_self[4096];
@@ -221,6 +225,8 @@ static inline int dp_count(const char *text, const char *needle) {
   return n;
 }
 
+/* The value of the line "loss NAME V" in a run's output (fails the test
+ * when there is none). */
 static inline double dp_loss(const char *text, const char *name) {
   char key[96];
   snprintf(key, sizeof key, "loss %s ", name);
@@ -229,6 +235,7 @@ static inline double dp_loss(const char *text, const char *name) {
   return strtod(p + strlen(key), NULL);
 }
 
+/* The relative error of a against b. */
 static inline double dp_rel(double a, double b) { return a == b ? 0 : fabs(a - b) / fmax(fabs(b), 1e-30); }
 
 /* Copy the tensor file in_path to out_path with its i32 targets [B, T]
