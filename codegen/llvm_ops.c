@@ -129,27 +129,37 @@ static LLVMValueRef bits(Gen *g, LLVMValueRef x) { return LLVMBuildBitCast(g->b,
 static LLVMValueRef from_bits(Gen *g, LLVMValueRef i) { return LLVMBuildBitCast(g->b, i, g->t_f32, ""); }
 static LLVMValueRef fc(LLVMValueRef like, double v) { return LLVMConstReal(LLVMTypeOf(like), v); }
 
-/* exp in f32 without a libm call, so that loops vectorise (Cephes expf:
- * n = round(x log2 e), r = x - n ln 2 in two parts, e^r by a degree-6
- * polynomial, scaled by 2^n in two steps so that subnormal results round
- * once; about 1 ulp).  f64 keeps libm's exp, the interpreter's own. */
+/* The core of Cephes expf for a clamped f32 argument xc: e^r for
+ * r = xc - n ln 2 (ln 2 in two parts, n = round(xc log2 e)) by a degree-6
+ * polynomial; n as an i32 in *n, for the caller to scale by 2^n. */
+static LLVMValueRef exp_reduced(Gen *g, LLVMValueRef xc, LLVMValueRef *n) {
+  LLVMBuilderRef b = g->b;
+  LLVMValueRef fx = gen_call1(g, "llvm.roundeven", LLVMBuildFMul(b, xc, fc(xc, 1.44269504088896341), ""));
+  LLVMValueRef r = LLVMBuildFSub(b, xc, LLVMBuildFMul(b, fx, fc(xc, 0.693359375), ""), "");
+  r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, fx, fc(xc, -2.12194440e-4), ""), "");
+  static const double c[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+                             4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+  LLVMValueRef y = fc(xc, c[0]);
+  for (int i = 1; i < 6; i++) y = LLVMBuildFAdd(b, LLVMBuildFMul(b, y, r, ""), fc(xc, c[i]), "");
+  *n = LLVMBuildFPToSI(b, fx, g->t_i32, ""); /* exact: the callers clamp |xc| below 150 */
+  return LLVMBuildFAdd(b, LLVMBuildFAdd(b, LLVMBuildFMul(b, y, LLVMBuildFMul(b, r, r, ""), ""), r, ""), fc(xc, 1.0), "");
+}
+
+/* 2^n as a float: n + 127 in the exponent field (-126 <= n <= 127). */
+static LLVMValueRef pow2i(Gen *g, LLVMValueRef n) {
+  return from_bits(g, LLVMBuildShl(g->b, LLVMBuildAdd(g->b, n, i32c(g, 127), ""), i32c(g, 23), ""));
+}
+
+/* exp in f32 without a libm call, so that loops vectorise (Cephes expf,
+ * exp_reduced), scaled by 2^n in two steps so that subnormal results round
+ * once; about 1 ulp.  f64 keeps libm's exp, the interpreter's own. */
 LLVMValueRef gen_exp(Gen *g, LLVMValueRef x) {
   if (LLVMTypeOf(x) != g->t_f32) return gen_call1(g, "llvm.exp", x);
   LLVMBuilderRef b = g->b;
-  LLVMValueRef xc = call2(g, "llvm.maxnum", call2(g, "llvm.minnum", x, fc(x, 89.0)), fc(x, -104.0));
-  LLVMValueRef fx = gen_call1(g, "llvm.roundeven", LLVMBuildFMul(b, xc, fc(x, 1.44269504088896341), ""));
-  LLVMValueRef r = LLVMBuildFSub(b, xc, LLVMBuildFMul(b, fx, fc(x, 0.693359375), ""), "");
-  r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, fx, fc(x, -2.12194440e-4), ""), "");
-  static const double c[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
-                             4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
-  LLVMValueRef y = fc(x, c[0]);
-  for (int i = 1; i < 6; i++) y = LLVMBuildFAdd(b, LLVMBuildFMul(b, y, r, ""), fc(x, c[i]), "");
-  y = LLVMBuildFAdd(b, LLVMBuildFAdd(b, LLVMBuildFMul(b, y, LLVMBuildFMul(b, r, r, ""), ""), r, ""), fc(x, 1.0), "");
-  LLVMValueRef n = LLVMBuildFPToSI(b, fx, g->t_i32, ""); /* |fx| <= 150: exact */
+  LLVMValueRef n, xc = call2(g, "llvm.maxnum", call2(g, "llvm.minnum", x, fc(x, 89.0)), fc(x, -104.0));
+  LLVMValueRef y = exp_reduced(g, xc, &n);
   LLVMValueRef n1 = LLVMBuildAShr(b, n, i32c(g, 1), ""), n2 = LLVMBuildSub(b, n, n1, "");
-  LLVMValueRef s1 = from_bits(g, LLVMBuildShl(b, LLVMBuildAdd(b, n1, i32c(g, 127), ""), i32c(g, 23), ""));
-  LLVMValueRef s2 = from_bits(g, LLVMBuildShl(b, LLVMBuildAdd(b, n2, i32c(g, 127), ""), i32c(g, 23), ""));
-  y = LLVMBuildFMul(b, LLVMBuildFMul(b, y, s1, ""), s2, "");
+  y = LLVMBuildFMul(b, LLVMBuildFMul(b, y, pow2i(g, n1), ""), pow2i(g, n2), "");
   y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, x, fc(x, 88.72283935546875), ""), fc(x, INFINITY), y, "");
   y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, x, fc(x, -103.972076416), ""), fc(x, 0.0), y, "");
   return LLVMBuildSelect(b, gen_isnan(g, x), x, y, "");
@@ -167,17 +177,9 @@ LLVMValueRef gen_exp_nonpos(Gen *g, LLVMValueRef x) {
   if (LLVMTypeOf(x) != g->t_f32) return gen_call1(g, "llvm.exp", x);
   LLVMBuilderRef b = g->b;
   const double lo = -87.3365478515625; /* ln FLT_MIN, to f32 */
-  LLVMValueRef xc = call2(g, "llvm.maxnum", x, fc(x, lo)); /* NaN -> lo: no poison below */
-  LLVMValueRef fx = gen_call1(g, "llvm.roundeven", LLVMBuildFMul(b, xc, fc(x, 1.44269504088896341), ""));
-  LLVMValueRef r = LLVMBuildFSub(b, xc, LLVMBuildFMul(b, fx, fc(x, 0.693359375), ""), "");
-  r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, fx, fc(x, -2.12194440e-4), ""), "");
-  static const double c[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
-                             4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
-  LLVMValueRef y = fc(x, c[0]);
-  for (int i = 1; i < 6; i++) y = LLVMBuildFAdd(b, LLVMBuildFMul(b, y, r, ""), fc(x, c[i]), "");
-  y = LLVMBuildFAdd(b, LLVMBuildFAdd(b, LLVMBuildFMul(b, y, LLVMBuildFMul(b, r, r, ""), ""), r, ""), fc(x, 1.0), "");
-  LLVMValueRef n = LLVMBuildFPToSI(b, fx, g->t_i32, ""); /* -126 <= n <= 0 */
-  y = LLVMBuildFMul(b, y, from_bits(g, LLVMBuildShl(b, LLVMBuildAdd(b, n, i32c(g, 127), ""), i32c(g, 23), "")), "");
+  LLVMValueRef n, xc = call2(g, "llvm.maxnum", x, fc(x, lo)); /* NaN -> lo: no poison below */
+  LLVMValueRef y = exp_reduced(g, xc, &n);
+  y = LLVMBuildFMul(b, y, pow2i(g, n), ""); /* -126 <= n <= 0 */
   y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, x, fc(x, lo), ""), fc(x, 0.0), y, "");
   return LLVMBuildSelect(b, gen_isnan(g, x), x, y, "");
 }
