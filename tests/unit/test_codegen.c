@@ -585,13 +585,13 @@ static void test_codegen_special_values(void **state) {
 /* exp and tanh are inline polynomials in f32 (so loops vectorise): check
  * them at every scale against the correctly rounded values, within 2 ulp
  * (1 ulp of the subnormal spacing for tiny results). */
-static void test_codegen_exp_tanh_accuracy(void **state) {
-  enum { N = 4001 };
+/* Unary f32 ops compiled with LLVM, one kernel each, applied to the n
+ * values xs: out[k * n + i] is ops[k](xs[i]). */
+static void eval_unary(const IrOpcode *ops, int nops, const float *xs, int n, double *out) {
   IrFunc *f = ir_func_new("acc");
-  IrValue *x = input(f, "x", ty(IR_DT_F32, 1, N));
-  IrValue *e = un(f, IR_OP_EXP, x), *t = un(f, IR_OP_TANH, x);
-  sink(f, e);
-  sink(f, t);
+  IrValue *x = input(f, "x", ty(IR_DT_F32, 1, n)), *y[8];
+  assert_true(nops <= 8);
+  for (int k = 0; k < nops; k++) sink(f, y[k] = un(f, ops[k], x));
   one_kernel_per_op(f);
   trivial_plan(f);
   char err[512];
@@ -599,28 +599,37 @@ static void test_codegen_exp_tanh_accuracy(void **state) {
   CgModule *m = cg_llvm_compile(f, &o, err, sizeof err);
   if (!m) fail_msg("%s", err);
   char *arena = aligned_alloc(64, (size_t)(f->arena_size + 63) / 64 * 64);
+  for (int i = 0; i < n; i++) put(arena, x, i, xs[i]);
+  for (int g = 1; g <= nops; g++) {
+    const CgKernel *k = cg_module_kernel(m, g);
+    k->fn(arena, 0, k->iters);
+  }
+  for (int k = 0; k < nops; k++)
+    for (int i = 0; i < n; i++) out[k * n + i] = get(arena, y[k], i);
+  free(arena);
+  cg_module_free(m);
+  ir_func_free(f);
+}
+
+static void test_codegen_exp_tanh_accuracy(void **state) {
+  enum { N = 4001 };
+  static const IrOpcode ops[] = {IR_OP_EXP, IR_OP_TANH};
   float xs[N];
   for (int i = 0; i < N; i++) {
     xs[i] = -110.0f + 200.0f * (float)i / (N - 1); /* -110 .. 90, through the subnormal results */
     if (i % 5 == 1) xs[i] = ldexpf((float)(i % 97) - 48.0f, -(i % 40)); /* and small arguments */
-    put(arena, x, i, xs[i]);
   }
-  for (int g = 1; g <= 2; g++) {
-    const CgKernel *k = cg_module_kernel(m, g);
-    k->fn(arena, 0, k->iters);
-  }
+  static double got[2 * N];
+  eval_unary(ops, 2, xs, N, got);
   for (int i = 0; i < N; i++) {
     double we = (double)(float)exp((double)xs[i]), wt = (double)(float)tanh((double)xs[i]);
-    double ge = get(arena, e, i), gt = get(arena, t, i);
+    double ge = got[i], gt = got[N + i];
     double ue = fabs(we) < 1.2e-38 ? ldexp(1.0, -149) : fabs(we) * ldexp(1.0, -23);
     double ut = fabs(wt) < 1.2e-38 ? ldexp(1.0, -149) : fabs(wt) * ldexp(1.0, -23);
     if (!(fabs(ge - we) <= 2 * ue) && !(isinf(we) && ge == we))
       fail_msg("exp(%.9g) = %.9g, want %.9g", xs[i], ge, we);
     if (!(fabs(gt - wt) <= 2 * ut)) fail_msg("tanh(%.9g) = %.9g, want %.9g", xs[i], gt, wt);
   }
-  free(arena);
-  cg_module_free(m);
-  ir_func_free(f);
 }
 
 /* sigmoid, silu, gelu and gelu's derivative in f32 take e^-|x| from an
@@ -650,16 +659,6 @@ static void test_codegen_sigmoid_gelu_accuracy(void **state) {
   (void)state;
   enum { N = 4006 };
   static const IrOpcode ops[] = {IR_OP_SIGMOID, IR_OP_SILU, IR_OP_GELU, IR_OP_GELU_GRAD};
-  IrFunc *f = ir_func_new("acc");
-  IrValue *x = input(f, "x", ty(IR_DT_F32, 1, N)), *y[4];
-  for (int k = 0; k < 4; k++) sink(f, y[k] = un(f, ops[k], x));
-  one_kernel_per_op(f);
-  trivial_plan(f);
-  char err[512];
-  CgOptions o = {0};
-  CgModule *m = cg_llvm_compile(f, &o, err, sizeof err);
-  if (!m) fail_msg("%s", err);
-  char *arena = aligned_alloc(64, (size_t)(f->arena_size + 63) / 64 * 64);
   float xs[N];
   for (int i = 0; i < N - 5; i++) {
     xs[i] = -110.0f + 200.0f * (float)i / (N - 6); /* through the flushed results */
@@ -667,11 +666,8 @@ static void test_codegen_sigmoid_gelu_accuracy(void **state) {
   }
   const float special[] = {NAN, INFINITY, -INFINITY, -87.0f, -88.0f};
   for (int i = 0; i < 5; i++) xs[N - 5 + i] = special[i];
-  for (int i = 0; i < N; i++) put(arena, x, i, xs[i]);
-  for (int g = 1; g <= 4; g++) {
-    const CgKernel *k = cg_module_kernel(m, g);
-    k->fn(arena, 0, k->iters);
-  }
+  static double got[4 * N];
+  eval_unary(ops, 4, xs, N, got);
   double (*const ref[4])(double) = {sigmoid_ref, silu_ref, gelu_ref, gelu_grad_ref};
   for (int i = 0; i < N; i++) {
     double v = xs[i], want[4];
@@ -682,20 +678,17 @@ static void test_codegen_sigmoid_gelu_accuracy(void **state) {
       want[3] = NAN; /* x (1 - t^2): inf * 0 */
     }
     for (int k = 0; k < 4; k++) {
-      double got = get(arena, y[k], i), w = (double)(float)want[k];
+      double g = got[k * N + i], w = (double)(float)want[k];
       if (isnan(w) || isinf(w)) {
-        if (!(isnan(w) ? isnan(got) : got == w)) fail_msg("op %d (x = %.9g) = %.9g, want %.9g", k, v, got, w);
+        if (!(isnan(w) ? isnan(g) : g == w)) fail_msg("op %d (x = %.9g) = %.9g, want %.9g", k, v, g, w);
         continue;
       }
       double h = 1e-6, cond = w == 0 ? 0 : fabs((ref[k](v * (1 + h)) - ref[k](v * (1 - h))) / (2 * h * w));
       double flush = 1.18e-38 * pow(1 + fabs(v), 3); /* FLT_MIN times up to x^3 (gelu's derivative) */
       double tol = 4 * (1 + cond) * fabs(w) * ldexp(1.0, -23) + flush + (k == 3 ? 1e-7 : 0);
-      if (!(fabs(got - w) <= tol)) fail_msg("op %d (x = %.9g) = %.9g, want %.9g", k, v, got, w);
+      if (!(fabs(g - w) <= tol)) fail_msg("op %d (x = %.9g) = %.9g, want %.9g", k, v, g, w);
     }
   }
-  free(arena);
-  cg_module_free(m);
-  ir_func_free(f);
 }
 
 /* ------------------------------------------------------------------ */
