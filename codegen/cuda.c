@@ -25,17 +25,6 @@
 #define CU_VERSION "gradc-cuda-1" /* bump when generated code or the image format changes (cache keys) */
 #define CHUNK 6                   /* distinct functions per NVRTC program */
 
-static bool failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool failf(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 /* ------------------------------------------------------------------ */
 /* Targets                                                             */
 /* ------------------------------------------------------------------ */
@@ -210,7 +199,7 @@ CuModule *cg_cuda_generate(const IrFunc *f, char *err, size_t errlen) {
     int j = i;
     while (j < f->nops && f->ops[j]->group == grp) j++;
     if (m->by_group[grp] >= 0) {
-      ok = failf(err, errlen, "kernel k%d is not contiguous in the op list", grp);
+      ok = errf(err, errlen, "kernel k%d is not contiguous in the op list", grp);
       break;
     }
     CuKernel *k = &m->kernels[m->nkernels];
@@ -251,7 +240,7 @@ CuModule *cg_cuda_generate(const IrFunc *f, char *err, size_t errlen) {
     if (g.failed) {
       char msg[512];
       snprintf(msg, sizeof msg, "%s", err ? err : "");
-      failf(err, errlen, "CUDA code generation: kernel %s: %s", k->name, msg);
+      errf(err, errlen, "CUDA code generation: kernel %s: %s", k->name, msg);
       sb_free(&g.body);
       ok = false;
       break;
@@ -364,17 +353,17 @@ static bool make_dirs(const char *path) {
 }
 
 bool cg_cuda_write_dir(const CuModule *m, const char *dir, char *err, size_t errlen) {
-  if (!make_dirs(dir)) return failf(err, errlen, "%s: %s", dir, strerror(errno));
+  if (!make_dirs(dir)) return errf(err, errlen, "%s: %s", dir, strerror(errno));
   for (int c = 0; c < m->ncodes; c++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.cu", dir, m->codes[c].func);
     FILE *fp = fopen(path, "w");
-    if (!fp) return failf(err, errlen, "%s: %s", path, strerror(errno));
+    if (!fp) return errf(err, errlen, "%s: %s", path, strerror(errno));
     fputs(cu_prelude, fp);
     fputc('\n', fp);
     fputs(m->codes[c].comment, fp);
     fputs(m->codes[c].text, fp);
-    if (fclose(fp) != 0) return failf(err, errlen, "%s: %s", path, strerror(errno));
+    if (fclose(fp) != 0) return errf(err, errlen, "%s: %s", path, strerror(errno));
   }
   return true;
 }
@@ -545,7 +534,7 @@ bool cg_cuda_compile(CuModule *m, const CuCompileOptions *o, char *err, size_t e
     }
     if (!cg_nvrtc_supports(m->arch, have, sizeof have)) {
       if (!version_known) cg_nvrtc_version(ver, sizeof ver, NULL, 0);
-      good = failf(err, errlen, "%s cannot compile for %s (it supports: %s)", ver, m->arch, have);
+      good = errf(err, errlen, "%s cannot compile for %s (it supports: %s)", ver, m->arch, have);
       goto done;
     }
     int threads = o->threads > 0 ? o->threads : pool_ncores();
@@ -559,7 +548,7 @@ bool cg_cuda_compile(CuModule *m, const CuCompileOptions *o, char *err, size_t e
       if (ok[c]) continue;
       char what[256];
       name_failure(m, c, log[c] ? log[c] : "", what, sizeof what);
-      good = failf(err, errlen, "NVRTC cannot compile %s for %s:\n%s", what, m->arch, log[c] ? log[c] : "");
+      good = errf(err, errlen, "NVRTC cannot compile %s for %s:\n%s", what, m->arch, log[c] ? log[c] : "");
     }
     m->compiled = ntodo;
     for (int t = 0; good && t < ntodo; t++) { /* warnings, kept for tests and --print-kernels */
@@ -596,7 +585,7 @@ done:
 
 bool cg_cuda_set_images(CuModule *m, const char *arch, const CuImage *img, int n, char *err, size_t errlen) {
   if (n != m->nchunks)
-    return failf(err, errlen, "%d compiled programs for %d chunks of kernels", n, m->nchunks);
+    return errf(err, errlen, "%d compiled programs for %d chunks of kernels", n, m->nchunks);
   snprintf(m->arch, sizeof m->arch, "%s", arch);
   m->images = calloc((size_t)(n ? n : 1), sizeof(CuImage));
   if (!m->images) abort();

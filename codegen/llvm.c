@@ -48,20 +48,10 @@ struct CgModule {
   bool from_cache;
 };
 
-bool cg_failf(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n) {
   if (!e) return true;
   char *msg = LLVMGetErrorMessage(e);
-  cg_failf(err, n, "LLVM: %s: %s", what, msg ? msg : "unknown error");
+  errf(err, n, "LLVM: %s: %s", what, msg ? msg : "unknown error");
   LLVMDisposeErrorMessage(msg);
   return false;
 }
@@ -209,7 +199,7 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     int j = i;
     while (j < f->nops && f->ops[j]->group == g) j++;
     for (int k = 0; k < K->n; k++)
-      if (K->k[k].group == g) return cg_failf(err, errlen, "kernel k%d is not contiguous in the op list", g);
+      if (K->k[k].group == g) return errf(err, errlen, "kernel k%d is not contiguous in the op list", g);
     KInfo *ki = &K->k[K->n++];
     ki->group = g;
     ki->ops = f->ops + i;
@@ -221,7 +211,7 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     } else if (cg_row_layout(ki->ops, ki->n, outside_use, out, &K->a, &ki->layout, why, sizeof why)) {
       ki->row = true;
     } else {
-      return cg_failf(err, errlen, "kernel k%d: %s", g, why);
+      return errf(err, errlen, "kernel k%d: %s", g, why);
     }
     ki->name = kernel_name(&K->a, g, ki->ops, ki->n);
     gen_kernel_extent(f, ki->ops, ki->n, ki->row ? &ki->layout : NULL, &ki->iters, &ki->cost);
@@ -267,11 +257,11 @@ static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
   char *msg = NULL;
   LLVMTargetMachineRef tm = NULL;
   if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
-    cg_failf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
+    errf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
   } else {
     tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
                                  LLVMCodeModelDefault);
-    if (!tm) cg_failf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
+    if (!tm) errf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
   }
   LLVMDisposeMessage(msg);
   LLVMDisposeMessage(triple);
@@ -408,7 +398,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
   if (g.failed) ok = false;
   char *msg = NULL;
   if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
-    ok = cg_failf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
+    ok = errf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
   }
   LLVMDisposeMessage(msg);
   msg = NULL;
@@ -428,7 +418,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
   }
   LLVMMemoryBufferRef buf = NULL;
   if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
-    ok = cg_failf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
+    ok = errf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
     buf = NULL;
   }
   LLVMDisposeMessage(msg);
@@ -519,7 +509,7 @@ static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char
   bool ok = true;
   size_t total = sizeof bundle_magic + 4;
   for (int i = 0; i < nch; i++) {
-    if (!c[i].ok && ok) ok = cg_failf(err, errlen, "%s", c[i].err);
+    if (!c[i].ok && ok) ok = errf(err, errlen, "%s", c[i].err);
     total += 8 + c[i].len;
   }
   if (ok) {
@@ -611,15 +601,15 @@ static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen)
   const char *p = m->obj, *end = m->obj + m->objlen;
   uint32_t n = 0;
   if (m->objlen < sizeof bundle_magic + 4 || memcmp(p, bundle_magic, sizeof bundle_magic) != 0)
-    return cg_failf(err, errlen, "not a gradc object bundle");
+    return errf(err, errlen, "not a gradc object bundle");
   memcpy(&n, p + sizeof bundle_magic, 4);
   p += sizeof bundle_magic + 4;
   for (uint32_t i = 0; i < n; i++) {
     uint64_t len;
-    if (end - p < 8) return cg_failf(err, errlen, "a truncated object bundle");
+    if (end - p < 8) return errf(err, errlen, "a truncated object bundle");
     memcpy(&len, p, 8);
     p += 8;
-    if ((uint64_t)(end - p) < len) return cg_failf(err, errlen, "a truncated object bundle");
+    if ((uint64_t)(end - p) < len) return errf(err, errlen, "a truncated object bundle");
     LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(p, (size_t)len, "gradc-kernels");
     if (!cg_check_llvm(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading object code", err, errlen)) return false;
     p += len;
@@ -699,7 +689,7 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
   compile_count++;
   pthread_once(&init_once, init_llvm);
   if (!init_ok) {
-    cg_failf(err, errlen, "LLVM: cannot initialise the native target");
+    errf(err, errlen, "LLVM: cannot initialise the native target");
     return NULL;
   }
   Kernels K;
@@ -741,7 +731,7 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
 CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, char *err, size_t errlen) {
   pthread_once(&init_once, init_llvm);
   if (!init_ok) {
-    cg_failf(err, errlen, "LLVM: cannot initialise the native target");
+    errf(err, errlen, "LLVM: cannot initialise the native target");
     return NULL;
   }
   Kernels K;

@@ -42,9 +42,8 @@ typedef struct Gen {
 
 /* Record the first error (a value without storage, ...); emission goes on
  * harmlessly and the caller checks g->failed. */
-/* llvm.c: a message into err (when non-NULL) and false; an LLVMErrorRef
- * consumed into "LLVM: what: message" (true when there was none). */
-bool cg_failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
+/* llvm.c: an LLVMErrorRef consumed into "LLVM: what: message" (true when
+ * there was none; errors are reported with support's errf). */
 bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n);
 void gen_error(Gen *g, const char *fmt, ...) GRADC_PRINTF(2, 3);
 

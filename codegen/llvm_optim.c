@@ -194,11 +194,11 @@ static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
   char *msg = NULL;
   LLVMTargetMachineRef tm = NULL;
   if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
-    cg_failf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
+    errf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
   } else {
     tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
                                  LLVMCodeModelDefault);
-    if (!tm) cg_failf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
+    if (!tm) errf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
   }
   LLVMDisposeMessage(msg);
   LLVMDisposeMessage(triple);
@@ -240,7 +240,7 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
   bool ok = !g.failed;
   char *msg = NULL;
   if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg))
-    ok = cg_failf(err, errlen, "LLVM: the optimiser module does not verify: %.400s", msg ? msg : "");
+    ok = errf(err, errlen, "LLVM: the optimiser module does not verify: %.400s", msg ? msg : "");
   LLVMDisposeMessage(msg);
   msg = NULL;
   if (ok) {
@@ -253,7 +253,7 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
   }
   LLVMMemoryBufferRef buf = NULL;
   if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
-    ok = cg_failf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
+    ok = errf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
     buf = NULL;
   }
   LLVMDisposeMessage(msg);

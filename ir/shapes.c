@@ -45,17 +45,6 @@ static TypeText shape_text(const IrShape *s) {
   return r;
 }
 
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; }
 
 static const IrType *arg(const IrOp *op, int i) { return &op->args[i]->type; }
@@ -83,11 +72,11 @@ static const IrAttr *need_attr(const IrOp *op, const char *key, IrAttrKind kind,
                                size_t n) {
   const IrAttr *a = ir_attr_get(op, key);
   if (!a) {
-    fail(err, n, "'%s' needs attribute '%s'", opname(op), key);
+    errf(err, n, "'%s' needs attribute '%s'", opname(op), key);
     return NULL;
   }
   if (a->kind != kind) {
-    fail(err, n, "'%s' attribute '%s' must be %s", opname(op), key, what);
+    errf(err, n, "'%s' attribute '%s' must be %s", opname(op), key, what);
     return NULL;
   }
   return a;
@@ -110,13 +99,13 @@ static bool need_bool(const IrOp *op, const char *key, bool *v, char *err, size_
 /* A number: FLOAT, or INT (converted). */
 static bool need_number(const IrOp *op, const char *key, double *v, char *err, size_t n) {
   const IrAttr *a = ir_attr_get(op, key);
-  if (!a) return fail(err, n, "'%s' needs attribute '%s'", opname(op), key);
+  if (!a) return errf(err, n, "'%s' needs attribute '%s'", opname(op), key);
   if (a->kind == IR_ATTR_FLOAT)
     *v = a->f;
   else if (a->kind == IR_ATTR_INT)
     *v = (double)a->i;
   else
-    return fail(err, n, "'%s' attribute '%s' must be a number", opname(op), key);
+    return errf(err, n, "'%s' attribute '%s' must be a number", opname(op), key);
   return true;
 }
 
@@ -130,7 +119,7 @@ static bool need_str(const IrOp *op, const char *key, const char **v, char *err,
 static bool need_ints(const IrOp *op, const char *key, const int64_t **v, int *len, char *err, size_t n) {
   const IrAttr *a = need_attr(op, key, IR_ATTR_INTS, "a list of integers", err, n);
   if (!a) return false;
-  if (a->n < 0 || (a->n > 0 && !a->ints)) return fail(err, n, "'%s' attribute '%s' is malformed", opname(op), key);
+  if (a->n < 0 || (a->n > 0 && !a->ints)) return errf(err, n, "'%s' attribute '%s' is malformed", opname(op), key);
   *v = a->ints;
   *len = a->n;
   return true;
@@ -142,15 +131,15 @@ static bool need_shape(const IrOp *op, const char *key, IrShape *s, char *err, s
   int len;
   if (!need_ints(op, key, &v, &len, err, n)) return false;
   if (len > IR_MAX_RANK)
-    return fail(err, n, "'%s' attribute '%s' has rank %d, more than %d", opname(op), key, len, IR_MAX_RANK);
+    return errf(err, n, "'%s' attribute '%s' has rank %d, more than %d", opname(op), key, len, IR_MAX_RANK);
   memset(s, 0, sizeof *s);
   s->rank = len;
   for (int i = 0; i < len; i++) {
     if (v[i] < 0 || v[i] >= MAX_DIM)
-      return fail(err, n, "'%s' attribute '%s' has invalid dimension %lld", opname(op), key, (long long)v[i]);
+      return errf(err, n, "'%s' attribute '%s' has invalid dimension %lld", opname(op), key, (long long)v[i]);
     s->dim[i] = v[i];
   }
-  if (checked_numel(s) < 0) return fail(err, n, "'%s' attribute '%s' is too large", opname(op), key);
+  if (checked_numel(s) < 0) return errf(err, n, "'%s' attribute '%s' is too large", opname(op), key);
   return true;
 }
 
@@ -163,48 +152,48 @@ static bool need_reduction(const IrOp *op, bool *none, char *err, size_t n) {
   else if (strcmp(r, "mean") == 0 || strcmp(r, "sum") == 0)
     *none = false;
   else
-    return fail(err, n, "'%s' reduction must be \"mean\", \"sum\" or \"none\", got \"%s\"", opname(op), r);
+    return errf(err, n, "'%s' reduction must be \"mean\", \"sum\" or \"none\", got \"%s\"", opname(op), r);
   return true;
 }
 
 static bool need_float_operand(const IrOp *op, int i, char *err, size_t n) {
   if (!ir_dtype_is_float(arg(op, i)->dtype))
-    return fail(err, n, "'%s' needs a floating-point operand, got %s", opname(op), ts(arg(op, i)).s);
+    return errf(err, n, "'%s' needs a floating-point operand, got %s", opname(op), ts(arg(op, i)).s);
   return true;
 }
 
 static bool need_dtype(const IrOp *op, int i, IrDType dt, char *err, size_t n) {
   if (arg(op, i)->dtype != dt)
-    return fail(err, n, "'%s' operand %d must be %s, got %s", opname(op), i + 1, ir_dtype_name(dt), ts(arg(op, i)).s);
+    return errf(err, n, "'%s' operand %d must be %s, got %s", opname(op), i + 1, ir_dtype_name(dt), ts(arg(op, i)).s);
   return true;
 }
 
 static bool need_scalar(const IrOp *op, int i, char *err, size_t n) {
   if (arg(op, i)->shape.rank != 0)
-    return fail(err, n, "'%s' operand %d must be a scalar, got %s", opname(op), i + 1, ts(arg(op, i)).s);
+    return errf(err, n, "'%s' operand %d must be a scalar, got %s", opname(op), i + 1, ts(arg(op, i)).s);
   return true;
 }
 
 static bool need_same_type(const IrOp *op, int i, int j, char *err, size_t n) {
   if (!ir_type_eq(arg(op, i), arg(op, j)))
-    return fail(err, n, "'%s': mismatched types %s and %s", opname(op), ts(arg(op, i)).s, ts(arg(op, j)).s);
+    return errf(err, n, "'%s': mismatched types %s and %s", opname(op), ts(arg(op, i)).s, ts(arg(op, j)).s);
   return true;
 }
 
 static bool need_same_dtype(const IrOp *op, int i, int j, char *err, size_t n) {
   if (arg(op, i)->dtype != arg(op, j)->dtype)
-    return fail(err, n, "'%s': mismatched types %s and %s", opname(op), ts(arg(op, i)).s, ts(arg(op, j)).s);
+    return errf(err, n, "'%s': mismatched types %s and %s", opname(op), ts(arg(op, i)).s, ts(arg(op, j)).s);
   return true;
 }
 
 static bool need_hint(const IrOp *op, const IrType *hint, char *err, size_t n) {
-  if (!hint) return fail(err, n, "'%s' needs a result type", opname(op));
+  if (!hint) return errf(err, n, "'%s' needs a result type", opname(op));
   if (hint->shape.rank < 0 || hint->shape.rank > IR_MAX_RANK)
-    return fail(err, n, "'%s': invalid result rank %d", opname(op), hint->shape.rank);
-  if ((unsigned)hint->dtype >= IR_DT_COUNT) return fail(err, n, "'%s': invalid result dtype", opname(op));
+    return errf(err, n, "'%s': invalid result rank %d", opname(op), hint->shape.rank);
+  if ((unsigned)hint->dtype >= IR_DT_COUNT) return errf(err, n, "'%s': invalid result dtype", opname(op));
   for (int i = 0; i < hint->shape.rank; i++)
     if (hint->shape.dim[i] < 0 || hint->shape.dim[i] >= MAX_DIM)
-      return fail(err, n, "'%s': invalid result dimension %lld", opname(op), (long long)hint->shape.dim[i]);
+      return errf(err, n, "'%s': invalid result dimension %lld", opname(op), (long long)hint->shape.dim[i]);
   return true;
 }
 
@@ -244,7 +233,7 @@ static bool need_axis(const IrOp *op, const char *key, int rank, int64_t *axis, 
   int64_t a;
   if (!need_int(op, key, &a, err, n)) return false;
   if (!ir_norm_axis(a, rank, axis))
-    return fail(err, n, "'%s': axis %lld is out of range for %s", opname(op), (long long)a, ts(arg(op, 0)).s);
+    return errf(err, n, "'%s': axis %lld is out of range for %s", opname(op), (long long)a, ts(arg(op, 0)).s);
   return true;
 }
 
@@ -258,13 +247,13 @@ static bool ir_shape_unary(const IrOp *op, const IrType *hint, IrType *out, char
   const IrType *x = arg(op, 0);
   if (op->opcode == IR_OP_NEG || op->opcode == IR_OP_ABS || op->opcode == IR_OP_SIGN) {
     if (!ir_dtype_is_float(x->dtype) && x->dtype != IR_DT_I32)
-      return fail(err, n, "'%s' needs a floating-point or i32 operand, got %s", opname(op), ts(x).s);
+      return errf(err, n, "'%s' needs a floating-point or i32 operand, got %s", opname(op), ts(x).s);
   } else if (op->opcode == IR_OP_DETACH) {
     /* the identity: any dtype */
   } else {
     if (!need_float_operand(op, 0, err, n)) return false;
     if (op->opcode == IR_OP_CAUSAL_MASK && x->shape.rank < 2)
-      return fail(err, n, "'%s' needs an operand of rank >= 2, got %s", opname(op), ts(x).s);
+      return errf(err, n, "'%s' needs an operand of rank >= 2, got %s", opname(op), ts(x).s);
     double e;
     if (op->opcode == IR_OP_POW && !need_number(op, "exponent", &e, err, n)) return false;
   }
@@ -276,7 +265,7 @@ static bool ir_shape_unary(const IrOp *op, const IrType *hint, IrType *out, char
 static bool ir_shape_cast(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   if (!need_hint(op, hint, err, n)) return false;
   if (!ir_shape_eq(&hint->shape, &arg(op, 0)->shape))
-    return fail(err, n, "'cast' cannot change the shape: %s to %s", ts(arg(op, 0)).s, ts(hint).s);
+    return errf(err, n, "'cast' cannot change the shape: %s to %s", ts(arg(op, 0)).s, ts(hint).s);
   *out = *hint;
   return true;
 }
@@ -284,7 +273,7 @@ static bool ir_shape_cast(const IrOp *op, const IrType *hint, IrType *out, char 
 /* Two operands of one dtype (float or i32), NumPy broadcasting. */
 static bool broadcast2(const IrOp *op, IrShape *s, char *err, size_t n) {
   if (!ir_broadcast_shapes(&arg(op, 0)->shape, &arg(op, 1)->shape, s))
-    return fail(err, n, "'%s': cannot broadcast %s and %s", opname(op), ts(arg(op, 0)).s, ts(arg(op, 1)).s);
+    return errf(err, n, "'%s': cannot broadcast %s and %s", opname(op), ts(arg(op, 0)).s, ts(arg(op, 1)).s);
   return true;
 }
 
@@ -292,7 +281,7 @@ static bool ir_shape_binary(const IrOp *op, const IrType *hint, IrType *out, cha
   if (!need_same_dtype(op, 0, 1, err, n)) return false;
   IrDType dt = arg(op, 0)->dtype;
   if (!ir_dtype_is_float(dt) && dt != IR_DT_I32)
-    return fail(err, n, "'%s' needs floating-point or i32 operands, got %s and %s", opname(op), ts(arg(op, 0)).s,
+    return errf(err, n, "'%s' needs floating-point or i32 operands, got %s and %s", opname(op), ts(arg(op, 0)).s,
                 ts(arg(op, 1)).s);
   if (!broadcast2(op, &out->shape, err, n)) return false;
   out->dtype = dt;
@@ -313,7 +302,7 @@ static bool ir_shape_select(const IrOp *op, const IrType *hint, IrType *out, cha
   IrShape s;
   if (!ir_broadcast_shapes(&arg(op, 1)->shape, &arg(op, 2)->shape, &s) ||
       !ir_broadcast_shapes(&arg(op, 0)->shape, &s, &s))
-    return fail(err, n, "'select': cannot broadcast %s, %s and %s", ts(arg(op, 0)).s, ts(arg(op, 1)).s,
+    return errf(err, n, "'select': cannot broadcast %s, %s and %s", ts(arg(op, 0)).s, ts(arg(op, 1)).s,
                 ts(arg(op, 2)).s);
   out->dtype = arg(op, 1)->dtype;
   out->shape = s;
@@ -338,7 +327,7 @@ static bool ir_shape_reduce(const IrOp *op, const IrType *hint, IrType *out, cha
   if (!need_ints(op, "axes", &axes, &naxes, err, n)) return false;
   if (!need_bool(op, "keepdim", &keepdim, err, n)) return false;
   if (!ir_dtype_is_float(x->dtype) && !(op->opcode == IR_OP_SUM && x->dtype == IR_DT_I32))
-    return fail(err, n, "'%s' needs a floating-point%s operand, got %s", opname(op),
+    return errf(err, n, "'%s' needs a floating-point%s operand, got %s", opname(op),
                 op->opcode == IR_OP_SUM ? " or i32" : "", ts(x).s);
   bool reduced[IR_MAX_RANK] = {false};
   if (naxes == 0)
@@ -346,8 +335,8 @@ static bool ir_shape_reduce(const IrOp *op, const IrType *hint, IrType *out, cha
   for (int i = 0; i < naxes; i++) {
     int64_t a;
     if (!ir_norm_axis(axes[i], x->shape.rank, &a))
-      return fail(err, n, "'%s': axis %lld is out of range for %s", opname(op), (long long)axes[i], ts(x).s);
-    if (reduced[a]) return fail(err, n, "'%s': axis %lld is repeated", opname(op), (long long)axes[i]);
+      return errf(err, n, "'%s': axis %lld is out of range for %s", opname(op), (long long)axes[i], ts(x).s);
+    if (reduced[a]) return errf(err, n, "'%s': axis %lld is repeated", opname(op), (long long)axes[i]);
     reduced[a] = true;
   }
   IrShape s;
@@ -369,7 +358,7 @@ static bool ir_shape_reshape(const IrOp *op, const IrType *hint, IrType *out, ch
   if (!need_shape(op, "shape", &s, err, n)) return false;
   if (checked_numel(&s) != checked_numel(&x->shape)) {
     IrType t = {x->dtype, s};
-    return fail(err, n, "'reshape': cannot reshape %s to %s (element counts differ)", ts(x).s, ts(&t).s);
+    return errf(err, n, "'reshape': cannot reshape %s to %s (element counts differ)", ts(x).s, ts(&t).s);
   }
   out->dtype = x->dtype;
   out->shape = s;
@@ -382,14 +371,14 @@ static bool ir_shape_permute(const IrOp *op, const IrType *hint, IrType *out, ch
   int len;
   if (!need_ints(op, "perm", &perm, &len, err, n)) return false;
   if (len != x->shape.rank)
-    return fail(err, n, "'permute': perm has %d entries but the operand %s has rank %d", len, ts(x).s, x->shape.rank);
+    return errf(err, n, "'permute': perm has %d entries but the operand %s has rank %d", len, ts(x).s, x->shape.rank);
   bool seen[IR_MAX_RANK] = {false};
   IrShape s;
   memset(&s, 0, sizeof s);
   s.rank = len;
   for (int i = 0; i < len; i++) {
     if (perm[i] < 0 || perm[i] >= len || seen[perm[i]])
-      return fail(err, n, "'permute': perm is not a permutation of 0..%d", len - 1);
+      return errf(err, n, "'permute': perm is not a permutation of 0..%d", len - 1);
     seen[perm[i]] = true;
     s.dim[i] = x->shape.dim[perm[i]];
   }
@@ -407,7 +396,7 @@ static bool ir_shape_broadcast(const IrOp *op, const IrType *hint, IrType *out, 
     int64_t d = x->shape.dim[x->shape.rank - 1 - i];
     ok = d == 1 || d == t.shape.dim[t.shape.rank - 1 - i];
   }
-  if (!ok) return fail(err, n, "'broadcast': cannot broadcast %s to %s", ts(x).s, ts(&t).s);
+  if (!ok) return errf(err, n, "'broadcast': cannot broadcast %s to %s", ts(x).s, ts(&t).s);
   *out = t;
   return true;
 }
@@ -420,16 +409,16 @@ static bool slice_shape(const IrOp *op, const IrType *in, IrShape *res, char *er
   for (int k = 0; k < 3; k++) {
     if (!need_ints(op, keys[k], &st[k], &len[k], err, n)) return false;
     if (len[k] != in->shape.rank)
-      return fail(err, n, "'%s': '%s' has %d entries, but %s has rank %d", opname(op), keys[k], len[k], ts(in).s,
+      return errf(err, n, "'%s': '%s' has %d entries, but %s has rank %d", opname(op), keys[k], len[k], ts(in).s,
                   in->shape.rank);
   }
   memset(res, 0, sizeof *res);
   res->rank = in->shape.rank;
   for (int i = 0; i < in->shape.rank; i++) {
     int64_t a = st[0][i], b = st[1][i], c = st[2][i], d = in->shape.dim[i];
-    if (c < 1) return fail(err, n, "'%s': step %lld on axis %d must be >= 1", opname(op), (long long)c, i);
+    if (c < 1) return errf(err, n, "'%s': step %lld on axis %d must be >= 1", opname(op), (long long)c, i);
     if (a < 0 || a > b || b > d)
-      return fail(err, n, "'%s': range %lld:%lld on axis %d is out of bounds for %s", opname(op), (long long)a,
+      return errf(err, n, "'%s': range %lld:%lld on axis %d is out of bounds for %s", opname(op), (long long)a,
                   (long long)b, i, ts(in).s);
     res->dim[i] = (b - a) / c + ((b - a) % c != 0);
   }
@@ -452,7 +441,7 @@ static bool ir_shape_unslice(const IrOp *op, const IrType *hint, IrType *out, ch
   if (!slice_shape(op, &full, &s, err, n)) return false;
   if (!ir_shape_eq(&s, &x->shape)) {
     IrType t = {x->dtype, s};
-    return fail(err, n, "'unslice': the slice of %s is %s, but the operand is %s", ts(&full).s, ts(&t).s, ts(x).s);
+    return errf(err, n, "'unslice': the slice of %s is %s, but the operand is %s", ts(&full).s, ts(&t).s, ts(x).s);
   }
   *out = full;
   return true;
@@ -460,7 +449,7 @@ static bool ir_shape_unslice(const IrOp *op, const IrType *hint, IrType *out, ch
 
 static bool ir_shape_concat(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   const IrType *x = arg(op, 0);
-  if (x->shape.rank == 0) return fail(err, n, "'concat' cannot join scalars (%s)", ts(x).s);
+  if (x->shape.rank == 0) return errf(err, n, "'concat' cannot join scalars (%s)", ts(x).s);
   int64_t axis;
   if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
   IrType t = *x;
@@ -468,9 +457,9 @@ static bool ir_shape_concat(const IrOp *op, const IrType *hint, IrType *out, cha
     const IrType *y = arg(op, i);
     bool ok = y->dtype == x->dtype && y->shape.rank == x->shape.rank;
     for (int k = 0; ok && k < x->shape.rank; k++) ok = k == axis || y->shape.dim[k] == x->shape.dim[k];
-    if (!ok) return fail(err, n, "'concat': cannot join %s and %s along axis %lld", ts(x).s, ts(y).s, (long long)axis);
+    if (!ok) return errf(err, n, "'concat': cannot join %s and %s along axis %lld", ts(x).s, ts(y).s, (long long)axis);
     t.shape.dim[axis] += y->shape.dim[axis];
-    if (t.shape.dim[axis] >= MAX_DIM) return fail(err, n, "'concat': result is too large");
+    if (t.shape.dim[axis] >= MAX_DIM) return errf(err, n, "'concat': result is too large");
   }
   *out = t;
   return true;
@@ -481,19 +470,19 @@ static bool ir_shape_concat(const IrOp *op, const IrType *hint, IrType *out, cha
 static bool ir_shape_matmul(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   const IrType *a = arg(op, 0), *b = arg(op, 1);
   if (a->dtype != b->dtype || !ir_dtype_is_float(a->dtype))
-    return fail(err, n, "%s @ %s: mismatched or non-floating-point types", ts(a).s, ts(b).s);
+    return errf(err, n, "%s @ %s: mismatched or non-floating-point types", ts(a).s, ts(b).s);
   int ra = a->shape.rank, rb = b->shape.rank;
-  if (ra == 0 || rb == 0) return fail(err, n, "%s @ %s: matmul needs operands of rank >= 1", ts(a).s, ts(b).s);
+  if (ra == 0 || rb == 0) return errf(err, n, "%s @ %s: matmul needs operands of rank >= 1", ts(a).s, ts(b).s);
   int64_t m = ra >= 2 ? a->shape.dim[ra - 2] : 1, k = a->shape.dim[ra - 1];
   int64_t k2 = rb >= 2 ? b->shape.dim[rb - 2] : b->shape.dim[0], nn = rb >= 2 ? b->shape.dim[rb - 1] : 1;
   if (k != k2)
-    return fail(err, n, "%s @ %s: inner dimensions %lld and %lld differ", ts(a).s, ts(b).s, (long long)k,
+    return errf(err, n, "%s @ %s: inner dimensions %lld and %lld differ", ts(a).s, ts(b).s, (long long)k,
                 (long long)k2);
   IrShape ba = ir_shape_scalar(), bb = ir_shape_scalar(), batch;
   if (ra > 2) ba = ir_shape_make(ra - 2, a->shape.dim);
   if (rb > 2) bb = ir_shape_make(rb - 2, b->shape.dim);
   if (!ir_broadcast_shapes(&ba, &bb, &batch))
-    return fail(err, n, "%s @ %s: batch dimensions %s and %s do not broadcast", ts(a).s, ts(b).s, shape_text(&ba).s,
+    return errf(err, n, "%s @ %s: batch dimensions %s and %s do not broadcast", ts(a).s, ts(b).s, shape_text(&ba).s,
                 shape_text(&bb).s);
   IrShape s = batch;
   if (ra >= 2) s.dim[s.rank++] = m;
@@ -507,7 +496,7 @@ static bool ir_shape_matmul(const IrOp *op, const IrType *hint, IrType *out, cha
 static bool ir_shape_softmax(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   const IrType *x = arg(op, 0);
   if (!need_float_operand(op, 0, err, n)) return false;
-  if (x->shape.rank == 0) return fail(err, n, "'%s' needs an operand of rank >= 1, got %s", opname(op), ts(x).s);
+  if (x->shape.rank == 0) return errf(err, n, "'%s' needs an operand of rank >= 1, got %s", opname(op), ts(x).s);
   int64_t axis;
   if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
   *out = *x;
@@ -519,11 +508,11 @@ static bool norm_common(const IrOp *op, IrType *out, char *err, size_t n) {
   const IrType *x = arg(op, 0);
   double eps;
   if (!need_float_operand(op, 0, err, n)) return false;
-  if (x->shape.rank == 0) return fail(err, n, "'%s' needs an operand of rank >= 1, got %s", opname(op), ts(x).s);
+  if (x->shape.rank == 0) return errf(err, n, "'%s' needs an operand of rank >= 1, got %s", opname(op), ts(x).s);
   IrType w = {x->dtype, ir_shape_make(1, &x->shape.dim[x->shape.rank - 1])};
   for (int i = 1; i < op->nargs; i++)
     if (!ir_type_eq(arg(op, i), &w))
-      return fail(err, n, "'%s': operand %d of %s must be %s, got %s", opname(op), i + 1, ts(x).s, ts(&w).s,
+      return errf(err, n, "'%s': operand %d of %s must be %s, got %s", opname(op), i + 1, ts(x).s, ts(&w).s,
                   ts(arg(op, i)).s);
   if (!need_number(op, "eps", &eps, err, n)) return false;
   *out = *x;
@@ -543,8 +532,8 @@ static bool ir_shape_embedding(const IrOp *op, const IrType *hint, IrType *out, 
   const IrType *idx = arg(op, 0), *tab = arg(op, 1);
   if (!need_dtype(op, 0, IR_DT_I32, err, n)) return false;
   if (!ir_dtype_is_float(tab->dtype) || tab->shape.rank != 2)
-    return fail(err, n, "'embedding': the table must be a floating-point matrix, got %s", ts(tab).s);
-  if (idx->shape.rank >= IR_MAX_RANK) return fail(err, n, "'embedding': indices %s have too many axes", ts(idx).s);
+    return errf(err, n, "'embedding': the table must be a floating-point matrix, got %s", ts(tab).s);
+  if (idx->shape.rank >= IR_MAX_RANK) return errf(err, n, "'embedding': indices %s have too many axes", ts(idx).s);
   *out = *idx;
   out->dtype = tab->dtype;
   out->shape.dim[out->shape.rank++] = tab->shape.dim[1];
@@ -559,9 +548,9 @@ static bool ir_shape_embedding_grad(const IrOp *op, const IrType *hint, IrType *
   if (!need_float_operand(op, 1, err, n)) return false;
   bool ok = dy->shape.rank == idx->shape.rank + 1;
   for (int i = 0; ok && i < idx->shape.rank; i++) ok = dy->shape.dim[i] == idx->shape.dim[i];
-  if (!ok) return fail(err, n, "'embedding_grad': gradient %s does not match indices %s", ts(dy).s, ts(idx).s);
+  if (!ok) return errf(err, n, "'embedding_grad': gradient %s does not match indices %s", ts(dy).s, ts(idx).s);
   if (!need_int(op, "rows", &rows, err, n)) return false;
-  if (rows < 0 || rows >= MAX_DIM) return fail(err, n, "'embedding_grad': invalid rows %lld", (long long)rows);
+  if (rows < 0 || rows >= MAX_DIM) return errf(err, n, "'embedding_grad': invalid rows %lld", (long long)rows);
   int64_t dims[2] = {rows, dy->shape.dim[dy->shape.rank - 1]};
   out->dtype = dy->dtype;
   out->shape = ir_shape_make(2, dims);
@@ -577,7 +566,7 @@ static bool ir_shape_cross_entropy(const IrOp *op, const IrType *hint, IrType *o
   if (!need_dtype(op, 1, IR_DT_I32, err, n)) return false;
   bool ok = lg->shape.rank >= 1 && tg->shape.rank == lg->shape.rank - 1;
   for (int i = 0; ok && i < tg->shape.rank; i++) ok = tg->shape.dim[i] == lg->shape.dim[i];
-  if (!ok) return fail(err, n, "'cross_entropy': target %s does not match logits %s", ts(tg).s, ts(lg).s);
+  if (!ok) return errf(err, n, "'cross_entropy': target %s does not match logits %s", ts(tg).s, ts(lg).s);
   if (!need_int(op, "ignore_index", &ignore, err, n)) return false;
   if (!need_reduction(op, &none, err, n)) return false;
   out->dtype = lg->dtype;
@@ -592,11 +581,11 @@ static bool ir_shape_one_hot(const IrOp *op, const IrType *hint, IrType *out, ch
   if (!need_dtype(op, 0, IR_DT_I32, err, n)) return false;
   if (!need_int(op, "depth", &depth, err, n)) return false;
   if (!need_int(op, "ignore_index", &ignore, err, n)) return false;
-  if (depth < 0 || depth >= MAX_DIM) return fail(err, n, "'one_hot': invalid depth %lld", (long long)depth);
+  if (depth < 0 || depth >= MAX_DIM) return errf(err, n, "'one_hot': invalid depth %lld", (long long)depth);
   if (!need_hint(op, hint, err, n)) return false;
   if (!ir_dtype_is_float(hint->dtype))
-    return fail(err, n, "'one_hot' needs a floating-point result type, got %s", ts(hint).s);
-  if (tg->shape.rank >= IR_MAX_RANK) return fail(err, n, "'one_hot': target %s has too many axes", ts(tg).s);
+    return errf(err, n, "'one_hot' needs a floating-point result type, got %s", ts(hint).s);
+  if (tg->shape.rank >= IR_MAX_RANK) return errf(err, n, "'one_hot': target %s has too many axes", ts(tg).s);
   out->dtype = hint->dtype;
   out->shape = tg->shape;
   out->shape.dim[out->shape.rank++] = depth;
@@ -640,7 +629,7 @@ static bool collective_attrs(const IrOp *op, int64_t *ranks, char *err, size_t n
   const char *group;
   if (!need_str(op, "group", &group, err, n)) return false;
   if (!need_int(op, "ranks", ranks, err, n)) return false;
-  if (*ranks < 1 || *ranks > 65536) return fail(err, n, "'%s': invalid ranks %lld", opname(op), (long long)*ranks);
+  if (*ranks < 1 || *ranks > 65536) return errf(err, n, "'%s': invalid ranks %lld", opname(op), (long long)*ranks);
   return true;
 }
 
@@ -666,7 +655,7 @@ static bool ir_shape_all_gather(const IrOp *op, const IrType *hint, IrType *out,
   if (!collective_attrs(op, &ranks, err, n)) return false;
   if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
   *out = *x;
-  if (x->shape.dim[axis] >= MAX_DIM / ranks) return fail(err, n, "'%s': result is too large", opname(op));
+  if (x->shape.dim[axis] >= MAX_DIM / ranks) return errf(err, n, "'%s': result is too large", opname(op));
   out->shape.dim[axis] *= ranks;
   return true;
 }
@@ -677,7 +666,7 @@ static bool ir_shape_reduce_scatter(const IrOp *op, const IrType *hint, IrType *
   if (!collective_attrs(op, &ranks, err, n)) return false;
   if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
   if (x->shape.dim[axis] % ranks != 0)
-    return fail(err, n, "'%s': axis %lld of %s is not divisible by %lld ranks", opname(op), (long long)axis, ts(x).s,
+    return errf(err, n, "'%s': axis %lld of %s is not divisible by %lld ranks", opname(op), (long long)axis, ts(x).s,
                 (long long)ranks);
   *out = *x;
   out->shape.dim[axis] /= ranks;
@@ -693,7 +682,7 @@ static bool ir_shape_tp_scatter(const IrOp *op, const IrType *hint, IrType *out,
   if (!need_float_operand(op, 0, err, n)) return false;
   if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
   if (x->shape.dim[axis] % ranks != 0)
-    return fail(err, n, "'%s': axis %lld of %s is not divisible by %lld ranks", opname(op), (long long)axis, ts(x).s,
+    return errf(err, n, "'%s': axis %lld of %s is not divisible by %lld ranks", opname(op), (long long)axis, ts(x).s,
                 (long long)ranks);
   *out = *x;
   out->shape.dim[axis] /= ranks;
@@ -704,7 +693,7 @@ static bool ir_shape_rank_slice(const IrOp *op, const IrType *hint, IrType *out,
   int64_t ranks, shift;
   if (!collective_attrs(op, &ranks, err, n)) return false;
   if (!need_int(op, "shift", &shift, err, n)) return false;
-  if (shift < 0 || shift >= ranks) return fail(err, n, "'%s': shift %lld is not in [0, ranks)", opname(op), (long long)shift);
+  if (shift < 0 || shift >= ranks) return errf(err, n, "'%s': shift %lld is not in [0, ranks)", opname(op), (long long)shift);
   return ir_shape_tp_scatter(op, hint, out, err, n);
 }
 
@@ -714,13 +703,13 @@ static bool ir_shape_rank_concat(const IrOp *op, const IrType *hint, IrType *out
   int64_t ranks, axis;
   if (!collective_attrs(op, &ranks, err, n)) return false;
   if (op->nargs != ranks)
-    return fail(err, n, "'%s' takes ranks=%lld operands, got %d", opname(op), (long long)ranks, op->nargs);
+    return errf(err, n, "'%s' takes ranks=%lld operands, got %d", opname(op), (long long)ranks, op->nargs);
   if (!need_float_operand(op, 0, err, n)) return false;
   for (int j = 1; j < op->nargs; j++)
     if (!need_same_type(op, 0, j, err, n)) return false;
   if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
   *out = *x;
-  if (x->shape.dim[axis] >= MAX_DIM / ranks) return fail(err, n, "'%s': result is too large", opname(op));
+  if (x->shape.dim[axis] >= MAX_DIM / ranks) return errf(err, n, "'%s': result is too large", opname(op));
   out->shape.dim[axis] *= ranks;
   return true;
 }
@@ -732,7 +721,7 @@ static bool ir_shape_wait(const IrOp *op, const IrType *hint, IrType *out, char 
   if (op->opcode == IR_OP_REDUCE_SCATTER_WAIT) start = IR_OP_REDUCE_SCATTER_START;
   const IrOp *d = op->args[0]->def;
   if (!d || d->opcode != start)
-    return fail(err, n, "'%s' must wait on the result of '%s'", opname(op), ir_op_info[start].name);
+    return errf(err, n, "'%s' must wait on the result of '%s'", opname(op), ir_op_info[start].name);
   *out = *arg(op, 0);
   return true;
 }
@@ -765,15 +754,15 @@ static bool type_ok(const IrType *t) {
 }
 
 bool ir_infer_type(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t errlen) {
-  if ((unsigned)op->opcode >= (unsigned)IR_OP_COUNT) return fail(err, errlen, "invalid opcode %d", (int)op->opcode);
+  if ((unsigned)op->opcode >= (unsigned)IR_OP_COUNT) return errf(err, errlen, "invalid opcode %d", (int)op->opcode);
   const IrOpInfo *info = &ir_op_info[op->opcode];
   if (info->arity >= 0 ? op->nargs != info->arity : op->nargs < 1)
-    return fail(err, errlen, "'%s' takes %s%d operand%s, got %d", info->name, info->arity < 0 ? "at least " : "",
+    return errf(err, errlen, "'%s' takes %s%d operand%s, got %d", info->name, info->arity < 0 ? "at least " : "",
                 info->arity < 0 ? 1 : info->arity, info->arity == 1 || info->arity < 0 ? "" : "s", op->nargs);
-  if (op->nattrs > 0 && !op->attrs) return fail(err, errlen, "'%s': missing attribute array", info->name);
+  if (op->nattrs > 0 && !op->attrs) return errf(err, errlen, "'%s': missing attribute array", info->name);
   for (int i = 0; i < op->nargs; i++) {
-    if (!op->args || !op->args[i]) return fail(err, errlen, "'%s': operand %d is missing", info->name, i + 1);
-    if (!type_ok(&op->args[i]->type)) return fail(err, errlen, "'%s': operand %d has an invalid type", info->name, i + 1);
+    if (!op->args || !op->args[i]) return errf(err, errlen, "'%s': operand %d is missing", info->name, i + 1);
+    if (!type_ok(&op->args[i]->type)) return errf(err, errlen, "'%s': operand %d has an invalid type", info->name, i + 1);
   }
   IrType t;
   memset(&t, 0, sizeof t);

@@ -15,17 +15,6 @@
 
 #include "ir.h"
 
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 static bool in_table(const IrFunc *f, const IrValue *v) {
   return v && v->id >= 0 && v->id < f->nvalues && f->values[v->id] == v;
 }
@@ -33,29 +22,29 @@ static bool in_table(const IrFunc *f, const IrValue *v) {
 /* Steps 1-3: everything that must hold before names can be printed. */
 static bool check_pointers(const IrFunc *f, char *err, size_t n) {
   for (int i = 0; i < f->nvalues; i++) {
-    if (!f->values[i]) return fail(err, n, "value #%d is missing", i);
-    if (f->values[i]->id != i) return fail(err, n, "value #%d has id %d", i, f->values[i]->id);
+    if (!f->values[i]) return errf(err, n, "value #%d is missing", i);
+    if (f->values[i]->id != i) return errf(err, n, "value #%d has id %d", i, f->values[i]->id);
   }
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
-    if (!in_table(f, a)) return fail(err, n, "argument %d is not a value of the function", i + 1);
-    if (a->def) return fail(err, n, "argument %d has a defining op", i + 1);
+    if (!in_table(f, a)) return errf(err, n, "argument %d is not a value of the function", i + 1);
+    if (a->def) return errf(err, n, "argument %d has a defining op", i + 1);
   }
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
-    if (!op) return fail(err, n, "op #%d is missing", i);
-    if ((unsigned)op->opcode >= (unsigned)IR_OP_COUNT) return fail(err, n, "op #%d has invalid opcode %d", i, op->opcode);
+    if (!op) return errf(err, n, "op #%d is missing", i);
+    if ((unsigned)op->opcode >= (unsigned)IR_OP_COUNT) return errf(err, n, "op #%d has invalid opcode %d", i, op->opcode);
     const char *name = ir_op_info[op->opcode].name;
-    if (op->nargs < 0 || (op->nargs > 0 && !op->args)) return fail(err, n, "op #%d ('%s') has no operand array", i, name);
+    if (op->nargs < 0 || (op->nargs > 0 && !op->args)) return errf(err, n, "op #%d ('%s') has no operand array", i, name);
     if (op->nattrs < 0 || (op->nattrs > 0 && !op->attrs))
-      return fail(err, n, "op #%d ('%s') has no attribute array", i, name);
+      return errf(err, n, "op #%d ('%s') has no attribute array", i, name);
     for (int j = 0; j < op->nargs; j++)
       if (!in_table(f, op->args[j]))
-        return fail(err, n, "op #%d ('%s'): operand %d is not a value of the function", i, name, j + 1);
+        return errf(err, n, "op #%d ('%s'): operand %d is not a value of the function", i, name, j + 1);
     if (op->result && !in_table(f, op->result))
-      return fail(err, n, "op #%d ('%s'): result is not a value of the function", i, name);
+      return errf(err, n, "op #%d ('%s'): result is not a value of the function", i, name);
     for (int j = 0; j < op->nattrs; j++)
-      if (!op->attrs[j].key) return fail(err, n, "op #%d ('%s'): attribute %d has no key", i, name, j + 1);
+      if (!op->attrs[j].key) return errf(err, n, "op #%d ('%s'): attribute %d has no key", i, name, j + 1);
   }
   return true;
 }
@@ -102,7 +91,7 @@ static bool check_ops(const IrFunc *f, const IrNames *names, bool *defined, char
   }
 #undef BAD
 done:
-  if (!ok) fail(err, n, "%s", sb_str(&sb));
+  if (!ok) errf(err, n, "%s", sb_str(&sb));
   sb_free(&sb);
   return ok;
 }

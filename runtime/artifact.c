@@ -14,17 +14,6 @@
 #include "../codegen/codegen.h"
 #include "artifact.h"
 
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
   if (!p) abort();
@@ -124,7 +113,7 @@ bool art_write_file_atomic(const char *path, const void *data, size_t len, char 
   if (fd < 0) {
     int e = errno;
     free(tmp);
-    return fail(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
+    return errf(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
   }
   bool ok = write_all(fd, data, len);
   int e = errno;
@@ -146,7 +135,7 @@ bool art_write_file_atomic(const char *path, const void *data, size_t len, char 
   if (ok) sync_dir(path);
   if (!ok) {
     unlink(tmp);
-    fail(err, errlen, "%s: cannot write: %s", path, strerror(e));
+    errf(err, errlen, "%s: cannot write: %s", path, strerror(e));
   }
   free(tmp);
   return ok;
@@ -183,25 +172,25 @@ bool art_read(const char *path, ArtFile *out, char *err, size_t errlen) {
   const char *why;
   size_t len;
   unsigned char *p = (unsigned char *)read_file(path, &len, &why);
-  if (!p) return fail(err, errlen, "%s: %s", path, why);
+  if (!p) return errf(err, errlen, "%s: %s", path, why);
   bool ok = false;
   if (len < 8 || memcmp(p, ART_MAGIC, 8) != 0) {
-    fail(err, errlen, "%s: not a gradc artifact (bad magic)", path);
+    errf(err, errlen, "%s: not a gradc artifact (bad magic)", path);
     goto done;
   }
   if (len < 8 + 4 + 4 + 8) {
-    fail(err, errlen, "%s: artifact is corrupt (truncated)", path);
+    errf(err, errlen, "%s: artifact is corrupt (truncated)", path);
     goto done;
   }
   uint32_t format = (uint32_t)get_le(p + 8, 4);
   if (format != ART_FORMAT_VERSION) {
-    fail(err, errlen, "%s: artifact format version %u is not supported (this gradc reads version %u)", path, format,
+    errf(err, errlen, "%s: artifact format version %u is not supported (this gradc reads version %u)", path, format,
          ART_FORMAT_VERSION);
     goto done;
   }
   size_t body = len - 8;
   if (get_le(p + body, 8) != hash_bytes(p, body, HASH_SEED)) {
-    fail(err, errlen, "%s: artifact is corrupt (checksum mismatch)", path);
+    errf(err, errlen, "%s: artifact is corrupt (checksum mismatch)", path);
     goto done;
   }
   out->format = format;
@@ -231,7 +220,7 @@ bool art_read(const char *path, ArtFile *out, char *err, size_t errlen) {
   goto done;
 corrupt:
   /* The checksum matched, so the writer itself was wrong. */
-  fail(err, errlen, "%s: artifact is corrupt (bad section table)", path);
+  errf(err, errlen, "%s: artifact is corrupt (bad section table)", path);
   art_free(out);
 done:
   free(p);

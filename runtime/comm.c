@@ -16,17 +16,6 @@
 #include "comm.h"
 #include "trace.h"
 
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 static void *xcalloc(size_t n, size_t size) {
   void *p = calloc(n ? n : 1, size);
   if (!p) abort();
@@ -162,17 +151,17 @@ static bool open_group(Comm *c, CommGroup *g, const char *name, int color, int k
 
 Comm *comm_open(int tp, int dp, char *err, size_t n) {
   if (tp < 1 || dp < 1) {
-    fail(err, n, "tp and dp must be at least 1 (got tp %d, dp %d)", tp, dp);
+    errf(err, n, "tp and dp must be at least 1 (got tp %d, dp %d)", tp, dp);
     return NULL;
   }
   int want = tp * dp;
   const CommBackend *be = want == 1 ? &comm_single_backend : registered;
   if (!be) {
 #ifdef GRADC_HAVE_MPI
-    fail(err, n, "%s needs %d ranks, but this program did not enable MPI (gradc_mpi_enable)",
+    errf(err, n, "%s needs %d ranks, but this program did not enable MPI (gradc_mpi_enable)",
          tp > 1 ? "--tp" : "--dp", want);
 #else
-    fail(err, n, "%s %d needs several processes, but this build has no MPI (configure with -DGRADC_MPI=ON and "
+    errf(err, n, "%s %d needs several processes, but this build has no MPI (configure with -DGRADC_MPI=ON and "
          "libopenmpi-dev installed)", tp > 1 ? "--tp" : "--dp", tp > 1 ? tp : dp);
 #endif
     return NULL;
@@ -190,9 +179,9 @@ Comm *comm_open(int tp, int dp, char *err, size_t n) {
   world_size = c->size;
   if (c->size != want) {
     if (tp == 1)
-      fail(err, n, "--dp %d needs %d ranks (launch it with mpirun -np %d); this run has %d", dp, dp, dp, c->size);
+      errf(err, n, "--dp %d needs %d ranks (launch it with mpirun -np %d); this run has %d", dp, dp, dp, c->size);
     else
-      fail(err, n, "--tp %d x --dp %d needs %d ranks (launch it with mpirun -np %d); this run has %d", tp, dp, want,
+      errf(err, n, "--tp %d x --dp %d needs %d ranks (launch it with mpirun -np %d); this run has %d", tp, dp, want,
            want, c->size);
     free(c);
     return NULL;
@@ -239,11 +228,11 @@ static uint64_t mix(uint64_t h, uint64_t v) { return hash_bytes(&v, sizeof v, h)
 
 bool comm_start(CommGroup *g, const CommArgs *a, CommReq **out, char *err, size_t n) {
   *out = NULL;
-  if (a->count < 0) return fail(err, n, "%s over '%s': negative count %lld", kind_name(a->kind), g->name, (long long)a->count);
+  if (a->count < 0) return errf(err, n, "%s over '%s': negative count %lld", kind_name(a->kind), g->name, (long long)a->count);
   if (a->kind == COMM_BROADCAST && (a->root < 0 || a->root >= g->size))
-    return fail(err, n, "broadcast over '%s': root %d is not a rank of the group (size %d)", g->name, a->root, g->size);
+    return errf(err, n, "broadcast over '%s': root %d is not a rank of the group (size %d)", g->name, a->root, g->size);
   if (a->kind != COMM_BARRIER && a->count > 0 && (!a->recv || (a->kind != COMM_BROADCAST && !a->send)))
-    return fail(err, n, "%s over '%s': no buffer", kind_name(a->kind), g->name);
+    return errf(err, n, "%s over '%s': no buffer", kind_name(a->kind), g->name);
   if (!a->ctl) {
     uint64_t h = g->hash;
     h = mix(h, (uint64_t)a->kind);
@@ -379,7 +368,7 @@ bool comm_wait(CommReq *r, char *err, size_t n) {
     }
     if (spin < 1000) continue;
     if (now - t_enter > r->g->comm->timeout_s * 1e6) {
-      ok = fail(err, n,
+      ok = errf(err, n,
                 "%s over the %s group (%s[%lld], tag %016llx) did not complete in %.0f s: a rank failed or issued "
                 "different collectives (GRADC_COMM_TIMEOUT sets the limit)",
                 kind_name(r->a.kind), r->g->name, comm_dtype_name(r->a.dt), (long long)r->a.count,
@@ -573,7 +562,7 @@ bool comm_check(CommGroup *g, const char *what, char *err, size_t n) {
   bool ok = gather_pairs(g, issued, hash, all, err, n);
   for (int i = 1; ok && i < g->size; i++) {
     if (all[2 * i] == all[0] && all[2 * i + 1] == all[1]) continue;
-    ok = fail(err, n,
+    ok = errf(err, n,
               "ranks issued different collectives in %s: rank %d of the %s group issued %llu (order hash %016llx), "
               "rank 0 %llu (order hash %016llx); every rank must issue the same collectives in the same order",
               what, i, g->name, (unsigned long long)all[2 * i], (unsigned long long)all[2 * i + 1],

@@ -193,22 +193,11 @@ IrType step_arg_type(const IrValue *a) {
   return t;
 }
 
-static bool failf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool failf(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 /* The thread's tp group, which must have `ranks` ranks. */
 static CommGroup *tp_group(int64_t ranks, const char *what, char *err, size_t n) {
   CommGroup *g = current && current->comm ? &current->comm->tp_group : NULL;
   if (!g || g->size != ranks) {
-    failf(err, n, "%s is sharded over %lld tensor-parallel ranks, and this run has %d (compile and run with --tp %lld "
+    errf(err, n, "%s is sharded over %lld tensor-parallel ranks, and this run has %d (compile and run with --tp %lld "
           "under mpirun)", what, (long long)ranks, g ? g->size : 1, (long long)ranks);
     return NULL;
   }
@@ -319,12 +308,12 @@ CommGroup *step_coll_group(const IrOp *op, char *err, size_t errlen) {
   Comm *c = current ? current->comm : NULL;
   CommGroup *g = !c ? NULL : strcmp(name, "tp") == 0 ? &c->tp_group : strcmp(name, "dp") == 0 ? &c->dp_group : NULL;
   if (!g) {
-    failf(err, errlen, "collectives need a distributed runtime: '%s' is over %lld ranks of group \"%s\" (compile and "
+    errf(err, errlen, "collectives need a distributed runtime: '%s' is over %lld ranks of group \"%s\" (compile and "
           "run with --tp/--dp under mpirun)", ir_op_info[op->opcode].name, (long long)ranks, name);
     return NULL;
   }
   if (g->size != ranks) {
-    failf(err, errlen, "'%s' is over %lld ranks of group \"%s\", and the run's %s group has %d",
+    errf(err, errlen, "'%s' is over %lld ranks of group \"%s\", and the run's %s group has %d",
           ir_op_info[op->opcode].name, (long long)ranks, name, g->name, g->size);
     return NULL;
   }
@@ -378,7 +367,7 @@ bool step_coll_start(StepColl *c, const IrOp *op, bool f64, const void *send, vo
     }
     return comm_reduce_scatter_start(g, src, recv, ir_numel(out), dt, COMM_SUM, tag, &c->req, err, errlen);
   }
-  return failf(err, errlen, "'%s' is not the start of a collective", ir_op_info[op->opcode].name);
+  return errf(err, errlen, "'%s' is not the start of a collective", ir_op_info[op->opcode].name);
 }
 
 bool step_coll_test(StepColl *c, bool *done, char *err, size_t errlen) {

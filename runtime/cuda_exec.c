@@ -178,7 +178,7 @@ static CudaProgram *program_alloc(IrFunc *f, const CudaOptions *o, char *err, si
   bool planned = f->arena_size > 0;
   for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
   if (!planned && (f->nargs > 0 || f->nops > 0)) {
-    rt_fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
+    errf(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
     return NULL;
   }
   CudaProgram *p = rt_xcalloc(1, sizeof *p);
@@ -358,7 +358,7 @@ static bool bind_code(CudaProgram *p, char *err, size_t errlen) {
     Launch *l = &p->code[i];
     if (l->kind == L_GEMM) {
       if (l->idx >= p->ngemms || cuda_gemm_op(p->gemms, l->idx) != l->op)
-        return rt_fail(err, errlen, "the GEMM plan does not match the program");
+        return errf(err, errlen, "the GEMM plan does not match the program");
       continue;
     }
     if (l->kind != L_KERNEL) continue;
@@ -626,7 +626,7 @@ bool cuda_program_save(const CudaProgram *p, ArtFile *a, char *err, size_t errle
   cJSON_AddStringToObject(o, "source_hash", hash);
   char *s = cJSON_PrintUnformatted(o);
   cJSON_Delete(o);
-  if (!s) return rt_fail(err, errlen, "cannot describe the CUDA images");
+  if (!s) return errf(err, errlen, "cannot describe the CUDA images");
   art_add(a, "CUDA", NULL, s, strlen(s));
   cJSON_free(s);
   for (int c = 0; c < m->nchunks; c++) {
@@ -641,7 +641,7 @@ bool cuda_program_save(const CudaProgram *p, ArtFile *a, char *err, size_t errle
 CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o, char *err, size_t errlen) {
   const ArtSection *meta = art_find(a, "CUDA", NULL);
   if (!meta) {
-    rt_fail(err, errlen, "artifact has no CUDA kernels (a CUDA section is missing)");
+    errf(err, errlen, "artifact has no CUDA kernels (a CUDA section is missing)");
     return NULL;
   }
   CudaProgram *p = program_alloc(f, o, err, errlen);
@@ -652,16 +652,16 @@ CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o
   char want[32];
   snprintf(want, sizeof want, "%016llx", (unsigned long long)cg_cuda_source_hash(p->m));
   bool ok = cJSON_IsString(arch) && cJSON_IsNumber(chunks) && cJSON_IsString(hash);
-  if (!ok) rt_fail(err, errlen, "artifact is corrupt (bad CUDA section)");
+  if (!ok) errf(err, errlen, "artifact is corrupt (bad CUDA section)");
   if (ok && (strcmp(hash->valuestring, want) != 0 || chunks->valueint != p->m->nchunks))
-    ok = rt_fail(err, errlen, "artifact's CUDA kernels were built from other sources (by another gradc?)");
+    ok = errf(err, errlen, "artifact's CUDA kernels were built from other sources (by another gradc?)");
   CuImage *img = rt_xcalloc((size_t)p->m->nchunks, sizeof(CuImage));
   for (int c = 0; ok && c < p->m->nchunks; c++) {
     char name[16];
     snprintf(name, sizeof name, "%d", c);
     const ArtSection *cb = art_find(a, "CUBN", name), *px = art_find(a, "PTX", name);
     if (!cb || !px) {
-      ok = rt_fail(err, errlen, "artifact is corrupt (compiled kernels %d are missing)", c);
+      ok = errf(err, errlen, "artifact is corrupt (compiled kernels %d are missing)", c);
       break;
     }
     img[c] = (CuImage){(char *)cb->data, cb->len, (char *)px->data, px->len, false};

@@ -838,7 +838,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   bool planned = f->arena_size > 0;
   for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
   if (!planned && (f->nargs > 0 || f->nops > 0)) {
-    rt_fail(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
+    errf(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
 #ifdef GRADC_HAVE_LLVM
     if (cg) cg_module_free(cg);
 #endif
@@ -873,7 +873,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     p->cg = cg_llvm_compile(f, &co, err, errlen);
     if (!p->cg) goto error;
 #else
-    rt_fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels (configure with -DGRADC_LLVM=ON)");
+    errf(err, errlen, "this build has no LLVM: the CPU target cannot run kernels (configure with -DGRADC_LLVM=ON)");
     goto error;
 #endif
   }
@@ -921,7 +921,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
 
   p->arena = arena_new(f->arena_size);
   if (!p->arena) {
-    rt_fail(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
+    errf(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
     goto error;
   }
   plan_zeroing(p);
@@ -1021,14 +1021,14 @@ bool cpu_program_save_objects(const CpuProgram *p, ArtFile *a, char *err, size_t
   const void *obj;
   size_t len;
   cg_module_object(p->cg, &obj, &len);
-  if (!obj || !len) return rt_fail(err, errlen, "the CPU program has no object code to save");
+  if (!obj || !len) return errf(err, errlen, "the CPU program has no object code to save");
   char name[2200];
   kobj_name(p->f, a, name, sizeof name);
   art_add(a, "KOBJ", name, obj, len);
   return true;
 #else
   (void)a;
-  return rt_fail(err, errlen, "this build has no LLVM: cannot save kernel objects");
+  return errf(err, errlen, "this build has no LLVM: cannot save kernel objects");
 #endif
 }
 
@@ -1036,18 +1036,18 @@ CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptio
 #ifdef GRADC_HAVE_LLVM
   const ArtSection *s = art_find(a, "KOBJ", NULL);
   if (!s) {
-    rt_fail(err, errlen, "no kernel object code (KOBJ section)");
+    errf(err, errlen, "no kernel object code (KOBJ section)");
     return NULL;
   }
   char want[2200];
   kobj_name(f, a, want, sizeof want);
   const char *semi = strchr(s->name, ';'), *host = strchr(want, ';') + 1;
   if (!semi || (size_t)(semi - s->name) != 16 || strncmp(s->name, want, 16) != 0) {
-    rt_fail(err, errlen, "kernel object code does not belong to this artifact's IR (recompile the model)");
+    errf(err, errlen, "kernel object code does not belong to this artifact's IR (recompile the model)");
     return NULL;
   }
   if (strcmp(semi + 1, host) != 0) {
-    rt_fail(err, errlen, "kernel object code was built for another host (%.400s); this host is %.400s (recompile the model)",
+    errf(err, errlen, "kernel object code was built for another host (%.400s); this host is %.400s (recompile the model)",
          semi + 1, host);
     return NULL;
   }
@@ -1056,7 +1056,7 @@ CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptio
   return program_new(f, o, cg, err, errlen);
 #else
   (void)f, (void)a, (void)o;
-  rt_fail(err, errlen, "this build has no LLVM: the CPU target cannot run kernels");
+  errf(err, errlen, "this build has no LLVM: the CPU target cannot run kernels");
   return NULL;
 #endif
 }
@@ -1183,7 +1183,7 @@ static bool bucket_wait(Bucket *b, char *err, size_t n) {
     CommReq *q = b->runs[k].req;
     b->runs[k].req = NULL;
     char e[1024];
-    if (q && !comm_wait(q, e, sizeof e) && ok) ok = rt_fail(err, n, "%s", e);
+    if (q && !comm_wait(q, e, sizeof e) && ok) ok = errf(err, n, "%s", e);
   }
   return ok;
 }

@@ -17,16 +17,6 @@
 
 #include "gemm_plan.h"
 
-bool rt_fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 void *rt_xcalloc(size_t n, size_t size) {
   void *p = calloc(n ? n : 1, size);
   if (!p) abort();
@@ -35,8 +25,8 @@ void *rt_xcalloc(size_t n, size_t size) {
 
 bool rt_op_fail(char *err, size_t n, const IrOp *op, const char *what) {
   const char *name = ir_op_info[op->opcode].name;
-  if (op->loc.file) return rt_fail(err, n, "%s:%d:%d: '%s' %s", op->loc.file, op->loc.line, op->loc.col, name, what);
-  return rt_fail(err, n, "'%s' %s", name, what);
+  if (op->loc.file) return errf(err, n, "%s:%d:%d: '%s' %s", op->loc.file, op->loc.line, op->loc.col, name, what);
+  return errf(err, n, "'%s' %s", name, what);
 }
 
 bool rt_is_flag_permute(const IrValue *v) {

@@ -59,8 +59,6 @@ bool rt_is_flag_permute(const IrValue *v);
 const IrValue *rt_storage_root(const IrValue *v);
 /* false, with "file:line:col: 'op' what" (or "'op' what") in err. */
 bool rt_op_fail(char *err, size_t n, const IrOp *op, const char *what);
-/* false, with the message in err (when err and n). */
-bool rt_fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
 /* calloc that aborts when out of memory (n = 0 allocates one element). */
 void *rt_xcalloc(size_t n, size_t size);
 

@@ -164,17 +164,6 @@ const StTensor *st_find(const StFile *f, const char *name) {
 /* Reading                                                             */
 /* ------------------------------------------------------------------ */
 
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 /* A JSON number that is a non-negative integer exactly representable. */
 static bool json_uint(const cJSON *j, int64_t *out) {
   if (!cJSON_IsNumber(j)) return false;
@@ -195,33 +184,33 @@ typedef struct Entry {
 
 static bool parse_entry(const cJSON *j, Entry *e, const char *path, char *err, size_t errlen) {
   const char *name = e->name;
-  if (!cJSON_IsObject(j)) return fail(err, errlen, "%s: tensor '%s': entry is not a JSON object", path, name);
+  if (!cJSON_IsObject(j)) return errf(err, errlen, "%s: tensor '%s': entry is not a JSON object", path, name);
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
   const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
   const cJSON *offs = cJSON_GetObjectItemCaseSensitive(j, "data_offsets");
   if (!cJSON_IsString(dt) || !dt->valuestring)
-    return fail(err, errlen, "%s: tensor '%s': missing or non-string \"dtype\"", path, name);
+    return errf(err, errlen, "%s: tensor '%s': missing or non-string \"dtype\"", path, name);
   if (!dtype_parse(dt->valuestring, &e->dtype))
-    return fail(err, errlen, "%s: tensor '%s': unsupported dtype '%.40s' (expected F32, F64, BF16, F16, I32 or I64)",
+    return errf(err, errlen, "%s: tensor '%s': unsupported dtype '%.40s' (expected F32, F64, BF16, F16, I32 or I64)",
                 path, name, dt->valuestring);
-  if (!cJSON_IsArray(shape)) return fail(err, errlen, "%s: tensor '%s': missing or non-array \"shape\"", path, name);
+  if (!cJSON_IsArray(shape)) return errf(err, errlen, "%s: tensor '%s': missing or non-array \"shape\"", path, name);
   int rank = cJSON_GetArraySize(shape);
   if (rank > IR_MAX_RANK)
-    return fail(err, errlen, "%s: tensor '%s': rank %d exceeds the maximum of %d", path, name, rank, IR_MAX_RANK);
+    return errf(err, errlen, "%s: tensor '%s': rank %d exceeds the maximum of %d", path, name, rank, IR_MAX_RANK);
   e->rank = rank;
   int k = 0;
   const cJSON *d;
   cJSON_ArrayForEach(d, shape) {
     if (!json_uint(d, &e->shape[k]))
-      return fail(err, errlen, "%s: tensor '%s': shape entries must be non-negative integers", path, name);
+      return errf(err, errlen, "%s: tensor '%s': shape entries must be non-negative integers", path, name);
     k++;
   }
   if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
-    return fail(err, errlen, "%s: tensor '%s': \"data_offsets\" must be an array [begin, end]", path, name);
+    return errf(err, errlen, "%s: tensor '%s': \"data_offsets\" must be an array [begin, end]", path, name);
   int64_t b, en;
   if (!json_uint(cJSON_GetArrayItem(offs, 0), &b) || !json_uint(cJSON_GetArrayItem(offs, 1), &en))
-    return fail(err, errlen, "%s: tensor '%s': \"data_offsets\" must be non-negative integers", path, name);
-  if (b > en) return fail(err, errlen, "%s: tensor '%s': data_offsets begin %lld > end %lld", path, name,
+    return errf(err, errlen, "%s: tensor '%s': \"data_offsets\" must be non-negative integers", path, name);
+  if (b > en) return errf(err, errlen, "%s: tensor '%s': data_offsets begin %lld > end %lld", path, name,
                           (long long)b, (long long)en);
   e->begin = (uint64_t)b;
   e->end = (uint64_t)en;
@@ -237,9 +226,9 @@ static bool parse_entry(const cJSON *j, Entry *e, const char *path, char *err, s
   }
   if (zero) bytes = 0;
   if (big && !zero)
-    return fail(err, errlen, "%s: tensor '%s': shape is too large for its data_offsets", path, name);
+    return errf(err, errlen, "%s: tensor '%s': shape is too large for its data_offsets", path, name);
   if (en - b != (int64_t)bytes)
-    return fail(err, errlen, "%s: tensor '%s': data_offsets cover %lld bytes, but %s%s needs %llu", path, name,
+    return errf(err, errlen, "%s: tensor '%s': data_offsets cover %lld bytes, but %s%s needs %llu", path, name,
                 (long long)(en - b), dt->valuestring, rank ? " of that shape" : " scalar", (unsigned long long)bytes);
   return true;
 }
@@ -260,29 +249,29 @@ static uint64_t get_le64(const unsigned char *p) {
 /* The header and the tensors, given the whole file in memory. */
 static bool parse_file(const char *path, const unsigned char *buf, size_t size, StFile *out, char *err,
                        size_t errlen) {
-  if (size < 8) return fail(err, errlen, "%s: file too short for a safetensors header (%zu bytes)", path, size);
+  if (size < 8) return errf(err, errlen, "%s: file too short for a safetensors header (%zu bytes)", path, size);
   uint64_t n = get_le64(buf);
-  if (n > MAX_HEADER) return fail(err, errlen, "%s: header length %llu is too large", path, (unsigned long long)n);
+  if (n > MAX_HEADER) return errf(err, errlen, "%s: header length %llu is too large", path, (unsigned long long)n);
   if (n > size - 8)
-    return fail(err, errlen, "%s: header length %llu goes beyond the end of the file (%zu bytes)", path,
+    return errf(err, errlen, "%s: header length %llu goes beyond the end of the file (%zu bytes)", path,
                 (unsigned long long)n, size);
-  if (n < 2) return fail(err, errlen, "%s: header is not a JSON object", path);
+  if (n < 2) return errf(err, errlen, "%s: header is not a JSON object", path);
   const char *hdr = (const char *)buf + 8;
-  if (memchr(hdr, 0, n)) return fail(err, errlen, "%s: header contains a NUL byte", path);
+  if (memchr(hdr, 0, n)) return errf(err, errlen, "%s: header contains a NUL byte", path);
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &end, 0);
   if (!root) {
     size_t at = end && end >= hdr ? (size_t)(end - hdr) : 0;
-    return fail(err, errlen, "%s: header is not valid JSON (near byte %zu of the header)", path, at);
+    return errf(err, errlen, "%s: header is not valid JSON (near byte %zu of the header)", path, at);
   }
   for (const char *p = end; p && p < hdr + n; p++)
     if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
       cJSON_Delete(root);
-      return fail(err, errlen, "%s: trailing characters after the JSON header", path);
+      return errf(err, errlen, "%s: trailing characters after the JSON header", path);
     }
   if (!cJSON_IsObject(root)) {
     cJSON_Delete(root);
-    return fail(err, errlen, "%s: header is not a JSON object", path);
+    return errf(err, errlen, "%s: header is not a JSON object", path);
   }
   const unsigned char *blob = buf + 8 + n;
   uint64_t blobsize = size - 8 - n;
@@ -300,24 +289,24 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
   cJSON_ArrayForEach(j, root) {
     const char *name = j->string ? j->string : "";
     if (strmap_get(&names, name) || (strcmp(name, "__metadata__") == 0 && seen_meta)) {
-      ok = fail(err, errlen, "%s: tensor '%s': duplicate name in the header", path, name);
+      ok = errf(err, errlen, "%s: tensor '%s': duplicate name in the header", path, name);
       break;
     }
     if (strcmp(name, "__metadata__") == 0) {
       seen_meta = true;
       if (!cJSON_IsObject(j)) {
-        ok = fail(err, errlen, "%s: \"__metadata__\" is not a JSON object", path);
+        ok = errf(err, errlen, "%s: \"__metadata__\" is not a JSON object", path);
         break;
       }
       const cJSON *m;
       cJSON_ArrayForEach(m, j) {
         if (!cJSON_IsString(m) || !m->valuestring) {
-          ok = fail(err, errlen, "%s: \"__metadata__\" value for '%s' is not a string", path,
+          ok = errf(err, errlen, "%s: \"__metadata__\" value for '%s' is not a string", path,
                     m->string ? m->string : "");
           break;
         }
         if (st_get_meta(&f, m->string ? m->string : "")) {
-          ok = fail(err, errlen, "%s: \"__metadata__\" has a duplicate key '%s'", path, m->string ? m->string : "");
+          ok = errf(err, errlen, "%s: \"__metadata__\" has a duplicate key '%s'", path, m->string ? m->string : "");
           break;
         }
         st_set_meta(&f, m->string ? m->string : "", m->valuestring);
@@ -334,7 +323,7 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
       break;
     }
     if (e->end > blobsize) {
-      ok = fail(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] go beyond the data (%llu bytes)", path, name,
+      ok = errf(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] go beyond the data (%llu bytes)", path, name,
                 (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)blobsize);
       break;
     }
@@ -348,15 +337,15 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
     const char *prev = NULL;
     for (int i = 0; i < ne && ok; i++) {
       if (sorted[i]->begin < at)
-        ok = fail(err, errlen, "%s: tensor '%s': data overlaps tensor '%s'", path, sorted[i]->name, prev);
+        ok = errf(err, errlen, "%s: tensor '%s': data overlaps tensor '%s'", path, sorted[i]->name, prev);
       else if (sorted[i]->begin > at)
-        ok = fail(err, errlen, "%s: tensor '%s': data is not contiguous (begins at byte %llu, expected %llu)", path,
+        ok = errf(err, errlen, "%s: tensor '%s': data is not contiguous (begins at byte %llu, expected %llu)", path,
                   sorted[i]->name, (unsigned long long)sorted[i]->begin, (unsigned long long)at);
       at = sorted[i]->end;
       prev = sorted[i]->name;
     }
     if (ok && at != blobsize)
-      ok = fail(err, errlen, "%s: %llu bytes of data after the last tensor", path,
+      ok = errf(err, errlen, "%s: %llu bytes of data after the last tensor", path,
                 (unsigned long long)(blobsize - at));
   }
   /* Copy the tensors, in header order. */
@@ -381,7 +370,7 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
 bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   st_init(out);
   FILE *fp = fopen(path, "rb");
-  if (!fp) return fail(err, errlen, "%s: %s", path, strerror(errno));
+  if (!fp) return errf(err, errlen, "%s: %s", path, strerror(errno));
   unsigned char *buf = NULL;
   size_t len = 0, cap = 0;
   errno = 0;
@@ -392,7 +381,7 @@ bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
       if (!p) {
         free(buf);
         fclose(fp);
-        return fail(err, errlen, "%s: out of memory reading the file", path);
+        return errf(err, errlen, "%s: out of memory reading the file", path);
       }
       buf = p;
     }
@@ -405,7 +394,7 @@ bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   fclose(fp);
   if (rerr) {
     free(buf);
-    return fail(err, errlen, "%s: %s", path, e ? strerror(e) : "read error");
+    return errf(err, errlen, "%s: %s", path, e ? strerror(e) : "read error");
   }
   bool ok = parse_file(path, buf, len, out, err, errlen);
   free(buf);
@@ -471,13 +460,13 @@ bool st_write(const char *path, const StFile *f, char *err, size_t errlen) {
   for (int i = 0; i < f->n; i++) {
     const StTensor *t = &f->t[i];
     if (strcmp(t->name, "__metadata__") == 0)
-      return fail(err, errlen, "%s: tensor '%s': reserved name", path, t->name);
-    if (t->rank < 0 || t->rank > IR_MAX_RANK) return fail(err, errlen, "%s: tensor '%s': bad rank", path, t->name);
+      return errf(err, errlen, "%s: tensor '%s': reserved name", path, t->name);
+    if (t->rank < 0 || t->rank > IR_MAX_RANK) return errf(err, errlen, "%s: tensor '%s': bad rank", path, t->name);
     if ((size_t)st_numel(t) * st_dtype_size(t->dtype) != t->nbytes)
-      return fail(err, errlen, "%s: tensor '%s': %zu bytes of data do not match its shape", path, t->name, t->nbytes);
+      return errf(err, errlen, "%s: tensor '%s': %zu bytes of data do not match its shape", path, t->name, t->nbytes);
     for (int k = 0; k < i; k++)
       if (strcmp(f->t[k].name, t->name) == 0)
-        return fail(err, errlen, "%s: tensor '%s': duplicate name", path, t->name);
+        return errf(err, errlen, "%s: tensor '%s': duplicate name", path, t->name);
   }
   StrBuf h;
   sb_init(&h);
@@ -518,7 +507,7 @@ bool st_write(const char *path, const StFile *f, char *err, size_t errlen) {
     int e = errno;
     sb_free(&h);
     free(tmp);
-    return fail(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
+    return errf(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
   }
   unsigned char len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
@@ -544,7 +533,7 @@ bool st_write(const char *path, const StFile *f, char *err, size_t errlen) {
   if (ok) sync_dir(path);
   if (!ok) {
     unlink(tmp);
-    fail(err, errlen, "%s: cannot write: %s", path, strerror(e));
+    errf(err, errlen, "%s: cannot write: %s", path, strerror(e));
   }
   sb_free(&h);
   free(tmp);

@@ -21,17 +21,6 @@
 #include "comm.h"
 #include "runtime.h"
 
-static bool fail(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-  if (err && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 static void *xcalloc(size_t n, size_t size) {
   void *p = calloc(n ? n : 1, size);
   if (!p) abort();
@@ -90,7 +79,7 @@ static bool check_range(const StTensor *t, const char *path, char *err, size_t e
   for (int64_t i = 0; i < n; i++) {
     int64_t v = (int64_t)load_le(p + 8 * i, 8);
     if (v < INT32_MIN || v > INT32_MAX)
-      return fail(err, errlen, "%s: tensor '%s': value %lld at element %lld is out of range for i32", path, t->name,
+      return errf(err, errlen, "%s: tensor '%s': value %lld at element %lld is out of range for i32", path, t->name,
                   (long long)v, (long long)i);
   }
   return true;
@@ -145,20 +134,20 @@ static bool bind_file(const IrFunc *f, int gas, IrArgRole role, const StFile *fi
   for (int i = 0; i < file->n; i++) {
     const IrValue *a = ir_func_find_arg(f, file->t[i].name);
     if (!a || a->role != role)
-      return fail(err, errlen, "%s: tensor '%s': not a%s %s of the model", path, file->t[i].name,
+      return errf(err, errlen, "%s: tensor '%s': not a%s %s of the model", path, file->t[i].name,
                   role == IR_ARG_INPUT ? "n" : "", what);
   }
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     if (a->role != role) continue;
     const StTensor *t = st_find(file, a->name);
-    if (!t) return fail(err, errlen, "%s: missing tensor '%s'", path, a->name);
+    if (!t) return errf(err, errlen, "%s: missing tensor '%s'", path, a->name);
     IrType want = window_type(a, gas);
     bool same = t->rank == want.shape.rank && dtype_accepted(want.dtype, t->dtype);
     for (int k = 0; same && k < t->rank; k++) same = t->shape[k] == want.shape.dim[k];
     if (!same) {
       char w[IR_TYPE_STR_MAX], g[IR_TYPE_STR_MAX];
-      return fail(err, errlen, "%s: tensor '%s': expected %s, got %s", path, a->name, ir_type_str(&want, w, sizeof w),
+      return errf(err, errlen, "%s: tensor '%s': expected %s, got %s", path, a->name, ir_type_str(&want, w, sizeof w),
                   st_type_str(t, g, sizeof g));
     }
     if (!check_range(t, path, err, errlen)) return false;
@@ -169,7 +158,7 @@ static bool bind_file(const IrFunc *f, int gas, IrArgRole role, const StFile *fi
 
 bool step_bind(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
                const char *inputs_path, const StTensor **bound, char *err, size_t errlen) {
-  if (gas < 1) return fail(err, errlen, "gradient accumulation steps must be >= 1 (got %d)", gas);
+  if (gas < 1) return errf(err, errlen, "gradient accumulation steps must be >= 1 (got %d)", gas);
   if (!bind_file(f, gas, IR_ARG_PARAM, params, params_path, bound, err, errlen) ||
       !bind_file(f, gas, IR_ARG_INPUT, inputs, inputs_path, bound, err, errlen))
     return false;
@@ -245,12 +234,12 @@ bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen
     if (op->opcode == IR_OP_GRAD) {
       const IrValue *p = ir_func_find_arg(f, output_name(op));
       if (!p || p->role != IR_ARG_PARAM)
-        ok = fail(err, errlen, "grad output names '%s', which is not a param", output_name(op));
+        ok = errf(err, errlen, "grad output names '%s', which is not a param", output_name(op));
       else if (ir_numel(&p->type.shape) != ir_numel(&op->args[0]->type.shape))
-        ok = fail(err, errlen, "grad output for '%s' does not have the param's size", p->name);
+        ok = errf(err, errlen, "grad output for '%s' does not have the param's size", p->name);
     }
     if (op->opcode == IR_OP_WINDOW_SUM && ir_numel(&op->result->type.shape) != ir_numel(&op->args[0]->type.shape))
-      ok = fail(err, errlen, "window.sum result and operand sizes differ");
+      ok = errf(err, errlen, "window.sum result and operand sizes differ");
   }
   if (!ok) {
     step_result_free(&r);

@@ -1,4 +1,5 @@
-/* diag.c - diagnostics in clang's format, with the source line and a caret. */
+/* diag.c - diagnostics in clang's format, with the source line and a caret;
+ * and errf, how library functions put an error into a caller's buffer. */
 #include <string.h>
 
 #include "support.h"
@@ -78,4 +79,14 @@ void diag_plain(Diag *d, DiagLevel lvl, const char *fmt, ...) {
   sb_putc(&sb, '\n');
   emit(d, sb_str(&sb));
   sb_free(&sb);
+}
+
+bool errf(char *err, size_t n, const char *fmt, ...) {
+  if (err && n) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+  }
+  return false;
 }

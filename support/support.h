@@ -96,6 +96,9 @@ void diag_vat(Diag *d, DiagLevel lvl, const SrcFile *src, int line, int col, con
 /* An error outside a model file: "gradc: error: message". */
 void diag_plain(Diag *d, DiagLevel lvl, const char *fmt, ...) GRADC_PRINTF(3, 4);
 bool diag_too_many(const Diag *d);
+/* How library functions report an error through (char *err, size_t n):
+ * the message into err (when err and n), and false to return. */
+bool errf(char *err, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
 
 /* ------------------------------------------------------------------ */
 /* hash.c: FNV-1a 64 and a string -> pointer hash map.                 */
