@@ -440,7 +440,7 @@ static bool read_options(const StFile *f, gradc_optimizer_options *o) {
   const char *kind = st_get_meta(f, "optimizer");
   gradc_optimizer_kind k = strcmp(kind, "sgd") == 0 ? GRADC_SGD : GRADC_ADAMW;
   gradc_optimizer_options_init(o, k);
-  uint64_t nesterov, warmup, total;
+  uint64_t nesterov = 0, warmup = 0, total = 0; /* read below even when parsing stopped early */
   bool ok = parse_f64(st_get_meta(f, "optimizer.lr"), &o->lr) &&
             parse_f64(st_get_meta(f, "optimizer.momentum"), &o->momentum) &&
             parse_f64(st_get_meta(f, "optimizer.dampening"), &o->dampening) &&
