@@ -140,24 +140,33 @@ static void test_exec_window_session_sees_every_param_change(void **state) {
   rmdir(dir);
 }
 
-/* The executor: a params generation held with other tensors is copied. */
-static void test_exec_window_same_generation_other_tensors(void **state) {
-  (void)state;
-  make_x();
+/* lin.gdl for K micro-batches through the CPU pipeline, as the executor's
+ * program on one thread; the model in *m (free both). */
+static CpuProgram *cpu_program(int gas, FeModel **m) {
   Diag d;
-  FeModel *m = tu_compile("lin.gdl", lin_src, 1, &d);
-  assert_non_null(m);
+  *m = tu_compile("lin.gdl", lin_src, gas, &d);
+  assert_non_null(*m);
   int n;
   const char *const *names = pass_pipeline_cpu(&n);
   PassManager pm;
   pm_init(&pm);
-  PassOptions po = {.gas = 1, .diag = &d};
-  assert_int_equal(pm_run(&pm, m->func, names, n, &po), 0);
+  PassOptions po = {.gas = gas, .diag = &d};
+  assert_int_equal(pm_run(&pm, (*m)->func, names, n, &po), 0);
   diag_free(&d);
   char err[1024];
   CpuOptions o = {.threads = 1};
-  CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
+  CpuProgram *p = cpu_program_new((*m)->func, &o, err, sizeof err);
   if (!p) fail_msg("%s", err);
+  return p;
+}
+
+/* The executor: a params generation held with other tensors is copied. */
+static void test_exec_window_same_generation_other_tensors(void **state) {
+  (void)state;
+  make_x();
+  FeModel *m;
+  CpuProgram *p = cpu_program(1, &m);
+  char err[1024];
   float w1[D * J] = {1, 2, 3, 4, 5, 6}, w2[D * J] = {6, 5, 4, 3, 2, 1};
   int64_t wshape[2] = {D, J}, xshape[2] = {B, D};
   StFile a, b, in;
@@ -191,20 +200,9 @@ static void test_exec_window_same_generation_other_tensors(void **state) {
  * (poisoned) gradients; the window after it reads them out again. */
 static void test_exec_window_recycled_result_is_refilled(void **state) {
   (void)state;
-  Diag d;
-  FeModel *m = tu_compile("lin.gdl", lin_src, 4, &d); /* K = 4: micro-batches of 2 */
-  assert_non_null(m);
-  int n;
-  const char *const *names = pass_pipeline_cpu(&n);
-  PassManager pm;
-  pm_init(&pm);
-  PassOptions po = {.gas = 4, .diag = &d};
-  assert_int_equal(pm_run(&pm, m->func, names, n, &po), 0);
-  diag_free(&d);
+  FeModel *m;
+  CpuProgram *p = cpu_program(4, &m); /* K = 4: micro-batches of 2 */
   char err[1024];
-  CpuOptions o = {.threads = 1};
-  CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
-  if (!p) fail_msg("%s", err);
   float w[D * J] = {1, -2, 3, 0.5f, 5, 6};
   int64_t wshape[2] = {D, J}, xshape[2] = {B, D};
   StFile a;
