@@ -122,13 +122,16 @@ static const char *kernel_key(Arena *a, const KInfo *ki) {
   char tb[IR_TYPE_STR_MAX];
   for (int i = 0; i < ki->nbufs; i++) {
     const IrValue *v = ki->bufs[i];
-    int cls = i;
+    int cls = i, same = -1;
     int64_t lo = v->offset, hi = lo + ir_numel(&v->type.shape) * 8;
     for (int j = 0; j < i; j++) {
-      int64_t lo2 = ki->bufs[j]->offset, hi2 = lo2 + ir_numel(&ki->bufs[j]->type.shape) * 8;
+      const IrValue *w = ki->bufs[j];
+      int64_t lo2 = w->offset, hi2 = lo2 + ir_numel(&w->type.shape) * 8;
       if (lo < hi2 && lo2 < hi) cls = j < cls ? j : cls; /* conservative: 8 bytes an element */
+      if (same < 0 && lo == lo2 && v->storage == w->storage && ir_numel(&v->type.shape) == ir_numel(&w->type.shape))
+        same = j; /* an output written over an operand (memplan): one address */
     }
-    sb_printf(&sb, "b%d:%d:%d;", i, (int)v->storage, cls);
+    sb_printf(&sb, "b%d:%d:%d:%d;", i, (int)v->storage, cls, same);
   }
   for (int q = 0; q < ki->n; q++) {
     const IrOp *op = ki->ops[q];

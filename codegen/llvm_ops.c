@@ -523,6 +523,11 @@ GenBuf gen_buf(Gen *g, const IrValue *v) {
   int idx = -1;
   for (int i = 0; g->offs && i < g->nscopes; i++)
     if (g->scopes[i].v == v) idx = i;
+  for (int i = 0; i < idx; i++) /* written over (memplan): the same address, as the kernel key says */
+    if (g->scopes[i].lo == g->scopes[idx].lo && g->scopes[i].hi == g->scopes[idx].hi) {
+      idx = i;
+      break;
+    }
   if (idx >= 0) { /* a shared body: the offset comes from the caller's table */
     LLVMValueRef at = gen_i64(g, idx);
     off = LLVMBuildLoad2(g->b, g->t_i64, LLVMBuildInBoundsGEP2(g->b, g->t_i64, g->offs, &at, 1, ""), "");

@@ -703,6 +703,17 @@ static void loop_step(Row *R, Plan *p, int k) {
   }
 }
 
+/* Whether input slot i shares its bytes with an output (memplan writes
+ * an elementwise kernel's output over an operand that dies in it): each
+ * loop then loads it first, before its element is overwritten. */
+static bool written_over(Row *R, int i) {
+  const RSlot *s = &R->s[i];
+  if (s->cs->defined || !s->elem || !s->mem || s->buf.scope < 0) return false;
+  for (int k = 0; k < R->ns; k++)
+    if (R->s[k].out && R->s[k].buf.scope == s->buf.scope) return true;
+  return false;
+}
+
 /* The causal exp loop's trip count is a multiple of this (one AVX-512
  * vector of f32), and the loop is not interleaved, so that it runs whole
  * vectors only, with no remainder. */
@@ -868,6 +879,8 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
     GenLoop cl;
     gen_loop_begin(g, &cl, zero, hi, "col");
     R.j = cl.iv;
+    for (int i = 0; i < R.ns; i++) /* before anything is written over them */
+      if (written_over(&R, i)) (void)elem_val(&R, i, k);
     for (int q = 0; q < n; q++) loop_step(&R, &R.plan[q], k);
     LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);

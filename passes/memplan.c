@@ -438,6 +438,59 @@ static int cmp_off(const void *pa, const void *pb) {
   return a->off < b->off ? -1 : a->off > b->off;
 }
 
+/* Ops a kernel may write over one of its operands in: one value per
+ * element, each read at the element it writes (the row kernel is a single
+ * loop over the row, codegen/llvm_row.c). */
+static bool in_place_op(const IrOp *op) {
+  return ir_op_info[op->opcode].kind == IR_KIND_ELEMENTWISE || op->opcode == IR_OP_BROADCAST ||
+         op->opcode == IR_OP_CAUSAL_MASK;
+}
+
+static int home_of(const int *home, int b) {
+  while (home[b] != b) b = home[b];
+  return b;
+}
+
+/* In-place outputs.  A kernel of in_place_op ops whose operand x dies in
+ * it (its buffer's last step is the kernel's) writes an output y of x's
+ * shape and dtype over x: y's buffer joins x's (home[y] = x's home, which
+ * then lives until y's last step).  Each element of y is written after the
+ * same element of x is read (the code generator loads such operands at the
+ * top of the loop body), so nothing is lost; what is saved is a fresh
+ * buffer's cache misses on write (a read of every line before it is
+ * overwritten) and its footprint.  Outputs chain: z may overwrite y in a
+ * later kernel, all three in one buffer. */
+static void write_in_place(const IrFunc *f, const int *step, const int *root, const int *bufof, Buf *bufs,
+                           int *home) {
+  for (int i = 0, j; i < f->nops; i = j) {
+    int g = f->ops[i]->group;
+    for (j = i + 1; g > 0 && j < f->nops && f->ops[j]->group == g; j++) {}
+    if (g <= 0) continue;
+    bool ok = true;
+    for (int q = i; q < j; q++) ok &= in_place_op(f->ops[q]);
+    if (!ok) continue;
+    for (int q = i; q < j; q++) {
+      const IrValue *y = f->ops[q]->result;
+      int by = bufof[y->id];
+      if (by < 0 || root[y->id] != y->id || home[by] != by) continue;
+      for (int r = i; r < j && home[by] == by; r++)
+        for (int a = 0; a < f->ops[r]->nargs; a++) {
+          const IrValue *x = f->ops[r]->args[a];
+          if (x->def && x->def->group == g) continue;
+          int bx = bufof[root[x->id]];
+          if (bx < 0) continue;
+          bx = home_of(home, bx);
+          if (bufs[bx].t1 != step[i] || bufs[bx].size != bufs[by].size || x->type.dtype != y->type.dtype ||
+              !ir_shape_eq(&x->type.shape, &y->type.shape))
+            continue;
+          home[by] = bx;
+          if (bufs[by].t1 > bufs[bx].t1) bufs[bx].t1 = bufs[by].t1;
+          break;
+        }
+    }
+  }
+}
+
 /* Place the buffers (greedy by size, first fit); returns the peak bytes. */
 static int64_t place(Buf **bufs, int n, Arena *scratch) {
   qsort(bufs, (size_t)n, sizeof *bufs, cmp_buf);
@@ -727,12 +780,17 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     for (int k = ustart[id]; b >= 0 && k < ustart[id + 1]; k++)
       if (step[use[k]] > bufs[b].t1) bufs[b].t1 = step[use[k]];
   }
+  int *home = ARENA_ARRAY(scratch, int, nb + 1);
+  for (int i = 0; i < nb; i++) home[i] = i;
+  if (!(o && o->no_inplace)) write_in_place(f, step, root, bufof, bufs, home);
   Buf **order = ARENA_ARRAY(scratch, Buf *, nb + 1);
-  for (int i = 0; i < nb; i++) order[i] = &bufs[i];
-  int64_t peak = place(order, nb, scratch);
+  int nh = 0;
+  for (int i = 0; i < nb; i++)
+    if (home[i] == i) order[nh++] = &bufs[i];
+  int64_t peak = place(order, nh, scratch);
   for (int i = 0; i < nb; i++) {
     bufs[i].v->storage = IR_STORE_ARENA;
-    bufs[i].v->offset = persist + bufs[i].off;
+    bufs[i].v->offset = persist + bufs[home[i]].off;
   }
 
   /* Aliases, in op order (an operand's storage is set before its views):

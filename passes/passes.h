@@ -23,6 +23,8 @@ typedef struct PassOptions {
   int64_t bucket_bytes;   /* dp-reduce bucket cap in bytes (0: the default) */
   bool zero1;             /* --zero1: the runtime reduce-scatters the gradients after the window (ZeRO-1),
                              so dp-reduce inserts no all-reduces */
+  bool no_inplace;        /* memplan: no kernel writes an output over a dying operand (the CUDA
+                             generator's kernels do not order their loads for it) */
 } PassOptions;
 
 typedef PassResult (*PassFn)(IrFunc *f, const PassOptions *o, Arena *scratch);

@@ -453,7 +453,8 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
                     .sequence_parallel = p->sequence_parallel,
                     .no_overlap = p->no_overlap,
                     .bucket_bytes = p->bucket_bytes,
-                    .zero1 = p->zero1};
+                    .zero1 = p->zero1,
+                    .no_inplace = uses_cuda_backend(p->target)};
   int rc = pm_run(&pm, p->func, names, n, &po);
   if (pmo) *pmo = pm; /* the caller reads the per-pass times */
   if (rc == 1) {

@@ -200,6 +200,9 @@ static int compile(const BenchArgs *a, const char *cache, Diag *d, Compiled *c, 
   PassManager pm;
   pm_init(&pm);
   PassOptions po = {.gas = a->gas, .diag = d, .src = &c->src};
+#ifdef GRADC_HAVE_CUDA
+  po.no_inplace = a->cuda != NULL;
+#endif
   int rc = pm_run(&pm, c->model->func, pipe, n, &po);
   if (rc) return rc;
 #ifdef GRADC_HAVE_CUDA

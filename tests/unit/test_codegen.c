@@ -347,16 +347,7 @@ static Stats check_kernels(IrFunc *f, Inputs *in) {
     }
     const CgKernel *k = cg_module_kernel(m, g);
     if (!k) fail_msg("no kernel for group %d", g);
-    /* inputs from the interpreter; outputs prefilled */
-    for (int q = i; q < j; q++) {
-      const IrOp *op = f->ops[q];
-      for (int a = 0; a < op->nargs; a++) {
-        const IrValue *v = op->args[a];
-        if (v->def && (v->def->group == g || (v->def->group == 0 && v->def->opcode == IR_OP_CONST))) continue;
-        int64_t n = ir_numel(&v->type.shape);
-        for (int64_t e = 0; e < n; e++) put(arena, v, e, is.val[v->id][e]);
-      }
-    }
+    /* outputs prefilled */
     bool *is_out = calloc((size_t)f->nvalues + 1, sizeof(bool));
     for (int q = 0; q < f->nops; q++) {
       if (q >= i && q < j) continue;
@@ -373,6 +364,17 @@ static Stats check_kernels(IrFunc *f, Inputs *in) {
         for (int64_t e = 0; e < n; e++) put(arena, v, e, grad_prefill(e));
       else
         memset(arena + v->offset, 0xff, (size_t)n * elem_size(v));
+    }
+    /* inputs from the interpreter, after the prefill: memplan may have
+     * put an output over an operand that dies in the kernel */
+    for (int q = i; q < j; q++) {
+      const IrOp *op = f->ops[q];
+      for (int a = 0; a < op->nargs; a++) {
+        const IrValue *v = op->args[a];
+        if (v->def && (v->def->group == g || (v->def->group == 0 && v->def->opcode == IR_OP_CONST))) continue;
+        int64_t n = ir_numel(&v->type.shape);
+        for (int64_t e = 0; e < n; e++) put(arena, v, e, is.val[v->id][e]);
+      }
     }
     if (trace) fprintf(stderr, "running %s over %lld\n", k->name, (long long)k->iters);
     int64_t half = k->iters / 2;

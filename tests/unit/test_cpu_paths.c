@@ -352,12 +352,67 @@ static void test_cpu_unslice_fallback(void **state) {
   }
 }
 
+/* ------------------------------------------------------------------ */
+/* Outputs written over dying operands                                 */
+/* ------------------------------------------------------------------ */
+
+/* In the kernel of %p, %q and %r, %m dies (%n lives on for a GEMM) and %p
+ * (stored: a later kernel sums it) is planned over it; %p is computed
+ * before %q reads %m, so the kernel must load %m before it stores %p, or
+ * %q would read %p for %m.  With no_inplace nothing is written over. */
+static const char write_over_text[] =
+    "func @over(%x: f32[64,32] input batch, %W: f32[32,48] input, %V: f32[32,48] input, %U: f32[48,16] input) {\n"
+    "  %m = matmul %x, %W : f32[64,48]\n"
+    "  %n = matmul %x, %V : f32[64,48]\n"
+    "  %p = mul %n, %n : f32[64,48]\n"
+    "  %q = add %m, %p : f32[64,48]\n"
+    "  %r = mul %q, %q : f32[64,48]\n"
+    "  %o = matmul %n, %U : f32[64,16]\n"
+    "  %s1 = sum %p {axes=[0,1], keepdim=false} : f32\n"
+    "  %s2 = sum %r {axes=[0,1], keepdim=false} : f32\n"
+    "  %s3 = sum %o {axes=[0,1], keepdim=false} : f32\n"
+    "  loss %s1 {name=\"p\"}\n"
+    "  loss %s2 {name=\"r\"}\n"
+    "  loss %s3 {name=\"o\"}\n"
+    "}\n";
+
+static const IrValue *named(const IrFunc *f, const char *name) {
+  for (int i = 0; i < f->nvalues; i++)
+    if (f->values[i]->name && strcmp(f->values[i]->name, name) == 0) return f->values[i];
+  fail_msg("no value %%%s", name);
+  return NULL;
+}
+
+static void test_cpu_write_over(void **state) {
+  (void)state;
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  for (int inplace = 0; inplace < 2; inplace++) {
+    IrFunc *f = read_ir(write_over_text);
+    Diag d;
+    diag_init(&d, NULL);
+    d.quiet = true;
+    PassManager pm;
+    pm_init(&pm);
+    pm.verify = true;
+    PassOptions po = {.gas = 2, .diag = &d, .no_inplace = !inplace};
+    if (pm_run(&pm, f, pipe, n, &po) != 0) fail_msg("passes failed: %s", sb_str(&d.log));
+    diag_free(&d);
+    const IrValue *m = named(f, "m"), *p = named(f, "p"), *q = named(f, "q");
+    assert_int_equal(p->def->group, q->def->group);
+    assert_int_equal(m->offset == p->offset, inplace);
+    for (int threads = 1; threads <= 2; threads++) run_both(f, 2, threads, 11, 1e-5, "write over");
+    ir_func_free(f);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_gemm_pieces),
       cmocka_unit_test(test_cpu_stacked_views),
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_unslice_fallback),
+      cmocka_unit_test(test_cpu_write_over),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,7 +69,7 @@ static void run_passes(IrFunc *f, const char *const *names, int n) {
   Diag d;
   diag_init(&d, NULL);
   d.quiet = true;
-  PassOptions o = {.gas = 1, .diag = &d};
+  PassOptions o = {.gas = 1, .diag = &d, .no_inplace = true};
   int rc = pm_run(&pm, f, names, n, &o);
   if (rc != 0) fail_msg("passes failed (%d): %s", rc, sb_str(&d.log));
   diag_free(&d);
@@ -117,7 +117,7 @@ static FeModel *load_model(const char *rel, const char *const *defs) {
   const char *const *pipe = pass_pipeline_cpu(&n);
   PassManager pm;
   pm_init(&pm);
-  PassOptions po = {.gas = 1, .diag = &d, .src = &src};
+  PassOptions po = {.gas = 1, .diag = &d, .src = &src, .no_inplace = true};
   if (pm_run(&pm, m->func, pipe, n, &po) != 0) fail_msg("%s: the CPU pipeline failed: %s", rel, sb_str(&d.log));
   diag_free(&d);
   return m;
