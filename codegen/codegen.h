@@ -174,7 +174,7 @@ CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, ch
 bool cg_module_from_cache(const CgModule *m);
 /* The generator's version: part of the object cache's keys and of an
  * artifact's host id.  Bump it when generated code or the bundle changes. */
-#define CG_VERSION "gradc-cg-7"
+#define CG_VERSION "gradc-cg-9"
 /* "triple;cpu;features;llvmN" of this host: what object code depends on. */
 void cg_llvm_host_id(char *buf, size_t n);
 

@@ -23,6 +23,7 @@
  * scratch).  Inputs are read from the arena with their broadcast strides;
  * outputs are written once per element (or once per row), accumulated
  * into gradient buffers. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,8 @@ typedef struct RSlot {
   int avail;        /* loop (computed in a loop) or section where it is available */
   bool in_loop;     /* computed inside a loop (else in a section, or an input) */
   bool mat;         /* read by a later loop or gathered: kept in memory */
+  bool defer;       /* an output over an operand (memplan), in a kernel of several loops:
+                       kept in scratch and stored once the row is done */
   LLVMValueRef scratch;
   int64_t stride[IR_MAX_RANK]; /* element strides over the space's axes */
   LLVMValueRef rowptr;         /* element 0 of this row */
@@ -185,11 +188,11 @@ static void define(Row *R, int i, LLVMValueRef v, int k) {
   RSlot *s = &R->s[i];
   s->reg = v;
   s->reg_loop = k;
-  if (s->out) {
+  if (s->out && !s->defer) {
     LLVMValueRef idx = k >= 0 ? col_index(R, s) : gen_i64(g, 0);
     gen_store(g, slot_ptr(R, s, s->rowptr, idx), v, s->cs->v->type.dtype, s->buf.grad, s->buf.scope);
   }
-  if (k >= 0 && s->mat && s->scratch) gen_store(g, mat_ptr(R, s), v, s->cs->v->type.dtype, false, -1);
+  if (k >= 0 && s->scratch) gen_store(g, mat_ptr(R, s), v, s->cs->v->type.dtype, false, -1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -703,14 +706,46 @@ static void loop_step(Row *R, Plan *p, int k) {
   }
 }
 
-/* Whether input slot i shares its bytes with an output (memplan writes
- * an elementwise kernel's output over an operand that dies in it): each
- * loop then loads it first, before its element is overwritten. */
+/* Outputs written over operands (memplan: an operand that dies in the
+ * kernel, laid over the space as the output is) share an alias scope
+ * with them.  Row r of the output depends on row r of the operand only,
+ * so it is enough that the row's operand elements are read before they
+ * are overwritten: every loop loads such an operand first, before its
+ * stores (written_over), and an output whose operand a later loop reads
+ * again (or a cross_entropy gathers) is kept in row scratch and stored
+ * after the row's last loop (defer). */
 static bool written_over(Row *R, int i) {
   const RSlot *s = &R->s[i];
   if (s->cs->defined || !s->elem || !s->mem || s->buf.scope < 0) return false;
   for (int k = 0; k < R->ns; k++)
     if (R->s[k].out && R->s[k].buf.scope == s->buf.scope) return true;
+  return false;
+}
+
+/* The last loop that reads input slot i (INT_MAX if a cross_entropy
+ * gathers it, which happens after its loops). */
+static int last_read(Row *R, int i) {
+  int last = -1, loops[3];
+  for (int q = 0; q < R->np; q++) {
+    const Plan *p = &R->plan[q];
+    for (int a = 0; a < 3; a++) {
+      if (p->x[a] != i) continue;
+      if (p->kind == P_CE) return INT_MAX;
+      int n = reads(p, a, loops);
+      for (int k = 0; k < n; k++) last = maxi(last, loops[k]);
+    }
+  }
+  return last;
+}
+
+/* Whether output slot o must wait for the end of the row: an operand it
+ * is written over is read by a loop after the one that computes it. */
+static bool must_defer(Row *R, const RSlot *o) {
+  if (!o->out || !o->elem || !o->in_loop || o->buf.grad || o->buf.scope < 0) return false;
+  for (int i = 0; i < R->ns; i++) {
+    const RSlot *s = &R->s[i];
+    if (s != o && !s->cs->defined && s->mem && s->buf.scope == o->buf.scope && last_read(R, i) > o->avail) return true;
+  }
   return false;
 }
 
@@ -836,8 +871,9 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
   }
   for (int i = 0; i < R.ns; i++) {
     RSlot *s = &R.s[i];
-    if (!s->mat) continue;
-    if (s->out && !s->buf.grad) continue; /* its output row serves */
+    s->defer = must_defer(&R, s);
+    if (!s->mat && !s->defer) continue;
+    if (s->out && !s->buf.grad && !s->defer) continue; /* its output row serves */
     s->scratch = gen_alloca(g, gen_mem_type(g, s->cs->v->type.dtype), l->cols > 0 ? l->cols : 1);
   }
 
@@ -893,6 +929,17 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const CgRowLayout *l) {
       LLVMBuildStore(g->b, tail, LLVMBuildInBoundsGEP2(g->b, ft, cs->erow, &tl.iv, 1, ""));
       gen_loop_end(g, &tl);
     }
+  }
+  for (int i = 0; i < R.ns; i++) { /* deferred outputs, now that the row's operands are read */
+    RSlot *s = &R.s[i];
+    if (!s->defer) continue;
+    GenLoop cl;
+    gen_loop_begin(g, &cl, zero, gen_i64(g, l->cols), "store");
+    R.j = cl.iv;
+    IrDType dt = s->cs->v->type.dtype;
+    LLVMValueRef v = gen_load(g, mat_ptr(&R, s), dt, -1);
+    gen_store(g, slot_ptr(&R, s, s->rowptr, col_index(&R, s)), v, dt, false, s->buf.scope);
+    gen_loop_end(g, &cl);
   }
   gen_loop_end(g, &rows);
   LLVMBuildRetVoid(g->b);

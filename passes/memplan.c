@@ -438,37 +438,51 @@ static int cmp_off(const void *pa, const void *pb) {
   return a->off < b->off ? -1 : a->off > b->off;
 }
 
-/* Ops a kernel may write over one of its operands in: one value per
- * element, each read at the element it writes (the row kernel is a single
- * loop over the row, codegen/llvm_row.c). */
-static bool in_place_op(const IrOp *op) {
-  return ir_op_info[op->opcode].kind == IR_KIND_ELEMENTWISE || op->opcode == IR_OP_BROADCAST ||
-         op->opcode == IR_OP_CAUSAL_MASK;
-}
-
 static int home_of(const int *home, int b) {
   while (home[b] != b) b = home[b];
   return b;
 }
 
-/* In-place outputs.  A kernel of in_place_op ops whose operand x dies in
- * it (its buffer's last step is the kernel's) writes an output y of x's
- * shape and dtype over x: y's buffer joins x's (home[y] = x's home, which
- * then lives until y's last step).  Each element of y is written after the
- * same element of x is read (the code generator loads such operands at the
- * top of the loop body), so nothing is lost; what is saved is a fresh
- * buffer's cache misses on write (a read of every line before it is
- * overwritten) and its footprint.  Outputs chain: z may overwrite y in a
- * later kernel, all three in one buffer. */
-static void write_in_place(const IrFunc *f, const int *step, const int *root, const int *bufof, Buf *bufs,
-                           int *home) {
+typedef struct Outside {
+  const IrFunc *f;
+  const int *ustart, *use;
+} Outside;
+
+static bool used_outside(const IrValue *v, void *ctx) {
+  const Outside *o = ctx;
+  for (int k = o->ustart[v->id]; k < o->ustart[v->id + 1]; k++)
+    if (o->f->ops[o->use[k]]->group != v->def->group) return true;
+  return false;
+}
+
+/* Whether slots a and b of a row kernel lie over its space alike: element
+ * e of one is element e of the other. */
+static bool laid_alike(const CgRowLayout *l, const CgSlot *a, const CgSlot *b) {
+  if (!a || !b || !a->mapped || !b->mapped || a->eoff != b->eoff) return false;
+  int64_t sa[IR_MAX_RANK], sb[IR_MAX_RANK];
+  cg_slot_strides(l, a, sa);
+  cg_slot_strides(l, b, sb);
+  return memcmp(sa, sb, sizeof(int64_t) * (size_t)l->space.rank) == 0;
+}
+
+/* In-place outputs.  A row kernel whose operand x dies in it (its
+ * buffer's last step is the kernel's) writes an output y of x's shape and
+ * dtype, laid over the kernel's space as x is, over x: y's buffer joins
+ * x's (home[y] = x's home, which then lives until y's last step).  Row r
+ * of y depends on row r of x only, and the code generator reads x's row
+ * before y's is stored (docs/BACKEND.md), so nothing is lost; what is
+ * saved is a fresh buffer's write misses (a read of every line before it
+ * is overwritten) and its footprint.  Outputs chain: z may overwrite y in
+ * a later kernel, all three in one buffer. */
+static void write_in_place(const IrFunc *f, const int *step, const int *root, const int *bufof, const int *ustart,
+                           const int *use, Buf *bufs, int *home, Arena *scratch) {
+  Outside out = {f, ustart, use};
   for (int i = 0, j; i < f->nops; i = j) {
     int g = f->ops[i]->group;
     for (j = i + 1; g > 0 && j < f->nops && f->ops[j]->group == g; j++) {}
-    if (g <= 0) continue;
-    bool ok = true;
-    for (int q = i; q < j; q++) ok &= in_place_op(f->ops[q]);
-    if (!ok) continue;
+    if (g <= 0 || (j - i == 1 && !cg_op_rowwise(f->ops[i]))) continue;
+    CgRowLayout l;
+    if (!cg_row_layout(f->ops + i, j - i, used_outside, &out, scratch, &l, NULL, 0)) continue;
     for (int q = i; q < j; q++) {
       const IrValue *y = f->ops[q]->result;
       int by = bufof[y->id];
@@ -481,7 +495,7 @@ static void write_in_place(const IrFunc *f, const int *step, const int *root, co
           if (bx < 0) continue;
           bx = home_of(home, bx);
           if (bufs[bx].t1 != step[i] || bufs[bx].size != bufs[by].size || x->type.dtype != y->type.dtype ||
-              !ir_shape_eq(&x->type.shape, &y->type.shape))
+              !ir_shape_eq(&x->type.shape, &y->type.shape) || !laid_alike(&l, cg_row_slot(&l, x), cg_row_slot(&l, y)))
             continue;
           home[by] = bx;
           if (bufs[by].t1 > bufs[bx].t1) bufs[bx].t1 = bufs[by].t1;
@@ -782,7 +796,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
   }
   int *home = ARENA_ARRAY(scratch, int, nb + 1);
   for (int i = 0; i < nb; i++) home[i] = i;
-  if (!(o && o->no_inplace)) write_in_place(f, step, root, bufof, bufs, home);
+  if (!(o && o->no_inplace)) write_in_place(f, step, root, bufof, ustart, use, bufs, home, scratch);
   Buf **order = ARENA_ARRAY(scratch, Buf *, nb + 1);
   int nh = 0;
   for (int i = 0; i < nb; i++)

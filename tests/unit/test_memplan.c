@@ -131,22 +131,20 @@ static const IrValue *param_named(const IrFunc *f, const char *name) {
 /* Whether y (first stored at step t0) is written over x (last read at
  * step t1) as memplan may do: the same bytes, y defined by a kernel at
  * x's last step that reads x (or a reshape of it) as an operand of y's
- * shape and dtype, every op of the kernel elementwise. */
+ * shape and dtype. */
 static bool written_over(const IrFunc *f, const IrValue *x, int t1, const IrValue *y, int t0) {
   if (t1 != t0 || x->offset != y->offset || !y->def || y->def->group <= 0) return false;
-  bool reads = false, ew = true;
+  bool reads = false;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
     if (op->group != y->def->group) continue;
-    ew &= ir_op_info[op->opcode].kind == IR_KIND_ELEMENTWISE || op->opcode == IR_OP_BROADCAST ||
-          op->opcode == IR_OP_CAUSAL_MASK;
     for (int a = 0; a < op->nargs; a++) {
       const IrValue *v = op->args[a];
       reads |= (v == x || (v->storage == IR_STORE_ALIAS && v->offset == x->offset)) &&
                v->type.dtype == y->type.dtype && ir_shape_eq(&v->type.shape, &y->type.shape);
     }
   }
-  return reads && ew;
+  return reads;
 }
 
 /* Check every property of a plan; returns the sum of the activation
