@@ -58,7 +58,7 @@ typedef struct RSlot {
   int avail;        /* loop (computed in a loop) or section where it is available */
   bool in_loop;     /* computed inside a loop (else in a section, or an input) */
   bool mat;         /* read by a later loop or gathered: kept in memory */
-  bool defer;       /* an output over an operand (memplan), in a kernel of several loops:
+  bool defer;       /* an output over an operand (memplan) that a later loop reads again:
                        kept in scratch and stored once the row is done */
   LLVMValueRef scratch;
   int64_t stride[IR_MAX_RANK]; /* element strides over the space's axes */

@@ -77,9 +77,11 @@
  * Liveness is over "steps": a kernel (its contiguous ops) is one step, any
  * other op one step.  A buffer lives from the step that writes it to the
  * last step that reads it or any alias of it, inclusive, so a step never
- * writes over its own inputs.  Buffers are placed largest first at the
- * lowest 64-byte-aligned offset that overlaps no placed buffer with an
- * overlapping lifetime.  Running the pass again gives the same plan. */
+ * writes over its own inputs, except where a row kernel writes an output
+ * over an operand that dies in it (write_in_place).  Buffers are placed
+ * largest first at the lowest 64-byte-aligned offset that overlaps no
+ * placed buffer with an overlapping lifetime.  Running the pass again
+ * gives the same plan. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -804,7 +806,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
   int64_t peak = place(order, nh, scratch);
   for (int i = 0; i < nb; i++) {
     bufs[i].v->storage = IR_STORE_ARENA;
-    bufs[i].v->offset = persist + bufs[home[i]].off;
+    bufs[i].v->offset = persist + bufs[home_of(home, i)].off;
   }
 
   /* Aliases, in op order (an operand's storage is set before its views):

@@ -29,16 +29,21 @@ static IrFunc *read_ir(const char *text) {
   return f;
 }
 
-static void run_pipeline(IrFunc *f, const char *const *names, int n, int gas) {
+/* Run passes with options po (its diag is set here), verifying between them. */
+static void run_passes(IrFunc *f, const char *const *names, int n, PassOptions po) {
   Diag d;
   diag_init(&d, NULL);
   d.quiet = true;
   PassManager pm;
   pm_init(&pm);
   pm.verify = true;
-  PassOptions po = {.gas = gas, .diag = &d};
+  po.diag = &d;
   if (pm_run(&pm, f, names, n, &po) != 0) fail_msg("passes failed: %s", sb_str(&d.log));
   diag_free(&d);
+}
+
+static void run_pipeline(IrFunc *f, const char *const *names, int n, int gas) {
+  run_passes(f, names, n, (PassOptions){.gas = gas});
 }
 
 static void random_params(const IrFunc *f, uint64_t seed, double scale, StFile *out) {
@@ -402,15 +407,7 @@ static void check_write_over(const char *label, const char *text, const char *ov
   const char *const *pipe = pass_pipeline_cpu(&n);
   for (int inplace = 0; inplace < 2; inplace++) {
     IrFunc *f = read_ir(text);
-    Diag d;
-    diag_init(&d, NULL);
-    d.quiet = true;
-    PassManager pm;
-    pm_init(&pm);
-    pm.verify = true;
-    PassOptions po = {.gas = 2, .diag = &d, .no_inplace = !inplace};
-    if (pm_run(&pm, f, pipe, n, &po) != 0) fail_msg("passes failed: %s", sb_str(&d.log));
-    diag_free(&d);
+    run_passes(f, pipe, n, (PassOptions){.gas = 2, .no_inplace = !inplace});
     const IrValue *x = named(f, over), *y = named(f, out);
     assert_int_equal(x->offset == y->offset, inplace);
     for (int threads = 1; threads <= 2; threads++) run_both(f, 2, threads, 11, 1e-5, label);
