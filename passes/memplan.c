@@ -467,9 +467,24 @@ static bool laid_alike(const CgRowLayout *l, const CgSlot *a, const CgSlot *b) {
   return memcmp(sa, sb, sizeof(int64_t) * (size_t)l->space.rank) == 0;
 }
 
+/* Whether the kernel ops[i..j) reads buffer b (a home) through any value
+ * but x: a range slice of it, say, whose rows would be overwritten. */
+static bool read_otherwise(const IrFunc *f, int i, int j, const IrValue *x, int b, const int *root, const int *bufof,
+                           const int *home) {
+  for (int q = i; q < j; q++)
+    for (int a = 0; a < f->ops[q]->nargs; a++) {
+      const IrValue *v = f->ops[q]->args[a];
+      if (v == x || (v->def && v->def->group == f->ops[i]->group)) continue;
+      int bv = bufof[root[v->id]];
+      if (bv >= 0 && home_of(home, bv) == b) return true;
+    }
+  return false;
+}
+
 /* In-place outputs.  A row kernel whose operand x dies in it (its
  * buffer's last step is the kernel's) writes an output y of x's shape and
- * dtype, laid over the kernel's space as x is, over x: y's buffer joins
+ * dtype, laid over the kernel's space as x is, and reads x's bytes
+ * through no other value, over x: y's buffer joins
  * x's (home[y] = x's home, which then lives until y's last step).  Row r
  * of y depends on row r of x only, and the code generator reads x's row
  * before y's is stored (docs/BACKEND.md), so nothing is lost; what is
@@ -497,7 +512,8 @@ static void write_in_place(const IrFunc *f, const int *step, const int *root, co
           if (bx < 0) continue;
           bx = home_of(home, bx);
           if (bufs[bx].t1 != step[i] || bufs[bx].size != bufs[by].size || x->type.dtype != y->type.dtype ||
-              !ir_shape_eq(&x->type.shape, &y->type.shape) || !laid_alike(&l, cg_row_slot(&l, x), cg_row_slot(&l, y)))
+              !ir_shape_eq(&x->type.shape, &y->type.shape) || !laid_alike(&l, cg_row_slot(&l, x), cg_row_slot(&l, y)) ||
+              read_otherwise(f, i, j, x, bx, root, bufof, home))
             continue;
           home[by] = bx;
           if (bufs[by].t1 > bufs[bx].t1) bufs[bx].t1 = bufs[by].t1;
