@@ -155,6 +155,7 @@ typedef struct Gemm {
   int64_t M, N, K, lda, ldb, ldc;
   int64_t nb;         /* GEMMs in the batch loop */
   int64_t *aoff, *boff, *coff; /* per batch: element offset of its A, B and C matrices */
+  int aarg, barg;     /* A (B) read in place from the caller's tensor of this arg (CpuProgram.argbase), or -1 */
 } Gemm;
 
 typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK } InstrKind;
@@ -218,6 +219,10 @@ struct CpuProgram {
   uint64_t params_gen, arena_gen;
   bool no_grads; /* the next window's gradients stay in the arena (cpu_program_skip_grads) */
   const void **arena_src;
+  /* Args only GEMMs read (plan_direct_args): this micro-batch's elements,
+   * in the caller's tensor when its dtype is the arg's, else in the arena. */
+  bool *direct;
+  const char **argbase;
   CgViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
   /* Collectives: one StepColl per start (tensor-parallel and other
    * collectives that run in every micro-batch), the buckets. */
@@ -290,6 +295,7 @@ static bool plan_gemm(const CgViews *vs, const IrOp *op, Gemm *g, char *err, siz
   g->lda = s.lda, g->ldb = s.ldb, g->ldc = s.ldc;
   g->nb = s.nb;
   g->aoff = s.aoff, g->boff = s.boff, g->coff = s.coff; /* g owns them now */
+  g->aarg = g->barg = -1;                               /* plan_direct_args */
   return true;
 }
 
@@ -351,6 +357,7 @@ static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t 
 typedef struct GemmRun {
   const Gemm *g;
   char *arena;
+  const char *abase, *bbase; /* where A and B lie: the arena's buffers or the caller's tensors */
   double beta;
   int64_t pm, pn;     /* row blocks x column blocks of each batch matrix */
   int64_t mblk, nblk; /* rows and columns per block */
@@ -397,7 +404,7 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   int64_t per = r->pm * r->pn;
   for (int64_t i = begin; i < end; i++) {
     int64_t t = i / per, qm = i % per / r->pn, qn = i % r->pn;
-    const char *a = r->arena + g->a + g->aoff[t] * (int64_t)es, *b = r->arena + g->b + g->boff[t] * (int64_t)es;
+    const char *a = r->abase + g->aoff[t] * (int64_t)es, *b = r->bbase + g->boff[t] * (int64_t)es;
     char *c = r->arena + g->c + g->coff[t] * (int64_t)es;
     int64_t m0 = qm * r->mblk, n0 = qn * r->nblk;
     int64_t M = g->M - m0 < r->mblk ? g->M - m0 : r->mblk, N = g->N - n0 < r->nblk ? g->N - n0 : r->nblk;
@@ -437,7 +444,15 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
 static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
   if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
-    GemmRun r = {g, p->arena, g->accumulate && !(first && g->store_first) ? 1.0 : 0.0, 1, 1, g->M, g->N};
+    GemmRun r = {g,
+                 p->arena,
+                 g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
+                 g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b,
+                 g->accumulate && !(first && g->store_first) ? 1.0 : 0.0,
+                 1,
+                 1,
+                 g->M,
+                 g->N};
     int nt = pool_size(p->pool);
     double flops = 2.0 * (double)mn * (double)g->K;
     /* A batch of tiny GEMMs (attention's heads) is mostly call overhead,
@@ -491,6 +506,8 @@ void cpu_program_free(CpuProgram *p) {
   free(p->grads);
   free(p->zero);
   free(p->arena_src);
+  free(p->direct);
+  free(p->argbase);
   for (int i = 0; i < p->ncolls; i++) step_coll_free(&p->colls[i]);
   free(p->colls);
   free(p->coll_open);
@@ -830,6 +847,43 @@ static void plan_zeroing(CpuProgram *p) {
   free(cover);
 }
 
+/* Args read in place.  An f32 or f64 input or param that only GEMMs read
+ * (through reshapes and transpose flags; window sums read the bound
+ * tensors themselves) is not copied into the arena: its GEMMs read the
+ * caller's tensor, as torch reads a batch in place.  A tensor that needs
+ * converting (an f64 file for an f32 arg) is still copied, and its GEMMs
+ * then read the arena; copy_args sets argbase either way. */
+static void plan_direct_args(CpuProgram *p) {
+  const IrFunc *f = p->f;
+  p->direct = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
+  p->argbase = rt_xcalloc((size_t)f->nargs + 1, sizeof(char *));
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    p->direct[i] = (a->role == IR_ARG_INPUT || a->role == IR_ARG_PARAM) &&
+                   (a->type.dtype == IR_DT_F32 || a->type.dtype == IR_DT_F64);
+  }
+  for (int k = 0; k < f->nops; k++) {
+    const IrOp *op = f->ops[k];
+    bool gemm_side = op->group == 0 && (op->opcode == IR_OP_MATMUL || op->opcode == IR_OP_RESHAPE ||
+                                        op->opcode == IR_OP_WINDOW_SUM ||
+                                        (op->opcode == IR_OP_PERMUTE && rt_is_flag_permute(op->result)));
+    for (int j = 0; j < op->nargs && !gemm_side; j++) {
+      const IrValue *r = rt_storage_root(op->args[j]);
+      for (int i = 0; i < f->nargs; i++)
+        if (f->args[i] == r) p->direct[i] = false;
+    }
+  }
+  for (int c = 0; c < p->ncode; c++) {
+    Gemm *g = &p->code[c].gemm;
+    if (p->code[c].kind != I_GEMM) continue;
+    for (int i = 0; i < f->nargs; i++) {
+      if (!p->direct[i]) continue;
+      if (f->args[i]->offset == g->a) g->aarg = i;
+      if (f->args[i]->offset == g->b) g->barg = i;
+    }
+  }
+}
+
 /* cpu_program_new, or with cg != NULL a program around kernels already
  * loaded (cpu_program_load_objects; the program owns cg, even on failure). */
 static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, char *err, size_t errlen) {
@@ -925,6 +979,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     goto error;
   }
   plan_zeroing(p);
+  plan_direct_args(p);
   p->arena_src = rt_xcalloc((size_t)f->nargs + 1, sizeof(void *));
   store_consts(p);
   p->pool = pool_new(p->threads);
@@ -1114,12 +1169,18 @@ static void copy_args(CpuProgram *p, const StTensor *const *bound, int k, bool k
     const IrValue *a = f->args[i];
     bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
     if (split != (k >= 0)) continue;
+    int64_t n = ir_numel(&a->type.shape), begin = split ? (int64_t)k * n : 0, es;
+    if (p->direct[i] && copy_in_plain(bound[i], a->type.dtype, &es)) { /* read in place */
+      p->argbase[i] = (const char *)bound[i]->data + es * begin;
+      p->arena_src[i] = NULL;
+      continue;
+    }
+    p->argbase[i] = p->arena + a->offset;
     if (a->role == IR_ARG_PARAM) {
       /* The same tensors, unchanged since they were copied (the caller's generation). */
       if (keep_params && p->arena_src[i] == bound[i]->data) continue;
       p->arena_src[i] = bound[i]->data;
     }
-    int64_t n = ir_numel(&a->type.shape), begin = split ? (int64_t)k * n : 0, es;
     if (copy_in_plain(bound[i], a->type.dtype, &es))
       bulk(p, BULK_COPY, p->arena + a->offset, (const char *)bound[i]->data + es * begin, es * n);
     else

@@ -80,11 +80,9 @@ static double rel_err(const double *got, const double *want, int64_t n) {
 }
 
 /* Run planned f on both back ends; fail past tol, return the worst error. */
-static double run_both(IrFunc *f, int K, int threads, uint64_t seed, double tol, const char *label) {
-  StFile params, inputs;
-  random_params(f, seed, 0.5, &params);
-  st_init(&inputs);
-  rt_random_inputs(f, K, seed + 1, &inputs);
+static double run_files(IrFunc *f, int K, int threads, const StFile *params_in, const StFile *inputs_in, double tol,
+                        const char *label) {
+  const StFile params = *params_in, inputs = *inputs_in;
   char err[1024];
   StepResult want, got;
   if (!step_run_ref(f, K, &params, "P", &inputs, "I", NULL, &want, err, sizeof err)) fail_msg("%s: ref: %s", label, err);
@@ -113,6 +111,15 @@ static double run_both(IrFunc *f, int K, int threads, uint64_t seed, double tol,
   step_result_free(&want);
   step_result_free(&got);
   cpu_program_free(p);
+  return worst;
+}
+
+static double run_both(IrFunc *f, int K, int threads, uint64_t seed, double tol, const char *label) {
+  StFile params, inputs;
+  random_params(f, seed, 0.5, &params);
+  st_init(&inputs);
+  rt_random_inputs(f, K, seed + 1, &inputs);
+  double worst = run_files(f, K, threads, &params, &inputs, tol, label);
   st_free(&params);
   st_free(&inputs);
   return worst;
@@ -439,6 +446,68 @@ static void test_cpu_write_over(void **state) {
   check_write_over("read through a slice", read_through_slice_text, "m", "y", false);
 }
 
+/* ------------------------------------------------------------------ */
+/* Args GEMMs read in place                                            */
+/* ------------------------------------------------------------------ */
+
+/* %x and %V are read only by GEMMs (through a transpose flag for the
+ * weight gradient), so the executor has them read from the caller's
+ * tensors, a micro-batch's rows of %x at a time; %W is also read by a
+ * kernel (the L2 term) and is copied into the arena.  Given as f64 files,
+ * %x and %V are converted into the arena instead. */
+static const char direct_text[] =
+    "func @direct(%x: f32[48,40] input batch, %y: i32[48] input batch, %W: f32[40,64] param, %V: f32[64,10] param) {\n"
+    "  %h0 = matmul %x, %W : f32[48,64]\n"
+    "  %h = relu %h0 : f32[48,64]\n"
+    "  %o = matmul %h, %V : f32[48,10]\n"
+    "  %ce = cross_entropy %o, %y {ignore_index=-100, reduction=\"sum\"} : f32\n"
+    "  %w2 = mul %W, %W : f32[40,64]\n"
+    "  %l2 = sum %w2 {axes=[0,1], keepdim=false} : f32\n"
+    "  loss %ce {name=\"ce\"}\n"
+    "  loss %l2 {name=\"l2\"}\n"
+    "}\n";
+
+/* A copy of f with every f32 tensor widened to f64. */
+static void widen_file(const StFile *f, StFile *out) {
+  st_init(out);
+  for (int i = 0; i < f->n; i++) {
+    const StTensor *t = &f->t[i];
+    if (t->dtype != ST_F32) {
+      st_add(out, t->name, t->dtype, t->rank, t->shape, t->data);
+      continue;
+    }
+    size_t n = t->nbytes / 4;
+    double *d = calloc(n ? n : 1, sizeof(double));
+    for (size_t k = 0; k < n; k++) d[k] = ((const float *)t->data)[k];
+    st_add(out, t->name, ST_F64, t->rank, t->shape, d);
+    free(d);
+  }
+}
+
+static void test_cpu_direct_args(void **state) {
+  (void)state;
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  const int K = 2;
+  IrFunc *f = read_ir(direct_text);
+  run_pipeline(f, pipe, n, K);
+  StFile params, inputs, params64, inputs64;
+  random_params(f, 21, 0.5, &params);
+  st_init(&inputs);
+  rt_random_inputs(f, K, 22, &inputs);
+  widen_file(&params, &params64);
+  widen_file(&inputs, &inputs64);
+  for (int threads = 1; threads <= 2; threads++) {
+    run_files(f, K, threads, &params, &inputs, 1e-5, "direct args, f32 files");
+    run_files(f, K, threads, &params64, &inputs64, 1e-5, "direct args, f64 files");
+  }
+  st_free(&params);
+  st_free(&inputs);
+  st_free(&params64);
+  st_free(&inputs64);
+  ir_func_free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_gemm_pieces),
@@ -446,6 +515,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_unslice_fallback),
       cmocka_unit_test(test_cpu_write_over),
+      cmocka_unit_test(test_cpu_direct_args),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
