@@ -172,11 +172,16 @@ CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, ch
  * (support/cache.c entries of kind "cpu-obj", keyed by the planned IR, the
  * host CPU and the generator's version; cache failures are warnings). */
 bool cg_module_from_cache(const CgModule *m);
-/* The generator's version: part of the object cache's keys and of an
- * artifact's host id.  Bump it when generated code or the bundle changes. */
+/* The generator's version.  Its identity, cg_generator_id(), adds a hash
+ * of codegen/'s sources made at build time; the identity is part of the
+ * object cache's keys and of an artifact's host id.  Edits in codegen/
+ * change it by themselves; bump CG_VERSION when generated code changes
+ * for another reason (the bundle's layout, say). */
 #define CG_VERSION "gradc-cg-9"
 /* "triple;cpu;features;llvmN" of this host: what object code depends on. */
 void cg_llvm_host_id(char *buf, size_t n);
+/* CG_VERSION "+" the hash of codegen/'s sources this build was made from. */
+const char *cg_generator_id(void);
 
 /* How many times cg_llvm_compile has run in this process (a cache hit
  * counts too): lets tests show that loading an artifact compiles nothing. */

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cg_source_hash.h" /* GRADC_CG_SOURCE_HASH: made by the build (cmake/cg_hash.cmake) */
 #include "llvm_gen.h"
 
 
@@ -667,6 +668,8 @@ void cg_module_free(CgModule *m) {
 /* planned IR, the host and this generator's version.                  */
 /* ------------------------------------------------------------------ */
 
+const char *cg_generator_id(void) { return CG_VERSION "+" GRADC_CG_SOURCE_HASH; }
+
 static uint64_t cache_key(const IrFunc *f) {
   StrBuf sb;
   sb_init(&sb);
@@ -675,7 +678,7 @@ static uint64_t cache_key(const IrFunc *f) {
   cg_llvm_host_id(host, sizeof host);
   uint64_t h = hash_bytes(sb_str(&sb), sb.len, HASH_SEED);
   h = hash_bytes(host, strlen(host), h);
-  h = hash_bytes(CG_VERSION, strlen(CG_VERSION), h);
+  h = hash_bytes(cg_generator_id(), strlen(cg_generator_id()), h);
   sb_free(&sb);
   return h;
 }

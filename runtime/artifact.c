@@ -238,7 +238,7 @@ void art_host_id(char *buf, size_t n) {
    * same IR, so its objects are not interchangeable). */
   char host[1024];
   cg_llvm_host_id(host, sizeof host);
-  snprintf(buf, n, "%s;%s", CG_VERSION, host);
+  snprintf(buf, n, "%s;%s", cg_generator_id(), host);
 #else
   struct utsname u;
   if (uname(&u) != 0) snprintf(u.machine, sizeof u.machine, "unknown");

@@ -189,7 +189,9 @@ static void test_artifact_refuses_foreign_kernels(void **state) {
   char host[1024];
   cg_llvm_host_id(host, sizeof host);
   snprintf(other, sizeof other, "%.16s;gradc-cg-0;%s", name, host);
-  assert_non_null(strstr(name, CG_VERSION)); /* the saved id names the generator */
+  assert_non_null(strstr(name, cg_generator_id())); /* the saved id names the generator and its sources' hash */
+  assert_non_null(strstr(cg_generator_id(), CG_VERSION "+"));
+  assert_int_equal(strlen(cg_generator_id()), strlen(CG_VERSION "+") + 16);
   rewrite_kobj(tmp("k.gca"), tmp("gen.gca"), other, (size_t)-1);
   expect_load_error(tmp("gen.gca"), "gradc-cg-0");
   /* Kernels of another model (or another plan). */
