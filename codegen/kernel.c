@@ -252,17 +252,6 @@ static void pin(Solver *s, IrValue *v) {
 
 static void same(Solver *s, IrValue *a, IrValue *b) { relate(s, a, b, 0); }
 
-static bool fail(char *why, size_t n, const char *fmt, ...) GRADC_PRINTF(3, 4);
-static bool fail(char *why, size_t n, const char *fmt, ...) {
-  if (why && n) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, n, fmt, ap);
-    va_end(ap);
-  }
-  return false;
-}
-
 static int64_t last_dim(const IrValue *v) { return v->type.shape.rank ? v->type.shape.dim[v->type.shape.rank - 1] : 1; }
 
 /* The space axis of value axis i (rank k, end offset e) in a space of rank n. */
@@ -275,12 +264,12 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
   for (int k = 0; k < n; k++) {
     IrOp *op = ops[k];
     if (!op->result || !cg_op_rowwise(op))
-      return fail(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);
+      return errf(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);
     IrValue *y = op->result;
     /* Operands first, so slots come in order of first appearance. */
     for (int i = 0; i < op->nargs; i++) slot_index(&s, op->args[i]);
     int yi = slot_index(&s, y);
-    if (out->slots[yi].defined) return fail(why, whylen, "a value is defined twice");
+    if (out->slots[yi].defined) return errf(why, whylen, "a value is defined twice");
     out->slots[yi].defined = true;
     out->slots[yi].mapped = true;
     IrValue **x = op->args;
@@ -373,16 +362,16 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     case IR_OP_RANK_CONCAT:
     case IR_OP_REDUCE_SCATTER_WAIT:
     case IR_OP_LOSS:
-    case IR_OP_GRAD: return fail(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);
+    case IR_OP_GRAD: return errf(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);
     }
-    if (s.conflict) return fail(why, whylen, "'%s' would need two row layouts for one value", ir_op_info[op->opcode].name);
+    if (s.conflict) return errf(why, whylen, "'%s' would need two row layouts for one value", ir_op_info[op->opcode].name);
   }
   /* Every value defined in the kernel must be a slot result of an op before its uses. */
   for (int k = 0; k < n; k++) {
     IrOpcode opc = ops[k]->opcode;
     if (opc != IR_OP_EMBEDDING && opc != IR_OP_UNSLICE) continue;
     CgSlot *t = cg_row_slot(out, ops[k]->args[opc == IR_OP_EMBEDDING ? 1 : 0]);
-    if (t->defined) return fail(why, whylen, "a gathered operand computed in the kernel");
+    if (t->defined) return errf(why, whylen, "a gathered operand computed in the kernel");
   }
 
   /* Anchor each class: at its pinned values, else at its smallest offset. */
@@ -394,7 +383,7 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     if (!out->slots[i].mapped) continue;
     int p, r = find(&s, i, &p);
     if (s.pinned[i]) {
-      if (haspin[r] && anchor[r] != -p) return fail(why, whylen, "two values must both end at the row axis");
+      if (haspin[r] && anchor[r] != -p) return errf(why, whylen, "two values must both end at the row axis");
       haspin[r] = true;
       anchor[r] = -p;
     }
@@ -412,9 +401,9 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     if (!sl->mapped) continue;
     int p, r = find(&s, i, &p);
     sl->eoff = p + anchor[r];
-    if (sl->eoff < 0 || sl->eoff > 1) return fail(why, whylen, "a value reduced twice over the row");
+    if (sl->eoff < 0 || sl->eoff > 1) return errf(why, whylen, "a value reduced twice over the row");
     int k = sl->v->type.shape.rank + sl->eoff;
-    if (k > IR_MAX_RANK) return fail(why, whylen, "too many axes");
+    if (k > IR_MAX_RANK) return errf(why, whylen, "too many axes");
     if (k > rank) rank = k;
   }
 
@@ -429,12 +418,12 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     const IrShape *vs = &sl->v->type.shape;
     for (int d = 0; d < vs->rank; d++) {
       int ax = space_axis(rank, sl->eoff, vs->rank, d);
-      if (ax < 0) return fail(why, whylen, "a value does not fit the rows");
+      if (ax < 0) return errf(why, whylen, "a value does not fit the rows");
       if (vs->dim[d] == 1) continue;
       if (sp.dim[ax] == 1)
         sp.dim[ax] = vs->dim[d];
       else if (sp.dim[ax] != vs->dim[d])
-        return fail(why, whylen, "sizes %lld and %lld meet on one axis", (long long)sp.dim[ax], (long long)vs->dim[d]);
+        return errf(why, whylen, "sizes %lld and %lld meet on one axis", (long long)sp.dim[ax], (long long)vs->dim[d]);
     }
   }
   out->space = sp;
@@ -454,15 +443,15 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
     else if (opc == IR_OP_ONE_HOT || opc == IR_OP_EMBEDDING)
       row = op->result;
     else if (opc == IR_OP_UNSLICE) {
-      if (!ir_shape_eq(&op->result->type.shape, &sp)) return fail(why, whylen, "unslice must cover the rows");
+      if (!ir_shape_eq(&op->result->type.shape, &sp)) return errf(why, whylen, "unslice must cover the rows");
     } else if (opc == IR_OP_CAUSAL_MASK) {
       const IrShape *ys = &op->result->type.shape;
       if (ys->rank < 2 || rank < 2 || ys->dim[ys->rank - 1] != sp.dim[rank - 1] ||
           ys->dim[ys->rank - 2] != sp.dim[rank - 2])
-        return fail(why, whylen, "causal_mask must cover the last two axes");
+        return errf(why, whylen, "causal_mask must cover the last two axes");
     }
     if (row && (row->type.shape.rank < 1 || last_dim(row) != out->cols))
-      return fail(why, whylen, "'%s' needs the whole row", ir_op_info[op->opcode].name);
+      return errf(why, whylen, "'%s' needs the whole row", ir_op_info[op->opcode].name);
   }
 
   /* Outputs: written exactly once, so never broadcast over a row axis. */
@@ -479,7 +468,7 @@ bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ct
       if (vs->dim[d] == sp.dim[ax]) covered[ax] = true;
     }
     for (int d = 0; d + 1 < rank; d++)
-      if (sp.dim[d] > 1 && !covered[d]) return fail(why, whylen, "an output would be written by several rows");
+      if (sp.dim[d] > 1 && !covered[d]) return errf(why, whylen, "an output would be written by several rows");
   }
   return true;
 }
