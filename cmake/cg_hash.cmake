@@ -1,16 +1,17 @@
 # cg_hash.cmake - writes OUT, a header defining GRADC_CG_SOURCE_HASH: the
 # first 16 hex digits of the SHA-256 of the code generator's sources (every
-# .c and .h of DIR, by file name and contents).  It is part of the kernel
+# .c and .h under ROOT/codegen, and the kernel plan it emits, ROOT/passes/
+# kernel.[ch], by path and contents).  It is part of the kernel
 # object cache's keys and of an artifact's host id, so objects compiled by
 # one build of the generator are never taken for another's.  Run at build
-# time by a custom command whenever a source of DIR changes.
-file(GLOB files "${DIR}/*.c" "${DIR}/*.h")
+# time by a custom command whenever one of them changes.
+file(GLOB_RECURSE files RELATIVE "${ROOT}" "${ROOT}/codegen/*.c" "${ROOT}/codegen/*.h")
+list(APPEND files passes/kernel.c passes/kernel.h)
 list(SORT files)
 set(all "")
 foreach(f IN LISTS files)
-  get_filename_component(name "${f}" NAME)
-  file(READ "${f}" text)
-  string(APPEND all "${name}\n${text}\n")
+  file(READ "${ROOT}/${f}" text)
+  string(APPEND all "${f}\n${text}\n")
 endforeach()
 string(SHA256 hash "${all}")
 string(SUBSTRING "${hash}" 0 16 hash)

@@ -8,7 +8,8 @@
 #ifndef GRADC_CODEGEN_H
 #define GRADC_CODEGEN_H
 
-#include "../ir/ir.h"
+#include "ir/ir.h"
+#include "passes/kernel.h"
 
 /* A compiled kernel: processes its iterations [begin, end) (its outer,
  * parallel loop: rows, blocks, ...); the executor splits [0, iters) across
@@ -31,125 +32,6 @@ typedef struct CgOptions {
 
 typedef struct CgModule CgModule;
 
-
-/* ------------------------------------------------------------------ */
-/* kernel.c: what a kernel is (shared by `fuse` and the generators)    */
-/* ------------------------------------------------------------------ */
-/* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
- * window.sum, loss, grad and the collectives.  Every other op is in a
- * kernel (IrOp.group >= 1). */
-bool cg_op_group0(IrOpcode opc);
-/* Whether op fits a row kernel: elementwise ops, broadcast, reductions over
- * the last axis only, softmax/log_softmax over the last axis, layer_norm,
- * rms_norm, causal_mask, cross_entropy and mse_loss with reduction="none",
- * one_hot, embedding, unslice, grad.seed and loss.term.  Other kernel ops
- * (permute, slice, concat, embedding_grad, other reductions, ...) are
- * kernels of their own with a general loop nest. */
-bool cg_op_rowwise(const IrOp *op);
-
-/* A row kernel iterates over an iteration shape `space` [..., cols]: the
- * outer (parallel) loop runs over the rows (the product of the leading
- * axes), inner loops over the cols of one row.  Every value the kernel
- * touches is laid over the space by NumPy broadcasting, right-aligned
- * either to the last axis (eoff 0) or to the one before it (eoff 1: a
- * per-row value whose last axis was reduced away, such as a target index
- * or a cross_entropy row loss). */
-typedef struct CgSlot {
-  IrValue *v;
-  int eoff;     /* 0 or 1, see above */
-  bool mapped;  /* laid over the space (false: only an embedding table or an unslice
-                   operand, addressed by index) */
-  bool defined; /* defined by an op of the kernel; false: a kernel input */
-  bool output;  /* defined here and used outside the kernel */
-  bool varies;  /* varies along the row (one value per element); false: one value per row */
-} CgSlot;
-
-typedef struct CgRowLayout {
-  IrShape space;
-  int64_t rows, cols;
-  CgSlot *slots; /* inputs and results, in order of first appearance */
-  int nslots;
-} CgRowLayout;
-
-/* Whether a value defined by one of the kernel's ops is used outside it. */
-typedef bool (*CgUsedOutside)(const IrValue *v, void *ctx);
-
-/* Lay the row kernel made of ops[0..n) (in program order) over its
- * iteration space.  False with a reason in why when the ops do not form
- * one row kernel (mismatched rows, a cross-row dependence, an output that
- * would be written by several rows, ...).  Slots live in arena a. */
-bool cg_row_layout(IrOp *const *ops, int n, CgUsedOutside used_outside, void *ctx, Arena *a, CgRowLayout *out,
-                   char *why, size_t whylen);
-CgSlot *cg_row_slot(const CgRowLayout *l, const IrValue *v); /* NULL if v is not in the kernel */
-/* The element strides of slot s over the space's axes (0 where broadcast). */
-void cg_slot_strides(const CgRowLayout *l, const CgSlot *s, int64_t *stride);
-
-/* Normalised start and step of each axis of a slice or unslice op over
- * `full` (the slice's operand shape, the unslice's result shape), as
- * Python's slice.indices. */
-void cg_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step);
-/* Whether a slice or unslice selects one contiguous run of the full
- * tensor's elements (an index of leading axes and a unit-step range of
- * the next, the rest whole: a stacked param's w[l]); *first gets the
- * run's first element.  Such a slice needs no copy (memplan aliases it). */
-bool cg_slice_contiguous(const IrOp *op, int64_t *first);
-
-/* Strided views that GEMMs read and write in place (docs/BACKEND.md).
- * Element (i0, ..., ik) of a view is element offset + sum ij * stride[j]
- * of its root's buffer (the root is contiguous). */
-typedef struct CgView {
-  const IrValue *root;
-  int64_t offset;
-  IrShape shape;
-  int64_t stride[IR_MAX_RANK];
-} CgView;
-
-/* Where a value lives when GEMMs read or write it through views:
- * CG_MEM      stored as usual (or an alias: a reshape of a stored value,
- *             a range slice)
- * CG_VIEW_IN  a permute, non-range slice or reshape of a view, read only
- *             by GEMMs (and views): no storage, the GEMM reads its root
- *             with strides (a transpose of the last two axes is a
- *             transpose flag)
- * CG_VIEW_OUT a GEMM's result read once by a permute or reshape (and so
- *             on) ending in a stored value, or in one part of a concat
- *             whose parts are all such: no storage, the GEMM writes
- *             straight into that value's buffer with strides */
-enum { CG_MEM, CG_VIEW_IN, CG_VIEW_OUT };
-
-typedef struct CgViews {
-  unsigned char *place; /* by value id */
-  const IrOp **user;    /* by value id: the op a CG_VIEW_OUT value is written through */
-  int n;
-} CgViews;
-
-/* Classify every value of f; `outside(op, ctx)` says whether op runs
- * outside kernels (memplan, the executor: group 0; fuse: the candidates
- * it has not put in a kernel).  Only f32/f64 values become views.  Free
- * with cg_views_free. */
-void cg_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, CgViews *out);
-void cg_views_free(CgViews *vs);
-/* Whether op does no work of its own: its result is a view, or it only
- * receives GEMM writes (a permute, reshape or concat of CG_VIEW_OUT values). */
-bool cg_view_free_op(const CgViews *vs, const IrOp *op);
-/* The value whose buffer v's bytes are in (v itself when stored). */
-const IrValue *cg_view_home(const CgViews *vs, const IrValue *v);
-/* The view a GEMM reads v through (v whole when stored). */
-bool cg_view_in(const CgViews *vs, const IrValue *v, CgView *out);
-/* The view a GEMM writes its result v through (v whole when stored). */
-bool cg_view_out(const CgViews *vs, const IrValue *v, CgView *out);
-/* v whole, contiguous. */
-void cg_view_whole(const IrValue *v, CgView *out);
-/* The view of op's result given the view of its operand (permute, slice,
- * reshape); false when it is not a strided view. */
-bool cg_view_apply(CgView *v, const IrOp *op);
-/* The view of op's operand `operand` given the view of its result
- * (permute, reshape, concat). */
-bool cg_view_unapply(CgView *v, const IrOp *op, int operand);
-/* The last two axes as a BLAS matrix: unit stride along the last (trans
- * false) or the second last (trans true), *ld the other stride; false if
- * neither. */
-bool cg_view_matrix(const CgView *v, bool *trans, int64_t *ld);
 
 /* ------------------------------------------------------------------ */
 /* llvm.c                                                              */

@@ -4,7 +4,7 @@
 #ifndef GRADC_FRONTEND_H
 #define GRADC_FRONTEND_H
 
-#include "../ir/ir.h"
+#include "ir/ir.h"
 
 typedef enum { FE_INIT_ZEROS, FE_INIT_ONES, FE_INIT_NORMAL, FE_INIT_UNIFORM } FeInitKind;
 

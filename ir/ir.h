@@ -8,7 +8,7 @@
 #ifndef GRADC_IR_H
 #define GRADC_IR_H
 
-#include "../support/support.h"
+#include "support/support.h"
 
 /* ------------------------------------------------------------------ */
 /* Types                                                               */

@@ -19,7 +19,7 @@
  * communication. */
 #include <string.h>
 
-#include "../codegen/codegen.h"
+#include "kernel.h"
 #include "passes.h"
 
 void cost_model_default(CostModel *m) {
@@ -93,8 +93,8 @@ static bool rank_copy(IrOpcode opc) {
  * which fuse makes a kernel of its own and memplan puts back in group 0. */
 static bool view_op(const IrOp *op) {
   int64_t first;
-  if (op->opcode == IR_OP_SLICE) return op->group == 0 && cg_slice_contiguous(op, &first);
-  if (op->opcode != IR_OP_UNSLICE || !cg_slice_contiguous(op, &first)) return false;
+  if (op->opcode == IR_OP_SLICE) return op->group == 0 && kp_slice_contiguous(op, &first);
+  if (op->opcode != IR_OP_UNSLICE || !kp_slice_contiguous(op, &first)) return false;
   if (op->group == 0) return true;
   const IrOp *w = op->args[0]->def;
   if (!w || w->opcode != IR_OP_ALL_REDUCE_WAIT || !w->args[0]->def) return false;

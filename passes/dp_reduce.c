@@ -45,7 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../codegen/codegen.h"
+#include "kernel.h"
 #include "passes.h"
 
 /* 1 MiB: the reduction left exposed is the last bucket's (what the end of
@@ -118,7 +118,7 @@ static bool sliced_grad(IrValue *v, const int *uses, Leaves *l, Arena *scratch) 
     IrOp *u = l->un[k];
     int64_t first;
     if (!u || u->opcode != IR_OP_UNSLICE || uses[u->result->id] != 1 || !ir_type_eq(&u->result->type, &v->type) ||
-        u->args[0]->type.dtype != v->type.dtype || !cg_slice_contiguous(u, &first))
+        u->args[0]->type.dtype != v->type.dtype || !kp_slice_contiguous(u, &first))
       return false;
     rng[2 * k] = first;
     rng[2 * k + 1] = first + ir_numel(&u->args[0]->type.shape);
@@ -163,7 +163,7 @@ PassResult pass_dp_reduce(IrFunc *f, const PassOptions *o, Arena *scratch) {
         IrOp *u = l->un[k];
         IrValue *c = u->args[0];
         int64_t first = 0;
-        (void)cg_slice_contiguous(u, &first);
+        (void)kp_slice_contiguous(u, &first);
         it[n++] = (Item){.out = op, .v = c, .un = u, .ready = c->def ? c->def->mark : -1, .argno = argno,
                          .first = first, .bytes = ir_numel(&c->type.shape) * esize};
         dead[u->mark] = true;

@@ -1,11 +1,11 @@
 /* fuse.c - group ops into kernels (docs/BACKEND.md).
  *
  * Requires: a verified function after the target-independent passes.
- * Guarantees: every op the executor does not run itself (see cg_op_group0:
+ * Guarantees: every op the executor does not run itself (see kp_op_group0:
  * matmul, reshape, const, window.sum, loss, grad, collectives) has
  * IrOp.group >= 1; each group's ops are contiguous in the op list, which
  * stays in an order where definitions precede uses; each group with more
- * than one op is a valid row kernel (cg_row_layout); the kernels and the
+ * than one op is a valid row kernel (kp_row_layout); the kernels and the
  * group-0 ops form an acyclic graph.
  *
  * How: every op starts as a kernel of its own.  Candidate merges are the
@@ -26,7 +26,7 @@
  * A permute of the last two axes read only by matmuls stays in group 0:
  * memplan and the executor turn it into a transpose flag of the GEMMs.
  * So do the permutes, slices and reshapes that GEMMs read or write in
- * place as strided views (cg_views_find: q, k and v of attention read
+ * place as strided views (kp_views_find: q, k and v of attention read
  * straight out of the qkv projection, heads written straight into the
  * [B, T, C] layout the next GEMM reads), and a concat whose parts GEMMs
  * all write in place.
@@ -44,7 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../codegen/codegen.h"
+#include "kernel.h"
 #include "passes.h"
 
 typedef enum { K_GROUP0, K_ROW, K_LOOP } Kind;
@@ -279,7 +279,7 @@ static bool unslices_to_concat(IrFunc *f, Arena *scratch) {
       ok = u && u->opcode == IR_OP_UNSLICE && uses[u->result->id] == 1 && ir_type_eq(&u->result->type, t);
       if (!ok) break;
       int64_t start[IR_MAX_RANK], step[IR_MAX_RANK];
-      cg_slice_ranges(u, &t->shape, start, step);
+      kp_slice_ranges(u, &t->shape, start, step);
       const IrShape *ps = &u->args[0]->type.shape;
       for (int a = 0; ok && a < t->shape.rank; a++) {
         if (ps->dim[a] == t->shape.dim[a] && start[a] == 0 && step[a] == 1) continue;
@@ -441,10 +441,10 @@ static void try_merge(Fuse *fu, int i, int j, const IrValue *shared) {
   for (int k = 0; k < m; k++) fu->cand[pos_of(fu->buf[k])] = fu->epoch;
   Arena tmp;
   arena_init(&tmp);
-  CgRowLayout l;
-  bool ok = cg_row_layout(fu->buf, m, used_outside, fu, &tmp, &l, NULL, 0);
+  KpRowLayout l;
+  bool ok = kp_row_layout(fu->buf, m, used_outside, fu, &tmp, &l, NULL, 0);
   if (ok && shared) {
-    CgSlot *s = cg_row_slot(&l, shared);
+    KpSlot *s = kp_row_slot(&l, shared);
     ok = s && s->eoff == 0 && ir_numel(&shared->type.shape) == l.rows * l.cols;
   }
   arena_free(&tmp);
@@ -593,7 +593,7 @@ static bool gemm_transpose(const Fuse *fu, int i) {
  * param): memplan makes it an alias at an offset, no copy. */
 static bool range_slice(const IrOp *op) {
   int64_t first;
-  return op->opcode == IR_OP_SLICE && cg_slice_contiguous(op, &first);
+  return op->opcode == IR_OP_SLICE && kp_slice_contiguous(op, &first);
 }
 
 /* An unslice of one contiguous range (the gradient of w[l]) whose value
@@ -605,7 +605,7 @@ static bool range_slice(const IrOp *op) {
 static bool grad_unslice(const Fuse *fu, int i) {
   const IrOp *op = fu->f->ops[i];
   int64_t first;
-  if (op->opcode != IR_OP_UNSLICE || !cg_slice_contiguous(op, &first)) return false;
+  if (op->opcode != IR_OP_UNSLICE || !kp_slice_contiguous(op, &first)) return false;
   for (int u = i;;) {
     if (fu->nusers[u] != 1) return false;
     const IrOp *user = fu->f->ops[fu->users[u][0]];
@@ -622,14 +622,14 @@ static bool grad_unslice(const Fuse *fu, int i) {
   }
   const IrOp *d = x->def;
   if (!d || fu->nusers[pos_of(d)] != 1) return false;
-  return d->opcode == IR_OP_MATMUL || (!cg_op_group0(d->opcode) && !range_slice(d) && d->opcode != IR_OP_UNSLICE);
+  return d->opcode == IR_OP_MATMUL || (!kp_op_group0(d->opcode) && !range_slice(d) && d->opcode != IR_OP_UNSLICE);
 }
 
-/* Movement ops stay out of kernels while cg_views_find decides which of
+/* Movement ops stay out of kernels while kp_views_find decides which of
  * them GEMMs read or write in place (views); the rest become kernels. */
 static bool fuse_outside(const IrOp *op, void *ctx) {
   (void)ctx;
-  return cg_op_group0(op->opcode) || op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_SLICE ||
+  return kp_op_group0(op->opcode) || op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_SLICE ||
          op->opcode == IR_OP_CONCAT;
 }
 
@@ -768,7 +768,7 @@ static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
   for (int i = 0; i < n; i++) {
     IrOp *op = f->ops[i];
     op->mark = i;
-    fu.kind[i] = cg_op_group0(op->opcode) ? K_GROUP0 : cg_op_rowwise(op) ? K_ROW : K_LOOP;
+    fu.kind[i] = kp_op_group0(op->opcode) ? K_GROUP0 : kp_op_rowwise(op) ? K_ROW : K_LOOP;
     fu.parent[i] = i;
     fu.next[i] = -1;
     fu.head[i] = i;
@@ -795,11 +795,11 @@ static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
 
   for (int i = 0; i < n; i++)
     if (gemm_transpose(&fu, i) || range_slice(f->ops[i]) || grad_unslice(&fu, i)) fu.kind[i] = K_GROUP0;
-  CgViews vs;
-  cg_views_find(f, fuse_outside, NULL, &vs);
+  KpViews vs;
+  kp_views_find(f, fuse_outside, NULL, &vs);
   for (int i = 0; i < n; i++)
-    if (cg_view_free_op(&vs, f->ops[i])) fu.kind[i] = K_GROUP0;
-  cg_views_free(&vs);
+    if (kp_view_free_op(&vs, f->ops[i])) fu.kind[i] = K_GROUP0;
+  kp_views_free(&vs);
 
   /* Dependency depth of every op (independent of the op order). */
   int *depth = ARENA_ARRAY(scratch, int, nn);

@@ -24,7 +24,7 @@
  * phase before the first micro-batch.  A `permute` of the last two axes
  * that is left in group 0 and read only by GEMMs becomes a transpose flag
  * of those GEMMs: it gets no storage and its operand is read instead.  More
- * generally GEMM views (cg_views_find in codegen/kernel.c) get no storage:
+ * generally GEMM views (kp_views_find in codegen/kernel.c) get no storage:
  * the value a view reads is needed instead, and the value a GEMM writes
  * through a view is stored and lives from that GEMM's step on.
  * Everything else lives in its kernel's row scratch (IR_STORE_NONE).
@@ -85,7 +85,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../codegen/codegen.h"
+#include "kernel.h"
 #include "passes.h"
 
 #define ALIGN 64
@@ -196,12 +196,12 @@ static bool is_group0_reshape(const IrOp *op) { return op && op->group == 0 && o
 /* A group-0 slice of one contiguous range of its operand: an alias at an
  * offset (*first: the range's first element). */
 static bool is_range_slice(const IrOp *op, int64_t *first) {
-  return op && op->group == 0 && op->opcode == IR_OP_SLICE && cg_slice_contiguous(op, first);
+  return op && op->group == 0 && op->opcode == IR_OP_SLICE && kp_slice_contiguous(op, first);
 }
 
 /* A group-0 unslice of one contiguous range of its result. */
 static bool is_range_unslice(const IrOp *op, int64_t *first) {
-  return op && op->group == 0 && op->opcode == IR_OP_UNSLICE && cg_slice_contiguous(op, first);
+  return op && op->group == 0 && op->opcode == IR_OP_UNSLICE && kp_slice_contiguous(op, first);
 }
 
 /* A data-parallel gradient reduction (dp-reduce's last=true all-reduce
@@ -239,10 +239,10 @@ static bool is_view(const IrOp *op) {
 
 /* The same once GEMM views are known: a reshape of a view is a view, and
  * a reshape receiving a GEMM's writes holds them (codegen/kernel.c). */
-static bool is_alias(const CgViews *vs, const IrOp *op) {
+static bool is_alias(const KpViews *vs, const IrOp *op) {
   int64_t first;
   if (is_range_slice(op, &first) || is_coll_wait(op)) return true;
-  return is_group0_reshape(op) && vs->place[op->args[0]->id] == CG_MEM && vs->place[op->result->id] == CG_MEM;
+  return is_group0_reshape(op) && vs->place[op->args[0]->id] == KP_MEM && vs->place[op->result->id] == KP_MEM;
 }
 
 static bool in_group0(const IrOp *op, void *ctx) {
@@ -308,7 +308,7 @@ static void ungroup_slice_reductions(IrFunc *f) {
   for (int i = 0; i < f->nops; i++) {
     IrOp *op = f->ops[i];
     int g = op->group;
-    if (g == 0 || op->opcode != IR_OP_UNSLICE || !cg_slice_contiguous(op, &first) || !op->args[0]->def ||
+    if (g == 0 || op->opcode != IR_OP_UNSLICE || !kp_slice_contiguous(op, &first) || !op->args[0]->def ||
         op->args[0]->def->opcode != IR_OP_ALL_REDUCE_WAIT || (i > 0 && f->ops[i - 1]->group == g) ||
         (i + 1 < f->nops && f->ops[i + 1]->group == g))
       continue;
@@ -459,11 +459,11 @@ static bool used_outside(const IrValue *v, void *ctx) {
 
 /* Whether slots a and b of a row kernel lie over its space alike: element
  * e of one is element e of the other. */
-static bool laid_alike(const CgRowLayout *l, const CgSlot *a, const CgSlot *b) {
+static bool laid_alike(const KpRowLayout *l, const KpSlot *a, const KpSlot *b) {
   if (!a || !b || !a->mapped || !b->mapped || a->eoff != b->eoff) return false;
   int64_t sa[IR_MAX_RANK], sb[IR_MAX_RANK];
-  cg_slot_strides(l, a, sa);
-  cg_slot_strides(l, b, sb);
+  kp_slot_strides(l, a, sa);
+  kp_slot_strides(l, b, sb);
   return memcmp(sa, sb, sizeof(int64_t) * (size_t)l->space.rank) == 0;
 }
 
@@ -497,9 +497,9 @@ static void write_in_place(const IrFunc *f, const int *step, const int *root, co
   for (int i = 0, j; i < f->nops; i = j) {
     int g = f->ops[i]->group;
     for (j = i + 1; g > 0 && j < f->nops && f->ops[j]->group == g; j++) {}
-    if (g <= 0 || (j - i == 1 && !cg_op_rowwise(f->ops[i]))) continue;
-    CgRowLayout l;
-    if (!cg_row_layout(f->ops + i, j - i, used_outside, &out, scratch, &l, NULL, 0)) continue;
+    if (g <= 0 || (j - i == 1 && !kp_op_rowwise(f->ops[i]))) continue;
+    KpRowLayout l;
+    if (!kp_row_layout(f->ops + i, j - i, used_outside, &out, scratch, &l, NULL, 0)) continue;
     for (int q = i; q < j; q++) {
       const IrValue *y = f->ops[q]->result;
       int by = bufof[y->id];
@@ -512,7 +512,7 @@ static void write_in_place(const IrFunc *f, const int *step, const int *root, co
           if (bx < 0) continue;
           bx = home_of(home, bx);
           if (bufs[bx].t1 != step[i] || bufs[bx].size != bufs[by].size || x->type.dtype != y->type.dtype ||
-              !ir_shape_eq(&x->type.shape, &y->type.shape) || !laid_alike(&l, cg_row_slot(&l, x), cg_row_slot(&l, y)) ||
+              !ir_shape_eq(&x->type.shape, &y->type.shape) || !laid_alike(&l, kp_row_slot(&l, x), kp_row_slot(&l, y)) ||
               read_otherwise(f, i, j, x, bx, root, bufof, home))
             continue;
           home[by] = bx;
@@ -602,8 +602,8 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
    * fused function a group-0 movement op that is neither a view nor an
    * alias nor a flag (fuse's views meet memplan's gradient rules) becomes
    * a kernel of its own. */
-  CgViews vs;
-  cg_views_find(f, in_group0, NULL, &vs);
+  KpViews vs;
+  kp_views_find(f, in_group0, NULL, &vs);
   for (bool again = maxg > 0; again;) {
     again = false;
     for (int i = 0; i < n; i++) {
@@ -611,14 +611,14 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
       int64_t first;
       bool mover = op->opcode == IR_OP_CONCAT || (op->opcode == IR_OP_SLICE && !is_range_slice(op, &first)) ||
                    (op->opcode == IR_OP_PERMUTE && !flag[op->result->id]);
-      if (op->group != 0 || !mover || cg_view_free_op(&vs, op)) continue;
+      if (op->group != 0 || !mover || kp_view_free_op(&vs, op)) continue;
       op->group = ++maxg;
       step[i] = i;
       again = true;
     }
     if (again) {
-      cg_views_free(&vs);
-      cg_views_find(f, in_group0, NULL, &vs);
+      kp_views_free(&vs);
+      kp_views_find(f, in_group0, NULL, &vs);
     }
   }
 
@@ -638,7 +638,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
       continue;
     }
     int64_t first;
-    if (cg_view_free_op(&vs, op)) continue; /* a view: its GEMMs need its home */
+    if (kp_view_free_op(&vs, op)) continue; /* a view: its GEMMs need its home */
     if (is_range_slice(op, &first)) { /* an alias */
       if (need[op->result->id]) need[op->args[0]->id] = true;
       continue;
@@ -651,10 +651,10 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     if (k == X_PERMUTE && !flag[op->result->id]) k = X_UNFUSED;
     switch (k) {
     case X_GEMM:
-      need[cg_view_home(&vs, op->result)->id] = true;
+      need[kp_view_home(&vs, op->result)->id] = true;
       for (int j = 0; j < op->nargs; j++) {
         const IrValue *a = op->args[j];
-        need[cg_view_home(&vs, flag[a->id] ? a->def->args[0] : a)->id] = true;
+        need[kp_view_home(&vs, flag[a->id] ? a->def->args[0] : a)->id] = true;
       }
       break;
     case X_ALIAS:
@@ -766,7 +766,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     const IrValue *x = f->values[v];
     if (flag[v]) x = x->def->args[0];
     for (;;) {
-      x = cg_view_home(&vs, x);
+      x = kp_view_home(&vs, x);
       if (!x->def || !is_alias(&vs, x->def)) break;
       x = x->def->args[0];
     }
@@ -786,7 +786,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
   /* A buffer that GEMMs write through views lives from the first of them. */
   for (int i = 0; i < n; i++) {
     const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_MATMUL || vs.place[op->result->id] != CG_VIEW_OUT) continue;
+    if (op->opcode != IR_OP_MATMUL || vs.place[op->result->id] != KP_VIEW_OUT) continue;
     int b = bufof[root[op->result->id]];
     if (b >= 0 && step[i] < bufs[b].t0) bufs[b].t0 = step[i];
   }
@@ -838,7 +838,7 @@ PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch) {
     op->result->storage = IR_STORE_ALIAS;
     op->result->offset = x->offset + first * (int64_t)ir_dtype_size(x->type.dtype);
   }
-  cg_views_free(&vs);
+  kp_views_free(&vs);
   f->persist_size = persist;
   f->arena_size = persist + peak;
   return PASS_CHANGED;

@@ -7,7 +7,7 @@
 #ifndef GRADC_PASSES_H
 #define GRADC_PASSES_H
 
-#include "../ir/ir.h"
+#include "ir/ir.h"
 
 typedef enum { PASS_UNCHANGED = 0, PASS_CHANGED = 1, PASS_ERROR = -1 } PassResult;
 
@@ -146,7 +146,7 @@ IrFunc *ad_func(AdCtx *ad);
 bool ad_needs_grad(const AdCtx *ad, const IrValue *x);
 
 #define OP(id, name, arity, kind, shape, grad) void ad_grad_##grad(AdCtx *ad, IrOp *op, IrValue *dy);
-#include "../ir/ops.def"
+#include "ir/ops.def"
 #undef OP
 
 #endif

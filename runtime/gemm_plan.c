@@ -78,7 +78,7 @@ static void alloc_offsets(RtGemmPlan *g) {
 /* ------------------------------------------------------------------ */
 
 /* A rank-1 operand as a matrix: a row ([K] as [1, K]) or a column. */
-static void view_unit_axis(CgView *v, int pos) {
+static void view_unit_axis(KpView *v, int pos) {
   int r = v->shape.rank;
   for (int k = r; k > pos; k--) {
     v->shape.dim[k] = v->shape.dim[k - 1];
@@ -90,7 +90,7 @@ static void view_unit_axis(CgView *v, int pos) {
 }
 
 /* Whether the view's axes [0, last] are one run of rows `ld` apart. */
-static bool rows_collapse(const CgView *v, int last, int64_t ld) {
+static bool rows_collapse(const KpView *v, int last, int64_t ld) {
   int64_t want = ld;
   for (int k = last; k >= 0; k--) {
     if (v->shape.dim[k] != 1 && v->stride[k] != want) return false;
@@ -101,7 +101,7 @@ static bool rows_collapse(const CgView *v, int last, int64_t ld) {
 
 /* Offset of batch matrix t: the view's batch axes right-aligned to the
  * result's batch shape, broadcast axes (size 1) repeating their matrix. */
-static int64_t batch_offset(const CgView *v, const IrShape *batch, int64_t t) {
+static int64_t batch_offset(const KpView *v, const IrShape *batch, int64_t t) {
   int vb = v->shape.rank - 2, lead = batch->rank - vb;
   int64_t off = v->offset;
   for (int k = batch->rank - 1; k >= 0; k--) {
@@ -113,10 +113,10 @@ static int64_t batch_offset(const CgView *v, const IrShape *batch, int64_t t) {
   return off;
 }
 
-bool rt_gemm_plan_views(const CgViews *vs, const IrOp *op, RtGemmPlan *g, char *err, size_t n) {
+bool rt_gemm_plan_views(const KpViews *vs, const IrOp *op, RtGemmPlan *g, char *err, size_t n) {
   memset(g, 0, sizeof *g);
-  CgView va, vb, vc;
-  if (!cg_view_in(vs, op->args[0], &va) || !cg_view_in(vs, op->args[1], &vb) || !cg_view_out(vs, op->result, &vc))
+  KpView va, vb, vc;
+  if (!kp_view_in(vs, op->args[0], &va) || !kp_view_in(vs, op->args[1], &vb) || !kp_view_out(vs, op->result, &vc))
     return rt_op_fail(err, n, op, "has an operand or result that is not a strided view");
   if (va.root->storage == IR_STORE_NONE || vb.root->storage == IR_STORE_NONE || vc.root->storage == IR_STORE_NONE)
     return rt_op_fail(err, n, op, "has an operand or result without storage (run memplan)");
@@ -132,8 +132,8 @@ bool rt_gemm_plan_views(const CgViews *vs, const IrOp *op, RtGemmPlan *g, char *
   if (vb.shape.dim[rb - 2] != g->K) return rt_op_fail(err, n, op, "has mismatched inner dimensions");
   if (rc < 2 || vc.shape.dim[rc - 2] != g->M || vc.shape.dim[rc - 1] != g->N)
     return rt_op_fail(err, n, op, "has a result of the wrong size");
-  if (!cg_view_matrix(&va, &g->ta, &g->lda) || !cg_view_matrix(&vb, &g->tb, &g->ldb) ||
-      !cg_view_matrix(&vc, &g->tc, &g->ldc))
+  if (!kp_view_matrix(&va, &g->ta, &g->lda) || !kp_view_matrix(&vb, &g->tb, &g->ldb) ||
+      !kp_view_matrix(&vc, &g->tc, &g->ldc))
     return rt_op_fail(err, n, op, "has a view with no unit stride in its last two axes");
   IrShape batch = ir_shape_make(rc - 2, vc.shape.dim);
   g->nb = ir_numel(&batch);

@@ -8,8 +8,8 @@
 #ifndef GRADC_GEMM_PLAN_H
 #define GRADC_GEMM_PLAN_H
 
-#include "../codegen/codegen.h"
-#include "../ir/ir.h"
+#include "codegen/codegen.h"
+#include "ir/ir.h"
 
 /* One matmul op as BLAS calls, in row-major terms (docs/BACKEND.md):
  * C (+)= op(A) op(B), nb matrices (torch.matmul's broadcast batch dims),
@@ -32,11 +32,11 @@ typedef struct RtGemmPlan {
 } RtGemmPlan;
 
 /* f32 and f64: operands and result are strided views of stored values
- * (codegen/kernel.c's cg_views_find: a stored value whole, a group-0
+ * (codegen/kernel.c's kp_views_find: a stored value whole, a group-0
  * transpose as a flag, q read out of qkv, heads written into [B, T, C]).
  * Rank-1 operands become a row or a column.  False with the error (a view
  * that is not strided or has no storage, mismatched sizes) in err. */
-bool rt_gemm_plan_views(const CgViews *vs, const IrOp *op, RtGemmPlan *g, char *err, size_t n);
+bool rt_gemm_plan_views(const KpViews *vs, const IrOp *op, RtGemmPlan *g, char *err, size_t n);
 /* From the IR alone (bf16 and f16, and the floor): contiguous operands, a
  * group-0 transpose of the last two axes as a flag, rank-1 operands as a
  * row or a column, broadcast batch dims.  With `stored`, the operands and

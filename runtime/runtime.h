@@ -3,7 +3,7 @@
 #ifndef GRADC_RUNTIME_H
 #define GRADC_RUNTIME_H
 
-#include "../ir/ir.h"
+#include "ir/ir.h"
 
 /* ------------------------------------------------------------------ */
 /* safetensors.c                                                       */

@@ -32,12 +32,12 @@
 
 #include "frontend/frontend.h"
 #include "passes/passes.h"
-#include "runtime/gemm_floor.h"
+#include "runtime/cpu/gemm_floor.h"
 #include "runtime/runtime.h"
-#include "tools/bench.h"
-#include "tools/tools.h"
+#include "bench.h"
+#include "tools.h"
 #ifdef GRADC_HAVE_CUDA
-#include "runtime/cuda.h"
+#include "runtime/cuda/cuda.h"
 #endif
 
 const char bench_help[] =

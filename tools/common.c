@@ -8,10 +8,10 @@
 #include <string.h>
 
 #include "gradc.h"
-#include "runtime/artifact.h"
+#include "runtime/io/artifact.h"
 #include "tools.h"
 #ifdef GRADC_HAVE_CUDA
-#include "codegen/cuda.h"
+#include "codegen/cuda/cuda.h"
 #endif
 
 const char *tools_flag_value(int argc, char **argv, int *i, const char *flag, bool *missing) {

@@ -20,14 +20,14 @@
 #include "frontend/frontend.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/api_impl.h"
-#include "runtime/comm.h"
+#include "api/api_impl.h"
+#include "runtime/comm/comm.h"
 #include "runtime/runtime.h"
-#include "runtime/trace.h"
+#include "runtime/comm/trace.h"
 #include "bench.h"
 #include "tools.h"
 #ifdef GRADC_HAVE_CUDA
-#include "runtime/cuda.h"
+#include "runtime/cuda/cuda.h"
 #endif
 
 typedef struct Args {

@@ -39,13 +39,13 @@
 #include <unistd.h>
 
 #include "gradc.h"
-#include "runtime/artifact.h"
-#include "runtime/comm.h"
+#include "runtime/io/artifact.h"
+#include "runtime/comm/comm.h"
 #include "runtime/runtime.h"
 #include "support/support.h"
 #include "tools.h"
 #ifdef GRADC_HAVE_CUDA
-#include "runtime/cuda.h"
+#include "runtime/cuda/cuda.h"
 #define CUDA_TARGETS ", cuda, cuda:sm_XX"
 #else
 #define CUDA_TARGETS ""

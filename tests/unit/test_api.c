@@ -14,7 +14,7 @@
 
 #include "gradc.h"
 #include "passes/passes.h"
-#include "runtime/artifact.h"
+#include "runtime/io/artifact.h"
 #include "runtime/runtime.h"
 #include "testutil.h"
 

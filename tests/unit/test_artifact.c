@@ -16,7 +16,7 @@
 
 #include "codegen/codegen.h"
 #include "gradc.h"
-#include "runtime/artifact.h"
+#include "runtime/io/artifact.h"
 #include "testutil.h"
 
 #ifdef GRADC_HAVE_LLVM

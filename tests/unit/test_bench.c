@@ -14,7 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "passes/passes.h"
-#include "runtime/gemm_floor.h"
+#include "runtime/cpu/gemm_floor.h"
 #include "testutil.h"
 
 static const char *figure_names[] = {"compile_ms",       "compile_warm_ms", "step_ms_median",

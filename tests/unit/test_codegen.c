@@ -86,7 +86,7 @@ static double *arg_data(Inputs *in, const IrFunc *f, const char *name) {
 /* One kernel per op (every op outside the executor's set). */
 static void one_kernel_per_op(IrFunc *f) {
   int g = 0;
-  for (int i = 0; i < f->nops; i++) f->ops[i]->group = cg_op_group0(f->ops[i]->opcode) ? 0 : ++g;
+  for (int i = 0; i < f->nops; i++) f->ops[i]->group = kp_op_group0(f->ops[i]->opcode) ? 0 : ++g;
 }
 
 /* Every value its own slot; values read by `grad` are gradient buffers. */

@@ -27,10 +27,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "codegen/cuda_gen.h"
+#include "codegen/cuda/cuda_gen.h"
 #include "passes/passes.h"
-#include "runtime/cuda.h"
-#include "runtime/gemm_floor.h"
+#include "runtime/cuda/cuda.h"
+#include "runtime/cpu/gemm_floor.h"
 #include "runtime/runtime.h"
 #include "irbuild.h"
 #include "testutil.h"
@@ -41,7 +41,7 @@
 
 static void one_kernel_per_op(IrFunc *f) {
   int g = 0;
-  for (int i = 0; i < f->nops; i++) f->ops[i]->group = cg_op_group0(f->ops[i]->opcode) ? 0 : ++g;
+  for (int i = 0; i < f->nops; i++) f->ops[i]->group = kp_op_group0(f->ops[i]->opcode) ? 0 : ++g;
 }
 
 /* Every value its own slot; values read by `grad` are gradient buffers. */
@@ -958,7 +958,7 @@ static const IrValue *packed_root(const IrValue *v) {
 }
 
 /* Element e (row-major over v's shape) of view w: its index in w's root. */
-static int64_t view_index(const CgView *w, const IrValue *v, int64_t e) {
+static int64_t view_index(const KpView *w, const IrValue *v, int64_t e) {
   int64_t off = w->offset;
   const IrShape *s = &v->type.shape;
   for (int k = s->rank - 1; k >= 0; k--) {
@@ -994,8 +994,8 @@ static int check_gemms(const char *rel, const char *const *defs, uint64_t seed) 
   }
   if (!interp_run(&is, f, in.a, wsum, INTERP_STEP, NULL, err, sizeof err)) fail_msg("%s: %s", rel, err);
   char *arena = calloc((size_t)f->arena_size + 64, 1);
-  CgViews vs;
-  cg_views_find(f, group0, NULL, &vs);
+  KpViews vs;
+  kp_views_find(f, group0, NULL, &vs);
   int ng = 0;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -1004,14 +1004,14 @@ static int check_gemms(const char *rel, const char *const *defs, uint64_t seed) 
     CudaGemmDesc d;
     if (!cuda_gemm_describe(&vs, op, false, &d, err, sizeof err)) fail_msg("%s: %s", rel, err);
     bool views = op->result->type.dtype == IR_DT_F32 || op->result->type.dtype == IR_DT_F64;
-    CgView va, vb, vc;
+    KpView va, vb, vc;
     if (views) {
-      assert_true(cg_view_in(&vs, op->args[0], &va) && cg_view_in(&vs, op->args[1], &vb) &&
-                  cg_view_out(&vs, op->result, &vc));
+      assert_true(kp_view_in(&vs, op->args[0], &va) && kp_view_in(&vs, op->args[1], &vb) &&
+                  kp_view_out(&vs, op->result, &vc));
     } else {
-      cg_view_whole(packed_root(op->args[0]), &va);
-      cg_view_whole(packed_root(op->args[1]), &vb);
-      cg_view_whole(root_of(op->result), &vc);
+      kp_view_whole(packed_root(op->args[0]), &va);
+      kp_view_whole(packed_root(op->args[1]), &vb);
+      kp_view_whole(root_of(op->result), &vc);
     }
     const IrValue *ra = root_of(va.root), *rb = root_of(vb.root), *rc = root_of(vc.root);
     for (int64_t e = 0; e < ir_numel(&ra->type.shape); e++) put(arena, ra, e, is.val[ra->id][e]);
@@ -1045,7 +1045,7 @@ static int check_gemms(const char *rel, const char *const *defs, uint64_t seed) 
     free(got);
     cuda_gemm_desc_free(&d);
   }
-  cg_views_free(&vs);
+  kp_views_free(&vs);
   free(arena);
   interp_free(&is);
   for (int v = 0; v < f->nvalues; v++) free(wsum[v]);

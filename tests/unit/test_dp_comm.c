@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "include/gradc.h"
-#include "runtime/comm.h"
+#include "gradc.h"
+#include "runtime/comm/comm.h"
 #include "test_dp.h"
 
 /* ------------------------------------------------------------------ */

@@ -25,9 +25,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "include/gradc.h"
+#include "gradc.h"
 #include "passes/passes.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 #include "test_dp.h"
 
 /* ------------------------------------------------------------------ */

@@ -8,7 +8,7 @@
  *     the same process, the replicas agree, and a rank whose params were
  *     changed is named by gradc_session_check_replicas.
  * Skipped with a message when the build has no MPI or mpirun is absent. */
-#include "include/gradc.h"
+#include "gradc.h"
 #include "test_dp.h"
 
 static char tmpdir[] = "/tmp/gradc-dp-train-XXXXXX";

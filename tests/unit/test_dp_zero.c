@@ -14,8 +14,8 @@
  *     (about half, exactly this rank's slices), and API checkpoints saved
  *     sharded and loaded into sharded and one-process sessions.
  * Skipped with a message when the build has no MPI or mpirun is absent. */
-#include "include/gradc.h"
-#include "runtime/api_impl.h"
+#include "gradc.h"
+#include "api/api_impl.h"
 #include "test_dp.h"
 
 static char tmpdir[256] = "/tmp/gradc-dp-zero-XXXXXX";

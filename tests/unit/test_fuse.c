@@ -52,15 +52,15 @@ static int check_fused(IrFunc *f) {
     IrOp *op = f->ops[i];
     if (op->group == 0) {
       int64_t first;
-      bool range = (op->opcode == IR_OP_SLICE || op->opcode == IR_OP_UNSLICE) && cg_slice_contiguous(op, &first);
+      bool range = (op->opcode == IR_OP_SLICE || op->opcode == IR_OP_UNSLICE) && kp_slice_contiguous(op, &first);
       /* Views GEMMs read or write in place: permutes, slices, concats. */
       bool view = op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_SLICE || op->opcode == IR_OP_CONCAT;
-      if (!cg_op_group0(op->opcode) && !view && !range)
+      if (!kp_op_group0(op->opcode) && !view && !range)
         fail_msg("'%s' was left out of every kernel", ir_op_info[op->opcode].name);
       i++;
       continue;
     }
-    if (cg_op_group0(op->opcode)) fail_msg("'%s' is in kernel %d", ir_op_info[op->opcode].name, op->group);
+    if (kp_op_group0(op->opcode)) fail_msg("'%s' is in kernel %d", ir_op_info[op->opcode].name, op->group);
     if (seen[op->group]) fail_msg("kernel %d is not contiguous", op->group);
     seen[op->group] = true;
     int j = i;
@@ -68,9 +68,9 @@ static int check_fused(IrFunc *f) {
     if (j - i > 1) {
       Arena a;
       arena_init(&a);
-      CgRowLayout l;
+      KpRowLayout l;
       char why[256];
-      if (!cg_row_layout(f->ops + i, j - i, outside, f, &a, &l, why, sizeof why))
+      if (!kp_row_layout(f->ops + i, j - i, outside, f, &a, &l, why, sizeof why))
         fail_msg("kernel %d is not a row kernel: %s", op->group, why);
       arena_free(&a);
     }

@@ -87,7 +87,7 @@ static bool group0(const IrOp *op, IrOpcode opc) { return op && op->group == 0 &
 
 /* A group-0 slice or unslice of one contiguous range (*first: its first element). */
 static bool range_op(const IrOp *op, IrOpcode opc, int64_t *first) {
-  return group0(op, opc) && cg_slice_contiguous(op, first);
+  return group0(op, opc) && kp_slice_contiguous(op, first);
 }
 
 /* The value whose bytes are read when v is read: through reshape and

@@ -26,9 +26,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "include/gradc.h"
-#include "runtime/comm.h"
-#include "runtime/trace.h"
+#include "gradc.h"
+#include "runtime/comm/comm.h"
+#include "runtime/comm/trace.h"
 #include "test_dp.h"
 
 static char *slurp(const char *path) {

@@ -1,0 +1,170 @@
+/* api_impl.h - what the files of the C API (include/gradc.h) share: the
+ * program and session structs and the thread-local error message.
+ *
+ *   api.c          errors, programs (compile, signature), artifacts
+ *   api_session.c  sessions: params, inputs, running a window, gradients
+ *   api_optim.c    optimisers, the learning-rate schedule, checkpoints
+ *   api_zero.c     ZeRO-1: the optimiser state sharded over the dp ranks */
+#ifndef GRADC_API_IMPL_H
+#define GRADC_API_IMPL_H
+
+#include "frontend/frontend.h"
+#include "gradc.h"
+#include "runtime/comm/comm.h"
+#include "runtime/runtime.h"
+
+/* ZeRO-1 (api_zero.c): per storage dtype (group 0: F32, 1: F64) the
+ * params in declaration order form one flat vector of n elements, cut into
+ * dp parts of count = ceil(n / dp); this rank owns part `rank`, which is
+ * elements [lo, lo + len) of param i (len may be 0). */
+typedef struct ZeroLayout {
+  int dp, rank;
+  int nparams;
+  int64_t n[2], count[2];
+  int *group;   /* per param: 0 (F32 storage) or 1 (F64) */
+  int64_t *off; /* per param: its first element in its group's vector */
+  int64_t *lo, *len;
+} ZeroLayout;
+
+/* An input of the program's signature. */
+typedef struct ApiInput {
+  const char *name;
+  IrType type;  /* one micro-batch (the batch axis holds B/K samples) */
+  bool batched; /* first axis is the batch axis */
+} ApiInput;
+
+struct gradc_program {
+  Arena arena;             /* the signature's strings and arrays */
+  const char *model;       /* the model's name */
+  const char *source_name; /* the name diagnostics used ("mlp.gdl") */
+  char *source;            /* the model text (malloc'd) */
+  int gas;
+  const char *target;      /* "cpu" or "ref" */
+  int threads;
+  bool no_cache;
+  const char **def_names;  /* the -D values baked in */
+  int64_t *def_values;
+  int ndefs;
+  /* The signature, in declaration order.  params[i].name/type/init/a/b
+   * are set (the rest is zero): what rt_init_params needs. */
+  FeParam *params;
+  int nparams;
+  ApiInput *inputs;
+  int ninputs;
+  const char **losses;
+  int nlosses;
+  uint64_t fingerprint;    /* api_fingerprint of the signature */
+  /* The compiled function: m->func when compiled from source, else read
+   * from an artifact (then owned here). */
+  FeModel *fe;
+  IrFunc *func;
+  char *ir_text;           /* the printed function, as saved in artifacts (malloc'd) */
+  struct CpuProgram *cpu;  /* the CPU back end's program, NULL on the interpreter */
+  struct CudaProgram *cuda; /* the CUDA back end's program (target "cuda[:sm_XX]"), or NULL */
+  /* Distributed runs (comm.h): dp and tp ranks (the run has tp x dp);
+   * the comm layout is opened by the first session or run
+   * (api_dist_start), not at compile time. */
+  int dp;
+  int tp;
+  bool sequence_parallel, no_overlap; /* what the passes were given */
+  int64_t bucket_bytes;
+  Comm *comm;
+  StepDp stepdp;
+  bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
+  ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
+};
+
+struct gradc_session {
+  gradc_program *p;
+  StFile params;           /* master weights: F32 (F64 for f64 params), in signature order */
+  StFile inputs;           /* one window, as set by gradc_session_set_input */
+  StepResult res;          /* the last run */
+  bool have_res;
+  double grad_norm;        /* of res, before clipping */
+  /* The optimiser. */
+  bool have_opt;
+  gradc_optimizer_options opt;
+  void **slot0;            /* per param: exp_avg (AdamW) or momentum_buffer (SGD), or NULL */
+  void **slot1;            /* per param: exp_avg_sq (AdamW), or NULL */
+  bool momentum_valid;     /* SGD: the momentum buffers exist (torch creates them on the first step) */
+  int64_t step;            /* optimiser steps taken */
+  Rng rng;
+  struct CgOptim *optim_code; /* generated update kernels (CPU back end), built at the first step */
+  struct Trace *trace;     /* gradc_session_trace's recorder, or NULL */
+  bool grads_sharded;      /* ZeRO-1: res.grads hold only this rank's reduced slices (zeros elsewhere) */
+  uint64_t params_gen;     /* taken anew at every change to params (api_params_changed) */
+};
+
+/* gradc_program_compile_source with the caller's pass manager (dumps,
+ * timing, verification: the command line's --print-ir-* flags); pm may be
+ * NULL. */
+struct PassManager;
+gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
+                                 struct PassManager *pm, gradc_program **out);
+
+/* The session's params changed (set, loaded, stepped): a new generation,
+ * unique in the process, so the CPU back end copies them in again. */
+void api_params_changed(gradc_session *s);
+/* The generation of the params the next api_run_window* gets (the CPU
+ * back end skips copying params it holds already; 0: unknown). */
+void api_set_params_gen(gradc_program *p, uint64_t gen);
+
+/* Record msg as this thread's last error and return st. */
+gradc_status api_fail(gradc_status st, const char *fmt, ...) GRADC_PRINTF(2, 3);
+/* The index of a param / input by name, or -1. */
+int api_param_index(const gradc_program *p, const char *name);
+int api_input_index(const gradc_program *p, const char *name);
+/* The window shape of an input (batched ones hold K micro-batches). */
+IrType api_input_window_type(const gradc_program *p, int i);
+/* Whether params of this declared type are stored as F64 (else F32). */
+bool api_param_f64(const FeParam *p);
+
+/* Check a safetensors file holds every param with its shape and a float
+ * dtype, and nothing else (but optim.* tensors when allow_optim); the
+ * error names the file and the tensor, as `gradc run` does. */
+bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
+                           size_t errlen);
+/* Copy src's elements into dst (same count), converting to dst's dtype. */
+void api_copy_tensor(const StTensor *src, StTensor *dst);
+
+/* Run one window on the program's back end (step_run_ref or cpu_step_run);
+ * errors name the tensors as "params: ..." / "inputs: ...". */
+bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
+                    size_t errlen);
+
+/* api_run_window, and under ZeRO-1 with keep_shard: the gradients are
+ * left reduce-scattered (only this rank's slices of r->grads hold their
+ * sums; *sharded is set).  Without keep_shard they are gathered whole. */
+bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, bool keep_shard,
+                       bool *sharded, char *err, size_t errlen);
+
+/* Join the run's ranks for a program of tp x dp > 1 ranks (once; a no-op
+ * for one). */
+bool api_dist_start(gradc_program *p, char *err, size_t errlen);
+/* This process's rank in the program's run (0 without one). */
+int api_program_rank(const gradc_program *p);
+
+/* api_zero.c: ZeRO-1 (see there).  Collectives over the dp group, every
+ * rank in the same order. */
+ZeroLayout *api_zero_layout(const gradc_program *p); /* NULL unless zero1 over > 1 dp ranks */
+void api_zero_free(ZeroLayout *z);
+/* Reduce-scatter r's (unreduced) gradients: this rank's slices get the sums, the rest zeros. */
+bool api_zero_reduce_scatter(const gradc_program *p, StepResult *r, char *err, size_t errlen);
+/* All-gather the slices back into whole gradients. */
+bool api_zero_gather_grads(const gradc_program *p, StepResult *r, char *err, size_t errlen);
+/* The squared global norm of sharded gradients (all-reduced sums of squares). */
+bool api_zero_norm2(const gradc_program *p, const StepResult *r, double *out, char *err, size_t errlen);
+/* All-gather the params' owned slices (after an update) into every rank's whole params. */
+bool api_zero_gather_params(const gradc_program *p, StFile *params, char *err, size_t errlen);
+/* All-gather an optimiser slot (per param: this rank's slice) into whole
+ * vectors per group (malloc'd; param i at whole[group][off[i]]). */
+bool api_zero_gather_slot(const gradc_program *p, void *const *slot, void *whole[2], char *err, size_t errlen);
+/* Bytes of optimiser state this rank holds (slot0 and slot1). */
+int64_t api_optim_state_bytes(const gradc_session *s);
+
+/* api_optim.c: the slot names an optimiser keeps ("exp_avg", ...). */
+int api_optim_slots(const gradc_optimizer_options *o, const char **names);
+void api_optim_free_state(gradc_session *s);
+void api_optim_free_code(gradc_session *s); /* the session's generated update kernels */
+
+#endif

@@ -1,0 +1,774 @@
+/* llvm.c - the CPU back end's driver (DESIGN.md §6, docs/BACKEND.md):
+ * every kernel of a planned function becomes one LLVM function
+ *
+ *   void kN_<ops>(ptr arena, i64 begin, i64 end)
+ *
+ * in one module, emitted by llvm_row.c (row kernels) or llvm_loop.c (one
+ * op in a general loop nest); the module is optimised for the host CPU
+ * with LLVMRunPasses("default<O3>"), emitted as object code with
+ * LLVMTargetMachineEmitToMemoryBuffer (kernels are split into chunks,
+ * each its own LLVM context and module, compiled on a thread pool) and
+ * loaded with ORC LLJIT
+ * (LLVMOrcLLJITAddObjectFile), libm and libc symbols resolved from the
+ * process.  The object bytes are kept (cg_module_object) so that a cache
+ * or an artifact can load them again without LLVM's optimiser
+ * (cg_module_load_object).  Every LLVM call that can fail is checked and
+ * reported through err; nothing here exits.
+ *
+ * For profiling: GRADC_DUMP_LLVM (set) prints the optimised module to
+ * stderr as CgOptions.dump_llvm does (the cache is bypassed), and
+ * GRADC_PERF_MAP appends the loaded kernels' addresses to
+ * /tmp/perf-<pid>.map, where `perf report` finds their names. */
+#include <llvm-c/Core.h>
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Error.h>
+#include <llvm/Config/llvm-config.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Object.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cg_source_hash.h" /* GRADC_CG_SOURCE_HASH: made by the build (cmake/cg_hash.cmake) */
+#include "llvm_gen.h"
+
+
+struct CgModule {
+  LLVMOrcLLJITRef jit;
+  CgKernel *kernels; /* by group id, [0] unused */
+  int maxgroup;
+  char *obj;         /* the object file (malloc'd) */
+  size_t objlen;
+  Arena names;
+  bool from_cache;
+};
+
+bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n) {
+  if (!e) return true;
+  char *msg = LLVMGetErrorMessage(e);
+  errf(err, n, "LLVM: %s: %s", what, msg ? msg : "unknown error");
+  LLVMDisposeErrorMessage(msg);
+  return false;
+}
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static bool init_ok;
+static void init_llvm(void) {
+  init_ok = !LLVMInitializeNativeTarget() && !LLVMInitializeNativeAsmPrinter();
+}
+
+/* ------------------------------------------------------------------ */
+/* Kernels of a function                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct KInfo {
+  int group;
+  IrOp **ops; /* into f->ops */
+  int n;
+  bool row;
+  KpRowLayout layout;
+  const char *name;
+  int64_t iters, cost;
+  const IrValue **bufs; /* the arena values it touches (gen_kernel_buffers) */
+  int nbufs;
+  const char *key; /* its code without the buffers' offsets */
+  int rep;         /* the first kernel of the same key (index into Kernels.k) */
+  int copies;      /* kernels sharing this one's key (on the representative) */
+} KInfo;
+
+typedef struct Kernels {
+  KInfo *k;
+  int n;
+  int maxgroup;
+  Arena a;
+} Kernels;
+
+static bool outside_use(const IrValue *v, void *ctx) {
+  const bool *out = ctx;
+  return out[v->id];
+}
+
+/* A symbol-friendly name: k<group>_ and up to three distinct op names. */
+static const char *kernel_name(Arena *a, int group, IrOp **ops, int n) {
+  char buf[128];
+  int len = snprintf(buf, sizeof buf, "k%d", group);
+  const char *seen[3];
+  int ns = 0;
+  for (int i = 0; i < n && ns < 3; i++) {
+    const char *nm = ir_op_info[ops[i]->opcode].name;
+    bool dup = false;
+    for (int k = 0; k < ns; k++) dup |= strcmp(seen[k], nm) == 0;
+    if (dup) continue;
+    seen[ns++] = nm;
+    if (len < (int)sizeof buf - 1) buf[len++] = '_';
+    for (const char *p = nm; *p && len < (int)sizeof buf - 1; p++) buf[len++] = *p == '.' ? '_' : *p;
+    buf[len] = 0;
+  }
+  return arena_strdup(a, buf);
+}
+
+/* A kernel's code does not depend on where its buffers are, only on its
+ * ops, attributes, types, storage kinds and which buffers overlap: the
+ * key says all that, so kernels that differ only in offsets (the layers
+ * of a deep model) share one compiled body. */
+static const char *kernel_key(Arena *a, const KInfo *ki) {
+  StrBuf sb;
+  sb_init(&sb);
+  char tb[IR_TYPE_STR_MAX];
+  for (int i = 0; i < ki->nbufs; i++) {
+    const IrValue *v = ki->bufs[i];
+    int cls = i, same = -1;
+    int64_t lo = v->offset, hi = lo + ir_numel(&v->type.shape) * 8;
+    for (int j = 0; j < i; j++) {
+      const IrValue *w = ki->bufs[j];
+      int64_t lo2 = w->offset, hi2 = lo2 + ir_numel(&w->type.shape) * 8;
+      if (lo < hi2 && lo2 < hi) cls = j < cls ? j : cls; /* conservative: 8 bytes an element */
+      if (same < 0 && lo == lo2 && v->storage == w->storage && ir_numel(&v->type.shape) == ir_numel(&w->type.shape))
+        same = j; /* an output written over an operand (memplan): one address */
+    }
+    sb_printf(&sb, "b%d:%d:%d:%d;", i, (int)v->storage, cls, same);
+  }
+  for (int q = 0; q < ki->n; q++) {
+    const IrOp *op = ki->ops[q];
+    sb_printf(&sb, "|%s", ir_op_info[op->opcode].name);
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *v = op->args[j];
+      int d = -1, b = -1;
+      for (int r = 0; r < q; r++)
+        if (ki->ops[r]->result == v) d = r;
+      for (int r = 0; r < ki->nbufs; r++)
+        if (ki->bufs[r] == v) b = r;
+      if (d >= 0)
+        sb_printf(&sb, " d%d", d);
+      else if (b >= 0)
+        sb_printf(&sb, " b%d", b);
+      else if (v->def && v->def->opcode == IR_OP_CONST)
+        sb_printf(&sb, " c%.17g", ir_attr_get_float(v->def, "value", 0.0));
+      else
+        sb_puts(&sb, " n");
+      sb_printf(&sb, ":%s", ir_type_str(&v->type, tb, sizeof tb));
+    }
+    for (int k = 0; k < op->nattrs; k++) {
+      const IrAttr *at = &op->attrs[k];
+      sb_printf(&sb, " %s=", at->key);
+      switch (at->kind) {
+      case IR_ATTR_INT:
+      case IR_ATTR_BOOL: sb_printf(&sb, "%lld", (long long)at->i); break;
+      case IR_ATTR_FLOAT: sb_printf(&sb, "%.17g", at->f); break;
+      case IR_ATTR_STR: sb_printf(&sb, "\"%s\"", at->s); break;
+      case IR_ATTR_INTS:
+        for (int i = 0; i < at->n; i++) sb_printf(&sb, "%s%lld", i ? "," : "[", (long long)at->ints[i]);
+        sb_putc(&sb, ']');
+        break;
+      }
+    }
+    int b = -1;
+    for (int r = 0; r < ki->nbufs; r++)
+      if (ki->bufs[r] == op->result) b = r;
+    sb_printf(&sb, " -> %s b%d", ir_type_str(&op->result->type, tb, sizeof tb), b);
+  }
+  const char *key = arena_strdup(a, sb_str(&sb));
+  sb_free(&sb);
+  return key;
+}
+
+/* Collect the kernels: contiguous runs of one group. */
+static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) {
+  memset(K, 0, sizeof *K);
+  arena_init(&K->a);
+  bool *out = ARENA_ARRAY(&K->a, bool, f->nvalues > 0 ? f->nvalues : 1);
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *v = op->args[j];
+      if (v->def && v->def->group > 0 && v->def->group != op->group) out[v->id] = true;
+    }
+  }
+  int cap = 0;
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->group > 0 && (i == 0 || f->ops[i - 1]->group != f->ops[i]->group)) cap++;
+  K->k = ARENA_ARRAY(&K->a, KInfo, cap > 0 ? cap : 1);
+  for (int i = 0; i < f->nops;) {
+    int g = f->ops[i]->group;
+    if (g <= 0) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j < f->nops && f->ops[j]->group == g) j++;
+    for (int k = 0; k < K->n; k++)
+      if (K->k[k].group == g) return errf(err, errlen, "kernel k%d is not contiguous in the op list", g);
+    KInfo *ki = &K->k[K->n++];
+    ki->group = g;
+    ki->ops = f->ops + i;
+    ki->n = j - i;
+    if (g > K->maxgroup) K->maxgroup = g;
+    char why[256];
+    if (ki->n == 1 && !kp_op_rowwise(ki->ops[0])) {
+      ki->row = false;
+    } else if (kp_row_layout(ki->ops, ki->n, outside_use, out, &K->a, &ki->layout, why, sizeof why)) {
+      ki->row = true;
+    } else {
+      return errf(err, errlen, "kernel k%d: %s", g, why);
+    }
+    ki->name = kernel_name(&K->a, g, ki->ops, ki->n);
+    gen_kernel_extent(f, ki->ops, ki->n, ki->row ? &ki->layout : NULL, &ki->iters, &ki->cost);
+    int maxb = (ki->row ? ki->layout.nslots : 0) + (ki->n > 0 ? ki->ops[0]->nargs : 0) + 2;
+    ki->bufs = ARENA_ARRAY(&K->a, const IrValue *, maxb);
+    ki->nbufs = gen_kernel_buffers(ki->ops, ki->n, ki->row ? &ki->layout : NULL, ki->bufs);
+    ki->key = kernel_key(&K->a, ki);
+    i = j;
+  }
+  /* Representatives of each key. */
+  StrMap reps;
+  strmap_init(&reps);
+  for (int k = 0; k < K->n; k++) {
+    KInfo *ki = &K->k[k];
+    intptr_t r = (intptr_t)strmap_get(&reps, ki->key);
+    if (!r) {
+      strmap_put(&reps, ki->key, (void *)(intptr_t)(k + 1));
+      r = k + 1;
+    }
+    ki->rep = (int)r - 1;
+    K->k[ki->rep].copies++;
+  }
+  strmap_free(&reps);
+  return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Host and target machine                                             */
+/* ------------------------------------------------------------------ */
+
+void cg_llvm_host_id(char *buf, size_t n) {
+  pthread_once(&init_once, init_llvm);
+  char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+  snprintf(buf, n, "%s;%s;%s;llvm%d", triple ? triple : "", cpu ? cpu : "", feat ? feat : "", LLVM_VERSION_MAJOR);
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
+}
+
+static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
+  char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+  LLVMTargetRef target = NULL;
+  char *msg = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
+    errf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
+  } else {
+    tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
+                                 LLVMCodeModelDefault);
+    if (!tm) errf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
+  }
+  LLVMDisposeMessage(msg);
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
+  return tm;
+}
+
+/* ------------------------------------------------------------------ */
+/* Emission                                                            */
+/* ------------------------------------------------------------------ */
+
+static void add_attr(Gen *g, LLVMValueRef fn, const char *name) {
+  unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+  LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(g->ctx, kind, 0));
+}
+
+/* Let the backend fuse a multiply and the add that consumes it into one
+ * FMA (the polynomials of exp, tanh and gelu are chains of them): one
+ * rounding fewer per pair, well within what the kernels promise against
+ * the reference interpreter, and about a fifth fewer instructions. */
+static void allow_contraction(LLVMValueRef fn) {
+  for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(fn); bb; bb = LLVMGetNextBasicBlock(bb))
+    for (LLVMValueRef in = LLVMGetFirstInstruction(bb); in; in = LLVMGetNextInstruction(in)) {
+      LLVMOpcode op = LLVMGetInstructionOpcode(in);
+      if ((op == LLVMFMul || op == LLVMFAdd || op == LLVMFSub) && LLVMCanValueUseFastMathFlags(in))
+        LLVMSetFastMathFlags(in, LLVMGetFastMathFlags(in) | LLVMFastMathAllowContract);
+    }
+}
+
+/* The body of kernel ki: the kernel itself (void name(arena, begin, end),
+ * offsets as constants), or with shared = true a body every kernel of its
+ * key calls (void name(arena, begin, end, offs)). */
+static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
+  LLVMTypeRef params[4] = {g->t_ptr, g->t_i64, g->t_i64, g->t_ptr};
+  LLVMTypeRef ft = LLVMFunctionType(g->t_void, params, shared ? 4 : 3, 0);
+  char name[64];
+  snprintf(name, sizeof name, "body%d", ki->group);
+  g->fn = LLVMAddFunction(g->mod, shared ? name : ki->name, ft);
+  g->group = ki->group;
+  g->arena = LLVMGetParam(g->fn, 0);
+  g->begin = LLVMGetParam(g->fn, 1);
+  g->end = LLVMGetParam(g->fn, 2);
+  g->offs = shared ? LLVMGetParam(g->fn, 3) : NULL;
+  LLVMSetValueName2(g->arena, "arena", 5);
+  LLVMSetValueName2(g->begin, "begin", 5);
+  LLVMSetValueName2(g->end, "end", 3);
+  add_attr(g, g->fn, "nounwind");
+  if (shared) {
+    LLVMSetValueName2(g->offs, "offs", 4);
+    LLVMSetLinkage(g->fn, LLVMInternalLinkage);
+    add_attr(g, g->fn, "noinline"); /* compiled once, called by every kernel of the key */
+  }
+  g->entry = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "entry");
+  LLVMPositionBuilderAtEnd(g->b, g->entry);
+  gen_scopes_begin(g);
+  for (int i = 0; i < ki->nbufs; i++) gen_scope_add(g, ki->bufs[i]);
+  gen_scopes_end(g);
+  if (ki->row)
+    gen_row_kernel(g, ki->ops, ki->n, &ki->layout);
+  else
+    gen_loop_kernel(g, ki->ops[0]);
+  gen_scopes_free(g);
+  g->offs = NULL;
+  allow_contraction(g->fn);
+  return g->fn;
+}
+
+/* kernel ki as a call of its key's shared body with its own offsets. */
+static void emit_wrapper(Gen *g, KInfo *ki, LLVMValueRef body) {
+  LLVMTypeRef params[3] = {g->t_ptr, g->t_i64, g->t_i64};
+  LLVMValueRef fn = LLVMAddFunction(g->mod, ki->name, LLVMFunctionType(g->t_void, params, 3, 0));
+  add_attr(g, fn, "nounwind");
+  LLVMValueRef *offs = malloc(sizeof(LLVMValueRef) * (size_t)(ki->nbufs ? ki->nbufs : 1));
+  if (!offs) abort();
+  for (int i = 0; i < ki->nbufs; i++) offs[i] = gen_i64(g, ki->bufs[i]->offset);
+  LLVMValueRef init = LLVMConstArray2(g->t_i64, offs, (uint64_t)ki->nbufs);
+  free(offs);
+  char name[64];
+  snprintf(name, sizeof name, "offs%d", ki->group);
+  LLVMValueRef table = LLVMAddGlobal(g->mod, LLVMTypeOf(init), name);
+  LLVMSetInitializer(table, init);
+  LLVMSetGlobalConstant(table, 1);
+  LLVMSetLinkage(table, LLVMPrivateLinkage);
+  LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->ctx, fn, "entry"));
+  LLVMValueRef args[4] = {LLVMGetParam(fn, 0), LLVMGetParam(fn, 1), LLVMGetParam(fn, 2), table};
+  LLVMTypeRef bparams[4] = {g->t_ptr, g->t_i64, g->t_i64, g->t_ptr};
+  LLVMBuildCall2(g->b, LLVMFunctionType(g->t_void, bparams, 4, 0), body, args, 4, "");
+  LLVMBuildRetVoid(g->b);
+}
+
+/* Build, verify, optimise and emit one module holding the kernels of the
+ * representatives ks[0..n) (of all[0..nall)); its object bytes to *obj
+ * (malloc'd). */
+static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *ks, int n, bool dump, char **obj,
+                          size_t *objlen, char *err, size_t errlen) {
+  LLVMTargetMachineRef tm = host_machine(err, errlen);
+  if (!tm) return false;
+  Gen g;
+  memset(&g, 0, sizeof g);
+  g.f = f;
+  g.err = err;
+  g.errlen = errlen;
+  g.ctx = LLVMContextCreate();
+  g.mod = LLVMModuleCreateWithNameInContext(f->name ? f->name : "gradc", g.ctx);
+  char *triple = LLVMGetTargetMachineTriple(tm);
+  LLVMSetTarget(g.mod, triple);
+  LLVMDisposeMessage(triple);
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
+  LLVMSetModuleDataLayout(g.mod, td);
+  LLVMDisposeTargetData(td);
+  g.b = LLVMCreateBuilderInContext(g.ctx);
+  g.t_void = LLVMVoidTypeInContext(g.ctx);
+  g.t_i1 = LLVMInt1TypeInContext(g.ctx);
+  g.t_i8 = LLVMInt8TypeInContext(g.ctx);
+  g.t_i16 = LLVMInt16TypeInContext(g.ctx);
+  g.t_i32 = LLVMInt32TypeInContext(g.ctx);
+  g.t_i64 = LLVMInt64TypeInContext(g.ctx);
+  g.t_f32 = LLVMFloatTypeInContext(g.ctx);
+  g.t_f64 = LLVMDoubleTypeInContext(g.ctx);
+  g.t_ptr = LLVMPointerTypeInContext(g.ctx, 0);
+
+  bool ok = true;
+  for (int i = 0; i < n && !g.failed; i++) {
+    KInfo *rep = ks[i];
+    if (rep->copies <= 1) {
+      emit_body(&g, rep, false);
+      continue;
+    }
+    LLVMValueRef body = emit_body(&g, rep, true);
+    for (KInfo *x = rep; x < all + nall; x++)
+      if (&all[x->rep] == rep) emit_wrapper(&g, x, body);
+  }
+  if (g.failed) ok = false;
+  char *msg = NULL;
+  if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
+    ok = errf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
+  }
+  LLVMDisposeMessage(msg);
+  msg = NULL;
+  if (ok) {
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+    LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+    LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
+    LLVMPassBuilderOptionsSetLoopUnrolling(po, 0); /* full unrolling of short rows costs more compile time than it saves */
+    ok = cg_check_llvm(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
+    LLVMDisposePassBuilderOptions(po);
+  }
+  if (ok && dump) {
+    char *s = LLVMPrintModuleToString(g.mod);
+    fputs(s, stderr);
+    LLVMDisposeMessage(s);
+  }
+  LLVMMemoryBufferRef buf = NULL;
+  if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
+    ok = errf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
+    buf = NULL;
+  }
+  LLVMDisposeMessage(msg);
+  if (ok) {
+    *objlen = LLVMGetBufferSize(buf);
+    *obj = malloc(*objlen ? *objlen : 1);
+    if (!*obj) abort();
+    memcpy(*obj, LLVMGetBufferStart(buf), *objlen);
+  }
+  if (buf) LLVMDisposeMemoryBuffer(buf);
+  LLVMDisposeBuilder(g.b);
+  LLVMDisposeModule(g.mod);
+  LLVMContextDispose(g.ctx);
+  LLVMDisposeTargetMachine(tm);
+  return ok;
+}
+
+/* The object bundle: "GRDCOBJ1", a u32 count, then per object a u64
+ * length and its bytes (little-endian, as every supported host). */
+static const char bundle_magic[8] = {'G', 'R', 'D', 'C', 'O', 'B', 'J', '1'};
+
+typedef struct Chunk {
+  KInfo **ks;
+  int n;
+  int64_t work;
+  char *obj;
+  size_t len;
+  bool ok;
+  char err[512];
+} Chunk;
+
+typedef struct ChunkJob {
+  const IrFunc *f;
+  Kernels *K;
+  Chunk *c;
+  bool dump;
+} ChunkJob;
+
+static void compile_chunks(void *ctx, int64_t begin, int64_t end) {
+  ChunkJob *job = ctx;
+  for (int64_t i = begin; i < end; i++) {
+    Chunk *c = &job->c[i];
+    c->ok = compile_chunk(job->f, job->K->k, job->K->n, c->ks, c->n, job->dump, &c->obj, &c->len, c->err, sizeof c->err);
+  }
+}
+
+static int64_t kernel_work(const KInfo *k) { return 4 + (int64_t)k->n; }
+
+/* Compile every kernel, in chunks on CgOptions.threads threads (0: every
+ * core), into one bundle of objects. */
+static bool compile_object(const IrFunc *f, Kernels *K, const CgOptions *o, char **obj, size_t *objlen, char *err,
+                           size_t errlen) {
+  bool dump = (o && o->dump_llvm) || getenv("GRADC_DUMP_LLVM");
+  int threads = o && o->threads > 0 ? o->threads : pool_ncores();
+  int nreps = 0;
+  for (int i = 0; i < K->n; i++) nreps += K->k[i].rep == i;
+  int nch = dump ? 1 : nreps / 8 + 1; /* a chunk of a few kernels is worth a thread */
+  if (nch > threads) nch = threads;
+  if (nch > nreps) nch = nreps > 0 ? nreps : 1;
+  Chunk *c = calloc((size_t)nch, sizeof *c);
+  KInfo **order = malloc(sizeof(KInfo *) * (size_t)(K->n ? K->n : 1));
+  if (!c || !order) abort();
+  for (int i = 0; i < nch; i++) {
+    c[i].ks = malloc(sizeof(KInfo *) * (size_t)(K->n ? K->n : 1));
+    if (!c[i].ks) abort();
+  }
+  /* Representatives, largest first, into the lightest chunk. */
+  int nrep = 0;
+  for (int i = 0; i < K->n; i++)
+    if (K->k[i].rep == i) order[nrep++] = &K->k[i];
+  for (int i = 1; i < nrep; i++)
+    for (int j = i; j > 0 && kernel_work(order[j]) > kernel_work(order[j - 1]); j--) {
+      KInfo *t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  for (int i = 0; i < nrep; i++) {
+    int best = 0;
+    for (int q = 1; q < nch; q++)
+      if (c[q].work < c[best].work) best = q;
+    c[best].ks[c[best].n++] = order[i];
+    c[best].work += kernel_work(order[i]);
+  }
+  ChunkJob job = {f, K, c, dump};
+  Pool *pool = nch > 1 ? pool_new(nch) : NULL;
+  pool_run(pool, nch, 1, compile_chunks, &job);
+  pool_free(pool);
+  bool ok = true;
+  size_t total = sizeof bundle_magic + 4;
+  for (int i = 0; i < nch; i++) {
+    if (!c[i].ok && ok) ok = errf(err, errlen, "%s", c[i].err);
+    total += 8 + c[i].len;
+  }
+  if (ok) {
+    char *b = malloc(total), *p = b;
+    if (!b) abort();
+    memcpy(p, bundle_magic, sizeof bundle_magic);
+    p += sizeof bundle_magic;
+    uint32_t n32 = (uint32_t)nch;
+    memcpy(p, &n32, 4);
+    p += 4;
+    for (int i = 0; i < nch; i++) {
+      uint64_t l = c[i].len;
+      memcpy(p, &l, 8);
+      memcpy(p + 8, c[i].obj, c[i].len);
+      p += 8 + c[i].len;
+    }
+    *obj = b;
+    *objlen = total;
+  }
+  for (int i = 0; i < nch; i++) {
+    free(c[i].obj);
+    free(c[i].ks);
+  }
+  free(c);
+  free(order);
+  return ok;
+}
+
+/* ------------------------------------------------------------------ */
+/* Loading object code                                                 */
+/* ------------------------------------------------------------------ */
+
+/* With GRADC_PERF_MAP set, every function of the loaded objects (kernels,
+ * their shared bodies) is appended to /tmp/perf-<pid>.map, so that
+ * `perf report` names generated code.  An object's .text is loaded whole:
+ * one exported kernel's JIT address fixes the others'. */
+static void perf_map(CgModule *m, const Kernels *K, const char *obj, size_t len) {
+  LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(obj, len, "gradc-kernels");
+  char *msg = NULL;
+  LLVMBinaryRef bin = LLVMCreateBinary(mb, NULL, &msg);
+  LLVMDisposeMessage(msg);
+  if (!bin) {
+    LLVMDisposeMemoryBuffer(mb);
+    return;
+  }
+  int64_t delta = 0;
+  bool found = false;
+  LLVMSymbolIteratorRef it = LLVMObjectFileCopySymbolIterator(bin);
+  for (; !found && !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it); LLVMMoveToNextSymbol(it)) {
+    const char *nm = LLVMGetSymbolName(it);
+    for (int i = 0; nm && i < K->n && !found; i++)
+      if (strcmp(nm, K->k[i].name) == 0 && m->kernels[K->k[i].group].fn) {
+        delta = (int64_t)(uintptr_t)m->kernels[K->k[i].group].fn - (int64_t)LLVMGetSymbolAddress(it);
+        found = true;
+      }
+  }
+  LLVMDisposeSymbolIterator(it);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+  FILE *fp = found ? fopen(path, "a") : NULL;
+  if (fp) {
+    it = LLVMObjectFileCopySymbolIterator(bin);
+    for (; !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it); LLVMMoveToNextSymbol(it)) {
+      const char *nm = LLVMGetSymbolName(it);
+      uint64_t size = LLVMGetSymbolSize(it);
+      if (nm && *nm && size > 0)
+        fprintf(fp, "%llx %llx %s\n", (unsigned long long)(LLVMGetSymbolAddress(it) + (uint64_t)delta),
+                (unsigned long long)size, nm);
+    }
+    LLVMDisposeSymbolIterator(it);
+    fclose(fp);
+  }
+  LLVMDisposeBinary(bin);
+  LLVMDisposeMemoryBuffer(mb);
+}
+
+static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen) {
+  if (!cg_check_llvm(LLVMOrcCreateLLJIT(&m->jit, NULL), "creating the JIT", err, errlen)) {
+    m->jit = NULL;
+    return false;
+  }
+  LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(m->jit);
+  LLVMOrcDefinitionGeneratorRef gen = NULL;
+  if (!cg_check_llvm(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(m->jit), NULL, NULL),
+             "resolving process symbols", err, errlen))
+    return false;
+  LLVMOrcJITDylibAddGenerator(jd, gen);
+  /* the bundle's objects */
+  const char *p = m->obj, *end = m->obj + m->objlen;
+  uint32_t n = 0;
+  if (m->objlen < sizeof bundle_magic + 4 || memcmp(p, bundle_magic, sizeof bundle_magic) != 0)
+    return errf(err, errlen, "not a gradc object bundle");
+  memcpy(&n, p + sizeof bundle_magic, 4);
+  p += sizeof bundle_magic + 4;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len;
+    if (end - p < 8) return errf(err, errlen, "a truncated object bundle");
+    memcpy(&len, p, 8);
+    p += 8;
+    if ((uint64_t)(end - p) < len) return errf(err, errlen, "a truncated object bundle");
+    LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(p, (size_t)len, "gradc-kernels");
+    if (!cg_check_llvm(LLVMOrcLLJITAddObjectFile(m->jit, jd, buf), "loading object code", err, errlen)) return false;
+    p += len;
+  }
+  for (int i = 0; i < K->n; i++) {
+    const KInfo *ki = &K->k[i];
+    LLVMOrcExecutorAddress addr = 0;
+    if (!cg_check_llvm(LLVMOrcLLJITLookup(m->jit, &addr, ki->name), ki->name, err, errlen)) return false;
+    CgKernel *k = &m->kernels[ki->group];
+    k->group = ki->group;
+    k->name = arena_strdup(&m->names, ki->name);
+    k->fn = (CgKernelFn)(uintptr_t)addr;
+    k->iters = ki->iters;
+    k->cost = ki->cost;
+  }
+  if (getenv("GRADC_PERF_MAP")) {
+    p = m->obj + sizeof bundle_magic + 4;
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t len;
+      memcpy(&len, p, 8);
+      perf_map(m, K, p + 8, (size_t)len);
+      p += 8 + len;
+    }
+  }
+  return true;
+}
+
+static CgModule *module_new(const Kernels *K) {
+  CgModule *m = calloc(1, sizeof *m);
+  if (!m) abort();
+  arena_init(&m->names);
+  m->maxgroup = K->maxgroup;
+  m->kernels = calloc((size_t)K->maxgroup + 1, sizeof(CgKernel));
+  if (!m->kernels) abort();
+  return m;
+}
+
+void cg_module_free(CgModule *m) {
+  if (!m) return;
+  if (m->jit) {
+    LLVMErrorRef e = LLVMOrcDisposeLLJIT(m->jit);
+    if (e) LLVMConsumeError(e);
+  }
+  free(m->kernels);
+  free(m->obj);
+  arena_free(&m->names);
+  free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* The on-disk cache (support/cache.c, kind "cpu-obj"): keyed by the    */
+/* planned IR, the host and this generator's version.                  */
+/* ------------------------------------------------------------------ */
+
+const char *cg_generator_id(void) { return CG_VERSION "+" GRADC_CG_SOURCE_HASH; }
+
+static uint64_t cache_key(const IrFunc *f) {
+  StrBuf sb;
+  sb_init(&sb);
+  ir_print(f, &sb);
+  char host[1024];
+  cg_llvm_host_id(host, sizeof host);
+  uint64_t h = hash_bytes(sb_str(&sb), sb.len, HASH_SEED);
+  h = hash_bytes(host, strlen(host), h);
+  h = hash_bytes(cg_generator_id(), strlen(cg_generator_id()), h);
+  sb_free(&sb);
+  return h;
+}
+
+/* ------------------------------------------------------------------ */
+/* API                                                                 */
+/* ------------------------------------------------------------------ */
+
+static _Atomic int compile_count;
+
+int cg_llvm_compile_count(void) { return compile_count; }
+
+CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t errlen) {
+  compile_count++;
+  pthread_once(&init_once, init_llvm);
+  if (!init_ok) {
+    errf(err, errlen, "LLVM: cannot initialise the native target");
+    return NULL;
+  }
+  Kernels K;
+  if (!find_kernels(f, &K, err, errlen)) {
+    arena_free(&K.a);
+    return NULL;
+  }
+  CgModule *m = module_new(&K);
+  uint64_t key = 0;
+  bool cached = o && o->cache_dir && !o->dump_llvm && !getenv("GRADC_DUMP_LLVM");
+  if (cached) {
+    key = cache_key(f);
+    size_t len = 0;
+    char *data = cache_get(o->cache_dir, "cpu-obj", key, &len);
+    if (data) {
+      m->obj = data;
+      m->objlen = len;
+      char lerr[256];
+      if (load_object(m, &K, lerr, sizeof lerr)) {
+        m->from_cache = true;
+        arena_free(&K.a);
+        return m;
+      }
+      /* an entry that does not load: compile afresh */
+      cg_module_free(m);
+      m = module_new(&K);
+    }
+  }
+  bool ok = compile_object(f, &K, o, &m->obj, &m->objlen, err, errlen) && load_object(m, &K, err, errlen);
+  if (ok && cached) cache_put(o->cache_dir, "cpu-obj", key, m->obj, m->objlen);
+  arena_free(&K.a);
+  if (!ok) {
+    cg_module_free(m);
+    return NULL;
+  }
+  return m;
+}
+
+CgModule *cg_module_load_object(const IrFunc *f, const void *obj, size_t len, char *err, size_t errlen) {
+  pthread_once(&init_once, init_llvm);
+  if (!init_ok) {
+    errf(err, errlen, "LLVM: cannot initialise the native target");
+    return NULL;
+  }
+  Kernels K;
+  if (!find_kernels(f, &K, err, errlen)) {
+    arena_free(&K.a);
+    return NULL;
+  }
+  CgModule *m = module_new(&K);
+  m->obj = malloc(len ? len : 1);
+  if (!m->obj) abort();
+  memcpy(m->obj, obj, len);
+  m->objlen = len;
+  bool ok = load_object(m, &K, err, errlen);
+  arena_free(&K.a);
+  if (!ok) {
+    cg_module_free(m);
+    return NULL;
+  }
+  return m;
+}
+
+void cg_module_object(const CgModule *m, const void **data, size_t *len) {
+  *data = m->obj;
+  *len = m->objlen;
+}
+
+bool cg_module_from_cache(const CgModule *m) { return m->from_cache; }
+
+const CgKernel *cg_module_kernel(const CgModule *m, int group) {
+  if (group < 1 || group > m->maxgroup || !m->kernels[group].fn) return NULL;
+  return &m->kernels[group];
+}
+
+int cg_module_nkernels(const CgModule *m) { return m->maxgroup; }

@@ -1,0 +1,670 @@
+/* llvm_loop.c - kernels of one op that do not fit rows (docs/BACKEND.md):
+ * permute, slice, unslice, concat, reductions over leading axes,
+ * softmax over a leading axis, embedding_grad, and cross_entropy/mse_loss
+ * reduced to a scalar.  Each is a general loop nest whose outer loop
+ * [begin, end) runs over independent pieces of the output (output rows,
+ * column blocks, or one piece for a full reduction), so every output
+ * element is written by exactly one iteration (accumulated into gradient
+ * buffers).  Semantics follow runtime/interp.c. */
+#include <math.h>
+#include <string.h>
+
+#include "llvm_gen.h"
+
+#define CHUNK 256 /* columns per iteration of embedding_grad */
+/* Columns per iteration of column-blocked reductions: whole rows up to
+ * 2048 (a sum over the rows of [2048, 1024] reading each row in one
+ * sequential run is 4x faster than four passes over 256-column strips,
+ * which touch every page four times; the accumulator, 16 KB of doubles,
+ * stays in L1). */
+#define RED_CHUNK 2048
+
+static int64_t numel(const IrValue *v) { return ir_numel(&v->type.shape); }
+
+static void contiguous_strides(const IrShape *s, int64_t *st) {
+  int64_t m = 1;
+  for (int k = s->rank - 1; k >= 0; k--) {
+    st[k] = m;
+    m *= s->dim[k];
+  }
+}
+
+/* sum over axes of coord_a(i) * stride[a], where i runs over dims[0..n) row-major. */
+static LLVMValueRef strided(Gen *g, LLVMValueRef i, const int64_t *dims, const int64_t *stride, int n) {
+  LLVMValueRef off = gen_i64(g, 0);
+  int64_t inner = 1;
+  for (int a = n - 1; a >= 0; a--) {
+    if (stride[a] != 0 && dims[a] != 1) {
+      LLVMValueRef q = inner == 1 ? i : LLVMBuildUDiv(g->b, i, gen_i64(g, inner), "");
+      if (a > 0) q = LLVMBuildURem(g->b, q, gen_i64(g, dims[a]), "");
+      off = LLVMBuildNSWAdd(g->b, off, LLVMBuildNSWMul(g->b, q, gen_i64(g, stride[a]), ""), "");
+    }
+    inner *= dims[a];
+  }
+  return off;
+}
+
+static LLVMValueRef add(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildNSWAdd(g->b, a, b, ""); }
+static LLVMValueRef mul(Gen *g, LLVMValueRef a, int64_t c) { return LLVMBuildNSWMul(g->b, a, gen_i64(g, c), ""); }
+
+/* Reduced axes of a reduction over x (attr axes; empty = all). */
+static void reduced(const IrOp *op, bool *red) {
+  const IrShape *s = &op->args[0]->type.shape;
+  const int64_t *ax;
+  int n = ir_attr_get_ints(op, "axes", &ax);
+  for (int k = 0; k < s->rank; k++) red[k] = n == 0;
+  for (int i = 0; i < n; i++) {
+    int64_t a;
+    if (ir_norm_axis(ax[i], s->rank, &a)) red[a] = true;
+  }
+}
+
+/* The geometry of a reduction nest. */
+typedef struct RedGeom {
+  bool cols;                 /* last axis kept: column-blocked accumulation */
+  int t;                     /* first axis of the contiguous suffix */
+  int64_t blk;               /* elements of the suffix (kept suffix, or reduced suffix) */
+  int nk, nr;                /* outer kept axes, outer reduced axes */
+  int64_t kd[IR_MAX_RANK], ks[IR_MAX_RANK], rd[IR_MAX_RANK], rs[IR_MAX_RANK];
+  int64_t outer, mred, count, nch, ch;
+} RedGeom;
+
+static void red_geom(const IrOp *op, RedGeom *r) {
+  memset(r, 0, sizeof *r);
+  const IrShape *s = &op->args[0]->type.shape;
+  bool red[IR_MAX_RANK];
+  reduced(op, red);
+  int k = s->rank;
+  int64_t cs[IR_MAX_RANK];
+  contiguous_strides(s, cs);
+  r->cols = k > 0 && !red[k - 1];
+  int t = k;
+  while (t > 0 && red[t - 1] == !r->cols) t--;
+  r->t = t;
+  r->blk = 1;
+  for (int a = t; a < k; a++) r->blk *= s->dim[a];
+  r->outer = r->mred = 1;
+  for (int a = 0; a < t; a++) {
+    if (red[a]) {
+      r->rd[r->nr] = s->dim[a], r->rs[r->nr++] = cs[a];
+      r->mred *= s->dim[a];
+    } else {
+      r->kd[r->nk] = s->dim[a], r->ks[r->nk++] = cs[a];
+      r->outer *= s->dim[a];
+    }
+  }
+  r->count = r->mred * (r->cols ? 1 : r->blk);
+  r->ch = r->cols ? (r->blk < RED_CHUNK ? r->blk : RED_CHUNK) : 1;
+  r->nch = r->cols ? (r->blk + r->ch - 1) / (r->ch ? r->ch : 1) : 1;
+}
+
+/* The input strides of a permute's output axes; returns the output axis
+ * that reads the input's last (contiguous) axis when it is not the output's
+ * last one (a transpose, done in tiles), else -1. */
+#define TILE 32
+static int permute_strides(const IrOp *op, int64_t *st) {
+  const IrShape *s = &op->args[0]->type.shape;
+  int64_t cs[IR_MAX_RANK];
+  contiguous_strides(s, cs);
+  const int64_t *perm;
+  int n = ir_attr_get_ints(op, "perm", &perm), k = s->rank, t = -1;
+  for (int a = 0; a < k; a++) {
+    int64_t p = a < n ? perm[a] : a;
+    if (p < 0) p += k;
+    st[a] = p >= 0 && p < k ? cs[p] : 0;
+    if (st[a] == 1 && s->dim[p] > 1) t = a;
+  }
+  const IrShape *o = &op->result->type.shape;
+  if (k < 2 || t < 0 || t == k - 1 || o->dim[k - 1] < 2) return -1;
+  return t;
+}
+
+/* Tiles of a transpose: the other axes, then TILE x TILE blocks of output
+ * axes t (contiguous in the input) and last (contiguous in the output). */
+static void permute_tiles(const IrOp *op, int t, int64_t *outer, int64_t *nt, int64_t *nl) {
+  const IrShape *o = &op->result->type.shape;
+  int k = o->rank;
+  *outer = 1;
+  for (int a = 0; a < k - 1; a++)
+    if (a != t) *outer *= o->dim[a];
+  *nt = (o->dim[t] + TILE - 1) / TILE;
+  *nl = (o->dim[k - 1] + TILE - 1) / TILE;
+}
+
+/* ------------------------------------------------------------------ */
+/* Extents                                                             */
+/* ------------------------------------------------------------------ */
+
+static void loop_extent(const IrOp *op, int64_t *iters, int64_t *cost) {
+  const IrValue *y = op->result;
+  IrOpcode opc = op->opcode;
+  int64_t last = y->type.shape.rank ? y->type.shape.dim[y->type.shape.rank - 1] : 1;
+  *iters = 1;
+  *cost = numel(y);
+  int64_t pst[IR_MAX_RANK];
+  int tp = opc == IR_OP_PERMUTE ? permute_strides(op, pst) : -1;
+  if (tp >= 0) {
+    int64_t outer, nt, nl;
+    permute_tiles(op, tp, &outer, &nt, &nl);
+    *iters = outer * nt * nl;
+    *cost = TILE * TILE;
+  } else if (opc == IR_OP_PERMUTE || opc == IR_OP_SLICE || opc == IR_OP_UNSLICE || opc == IR_OP_CONCAT) {
+    *iters = last ? numel(y) / last : 0;
+    *cost = last;
+  } else if (opc == IR_OP_SUM || opc == IR_OP_MEAN || opc == IR_OP_MAX || opc == IR_OP_LOGSUMEXP) {
+    RedGeom r;
+    red_geom(op, &r);
+    *iters = r.cols ? r.outer * r.nch : r.outer;
+    *cost = r.mred * (r.cols ? r.ch : r.blk);
+  } else if (opc == IR_OP_SOFTMAX || opc == IR_OP_LOG_SOFTMAX) {
+    const IrShape *s = &op->args[0]->type.shape;
+    int64_t a;
+    if (s->rank > 0 && ir_norm_axis(ir_attr_get_int(op, "axis", -1), s->rank, &a)) {
+      *iters = s->dim[a] ? numel(op->args[0]) / s->dim[a] : 0;
+      *cost = 3 * s->dim[a];
+    }
+  } else if (opc == IR_OP_EMBEDDING_GRAD) {
+    int64_t D = y->type.shape.dim[1];
+    int64_t ch = D < CHUNK ? D : CHUNK;
+    *iters = ch ? (D + ch - 1) / ch : 0;
+    *cost = (numel(op->args[0]) + y->type.shape.dim[0]) * ch;
+  } else if (opc == IR_OP_CROSS_ENTROPY || opc == IR_OP_MSE_LOSS) {
+    *cost = 3 * numel(op->args[0]);
+  }
+}
+
+void gen_kernel_extent(const IrFunc *f, IrOp **ops, int n, const KpRowLayout *l, int64_t *iters, int64_t *cost) {
+  (void)f;
+  if (l) {
+    *iters = l->rows;
+    *cost = l->cols * (n > 0 ? n : 1);
+    return;
+  }
+  loop_extent(ops[0], iters, cost);
+}
+
+/* ------------------------------------------------------------------ */
+/* Copies: permute, slice, unslice, concat                             */
+/* ------------------------------------------------------------------ */
+
+/* out[r, j] = x[base + strided(r) + j * jstride], one output row per iteration. */
+static void gather_rows(Gen *g, const IrOp *op, const int64_t *st, int64_t base) {
+  const IrShape *o = &op->result->type.shape;
+  int k = o->rank;
+  int64_t cols = k ? o->dim[k - 1] : 1;
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  GenLoop rl, cl;
+  gen_loop_begin(g, &rl, g->begin, g->end, "row");
+  LLVMValueRef xoff = add(g, gen_i64(g, base), strided(g, rl.iv, o->dim, st, k > 0 ? k - 1 : 0));
+  LLVMValueRef yoff = mul(g, rl.iv, cols);
+  gen_loop_begin(g, &cl, gen_i64(g, 0), gen_i64(g, cols), "col");
+  LLVMValueRef xi = add(g, xoff, mul(g, cl.iv, k ? st[k - 1] : 0));
+  gen_buf_store(g, &y, add(g, yoff, cl.iv), gen_buf_load(g, &x, xi));
+  gen_loop_end(g, &cl);
+  gen_loop_end(g, &rl);
+}
+
+static void gen_permute(Gen *g, const IrOp *op) {
+  int64_t st[IR_MAX_RANK];
+  int t = permute_strides(op, st);
+  if (t < 0) {
+    gather_rows(g, op, st, 0);
+    return;
+  }
+  const IrShape *o = &op->result->type.shape;
+  int k = o->rank;
+  int64_t os[IR_MAX_RANK], od[IR_MAX_RANK], ist[IR_MAX_RANK], ost[IR_MAX_RANK];
+  contiguous_strides(o, os);
+  int m = 0;
+  for (int a = 0; a < k - 1; a++)
+    if (a != t) od[m] = o->dim[a], ist[m] = st[a], ost[m++] = os[a];
+  int64_t outer, nt, nl;
+  permute_tiles(op, t, &outer, &nt, &nl);
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  GenLoop it, il, jl;
+  gen_loop_begin(g, &it, g->begin, g->end, "tile");
+  LLVMValueRef ob = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, nt * nl), "");
+  LLVMValueRef rem = LLVMBuildURem(g->b, it.iv, gen_i64(g, nt * nl), "");
+  LLVMValueRef i0 = mul(g, LLVMBuildUDiv(g->b, rem, gen_i64(g, nl), ""), TILE);
+  LLVMValueRef j0 = mul(g, LLVMBuildURem(g->b, rem, gen_i64(g, nl), ""), TILE);
+  LLVMValueRef xo = strided(g, ob, od, ist, m), yo = strided(g, ob, od, ost, m);
+  LLVMValueRef ie = add(g, i0, gen_i64(g, TILE)), je = add(g, j0, gen_i64(g, TILE));
+  ie = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, ie, gen_i64(g, o->dim[t]), ""), ie, gen_i64(g, o->dim[t]), "");
+  je = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, je, gen_i64(g, o->dim[k - 1]), ""), je,
+                       gen_i64(g, o->dim[k - 1]), "");
+  gen_loop_begin(g, &il, i0, ie, "i");
+  LLVMValueRef xi = add(g, xo, il.iv), yi = add(g, yo, mul(g, il.iv, os[t]));
+  gen_loop_begin(g, &jl, j0, je, "j");
+  gen_buf_store(g, &y, add(g, yi, jl.iv), gen_buf_load(g, &x, add(g, xi, mul(g, jl.iv, st[k - 1]))));
+  gen_loop_end(g, &jl);
+  gen_loop_end(g, &il);
+  gen_loop_end(g, &it);
+}
+
+static void gen_slice(Gen *g, const IrOp *op) {
+  const IrShape *s = &op->args[0]->type.shape;
+  int64_t cs[IR_MAX_RANK], st[IR_MAX_RANK], start[IR_MAX_RANK], step[IR_MAX_RANK];
+  contiguous_strides(s, cs);
+  gen_slice_ranges(op, s, start, step);
+  int64_t base = 0;
+  for (int a = 0; a < s->rank; a++) {
+    st[a] = step[a] * cs[a];
+    if (op->result->type.shape.dim[a] > 0) base += start[a] * cs[a];
+  }
+  gather_rows(g, op, st, base);
+}
+
+/* Zeros with the slice region filled in: each output row is zeroed (unless
+ * it accumulates into a gradient buffer) and, when it lies in the region,
+ * the operand's row is written into it. */
+static void gen_unslice(Gen *g, const IrOp *op) {
+  const IrShape *o = &op->result->type.shape, *s = &op->args[0]->type.shape;
+  int k = o->rank;
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK];
+  gen_slice_ranges(op, o, start, step);
+  contiguous_strides(s, xs);
+  int64_t cols = k ? o->dim[k - 1] : 1;
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  IrDType dt = op->result->type.dtype;
+  GenLoop rl, cl;
+  gen_loop_begin(g, &rl, g->begin, g->end, "row");
+  LLVMValueRef yoff = mul(g, rl.iv, cols);
+  if (!y.grad) {
+    gen_loop_begin(g, &cl, gen_i64(g, 0), gen_i64(g, cols), "zero");
+    gen_buf_store(g, &y, add(g, yoff, cl.iv), gen_const(g, dt, 0.0));
+    gen_loop_end(g, &cl);
+  }
+  /* in the region along every row axis? and the operand's row */
+  LLVMValueRef in = LLVMConstInt(g->t_i1, 1, 0), xoff = gen_i64(g, 0);
+  int64_t inner = 1;
+  for (int a = k - 2; a >= 0; a--) {
+    LLVMValueRef c = inner == 1 ? rl.iv : LLVMBuildUDiv(g->b, rl.iv, gen_i64(g, inner), "");
+    if (a > 0) c = LLVMBuildURem(g->b, c, gen_i64(g, o->dim[a]), "");
+    inner *= o->dim[a];
+    LLVMValueRef rel = LLVMBuildSub(g->b, c, gen_i64(g, start[a]), "");
+    LLVMValueRef q = LLVMBuildSDiv(g->b, rel, gen_i64(g, step[a]), "");
+    LLVMValueRef exact = LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildSRem(g->b, rel, gen_i64(g, step[a]), ""), gen_i64(g, 0), "");
+    LLVMValueRef lo = LLVMBuildICmp(g->b, LLVMIntSGE, q, gen_i64(g, 0), "");
+    LLVMValueRef hi = LLVMBuildICmp(g->b, LLVMIntSLT, q, gen_i64(g, s->dim[a]), "");
+    in = LLVMBuildAnd(g->b, in, LLVMBuildAnd(g->b, exact, LLVMBuildAnd(g->b, lo, hi, ""), ""), "");
+    xoff = add(g, xoff, LLVMBuildMul(g->b, q, gen_i64(g, xs[a]), ""));
+  }
+  LLVMBasicBlockRef copy = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "region");
+  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "");
+  LLVMBuildCondBr(g->b, in, copy, done);
+  LLVMPositionBuilderAtEnd(g->b, copy);
+  int64_t n = k ? s->dim[k - 1] : 1;
+  gen_loop_begin(g, &cl, gen_i64(g, 0), gen_i64(g, n), "col");
+  LLVMValueRef j = add(g, gen_i64(g, k ? start[k - 1] : 0), mul(g, cl.iv, k ? step[k - 1] : 0));
+  gen_buf_store(g, &y, add(g, yoff, j), gen_buf_load(g, &x, add(g, xoff, cl.iv)));
+  gen_loop_end(g, &cl);
+  LLVMBuildBr(g->b, done);
+  LLVMPositionBuilderAtEnd(g->b, done);
+  gen_loop_end(g, &rl);
+}
+
+static void copy_row(Gen *g, const GenBuf *y, LLVMValueRef yoff, const GenBuf *x, LLVMValueRef xoff, int64_t n) {
+  GenLoop cl;
+  gen_loop_begin(g, &cl, gen_i64(g, 0), gen_i64(g, n), "col");
+  gen_buf_store(g, y, add(g, yoff, cl.iv), gen_buf_load(g, x, add(g, xoff, cl.iv)));
+  gen_loop_end(g, &cl);
+}
+
+static void gen_concat(Gen *g, const IrOp *op) {
+  const IrShape *o = &op->result->type.shape;
+  int k = o->rank;
+  int64_t axis = 0;
+  ir_norm_axis(ir_attr_get_int(op, "axis", 0), k, &axis);
+  int64_t cols = o->dim[k - 1];
+  GenBuf y = gen_buf_out(g, op->result);
+  GenLoop rl;
+  gen_loop_begin(g, &rl, g->begin, g->end, "row");
+  LLVMValueRef yoff = mul(g, rl.iv, cols);
+  if (axis == k - 1) {
+    int64_t at = 0;
+    for (int i = 0; i < op->nargs; i++) {
+      GenBuf x = gen_buf(g, op->args[i]);
+      int64_t w = op->args[i]->type.shape.dim[axis];
+      copy_row(g, &y, add(g, yoff, gen_i64(g, at)), &x, mul(g, rl.iv, w), w);
+      at += w;
+    }
+  } else {
+    /* r = (outer * O[axis] + c) * inner + rest; the operand holding c */
+    int64_t inner = 1;
+    for (int a = (int)axis + 1; a < k - 1; a++) inner *= o->dim[a];
+    LLVMValueRef c = LLVMBuildURem(g->b, LLVMBuildUDiv(g->b, rl.iv, gen_i64(g, inner), ""), gen_i64(g, o->dim[axis]), "");
+    LLVMValueRef outer = LLVMBuildUDiv(g->b, rl.iv, gen_i64(g, inner * o->dim[axis]), "");
+    LLVMValueRef rest = LLVMBuildURem(g->b, rl.iv, gen_i64(g, inner), "");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "");
+    int64_t at = 0;
+    for (int i = 0; i < op->nargs; i++) {
+      int64_t w = op->args[i]->type.shape.dim[axis];
+      LLVMBasicBlockRef here = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "part");
+      LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "");
+      LLVMValueRef hit = LLVMBuildICmp(g->b, LLVMIntULT, c, gen_i64(g, at + w), "");
+      LLVMBuildCondBr(g->b, hit, here, next);
+      LLVMPositionBuilderAtEnd(g->b, here);
+      GenBuf x = gen_buf(g, op->args[i]);
+      LLVMValueRef xr = add(g, mul(g, add(g, mul(g, outer, w), LLVMBuildSub(g->b, c, gen_i64(g, at), "")), inner), rest);
+      copy_row(g, &y, yoff, &x, mul(g, xr, cols), cols);
+      LLVMBuildBr(g->b, done);
+      LLVMPositionBuilderAtEnd(g->b, next);
+      at += w;
+    }
+    LLVMBuildBr(g->b, done);
+    LLVMPositionBuilderAtEnd(g->b, done);
+  }
+  gen_loop_end(g, &rl);
+}
+
+/* ------------------------------------------------------------------ */
+/* Reductions over leading axes                                        */
+/* ------------------------------------------------------------------ */
+
+static void gen_reduce(Gen *g, const IrOp *op) {
+  RedGeom r;
+  red_geom(op, &r);
+  IrOpcode opc = op->opcode;
+  IrDType dt = op->result->type.dtype;
+  bool mx = opc == IR_OP_MAX || opc == IR_OP_LOGSUMEXP;
+  /* maxima in the register type, sums widened (gen_acc_type) */
+  LLVMTypeRef t = mx ? gen_reg_type(g, dt) : gen_acc_type(g, dt), tw = gen_acc_type(g, dt);
+  LLVMValueRef init = LLVMGetTypeKind(t) == LLVMIntegerTypeKind ? LLVMConstInt(t, 0, 0) : LLVMConstReal(t, mx ? -INFINITY : 0.0);
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  int64_t ch = r.ch;
+  LLVMValueRef acc = gen_alloca(g, t, ch), acc2 = opc == IR_OP_LOGSUMEXP ? gen_alloca(g, tw, ch) : NULL;
+  GenLoop it, ml, jl;
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  /* o: the output row; j0, len: the column block */
+  LLVMValueRef o = r.cols ? LLVMBuildUDiv(g->b, it.iv, gen_i64(g, r.nch), "") : it.iv;
+  LLVMValueRef j0 = r.cols ? mul(g, LLVMBuildURem(g->b, it.iv, gen_i64(g, r.nch), ""), ch) : gen_i64(g, 0);
+  LLVMValueRef len = gen_i64(g, ch);
+  if (r.cols) {
+    LLVMValueRef left = LLVMBuildSub(g->b, gen_i64(g, r.blk), j0, "");
+    len = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, left, len, ""), left, len, "");
+  }
+  LLVMValueRef xo = add(g, strided(g, o, r.kd, r.ks, r.nk), j0);
+  int64_t inner = r.cols ? 1 : r.blk; /* the contiguous run each reduced step reads */
+  /* Pass 1 (and 2 for logsumexp) over the reduced positions. */
+  for (int pass = 0; pass < (opc == IR_OP_LOGSUMEXP ? 2 : 1); pass++) {
+    LLVMValueRef a = pass == 0 ? acc : acc2;
+    LLVMTypeRef at = pass == 0 ? t : tw;
+    gen_loop_begin(g, &jl, gen_i64(g, 0), len, "init");
+    LLVMBuildStore(g->b, pass == 0 ? init : LLVMConstReal(tw, 0.0), LLVMBuildInBoundsGEP2(g->b, at, a, &jl.iv, 1, ""));
+    gen_loop_end(g, &jl);
+    gen_loop_begin(g, &ml, gen_i64(g, 0), gen_i64(g, r.mred), "red");
+    LLVMValueRef xb = add(g, xo, strided(g, ml.iv, r.rd, r.rs, r.nr));
+    gen_loop_begin(g, &jl, gen_i64(g, 0), r.cols ? len : gen_i64(g, inner), "j");
+    LLVMValueRef v = gen_buf_load(g, &x, add(g, xb, jl.iv));
+    LLVMValueRef ai = r.cols ? jl.iv : gen_i64(g, 0);
+    LLVMValueRef p = LLVMBuildInBoundsGEP2(g->b, at, a, &ai, 1, "");
+    LLVMValueRef cur = LLVMBuildLoad2(g->b, at, p, "");
+    LLVMValueRef nv;
+    if (pass == 1) {
+      LLVMValueRef m = LLVMBuildLoad2(g->b, t, LLVMBuildInBoundsGEP2(g->b, t, acc, &ai, 1, ""), "");
+      nv = gen_add_reassoc(g, cur, gen_widen(g, gen_exp_nonpos(g, LLVMBuildFSub(g->b, v, m, ""))));
+    } else {
+      nv = mx ? gen_max_step(g, cur, v) : gen_add_reassoc(g, cur, gen_widen(g, v));
+    }
+    LLVMBuildStore(g->b, nv, p);
+    gen_loop_end(g, &jl);
+    gen_loop_end(g, &ml);
+  }
+  /* Write the block. */
+  gen_loop_begin(g, &jl, gen_i64(g, 0), len, "out");
+  LLVMValueRef v = LLVMBuildLoad2(g->b, t, LLVMBuildInBoundsGEP2(g->b, t, acc, &jl.iv, 1, ""), "");
+  if (opc == IR_OP_MEAN) v = LLVMBuildFDiv(g->b, v, LLVMConstReal(t, (double)r.count), "");
+  if (opc == IR_OP_LOGSUMEXP) {
+    LLVMValueRef s = LLVMBuildLoad2(g->b, tw, LLVMBuildInBoundsGEP2(g->b, tw, acc2, &jl.iv, 1, ""), "");
+    LLVMValueRef l = LLVMBuildFAdd(g->b, gen_widen(g, v), gen_call1(g, "llvm.log", s), "");
+    v = LLVMBuildSelect(g->b, gen_isfinite(g, v), l, gen_widen(g, v), "");
+  }
+  LLVMValueRef yi = r.cols ? add(g, add(g, mul(g, o, r.blk), j0), jl.iv) : o;
+  gen_buf_store(g, &y, yi, dt == IR_DT_I32 ? v : gen_narrow(g, v, dt));
+  gen_loop_end(g, &jl);
+  gen_loop_end(g, &it);
+}
+
+/* ------------------------------------------------------------------ */
+/* Softmax over a leading axis                                         */
+/* ------------------------------------------------------------------ */
+
+static void gen_softmax_axis(Gen *g, const IrOp *op) {
+  const IrShape *s = &op->args[0]->type.shape;
+  bool logsm = op->opcode == IR_OP_LOG_SOFTMAX;
+  IrDType dt = op->result->type.dtype;
+  LLVMTypeRef t = gen_reg_type(g, dt);
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  GenLoop it, l;
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  if (s->rank == 0) {
+    LLVMValueRef v = gen_buf_load(g, &x, gen_i64(g, 0));
+    gen_buf_store(g, &y, gen_i64(g, 0), logsm ? LLVMBuildFSub(g->b, v, v, "") : LLVMConstReal(t, 1.0));
+    gen_loop_end(g, &it);
+    return;
+  }
+  int64_t axis = 0;
+  ir_norm_axis(ir_attr_get_int(op, "axis", -1), s->rank, &axis);
+  int64_t L = s->dim[axis], inner = 1;
+  for (int a = (int)axis + 1; a < s->rank; a++) inner *= s->dim[a];
+  LLVMValueRef o = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, inner), "");
+  LLVMValueRef i = LLVMBuildURem(g->b, it.iv, gen_i64(g, inner), "");
+  LLVMValueRef base = add(g, mul(g, o, L * inner), i);
+  GenAcc m = gen_acc(g, t), z = gen_acc(g, g->t_f64);
+  gen_acc_set(g, m, LLVMConstReal(t, -INFINITY));
+  gen_acc_set(g, z, LLVMConstReal(g->t_f64, 0.0));
+  gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, L), "max");
+  gen_acc_set(g, m, gen_max_step(g, gen_acc_get(g, m), gen_buf_load(g, &x, add(g, base, mul(g, l.iv, inner)))));
+  gen_loop_end(g, &l);
+  LLVMValueRef mv = gen_acc_get(g, m);
+  gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, L), "sum");
+  LLVMValueRef d = LLVMBuildFSub(g->b, gen_buf_load(g, &x, add(g, base, mul(g, l.iv, inner))), mv, "");
+  gen_acc_set(g, z, gen_add_reassoc(g, gen_acc_get(g, z), gen_widen(g, gen_exp_nonpos(g, d))));
+  gen_loop_end(g, &l);
+  LLVMValueRef zv = gen_acc_get(g, z), lz = gen_call1(g, "llvm.log", zv);
+  gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, L), "out");
+  LLVMValueRef idx = add(g, base, mul(g, l.iv, inner));
+  d = LLVMBuildFSub(g->b, gen_buf_load(g, &x, idx), mv, "");
+  LLVMValueRef v = logsm ? LLVMBuildFSub(g->b, gen_widen(g, d), lz, "")
+                         : LLVMBuildFDiv(g->b, gen_widen(g, gen_exp_nonpos(g, d)), zv, "");
+  gen_buf_store(g, &y, idx, gen_narrow(g, v, dt));
+  gen_loop_end(g, &l);
+  gen_loop_end(g, &it);
+}
+
+/* ------------------------------------------------------------------ */
+/* Scalar losses                                                       */
+/* ------------------------------------------------------------------ */
+
+static bool red_mean(const IrOp *op) { return strcmp(ir_attr_get_str(op, "reduction", "mean"), "mean") == 0; }
+
+/* cross_entropy reduced to a scalar: the total in f64 as the interpreter. */
+static void gen_ce_total(Gen *g, const IrOp *op) {
+  const IrShape *ls = &op->args[0]->type.shape;
+  int64_t V = ls->rank ? ls->dim[ls->rank - 1] : 1, n = numel(op->args[1]);
+  int64_t ii = ir_attr_get_int(op, "ignore_index", -100);
+  IrDType dt = op->result->type.dtype;
+  LLVMTypeRef t = gen_reg_type(g, op->args[0]->type.dtype);
+  GenBuf x = gen_buf(g, op->args[0]), tg = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
+  GenAcc total = gen_acc(g, g->t_f64), count = gen_acc(g, g->t_i64), m = gen_acc(g, t), z = gen_acc(g, g->t_f64);
+  GenLoop it, pl, l;
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  gen_acc_set(g, total, LLVMConstReal(g->t_f64, 0.0));
+  gen_acc_set(g, count, gen_i64(g, 0));
+  gen_loop_begin(g, &pl, gen_i64(g, 0), gen_i64(g, n), "row");
+  LLVMValueRef base = mul(g, pl.iv, V);
+  gen_acc_set(g, m, LLVMConstReal(t, -INFINITY));
+  gen_acc_set(g, z, LLVMConstReal(g->t_f64, 0.0));
+  gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, V), "max");
+  gen_acc_set(g, m, gen_max_step(g, gen_acc_get(g, m), gen_buf_load(g, &x, add(g, base, l.iv))));
+  gen_loop_end(g, &l);
+  LLVMValueRef mv = gen_acc_get(g, m);
+  gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, V), "sum");
+  LLVMValueRef d = LLVMBuildFSub(g->b, gen_buf_load(g, &x, add(g, base, l.iv)), mv, "");
+  gen_acc_set(g, z, gen_add_reassoc(g, gen_acc_get(g, z), gen_widen(g, gen_exp_nonpos(g, d))));
+  gen_loop_end(g, &l);
+  LLVMValueRef lse = LLVMBuildFAdd(g->b, gen_widen(g, mv), gen_call1(g, "llvm.log", gen_acc_get(g, z)), "");
+  lse = LLVMBuildSelect(g->b, gen_isfinite(g, mv), lse, gen_widen(g, mv), "");
+  LLVMValueRef tv = gen_buf_load(g, &tg, pl.iv);
+  LLVMValueRef t64 = LLVMBuildSExt(g->b, tv, g->t_i64, "");
+  LLVMValueRef ignored = LLVMBuildICmp(g->b, LLVMIntEQ, tv, LLVMConstInt(g->t_i32, (unsigned long long)ii, 1), "");
+  LLVMValueRef ok = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, t64, gen_i64(g, 0), ""),
+                                 LLVMBuildICmp(g->b, LLVMIntSLT, t64, gen_i64(g, V), ""), "");
+  LLVMValueRef safe = LLVMBuildSelect(g->b, ok, t64, gen_i64(g, 0), "");
+  LLVMValueRef loss = LLVMBuildFSub(g->b, lse, gen_widen(g, gen_buf_load(g, &x, add(g, base, safe))), "");
+  loss = LLVMBuildSelect(g->b, ok, loss, LLVMConstReal(g->t_f64, NAN), "");
+  loss = LLVMBuildSelect(g->b, ignored, LLVMConstReal(g->t_f64, 0.0), loss, "");
+  gen_acc_set(g, total, LLVMBuildFAdd(g->b, gen_acc_get(g, total), loss, ""));
+  gen_acc_set(g, count, add(g, gen_acc_get(g, count), LLVMBuildZExt(g->b, LLVMBuildNot(g->b, ignored, ""), g->t_i64, "")));
+  gen_loop_end(g, &pl);
+  LLVMValueRef r = gen_acc_get(g, total);
+  const char *red = ir_attr_get_str(op, "reduction", "mean");
+  if (strcmp(red, "mean") == 0) {
+    LLVMValueRef c = gen_acc_get(g, count);
+    c = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, c, gen_i64(g, 1), ""), c, gen_i64(g, 1), "");
+    r = LLVMBuildFDiv(g->b, r, LLVMBuildSIToFP(g->b, c, g->t_f64, ""), "");
+  }
+  gen_buf_store(g, &y, gen_i64(g, 0), gen_convert(g, r, IR_DT_F64, dt));
+  gen_loop_end(g, &it);
+}
+
+static void gen_mse_total(Gen *g, const IrOp *op) {
+  int64_t n = numel(op->args[0]);
+  IrDType dt = op->result->type.dtype;
+  GenBuf a = gen_buf(g, op->args[0]), b = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
+  GenAcc total = gen_acc(g, g->t_f64);
+  GenLoop it, l;
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  gen_acc_set(g, total, LLVMConstReal(g->t_f64, 0.0));
+  gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, n), "i");
+  LLVMValueRef d = LLVMBuildFSub(g->b, gen_buf_load(g, &a, l.iv), gen_buf_load(g, &b, l.iv), "");
+  if (LLVMTypeOf(d) != g->t_f64) d = LLVMBuildFPExt(g->b, d, g->t_f64, "");
+  gen_acc_set(g, total, gen_add_reassoc(g, gen_acc_get(g, total), LLVMBuildFMul(g->b, d, d, "")));
+  gen_loop_end(g, &l);
+  LLVMValueRef r = gen_acc_get(g, total);
+  if (red_mean(op)) r = LLVMBuildFDiv(g->b, r, LLVMConstReal(g->t_f64, (double)n), "");
+  gen_buf_store(g, &y, gen_i64(g, 0), gen_convert(g, r, IR_DT_F64, dt));
+  gen_loop_end(g, &it);
+}
+
+/* ------------------------------------------------------------------ */
+/* embedding_grad: scatter-add, one block of columns per iteration      */
+/* ------------------------------------------------------------------ */
+
+static void gen_embedding_grad(Gen *g, const IrOp *op) {
+  const IrShape *o = &op->result->type.shape;
+  int64_t rows = o->dim[0], D = o->dim[1], n = numel(op->args[0]);
+  int64_t ch = D < CHUNK ? D : CHUNK;
+  IrDType dt = op->result->type.dtype;
+  GenBuf idx = gen_buf(g, op->args[0]), dy = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
+  GenLoop it, l, pl;
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  LLVMValueRef j0 = mul(g, it.iv, ch);
+  LLVMValueRef left = LLVMBuildSub(g->b, gen_i64(g, D), j0, "");
+  LLVMValueRef len = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, left, gen_i64(g, ch), ""), left, gen_i64(g, ch), "");
+  if (!y.grad) {
+    GenLoop rl;
+    gen_loop_begin(g, &rl, gen_i64(g, 0), gen_i64(g, rows), "zrow");
+    gen_loop_begin(g, &l, gen_i64(g, 0), len, "zero");
+    gen_buf_store(g, &y, add(g, add(g, mul(g, rl.iv, D), j0), l.iv), gen_const(g, dt, 0.0));
+    gen_loop_end(g, &l);
+    gen_loop_end(g, &rl);
+  }
+  gen_loop_begin(g, &pl, gen_i64(g, 0), gen_i64(g, n), "pos");
+  LLVMValueRef t = LLVMBuildSExt(g->b, gen_buf_load(g, &idx, pl.iv), g->t_i64, "");
+  LLVMValueRef ok = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, t, gen_i64(g, 0), ""),
+                                 LLVMBuildICmp(g->b, LLVMIntSLT, t, gen_i64(g, rows), ""), "");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "scatter");
+  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "");
+  LLVMBuildCondBr(g->b, ok, body, done);
+  LLVMPositionBuilderAtEnd(g->b, body);
+  LLVMValueRef yo = add(g, mul(g, t, D), j0), xo = add(g, mul(g, pl.iv, D), j0);
+  gen_loop_begin(g, &l, gen_i64(g, 0), len, "col");
+  LLVMValueRef v = gen_buf_load(g, &dy, add(g, xo, l.iv));
+  LLVMValueRef yi = add(g, yo, l.iv);
+  if (y.grad) {
+    gen_buf_store(g, &y, yi, v); /* accumulates */
+  } else {
+    LLVMValueRef cur = gen_buf_load(g, &y, yi);
+    gen_buf_store(g, &y, yi, gen_round(g, LLVMBuildFAdd(g->b, cur, v, ""), dt));
+  }
+  gen_loop_end(g, &l);
+  LLVMBuildBr(g->b, done);
+  LLVMPositionBuilderAtEnd(g->b, done);
+  gen_loop_end(g, &pl);
+  gen_loop_end(g, &it);
+}
+
+void gen_loop_kernel(Gen *g, const IrOp *op) {
+  switch (op->opcode) {
+  case IR_OP_PERMUTE: gen_permute(g, op); break;
+  case IR_OP_SLICE: gen_slice(g, op); break;
+  case IR_OP_UNSLICE: gen_unslice(g, op); break;
+  case IR_OP_CONCAT: gen_concat(g, op); break;
+  case IR_OP_SUM:
+  case IR_OP_MEAN:
+  case IR_OP_MAX:
+  case IR_OP_LOGSUMEXP: gen_reduce(g, op); break;
+  case IR_OP_SOFTMAX:
+  case IR_OP_LOG_SOFTMAX: gen_softmax_axis(g, op); break;
+  case IR_OP_CROSS_ENTROPY: gen_ce_total(g, op); break;
+  case IR_OP_MSE_LOSS: gen_mse_total(g, op); break;
+  case IR_OP_EMBEDDING_GRAD: gen_embedding_grad(g, op); break;
+  case IR_OP_NEG:
+  case IR_OP_EXP:
+  case IR_OP_LOG:
+  case IR_OP_SQRT:
+  case IR_OP_RSQRT:
+  case IR_OP_TANH:
+  case IR_OP_SIGMOID:
+  case IR_OP_RELU:
+  case IR_OP_GELU:
+  case IR_OP_SILU:
+  case IR_OP_ABS:
+  case IR_OP_SIGN:
+  case IR_OP_POW:
+  case IR_OP_GELU_GRAD:
+  case IR_OP_CAST:
+  case IR_OP_DETACH:
+  case IR_OP_ADD:
+  case IR_OP_SUB:
+  case IR_OP_MUL:
+  case IR_OP_DIV:
+  case IR_OP_MAXIMUM:
+  case IR_OP_MINIMUM:
+  case IR_OP_EQ:
+  case IR_OP_NE:
+  case IR_OP_LT:
+  case IR_OP_LE:
+  case IR_OP_GT:
+  case IR_OP_GE:
+  case IR_OP_SELECT:
+  case IR_OP_CONST:
+  case IR_OP_RESHAPE:
+  case IR_OP_BROADCAST:
+  case IR_OP_MATMUL:
+  case IR_OP_LAYER_NORM:
+  case IR_OP_RMS_NORM:
+  case IR_OP_CAUSAL_MASK:
+  case IR_OP_EMBEDDING:
+  case IR_OP_ONE_HOT:
+  case IR_OP_WINDOW_SUM:
+  case IR_OP_GRAD_SEED:
+  case IR_OP_LOSS_TERM:
+  case IR_OP_ALL_REDUCE_START:
+  case IR_OP_ALL_REDUCE_WAIT:
+  case IR_OP_ALL_GATHER_START:
+  case IR_OP_ALL_GATHER_WAIT:
+  case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
+  case IR_OP_REDUCE_SCATTER_WAIT:
+  case IR_OP_LOSS:
+  case IR_OP_GRAD:
+    gen_error(g, "kernel k%d: no loop-nest code for '%s'", g->group, ir_op_info[op->opcode].name);
+    break;
+  }
+  LLVMBuildRetVoid(g->b);
+}

@@ -1,0 +1,949 @@
+/* llvm_row.c - row kernels (docs/BACKEND.md): one function per kernel,
+ *
+ *   void kN(ptr arena, i64 begin, i64 end)
+ *     for r in [begin, end):            rows of the iteration space
+ *       section 0; loop 0 over j; section 1; loop 1 over j; ...; section K
+ *
+ * Every op of the kernel is planned into passes: an elementwise op whose
+ * result varies along the row runs in a loop where all its operands are
+ * available (the loop of its first use, so that cheap values are computed
+ * where they are needed rather than kept); one that does not (a per-row
+ * value) runs in a section between loops; a reduction accumulates in a
+ * loop and is finished in the next section (softmax, layer_norm, rms_norm,
+ * logsumexp and cross_entropy take two or three such passes, like the
+ * reference interpreter's loops; softmax, logsumexp and cross_entropy of
+ * one operand share their row maximum and sum; a softmax keeps its
+ * exponentials in a row buffer and sums them after their loop, which then
+ * runs at the value's vector width, and a causal softmax computes them
+ * only up to the diagonal).  Sums accumulate in f64
+ * and the normalisations' statistics are f64, as in the interpreter; the
+ * per-element math is in the value's dtype.
+ * Values stay in registers inside one loop; a value a later loop reads is
+ * materialised (in its output row when it is a plain output, else in row
+ * scratch).  Inputs are read from the arena with their broadcast strides;
+ * outputs are written once per element (or once per row), accumulated
+ * into gradient buffers. */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <llvm-c/DebugInfo.h>
+
+#include "llvm_gen.h"
+
+typedef enum { P_EW, P_EWROW, P_RED, P_LSE, P_SOFTMAX, P_LN, P_RMS, P_CE, P_ONEHOT, P_EMB, P_CMASK, P_UNSLICE } PlanKind;
+
+typedef struct Plan {
+  const IrOp *op;
+  PlanKind kind;
+  int p[3];   /* the loops of its passes, -1 when unused */
+  int fin[2]; /* the sections of its per-row steps, -1 when unused */
+  GenAcc acc[2];
+  LLVMValueRef st[3]; /* per-row state: max, sum, mean, rstd, log-sum */
+  int share;          /* softmax/logsumexp/cross_entropy: the earlier plan whose row
+                         max and sum of exponentials over the same operand it reuses, or -1 */
+  LLVMValueRef erow;  /* the owner of row statistics a softmax reads: exp(x - max) of the
+                         row, kept by the sum's loop for the softmax's output loop */
+  int y;              /* result slot */
+  int x[3];           /* operand slots */
+} Plan;
+
+typedef struct RSlot {
+  const KpSlot *cs;
+  bool elem;        /* one value per element (laid on the row axis) */
+  GenBuf buf;       /* arena buffer or inline const */
+  bool mem;         /* read from or written to the arena */
+  bool out;         /* an output with storage (memplan leaves outputs nothing reads unstored) */
+  int avail;        /* loop (computed in a loop) or section where it is available */
+  bool in_loop;     /* computed inside a loop (else in a section, or an input) */
+  bool mat;         /* read by a later loop or gathered: kept in memory */
+  bool defer;       /* an output over an operand (memplan) that a later loop reads again:
+                       kept in scratch and stored once the row is done */
+  LLVMValueRef scratch;
+  int64_t stride[IR_MAX_RANK]; /* element strides over the space's axes */
+  LLVMValueRef rowptr;         /* element 0 of this row */
+  LLVMValueRef reg;            /* current register */
+  int reg_loop;                /* loop it belongs to; -1: a per-row register (valid for the whole row) */
+} RSlot;
+
+typedef struct Row {
+  Gen *g;
+  const KpRowLayout *l;
+  RSlot *s;
+  int ns;
+  Plan *plan;
+  int np;
+  LLVMValueRef r, j; /* row and column indices */
+} Row;
+
+static int slot_of(Row *R, const IrValue *v) {
+  for (int i = 0; i < R->ns; i++)
+    if (R->s[i].cs->v == v) return i;
+  GRADC_ASSERT(!"value not in the kernel layout");
+  return -1;
+}
+
+static LLVMValueRef slot_ptr(Row *R, RSlot *s, LLVMValueRef base, LLVMValueRef idx) {
+  return gen_buf_ptr(R->g, &s->buf, base, idx);
+}
+
+/* ------------------------------------------------------------------ */
+/* Addressing                                                          */
+/* ------------------------------------------------------------------ */
+
+/* Element offset of row r for a slot: the row axes merged where the
+ * strides allow, then one div/mod term per merged axis. */
+static LLVMValueRef row_offset(Row *R, RSlot *s) {
+  Gen *g = R->g;
+  int n = R->l->space.rank;
+  int64_t ext[IR_MAX_RANK], st[IR_MAX_RANK];
+  int m = 0;
+  for (int a = 0; a + 1 < n; a++) {
+    int64_t e = R->l->space.dim[a], t = s->stride[a];
+    if (e == 1) continue;
+    if (m > 0 && st[m - 1] == t * e) {
+      ext[m - 1] *= e;
+      st[m - 1] = t;
+      continue;
+    }
+    ext[m] = e;
+    st[m] = t;
+    m++;
+  }
+  LLVMValueRef off = gen_i64(g, 0);
+  int64_t inner = 1;
+  for (int k = m - 1; k >= 0; k--) {
+    if (st[k] != 0) {
+      LLVMValueRef q = inner == 1 ? R->r : LLVMBuildUDiv(g->b, R->r, gen_i64(g, inner), "");
+      if (k > 0) q = LLVMBuildURem(g->b, q, gen_i64(g, ext[k]), "");
+      off = LLVMBuildNSWAdd(g->b, off, LLVMBuildNSWMul(g->b, q, gen_i64(g, st[k]), ""), "");
+    }
+    inner *= ext[k];
+  }
+  return off;
+}
+
+static bool row_invariant(Row *R, RSlot *s) {
+  for (int a = 0; a + 1 < R->l->space.rank; a++)
+    if (s->stride[a] != 0) return false;
+  return true;
+}
+
+/* Index of element j of the row in a slot's row. */
+static LLVMValueRef col_index(Row *R, RSlot *s) {
+  int n = R->l->space.rank;
+  int64_t st = n ? s->stride[n - 1] : 0;
+  if (st == 0) return gen_i64(R->g, 0);
+  if (st == 1) return R->j;
+  return LLVMBuildNSWMul(R->g->b, R->j, gen_i64(R->g, st), "");
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading and writing values                                          */
+/* ------------------------------------------------------------------ */
+
+static LLVMValueRef row_val(Row *R, int i) {
+  RSlot *s = &R->s[i];
+  if (s->buf.is_const) return gen_const(R->g, s->cs->v->type.dtype, s->buf.cval);
+  GRADC_ASSERT(s->reg && s->reg_loop == -1);
+  return s->reg;
+}
+
+/* Where a materialised value lives: its scratch row or its output row. */
+static LLVMValueRef mat_ptr(Row *R, RSlot *s) {
+  Gen *g = R->g;
+  if (s->scratch) {
+    LLVMTypeRef t = gen_mem_type(g, s->cs->v->type.dtype);
+    return LLVMBuildInBoundsGEP2(g->b, t, s->scratch, &R->j, 1, "");
+  }
+  LLVMValueRef idx = col_index(R, s);
+  return slot_ptr(R, s, s->rowptr, idx);
+}
+
+/* Operand i in loop k: a per-row register, an input load, or a value of an
+ * earlier loop read back. */
+static LLVMValueRef elem_val(Row *R, int i, int k) {
+  Gen *g = R->g;
+  RSlot *s = &R->s[i];
+  if (s->buf.is_const) return gen_const(g, s->cs->v->type.dtype, s->buf.cval);
+  if (s->reg && (s->reg_loop == -1 || s->reg_loop == k)) return s->reg;
+  LLVMValueRef v;
+  if (!s->cs->defined) {
+    v = gen_load(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), s->cs->v->type.dtype, s->buf.scope);
+  } else {
+    GRADC_ASSERT(s->mat && s->in_loop && s->avail < k);
+    v = gen_load(g, mat_ptr(R, s), s->cs->v->type.dtype, s->scratch ? -1 : s->buf.scope);
+  }
+  s->reg = v;
+  s->reg_loop = k;
+  return v;
+}
+
+static LLVMValueRef operand(Row *R, int i, int k) { return k < 0 ? row_val(R, i) : elem_val(R, i, k); }
+
+/* Define slot i: in loop k (>= 0) or in a section (k = -1). */
+static void define(Row *R, int i, LLVMValueRef v, int k) {
+  Gen *g = R->g;
+  RSlot *s = &R->s[i];
+  s->reg = v;
+  s->reg_loop = k;
+  if (s->out && !s->defer) {
+    LLVMValueRef idx = k >= 0 ? col_index(R, s) : gen_i64(g, 0);
+    gen_store(g, slot_ptr(R, s, s->rowptr, idx), v, s->cs->v->type.dtype, s->buf.grad, s->buf.scope);
+  }
+  if (k >= 0 && s->scratch) gen_store(g, mat_ptr(R, s), v, s->cs->v->type.dtype, false, -1);
+}
+
+/* ------------------------------------------------------------------ */
+/* Planning                                                            */
+/* ------------------------------------------------------------------ */
+
+static int maxi(int a, int b) { return a > b ? a : b; }
+
+static bool is_ew(IrOpcode opc) {
+  switch (opc) {
+  case IR_OP_NEG:
+  case IR_OP_EXP:
+  case IR_OP_LOG:
+  case IR_OP_SQRT:
+  case IR_OP_RSQRT:
+  case IR_OP_TANH:
+  case IR_OP_SIGMOID:
+  case IR_OP_RELU:
+  case IR_OP_GELU:
+  case IR_OP_SILU:
+  case IR_OP_ABS:
+  case IR_OP_SIGN:
+  case IR_OP_POW:
+  case IR_OP_GELU_GRAD:
+  case IR_OP_CAST:
+  case IR_OP_DETACH:
+  case IR_OP_ADD:
+  case IR_OP_SUB:
+  case IR_OP_MUL:
+  case IR_OP_DIV:
+  case IR_OP_MAXIMUM:
+  case IR_OP_MINIMUM:
+  case IR_OP_EQ:
+  case IR_OP_NE:
+  case IR_OP_LT:
+  case IR_OP_LE:
+  case IR_OP_GT:
+  case IR_OP_GE:
+  case IR_OP_SELECT:
+  case IR_OP_BROADCAST:
+  case IR_OP_MSE_LOSS:
+  case IR_OP_GRAD_SEED:
+  case IR_OP_LOSS_TERM: return true;
+  case IR_OP_CONST:
+  case IR_OP_SUM:
+  case IR_OP_MEAN:
+  case IR_OP_MAX:
+  case IR_OP_LOGSUMEXP:
+  case IR_OP_RESHAPE:
+  case IR_OP_PERMUTE:
+  case IR_OP_SLICE:
+  case IR_OP_UNSLICE:
+  case IR_OP_CONCAT:
+  case IR_OP_MATMUL:
+  case IR_OP_SOFTMAX:
+  case IR_OP_LOG_SOFTMAX:
+  case IR_OP_LAYER_NORM:
+  case IR_OP_RMS_NORM:
+  case IR_OP_CAUSAL_MASK:
+  case IR_OP_EMBEDDING:
+  case IR_OP_EMBEDDING_GRAD:
+  case IR_OP_CROSS_ENTROPY:
+  case IR_OP_ONE_HOT:
+  case IR_OP_WINDOW_SUM:
+  case IR_OP_ALL_REDUCE_START:
+  case IR_OP_ALL_REDUCE_WAIT:
+  case IR_OP_ALL_GATHER_START:
+  case IR_OP_ALL_GATHER_WAIT:
+  case IR_OP_REDUCE_SCATTER_START:
+  case IR_OP_TP_COPY:
+  case IR_OP_TP_SCATTER:
+  case IR_OP_RANK_SLICE:
+  case IR_OP_RANK_CONCAT:
+  case IR_OP_REDUCE_SCATTER_WAIT:
+  case IR_OP_LOSS:
+  case IR_OP_GRAD: return false;
+  }
+  return false;
+}
+
+/* A use of slot i in loop k: an earlier loop's value must be kept. */
+static void use_in(Row *R, int i, int k) {
+  RSlot *s = &R->s[i];
+  if (s->cs->defined && s->in_loop && k > s->avail) s->mat = true;
+}
+
+static void plan_op(Row *R, Plan *p, const IrOp *op) {
+  memset(p, 0, sizeof *p);
+  p->op = op;
+  p->p[0] = p->p[1] = p->p[2] = p->fin[0] = p->fin[1] = -1;
+  p->y = slot_of(R, op->result);
+  for (int i = 0; i < op->nargs && i < 3; i++)
+    p->x[i] = (op->opcode == IR_OP_EMBEDDING && i == 1) || op->opcode == IR_OP_UNSLICE ? -1 : slot_of(R, op->args[i]);
+  RSlot *y = &R->s[p->y];
+  int a = 0; /* when all operands are available */
+  for (int i = 0; i < op->nargs && i < 3; i++)
+    if (p->x[i] >= 0) a = maxi(a, R->s[p->x[i]].avail);
+  int x0 = p->x[0];
+  int ax = x0 >= 0 ? R->s[x0].avail : 0;
+  IrOpcode opc = op->opcode;
+  if (opc == IR_OP_SUM || opc == IR_OP_MEAN || opc == IR_OP_MAX) {
+    p->kind = P_RED;
+    p->p[0] = ax;
+    p->fin[0] = ax + 1;
+  } else if (opc == IR_OP_LOGSUMEXP) {
+    p->kind = P_LSE;
+    p->p[0] = ax;
+    p->fin[0] = p->p[1] = ax + 1;
+    p->fin[1] = ax + 2;
+  } else if (opc == IR_OP_SOFTMAX || opc == IR_OP_LOG_SOFTMAX) {
+    p->kind = P_SOFTMAX;
+    p->p[0] = ax;
+    p->fin[0] = p->p[1] = ax + 1;
+    p->fin[1] = p->p[2] = ax + 2;
+  } else if (opc == IR_OP_LAYER_NORM) {
+    p->kind = P_LN;
+    p->p[0] = ax;
+    p->fin[0] = p->p[1] = ax + 1;
+    p->fin[1] = ax + 2;
+    p->p[2] = maxi(ax + 2, a);
+  } else if (opc == IR_OP_RMS_NORM) {
+    p->kind = P_RMS;
+    p->p[0] = ax;
+    p->fin[0] = ax + 1;
+    p->p[2] = maxi(ax + 1, a);
+  } else if (opc == IR_OP_CROSS_ENTROPY) {
+    p->kind = P_CE;
+    p->p[0] = ax;
+    p->fin[0] = p->p[1] = ax + 1;
+    p->fin[1] = maxi(ax + 2, a);
+  } else if (opc == IR_OP_ONE_HOT || opc == IR_OP_EMBEDDING || opc == IR_OP_CAUSAL_MASK || opc == IR_OP_UNSLICE) {
+    p->kind = opc == IR_OP_ONE_HOT ? P_ONEHOT : opc == IR_OP_EMBEDDING ? P_EMB : opc == IR_OP_UNSLICE ? P_UNSLICE : P_CMASK;
+    p->p[0] = a;
+  } else {
+    GRADC_ASSERT(is_ew(opc));
+    if (y->elem) {
+      p->kind = P_EW;
+      p->p[0] = a;
+    } else {
+      p->kind = P_EWROW;
+      p->fin[0] = a;
+    }
+  }
+  /* Where the result becomes available. */
+  switch (p->kind) {
+  case P_EW:
+  case P_ONEHOT:
+  case P_EMB:
+  case P_CMASK:
+  case P_UNSLICE: y->avail = p->p[0], y->in_loop = true; break;
+  case P_SOFTMAX:
+  case P_LN:
+  case P_RMS: y->avail = p->p[2], y->in_loop = true; break;
+  case P_EWROW:
+  case P_RED: y->avail = p->fin[0]; break;
+  case P_LSE:
+  case P_CE: y->avail = p->fin[1]; break;
+  }
+}
+
+static bool row_stats(PlanKind k) { return k == P_SOFTMAX || k == P_LSE || k == P_CE; }
+
+/* The loops in which plan p reads its operand i (into loops[]). */
+static int reads(const Plan *p, int i, int *loops) {
+  int n = 0;
+  bool all = p->kind != P_LN && p->kind != P_RMS ? true : i == 0;
+  for (int k = 0; k < 3; k++)
+    if (p->p[k] >= 0 && (all || k == 2)) loops[n++] = p->p[k];
+  return n;
+}
+
+/* After every op is planned: share row statistics, sink elementwise work
+ * to the loop of its first use (so that, say, a one_hot is computed where
+ * the backward subtracts it rather than kept in scratch), and mark the
+ * values later loops read (or a cross_entropy gathers) for materialising. */
+static void finish_plans(Row *R) {
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    p->share = -1;
+    if (!row_stats(p->kind)) continue;
+    for (int e = 0; e < q && p->share < 0; e++)
+      if (row_stats(R->plan[e].kind) && R->plan[e].share < 0 && R->plan[e].x[0] == p->x[0]) p->share = e;
+    if (p->share >= 0) p->p[0] = p->p[1] = -1;
+  }
+  for (int q = R->np - 1; q >= 0; q--) {
+    Plan *p = &R->plan[q];
+    if (p->kind != P_EW && p->kind != P_ONEHOT && p->kind != P_EMB && p->kind != P_CMASK && p->kind != P_UNSLICE)
+      continue;
+    int first = -1, loops[3];
+    for (int c = q + 1; c < R->np; c++) {
+      const Plan *u = &R->plan[c];
+      for (int i = 0; i < 3; i++) {
+        if (u->x[i] != p->y) continue;
+        int n = reads(u, i, loops);
+        for (int k = 0; k < n; k++)
+          if (first < 0 || loops[k] < first) first = loops[k];
+        if (u->kind == P_CE && i == 0 && (first < 0 || u->fin[0] - 1 < first)) first = u->fin[0] - 1;
+      }
+    }
+    if (first > p->p[0]) {
+      p->p[0] = first;
+      R->s[p->y].avail = first;
+    }
+  }
+  for (int i = 0; i < R->ns; i++) R->s[i].mat = false;
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    int loops[3];
+    for (int i = 0; i < 3; i++) {
+      if (p->x[i] < 0) continue;
+      int n = reads(p, i, loops);
+      for (int k = 0; k < n; k++) use_in(R, p->x[i], loops[k]);
+    }
+    if (p->kind == P_CE && R->s[p->x[0]].cs->defined) R->s[p->x[0]].mat = true; /* gathered at the target */
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Emission                                                            */
+/* ------------------------------------------------------------------ */
+
+/* The row maximum (after its loop) and sum of exponentials (after the
+ * next) of softmax, logsumexp and cross_entropy, or the shared ones. */
+static void row_stats_step(Row *R, Plan *p, int k) {
+  Gen *g = R->g;
+  int ax1 = p->fin[0]; /* the section after the max loop */
+  if (k == ax1) p->st[0] = p->share >= 0 ? R->plan[p->share].st[0] : gen_acc_get(g, p->acc[0]);
+  if (k == ax1 + 1 && p->share < 0 && p->erow) {
+    /* The exponentials were kept in erow by a loop of the value's width:
+     * an f64 sum in that loop would halve its vector width (and the exp's). */
+    GenLoop sl;
+    gen_loop_begin(g, &sl, gen_i64(g, 0), gen_i64(g, R->l->cols), "esum");
+    LLVMTypeRef et = gen_reg_type(g, p->op->args[0]->type.dtype);
+    LLVMValueRef e = LLVMBuildLoad2(g->b, et, LLVMBuildInBoundsGEP2(g->b, et, p->erow, &sl.iv, 1, ""), "");
+    gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
+    gen_loop_end(g, &sl);
+  }
+  if (k == ax1 + 1) p->st[1] = p->share >= 0 ? R->plan[p->share].st[1] : gen_acc_get(g, p->acc[1]);
+}
+
+/* The per-row steps of plan p in section k. */
+static void section_step(Row *R, Plan *p, int k) {
+  Gen *g = R->g;
+  const IrOp *op = p->op;
+  IrDType dt = op->result->type.dtype;
+  double cols = (double)R->l->cols;
+  /* accumulators of passes in the coming loop k */
+  for (int i = 0; i < 3; i++) {
+    if (p->p[i] != k) continue;
+    int ai = -1;
+    double init = 0;
+    switch (p->kind) {
+    case P_RED: ai = 0, init = op->opcode == IR_OP_MAX ? -INFINITY : 0; break;
+    case P_LSE:
+    case P_SOFTMAX:
+    case P_CE: ai = i == 0 ? 0 : i == 1 ? 1 : -1, init = i == 0 ? -INFINITY : 0; break;
+    case P_LN: ai = i < 2 ? i : -1; break;
+    case P_RMS: ai = i == 0 ? 0 : -1; break;
+    case P_EW:
+    case P_EWROW:
+    case P_ONEHOT:
+    case P_EMB:
+    case P_CMASK:
+    case P_UNSLICE: break;
+    }
+    if (ai >= 0) {
+      LLVMTypeRef at = p->acc[ai].t;
+      gen_acc_set(g, p->acc[ai], LLVMGetTypeKind(at) == LLVMIntegerTypeKind ? LLVMConstInt(at, 0, 0) : LLVMConstReal(at, init));
+    }
+  }
+  switch (p->kind) {
+  case P_EWROW:
+    if (p->fin[0] == k) {
+      LLVMValueRef a[3];
+      for (int i = 0; i < op->nargs; i++) a[i] = row_val(R, p->x[i]);
+      define(R, p->y, gen_elementwise(g, op, a), -1);
+    }
+    break;
+  case P_RED:
+    if (p->fin[0] == k) {
+      LLVMValueRef v = gen_acc_get(g, p->acc[0]);
+      if (op->opcode == IR_OP_MEAN) v = LLVMBuildFDiv(g->b, v, LLVMConstReal(LLVMTypeOf(v), cols), "");
+      define(R, p->y, gen_narrow(g, v, dt), -1);
+    }
+    break;
+  case P_LSE:
+    row_stats_step(R, p, k);
+    if (p->fin[1] == k) {
+      LLVMValueRef m = p->st[0], s = p->st[1];
+      LLVMValueRef v = LLVMBuildFAdd(g->b, gen_widen(g, m), gen_call1(g, "llvm.log", s), "");
+      v = LLVMBuildSelect(g->b, gen_isfinite(g, m), v, gen_widen(g, m), "");
+      define(R, p->y, gen_narrow(g, v, dt), -1);
+    }
+    break;
+  case P_SOFTMAX:
+    row_stats_step(R, p, k);
+    if (p->fin[1] == k) {
+      if (op->opcode == IR_OP_LOG_SOFTMAX)
+        p->st[2] = gen_narrow(g, gen_call1(g, "llvm.log", p->st[1]), op->args[0]->type.dtype);
+      else /* y = e * (1/z), rounded once per row */
+        p->st[2] = gen_narrow(g, LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), p->st[1], ""), op->args[0]->type.dtype);
+    }
+    break;
+  case P_LN: /* statistics in f64, as the interpreter */
+    if (p->fin[0] == k) {
+      p->st[0] = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
+      p->st[2] = gen_narrow(g, p->st[0], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
+    }
+    if (p->fin[1] == k) {
+      LLVMValueRef var = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[1]), LLVMConstReal(g->t_f64, cols), "");
+      var = LLVMBuildFAdd(g->b, var, LLVMConstReal(g->t_f64, ir_attr_get_float(op, "eps", 1e-5)), "");
+      p->st[1] = LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), gen_call1(g, "llvm.sqrt", var), "");
+      p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
+    }
+    break;
+  case P_RMS:
+    if (p->fin[0] == k) {
+      LLVMValueRef ms = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
+      ms = LLVMBuildFAdd(g->b, ms, LLVMConstReal(g->t_f64, ir_attr_get_float(op, "eps", 1e-6)), "");
+      p->st[1] = LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), gen_call1(g, "llvm.sqrt", ms), "");
+      p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
+    }
+    break;
+  case P_CE:
+    row_stats_step(R, p, k);
+    if (p->fin[1] == k) {
+      LLVMValueRef m = p->st[0], s = p->st[1];
+      LLVMValueRef lse = LLVMBuildFAdd(g->b, gen_widen(g, m), gen_call1(g, "llvm.log", s), "");
+      lse = LLVMBuildSelect(g->b, gen_isfinite(g, m), lse, gen_widen(g, m), "");
+      LLVMValueRef t = row_val(R, p->x[1]);
+      int64_t V = R->l->cols, ii = ir_attr_get_int(op, "ignore_index", -100);
+      LLVMValueRef ignored = LLVMBuildICmp(g->b, LLVMIntEQ, t, LLVMConstInt(g->t_i32, (unsigned long long)ii, 1), "");
+      LLVMValueRef t64 = LLVMBuildSExt(g->b, t, g->t_i64, "");
+      LLVMValueRef ok = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, t64, gen_i64(g, 0), ""),
+                                     LLVMBuildICmp(g->b, LLVMIntSLT, t64, gen_i64(g, V), ""), "");
+      LLVMValueRef safe = LLVMBuildSelect(g->b, ok, t64, gen_i64(g, 0), "");
+      /* the logit at the target: read from memory at column `safe` */
+      RSlot *xs = &R->s[p->x[0]];
+      LLVMValueRef saved = R->j;
+      R->j = safe;
+      LLVMValueRef xt;
+      if (xs->buf.is_const)
+        xt = gen_const(g, xs->cs->v->type.dtype, xs->buf.cval);
+      else if (xs->cs->defined)
+        xt = gen_load(g, mat_ptr(R, xs), xs->cs->v->type.dtype, xs->scratch ? -1 : xs->buf.scope);
+      else
+        xt = gen_load(g, slot_ptr(R, xs, xs->rowptr, col_index(R, xs)), xs->cs->v->type.dtype, xs->buf.scope);
+      R->j = saved;
+      LLVMValueRef loss = LLVMBuildFSub(g->b, lse, gen_widen(g, xt), "");
+      loss = LLVMBuildSelect(g->b, ok, loss, LLVMConstReal(g->t_f64, NAN), "");
+      loss = LLVMBuildSelect(g->b, ignored, LLVMConstReal(g->t_f64, 0.0), loss, "");
+      define(R, p->y, gen_narrow(g, loss, dt), -1);
+    }
+    break;
+  case P_EW:
+  case P_ONEHOT:
+  case P_EMB:
+  case P_CMASK:
+  case P_UNSLICE: break;
+  }
+}
+
+/* Element (r, j) of unslice: the operand's element where the slice puts
+ * it, else 0.  The result covers the space (kp_row_layout checks). */
+static LLVMValueRef unslice_elem(Row *R, const IrOp *op) {
+  Gen *g = R->g;
+  const IrShape *o = &op->result->type.shape, *s = &op->args[0]->type.shape;
+  int k = o->rank;
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK], m = 1;
+  gen_slice_ranges(op, o, start, step);
+  for (int a = k - 1; a >= 0; a--) {
+    xs[a] = m;
+    m *= s->dim[a];
+  }
+  LLVMValueRef in = LLVMConstInt(g->t_i1, 1, 0), xoff = gen_i64(g, 0);
+  int64_t inner = 1;
+  for (int a = k - 1; a >= 0; a--) {
+    LLVMValueRef c;
+    if (a == k - 1) {
+      c = R->j;
+    } else {
+      c = inner == 1 ? R->r : LLVMBuildUDiv(g->b, R->r, gen_i64(g, inner), "");
+      if (a > 0) c = LLVMBuildURem(g->b, c, gen_i64(g, o->dim[a]), "");
+      inner *= o->dim[a];
+    }
+    LLVMValueRef rel = LLVMBuildSub(g->b, c, gen_i64(g, start[a]), "");
+    LLVMValueRef q = step[a] == 1 ? rel : LLVMBuildSDiv(g->b, rel, gen_i64(g, step[a]), "");
+    LLVMValueRef ok = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, rel, gen_i64(g, 0), ""),
+                                   LLVMBuildICmp(g->b, LLVMIntSLT, q, gen_i64(g, s->dim[a]), ""), "");
+    if (step[a] != 1)
+      ok = LLVMBuildAnd(g->b, ok,
+                        LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildSRem(g->b, rel, gen_i64(g, step[a]), ""), gen_i64(g, 0), ""),
+                        "");
+    in = LLVMBuildAnd(g->b, in, ok, "");
+    xoff = LLVMBuildAdd(g->b, xoff, LLVMBuildMul(g->b, q, gen_i64(g, xs[a]), ""), "");
+  }
+  GenBuf xb = gen_buf(g, op->args[0]);
+  LLVMValueRef v = gen_buf_load(g, &xb, LLVMBuildSelect(g->b, in, xoff, gen_i64(g, 0), ""));
+  return LLVMBuildSelect(g->b, in, v, gen_const(g, op->result->type.dtype, 0.0), "");
+}
+
+/* The work of plan p inside loop k (column R->j). */
+static void loop_step(Row *R, Plan *p, int k) {
+  Gen *g = R->g;
+  const IrOp *op = p->op;
+  IrDType dt = op->result->type.dtype;
+  LLVMTypeRef ft = gen_reg_type(g, dt);
+  switch (p->kind) {
+  case P_EW:
+    if (p->p[0] == k) {
+      LLVMValueRef a[3];
+      for (int i = 0; i < op->nargs; i++) a[i] = operand(R, p->x[i], k);
+      define(R, p->y, gen_elementwise(g, op, a), k);
+    }
+    break;
+  case P_RED:
+    if (p->p[0] == k) {
+      LLVMValueRef x = elem_val(R, p->x[0], k), acc = gen_acc_get(g, p->acc[0]);
+      gen_acc_set(g, p->acc[0],
+                  op->opcode == IR_OP_MAX ? gen_max_step(g, acc, x) : gen_add_reassoc(g, acc, gen_widen(g, x)));
+    }
+    break;
+  case P_LSE:
+  case P_SOFTMAX:
+  case P_CE:
+    if (p->p[0] == k) gen_acc_set(g, p->acc[0], gen_max_step(g, gen_acc_get(g, p->acc[0]), elem_val(R, p->x[0], k)));
+    if (p->p[1] == k) {
+      LLVMValueRef e = gen_exp_nonpos(g, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
+      if (p->erow) /* summed by row_stats_step after the loop */
+        LLVMBuildStore(g->b, e, LLVMBuildInBoundsGEP2(g->b, LLVMTypeOf(e), p->erow, &R->j, 1, ""));
+      else
+        gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
+    }
+    if (p->kind == P_SOFTMAX && p->p[2] == k) {
+      LLVMValueRef y;
+      if (op->opcode == IR_OP_LOG_SOFTMAX) {
+        y = LLVMBuildFSub(g->b, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""), p->st[2], "");
+      } else {
+        const Plan *o = p->share >= 0 ? &R->plan[p->share] : p;
+        LLVMTypeRef et = gen_reg_type(g, op->args[0]->type.dtype);
+        LLVMValueRef e = LLVMBuildLoad2(g->b, et, LLVMBuildInBoundsGEP2(g->b, et, o->erow, &R->j, 1, ""), "");
+        y = LLVMBuildFMul(g->b, e, p->st[2], "");
+      }
+      define(R, p->y, gen_round(g, y, dt), k);
+    }
+    break;
+  case P_LN:
+    if (p->p[0] == k)
+      gen_acc_set(g, p->acc[0], gen_add_reassoc(g, gen_acc_get(g, p->acc[0]), gen_widen(g, elem_val(R, p->x[0], k))));
+    if (p->p[1] == k) {
+      LLVMValueRef d = LLVMBuildFSub(g->b, gen_widen(g, elem_val(R, p->x[0], k)), p->st[0], "");
+      gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), LLVMBuildFMul(g->b, d, d, "")));
+    }
+    if (p->p[2] == k) { /* in the value's dtype, with the row's mean and rstd rounded to it */
+      LLVMValueRef d = LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[2], "");
+      LLVMValueRef y = LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, d, p->st[1], ""), operand(R, p->x[1], k), "");
+      y = LLVMBuildFAdd(g->b, y, operand(R, p->x[2], k), "");
+      define(R, p->y, gen_round(g, y, dt), k);
+    }
+    break;
+  case P_RMS:
+    if (p->p[0] == k) {
+      LLVMValueRef x = gen_widen(g, elem_val(R, p->x[0], k));
+      gen_acc_set(g, p->acc[0], gen_add_reassoc(g, gen_acc_get(g, p->acc[0]), LLVMBuildFMul(g->b, x, x, "")));
+    }
+    if (p->p[2] == k) {
+      LLVMValueRef y = LLVMBuildFMul(g->b, elem_val(R, p->x[0], k), p->st[1], "");
+      y = LLVMBuildFMul(g->b, y, operand(R, p->x[1], k), "");
+      define(R, p->y, gen_round(g, y, dt), k);
+    }
+    break;
+  case P_ONEHOT:
+    if (p->p[0] == k) {
+      LLVMValueRef t = row_val(R, p->x[0]);
+      int64_t ii = ir_attr_get_int(op, "ignore_index", -100);
+      LLVMValueRef hit = LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildSExt(g->b, t, g->t_i64, ""), R->j, "");
+      LLVMValueRef keep = LLVMBuildICmp(g->b, LLVMIntNE, t, LLVMConstInt(g->t_i32, (unsigned long long)ii, 1), "");
+      LLVMValueRef y = LLVMBuildSelect(g->b, LLVMBuildAnd(g->b, hit, keep, ""), LLVMConstReal(ft, 1.0),
+                                       LLVMConstReal(ft, 0.0), "");
+      define(R, p->y, y, k);
+    }
+    break;
+  case P_EMB:
+    if (p->p[0] == k) {
+      const IrValue *tab = op->args[1];
+      int64_t V = tab->type.shape.dim[0], D = tab->type.shape.dim[1];
+      GenBuf tb = gen_buf(g, tab);
+      LLVMValueRef t64 = LLVMBuildSExt(g->b, row_val(R, p->x[0]), g->t_i64, "");
+      LLVMValueRef ok = LLVMBuildAnd(g->b, LLVMBuildICmp(g->b, LLVMIntSGE, t64, gen_i64(g, 0), ""),
+                                     LLVMBuildICmp(g->b, LLVMIntSLT, t64, gen_i64(g, V), ""), "");
+      LLVMValueRef safe = LLVMBuildSelect(g->b, ok, t64, gen_i64(g, 0), "");
+      LLVMValueRef idx = LLVMBuildNSWAdd(g->b, LLVMBuildNSWMul(g->b, safe, gen_i64(g, D), ""), R->j, "");
+      LLVMValueRef y = gen_buf_load(g, &tb, idx);
+      y = LLVMBuildSelect(g->b, ok, y, LLVMConstReal(ft, 0.0), "");
+      define(R, p->y, y, k);
+    }
+    break;
+  case P_CMASK:
+    if (p->p[0] == k) {
+      int n = R->l->space.rank;
+      LLVMValueRef i = LLVMBuildURem(g->b, R->r, gen_i64(g, R->l->space.dim[n - 2]), "");
+      LLVMValueRef above = LLVMBuildICmp(g->b, LLVMIntSGT, R->j, i, "");
+      LLVMValueRef y = LLVMBuildSelect(g->b, above, LLVMConstReal(ft, -INFINITY), elem_val(R, p->x[0], k), "");
+      define(R, p->y, y, k);
+    }
+    break;
+  case P_UNSLICE:
+    if (p->p[0] == k) define(R, p->y, unslice_elem(R, op), k);
+    break;
+  case P_EWROW: break;
+  }
+}
+
+/* Outputs written over operands (memplan: an operand that dies in the
+ * kernel, laid over the space as the output is) share an alias scope
+ * with them.  Row r of the output depends on row r of the operand only,
+ * so it is enough that the row's operand elements are read before they
+ * are overwritten: every loop loads such an operand first, before its
+ * stores (written_over), and an output whose operand a later loop reads
+ * again (or a cross_entropy gathers) is kept in row scratch and stored
+ * after the row's last loop (defer). */
+static bool written_over(Row *R, int i) {
+  const RSlot *s = &R->s[i];
+  if (s->cs->defined || !s->elem || !s->mem || s->buf.scope < 0) return false;
+  for (int k = 0; k < R->ns; k++)
+    if (R->s[k].out && R->s[k].buf.scope == s->buf.scope) return true;
+  return false;
+}
+
+/* The last loop that reads input slot i (INT_MAX if a cross_entropy
+ * gathers it, which happens after its loops). */
+static int last_read(Row *R, int i) {
+  int last = -1, loops[3];
+  for (int q = 0; q < R->np; q++) {
+    const Plan *p = &R->plan[q];
+    for (int a = 0; a < 3; a++) {
+      if (p->x[a] != i) continue;
+      if (p->kind == P_CE) return INT_MAX;
+      int n = reads(p, a, loops);
+      for (int k = 0; k < n; k++) last = maxi(last, loops[k]);
+    }
+  }
+  return last;
+}
+
+/* Whether output slot o must wait for the end of the row: an operand it
+ * is written over is read by a loop after the one that computes it. */
+static bool must_defer(Row *R, const RSlot *o) {
+  if (!o->out || !o->elem || !o->in_loop || o->buf.grad || o->buf.scope < 0) return false;
+  for (int i = 0; i < R->ns; i++) {
+    const RSlot *s = &R->s[i];
+    if (s != o && !s->cs->defined && s->mem && s->buf.scope == o->buf.scope && last_read(R, i) > o->avail) return true;
+  }
+  return false;
+}
+
+/* The causal exp loop's trip count is a multiple of this (one AVX-512
+ * vector of f32), and the loop is not interleaved, so that it runs whole
+ * vectors only, with no remainder. */
+#define CAUSAL_VEC 16
+
+/* Tell the vectoriser not to interleave the loop whose latch is block latch. */
+static void no_interleave(Gen *g, LLVMBasicBlockRef latch) {
+  LLVMValueRef br = LLVMGetBasicBlockTerminator(latch);
+  if (!br) return;
+  LLVMMetadataRef tmp = LLVMTemporaryMDNode(g->ctx, NULL, 0);
+  const char *key = "llvm.loop.interleave.count";
+  LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, key, strlen(key)),
+                           LLVMValueAsMetadata(LLVMConstInt(g->t_i32, 1, 0))};
+  LLVMMetadataRef ops[2] = {tmp, LLVMMDNodeInContext2(g->ctx, kv, 2)};
+  LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, 2);
+  LLVMMetadataReplaceAllUsesWith(tmp, loop);
+  LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9), LLVMMetadataAsValue(g->ctx, loop));
+}
+
+/* A causal softmax's exponentials: when loop k does nothing but the exp
+ * pass of a softmax whose operand is causal_mask's result in this kernel,
+ * row i's columns past i are -inf, and their exponentials one value per
+ * row (0, or NaN where the row's maximum is -inf or NaN): the loop runs
+ * over columns [0, i] and the rest of erow is filled.  Returns that plan. */
+static Plan *causal_exp_loop(Row *R, int k) {
+  Plan *sm = NULL;
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    bool here = p->p[0] == k || p->p[1] == k || p->p[2] == k;
+    if (!here) continue;
+    if (sm || p->kind != P_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX || p->p[1] != k || p->share >= 0 || !p->erow)
+      return NULL;
+    sm = p;
+  }
+  if (!sm || R->l->space.rank < 2 || R->s[sm->x[0]].buf.is_const) return NULL;
+  for (int q = 0; q < R->np; q++)
+    if (R->plan[q].kind == P_CMASK && R->plan[q].y == sm->x[0]) return sm;
+  return NULL;
+}
+
+void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
+  Row R;
+  memset(&R, 0, sizeof R);
+  R.g = g;
+  R.l = l;
+  R.ns = l->nslots;
+  R.s = calloc((size_t)(R.ns ? R.ns : 1), sizeof(RSlot));
+  R.plan = calloc((size_t)(n ? n : 1), sizeof(Plan));
+  if (!R.s || !R.plan) abort();
+  for (int i = 0; i < R.ns; i++) {
+    RSlot *s = &R.s[i];
+    s->cs = &l->slots[i];
+    const IrValue *v = s->cs->v;
+    const IrShape *vs = &v->type.shape;
+    s->elem = s->cs->mapped && s->cs->eoff == 0 && vs->rank >= 1 && vs->dim[vs->rank - 1] == l->cols;
+    s->reg_loop = -2;
+    if (s->cs->mapped) kp_slot_strides(l, s->cs, s->stride);
+    bool const_in = !s->cs->defined && v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0;
+    if (const_in) {
+      s->buf.v = v;
+      s->buf.is_const = true;
+      s->buf.cval = ir_attr_get_float(v->def, "value", 0.0);
+    } else if (!s->cs->defined && s->cs->mapped) {
+      s->buf = gen_buf(g, v);
+      s->mem = !s->buf.is_const; /* else reported: no storage */
+    } else if (s->cs->output && v->storage != IR_STORE_NONE) {
+      s->mem = s->out = true;
+      s->buf = gen_buf(g, v);
+    } else {
+      s->buf.v = v;
+    }
+  }
+
+  /* Plan every op; K loops, sections 0..K. */
+  int K = 0;
+  for (int k = 0; k < n; k++) {
+    plan_op(&R, &R.plan[k], ops[k]);
+    for (int i = 0; i < 3; i++) K = maxi(K, R.plan[k].p[i] + 1);
+    for (int i = 0; i < 2; i++) K = maxi(K, R.plan[k].fin[i]);
+  }
+  R.np = n;
+  finish_plans(&R);
+  bool *loop_used = calloc((size_t)K + 1, sizeof(bool));
+  if (!loop_used) abort();
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < 3; i++)
+      if (R.plan[k].p[i] >= 0) loop_used[R.plan[k].p[i]] = true;
+
+  /* Accumulators and scratch rows (in the entry block). */
+  for (int k = 0; k < n; k++) {
+    Plan *p = &R.plan[k];
+    IrDType xdt = p->op->args[0]->type.dtype;
+    LLVMTypeRef reg = gen_reg_type(g, xdt), wide = gen_acc_type(g, xdt);
+    switch (p->kind) {
+    case P_RED: p->acc[0] = gen_acc(g, p->op->opcode == IR_OP_MAX ? reg : wide); break;
+    case P_LSE:
+    case P_SOFTMAX:
+    case P_CE: /* the maximum, then the sum of exponentials */
+      p->acc[0] = gen_acc(g, reg);
+      p->acc[1] = gen_acc(g, wide);
+      break;
+    case P_LN:
+      p->acc[0] = gen_acc(g, wide);
+      p->acc[1] = gen_acc(g, wide);
+      break;
+    case P_RMS: p->acc[0] = gen_acc(g, wide); break;
+    case P_EW:
+    case P_EWROW:
+    case P_ONEHOT:
+    case P_EMB:
+    case P_CMASK:
+    case P_UNSLICE: break;
+    }
+  }
+  for (int q = 0; q < n; q++) {
+    Plan *p = &R.plan[q];
+    if (p->kind != P_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX) continue;
+    Plan *o = p->share >= 0 ? &R.plan[p->share] : p;
+    if (!o->erow) o->erow = gen_alloca(g, gen_reg_type(g, o->op->args[0]->type.dtype), l->cols > 0 ? l->cols : 1);
+  }
+  for (int i = 0; i < R.ns; i++) {
+    RSlot *s = &R.s[i];
+    s->defer = must_defer(&R, s);
+    if (!s->mat && !s->defer) continue;
+    if (s->out && !s->buf.grad && !s->defer) continue; /* its output row serves */
+    s->scratch = gen_alloca(g, gen_mem_type(g, s->cs->v->type.dtype), l->cols > 0 ? l->cols : 1);
+  }
+
+  /* Row-invariant addresses and per-row inputs are set up once. */
+  LLVMValueRef zero = gen_i64(g, 0);
+  for (int i = 0; i < R.ns; i++) {
+    RSlot *s = &R.s[i];
+    if (!s->mem || !row_invariant(&R, s)) continue;
+    s->rowptr = s->buf.base;
+    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
+      s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
+      s->reg_loop = -1;
+    }
+  }
+
+  GenLoop rows;
+  gen_loop_begin(g, &rows, g->begin, g->end, "row");
+  R.r = rows.iv;
+  for (int i = 0; i < R.ns; i++) {
+    RSlot *s = &R.s[i];
+    if (!s->mem || row_invariant(&R, s)) continue;
+    s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(&R, s));
+    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
+      s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
+      s->reg_loop = -1;
+    }
+  }
+  for (int k = 0; k <= K; k++) {
+    for (int q = 0; q < n; q++) section_step(&R, &R.plan[q], k);
+    if (k == K || !loop_used[k]) continue;
+    Plan *cs = causal_exp_loop(&R, k);
+    LLVMValueRef hi = gen_i64(g, l->cols);
+    if (cs) { /* columns j <= i (up to a whole vector) only: exp(-inf - max) past them */
+      int nr = l->space.rank;
+      LLVMValueRef i = LLVMBuildURem(g->b, R.r, gen_i64(g, l->space.dim[nr - 2]), "");
+      LLVMValueRef up = LLVMBuildAnd(g->b, LLVMBuildAdd(g->b, i, gen_i64(g, CAUSAL_VEC), ""), gen_i64(g, -CAUSAL_VEC), "");
+      hi = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, up, hi, ""), up, hi, "");
+    }
+    GenLoop cl;
+    gen_loop_begin(g, &cl, zero, hi, "col");
+    R.j = cl.iv;
+    for (int i = 0; i < R.ns; i++) /* before anything is written over them */
+      if (written_over(&R, i)) (void)elem_val(&R, i, k);
+    for (int q = 0; q < n; q++) loop_step(&R, &R.plan[q], k);
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+    gen_loop_end(g, &cl);
+    if (cs) {
+      no_interleave(g, latch);
+      LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
+      LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
+      GenLoop tl;
+      gen_loop_begin(g, &tl, hi, gen_i64(g, l->cols), "masked");
+      LLVMBuildStore(g->b, tail, LLVMBuildInBoundsGEP2(g->b, ft, cs->erow, &tl.iv, 1, ""));
+      gen_loop_end(g, &tl);
+    }
+  }
+  for (int i = 0; i < R.ns; i++) { /* deferred outputs, now that the row's operands are read */
+    RSlot *s = &R.s[i];
+    if (!s->defer) continue;
+    GenLoop cl;
+    gen_loop_begin(g, &cl, zero, gen_i64(g, l->cols), "store");
+    R.j = cl.iv;
+    IrDType dt = s->cs->v->type.dtype;
+    LLVMValueRef v = gen_load(g, mat_ptr(&R, s), dt, -1);
+    gen_store(g, slot_ptr(&R, s, s->rowptr, col_index(&R, s)), v, dt, false, s->buf.scope);
+    gen_loop_end(g, &cl);
+  }
+  gen_loop_end(g, &rows);
+  LLVMBuildRetVoid(g->b);
+  free(loop_used);
+  free(R.s);
+  free(R.plan);
+}

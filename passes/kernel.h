@@ -1,0 +1,128 @@
+/* kernel.h - the kernel model (docs/BACKEND.md) that `fuse`, `memplan`,
+ * the cost model and both code generators share: which ops the executor
+ * runs itself, which fit a row kernel, how a row kernel's values lie over
+ * its iteration space, and which values are views of others. */
+#ifndef GRADC_KERNEL_H
+#define GRADC_KERNEL_H
+
+#include "ir/ir.h"
+/* ------------------------------------------------------------------ */
+/* kernel.c: what a kernel is (shared by `fuse` and the generators)    */
+/* ------------------------------------------------------------------ */
+/* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
+ * window.sum, loss, grad and the collectives.  Every other op is in a
+ * kernel (IrOp.group >= 1). */
+bool kp_op_group0(IrOpcode opc);
+/* Whether op fits a row kernel: elementwise ops, broadcast, reductions over
+ * the last axis only, softmax/log_softmax over the last axis, layer_norm,
+ * rms_norm, causal_mask, cross_entropy and mse_loss with reduction="none",
+ * one_hot, embedding, unslice, grad.seed and loss.term.  Other kernel ops
+ * (permute, slice, concat, embedding_grad, other reductions, ...) are
+ * kernels of their own with a general loop nest. */
+bool kp_op_rowwise(const IrOp *op);
+
+/* A row kernel iterates over an iteration shape `space` [..., cols]: the
+ * outer (parallel) loop runs over the rows (the product of the leading
+ * axes), inner loops over the cols of one row.  Every value the kernel
+ * touches is laid over the space by NumPy broadcasting, right-aligned
+ * either to the last axis (eoff 0) or to the one before it (eoff 1: a
+ * per-row value whose last axis was reduced away, such as a target index
+ * or a cross_entropy row loss). */
+typedef struct KpSlot {
+  IrValue *v;
+  int eoff;     /* 0 or 1, see above */
+  bool mapped;  /* laid over the space (false: only an embedding table or an unslice
+                   operand, addressed by index) */
+  bool defined; /* defined by an op of the kernel; false: a kernel input */
+  bool output;  /* defined here and used outside the kernel */
+  bool varies;  /* varies along the row (one value per element); false: one value per row */
+} KpSlot;
+
+typedef struct KpRowLayout {
+  IrShape space;
+  int64_t rows, cols;
+  KpSlot *slots; /* inputs and results, in order of first appearance */
+  int nslots;
+} KpRowLayout;
+
+/* Whether a value defined by one of the kernel's ops is used outside it. */
+typedef bool (*KpUsedOutside)(const IrValue *v, void *ctx);
+
+/* Lay the row kernel made of ops[0..n) (in program order) over its
+ * iteration space.  False with a reason in why when the ops do not form
+ * one row kernel (mismatched rows, a cross-row dependence, an output that
+ * would be written by several rows, ...).  Slots live in arena a. */
+bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ctx, Arena *a, KpRowLayout *out,
+                   char *why, size_t whylen);
+KpSlot *kp_row_slot(const KpRowLayout *l, const IrValue *v); /* NULL if v is not in the kernel */
+/* The element strides of slot s over the space's axes (0 where broadcast). */
+void kp_slot_strides(const KpRowLayout *l, const KpSlot *s, int64_t *stride);
+
+/* Normalised start and step of each axis of a slice or unslice op over
+ * `full` (the slice's operand shape, the unslice's result shape), as
+ * Python's slice.indices. */
+void kp_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step);
+/* Whether a slice or unslice selects one contiguous run of the full
+ * tensor's elements (an index of leading axes and a unit-step range of
+ * the next, the rest whole: a stacked param's w[l]); *first gets the
+ * run's first element.  Such a slice needs no copy (memplan aliases it). */
+bool kp_slice_contiguous(const IrOp *op, int64_t *first);
+
+/* Strided views that GEMMs read and write in place (docs/BACKEND.md).
+ * Element (i0, ..., ik) of a view is element offset + sum ij * stride[j]
+ * of its root's buffer (the root is contiguous). */
+typedef struct KpView {
+  const IrValue *root;
+  int64_t offset;
+  IrShape shape;
+  int64_t stride[IR_MAX_RANK];
+} KpView;
+
+/* Where a value lives when GEMMs read or write it through views:
+ * KP_MEM      stored as usual (or an alias: a reshape of a stored value,
+ *             a range slice)
+ * KP_VIEW_IN  a permute, non-range slice or reshape of a view, read only
+ *             by GEMMs (and views): no storage, the GEMM reads its root
+ *             with strides (a transpose of the last two axes is a
+ *             transpose flag)
+ * KP_VIEW_OUT a GEMM's result read once by a permute or reshape (and so
+ *             on) ending in a stored value, or in one part of a concat
+ *             whose parts are all such: no storage, the GEMM writes
+ *             straight into that value's buffer with strides */
+enum { KP_MEM, KP_VIEW_IN, KP_VIEW_OUT };
+
+typedef struct KpViews {
+  unsigned char *place; /* by value id */
+  const IrOp **user;    /* by value id: the op a KP_VIEW_OUT value is written through */
+  int n;
+} KpViews;
+
+/* Classify every value of f; `outside(op, ctx)` says whether op runs
+ * outside kernels (memplan, the executor: group 0; fuse: the candidates
+ * it has not put in a kernel).  Only f32/f64 values become views.  Free
+ * with kp_views_free. */
+void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, KpViews *out);
+void kp_views_free(KpViews *vs);
+/* Whether op does no work of its own: its result is a view, or it only
+ * receives GEMM writes (a permute, reshape or concat of KP_VIEW_OUT values). */
+bool kp_view_free_op(const KpViews *vs, const IrOp *op);
+/* The value whose buffer v's bytes are in (v itself when stored). */
+const IrValue *kp_view_home(const KpViews *vs, const IrValue *v);
+/* The view a GEMM reads v through (v whole when stored). */
+bool kp_view_in(const KpViews *vs, const IrValue *v, KpView *out);
+/* The view a GEMM writes its result v through (v whole when stored). */
+bool kp_view_out(const KpViews *vs, const IrValue *v, KpView *out);
+/* v whole, contiguous. */
+void kp_view_whole(const IrValue *v, KpView *out);
+/* The view of op's result given the view of its operand (permute, slice,
+ * reshape); false when it is not a strided view. */
+bool kp_view_apply(KpView *v, const IrOp *op);
+/* The view of op's operand `operand` given the view of its result
+ * (permute, reshape, concat). */
+bool kp_view_unapply(KpView *v, const IrOp *op, int operand);
+/* The last two axes as a BLAS matrix: unit stride along the last (trans
+ * false) or the second last (trans true), *ld the other stride; false if
+ * neither. */
+bool kp_view_matrix(const KpView *v, bool *trans, int64_t *ld);
+
+#endif

@@ -1,0 +1,1407 @@
+/* exec.c - the CPU executor (docs/BACKEND.md): runs one window of a
+ * function after the CPU pipeline (fuse, memplan) in a single arena.
+ *
+ * cpu_program_new checks the planned function, compiles its kernels with
+ * cg_llvm_compile, allocates the arena, stores the consts that group-0 ops
+ * read, and turns the op list into a short program:
+ *
+ *   kernel   a compiled kernel over [0, iters), split across the pool
+ *            (run inline on the calling thread when iters * cost is small)
+ *   gemm     cblas_sgemm / cblas_dgemm as gemm_plan.c plans the matmul
+ *            (torch.matmul semantics: 1-D operands, broadcast batch dims
+ *            by a loop or folded into M when only the left operand has
+ *            them, operands and results that are strided views of stored
+ *            values: kp_views_find's group-0 transposes as flags, q read
+ *            out of qkv, heads written into [B, T, C]), beta = 1 when the
+ *            result is a gradient buffer; split over the pool, the BLAS
+ *            single-threaded in each piece
+ *   copy     a collective on one rank
+ *   loss     add the loss operand into its window loss
+ *
+ * reshape, const, window.sum and grad need no work during a micro-batch.
+ *
+ * cpu_step_run runs a window: it checks and binds the tensors (shared with
+ * step_run_ref), zeroes the gradient buffers but the parts a store-first
+ * GEMM writes whole (plan_zeroing: with beta = 0 in micro-batch 0), copies
+ * the params in unless the arena holds them already (the caller's params
+ * generation, cpu_program_set_params_gen, and the same tensors), evaluates
+ * window sums with the interpreter's count phase and stores them, then for
+ * each micro-batch copies its input slices in and runs the program; at the
+ * end the gradients are read out of their buffers.
+ *
+ * Artifacts (artifact.h's hook): cpu_program_save_objects stores the
+ * kernels' object code, cpu_program_load_objects builds the program from
+ * it without running code generation (no LLVM optimiser, no codegen). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "runtime/io/artifact.h"
+#include "runtime/comm/comm.h"
+#include "runtime/gemm_plan.h"
+#include "runtime/runtime.h"
+#include "runtime/comm/trace.h"
+
+#ifdef GRADC_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+/* Kernels smaller than this many element-visits run on the calling thread;
+ * larger ones are split in chunks of about this size. */
+#define INLINE_WORK 32768
+
+/* ------------------------------------------------------------------ */
+/* Elements in the arena                                               */
+/* ------------------------------------------------------------------ */
+
+static double f16_decode(uint16_t h) {
+  int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  double v;
+  if (exp == 0) v = ldexp((double)man, -24);
+  else if (exp == 31) v = man ? NAN : INFINITY;
+  else v = ldexp((double)(man | 0x400), exp - 25);
+  return sign ? -v : v;
+}
+
+/* x rounded to f16 (interp_round) and packed into its bits. */
+static uint16_t f16_encode(double x) {
+  x = interp_round(x, IR_DT_F16);
+  uint16_t sign = signbit(x) ? 0x8000 : 0;
+  double a = fabs(x);
+  if (isnan(x)) return 0x7e00;
+  if (isinf(a)) return sign | 0x7c00;
+  if (a == 0) return sign;
+  int e;
+  frexp(a, &e); /* a = m * 2^e, 0.5 <= m < 1 */
+  if (e - 1 < -14) return sign | (uint16_t)ldexp(a, 24); /* subnormal: a / 2^-24 */
+  uint16_t man = (uint16_t)(ldexp(a, 11 - e) - 1024);   /* 10 fraction bits */
+  return sign | (uint16_t)((e - 1 + 15) << 10) | man;
+}
+
+static uint16_t bf16_encode(double x) {
+  float f = (float)interp_round(x, IR_DT_BF16);
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (isnan(f)) return 0x7fc0;
+  return (uint16_t)(u >> 16);
+}
+
+static float bf16_decode(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static double elem_get(const char *p, IrDType dt, int64_t i) {
+  switch (dt) {
+  case IR_DT_F32: return ((const float *)p)[i];
+  case IR_DT_F64: return ((const double *)p)[i];
+  case IR_DT_BF16: return bf16_decode(((const uint16_t *)p)[i]);
+  case IR_DT_F16: return f16_decode(((const uint16_t *)p)[i]);
+  case IR_DT_I32: return ((const int32_t *)p)[i];
+  case IR_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
+  }
+  return 0;
+}
+
+static void elem_set(char *p, IrDType dt, int64_t i, double x) {
+  switch (dt) {
+  case IR_DT_F32: ((float *)p)[i] = (float)x; break;
+  case IR_DT_F64: ((double *)p)[i] = x; break;
+  case IR_DT_BF16: ((uint16_t *)p)[i] = bf16_encode(x); break;
+  case IR_DT_F16: ((uint16_t *)p)[i] = f16_encode(x); break;
+  case IR_DT_I32: ((int32_t *)p)[i] = (int32_t)x; break;
+  case IR_DT_BOOL: ((uint8_t *)p)[i] = x != 0; break;
+  }
+}
+
+/* Whether a bound tensor's elements are dtype dt's bytes already (a plain
+ * copy, *es bytes each). */
+static bool copy_in_plain(const StTensor *t, IrDType dt, int64_t *es) {
+  *es = (t->dtype == ST_F32 && dt == IR_DT_F32) || (t->dtype == ST_I32 && dt == IR_DT_I32) ? 4
+        : t->dtype == ST_F64 && dt == IR_DT_F64                                             ? 8
+                                                                                            : 0;
+  return *es > 0; /* little-endian host */
+}
+
+/* Elements [begin, begin + n) of a bound tensor into dst, as dtype dt. */
+static void copy_in(const StTensor *t, int64_t begin, int64_t n, IrDType dt, char *dst) {
+  int64_t es;
+  if (copy_in_plain(t, dt, &es)) {
+    memcpy(dst, (const char *)t->data + es * begin, (size_t)(es * n));
+    return;
+  }
+  double buf[1024];
+  for (int64_t k = 0; k < n; k += 1024) {
+    int64_t m = n - k < 1024 ? n - k : 1024;
+    step_load(t, begin + k, m, buf);
+    for (int64_t i = 0; i < m; i++) elem_set(dst, dt, k + i, buf[i]);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* The program                                                         */
+/* ------------------------------------------------------------------ */
+
+typedef struct Gemm {
+  IrDType dt;         /* operand dtype */
+  IrDType cdt;        /* result buffer dtype (f32/f64 for a gradient buffer) */
+  int64_t a, b, c;    /* byte offsets in the arena of the buffers A, B and C lie in */
+  bool ta, tb, accumulate;
+  bool store_first;   /* accumulate, but the window's first writer of all of C: beta = 0 in micro-batch 0 */
+  bool tc;            /* C is written transposed (a view with unit stride down its columns) */
+  int64_t M, N, K, lda, ldb, ldc;
+  int64_t nb;         /* GEMMs in the batch loop */
+  int64_t *aoff, *boff, *coff; /* per batch: element offset of its A, B and C matrices */
+  int aarg, barg;     /* A (B) read in place from the caller's tensor of this arg (CpuProgram.argbase), or -1 */
+} Gemm;
+
+typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK } InstrKind;
+
+typedef struct Instr {
+  InstrKind kind;
+  const IrOp *op;
+  const CgKernel *kernel;
+  Gemm gemm;
+  int64_t src, dst, bytes; /* I_COPY, I_START (send, recv), I_WAIT (dst); I_LOSS: src = offset of the operand */
+  int slot;                /* I_START, I_WAIT: the StepColl; I_BUCKET_*: the bucket */
+  bool f64;                /* I_START: f64 elements (else f32) */
+  bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
+} Instr;
+
+typedef struct GradBuf {
+  int arg;         /* param index in f->args */
+  int64_t offset;  /* in the arena */
+  IrDType dt;      /* f32 or f64 */
+  int64_t numel;
+  bool reduced;    /* a data-parallel bucket all-reduces it (its `grad` reads a last=true wait) */
+} GradBuf;
+
+/* A data-parallel gradient bucket (dp-reduce's last=true all-reduces): in
+ * the window's last micro-batch its gradient buffers are all-reduced in
+ * place, one collective per contiguous run of buffers of one dtype, started
+ * at the bucket's last start and waited for at its first wait; in the
+ * other micro-batches its ops do nothing.  A bucket whose waits are not all
+ * after its starts (no overlap) is one of these per start/wait pair. */
+typedef struct BucketRun {
+  int64_t lo, hi;  /* byte range in the arena */
+  bool f64;
+  CommReq *req;
+  bool done;       /* comm_test saw it complete */
+} BucketRun;
+
+typedef struct Bucket {
+  const IrOp *op;  /* a start (its group and ranks) */
+  BucketRun *runs;
+  int nruns;
+  bool open;       /* started, not yet waited for */
+} Bucket;
+
+struct CpuProgram {
+  IrFunc *f;
+  CgModule *cg;
+  Pool *pool;
+  int threads;
+  char *arena;
+  Instr *code;
+  int ncode;
+  GradBuf *grads;
+  int ngrads;
+  /* What the window zeroes: the gradient buffers less the parts a
+   * store-first GEMM writes whole (byte ranges in the arena). */
+  int64_t (*zero)[2];
+  int nzero;
+  /* Params already in the arena: the generation the caller gave for the
+   * next window (cpu_program_set_params_gen; 0 = unknown), the one the
+   * arena holds, and the tensors it was copied from. */
+  uint64_t params_gen, arena_gen;
+  bool no_grads; /* the next window's gradients stay in the arena (cpu_program_skip_grads) */
+  const void **arena_src;
+  /* Args only GEMMs read (plan_direct_args): this micro-batch's elements,
+   * in the caller's tensor when its dtype is the arg's, else in the arena. */
+  bool *direct;
+  const char **argbase;
+  KpViews views; /* what GEMMs read and write in place (codegen/kernel.c) */
+  /* Collectives: one StepColl per start (tensor-parallel and other
+   * collectives that run in every micro-batch), the buckets. */
+  StepColl *colls;
+  bool *coll_open; /* started, not yet waited for */
+  int ncolls;
+  Bucket *buckets;
+  int nbuckets;
+  /* A result of an earlier window handed back (cpu_program_recycle): the
+   * next window reads its gradients into these arrays instead of fresh
+   * ones (no allocation, zeroing or page faults per window). */
+  StepResult spare;
+  bool have_spare;
+};
+
+/* The arena is not zeroed: every byte a step reads is written first in
+ * the step (activations by their producers, a GEMM's C with beta = 0 is
+ * not read) or per window (gradient buffers, params, inputs, window sums),
+ * and consts are stored at start-up.  Zeroing it up front cost a large
+ * model tens of milliseconds of start-up and all its resident memory at
+ * once.  It comes from malloc, not a private mapping: freeing a large
+ * block is what raises glibc's mmap threshold, without which every step's
+ * megabyte-sized result arrays were mapped, faulted in and unmapped again
+ * (a tenth of a small model's step). */
+static char *arena_new(int64_t size) { return aligned_alloc(64, (size_t)((size + 64) / 64 * 64)); }
+
+static bool in_group0(const IrOp *op, void *ctx) {
+  (void)ctx;
+  return op->group == 0;
+}
+
+/* A matmul op as the executor runs it (gemm_plan.h): f32 and f64 through
+ * strided views (codegen/kernel.c: a stored value whole, q read out of
+ * qkv, heads written into [B, T, C]); bf16 and f16 contiguous (transposes
+ * as flags), widened to f32 matrix by matrix. */
+static bool plan_gemm(const KpViews *vs, const IrOp *op, Gemm *g, char *err, size_t n) {
+  const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
+  memset(g, 0, sizeof *g);
+  g->dt = A->type.dtype;
+  if (!ir_dtype_is_float(g->dt) || B->type.dtype != g->dt)
+    return rt_op_fail(err, n, op, "needs float operands of one dtype");
+  if (A->type.shape.rank < 1 || B->type.shape.rank < 1) return rt_op_fail(err, n, op, "needs operands of rank >= 1");
+  bool packed = g->dt != IR_DT_F32 && g->dt != IR_DT_F64;
+  RtGemmPlan s;
+  bool ok = packed ? rt_gemm_plan_ir(op, true, &s, err, n) : rt_gemm_plan_views(vs, op, &s, err, n);
+  if (ok && packed) {
+    const IrShape *bs = &B->type.shape;
+    if (s.K != (bs->rank == 1 ? bs->dim[0] : bs->dim[bs->rank - 2]))
+      ok = rt_op_fail(err, n, op, "has mismatched inner dimensions");
+    else if (s.nb * s.M * s.N != ir_numel(&C->type.shape))
+      ok = rt_op_fail(err, n, op, "has a result of the wrong size");
+  }
+  /* The BLAS's 32-bit sizes: contiguous GEMMs as folded, views by the rows
+   * of one result matrix (M before a left-only batch is folded in). */
+  int64_t m = packed ? s.M : s.rows;
+  if (ok && (m > INT32_MAX || s.N > INT32_MAX || s.K > INT32_MAX || s.lda > INT32_MAX || s.ldb > INT32_MAX ||
+             s.ldc > INT32_MAX))
+    ok = rt_op_fail(err, n, op, "is too large for the BLAS (a dimension over 2^31)");
+  if (!ok) {
+    rt_gemm_plan_free(&s);
+    return false;
+  }
+  g->a = s.a->offset;
+  g->b = s.b->offset;
+  g->c = s.c->offset;
+  g->accumulate = rt_storage_root(s.c)->storage == IR_STORE_GRAD;
+  g->cdt = g->accumulate ? (g->dt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32) : C->type.dtype;
+  g->ta = s.ta, g->tb = s.tb, g->tc = s.tc;
+  g->M = s.M, g->N = s.N, g->K = s.K;
+  g->lda = s.lda, g->ldb = s.ldb, g->ldc = s.ldc;
+  g->nb = s.nb;
+  g->aoff = s.aoff, g->boff = s.boff, g->coff = s.coff; /* g owns them now */
+  g->aarg = g->barg = -1;                               /* plan_direct_args */
+  return true;
+}
+
+/* C = A B (+ C): row-major, f32 or f64, C's rows ldc elements apart. */
+static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda,
+                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
+#ifdef GRADC_HAVE_BLAS
+  enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  if (dbl)
+    cblas_dgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0, a, (blasint)lda, b, (blasint)ldb,
+                beta, c, (blasint)ldc);
+  else
+    cblas_sgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0f, a, (blasint)lda, b, (blasint)ldb,
+                (float)beta, c, (blasint)ldc);
+#else
+  /* No BLAS in this build: a plain loop, accumulated in the operands' type. */
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double s = 0;
+      float sf = 0;
+      for (int64_t k = 0; k < K; k++) {
+        int64_t ia = ta ? k * lda + i : i * lda + k, ib = tb ? j * ldb + k : k * ldb + j;
+        if (dbl)
+          s += ((const double *)a)[ia] * ((const double *)b)[ib];
+        else
+          sf += ((const float *)a)[ia] * ((const float *)b)[ib];
+      }
+      if (dbl)
+        ((double *)c)[i * ldc + j] = s + (beta != 0 ? ((double *)c)[i * ldc + j] : 0);
+      else
+        ((float *)c)[i * ldc + j] = sf + (beta != 0 ? ((float *)c)[i * ldc + j] : 0.0f);
+    }
+#endif
+}
+
+/* GEMMs run on the pool like kernels, with the BLAS single-threaded inside
+ * each piece: one set of threads.  A threaded BLAS next to the pool
+ * oversubscribes the cores (its threads spin after every call while the
+ * pool's run kernels), which made two threads slower than one.  A GEMM is
+ * cut into pieces over its batch and over a grid of row and column blocks
+ * of C (disjoint, so accumulating into a gradient buffer stays exact); one
+ * too small to pay for waking the workers runs on the calling thread.
+ *
+ * Every piece is a BLAS call of its own, which packs the rows of A and the
+ * columns of B it reads: a grid of pm row blocks by pn column blocks packs
+ * A pn times and B pm times.  So the grid is as coarse as the threads
+ * allow, one piece per thread, in the shape that packs least
+ * (gemm_grid).  Four column blocks per thread, for balance, packed mlp2's
+ * 256x1024 activations eight times per GEMM and cost its step ~4% at two
+ * threads. */
+#define GEMM_INLINE_FLOPS 1000000 /* ~10 us of one core */
+#define GEMM_CALL_FLOPS 200000    /* what one BLAS call costs beyond its flops (~2 us) */
+#define GEMM_MIN_PIECE_FLOPS 1000000
+#define GEMM_ROW_UNIT 8 /* blocks of whole register tiles (row-major C is
+                         * the BLAS's column-major C^T: its 16-wide tiles
+                         * run along our rows' length) */
+#define GEMM_COL_UNIT 16
+
+typedef struct GemmRun {
+  const Gemm *g;
+  char *arena;
+  const char *abase, *bbase; /* where A and B lie: the arena's buffers or the caller's tensors */
+  double beta;
+  int64_t pm, pn;     /* row blocks x column blocks of each batch matrix */
+  int64_t mblk, nblk; /* rows and columns per block */
+} GemmRun;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Cut len into at most `want` blocks of whole units; the block length. */
+static int64_t block_len(int64_t len, int64_t want, int64_t unit) {
+  int64_t blk = ceil_div(ceil_div(len, want), unit) * unit;
+  return blk < len ? blk : len;
+}
+
+/* Cut each batch matrix of g into about q pieces: the pm x pn grid with
+ * pm * pn <= q closest to q, then packing least (pn * M*K + pm * K*N
+ * elements packed over the grid). */
+static void gemm_grid(GemmRun *r, int64_t q) {
+  const Gemm *g = r->g;
+  int64_t best_n = 0;
+  double best_pack = 0;
+  r->pm = r->pn = 1;
+  r->mblk = g->M;
+  r->nblk = g->N;
+  for (int64_t pm = 1; pm <= q; pm++) {
+    int64_t mblk = block_len(g->M, pm, GEMM_ROW_UNIT), nblk = block_len(g->N, q / pm, GEMM_COL_UNIT);
+    int64_t gm = ceil_div(g->M, mblk), gn = ceil_div(g->N, nblk);
+    double pack = (double)gn * (double)(g->M * g->K) + (double)gm * (double)(g->K * g->N);
+    if (gm * gn > best_n || (gm * gn == best_n && pack < best_pack)) {
+      best_n = gm * gn;
+      best_pack = pack;
+      r->pm = gm;
+      r->pn = gn;
+      r->mblk = mblk;
+      r->nblk = nblk;
+    }
+  }
+}
+
+static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
+  const GemmRun *r = ctx;
+  const Gemm *g = r->g;
+  bool dbl = g->dt == IR_DT_F64;
+  size_t es = dbl ? 8 : 4;
+  int64_t per = r->pm * r->pn;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t t = i / per, qm = i % per / r->pn, qn = i % r->pn;
+    const char *a = r->abase + g->aoff[t] * (int64_t)es, *b = r->bbase + g->boff[t] * (int64_t)es;
+    char *c = r->arena + g->c + g->coff[t] * (int64_t)es;
+    int64_t m0 = qm * r->mblk, n0 = qn * r->nblk;
+    int64_t M = g->M - m0 < r->mblk ? g->M - m0 : r->mblk, N = g->N - n0 < r->nblk ? g->N - n0 : r->nblk;
+    a += (g->ta ? m0 : m0 * g->lda) * (int64_t)es;
+    b += (g->tb ? n0 * g->ldb : n0) * (int64_t)es;
+    c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * (int64_t)es;
+    if (g->tc) /* C^T = B^T A^T, written row by row down C's columns */
+      gemm_call(dbl, !g->tb, !g->ta, N, M, g->K, b, g->ldb, a, g->lda, r->beta, c, g->ldc);
+    else
+      gemm_call(dbl, g->ta, g->tb, M, N, g->K, a, g->lda, b, g->ldb, r->beta, c, g->ldc);
+  }
+}
+
+typedef struct KernelRun {
+  CgKernelFn fn;
+  char *arena;
+} KernelRun;
+
+static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
+  KernelRun *k = ctx;
+  k->fn(k->arena, begin, end);
+}
+
+static void run_kernel(CpuProgram *p, const CgKernel *k) {
+  int64_t cost = k->cost > 0 ? k->cost : 1;
+  if (k->iters <= 0) return;
+  if (pool_size(p->pool) == 1 || k->iters == 1 || k->iters * cost < INLINE_WORK) {
+    k->fn(p->arena, 0, k->iters);
+    return;
+  }
+  KernelRun run = {k->fn, p->arena};
+  int64_t grain = INLINE_WORK / cost;
+  pool_run(p->pool, k->iters, grain > 0 ? grain : 1, kernel_chunk, &run);
+}
+
+/* first: the window's first micro-batch. */
+static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
+  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
+  if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
+    GemmRun r = {g,
+                 p->arena,
+                 g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
+                 g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b,
+                 g->accumulate && !(first && g->store_first) ? 1.0 : 0.0,
+                 1,
+                 1,
+                 g->M,
+                 g->N};
+    int nt = pool_size(p->pool);
+    double flops = 2.0 * (double)mn * (double)g->K;
+    /* A batch of tiny GEMMs (attention's heads) is mostly call overhead,
+     * which splits over threads as well as flops do. */
+    if (nt == 1 || (flops + GEMM_CALL_FLOPS) * (double)g->nb < GEMM_INLINE_FLOPS) {
+      gemm_pieces(&r, 0, g->nb);
+      return;
+    }
+    /* q pieces per batch matrix: the fewest that keep every thread busy
+     * to within 1/8 (a batch of 3 on 2 threads is cut in 6), none under
+     * GEMM_MIN_PIECE_FLOPS. */
+    int64_t most = (int64_t)(flops / GEMM_MIN_PIECE_FLOPS), q = 1;
+    while (q < most && 8 * ceil_div(g->nb * q, nt) * nt > 9 * g->nb * q) q++;
+    if (q > 1) gemm_grid(&r, q);
+    pool_run(p->pool, g->nb * r.pm * r.pn, 1, gemm_pieces, &r);
+    return;
+  }
+  /* bf16 / f16: widen to f32, multiply, and round the result back (or
+   * accumulate it into the f32 gradient buffer). */
+  char *arena = p->arena;
+  float *a = rt_xcalloc((size_t)mk, sizeof(float)), *b = rt_xcalloc((size_t)kn, sizeof(float));
+  float *c = g->accumulate ? NULL : rt_xcalloc((size_t)mn, sizeof(float));
+  for (int64_t t = 0; t < g->nb; t++) {
+    for (int64_t i = 0; i < mk; i++) a[i] = (float)elem_get(arena + g->a, g->dt, g->aoff[t] + i);
+    for (int64_t i = 0; i < kn; i++) b[i] = (float)elem_get(arena + g->b, g->dt, g->boff[t] + i);
+    if (g->accumulate) {
+      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 1.0, arena + g->c + (size_t)(t * mn) * 4,
+                g->N);
+    } else {
+      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 0.0, c, g->N);
+      for (int64_t i = 0; i < mn; i++) elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
+    }
+  }
+  free(a);
+  free(b);
+  free(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Building the program                                                */
+/* ------------------------------------------------------------------ */
+
+void cpu_program_free(CpuProgram *p) {
+  if (!p) return;
+  for (int i = 0; i < p->ncode; i++) {
+    free(p->code[i].gemm.aoff);
+    free(p->code[i].gemm.boff);
+    free(p->code[i].gemm.coff);
+  }
+  free(p->code);
+  free(p->grads);
+  free(p->zero);
+  free(p->arena_src);
+  free(p->direct);
+  free(p->argbase);
+  for (int i = 0; i < p->ncolls; i++) step_coll_free(&p->colls[i]);
+  free(p->colls);
+  free(p->coll_open);
+  for (int i = 0; i < p->nbuckets; i++) {
+    for (int k = 0; k < p->buckets[i].nruns; k++)
+      if (p->buckets[i].runs[k].req) {
+        char e[256];
+        (void)comm_wait(p->buckets[i].runs[k].req, e, sizeof e);
+      }
+    free(p->buckets[i].runs);
+  }
+  free(p->buckets);
+  if (p->have_spare) step_result_free(&p->spare);
+  kp_views_free(&p->views);
+  free(p->arena);
+  pool_free(p->pool);
+#ifdef GRADC_HAVE_LLVM
+  if (p->cg) cg_module_free(p->cg);
+#endif
+  free(p);
+}
+
+static void emit(CpuProgram *p, Instr in) { p->code[p->ncode++] = in; }
+
+/* Check one group-0 op and add what it needs to the program. */
+static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
+  IrOpcode opc = op->opcode;
+  if (opc == IR_OP_MATMUL) {
+    Instr in = {.kind = I_GEMM, .op = op};
+    if (!plan_gemm(&p->views, op, &in.gemm, err, n)) {
+      free(in.gemm.aoff);
+      free(in.gemm.boff);
+      free(in.gemm.coff);
+      return false;
+    }
+    emit(p, in);
+    return true;
+  }
+  /* Views: GEMMs read or write them in place. */
+  if ((opc == IR_OP_PERMUTE || opc == IR_OP_RESHAPE || opc == IR_OP_SLICE || opc == IR_OP_CONCAT) &&
+      kp_view_free_op(&p->views, op))
+    return true;
+  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM) {
+    if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
+      return rt_op_fail(err, n, op, "must alias its operand (run memplan)");
+    return true;
+  }
+  if (opc == IR_OP_PERMUTE && rt_is_flag_permute(op->result)) return true;
+  /* Range slices alias their operand; range unslices have their operand
+   * accumulate into the gradient buffer (memplan). */
+  if (opc == IR_OP_SLICE) {
+    if (op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
+      return rt_op_fail(err, n, op, "must alias its operand (run memplan)");
+    return true;
+  }
+  if (opc == IR_OP_UNSLICE) {
+    if (op->result->storage != IR_STORE_GRAD || rt_storage_root(op->args[0])->storage != IR_STORE_GRAD)
+      return rt_op_fail(err, n, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
+    return true;
+  }
+  if (opc == IR_OP_LOSS) {
+    const IrValue *v = rt_storage_root(op->args[0]);
+    if (v->storage == IR_STORE_NONE) return rt_op_fail(err, n, op, "reads a value without storage (run memplan)");
+    emit(p, (Instr){.kind = I_LOSS, .op = op, .src = v->offset});
+    return true;
+  }
+  if (opc == IR_OP_GRAD) {
+    if (rt_storage_root(op->args[0])->storage != IR_STORE_GRAD)
+      return rt_op_fail(err, n, op, "reads a value outside the gradient buffers (run memplan)");
+    return true;
+  }
+  if (opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT) {
+    /* Strided copies at this rank's offsets (known at run time). */
+    const IrValue *d = rt_storage_root(op->result);
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *s = rt_storage_root(op->args[j]);
+      if (s->storage == IR_STORE_NONE) return rt_op_fail(err, n, op, "has an operand without storage (run memplan)");
+      if (s->offset == d->offset && op->nargs > 1) return rt_op_fail(err, n, op, "shares its result's storage with an operand");
+    }
+    if (d->storage == IR_STORE_NONE || d->storage == IR_STORE_GRAD)
+      return rt_op_fail(err, n, op, "needs its own result storage (run memplan)");
+    int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
+    if (ir_attr_get_int(op, "ranks", 1) == 1) { /* the identity */
+      int64_t so = rt_storage_root(op->args[0])->offset;
+      if (so != d->offset) emit(p, (Instr){.kind = I_COPY, .op = op, .src = so, .dst = d->offset, .bytes = bytes});
+      return true;
+    }
+    emit(p, (Instr){.kind = I_RANK, .op = op, .dst = d->offset, .bytes = bytes});
+    return true;
+  }
+  if (opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_REDUCE_WAIT || opc == IR_OP_ALL_GATHER_START ||
+      opc == IR_OP_ALL_GATHER_WAIT || opc == IR_OP_REDUCE_SCATTER_START || opc == IR_OP_REDUCE_SCATTER_WAIT ||
+      opc == IR_OP_TP_COPY) {
+    const IrValue *s = rt_storage_root(op->args[0]), *d = rt_storage_root(op->result);
+    if (s->storage == IR_STORE_NONE || d->storage == IR_STORE_NONE)
+      return rt_op_fail(err, n, op, "has an operand or result without storage (run memplan)");
+    bool start = opc == IR_OP_ALL_REDUCE_START || opc == IR_OP_ALL_GATHER_START || opc == IR_OP_REDUCE_SCATTER_START;
+    /* A wait's attributes are its start's. */
+    const IrOp *sop = start || opc == IR_OP_TP_COPY || !op->args[0]->def ? op : op->args[0]->def;
+    if (opc != IR_OP_TP_COPY && step_coll_last(op)) {
+      /* A gradient bucket's member: in place in the gradient buffer. */
+      if (opc != IR_OP_ALL_REDUCE_START && opc != IR_OP_ALL_REDUCE_WAIT)
+        return rt_op_fail(err, n, op, "with last=true must be an all-reduce");
+      if (s->storage != IR_STORE_GRAD || d->storage != IR_STORE_GRAD || s->offset != d->offset)
+        return rt_op_fail(err, n, op, "with last=true must be in its param's gradient buffer (run memplan)");
+      emit(p, (Instr){.kind = start ? I_BUCKET_START : I_BUCKET_WAIT, .op = op, .slot = -1});
+      return true;
+    }
+    if (d->storage == IR_STORE_GRAD) return rt_op_fail(err, n, op, "cannot accumulate into a gradient buffer");
+    int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
+    if (opc == IR_OP_TP_COPY || ir_attr_get_int(sop, "ranks", 1) == 1) {
+      if (s->offset != d->offset)
+        emit(p, (Instr){.kind = I_COPY, .op = op, .src = s->offset, .dst = d->offset, .bytes = bytes});
+      return true;
+    }
+    IrDType dt = op->args[0]->type.dtype;
+    if (dt != IR_DT_F32 && dt != IR_DT_F64) return rt_op_fail(err, n, op, "needs f32 or f64 values on the CPU target");
+    if (start) {
+      emit(p, (Instr){.kind = I_START, .op = op, .src = s->offset, .dst = d->offset, .slot = p->ncolls++,
+                      .f64 = dt == IR_DT_F64});
+      return true;
+    }
+    /* A wait: the StepColl of its start, emitted before it. */
+    int slot = -1;
+    for (int i = p->ncode - 1; i >= 0 && slot < 0; i--)
+      if (p->code[i].kind == I_START && p->code[i].op->result == op->args[0]) slot = p->code[i].slot;
+    if (slot < 0) return rt_op_fail(err, n, op, "waits for a collective that was not started before it");
+    emit(p, (Instr){.kind = I_WAIT, .op = op, .dst = d->offset, .slot = slot});
+    return true;
+  }
+  return rt_op_fail(err, n, op, "is not in a kernel (the CPU target runs fuse before memplan)");
+}
+
+/* Store the consts that group-0 ops read (they live in the persistent region). */
+static void store_consts(CpuProgram *p) {
+  const IrFunc *f = p->f;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_CONST || op->group != 0 || op->result->storage != IR_STORE_ARENA) continue;
+    double v = ir_attr_get_float(op, "value", 0.0);
+    int64_t n = ir_numel(&op->result->type.shape);
+    for (int64_t k = 0; k < n; k++) elem_set(p->arena + op->result->offset, op->result->type.dtype, k, v);
+  }
+}
+
+/* The gradient buffer range of a bucket member (a last=true start). */
+static BucketRun member_range(const IrOp *start) {
+  const IrValue *v = rt_storage_root(start->args[0]);
+  bool f64 = v->type.dtype == IR_DT_F64;
+  return (BucketRun){v->offset, v->offset + ir_numel(&v->type.shape) * (f64 ? 8 : 4), f64, NULL, false};
+}
+
+static int cmp_run(const void *pa, const void *pb) {
+  const BucketRun *a = pa, *b = pb;
+  if (a->f64 != b->f64) return a->f64 ? 1 : -1;
+  return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+/* Whether a `grad` operand is a bucket's reduction (a last=true wait over
+ * more than one rank), through aliases and a slice's range unslice. */
+static bool bucket_reduced(const IrValue *v) {
+  v = rt_storage_root(v);
+  if (v->def && v->def->opcode == IR_OP_UNSLICE) v = rt_storage_root(v->def->args[0]);
+  const IrOp *w = v->def;
+  if (!w || w->opcode != IR_OP_ALL_REDUCE_WAIT || !step_coll_last(w)) return false;
+  return ir_attr_get_int(w->args[0]->def ? w->args[0]->def : w, "ranks", 1) > 1;
+}
+
+/* Add a bucket of the given members (start instructions); their buffers
+ * merged into contiguous runs (memplan lays a bucket out so, each buffer
+ * 64-byte aligned: the padding between two is zeroed with them). */
+static int add_bucket(CpuProgram *p, const int *starts, int n) {
+  Bucket *b = &p->buckets[p->nbuckets];
+  b->op = p->code[starts[0]].op;
+  b->runs = rt_xcalloc((size_t)n, sizeof(BucketRun));
+  for (int i = 0; i < n; i++) b->runs[i] = member_range(p->code[starts[i]].op);
+  qsort(b->runs, (size_t)n, sizeof(BucketRun), cmp_run);
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    BucketRun *last = m ? &b->runs[m - 1] : NULL;
+    if (last && last->f64 == b->runs[i].f64 && b->runs[i].lo >= last->hi && b->runs[i].lo - last->hi < 64) {
+      if (b->runs[i].hi > last->hi) last->hi = b->runs[i].hi;
+      continue;
+    }
+    b->runs[m++] = b->runs[i];
+  }
+  b->nruns = m;
+  return p->nbuckets++;
+}
+
+/* Group the last=true starts and waits into buckets (see Bucket). */
+static bool plan_buckets(CpuProgram *p, char *err, size_t n) {
+  int *starts = rt_xcalloc((size_t)p->ncode + 1, sizeof(int)), *waits = rt_xcalloc((size_t)p->ncode + 1, sizeof(int));
+  int ns = 0, nw = 0;
+  for (int i = 0; i < p->ncode; i++) {
+    if (p->code[i].kind == I_BUCKET_START) starts[ns++] = i;
+    if (p->code[i].kind == I_BUCKET_WAIT) waits[nw++] = i;
+  }
+  p->buckets = rt_xcalloc((size_t)ns + 1, sizeof(Bucket));
+  int *members = rt_xcalloc((size_t)ns + 1, sizeof(int));
+  bool ok = true;
+  for (int i = 0; i < ns && ok; i++) {
+    Instr *s0 = &p->code[starts[i]];
+    if (s0->slot >= 0) continue;
+    int64_t id = ir_attr_get_int(s0->op, "bucket", -1);
+    /* The bucket's starts and waits; coalesced when every wait follows every start. */
+    int nm = 0, last_start = -1, first_wait = INT32_MAX;
+    for (int k = i; k < ns; k++) {
+      const Instr *sk = &p->code[starts[k]];
+      if (sk->slot >= 0 || ir_attr_get_int(sk->op, "bucket", -1) != id || (id < 0 && k != i)) continue;
+      members[nm++] = starts[k];
+      last_start = starts[k];
+    }
+    for (int k = 0; k < nw; k++)
+      for (int j = 0; j < nm; j++)
+        if (p->code[waits[k]].op->args[0] == p->code[members[j]].op->result && waits[k] < first_wait)
+          first_wait = waits[k];
+    bool together = first_wait > last_start;
+    for (int j = 0; j < nm; j++) {
+      int one = together ? nm : 1, *set = together ? members : &members[j];
+      if (together && j > 0) break;
+      int b = add_bucket(p, set, one);
+      /* Its starts and waits: the last start and the first wait act. */
+      int issue_start = set[one - 1], issue_wait = -1;
+      for (int m = 0; m < one; m++) {
+        p->code[set[m]].slot = b;
+        p->code[set[m]].issue = set[m] == issue_start;
+        for (int k = 0; k < nw; k++) {
+          Instr *w = &p->code[waits[k]];
+          if (w->op->args[0] != p->code[set[m]].op->result) continue;
+          w->slot = b;
+          if (issue_wait < 0 || waits[k] < issue_wait) issue_wait = waits[k];
+        }
+      }
+      if (issue_wait >= 0) p->code[issue_wait].issue = true;
+    }
+  }
+  for (int k = 0; k < nw && ok; k++)
+    if (p->code[waits[k]].slot < 0) ok = rt_op_fail(err, n, p->code[waits[k]].op, "waits for a collective that is not started");
+  free(members);
+  free(starts);
+  free(waits);
+  return ok;
+}
+
+/* Bytes [*lo, *hi) of the arena a stored value occupies (a gradient
+ * buffer's elements counted as 8 bytes, whatever their type: an upper bound). */
+static bool value_bytes(const IrValue *v, int64_t *lo, int64_t *hi) {
+  if (!v || v->storage == IR_STORE_NONE) return false;
+  int64_t es = v->storage == IR_STORE_GRAD ? 8 : (int64_t)ir_dtype_size(v->type.dtype);
+  *lo = v->offset;
+  *hi = v->offset + ir_numel(&v->type.shape) * es;
+  return true;
+}
+
+/* Bytes a GEMM may write: from its first batch matrix's C to past its
+ * last (bf16/f16 results counted as 8-byte elements: an upper bound). */
+static void gemm_c_bytes(const Gemm *g, int64_t *lo, int64_t *hi) {
+  bool packed = g->dt != IR_DT_F32 && g->dt != IR_DT_F64;
+  int64_t es = packed || g->dt == IR_DT_F64 ? 8 : 4, mn = 0, mx = 0;
+  for (int64_t t = 0; t < g->nb; t++) {
+    if (t == 0 || g->coff[t] < mn) mn = g->coff[t];
+    if (t == 0 || g->coff[t] > mx) mx = g->coff[t];
+  }
+  int64_t span = packed ? g->M * g->N : g->tc ? g->N * g->ldc + g->M : g->M * g->ldc + g->N;
+  *lo = g->c + mn * es;
+  *hi = g->c + (mx + span) * es;
+}
+
+static bool overlaps(int64_t a0, int64_t a1, int64_t b0, int64_t b1) { return a0 < b1 && b0 < a1; }
+
+static int cmp_range(const void *pa, const void *pb) {
+  const int64_t *a = pa, *b = pb;
+  return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+/* Store-first GEMMs and the ranges the window zeroes.  A GEMM that
+ * accumulates into a gradient buffer writes the window's first value of
+ * every byte of its result when its result is one contiguous matrix
+ * inside one buffer and nothing earlier in the program (a value any
+ * earlier op reads or writes, or an earlier GEMM's result) touches those
+ * bytes: in micro-batch 0 it stores (beta = 0), and the buffer's range it
+ * covers needs no zeroing.  The rest of every buffer is zeroed as before
+ * (kernels accumulate with +=). */
+static void plan_zeroing(CpuProgram *p) {
+  const IrFunc *f = p->f;
+  int64_t(*cover)[2] = rt_xcalloc((size_t)p->ncode + 1, sizeof *cover);
+  int ncover = 0, opi = 0;
+  for (int i = 0; i < p->ncode; i++) {
+    Gemm *g = &p->code[i].gemm;
+    if (p->code[i].kind != I_GEMM || !g->accumulate || (g->dt != IR_DT_F32 && g->dt != IR_DT_F64)) continue;
+    if (g->nb != 1 || g->tc || (g->ldc != g->N && g->M != 1)) continue;
+    int64_t es = g->dt == IR_DT_F64 ? 8 : 4, lo = g->c, hi = g->c + g->M * g->N * es;
+    bool inside = false;
+    for (int k = 0; k < p->ngrads && !inside; k++) {
+      const GradBuf *b = &p->grads[k];
+      inside = lo >= b->offset && hi <= b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
+    }
+    bool first = inside;
+    while (opi < f->nops && f->ops[opi] != p->code[i].op) opi++;
+    for (int k = 0; first && k < opi; k++) {
+      const IrOp *op = f->ops[k];
+      int64_t a, b;
+      if (value_bytes(op->result, &a, &b) && overlaps(a, b, lo, hi)) first = false;
+      for (int j = 0; first && j < op->nargs; j++)
+        if (value_bytes(op->args[j], &a, &b) && overlaps(a, b, lo, hi)) first = false;
+    }
+    for (int k = 0; first && k < i; k++) {
+      int64_t a, b;
+      if (p->code[k].kind != I_GEMM) continue;
+      gemm_c_bytes(&p->code[k].gemm, &a, &b);
+      if (overlaps(a, b, lo, hi)) first = false;
+    }
+    if (!first) continue;
+    g->store_first = true;
+    cover[ncover][0] = lo;
+    cover[ncover++][1] = hi;
+  }
+  qsort(cover, (size_t)ncover, sizeof *cover, cmp_range);
+  p->zero = rt_xcalloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
+  for (int k = 0; k < p->ngrads; k++) {
+    const GradBuf *b = &p->grads[k];
+    int64_t at = b->offset, end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
+    for (int c = 0; c < ncover; c++) {
+      if (cover[c][1] <= at || cover[c][0] >= end) continue;
+      if (cover[c][0] > at) {
+        p->zero[p->nzero][0] = at;
+        p->zero[p->nzero++][1] = cover[c][0];
+      }
+      at = cover[c][1];
+    }
+    if (at < end) {
+      p->zero[p->nzero][0] = at;
+      p->zero[p->nzero++][1] = end;
+    }
+  }
+  free(cover);
+}
+
+/* Args read in place.  An f32 or f64 input or param that only GEMMs read
+ * (through reshapes and transpose flags; window sums read the bound
+ * tensors themselves) is not copied into the arena: its GEMMs read the
+ * caller's tensor, as torch reads a batch in place.  A tensor that needs
+ * converting (an f64 file for an f32 arg) is still copied, and its GEMMs
+ * then read the arena; copy_args sets argbase either way. */
+static void plan_direct_args(CpuProgram *p) {
+  const IrFunc *f = p->f;
+  p->direct = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
+  p->argbase = rt_xcalloc((size_t)f->nargs + 1, sizeof(char *));
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    p->direct[i] = (a->role == IR_ARG_INPUT || a->role == IR_ARG_PARAM) &&
+                   (a->type.dtype == IR_DT_F32 || a->type.dtype == IR_DT_F64);
+  }
+  for (int k = 0; k < f->nops; k++) {
+    const IrOp *op = f->ops[k];
+    bool gemm_side = op->group == 0 && (op->opcode == IR_OP_MATMUL || op->opcode == IR_OP_RESHAPE ||
+                                        op->opcode == IR_OP_WINDOW_SUM ||
+                                        (op->opcode == IR_OP_PERMUTE && rt_is_flag_permute(op->result)));
+    for (int j = 0; j < op->nargs && !gemm_side; j++) {
+      const IrValue *r = rt_storage_root(op->args[j]);
+      for (int i = 0; i < f->nargs; i++)
+        if (f->args[i] == r) p->direct[i] = false;
+    }
+  }
+  for (int c = 0; c < p->ncode; c++) {
+    Gemm *g = &p->code[c].gemm;
+    if (p->code[c].kind != I_GEMM) continue;
+    for (int i = 0; i < f->nargs; i++) {
+      if (!p->direct[i]) continue;
+      if (f->args[i]->offset == g->a) g->aarg = i;
+      if (f->args[i]->offset == g->b) g->barg = i;
+    }
+  }
+}
+
+/* cpu_program_new, or with cg != NULL a program around kernels already
+ * loaded (cpu_program_load_objects; the program owns cg, even on failure). */
+static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, char *err, size_t errlen) {
+  static const CpuOptions defaults = {0};
+  if (!o) o = &defaults;
+  bool planned = f->arena_size > 0;
+  for (int i = 0; i < f->nargs && planned; i++) planned = f->args[i]->storage == IR_STORE_ARENA;
+  if (!planned && (f->nargs > 0 || f->nops > 0)) {
+    errf(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
+#ifdef GRADC_HAVE_LLVM
+    if (cg) cg_module_free(cg);
+#endif
+    return NULL;
+  }
+  CpuProgram *p = rt_xcalloc(1, sizeof *p);
+  p->f = f;
+  p->cg = cg;
+  p->threads = o->threads > 0 ? o->threads : pool_ncores();
+  p->code = rt_xcalloc((size_t)f->nops + 1, sizeof(Instr));
+  kp_views_find(f, in_group0, NULL, &p->views);
+
+  /* Kernels: contiguous groups, compiled by the code generator. */
+  int maxg = 0;
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
+  bool *started = rt_xcalloc((size_t)maxg + 1, sizeof(bool));
+  for (int i = 0; i < f->nops; i++) {
+    int g = f->ops[i]->group;
+    if (g == 0 || (i > 0 && f->ops[i - 1]->group == g)) continue;
+    if (started[g]) {
+      free(started);
+      rt_op_fail(err, errlen, f->ops[i], "is in a kernel whose ops are not contiguous");
+      goto error;
+    }
+    started[g] = true;
+  }
+  free(started);
+  if (maxg > 0 && !p->cg) {
+#ifdef GRADC_HAVE_LLVM
+    CgOptions co = {.cache_dir = o->cache_dir, .dump_llvm = false};
+    p->cg = cg_llvm_compile(f, &co, err, errlen);
+    if (!p->cg) goto error;
+#else
+    errf(err, errlen, "this build has no LLVM: the CPU target cannot run kernels (configure with -DGRADC_LLVM=ON)");
+    goto error;
+#endif
+  }
+
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->group > 0) {
+      if (i > 0 && f->ops[i - 1]->group == op->group) continue;
+#ifdef GRADC_HAVE_LLVM
+      const CgKernel *k = cg_module_kernel(p->cg, op->group);
+      if (!k || !k->fn) {
+        rt_op_fail(err, errlen, op, "is in a kernel the code generator did not produce");
+        goto error;
+      }
+      emit(p, (Instr){.kind = I_KERNEL, .op = op, .kernel = k});
+#endif
+      continue;
+    }
+    if (!build_op(p, op, err, errlen)) goto error;
+  }
+  if (!plan_buckets(p, err, errlen)) goto error;
+  p->colls = rt_xcalloc((size_t)p->ncolls + 1, sizeof(StepColl));
+  p->coll_open = rt_xcalloc((size_t)p->ncolls + 1, sizeof(bool));
+
+  /* One gradient buffer per param with a `grad` output; the buckets
+   * reduce it when every `grad` of the param reads a last=true wait (a
+   * stacked param reduced by slices has one per slice). */
+  p->grads = rt_xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_PARAM) continue;
+    int found = 0;
+    bool reduced = true;
+    int64_t offset = 0;
+    for (int k = 0; k < f->nops; k++) {
+      const IrOp *op = f->ops[k];
+      if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
+      if (!found++) offset = rt_storage_root(op->args[0])->offset;
+      reduced &= bucket_reduced(op->args[0]);
+    }
+    if (!found) continue;
+    p->grads[p->ngrads++] = (GradBuf){i, offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
+                                      ir_numel(&a->type.shape), reduced};
+  }
+
+  p->arena = arena_new(f->arena_size);
+  if (!p->arena) {
+    errf(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
+    goto error;
+  }
+  plan_zeroing(p);
+  plan_direct_args(p);
+  p->arena_src = rt_xcalloc((size_t)f->nargs + 1, sizeof(void *));
+  store_consts(p);
+  p->pool = pool_new(p->threads);
+  return p;
+
+error:
+  cpu_program_free(p);
+  return NULL;
+}
+
+CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t errlen) {
+  return program_new(f, o, NULL, err, errlen);
+}
+
+void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen) { p->params_gen = gen; }
+
+void cpu_program_skip_grads(CpuProgram *p) { p->no_grads = true; }
+
+void cpu_program_recycle(CpuProgram *p, StepResult *r) {
+  /* Keep one, and only a result laid out for this program: its gradients
+   * are this function's params in order, of their whole sizes. */
+  bool fits = !p->have_spare && r->grads && r->losses;
+  const IrFunc *f = p->f;
+  int k = 0;
+  for (int i = 0; fits && i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_PARAM) continue;
+    IrType whole = step_arg_type(a);
+    fits = k < r->ngrads && r->grad_names[k] == a->name && r->grads[k] &&
+           ir_numel(&r->grad_types[k].shape) == ir_numel(&whole.shape);
+    k++;
+  }
+  if (!fits || k != r->ngrads) {
+    step_result_free(r);
+    return;
+  }
+  p->spare = *r;
+  p->have_spare = true;
+  memset(r, 0, sizeof *r);
+}
+
+/* The result of the window starting: the spare one's arrays with its
+ * losses and its gradients that no buffer fills zeroed, else a fresh one. */
+static bool result_begin(CpuProgram *p, StepResult *r, char *err, size_t errlen) {
+  if (!p->have_spare) return step_result_init(p->f, r, err, errlen);
+  *r = p->spare;
+  p->have_spare = false;
+  memset(&p->spare, 0, sizeof p->spare);
+  for (int i = 0; i < r->nlosses; i++) r->losses[i] = 0;
+  free(r->dp_reduced);
+  r->dp_reduced = NULL;
+  for (int j = 0; j < r->ngrads; j++) {
+    bool filled = false;
+    for (int i = 0; i < p->ngrads && !filled; i++) filled = strcmp(r->grad_names[j], p->f->args[p->grads[i].arg]->name) == 0;
+    if (!filled) memset(r->grads[j], 0, sizeof(double) * (size_t)ir_numel(&r->grad_types[j].shape));
+  }
+  return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Kernels in artifacts (artifact.h's back-end hook)                    */
+/* ------------------------------------------------------------------ */
+
+/* One KOBJ section holds the module's object bundle (cg_module_object).
+ * Its name, "HASH;HOST", ties it to the planned function it was compiled
+ * from (FNV-1a of the artifact's IR text, 16 hex digits) and to the host
+ * it runs on (art_host_id), so that objects that do not fit are refused
+ * instead of run, whatever the META section says. */
+
+#ifdef GRADC_HAVE_LLVM
+static void kobj_name(const IrFunc *f, const ArtFile *a, char *buf, size_t n) {
+  /* The artifact's IR section is f as printed (and what f was read
+   * from): hash its bytes rather than print a large function again. */
+  const ArtSection *ir = art_find(a, "IR", NULL);
+  uint64_t h;
+  if (ir) {
+    h = hash_bytes(ir->data, ir->len, HASH_SEED);
+  } else {
+    StrBuf sb;
+    sb_init(&sb);
+    ir_print(f, &sb);
+    h = hash_bytes(sb_str(&sb), sb.len, HASH_SEED);
+    sb_free(&sb);
+  }
+  char host[2048];
+  art_host_id(host, sizeof host);
+  snprintf(buf, n, "%016llx;%s", (unsigned long long)h, host);
+}
+#endif
+
+bool cpu_program_save_objects(const CpuProgram *p, ArtFile *a, char *err, size_t errlen) {
+  if (!p->cg) return true; /* no kernels: nothing to store */
+#ifdef GRADC_HAVE_LLVM
+  const void *obj;
+  size_t len;
+  cg_module_object(p->cg, &obj, &len);
+  if (!obj || !len) return errf(err, errlen, "the CPU program has no object code to save");
+  char name[2200];
+  kobj_name(p->f, a, name, sizeof name);
+  art_add(a, "KOBJ", name, obj, len);
+  return true;
+#else
+  (void)a;
+  return errf(err, errlen, "this build has no LLVM: cannot save kernel objects");
+#endif
+}
+
+CpuProgram *cpu_program_load_objects(IrFunc *f, const ArtFile *a, const CpuOptions *o, char *err, size_t errlen) {
+#ifdef GRADC_HAVE_LLVM
+  const ArtSection *s = art_find(a, "KOBJ", NULL);
+  if (!s) {
+    errf(err, errlen, "no kernel object code (KOBJ section)");
+    return NULL;
+  }
+  char want[2200];
+  kobj_name(f, a, want, sizeof want);
+  const char *semi = strchr(s->name, ';'), *host = strchr(want, ';') + 1;
+  if (!semi || (size_t)(semi - s->name) != 16 || strncmp(s->name, want, 16) != 0) {
+    errf(err, errlen, "kernel object code does not belong to this artifact's IR (recompile the model)");
+    return NULL;
+  }
+  if (strcmp(semi + 1, host) != 0) {
+    errf(err, errlen, "kernel object code was built for another host (%.400s); this host is %.400s (recompile the model)",
+         semi + 1, host);
+    return NULL;
+  }
+  CgModule *cg = cg_module_load_object(f, s->data, s->len, err, errlen);
+  if (!cg) return NULL;
+  return program_new(f, o, cg, err, errlen);
+#else
+  (void)f, (void)a, (void)o;
+  errf(err, errlen, "this build has no LLVM: the CPU target cannot run kernels");
+  return NULL;
+#endif
+}
+
+/* ------------------------------------------------------------------ */
+/* A window                                                            */
+/* ------------------------------------------------------------------ */
+
+/* The window's bulk moves (params and inputs in, gradient buffers zeroed,
+ * gradients out as doubles) are split over the pool like kernels: at 2
+ * threads they were a sixth of an MLP step. */
+typedef enum { BULK_COPY, BULK_ZERO, BULK_WIDEN } BulkKind;
+
+typedef struct Bulk {
+  BulkKind kind;
+  char *dst;
+  const char *src;
+} Bulk;
+
+#define BULK_CHUNK 65536 /* bytes (BULK_COPY, BULK_ZERO) or f32 elements (BULK_WIDEN) per piece */
+
+static void bulk_chunk(void *ctx, int64_t begin, int64_t end) {
+  const Bulk *b = ctx;
+  switch (b->kind) {
+  case BULK_COPY: memcpy(b->dst + begin, b->src + begin, (size_t)(end - begin)); break;
+  case BULK_ZERO: memset(b->dst + begin, 0, (size_t)(end - begin)); break;
+  case BULK_WIDEN: {
+    const float *restrict x = (const float *)b->src + begin;
+    double *restrict y = (double *)b->dst + begin;
+    int64_t n = end - begin, i = 0;
+    for (; i + 8 <= n; i += 8) /* straight-line groups of 8 vectorise at -O2 */
+      for (int j = 0; j < 8; j++) y[i + j] = x[i + j];
+    for (; i < n; i++) y[i] = x[i];
+    break;
+  }
+  }
+}
+
+/* n bytes (copy, zero) or n f32 elements widened to doubles. */
+static void bulk(CpuProgram *p, BulkKind kind, void *dst, const void *src, int64_t n) {
+  Bulk b = {kind, dst, src};
+  if (n <= 0) return;
+  if (n < 4 * BULK_CHUNK || pool_size(p->pool) == 1) {
+    bulk_chunk(&b, 0, n);
+    return;
+  }
+  pool_run(p->pool, n, BULK_CHUNK, bulk_chunk, &b);
+}
+
+/* Copy micro-batch k of every argument that changes per micro-batch
+ * (batched inputs), or every other argument (k < 0). */
+static void copy_args(CpuProgram *p, const StTensor *const *bound, int k, bool keep_params) {
+  const IrFunc *f = p->f;
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
+    if (split != (k >= 0)) continue;
+    int64_t n = ir_numel(&a->type.shape), begin = split ? (int64_t)k * n : 0, es;
+    if (p->direct[i] && copy_in_plain(bound[i], a->type.dtype, &es)) { /* read in place */
+      p->argbase[i] = (const char *)bound[i]->data + es * begin;
+      p->arena_src[i] = NULL;
+      continue;
+    }
+    p->argbase[i] = p->arena + a->offset;
+    if (a->role == IR_ARG_PARAM) {
+      /* The same tensors, unchanged since they were copied (the caller's generation). */
+      if (keep_params && p->arena_src[i] == bound[i]->data) continue;
+      p->arena_src[i] = bound[i]->data;
+    }
+    if (copy_in_plain(bound[i], a->type.dtype, &es))
+      bulk(p, BULK_COPY, p->arena + a->offset, (const char *)bound[i]->data + es * begin, es * n);
+    else
+      copy_in(bound[i], begin, n, a->type.dtype, p->arena + a->offset);
+  }
+}
+
+static bool window_sums(CpuProgram *p, int gas, const StTensor *const *bound, char *err, size_t errlen) {
+  const IrFunc *f = p->f;
+  bool *needed = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
+  if (!step_window_needs(f, needed)) {
+    free(needed);
+    return true;
+  }
+  double **data = rt_xcalloc((size_t)f->nargs + 1, sizeof(double *));
+  double **wsum = rt_xcalloc((size_t)f->nvalues + 1, sizeof(double *));
+  for (int i = 0; i < f->nargs; i++) {
+    if (!needed[i]) continue;
+    int64_t n = st_numel(bound[i]);
+    data[i] = rt_xcalloc((size_t)n, sizeof(double));
+    step_load(bound[i], 0, n, data[i]);
+  }
+  bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
+  for (int i = 0; ok && i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_WINDOW_SUM || op->result->storage == IR_STORE_NONE) continue;
+    int64_t n = ir_numel(&op->result->type.shape);
+    for (int64_t k = 0; k < n; k++)
+      elem_set(p->arena + op->result->offset, op->result->type.dtype, k, wsum[op->result->id][k]);
+  }
+  for (int i = 0; i < f->nargs; i++) free(data[i]);
+  for (int i = 0; i < f->nvalues; i++) free(wsum[i]);
+  free(data);
+  free(wsum);
+  free(needed);
+  return ok;
+}
+
+/* Start a bucket's all-reduces (in place in the gradient buffers). */
+static bool bucket_start(CpuProgram *p, Bucket *b, char *err, size_t n) {
+  b->open = true;
+  if (ir_attr_get_int(b->op, "ranks", 1) == 1) return true;
+  CommGroup *g = step_coll_group(b->op, err, n);
+  if (!g) return false;
+  uint64_t tag = hash_str("bucket") ^ (uint64_t)ir_attr_get_int(b->op, "bucket", -1);
+  for (int k = 0; k < b->nruns; k++) {
+    BucketRun *r = &b->runs[k];
+    char *buf = p->arena + r->lo;
+    r->done = false;
+    if (!comm_all_reduce_start(g, buf, buf, (r->hi - r->lo) / (r->f64 ? 8 : 4), r->f64 ? COMM_F64 : COMM_F32, COMM_SUM,
+                               tag, &r->req, err, n))
+      return false;
+  }
+  return true;
+}
+
+static bool bucket_wait(Bucket *b, char *err, size_t n) {
+  bool ok = true;
+  b->open = false;
+  for (int k = 0; k < b->nruns; k++) {
+    CommReq *q = b->runs[k].req;
+    b->runs[k].req = NULL;
+    char e[1024];
+    if (q && !comm_wait(q, e, sizeof e) && ok) ok = errf(err, n, "%s", e);
+  }
+  return ok;
+}
+
+/* Let the comm layer progress the collectives in flight (MPI advances
+ * non-blocking collectives only inside its calls). */
+static bool progress(CpuProgram *p, char *err, size_t n) {
+  for (int i = 0; i < p->ncolls; i++) {
+    bool done;
+    if (p->coll_open[i] && !step_coll_test(&p->colls[i], &done, err, n)) return false;
+  }
+  for (int i = 0; i < p->nbuckets; i++) {
+    Bucket *b = &p->buckets[i];
+    for (int k = 0; b->open && k < b->nruns; k++) {
+      BucketRun *r = &b->runs[k];
+      if (r->req && !r->done && !comm_test(r->req, &r->done, err, n)) return false;
+    }
+  }
+  return true;
+}
+
+/* After a failure: complete whatever is still in flight. */
+static void drain(CpuProgram *p) {
+  char e[256];
+  for (int i = 0; i < p->ncolls; i++)
+    if (p->coll_open[i]) {
+      p->coll_open[i] = false;
+      (void)step_coll_wait(&p->colls[i], p->colls[i].recv, e, sizeof e);
+    }
+  for (int i = 0; i < p->nbuckets; i++)
+    if (p->buckets[i].open) (void)bucket_wait(&p->buckets[i], e, sizeof e);
+}
+
+/* tp.scatter, rank.slice, rank.concat: copies at this rank's offsets. */
+static bool run_rank_copy(CpuProgram *p, const Instr *in, char *err, size_t n) {
+  const IrOp *op = in->op;
+  int rank;
+  if (!step_rank_of(op, &rank, err, n)) return false;
+  enum { MAXOPS = 1024 };
+  const void *src[MAXOPS];
+  if (op->nargs > MAXOPS) return rt_op_fail(err, n, op, "has too many operands");
+  for (int j = 0; j < op->nargs; j++) src[j] = p->arena + rt_storage_root(op->args[j])->offset;
+  step_rank_copy(op, rank, ir_dtype_size(op->result->type.dtype), src, p->arena + in->dst);
+  return true;
+}
+
+/* One micro-batch; first: the window's first (store-first GEMMs store);
+ * last: the window's last, where buckets communicate. */
+static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last, char *err, size_t n) {
+  int open = 0; /* collectives in flight */
+  bool ok = true;
+  Trace *t = trace_current(); /* compute spans when tracing */
+  for (int i = 0; ok && i < p->ncode; i++) {
+    const Instr *in = &p->code[i];
+    double t0 = t && in->kind <= I_COPY ? trace_now_us(t) : 0;
+    switch (in->kind) {
+    case I_KERNEL: run_kernel(p, in->kernel); break;
+    case I_GEMM: run_gemm(p, &in->gemm, first); break;
+    case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
+    case I_LOSS: {
+      const IrValue *v = in->op->args[0];
+      int64_t m = ir_numel(&v->type.shape);
+      double s = 0;
+      for (int64_t e = 0; e < m; e++) s += elem_get(p->arena + in->src, v->type.dtype, e);
+      r->losses[step_loss_slot(r, in->op)] += s;
+      break;
+    }
+    case I_START:
+      ok = step_coll_start(&p->colls[in->slot], in->op, in->f64, p->arena + in->src, p->arena + in->dst, err, n);
+      p->coll_open[in->slot] = ok;
+      open += ok;
+      continue;
+    case I_WAIT:
+      p->coll_open[in->slot] = false;
+      open--;
+      ok = step_coll_wait(&p->colls[in->slot], p->arena + in->dst, err, n);
+      continue;
+    case I_BUCKET_START:
+      if (last && in->issue) {
+        ok = bucket_start(p, &p->buckets[in->slot], err, n);
+        open++;
+      }
+      continue;
+    case I_BUCKET_WAIT:
+      if (last && in->issue) {
+        ok = bucket_wait(&p->buckets[in->slot], err, n);
+        open--;
+      }
+      continue;
+    case I_RANK: ok = run_rank_copy(p, in, err, n); break;
+    }
+    if (t && in->kind <= I_COPY)
+      trace_span(t, TRACE_COMPUTE, in->kind == I_KERNEL ? in->kernel->name : in->kind == I_GEMM ? "matmul" : "copy", t0,
+                 trace_now_us(t));
+    if (open > 0) ok = progress(p, err, n);
+  }
+  if (!ok) drain(p);
+  return ok;
+}
+
+bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                  const char *inputs_path, StepResult *out, char *err, size_t errlen) {
+  const IrFunc *f = p->f;
+  memset(out, 0, sizeof *out);
+  uint64_t gen = p->params_gen;
+  p->params_gen = 0; /* for this window only */
+  bool no_grads = p->no_grads;
+  p->no_grads = false;
+  const StTensor **bound = rt_xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
+  StepResult r = {0};
+  bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
+            result_begin(p, &r, err, errlen);
+#ifdef GRADC_HAVE_BLAS
+  /* The pool splits GEMMs; the BLAS runs single-threaded inside each piece
+   * (others, such as the bench's GEMM floor, may have set it otherwise). */
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+#endif
+  if (ok) {
+    for (int i = 0; i < p->nzero; i++) bulk(p, BULK_ZERO, p->arena + p->zero[i][0], NULL, p->zero[i][1] - p->zero[i][0]);
+    for (int i = 0; i < p->nbuckets; i++) /* with the padding between a bucket's buffers */
+      for (int k = 0; k < p->buckets[i].nruns; k++)
+        bulk(p, BULK_ZERO, p->arena + p->buckets[i].runs[k].lo, NULL, p->buckets[i].runs[k].hi - p->buckets[i].runs[k].lo);
+    bool keep = gen != 0 && gen == p->arena_gen;
+    p->arena_gen = 0; /* while the params are copied */
+    copy_args(p, bound, -1, keep);
+    p->arena_gen = gen;
+    ok = window_sums(p, gas, bound, err, errlen);
+  }
+  for (int k = 0; ok && k < gas; k++) {
+    copy_args(p, bound, k, false);
+    ok = run_micro_batch(p, &r, k == 0, k == gas - 1, err, errlen);
+  }
+  if (ok && !no_grads) {
+    for (int i = 0; i < p->ngrads; i++) {
+      const GradBuf *g = &p->grads[i];
+      int slot = -1;
+      for (int j = 0; j < r.ngrads; j++)
+        if (strcmp(r.grad_names[j], f->args[g->arg]->name) == 0) slot = j;
+      GRADC_ASSERT(slot >= 0);
+      /* Gradient buffers are f32 or f64. */
+      if (g->dt == IR_DT_F32)
+        bulk(p, BULK_WIDEN, r.grads[slot], p->arena + g->offset, g->numel);
+      else
+        bulk(p, BULK_COPY, r.grads[slot], p->arena + g->offset, g->numel * 8);
+      if (g->reduced) {
+        if (!r.dp_reduced) r.dp_reduced = rt_xcalloc((size_t)r.ngrads + 1, sizeof(bool));
+        r.dp_reduced[slot] = true;
+      }
+    }
+    /* Sharded params: the whole gradient from every tp rank's shard. */
+    ok = step_tp_gather(f, &r, err, errlen);
+  }
+  free(bound);
+  if (!ok) {
+    step_result_free(&r);
+    return false;
+  }
+  *out = r;
+  return true;
+}

@@ -1,0 +1,172 @@
+/* gemm_floor.c - the GEMMs of a program, alone: what `gradc bench` reports
+ * as gemm_floor_ms, the time a step would take if it did nothing but its
+ * matrix products through the same BLAS on the same threads.
+ *
+ * rt_gemm_list reads the matmul ops of a function the way the CPU executor
+ * plans them from the IR (runtime/gemm_plan.c's rt_gemm_plan_ir,
+ * docs/BACKEND.md): torch.matmul semantics (1-D operands, broadcast batch
+ * dims as a loop of calls), a group-0 permute of the last two axes becomes
+ * a transpose flag, a left-only batch folds into M, and a result in a
+ * gradient buffer accumulates (beta = 1).
+ * rt_gemm_floor runs that list on private buffers and times each window. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gemm_floor.h"
+#include "runtime/gemm_plan.h"
+
+#ifdef GRADC_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+double rt_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* One matmul op as a BLAS plan, as the executor plans it from the IR
+ * (gemm_plan.c); false for ops the executor would refuse (non-float or
+ * mismatched operands), which the floor leaves out. */
+static bool plan(const IrOp *op, RtGemm *g) {
+  const IrValue *A = op->args[0], *B = op->args[1];
+  memset(g, 0, sizeof *g);
+  if (!ir_dtype_is_float(A->type.dtype) || B->type.dtype != A->type.dtype || A->type.shape.rank < 1 ||
+      B->type.shape.rank < 1)
+    return false;
+  RtGemmPlan s;
+  if (!rt_gemm_plan_ir(op, false, &s, NULL, 0)) return false;
+  g->op = op;
+  g->dbl = A->type.dtype == IR_DT_F64;
+  g->ta = s.ta;
+  g->tb = s.tb;
+  g->accumulate = s.c->storage == IR_STORE_GRAD;
+  g->M = s.M;
+  g->N = s.N;
+  g->K = s.K;
+  g->nb = s.nb;
+  g->na = s.na;
+  g->nbb = s.nbb;
+  g->aidx = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->bidx = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
+  if (g->nb > 1) {
+    rt_gemm_batch_index(&s.batch, &s.abatch, g->aidx);
+    rt_gemm_batch_index(&s.batch, &s.bbatch, g->bidx);
+  }
+  rt_gemm_plan_free(&s);
+  return true;
+}
+
+int rt_gemm_list(const IrFunc *f, RtGemm **out) {
+  RtGemm *g = rt_xcalloc((size_t)f->nops + 1, sizeof(RtGemm));
+  int n = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_MATMUL || op->group != 0) continue;
+    if (plan(op, &g[n])) n++;
+  }
+  *out = g;
+  return n;
+}
+
+void rt_gemm_list_free(RtGemm *g, int n) {
+  if (!g) return;
+  for (int i = 0; i < n; i++) {
+    free(g[i].aidx);
+    free(g[i].bidx);
+  }
+  free(g);
+}
+
+double rt_gemm_flops(const RtGemm *g, int n) {
+  double s = 0;
+  for (int i = 0; i < n; i++) s += 2.0 * (double)g[i].M * (double)g[i].N * (double)g[i].K * (double)g[i].nb;
+  return s;
+}
+
+/* Buffers of one GEMM: every A and B matrix it reads and its nb results. */
+typedef struct Bufs {
+  void *a, *b, *c;
+} Bufs;
+
+static void fill(void *p, bool dbl, int64_t n, uint64_t *seed) {
+  for (int64_t i = 0; i < n; i++) {
+    *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+    double x = ((double)(*seed >> 11) / 9007199254740992.0 - 0.5) * 0.1; /* [-0.05, 0.05) */
+    if (dbl) ((double *)p)[i] = x;
+    else ((float *)p)[i] = (float)x;
+  }
+}
+
+static void run_one(const RtGemm *g, const Bufs *b) {
+  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
+  size_t es = g->dbl ? 8 : 4;
+  int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
+  for (int64_t t = 0; t < g->nb; t++) {
+    const char *a = (const char *)b->a + (size_t)(g->aidx[t] * mk) * es;
+    const char *bm = (const char *)b->b + (size_t)(g->bidx[t] * kn) * es;
+    char *c = (char *)b->c + (size_t)(t * mn) * es;
+#ifdef GRADC_HAVE_BLAS
+    enum CBLAS_TRANSPOSE TA = g->ta ? CblasTrans : CblasNoTrans, TB = g->tb ? CblasTrans : CblasNoTrans;
+    if (g->dbl)
+      cblas_dgemm(CblasRowMajor, TA, TB, (blasint)g->M, (blasint)g->N, (blasint)g->K, 1.0, (const double *)a,
+                  (blasint)lda, (const double *)bm, (blasint)ldb, g->accumulate ? 1.0 : 0.0, (double *)c, (blasint)g->N);
+    else
+      cblas_sgemm(CblasRowMajor, TA, TB, (blasint)g->M, (blasint)g->N, (blasint)g->K, 1.0f, (const float *)a,
+                  (blasint)lda, (const float *)bm, (blasint)ldb, g->accumulate ? 1.0f : 0.0f, (float *)c, (blasint)g->N);
+#else
+    /* No BLAS in this build: the executor's plain loop. */
+    for (int64_t i = 0; i < g->M; i++)
+      for (int64_t j = 0; j < g->N; j++) {
+        double s = 0;
+        for (int64_t k = 0; k < g->K; k++) {
+          int64_t ia = g->ta ? k * lda + i : i * lda + k, ib = g->tb ? j * ldb + k : k * ldb + j;
+          s += g->dbl ? ((const double *)a)[ia] * ((const double *)bm)[ib]
+                      : (double)(((const float *)a)[ia] * ((const float *)bm)[ib]);
+        }
+        if (g->dbl) ((double *)c)[i * g->N + j] = s + (g->accumulate ? ((double *)c)[i * g->N + j] : 0);
+        else ((float *)c)[i * g->N + j] = (float)s + (g->accumulate ? ((float *)c)[i * g->N + j] : 0.0f);
+      }
+#endif
+  }
+}
+
+void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int reps, double *ms) {
+#ifdef GRADC_HAVE_BLAS
+  openblas_set_num_threads(threads > 0 ? threads : pool_ncores());
+#else
+  (void)threads;
+#endif
+  Bufs *b = rt_xcalloc((size_t)n + 1, sizeof(Bufs));
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < n; i++) {
+    size_t es = g[i].dbl ? 8 : 4;
+    int64_t na = g[i].na, nbb = g[i].nbb;
+    for (int64_t t = 0; t < g[i].nb; t++) {
+      if (g[i].aidx[t] + 1 > na) na = g[i].aidx[t] + 1;
+      if (g[i].bidx[t] + 1 > nbb) nbb = g[i].bidx[t] + 1;
+    }
+    b[i].a = rt_xcalloc((size_t)(na * g[i].M * g[i].K), es);
+    b[i].b = rt_xcalloc((size_t)(nbb * g[i].K * g[i].N), es);
+    b[i].c = rt_xcalloc((size_t)(g[i].nb * g[i].M * g[i].N), es);
+    fill(b[i].a, g[i].dbl, na * g[i].M * g[i].K, &seed);
+    fill(b[i].b, g[i].dbl, nbb * g[i].K * g[i].N, &seed);
+  }
+  for (int r = -warmup; r < reps; r++) {
+    double t0 = rt_now_ms();
+    /* Results that accumulate (beta = 1) keep growing across windows;
+     * with operands in [-0.05, 0.05) they stay far from overflow. */
+    for (int k = 0; k < gas; k++)
+      for (int i = 0; i < n; i++) run_one(&g[i], &b[i]);
+    double t1 = rt_now_ms();
+    if (r >= 0) ms[r] = t1 - t0;
+  }
+  for (int i = 0; i < n; i++) {
+    free(b[i].a);
+    free(b[i].b);
+    free(b[i].c);
+  }
+  free(b);
+}

@@ -1,0 +1,541 @@
+/* safetensors.c - reading and writing tensors in the Hugging Face
+ * safetensors format:
+ *
+ *   [8 bytes: N, little-endian u64] [N bytes: JSON header] [data blob]
+ *
+ * The header maps each tensor name to {"dtype", "shape", "data_offsets"}
+ * (offsets relative to the blob) plus an optional "__metadata__" object of
+ * string -> string.  Reading validates everything a malformed or hostile
+ * file could get wrong (the reader is a fuzz target): sizes, JSON, dtypes,
+ * shapes, offsets in bounds, sizes matching shapes, tensors non-overlapping
+ * and contiguous (as the reference implementation requires), no duplicate
+ * names.  Writing is atomic: a temporary file next to the target, fsync,
+ * rename. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "runtime/runtime.h"
+
+/* Largest header accepted (the reference implementation uses 100 MB). */
+#define MAX_HEADER ((uint64_t)100 * 1000 * 1000)
+/* Offsets and dims must be exact in a double (cJSON parses numbers as double). */
+#define MAX_JSON_INT ((double)((int64_t)1 << 53))
+
+static const char *const dtype_names[] = {"F32", "F64", "BF16", "F16", "I32", "I64"};
+#define NDTYPES ((int)(sizeof dtype_names / sizeof dtype_names[0]))
+
+const char *st_dtype_name(StDType dt) {
+  switch (dt) {
+  case ST_F32: return "F32";
+  case ST_F64: return "F64";
+  case ST_BF16: return "BF16";
+  case ST_F16: return "F16";
+  case ST_I32: return "I32";
+  case ST_I64: return "I64";
+  }
+  return "?";
+}
+
+size_t st_dtype_size(StDType dt) {
+  switch (dt) {
+  case ST_F32: return 4;
+  case ST_F64: return 8;
+  case ST_BF16: return 2;
+  case ST_F16: return 2;
+  case ST_I32: return 4;
+  case ST_I64: return 8;
+  }
+  return 0;
+}
+
+static bool dtype_parse(const char *s, StDType *out) {
+  for (int i = 0; i < NDTYPES; i++)
+    if (strcmp(s, dtype_names[i]) == 0) {
+      *out = (StDType)i;
+      return true;
+    }
+  return false;
+}
+
+/* ------------------------------------------------------------------ */
+/* In-memory files                                                     */
+/* ------------------------------------------------------------------ */
+
+void st_init(StFile *f) { memset(f, 0, sizeof *f); }
+
+void st_free(StFile *f) {
+  for (int i = 0; i < f->n; i++) {
+    free(f->t[i].name);
+    free(f->t[i].data);
+  }
+  free(f->t);
+  for (int i = 0; i < f->nmeta; i++) {
+    free(f->meta_key[i]);
+    free(f->meta_val[i]);
+  }
+  free(f->meta_key);
+  free(f->meta_val);
+  st_init(f);
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) abort();
+  return p;
+}
+
+static char *xstrdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *p = xmalloc(n);
+  memcpy(p, s, n);
+  return p;
+}
+
+int64_t st_numel(const StTensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+  return n;
+}
+
+StTensor *st_add(StFile *f, const char *name, StDType dt, int rank, const int64_t *shape, const void *data) {
+  GRADC_ASSERT(rank >= 0 && rank <= IR_MAX_RANK);
+  if (f->n == f->cap) {
+    f->cap = f->cap ? f->cap * 2 : 8;
+    StTensor *t = realloc(f->t, sizeof(StTensor) * (size_t)f->cap);
+    if (!t) abort();
+    f->t = t;
+  }
+  StTensor *t = &f->t[f->n++];
+  memset(t, 0, sizeof *t);
+  t->name = xstrdup(name);
+  t->dtype = dt;
+  t->rank = rank;
+  for (int i = 0; i < rank; i++) {
+    GRADC_ASSERT(shape[i] >= 0);
+    t->shape[i] = shape[i];
+  }
+  t->nbytes = (size_t)st_numel(t) * st_dtype_size(dt);
+  t->data = xmalloc(t->nbytes);
+  if (data)
+    memcpy(t->data, data, t->nbytes);
+  else
+    memset(t->data, 0, t->nbytes);
+  return t;
+}
+
+void st_set_meta(StFile *f, const char *key, const char *val) {
+  for (int i = 0; i < f->nmeta; i++)
+    if (strcmp(f->meta_key[i], key) == 0) {
+      free(f->meta_val[i]);
+      f->meta_val[i] = xstrdup(val);
+      return;
+    }
+  char **k = realloc(f->meta_key, sizeof(char *) * (size_t)(f->nmeta + 1));
+  if (!k) abort();
+  f->meta_key = k;
+  char **v = realloc(f->meta_val, sizeof(char *) * (size_t)(f->nmeta + 1));
+  if (!v) abort();
+  f->meta_val = v;
+  f->meta_key[f->nmeta] = xstrdup(key);
+  f->meta_val[f->nmeta] = xstrdup(val);
+  f->nmeta++;
+}
+
+const char *st_get_meta(const StFile *f, const char *key) {
+  for (int i = 0; i < f->nmeta; i++)
+    if (strcmp(f->meta_key[i], key) == 0) return f->meta_val[i];
+  return NULL;
+}
+
+const StTensor *st_find(const StFile *f, const char *name) {
+  for (int i = 0; i < f->n; i++)
+    if (strcmp(f->t[i].name, name) == 0) return &f->t[i];
+  return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading                                                             */
+/* ------------------------------------------------------------------ */
+
+/* A JSON number that is a non-negative integer exactly representable. */
+static bool json_uint(const cJSON *j, int64_t *out) {
+  if (!cJSON_IsNumber(j)) return false;
+  double d = j->valuedouble;
+  if (!(d >= 0) || d >= MAX_JSON_INT || d != floor(d)) return false;
+  *out = (int64_t)d;
+  return true;
+}
+
+/* One tensor's header entry, before the data is copied. */
+typedef struct Entry {
+  const char *name;
+  StDType dtype;
+  int rank;
+  int64_t shape[IR_MAX_RANK];
+  uint64_t begin, end;
+} Entry;
+
+static bool parse_entry(const cJSON *j, Entry *e, const char *path, char *err, size_t errlen) {
+  const char *name = e->name;
+  if (!cJSON_IsObject(j)) return errf(err, errlen, "%s: tensor '%s': entry is not a JSON object", path, name);
+  const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+  const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
+  const cJSON *offs = cJSON_GetObjectItemCaseSensitive(j, "data_offsets");
+  if (!cJSON_IsString(dt) || !dt->valuestring)
+    return errf(err, errlen, "%s: tensor '%s': missing or non-string \"dtype\"", path, name);
+  if (!dtype_parse(dt->valuestring, &e->dtype))
+    return errf(err, errlen, "%s: tensor '%s': unsupported dtype '%.40s' (expected F32, F64, BF16, F16, I32 or I64)",
+                path, name, dt->valuestring);
+  if (!cJSON_IsArray(shape)) return errf(err, errlen, "%s: tensor '%s': missing or non-array \"shape\"", path, name);
+  int rank = cJSON_GetArraySize(shape);
+  if (rank > IR_MAX_RANK)
+    return errf(err, errlen, "%s: tensor '%s': rank %d exceeds the maximum of %d", path, name, rank, IR_MAX_RANK);
+  e->rank = rank;
+  int k = 0;
+  const cJSON *d;
+  cJSON_ArrayForEach(d, shape) {
+    if (!json_uint(d, &e->shape[k]))
+      return errf(err, errlen, "%s: tensor '%s': shape entries must be non-negative integers", path, name);
+    k++;
+  }
+  if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+    return errf(err, errlen, "%s: tensor '%s': \"data_offsets\" must be an array [begin, end]", path, name);
+  int64_t b, en;
+  if (!json_uint(cJSON_GetArrayItem(offs, 0), &b) || !json_uint(cJSON_GetArrayItem(offs, 1), &en))
+    return errf(err, errlen, "%s: tensor '%s': \"data_offsets\" must be non-negative integers", path, name);
+  if (b > en) return errf(err, errlen, "%s: tensor '%s': data_offsets begin %lld > end %lld", path, name,
+                          (long long)b, (long long)en);
+  e->begin = (uint64_t)b;
+  e->end = (uint64_t)en;
+  /* numel * size without overflow: any product beyond 2^53 cannot match
+   * offsets that are themselves below 2^53. */
+  uint64_t bytes = st_dtype_size(e->dtype);
+  bool zero = false, big = false;
+  for (int i = 0; i < rank; i++) {
+    uint64_t s = (uint64_t)e->shape[i];
+    if (s == 0) zero = true;
+    else if (bytes > ((uint64_t)1 << 53) / s) big = true;
+    else bytes *= s;
+  }
+  if (zero) bytes = 0;
+  if (big && !zero)
+    return errf(err, errlen, "%s: tensor '%s': shape is too large for its data_offsets", path, name);
+  if (en - b != (int64_t)bytes)
+    return errf(err, errlen, "%s: tensor '%s': data_offsets cover %lld bytes, but %s%s needs %llu", path, name,
+                (long long)(en - b), dt->valuestring, rank ? " of that shape" : " scalar", (unsigned long long)bytes);
+  return true;
+}
+
+static int cmp_entry(const void *a, const void *b) {
+  const Entry *x = *(const Entry *const *)a, *y = *(const Entry *const *)b;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  if (x->end != y->end) return x->end < y->end ? -1 : 1;
+  return 0;
+}
+
+static uint64_t get_le64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* The header and the tensors, given the whole file in memory. */
+static bool parse_file(const char *path, const unsigned char *buf, size_t size, StFile *out, char *err,
+                       size_t errlen) {
+  if (size < 8) return errf(err, errlen, "%s: file too short for a safetensors header (%zu bytes)", path, size);
+  uint64_t n = get_le64(buf);
+  if (n > MAX_HEADER) return errf(err, errlen, "%s: header length %llu is too large", path, (unsigned long long)n);
+  if (n > size - 8)
+    return errf(err, errlen, "%s: header length %llu goes beyond the end of the file (%zu bytes)", path,
+                (unsigned long long)n, size);
+  if (n < 2) return errf(err, errlen, "%s: header is not a JSON object", path);
+  const char *hdr = (const char *)buf + 8;
+  if (memchr(hdr, 0, n)) return errf(err, errlen, "%s: header contains a NUL byte", path);
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &end, 0);
+  if (!root) {
+    size_t at = end && end >= hdr ? (size_t)(end - hdr) : 0;
+    return errf(err, errlen, "%s: header is not valid JSON (near byte %zu of the header)", path, at);
+  }
+  for (const char *p = end; p && p < hdr + n; p++)
+    if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+      cJSON_Delete(root);
+      return errf(err, errlen, "%s: trailing characters after the JSON header", path);
+    }
+  if (!cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return errf(err, errlen, "%s: header is not a JSON object", path);
+  }
+  const unsigned char *blob = buf + 8 + n;
+  uint64_t blobsize = size - 8 - n;
+
+  int count = cJSON_GetArraySize(root);
+  Entry *ents = xmalloc(sizeof(Entry) * (size_t)(count > 0 ? count : 1));
+  Entry **sorted = xmalloc(sizeof(Entry *) * (size_t)(count > 0 ? count : 1));
+  int ne = 0;
+  bool ok = true, seen_meta = false;
+  StrMap names;
+  strmap_init(&names);
+  StFile f;
+  st_init(&f);
+  const cJSON *j;
+  cJSON_ArrayForEach(j, root) {
+    const char *name = j->string ? j->string : "";
+    if (strmap_get(&names, name) || (strcmp(name, "__metadata__") == 0 && seen_meta)) {
+      ok = errf(err, errlen, "%s: tensor '%s': duplicate name in the header", path, name);
+      break;
+    }
+    if (strcmp(name, "__metadata__") == 0) {
+      seen_meta = true;
+      if (!cJSON_IsObject(j)) {
+        ok = errf(err, errlen, "%s: \"__metadata__\" is not a JSON object", path);
+        break;
+      }
+      const cJSON *m;
+      cJSON_ArrayForEach(m, j) {
+        if (!cJSON_IsString(m) || !m->valuestring) {
+          ok = errf(err, errlen, "%s: \"__metadata__\" value for '%s' is not a string", path,
+                    m->string ? m->string : "");
+          break;
+        }
+        if (st_get_meta(&f, m->string ? m->string : "")) {
+          ok = errf(err, errlen, "%s: \"__metadata__\" has a duplicate key '%s'", path, m->string ? m->string : "");
+          break;
+        }
+        st_set_meta(&f, m->string ? m->string : "", m->valuestring);
+      }
+      if (!ok) break;
+      continue;
+    }
+    strmap_put(&names, name, (void *)j);
+    Entry *e = &ents[ne];
+    memset(e, 0, sizeof *e);
+    e->name = name;
+    if (!parse_entry(j, e, path, err, errlen)) {
+      ok = false;
+      break;
+    }
+    if (e->end > blobsize) {
+      ok = errf(err, errlen, "%s: tensor '%s': data_offsets [%llu, %llu] go beyond the data (%llu bytes)", path, name,
+                (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)blobsize);
+      break;
+    }
+    sorted[ne] = e;
+    ne++;
+  }
+  /* Non-overlapping and contiguous, in offset order. */
+  if (ok) {
+    qsort(sorted, (size_t)ne, sizeof(Entry *), cmp_entry);
+    uint64_t at = 0;
+    const char *prev = NULL;
+    for (int i = 0; i < ne && ok; i++) {
+      if (sorted[i]->begin < at)
+        ok = errf(err, errlen, "%s: tensor '%s': data overlaps tensor '%s'", path, sorted[i]->name, prev);
+      else if (sorted[i]->begin > at)
+        ok = errf(err, errlen, "%s: tensor '%s': data is not contiguous (begins at byte %llu, expected %llu)", path,
+                  sorted[i]->name, (unsigned long long)sorted[i]->begin, (unsigned long long)at);
+      at = sorted[i]->end;
+      prev = sorted[i]->name;
+    }
+    if (ok && at != blobsize)
+      ok = errf(err, errlen, "%s: %llu bytes of data after the last tensor", path,
+                (unsigned long long)(blobsize - at));
+  }
+  /* Copy the tensors, in header order. */
+  for (int i = 0; i < ne && ok; i++) {
+    Entry *e = &ents[i];
+    StTensor *t = st_add(&f, e->name, e->dtype, e->rank, e->shape, NULL);
+    GRADC_ASSERT(t->nbytes == e->end - e->begin);
+    if (t->nbytes) memcpy(t->data, blob + e->begin, t->nbytes);
+  }
+  strmap_free(&names);
+  free(ents);
+  free(sorted);
+  cJSON_Delete(root);
+  if (!ok) {
+    st_free(&f);
+    return false;
+  }
+  *out = f;
+  return true;
+}
+
+bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
+  st_init(out);
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return errf(err, errlen, "%s: %s", path, strerror(errno));
+  unsigned char *buf = NULL;
+  size_t len = 0, cap = 0;
+  errno = 0;
+  for (;;) {
+    if (len == cap) {
+      cap = cap ? cap * 2 : 1 << 16;
+      unsigned char *p = realloc(buf, cap);
+      if (!p) {
+        free(buf);
+        fclose(fp);
+        return errf(err, errlen, "%s: out of memory reading the file", path);
+      }
+      buf = p;
+    }
+    size_t got = fread(buf + len, 1, cap - len, fp);
+    len += got;
+    if (got == 0) break;
+  }
+  int e = errno;
+  bool rerr = ferror(fp);
+  fclose(fp);
+  if (rerr) {
+    free(buf);
+    return errf(err, errlen, "%s: %s", path, e ? strerror(e) : "read error");
+  }
+  bool ok = parse_file(path, buf, len, out, err, errlen);
+  free(buf);
+  return ok;
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing                                                             */
+/* ------------------------------------------------------------------ */
+
+static void json_string(StrBuf *sb, const char *s) {
+  sb_putc(sb, '"');
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    switch (*p) {
+    case '"': sb_puts(sb, "\\\""); break;
+    case '\\': sb_puts(sb, "\\\\"); break;
+    case '\n': sb_puts(sb, "\\n"); break;
+    case '\r': sb_puts(sb, "\\r"); break;
+    case '\t': sb_puts(sb, "\\t"); break;
+    default:
+      if (*p < 0x20)
+        sb_printf(sb, "\\u%04x", *p);
+      else
+        sb_putc(sb, (char)*p);
+    }
+  }
+  sb_putc(sb, '"');
+}
+
+static bool write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n > 0) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    c += w;
+    n -= (size_t)w;
+  }
+  return true;
+}
+
+/* Make the rename durable; a failure here loses nothing but durability. */
+static void sync_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = slash ? xmalloc((size_t)(slash - path) + 2) : xstrdup(".");
+  if (slash) {
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    memcpy(dir, path, n);
+    dir[n] = 0;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    (void)fsync(fd);
+    close(fd);
+  }
+  free(dir);
+}
+
+bool st_write(const char *path, const StFile *f, char *err, size_t errlen) {
+  /* Check the tensors before touching the file system. */
+  for (int i = 0; i < f->n; i++) {
+    const StTensor *t = &f->t[i];
+    if (strcmp(t->name, "__metadata__") == 0)
+      return errf(err, errlen, "%s: tensor '%s': reserved name", path, t->name);
+    if (t->rank < 0 || t->rank > IR_MAX_RANK) return errf(err, errlen, "%s: tensor '%s': bad rank", path, t->name);
+    if ((size_t)st_numel(t) * st_dtype_size(t->dtype) != t->nbytes)
+      return errf(err, errlen, "%s: tensor '%s': %zu bytes of data do not match its shape", path, t->name, t->nbytes);
+    for (int k = 0; k < i; k++)
+      if (strcmp(f->t[k].name, t->name) == 0)
+        return errf(err, errlen, "%s: tensor '%s': duplicate name", path, t->name);
+  }
+  StrBuf h;
+  sb_init(&h);
+  sb_putc(&h, '{');
+  bool first = true;
+  if (f->nmeta > 0) {
+    sb_puts(&h, "\"__metadata__\":{");
+    for (int i = 0; i < f->nmeta; i++) {
+      if (i) sb_putc(&h, ',');
+      json_string(&h, f->meta_key[i]);
+      sb_putc(&h, ':');
+      json_string(&h, f->meta_val[i]);
+    }
+    sb_putc(&h, '}');
+    first = false;
+  }
+  uint64_t off = 0;
+  for (int i = 0; i < f->n; i++) {
+    const StTensor *t = &f->t[i];
+    if (!first) sb_putc(&h, ',');
+    first = false;
+    json_string(&h, t->name);
+    sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(t->dtype));
+    for (int k = 0; k < t->rank; k++) sb_printf(&h, "%s%lld", k ? "," : "", (long long)t->shape[k]);
+    sb_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + t->nbytes));
+    off += t->nbytes;
+  }
+  sb_putc(&h, '}');
+  while (h.len % 8) sb_putc(&h, ' ');
+
+  /* PATH.tmp.XXXXXX in the same directory, so that rename is atomic. */
+  size_t plen = strlen(path);
+  char *tmp = xmalloc(plen + 16);
+  memcpy(tmp, path, plen);
+  memcpy(tmp + plen, ".tmp.XXXXXX", 12);
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    int e = errno;
+    sb_free(&h);
+    free(tmp);
+    return errf(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
+  }
+  unsigned char len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
+  bool ok = write_all(fd, len8, 8) && write_all(fd, h.data, h.len);
+  for (int i = 0; i < f->n && ok; i++) ok = write_all(fd, f->t[i].data, f->t[i].nbytes);
+  int e = errno;
+  if (ok) {
+    /* mkstemp creates the file 0600; give it an ordinary file's mode. */
+    (void)fchmod(fd, 0644);
+    if (fsync(fd) != 0) {
+      ok = false;
+      e = errno;
+    }
+  }
+  if (close(fd) != 0 && ok) {
+    ok = false;
+    e = errno;
+  }
+  if (ok && rename(tmp, path) != 0) {
+    ok = false;
+    e = errno;
+  }
+  if (ok) sync_dir(path);
+  if (!ok) {
+    unlink(tmp);
+    errf(err, errlen, "%s: cannot write: %s", path, strerror(e));
+  }
+  sb_free(&h);
+  free(tmp);
+  return ok;
+}
