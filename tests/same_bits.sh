@@ -35,9 +35,13 @@ for c in pub_mlp pub_lm pub_refuse; do
   [ -f "$conf/$c.gdl" ] && models+=("$c|$conf/$c.gdl|conf")
 done
 
-mkdir -p "$dir/params" "$dir/run"
+# Each call runs in a fresh scratch folder with its own kernel cache, so that
+# several comparisons may run at once and no build reads another's objects.
+mkdir -p "$dir/params"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 out=$dir/results.txt
-[ "$mode" = compare ] && out=$dir/results.new.txt
+[ "$mode" = compare ] && out=$work/results.new.txt
 : >"$out"
 for m in "${models[@]}"; do
   IFS='|' read -r name model defs <<<"$m"
@@ -57,10 +61,10 @@ for m in "${models[@]}"; do
     for target in cpu ref; do
       for t in 1 2; do
         [ $target = ref ] && [ $t = 2 ] && continue
-        g=$dir/run/g.safetensors
+        g=$work/g.safetensors
         rm -f "$g"
-        losses=$(GRADC_CACHE_DIR=$dir/cache "$gradc" run "$model" $defs --gas $k --target $target \
-          --threads $t --params "$p" --inputs "$in" --grads-out "$g" 2>"$dir/run/err" | tr '\n' ';')
+        losses=$(GRADC_CACHE_DIR=$work/cache "$gradc" run "$model" $defs --gas $k --target $target \
+          --threads $t --params "$p" --inputs "$in" --grads-out "$g" 2>"$work/err" | tr '\n' ';')
         rc=$?
         sum=none
         [ -f "$g" ] && sum=$(sha256sum "$g" | cut -c1-16)
