@@ -2,7 +2,9 @@
 # same_bits.sh - is a change behaviour-neutral?  Runs `gradc run` on every
 # example, bench model, CUDA test model and public conformance case, at
 # K = 1 and 4, 1 and 2 threads, on the cpu and ref targets, and records the
-# loss lines (stdout), the exit status and the SHA-256 of the gradient file.
+# loss lines (stdout), the exit status and the SHA-256 of the gradient file,
+# and the SHA-256 of the planned IR (`compile`) and of the generated CUDA C
+# (`compile --target cuda:sm_80 --kernels-dir`).
 # Params and inputs are made once, by the binary that records the baseline,
 # and reused for the comparison, so two builds see the same bytes.
 #
@@ -58,6 +60,13 @@ for m in "${models[@]}"; do
       [ -f "$p" ] || "$gradc" init "$model" $defs -o "$p" --seed 1 2>/dev/null
       [ -f "$in" ] || "$gradc" data random "$model" $defs -o "$in" --seed 2 2>/dev/null
     fi
+    # The planned IR (cpu target) and the generated CUDA C (sm_80).
+    ir=$("$gradc" compile "$model" $defs --gas $k --no-cache 2>/dev/null | sha256sum | cut -c1-16)
+    rm -rf "$work/cu" && mkdir -p "$work/cu"
+    "$gradc" compile "$model" $defs --gas $k --target cuda:sm_80 --kernels-dir "$work/cu" \
+      -o "$work/cu/a.gca" >/dev/null 2>&1
+    cu=$(cat "$work"/cu/*.cu 2>/dev/null | sha256sum | cut -c1-16)
+    echo "$name k=$k ir=$ir cuda=$cu kernels=$(ls "$work"/cu/*.cu 2>/dev/null | wc -l)" >>"$out"
     for target in cpu ref; do
       for t in 1 2; do
         [ $target = ref ] && [ $t = 2 ] && continue
