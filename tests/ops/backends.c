@@ -409,7 +409,7 @@ bool ot_verify(IrFunc *f, char *err, size_t errlen) { return ir_verify(f, err, e
 /* Elements                                                            */
 /* ------------------------------------------------------------------ */
 
-static uint16_t f16_bits(double v) { /* v is representable in f16 */
+uint16_t ot_f16_bits(double v) { /* v is representable in f16 */
   uint16_t s = signbit(v) ? 0x8000 : 0;
   double a = fabs(v);
   if (isnan(v)) return 0x7e00;
@@ -420,7 +420,7 @@ static uint16_t f16_bits(double v) { /* v is representable in f16 */
   return s | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((m * 2 - 1) * 1024);
 }
 
-static double f16_value(uint16_t h) {
+double ot_f16_value(uint16_t h) {
   int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   double v = exp == 0 ? ldexp(man, -24) : exp == 31 ? (man ? NAN : INFINITY) : ldexp(man | 0x400, exp - 25);
   return sign ? -v : v;
@@ -452,7 +452,7 @@ void ot_put(char *arena, const IrValue *v, int64_t i, double x) {
     break;
   }
   case IR_DT_F16: {
-    uint16_t h = f16_bits(x);
+    uint16_t h = ot_f16_bits(x);
     memcpy(p, &h, 2);
     break;
   }
@@ -489,7 +489,7 @@ double ot_get(const char *arena, const IrValue *v, int64_t i) {
   case IR_DT_F16: {
     uint16_t h;
     memcpy(&h, p, 2);
-    return f16_value(h);
+    return ot_f16_value(h);
   }
   case IR_DT_I32: {
     int32_t y;

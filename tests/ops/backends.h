@@ -60,6 +60,8 @@ size_t ot_elem_size(const IrValue *v);
 void ot_put(char *arena, const IrValue *v, int64_t i, double x);
 double ot_get(const char *arena, const IrValue *v, int64_t i);
 double ot_grad_prefill(int64_t i); /* what gradient buffers hold before a kernel adds to them */
+uint16_t ot_f16_bits(double v);     /* v representable in f16 */
+double ot_f16_value(uint16_t h);
 
 /* ---- comparing with the interpreter ---- */
 /* Relative tolerance by dtype, and the share of the tensor's largest |want|
