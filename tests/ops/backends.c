@@ -987,6 +987,15 @@ static bool check_param(IrFunc *f, OtInputs *in, int pi, const IrValue *L, const
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->opcode == IR_OP_GRAD && strcmp(ir_attr_get_str(f->ops[i], "name", ""), p->name) == 0)
       g = f->ops[i]->args[0];
+  /* named d<param>, unless another param shares the value */
+  bool shared = false;
+  for (int i = 0; g && i < f->nops; i++)
+    shared |= f->ops[i]->opcode == IR_OP_GRAD && f->ops[i]->args[0] == g &&
+              strcmp(ir_attr_get_str(f->ops[i], "name", ""), p->name) != 0;
+  if (g && !shared && (!g->name || g->name[0] != 'd' || strcmp(g->name + 1, p->name) != 0)) {
+    snprintf(err, n, "the gradient of %s is named %s, not d%s", p->name, g->name ? g->name : "(none)", p->name);
+    return false;
+  }
   int64_t np = ir_numel(&p->type.shape);
   int64_t step = np > FD_MAX ? (np + FD_MAX - 1) / FD_MAX : 1;
   double e2 = 0, norm = 0, worst = -1;

@@ -105,11 +105,12 @@ void ot_emu_free(OtEmu *e);
 
 /* ---- derivatives ---- */
 /* Case c rebuilt in f64 (float operands params, integer ones inputs), the
- * objective sum(y * R) for a random R, autodiff, and every param's
- * gradient on the interpreter (exact f64) against central differences
- * (h = 1e-6, relative error of the norm below 1e-6; at most 48 elements
- * of each param are perturbed; OC_GRAD_SOFTMAX: sum(softmax(y) * R)).  Also fails on a backward op whose value
- * nothing reads.  *checked: the params checked (0: no gradient flows). */
+ * objective sum(y * R) for a random R (OC_GRAD_SOFTMAX: sum(softmax(y) *
+ * R)), autodiff, and every param's gradient on the interpreter (exact
+ * f64) against central differences (h = 1e-6, relative error of the norm
+ * below 1e-6; at most 48 elements of each param are perturbed).  Also
+ * fails on a backward op whose value nothing reads and on a gradient not
+ * named d<param>.  *checked: the params checked. */
 bool ot_gradcheck(const OpCase *c, uint64_t seed, int *checked, char *err, size_t errlen);
 
 /* The interpreter's values of f (a step; window sums from a count phase). */

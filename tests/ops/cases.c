@@ -78,6 +78,23 @@ const OpCase op_cases[] = {
     {IR_OP_DETACH, D, NULL, NULL, N, 0, NULL},
     {IR_OP_DETACH, "bool[4,9]", NULL, NULL, N, 0, "booleans"},
 
+    /* the same at small ranks and a unit axis (and their derivatives) */
+#define UNARY_SHAPES(OP, DIST)                                                                                         \
+  {OP, "f64[5]" DIST, NULL, NULL, N, 0, NULL}, {OP, "f64[2,3]" DIST, NULL, NULL, N, 0, NULL},                          \
+      {OP, "f64[2,1,3]" DIST, NULL, NULL, N, 0, "a unit axis"}
+    UNARY_SHAPES(IR_OP_NEG, ""),
+    UNARY_SHAPES(IR_OP_EXP, ""),
+    UNARY_SHAPES(IR_OP_LOG, "+"),
+    UNARY_SHAPES(IR_OP_SQRT, "+"),
+    UNARY_SHAPES(IR_OP_RSQRT, "+"),
+    UNARY_SHAPES(IR_OP_TANH, ""),
+    UNARY_SHAPES(IR_OP_SIGMOID, ""),
+    UNARY_SHAPES(IR_OP_RELU, ""),
+    UNARY_SHAPES(IR_OP_GELU, ""),
+    UNARY_SHAPES(IR_OP_SILU, ""),
+    UNARY_SHAPES(IR_OP_ABS, ""),
+    {IR_OP_POW, "f64[2,3]+", "exponent=-2.0", NULL, N, 0, NULL},
+
     /* ---- casts ---- */
     {IR_OP_CAST, X, NULL, "f64", N, 0, NULL},
     {IR_OP_CAST, D, NULL, "f32", N, 0, NULL},
@@ -112,6 +129,17 @@ const OpCase op_cases[] = {
     BINARY(IR_OP_MUL),
     BINARY(IR_OP_MAXIMUM),
     BINARY(IR_OP_MINIMUM),
+    /* broadcasting both ways, across ranks, against a scalar */
+#define BINARY_SHAPES(OP, B)                                                                                           \
+  {OP, "f64[2,3] f64[2,3]" B, NULL, NULL, N, 0, NULL}, {OP, "f64[3,1,4] f64[5,4]" B, NULL, NULL, N, 0, NULL},          \
+      {OP, "f64[4] f64[2,3,4]" B, NULL, NULL, N, 0, NULL}, {OP, "f64[2,3] f64[]" B, NULL, NULL, N, 0, "a scalar"},     \
+      {OP, "f64[1,3] f64[2,1]" B, NULL, NULL, N, 0, "both broadcast"}
+    BINARY_SHAPES(IR_OP_ADD, ""),
+    BINARY_SHAPES(IR_OP_SUB, ""),
+    BINARY_SHAPES(IR_OP_MUL, ""),
+    BINARY_SHAPES(IR_OP_DIV, "+"),
+    BINARY_SHAPES(IR_OP_MAXIMUM, ""),
+    BINARY_SHAPES(IR_OP_MINIMUM, ""),
     /* division by normal values (near zero: large quotients) ... */
     {IR_OP_DIV, X " " X, NULL, NULL, N, OC_NO_GRAD, NULL},
     {IR_OP_DIV, D " " D, NULL, NULL, N, OC_NO_GRAD, NULL},
@@ -184,6 +212,14 @@ const OpCase op_cases[] = {
     REDUCE(IR_OP_MEAN),
     REDUCE(IR_OP_MAX),
     REDUCE(IR_OP_LOGSUMEXP),
+#define REDUCE_SMALL(OP)                                                                                               \
+  {OP, "f64[2,3,4]", "axes=[-3,-2] keepdim=true", NULL, N, 0, "negative axes"},                                      \
+      {OP, "f64[5]", "axes=[0] keepdim=false", NULL, N, 0, "to a scalar"},                                           \
+      {OP, "f64[2,3]", "axes=[] keepdim=false", NULL, N, 0, NULL}
+    REDUCE_SMALL(IR_OP_SUM),
+    REDUCE_SMALL(IR_OP_MEAN),
+    REDUCE_SMALL(IR_OP_MAX),
+    REDUCE_SMALL(IR_OP_LOGSUMEXP),
     {IR_OP_SUM, "i32[4,9]", "axes=[1] keepdim=false", NULL, N, 0, "integers"},
     {IR_OP_SUM, "i32[4,9]", "axes=[0] keepdim=false", NULL, N, 0, "integers"},
     {IR_OP_SUM, "bf16[4,33]", "axes=[1] keepdim=true", NULL, OE_LOWP, 0, NULL},
@@ -199,7 +235,7 @@ const OpCase op_cases[] = {
 #define PERMUTES(T)                                                                                                    \
   {IR_OP_PERMUTE, T, "perm=[0,2,1]", NULL, N, 0, NULL}, {IR_OP_PERMUTE, T, "perm=[2,0,1]", NULL, N, 0, NULL},          \
       {IR_OP_PERMUTE, T, "perm=[1,0,2]", NULL, N, 0, NULL}, {IR_OP_PERMUTE, T, "perm=[2,1,0]", NULL, N, 0, NULL},      \
-      {IR_OP_PERMUTE, T, "perm=[0,1,2]", NULL, N, 0, "identity"}
+      {IR_OP_PERMUTE, T, "perm=[1,2,0]", NULL, N, 0, NULL}, {IR_OP_PERMUTE, T, "perm=[0,1,2]", NULL, N, 0, "identity"}
     PERMUTES("f32[3,4,5]"),
     PERMUTES("f32[2,70,45]"),
     {IR_OP_PERMUTE, "f64[3,4,5]", "perm=[2,0,1]", NULL, N, 0, NULL},
@@ -220,9 +256,11 @@ const OpCase op_cases[] = {
     {IR_OP_CONCAT, "f32[3,4,2] f32[3,4,5]", "axis=-1", NULL, N, 0, "the last axis"},
     {IR_OP_CONCAT, "f32[3,4,5] f32[3,4,5]", "axis=0", NULL, N, 0, "the first axis"},
     {IR_OP_CONCAT, "f64[2,3] f64[2,1] f64[2,2]", "axis=-1", NULL, N, 0, NULL},
+    {IR_OP_CONCAT, "f64[1,4] f64[3,4] f64[2,4]", "axis=0", NULL, N, 0, NULL},
     {IR_OP_BROADCAST, "f32[37]", "shape=[3,5,37]", NULL, N, 0, NULL},
     {IR_OP_BROADCAST, "f64[37]", "shape=[3,5,37]", NULL, N, 0, NULL},
     {IR_OP_BROADCAST, "f32[3,1]", "shape=[2,3,4]", NULL, N, 0, "a unit axis"},
+    {IR_OP_BROADCAST, "f64[4]", "shape=[2,3,4]", NULL, N, 0, "two new axes"},
     {IR_OP_BROADCAST, "f32[]", "shape=[2,3,4]", NULL, N, 0, "a scalar"},
     {IR_OP_RESHAPE, "f64[2,6]", "shape=[3,2,2]", NULL, N, 0, "a view: derivative only"},
     {IR_OP_MATMUL, "f64[2,3] f64[3,4]", NULL, NULL, N, 0, "matrix x matrix"},
@@ -230,25 +268,23 @@ const OpCase op_cases[] = {
     {IR_OP_MATMUL, "f64[2,3] f64[3]", NULL, NULL, N, 0, "matrix x vector"},
     {IR_OP_MATMUL, "f64[2,1,2,3] f64[3,3,4]", NULL, NULL, N, 0, "broadcast batch"},
     {IR_OP_MATMUL, "f64[2,4,3] f64[3]", NULL, NULL, N, 0, "batched x vector"},
+    {IR_OP_MATMUL, "f64[3] f64[3]", NULL, NULL, N, 0, "a dot product"},
+    {IR_OP_MATMUL, "f64[2,2,3] f64[3,4]", NULL, NULL, N, 0, "batched x matrix"},
+    {IR_OP_MATMUL, "f64[3] f64[2,3,4]", NULL, NULL, N, 0, "vector x batched"},
+    {IR_OP_MATMUL, "f64[2,3] f64[2,3,4]", NULL, NULL, N, 0, "matrix x batched"},
 
     /* ---- row-wise neural-network ops ---- */
-    {IR_OP_SOFTMAX, "f32[2,6,21]", "axis=-1", NULL, N, 0, NULL},
-    {IR_OP_SOFTMAX, "f32[2,6,21]", "axis=-2", NULL, N, 0, NULL},
-    {IR_OP_SOFTMAX, "f32[2,6,21]", "axis=-3", NULL, N, 0, NULL},
-    {IR_OP_SOFTMAX, "f64[2,6,21]", "axis=-1", NULL, N, 0, NULL},
-    {IR_OP_SOFTMAX, "f64[2,6,21]", "axis=-2", NULL, N, 0, NULL},
-    {IR_OP_SOFTMAX, "f64[2,6,21]", "axis=-3", NULL, N, 0, NULL},
+#define AXES3(OP, T)                                                                                                   \
+  {OP, T, "axis=-1", NULL, N, 0, NULL}, {OP, T, "axis=-2", NULL, N, 0, NULL}, {OP, T, "axis=-3", NULL, N, 0, NULL}
+    AXES3(IR_OP_SOFTMAX, "f32[2,6,21]"),
+    AXES3(IR_OP_SOFTMAX, "f64[2,6,21]"),
+    AXES3(IR_OP_LOG_SOFTMAX, "f32[2,6,21]"),
+    AXES3(IR_OP_LOG_SOFTMAX, "f64[2,6,21]"),
     {IR_OP_SOFTMAX, "f32[3,300]", "axis=-1", NULL, N, 0, "rows wider than a warp"},
     {IR_OP_SOFTMAX, "f32[3,8]", "axis=-1", NULL, OE_SPECIAL, 0, "NaN, infinities, an all -inf row"},
     {IR_OP_SOFTMAX, "f32[5,37]", "axis=-1", NULL, OE_LARGE, 0, "large logits"},
     {IR_OP_SOFTMAX, "bf16[4,33]", "axis=-1", NULL, OE_LOWP, 0, NULL},
     {IR_OP_SOFTMAX, "f16[4,33]", "axis=-1", NULL, OE_LOWP, 0, NULL},
-    {IR_OP_LOG_SOFTMAX, "f32[2,6,21]", "axis=-1", NULL, N, 0, NULL},
-    {IR_OP_LOG_SOFTMAX, "f32[2,6,21]", "axis=-2", NULL, N, 0, NULL},
-    {IR_OP_LOG_SOFTMAX, "f32[2,6,21]", "axis=-3", NULL, N, 0, NULL},
-    {IR_OP_LOG_SOFTMAX, "f64[2,6,21]", "axis=-1", NULL, N, 0, NULL},
-    {IR_OP_LOG_SOFTMAX, "f64[2,6,21]", "axis=-2", NULL, N, 0, NULL},
-    {IR_OP_LOG_SOFTMAX, "f64[2,6,21]", "axis=-3", NULL, N, 0, NULL},
     {IR_OP_LOG_SOFTMAX, "f32[5,37]", "axis=-1", NULL, OE_LARGE, 0, "large logits"},
     {IR_OP_LAYER_NORM, "f32[2,6,21] f32[21] f32[21]", "eps=1e-5", NULL, N, 0, NULL},
     {IR_OP_LAYER_NORM, "f64[2,6,21] f64[21] f64[21]", "eps=1e-5", NULL, N, 0, NULL},
@@ -261,14 +297,14 @@ const OpCase op_cases[] = {
     {IR_OP_CAUSAL_MASK, "f64[2,6,6]", NULL, NULL, N, OC_GRAD_SOFTMAX, NULL},
     {IR_OP_CAUSAL_MASK, "f64[2,6,21]", NULL, NULL, N, OC_GRAD_SOFTMAX, NULL},
     {IR_OP_CAUSAL_MASK, "f32[3,5]", NULL, NULL, N, OC_GRAD_SOFTMAX, "rank 2"},
-    {IR_OP_CROSS_ENTROPY, "f32[2,5,13] i32[2,5]<13", "ignore_index=-100 reduction=none", NULL, OE_IGNORE, 0, NULL},
-    {IR_OP_CROSS_ENTROPY, "f32[2,5,13] i32[2,5]<13", "ignore_index=-100 reduction=sum", NULL, OE_IGNORE, 0, NULL},
-    {IR_OP_CROSS_ENTROPY, "f32[2,5,13] i32[2,5]<13", "ignore_index=-100 reduction=mean", NULL, OE_IGNORE, 0, NULL},
-    {IR_OP_CROSS_ENTROPY, "f64[2,5,13] i32[2,5]<13", "ignore_index=-100 reduction=none", NULL, OE_IGNORE, 0, NULL},
-    {IR_OP_CROSS_ENTROPY, "f64[2,5,13] i32[2,5]<13", "ignore_index=-100 reduction=sum", NULL, OE_IGNORE, 0, NULL},
-    {IR_OP_CROSS_ENTROPY, "f64[2,5,13] i32[2,5]<13", "ignore_index=-100 reduction=mean", NULL, OE_IGNORE, 0, NULL},
-    {IR_OP_CROSS_ENTROPY, "f32[2,3,5] i32[2,3]<5", "ignore_index=2 reduction=mean", NULL, N, 0,
-     "a class as ignore_index"},
+    /* every reduction, with targets at ignore_index */
+#define REDUCTIONS(OP, T, A, E, NOTE)                                                                                  \
+  {OP, T, A " reduction=none", NULL, E, 0, NOTE}, {OP, T, A " reduction=sum", NULL, E, 0, NULL},                       \
+      {OP, T, A " reduction=mean", NULL, E, 0, NULL}
+    REDUCTIONS(IR_OP_CROSS_ENTROPY, "f32[2,5,13] i32[2,5]<13", "ignore_index=-100", OE_IGNORE, NULL),
+    REDUCTIONS(IR_OP_CROSS_ENTROPY, "f64[2,5,13] i32[2,5]<13", "ignore_index=-100", OE_IGNORE, NULL),
+    REDUCTIONS(IR_OP_CROSS_ENTROPY, "f32[2,3,5] i32[2,3]<5", "ignore_index=2", N, "a class as ignore_index"),
+    REDUCTIONS(IR_OP_CROSS_ENTROPY, "f32[3,4] i32[3]<4", "ignore_index=-100", OE_ALL_IGNORED, "every target ignored"),
     {IR_OP_CROSS_ENTROPY, "f32[5,37] i32[5]<37", "ignore_index=-100 reduction=mean", NULL, OE_LARGE, 0,
      "large logits"},
     {IR_OP_ONE_HOT, "i32[2,5]<13", "depth=13 ignore_index=-100", "f32[2,5,13]", OE_IGNORE, 0, NULL},
@@ -277,12 +313,8 @@ const OpCase op_cases[] = {
     {IR_OP_EMBEDDING, "i32[2,5]<11 f64[11,24]", NULL, NULL, OE_REPEAT, 0, NULL},
     {IR_OP_EMBEDDING_GRAD, "i32[2,5]<11 f32[2,5,24]", "rows=11", NULL, OE_REPEAT, 0, "colliding rows"},
     {IR_OP_EMBEDDING_GRAD, "i32[2,5]<11 f64[2,5,24]", "rows=11", NULL, OE_REPEAT, 0, NULL},
-    {IR_OP_MSE_LOSS, X " " X, "reduction=none", NULL, N, 0, NULL},
-    {IR_OP_MSE_LOSS, X " " X, "reduction=mean", NULL, N, 0, NULL},
-    {IR_OP_MSE_LOSS, X " " X, "reduction=sum", NULL, N, 0, NULL},
-    {IR_OP_MSE_LOSS, D " " D, "reduction=none", NULL, N, 0, NULL},
-    {IR_OP_MSE_LOSS, D " " D, "reduction=mean", NULL, N, 0, NULL},
-    {IR_OP_MSE_LOSS, D " " D, "reduction=sum", NULL, N, 0, NULL},
+    REDUCTIONS(IR_OP_MSE_LOSS, X " " X, "", N, NULL),
+    REDUCTIONS(IR_OP_MSE_LOSS, D " " D, "", N, NULL),
 
     /* ---- gradient accumulation ---- */
     {IR_OP_GRAD_SEED, "f32[]", "coef=0.1", NULL, N, 0, NULL},
