@@ -1,14 +1,19 @@
-/* test_gradcheck.c - every differentiable op's derivative rule against
- * central finite differences.
+/* test_gradcheck.c - derivative rules where finite differences cannot
+ * judge them, and a composite.  Every differentiable op's rule is checked
+ * against central finite differences row by row in the op-case table
+ * (tests/ops/, test_ops_gradcheck); here: the non-smooth points, against
+ * hand-derived torch values (ties in max split evenly, maximum/minimum at
+ * equality half/half, relu/abs at 0, pow with exponent 0, cross-entropy
+ * with every target ignored), and a two-layer MLP whose gradients are
+ * checked by finite differences as a whole.
  *
  * Method: build f(params...) by hand over f64 params, objective
  * L = sum(op(...) * R) with a fixed random R (an input) so every output
  * element matters; run pass_autodiff; evaluate the gradients with the
- * reference interpreter in exact f64 mode and compare them with
- * (L(x + h e_i) - L(x - h e_i)) / 2h, h = 1e-6, to a relative tolerance of
- * 1e-6 on the norm.  Non-smooth points (ties in max, maximum at equality,
- * relu/abs at 0) are checked against hand-derived torch values instead.
- * Every test also checks that no dead backward op was emitted. */
+ * reference interpreter in exact f64 mode (and, for the MLP, compare them
+ * with (L(x + h e_i) - L(x - h e_i)) / 2h, h = 1e-6, to a relative
+ * tolerance of 1e-6 on the norm).  Every test also checks that no dead
+ * backward op was emitted. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,9 +74,6 @@ static IrValue *gc_arg(Gc *g, const char *name, IrDType dt, IrShape s, IrArgRole
 }
 
 static IrValue *gc_param(Gc *g, const char *name, IrShape s) { return gc_arg(g, name, IR_DT_F64, s, IR_ARG_PARAM, 0); }
-static IrValue *gc_param_pos(Gc *g, const char *name, IrShape s) {
-  return gc_arg(g, name, IR_DT_F64, s, IR_ARG_PARAM, 1);
-}
 
 static void gc_set(Gc *g, IrValue *a, const double *v) {
   int i = arg_index(g, a);
@@ -237,42 +239,6 @@ static IrValue *emit1(Gc *g, IrOpcode o, IrValue *x, const IrAttr *a, int na) {
 /* Elementwise                                                          */
 /* ------------------------------------------------------------------ */
 
-static void check_unary(IrOpcode o, bool positive, uint64_t seed) {
-  IrShape shapes[3] = {SH(5), SH(2, 3), SH(2, 1, 3)};
-  for (int s = 0; s < 3; s++) {
-    Gc g;
-    gc_init(&g, seed + (uint64_t)s);
-    IrValue *x = positive ? gc_param_pos(&g, "x", shapes[s]) : gc_param(&g, "x", shapes[s]);
-    gc_check(&g, un(&g, o, x));
-    gc_free(&g);
-  }
-}
-
-static void test_grad_neg(void **state) { (void)state, check_unary(IR_OP_NEG, false, 1); }
-static void test_grad_exp(void **state) { (void)state, check_unary(IR_OP_EXP, false, 2); }
-static void test_grad_log(void **state) { (void)state, check_unary(IR_OP_LOG, true, 3); }
-static void test_grad_sqrt(void **state) { (void)state, check_unary(IR_OP_SQRT, true, 4); }
-static void test_grad_rsqrt(void **state) { (void)state, check_unary(IR_OP_RSQRT, true, 5); }
-static void test_grad_tanh(void **state) { (void)state, check_unary(IR_OP_TANH, false, 6); }
-static void test_grad_sigmoid(void **state) { (void)state, check_unary(IR_OP_SIGMOID, false, 7); }
-static void test_grad_relu(void **state) { (void)state, check_unary(IR_OP_RELU, false, 8); }
-static void test_grad_gelu(void **state) { (void)state, check_unary(IR_OP_GELU, false, 9); }
-static void test_grad_silu(void **state) { (void)state, check_unary(IR_OP_SILU, false, 10); }
-static void test_grad_abs(void **state) { (void)state, check_unary(IR_OP_ABS, false, 11); }
-
-static void test_grad_pow(void **state) {
-  (void)state;
-  double es[] = {2.0, 3.0, 0.5, -1.5, 1.0, -2.0};
-  for (int i = 0; i < 6; i++) {
-    Gc g;
-    gc_init(&g, 20 + (uint64_t)i);
-    IrValue *x = gc_param_pos(&g, "x", SH(2, 3));
-    IrAttr a = ir_attr_float("exponent", es[i]);
-    gc_check(&g, emit1(&g, IR_OP_POW, x, &a, 1));
-    gc_free(&g);
-  }
-}
-
 /* torch.pow(x, 0) has gradient 0 (not 0 * x^-1): x gets no grad output.
  * (The seed's backward up to the pow is dead here; dce removes it.) */
 static void test_grad_pow_zero_exponent(void **state) {
@@ -311,37 +277,6 @@ static void test_grad_relu_abs_at_zero(void **state) {
   }
 }
 
-/* f64 -> f32 -> objective in f32: dx is cast back to f64. */
-static void test_grad_cast(void **state) {
-  (void)state;
-  Gc g;
-  gc_init(&g, 28);
-  IrValue *x = gc_param(&g, "x", SH(2, 3));
-  IrValue *y = ir_cast(g.f, x, IR_DT_F32, L0);
-  gc_check(&g, un(&g, IR_OP_TANH, y));
-  gc_free(&g);
-}
-
-/* Binary ops over pairs of shapes, broadcasting included. */
-static void check_binary(IrOpcode o, bool positive_b, uint64_t seed) {
-  IrShape sa[5] = {SH(2, 3), SH(3, 1, 4), SH(4), SH(2, 3), SH(1, 3)};
-  IrShape sb[5] = {SH(2, 3), SH(5, 4), SH(2, 3, 4), ir_shape_scalar(), SH(2, 1)};
-  for (int s = 0; s < 5; s++) {
-    Gc g;
-    gc_init(&g, seed * 10 + (uint64_t)s);
-    IrValue *a = gc_param(&g, "a", sa[s]);
-    IrValue *b = positive_b ? gc_param_pos(&g, "b", sb[s]) : gc_param(&g, "b", sb[s]);
-    gc_check(&g, bin(&g, o, a, b));
-    gc_free(&g);
-  }
-}
-
-static void test_grad_add(void **state) { (void)state, check_binary(IR_OP_ADD, false, 31); }
-static void test_grad_sub(void **state) { (void)state, check_binary(IR_OP_SUB, false, 32); }
-static void test_grad_mul(void **state) { (void)state, check_binary(IR_OP_MUL, false, 33); }
-static void test_grad_div(void **state) { (void)state, check_binary(IR_OP_DIV, true, 34); }
-static void test_grad_maximum(void **state) { (void)state, check_binary(IR_OP_MAXIMUM, false, 35); }
-static void test_grad_minimum(void **state) { (void)state, check_binary(IR_OP_MINIMUM, false, 36); }
 
 /* maximum/minimum at ties split the gradient half/half (torch). */
 static void test_grad_maximum_minimum_ties(void **state) {
@@ -369,45 +304,10 @@ static void test_grad_maximum_minimum_ties(void **state) {
   }
 }
 
-/* select(c > 0, a, b) with a [2,3] and b [3] broadcast. */
-static void test_grad_select(void **state) {
-  (void)state;
-  Gc g;
-  gc_init(&g, 38);
-  IrValue *c = gc_arg(&g, "c", IR_DT_F64, SH(2, 3), IR_ARG_INPUT, 0);
-  IrValue *a = gc_param(&g, "a", SH(2, 3)), *b = gc_param(&g, "b", SH(3));
-  IrValue *cond = bin(&g, IR_OP_GT, c, ir_const(g.f, 0.0, IR_DT_F64, L0));
-  gc_check(&g, ir_select(g.f, cond, a, b, L0));
-  gc_free(&g);
-}
-
 /* ------------------------------------------------------------------ */
 /* Reductions                                                           */
 /* ------------------------------------------------------------------ */
 
-static void check_reduce(IrOpcode o, uint64_t seed) {
-  struct {
-    IrShape s;
-    int64_t axes[3];
-    int n;
-    bool keep;
-  } cases[6] = {
-      {SH(2, 3, 4), {1}, 1, false},     {SH(2, 3, 4), {0, 2}, 2, true}, {SH(2, 3, 4), {-1}, 1, false},
-      {SH(2, 3, 4), {-3, -2}, 2, true}, {SH(5), {0}, 1, false},         {SH(2, 3), {0}, 0, false},
-  };
-  for (int k = 0; k < 6; k++) {
-    Gc g;
-    gc_init(&g, seed * 10 + (uint64_t)k);
-    IrValue *x = gc_param(&g, "x", cases[k].s);
-    gc_check(&g, ir_reduce(g.f, o, x, cases[k].axes, cases[k].n, cases[k].keep, L0));
-    gc_free(&g);
-  }
-}
-
-static void test_grad_sum(void **state) { (void)state, check_reduce(IR_OP_SUM, 41); }
-static void test_grad_mean(void **state) { (void)state, check_reduce(IR_OP_MEAN, 42); }
-static void test_grad_max(void **state) { (void)state, check_reduce(IR_OP_MAX, 43); }
-static void test_grad_logsumexp(void **state) { (void)state, check_reduce(IR_OP_LOGSUMEXP, 44); }
 
 /* max splits the gradient evenly among ties (torch.amax), hand-derived. */
 static void test_grad_max_ties_split_evenly(void **state) {
@@ -431,199 +331,13 @@ static void test_grad_max_ties_split_evenly(void **state) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Data movement                                                        */
-/* ------------------------------------------------------------------ */
-
-static void test_grad_reshape(void **state) {
-  (void)state;
-  Gc g;
-  gc_init(&g, 51);
-  IrValue *x = gc_param(&g, "x", SH(2, 6));
-  gc_check(&g, un(&g, IR_OP_TANH, ir_reshape(g.f, x, SH(3, 2, 2), L0)));
-  gc_free(&g);
-}
-
-static void test_grad_permute(void **state) {
-  (void)state;
-  int64_t perms[2][3] = {{2, 0, 1}, {1, 2, 0}};
-  for (int k = 0; k < 2; k++) {
-    Gc g;
-    gc_init(&g, 52 + (uint64_t)k);
-    IrValue *x = gc_param(&g, "x", SH(2, 3, 4));
-    gc_check(&g, ir_permute(g.f, x, perms[k], L0));
-    gc_free(&g);
-  }
-}
-
-static void test_grad_broadcast(void **state) {
-  (void)state;
-  IrShape from[3] = {SH(3, 1), SH(4), ir_shape_scalar()};
-  for (int k = 0; k < 3; k++) {
-    Gc g;
-    gc_init(&g, 54 + (uint64_t)k);
-    IrValue *x = gc_param(&g, "x", from[k]);
-    gc_check(&g, ir_broadcast(g.f, x, SH(2, 3, 4), L0));
-    gc_free(&g);
-  }
-}
-
-static IrValue *slice(Gc *g, IrValue *x, const int64_t *st, const int64_t *sp, const int64_t *stp) {
-  int r = x->type.shape.rank;
-  IrAttr a[3] = {ir_attr_ints("starts", st, r), ir_attr_ints("stops", sp, r), ir_attr_ints("steps", stp, r)};
-  return emit1(g, IR_OP_SLICE, x, a, 3);
-}
-
-static void test_grad_slice(void **state) {
-  (void)state;
-  Gc g;
-  gc_init(&g, 57);
-  IrValue *x = gc_param(&g, "x", SH(4, 6));
-  int64_t st[2] = {1, 0}, sp[2] = {3, 6}, stp[2] = {1, 2};
-  gc_check(&g, slice(&g, x, st, sp, stp));
-  gc_free(&g);
-}
-
-static void test_grad_unslice(void **state) {
-  (void)state;
-  Gc g;
-  gc_init(&g, 58);
-  IrValue *x = gc_param(&g, "x", SH(2, 3));
-  int64_t st[2] = {1, 0}, sp[2] = {3, 6}, stp[2] = {1, 2}, full[2] = {4, 6};
-  IrAttr a[4] = {ir_attr_ints("starts", st, 2), ir_attr_ints("stops", sp, 2), ir_attr_ints("steps", stp, 2),
-                 ir_attr_ints("shape", full, 2)};
-  gc_check(&g, emit1(&g, IR_OP_UNSLICE, x, a, 4));
-  gc_free(&g);
-}
-
-static void test_grad_concat(void **state) {
-  (void)state;
-  int64_t axes[2] = {-1, 0};
-  for (int k = 0; k < 2; k++) {
-    Gc g;
-    gc_init(&g, 59 + (uint64_t)k);
-    IrValue *a = gc_param(&g, "a", k == 0 ? SH(2, 3) : SH(1, 4));
-    IrValue *b = gc_param(&g, "b", k == 0 ? SH(2, 1) : SH(3, 4));
-    IrValue *c = gc_param(&g, "c", k == 0 ? SH(2, 2) : SH(2, 4));
-    IrValue *args[3] = {a, b, c};
-    IrAttr at = ir_attr_int("axis", axes[k]);
-    gc_check(&g, ir_emit(g.f, IR_OP_CONCAT, args, 3, &at, 1, NULL, L0));
-    gc_free(&g);
-  }
-}
-
-/* ------------------------------------------------------------------ */
-/* Matrix products                                                      */
-/* ------------------------------------------------------------------ */
-
-static void test_grad_matmul(void **state) {
-  (void)state;
-  IrShape sa[9] = {SH(2, 3), SH(3), SH(2, 3), SH(3), SH(2, 2, 3), SH(2, 1, 2, 3), SH(3), SH(2, 4, 3), SH(2, 3)};
-  IrShape sb[9] = {SH(3, 4), SH(3, 4), SH(3), SH(3), SH(3, 4), SH(3, 3, 4), SH(2, 3, 4), SH(3), SH(2, 3, 4)};
-  for (int k = 0; k < 9; k++) {
-    Gc g;
-    gc_init(&g, 61 + (uint64_t)k);
-    IrValue *a = gc_param(&g, "a", sa[k]), *b = gc_param(&g, "b", sb[k]);
-    gc_check(&g, ir_matmul(g.f, a, b, L0));
-    gc_free(&g);
-  }
-}
-
-/* ------------------------------------------------------------------ */
 /* Neural-network ops                                                   */
 /* ------------------------------------------------------------------ */
-
-static void test_grad_softmax(void **state) {
-  (void)state;
-  int64_t axes[3] = {-1, 0, 1};
-  for (int k = 0; k < 3; k++) {
-    for (int log = 0; log < 2; log++) {
-      Gc g;
-      gc_init(&g, 71 + (uint64_t)(k * 2 + log));
-      IrValue *x = gc_param(&g, "x", SH(2, 3, 4));
-      IrAttr a = ir_attr_int("axis", axes[k]);
-      gc_check(&g, emit1(&g, log ? IR_OP_LOG_SOFTMAX : IR_OP_SOFTMAX, x, &a, 1));
-      gc_free(&g);
-    }
-  }
-}
-
-static void test_grad_layer_norm(void **state) {
-  (void)state;
-  IrShape shapes[2] = {SH(2, 3, 5), SH(4)};
-  for (int k = 0; k < 2; k++) {
-    Gc g;
-    gc_init(&g, 81 + (uint64_t)k);
-    IrValue *x = gc_param(&g, "x", shapes[k]);
-    IrShape ws = SH(shapes[k].dim[shapes[k].rank - 1]);
-    IrValue *w = gc_param(&g, "w", ws), *b = gc_param(&g, "b", ws);
-    IrValue *args[3] = {x, w, b};
-    IrAttr a = ir_attr_float("eps", 1e-5);
-    gc_check(&g, ir_emit(g.f, IR_OP_LAYER_NORM, args, 3, &a, 1, NULL, L0));
-    gc_free(&g);
-  }
-}
-
-static void test_grad_rms_norm(void **state) {
-  (void)state;
-  IrShape shapes[2] = {SH(2, 3, 5), SH(4)};
-  for (int k = 0; k < 2; k++) {
-    Gc g;
-    gc_init(&g, 83 + (uint64_t)k);
-    IrValue *x = gc_param(&g, "x", shapes[k]);
-    IrValue *w = gc_param(&g, "w", SH(shapes[k].dim[shapes[k].rank - 1]));
-    IrValue *args[2] = {x, w};
-    IrAttr a = ir_attr_float("eps", 1e-6);
-    gc_check(&g, ir_emit(g.f, IR_OP_RMS_NORM, args, 2, &a, 1, NULL, L0));
-    gc_free(&g);
-  }
-}
-
-/* softmax(causal_mask(x)) as in attention; masked entries get no gradient. */
-static void test_grad_causal_mask(void **state) {
-  (void)state;
-  IrShape shapes[2] = {SH(2, 4, 4), SH(3, 5)};
-  for (int k = 0; k < 2; k++) {
-    Gc g;
-    gc_init(&g, 85 + (uint64_t)k);
-    IrValue *x = gc_param(&g, "x", shapes[k]);
-    IrAttr a = ir_attr_int("axis", -1);
-    gc_check(&g, emit1(&g, IR_OP_SOFTMAX, un(&g, IR_OP_CAUSAL_MASK, x), &a, 1));
-    gc_free(&g);
-  }
-}
-
-static void test_grad_embedding(void **state) {
-  (void)state;
-  Gc g;
-  gc_init(&g, 87);
-  int idx[6] = {0, 3, 3, 1, 4, 3}; /* repeated rows accumulate; row 2 unused */
-  IrValue *i = gc_input_i32(&g, "idx", SH(2, 3), idx);
-  IrValue *t = gc_param(&g, "table", SH(5, 4));
-  gc_check(&g, bin(&g, IR_OP_EMBEDDING, i, t));
-  gc_free(&g);
-}
 
 static IrValue *cross_entropy(Gc *g, IrValue *lg, IrValue *tg, int64_t ii, const char *red) {
   IrAttr a[2] = {ir_attr_int("ignore_index", ii), ir_attr_str("reduction", red)};
   IrValue *args[2] = {lg, tg};
   return ir_emit(g->f, IR_OP_CROSS_ENTROPY, args, 2, a, 2, NULL, L0);
-}
-
-static void test_grad_cross_entropy(void **state) {
-  (void)state;
-  const char *reds[3] = {"none", "sum", "mean"};
-  for (int r = 0; r < 3; r++) {
-    /* [4,5] with one ignored target; [2,3,5] with ignore_index = 2. */
-    for (int k = 0; k < 2; k++) {
-      Gc g;
-      gc_init(&g, 91 + (uint64_t)(r * 2 + k));
-      int t1[4] = {1, -100, 4, 0}, t2[6] = {2, 0, 4, 2, 1, 3};
-      IrValue *tg = k == 0 ? gc_input_i32(&g, "y", SH(4), t1) : gc_input_i32(&g, "y", SH(2, 3), t2);
-      IrValue *lg = gc_param(&g, "logits", k == 0 ? SH(4, 5) : SH(2, 3, 5));
-      gc_check(&g, cross_entropy(&g, lg, tg, k == 0 ? -100 : 2, reds[r]));
-      gc_free(&g);
-    }
-  }
 }
 
 /* Every target ignored: zero gradient, no NaN, for every reduction. */
@@ -641,20 +355,6 @@ static void test_grad_cross_entropy_all_ignored(void **state) {
     double *d = gc_grad(&g, lg);
     for (int i = 0; i < 12; i++) assert_true(d[i] == 0.0);
     free(d);
-    gc_free(&g);
-  }
-}
-
-static void test_grad_mse_loss(void **state) {
-  (void)state;
-  const char *reds[3] = {"none", "sum", "mean"};
-  for (int r = 0; r < 3; r++) {
-    Gc g;
-    gc_init(&g, 101 + (uint64_t)r);
-    IrValue *a = gc_param(&g, "a", SH(2, 3)), *b = gc_param(&g, "b", SH(2, 3));
-    IrAttr at = ir_attr_str("reduction", reds[r]);
-    IrValue *args[2] = {a, b};
-    gc_check(&g, ir_emit(g.f, IR_OP_MSE_LOSS, args, 2, &at, 1, NULL, L0));
     gc_free(&g);
   }
 }
@@ -677,49 +377,11 @@ static void test_grad_mlp(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_grad_neg),
-      cmocka_unit_test(test_grad_exp),
-      cmocka_unit_test(test_grad_log),
-      cmocka_unit_test(test_grad_sqrt),
-      cmocka_unit_test(test_grad_rsqrt),
-      cmocka_unit_test(test_grad_tanh),
-      cmocka_unit_test(test_grad_sigmoid),
-      cmocka_unit_test(test_grad_relu),
-      cmocka_unit_test(test_grad_gelu),
-      cmocka_unit_test(test_grad_silu),
-      cmocka_unit_test(test_grad_abs),
-      cmocka_unit_test(test_grad_pow),
       cmocka_unit_test(test_grad_pow_zero_exponent),
       cmocka_unit_test(test_grad_relu_abs_at_zero),
-      cmocka_unit_test(test_grad_cast),
-      cmocka_unit_test(test_grad_add),
-      cmocka_unit_test(test_grad_sub),
-      cmocka_unit_test(test_grad_mul),
-      cmocka_unit_test(test_grad_div),
-      cmocka_unit_test(test_grad_maximum),
-      cmocka_unit_test(test_grad_minimum),
       cmocka_unit_test(test_grad_maximum_minimum_ties),
-      cmocka_unit_test(test_grad_select),
-      cmocka_unit_test(test_grad_sum),
-      cmocka_unit_test(test_grad_mean),
-      cmocka_unit_test(test_grad_max),
-      cmocka_unit_test(test_grad_logsumexp),
       cmocka_unit_test(test_grad_max_ties_split_evenly),
-      cmocka_unit_test(test_grad_reshape),
-      cmocka_unit_test(test_grad_permute),
-      cmocka_unit_test(test_grad_broadcast),
-      cmocka_unit_test(test_grad_slice),
-      cmocka_unit_test(test_grad_unslice),
-      cmocka_unit_test(test_grad_concat),
-      cmocka_unit_test(test_grad_matmul),
-      cmocka_unit_test(test_grad_softmax),
-      cmocka_unit_test(test_grad_layer_norm),
-      cmocka_unit_test(test_grad_rms_norm),
-      cmocka_unit_test(test_grad_causal_mask),
-      cmocka_unit_test(test_grad_embedding),
-      cmocka_unit_test(test_grad_cross_entropy),
       cmocka_unit_test(test_grad_cross_entropy_all_ignored),
-      cmocka_unit_test(test_grad_mse_loss),
       cmocka_unit_test(test_grad_mlp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
