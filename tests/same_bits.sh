@@ -16,22 +16,25 @@ set -u
 mode=${1:?usage: same_bits.sh record|compare GRADC DIR}
 gradc=$(realpath "${2:?gradc binary}")
 dir=${3:?output directory}
-root=$(cd "$(dirname "$0")/.." && pwd)
-conf=$root/../shared/conformance/cases
+dir=$(mkdir -p "$dir" && cd "$dir" && pwd)
+# Models are named relative to the source root: their paths are part of the
+# IR (loc(...)) and of the CUDA C comments, so two checkouts compare alike.
+cd "$(dirname "$0")/.." || exit 2
+conf=../shared/conformance/cases
 
 # name | model | -D flags
 models=(
-  "mlp|$root/examples/mlp.gdl|"
-  "multitask|$root/examples/multitask.gdl|"
-  "tinygpt|$root/examples/tinygpt.gdl|"
-  "tinygpt_large|$root/examples/tinygpt.gdl|-D B=16 -D T=128 -D C=256 -D L=4 -D NH=4 -D V=96"
-  "mlp2|$root/bench/models/mlp2.gdl|"
-  "lowp|$root/tests/cuda/lowp.gdl|"
-  "cuda_ln|$root/tests/cuda/layernorm.gdl|"
-  "cuda_ce|$root/tests/cuda/cross_entropy.gdl|"
-  "cuda_ew|$root/tests/cuda/elementwise.gdl|"
-  "cuda_tr|$root/tests/cuda/transpose.gdl|"
-  "dp_lm|$root/tests/models/dp_lm.gdl|"
+  "mlp|examples/mlp.gdl|"
+  "multitask|examples/multitask.gdl|"
+  "tinygpt|examples/tinygpt.gdl|"
+  "tinygpt_large|examples/tinygpt.gdl|-D B=16 -D T=128 -D C=256 -D L=4 -D NH=4 -D V=96"
+  "mlp2|bench/models/mlp2.gdl|"
+  "lowp|tests/cuda/lowp.gdl|"
+  "cuda_ln|tests/cuda/layernorm.gdl|"
+  "cuda_ce|tests/cuda/cross_entropy.gdl|"
+  "cuda_ew|tests/cuda/elementwise.gdl|"
+  "cuda_tr|tests/cuda/transpose.gdl|"
+  "dp_lm|tests/models/dp_lm.gdl|"
 )
 for c in pub_mlp pub_lm pub_refuse; do
   [ -f "$conf/$c.gdl" ] && models+=("$c|$conf/$c.gdl|conf")
