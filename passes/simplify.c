@@ -122,13 +122,12 @@ PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch) {
       op->args[j] = a;
     }
     if (!op->result || op->result->id >= nv) continue;
-    IrOpKind kind = ir_op_info[op->opcode].kind;
     if (op->opcode == IR_OP_TP_COPY && differentiated) {
       repl[op->result->id] = op->args[0];
       changed++;
       continue;
     }
-    if (kind == IR_KIND_WINDOW || kind == IR_KIND_COLLECTIVE) continue;
+    if (ir_op_is(op->opcode, IR_OPF_OPAQUE)) continue;
     IrValue *s = simplify_op(f, op);
     if (!s || s == op->result) continue;
     if (!s->name && op->result->name) s->name = op->result->name;

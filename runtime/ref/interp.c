@@ -716,8 +716,7 @@ static bool eval_grad_seed(Ctx *c, const IrOp *op, double *out) {
  * which is the same value. */
 static bool eval_collective(Ctx *c, const IrOp *op, double *out) {
   if (step_coll_last(op) || op->opcode == IR_OP_TP_COPY) return eval_copy(c, op, out);
-  bool start = op->opcode == IR_OP_ALL_REDUCE_START || op->opcode == IR_OP_ALL_GATHER_START ||
-               op->opcode == IR_OP_REDUCE_SCATTER_START;
+  bool start = ir_op_is(op->opcode, IR_OPF_START);
   int id = start ? op->result->id : op->args[0]->id;
   if (!c->coll) {
     c->coll = calloc((size_t)c->st->f->nvalues + 1, sizeof(StepColl));
