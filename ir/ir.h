@@ -276,6 +276,23 @@ bool ir_broadcast_shapes(const IrShape *a, const IrShape *b, IrShape *out);
 bool ir_norm_axis(int64_t axis, int rank, int64_t *out);
 
 /* ------------------------------------------------------------------ */
+/* scalar.c: the elementwise ops on one element, rounding to a dtype   */
+/* ------------------------------------------------------------------ */
+/* What the interpreter computes for one element, in f64 (PyTorch's
+ * semantics); constant folding uses the same functions.  opc must have
+ * IR_OPF_UNARY; p is pow's exponent, unused by the others; cast is the
+ * identity here (ir_scalar_cast converts). */
+double ir_scalar_unary(IrOpcode opc, double x, double p);
+/* opc must have IR_OPF_BINARY or IR_OPF_COMPARE (a comparison gives 1 or 0). */
+double ir_scalar_binary(IrOpcode opc, double a, double b);
+/* cast's value for a result of dtype `to`, before rounding: i32 toward
+ * zero (a NaN or infinity gives 0), bool 1 or 0, floats unchanged. */
+double ir_scalar_cast(double x, IrDType to);
+/* x rounded to dt: f32 by a C cast, bf16/f16 to nearest even with
+ * subnormals and overflow to infinity, i32 toward zero, bool to 1 or 0. */
+double ir_round_dtype(double x, IrDType dt);
+
+/* ------------------------------------------------------------------ */
 /* print.c: the text form (round-trips through read.c)                 */
 /* ------------------------------------------------------------------ */
 void ir_print(const IrFunc *f, StrBuf *out);

@@ -60,7 +60,7 @@ static Inputs make_inputs(const IrFunc *f, uint64_t seed) {
       if (t && t->dtype == ST_F64) v = ((const double *)t->data)[k];
       if (a->type.dtype == IR_DT_I32 && !t) v = (double)(rng_next(&rng) % 5) - 2;
       if (a->type.dtype == IR_DT_BOOL) v = rng_next(&rng) & 1;
-      in.a[i][k] = interp_round(v, a->type.dtype);
+      in.a[i][k] = ir_round_dtype(v, a->type.dtype);
     }
   }
   st_free(&st);
@@ -880,7 +880,7 @@ static void low_precision(IrDType dt) {
   xv[0] = 1e-7; /* an f16 subnormal */
   xv[1] = 70000; /* beyond f16's range */
   xv[2] = -3e-6;
-  for (int i = 0; i < 3; i++) xv[i] = interp_round(xv[i], dt);
+  for (int i = 0; i < 3; i++) xv[i] = ir_round_dtype(xv[i], dt);
   check_kernels(f, &in);
   free_inputs(&in);
   ir_func_free(f);

@@ -151,7 +151,7 @@ static Inputs make_inputs(const IrFunc *f, uint64_t seed) {
       if (t && t->dtype == ST_F64) v = ((const double *)t->data)[k];
       if (a->type.dtype == IR_DT_I32 && !t) v = (double)(rng_next(&rng) % 5) - 2;
       if (a->type.dtype == IR_DT_BOOL) v = rng_next(&rng) & 1;
-      in.a[i][k] = interp_round(v, a->type.dtype);
+      in.a[i][k] = ir_round_dtype(v, a->type.dtype);
     }
   }
   st_free(&st);
@@ -780,7 +780,7 @@ static void low_precision_inputs(Case *c) {
   xv[0] = 1e-7;  /* an f16 subnormal */
   xv[1] = 70000; /* beyond f16's range */
   xv[2] = -3e-6;
-  for (int i = 0; i < 3; i++) xv[i] = interp_round(xv[i], dt);
+  for (int i = 0; i < 3; i++) xv[i] = ir_round_dtype(xv[i], dt);
 }
 
 static void test_cuda_emulated_ops(void **state) {
@@ -929,7 +929,7 @@ static void lt_emulate(const CudaGemmDesc *d, char *arena) {
             ((float *)(arena + c))[ci] = (float)sum;
           else { /* bf16, f16 results: rounded as the interpreter rounds */
             IrDType dt = d->out == 2 ? IR_DT_F16 : IR_DT_BF16;
-            double r = interp_round(sum, dt);
+            double r = ir_round_dtype(sum, dt);
             uint16_t h;
             if (dt == IR_DT_F16) {
               h = f16_bits(r);

@@ -1,5 +1,5 @@
-/* test_ir.c - the IR module: op properties, shape rules, text form round
- * trip, reader errors, verifier. */
+/* test_ir.c - the IR module: scalar semantics and rounding, op properties,
+ * shape rules, text form round trip, reader errors, verifier. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +71,59 @@ static int teardown(void **state) {
   do {                                                                                                       \
     if (!strstr((hay), (needle))) fail_msg("'%s' does not contain '%s'", (hay), (needle));                   \
   } while (0)
+
+/* ------------------------------------------------------------------ */
+/* Scalars (scalar.c)                                                  */
+/* ------------------------------------------------------------------ */
+
+static void test_round_dtype_known_values(void **state) {
+  (void)state;
+  /* bf16: 8 significant bits. */
+  assert_true(ir_round_dtype(3.141592653589793, IR_DT_BF16) == 3.140625);
+  assert_true(ir_round_dtype(1.00390625, IR_DT_BF16) == 1.0);       /* tie -> even (down) */
+  assert_true(ir_round_dtype(1.01171875, IR_DT_BF16) == 1.015625);  /* tie -> even (up) */
+  assert_true(ir_round_dtype(1.0 / 3.0, IR_DT_BF16) == 0.333984375);
+  assert_true(ir_round_dtype(-300.5, IR_DT_BF16) == -300.0);
+  assert_true(ir_round_dtype(3.39e38, IR_DT_BF16) == 3.3895313892515355e38); /* largest finite */
+  assert_true(isinf(ir_round_dtype(3.4e38, IR_DT_BF16)) && ir_round_dtype(3.4e38, IR_DT_BF16) > 0);
+  assert_true(isinf(ir_round_dtype(-3.4e38, IR_DT_BF16)) && ir_round_dtype(-3.4e38, IR_DT_BF16) < 0);
+  assert_true(ir_round_dtype(1e-40, IR_DT_BF16) == 9.183549615799121e-41); /* subnormal */
+  assert_true(ir_round_dtype(ldexp(1, -134), IR_DT_BF16) == 0.0);        /* half the smallest subnormal: tie -> 0 */
+  assert_true(isnan(ir_round_dtype(NAN, IR_DT_BF16)));
+  /* f16: 11 significant bits, max 65504. */
+  assert_true(ir_round_dtype(0.1, IR_DT_F16) == 0.0999755859375);
+  assert_true(ir_round_dtype(1.0 / 3.0, IR_DT_F16) == 0.333251953125);
+  assert_true(ir_round_dtype(65519.0, IR_DT_F16) == 65504.0);
+  assert_true(isinf(ir_round_dtype(65520.0, IR_DT_F16)));
+  assert_true(ir_round_dtype(ldexp(1, -25), IR_DT_F16) == 0.0);
+  assert_true(ir_round_dtype(3 * ldexp(1, -26), IR_DT_F16) == ldexp(1, -24));
+  assert_true(ir_round_dtype(-2.5e-5, IR_DT_F16) == -2.4974346160888672e-05);
+  /* f32, i32, bool. */
+  assert_true(ir_round_dtype(0.1, IR_DT_F32) == (double)0.1f);
+  assert_true(ir_round_dtype(1.0 + 1e-9, IR_DT_F32) == 1.0);
+  assert_true(ir_round_dtype(1.0 + 1e-9, IR_DT_F64) == 1.0 + 1e-9);
+  assert_true(ir_round_dtype(-7.0, IR_DT_I32) == -7.0);
+  assert_true(ir_round_dtype(2.5, IR_DT_BOOL) == 1.0);
+  assert_true(ir_round_dtype(0.0, IR_DT_BOOL) == 0.0);
+}
+
+static void test_scalar_ops(void **state) {
+  (void)state;
+  assert_true(ir_scalar_unary(IR_OP_RSQRT, 4.0, 0) == 0.5);
+  assert_true(ir_scalar_unary(IR_OP_POW, 2.0, 3.0) == 8.0);
+  assert_true(isnan(ir_scalar_unary(IR_OP_RELU, NAN, 0)));   /* torch.relu keeps NaN */
+  assert_true(ir_scalar_unary(IR_OP_RELU, -2.0, 0) == 0.0);
+  assert_true(ir_scalar_unary(IR_OP_SIGMOID, -1000.0, 0) == 0.0); /* no overflow */
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU, 1.0, 0) - 0.8411919906082768) < 1e-15);
+  assert_true(ir_scalar_unary(IR_OP_SIGN, -3.0, 0) == -1.0);
+  assert_true(isnan(ir_scalar_binary(IR_OP_MAXIMUM, NAN, 1.0))); /* torch.maximum propagates NaN */
+  assert_true(isnan(ir_scalar_binary(IR_OP_MINIMUM, 1.0, NAN)));
+  assert_true(ir_scalar_binary(IR_OP_LE, 1.0, 1.0) == 1.0);
+  assert_true(ir_scalar_binary(IR_OP_NE, NAN, NAN) == 1.0);
+  assert_true(ir_scalar_cast(-2.7, IR_DT_I32) == -2.0); /* toward zero */
+  assert_true(ir_scalar_cast(INFINITY, IR_DT_I32) == 0.0);
+  assert_true(ir_scalar_cast(0.25, IR_DT_BOOL) == 1.0);
+}
 
 /* ------------------------------------------------------------------ */
 /* Op properties (the flags column of ops.def)                         */
@@ -820,6 +873,8 @@ static void test_dot_lists_nodes_and_edges(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_dtype_known_values),
+      cmocka_unit_test(test_scalar_ops),
       cmocka_unit_test(test_op_flags_as_listed),
       cmocka_unit_test(test_op_flags_agree_with_kind_and_arity),
       cmocka_unit_test_setup_teardown(test_shape_broadcast_helpers, setup, teardown),
