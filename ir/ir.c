@@ -175,6 +175,11 @@ int ir_attr_get_ints(const IrOp *op, const char *key, const int64_t **out) {
   return a->n;
 }
 
+double ir_op_eps(const IrOp *op) {
+  GRADC_ASSERT((op->opcode == IR_OP_LAYER_NORM || op->opcode == IR_OP_RMS_NORM) && ir_attr_get(op, "eps"));
+  return ir_attr_get_float(op, "eps", 0);
+}
+
 /* ---- functions ---- */
 
 IrFunc *ir_func_new(const char *name) {

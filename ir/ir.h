@@ -220,6 +220,10 @@ double ir_attr_get_float(const IrOp *op, const char *key, double def); /* FLOAT 
 const char *ir_attr_get_str(const IrOp *op, const char *key, const char *def);
 /* INTS: returns the count and sets *out (NULL, 0 when absent). */
 int ir_attr_get_ints(const IrOp *op, const char *key, const int64_t **out);
+/* layer_norm's and rms_norm's eps.  The shape rule requires the attribute,
+ * so every built, read or verified op has it; the frontend writes the
+ * language's defaults (1e-5 and 1e-6, frontend/lower.c). */
+double ir_op_eps(const IrOp *op);
 
 /* Remove ops with mark != 0, keeping the order of the rest. */
 void ir_func_remove_marked(IrFunc *f);

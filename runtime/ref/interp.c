@@ -452,8 +452,8 @@ static bool row_param(Ctx *c, const IrOp *op, int i, int64_t D, int64_t *step) {
 static bool eval_norm(Ctx *c, const IrOp *op, double *out, bool layer) {
   const IrShape *s = shape_of(op->args[0]);
   int64_t D = s->rank ? s->dim[s->rank - 1] : 1, n = ir_numel(s);
-  int64_t rows = D ? n / D : 0, ws, bs = 0;
-  double eps = ir_attr_get_float(op, "eps", layer ? 1e-5 : 1e-6);
+  int64_t rows = D ? n / D : 0, ws = 0, bs = 0;
+  double eps = ir_op_eps(op);
   if (!row_param(c, op, 1, D, &ws) || (layer && !row_param(c, op, 2, D, &bs))) return false;
   const double *x = in(c, op, 0), *wt = in(c, op, 1), *bias = layer ? in(c, op, 2) : NULL;
   for (int64_t r = 0; r < rows; r++) {

@@ -416,6 +416,13 @@ static void test_shape_nn(void **state) {
   assert_has(infer(IR_OP_LAYER_NORM, "f32[4,8] f32[4] f32[8]", &eps, 1, NULL), "operand 2 of f32[4,8] must be f32[8], got f32[4]");
   assert_string_equal(infer(IR_OP_RMS_NORM, "f64[2,3,8] f64[8]", &eps, 1, NULL), "f64[2,3,8]");
   assert_has(infer(IR_OP_RMS_NORM, "f64[2,3,8] f64[8]", NULL, 0, NULL), "'rms_norm' needs attribute 'eps'");
+  assert_has(infer(IR_OP_LAYER_NORM, "f32[4,8] f32[8] f32[8]", NULL, 0, NULL), "'layer_norm' needs attribute 'eps'");
+  /* Every norm that builds has its eps: ir_op_eps reads it, no default. */
+  IrAttr eps3 = ir_attr_float("eps", 1e-3);
+  IrValue *nargs[2] = {arg_of("f32[4,8]"), arg_of("f32[8]")};
+  IrOp *rms = ir_build(fn, IR_OP_RMS_NORM, nargs, 2, &eps3, 1, NULL, (IrLoc){0}, err, sizeof err);
+  assert_non_null(rms);
+  assert_true(ir_op_eps(rms) == 1e-3);
 
   assert_string_equal(infer(IR_OP_EMBEDDING, "i32[2,7] f32[50,16]", NULL, 0, NULL), "f32[2,7,16]");
   assert_has(infer(IR_OP_EMBEDDING, "f32[2,7] f32[50,16]", NULL, 0, NULL), "operand 1 must be i32, got f32[2,7]");
@@ -671,6 +678,8 @@ static void test_read_error_positions(void **state) {
       {"func @f(%x: f32[1,1,1,1,1,1,1,1,1] input) {\n}\n", "t.gir:1:33: error: more than 8 dimensions\n"},
       {"func @f() {\n}\nfunc @g() {\n}\n", "t.gir:3:1: error: expected end of file after the function, got 'func'\n"},
       {"func @f(%x: f32 input) {\n  loss %x\n}\n", "t.gir:2:3: error: 'loss' needs attribute 'name'\n"},
+      {"func @f(%x: f32[2,4] input, %w: f32[4] param) {\n  %y = rms_norm %x, %w : f32[2,4]\n}\n",
+       "t.gir:2:8: error: 'rms_norm' needs attribute 'eps'\n"},
       {"func @f(%x: f32 input) {\n  %l = loss %x {name=\"l\"}\n}\n", "t.gir:2:3: error: 'loss' has no result\n"},
       {"func @f(%x: f32 input) {\n  exp %x : f32\n}\n", "t.gir:2:3: error: 'exp' needs a result"},
       {"func @f(%x: f32 input) {\n  %0 = exp %x\n}\n", "t.gir:3:1: error: expected ':' and the result type, got '}'\n"},
