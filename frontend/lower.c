@@ -298,22 +298,14 @@ static Val fold(Lower *L, Arith k, const Token *t, Val a, Val b) {
     }
     return vint(r);
   }
+  /* Floats: as the interpreter computes (ir/scalar.c). */
   double x = num(a), y = num(b);
-  switch (k) {
-  case AR_ADD: return vfloat(x + y);
-  case AR_SUB: return vfloat(x - y);
-  case AR_MUL: return vfloat(x * y);
-  case AR_MAXIMUM: return vfloat(fmax(x, y));
-  case AR_MINIMUM: return vfloat(fmin(x, y));
-  case AR_MATMUL: GRADC_ASSERT(!"fold: matmul of numbers"); break;
-  case AR_DIV:
-    if (y == 0) {
-      error_at(L, t, "division by zero");
-      return vpoison();
-    }
-    return vfloat(x / y);
+  GRADC_ASSERT(k != AR_MATMUL);
+  if (k == AR_DIV && y == 0) {
+    error_at(L, t, "division by zero");
+    return vpoison();
   }
-  return vpoison();
+  return vfloat(ir_scalar_binary(arith_opcode(k), x, y));
 }
 
 /* Check that v can take part in arithmetic. */
@@ -379,7 +371,6 @@ struct Builtin {
   const char *name;
   BuiltinFn fn;
   IrOpcode op;
-  double (*fold)(double); /* the same function on a number, or NULL */
   int nreq;                      /* required arguments */
   const char *params[MAX_PARAMS]; /* argument names, in positional order */
   int shape_arg;                 /* argument evaluated as a shape (batch = micro-batch), or -1 */
@@ -489,22 +480,14 @@ static bool arg_axes(Lower *L, const FeNode *call, const Builtin *b, int i, Val 
   return true;
 }
 
-static double f_rsqrt(double x) { return 1 / sqrt(x); }
-static double f_sigmoid(double x) { return 1 / (1 + exp(-x)); }
-static double f_relu(double x) { return x > 0 ? x : 0; }
-static double f_gelu(double x) {
-  const double k = 0.7978845608028654; /* sqrt(2 / pi) */
-  return 0.5 * x * (1 + tanh(k * (x + 0.044715 * x * x * x)));
-}
-static double f_silu(double x) { return x / (1 + exp(-x)); }
-
 /* exp log sqrt rsqrt tanh sigmoid relu gelu silu abs: a number folds (in
- * double, rounded once when it meets a tensor), a tensor gets the op. */
+ * double with the interpreter's semantics, ir/scalar.c; rounded once when
+ * it meets a tensor), a tensor gets the op. */
 static Val bi_unary_math(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
   if (is_num(a[0])) {
     if (a[0].kind == V_INT && b->op == IR_OP_RELU) return vint(a[0].i > 0 ? a[0].i : 0);
     if (a[0].kind == V_INT && b->op == IR_OP_ABS && a[0].i != INT64_MIN) return vint(a[0].i < 0 ? -a[0].i : a[0].i);
-    return vfloat(b->fold(num(a[0])));
+    return vfloat(ir_scalar_unary(b->op, num(a[0]), 0));
   }
   if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
   return build(L, b->op, &a[0].t, 1, NULL, 0, NULL, call->tok);
@@ -737,36 +720,36 @@ static Val bi_mse_loss(Lower *L, const FeNode *call, const Builtin *b, Val *a, c
 }
 
 static const Builtin builtins[] = {
-    {"exp", bi_unary_math, IR_OP_EXP, exp, 1, {"x"}, -1},
-    {"log", bi_unary_math, IR_OP_LOG, log, 1, {"x"}, -1},
-    {"sqrt", bi_unary_math, IR_OP_SQRT, sqrt, 1, {"x"}, -1},
-    {"rsqrt", bi_unary_math, IR_OP_RSQRT, f_rsqrt, 1, {"x"}, -1},
-    {"tanh", bi_unary_math, IR_OP_TANH, tanh, 1, {"x"}, -1},
-    {"sigmoid", bi_unary_math, IR_OP_SIGMOID, f_sigmoid, 1, {"x"}, -1},
-    {"relu", bi_unary_math, IR_OP_RELU, f_relu, 1, {"x"}, -1},
-    {"gelu", bi_unary_math, IR_OP_GELU, f_gelu, 1, {"x"}, -1},
-    {"silu", bi_unary_math, IR_OP_SILU, f_silu, 1, {"x"}, -1},
-    {"abs", bi_unary_math, IR_OP_ABS, fabs, 1, {"x"}, -1},
-    {"detach", bi_unary, IR_OP_DETACH, NULL, 1, {"x"}, -1},
-    {"causal_mask", bi_unary, IR_OP_CAUSAL_MASK, NULL, 1, {"x"}, -1},
-    {"maximum", bi_binary, IR_OP_MAXIMUM, NULL, 2, {"a", "b"}, -1},
-    {"minimum", bi_binary, IR_OP_MINIMUM, NULL, 2, {"a", "b"}, -1},
-    {"matmul", bi_binary, IR_OP_MATMUL, NULL, 2, {"a", "b"}, -1},
-    {"transpose", bi_transpose, IR_OP_PERMUTE, NULL, 3, {"x", "dim0", "dim1"}, -1},
-    {"permute", bi_permute, IR_OP_PERMUTE, NULL, 2, {"x", "dims"}, -1},
-    {"reshape", bi_reshape, IR_OP_RESHAPE, NULL, 2, {"x", "shape"}, 1},
-    {"sum", bi_reduce, IR_OP_SUM, NULL, 1, {"x", "axis", "keepdim"}, -1},
-    {"mean", bi_reduce, IR_OP_MEAN, NULL, 1, {"x", "axis", "keepdim"}, -1},
-    {"max", bi_reduce, IR_OP_MAX, NULL, 1, {"x", "axis", "keepdim"}, -1},
-    {"logsumexp", bi_reduce, IR_OP_LOGSUMEXP, NULL, 2, {"x", "axis", "keepdim"}, -1},
-    {"softmax", bi_softmax, IR_OP_SOFTMAX, NULL, 1, {"x", "axis"}, -1},
-    {"log_softmax", bi_softmax, IR_OP_LOG_SOFTMAX, NULL, 1, {"x", "axis"}, -1},
-    {"layer_norm", bi_norm, IR_OP_LAYER_NORM, NULL, 3, {"x", "weight", "bias", "eps"}, -1},
-    {"rms_norm", bi_norm, IR_OP_RMS_NORM, NULL, 2, {"x", "weight", "eps"}, -1},
-    {"embedding", bi_embedding, IR_OP_EMBEDDING, NULL, 2, {"idx", "table"}, -1},
-    {"concat", bi_concat, IR_OP_CONCAT, NULL, 1, {"tensors", "axis"}, -1},
-    {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, NULL, 2, {"logits", "target", "ignore_index", "reduction"}, -1},
-    {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, NULL, 2, {"input", "target", "reduction"}, -1},
+    {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1},
+    {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1},
+    {"sqrt", bi_unary_math, IR_OP_SQRT, 1, {"x"}, -1},
+    {"rsqrt", bi_unary_math, IR_OP_RSQRT, 1, {"x"}, -1},
+    {"tanh", bi_unary_math, IR_OP_TANH, 1, {"x"}, -1},
+    {"sigmoid", bi_unary_math, IR_OP_SIGMOID, 1, {"x"}, -1},
+    {"relu", bi_unary_math, IR_OP_RELU, 1, {"x"}, -1},
+    {"gelu", bi_unary_math, IR_OP_GELU, 1, {"x"}, -1},
+    {"silu", bi_unary_math, IR_OP_SILU, 1, {"x"}, -1},
+    {"abs", bi_unary_math, IR_OP_ABS, 1, {"x"}, -1},
+    {"detach", bi_unary, IR_OP_DETACH, 1, {"x"}, -1},
+    {"causal_mask", bi_unary, IR_OP_CAUSAL_MASK, 1, {"x"}, -1},
+    {"maximum", bi_binary, IR_OP_MAXIMUM, 2, {"a", "b"}, -1},
+    {"minimum", bi_binary, IR_OP_MINIMUM, 2, {"a", "b"}, -1},
+    {"matmul", bi_binary, IR_OP_MATMUL, 2, {"a", "b"}, -1},
+    {"transpose", bi_transpose, IR_OP_PERMUTE, 3, {"x", "dim0", "dim1"}, -1},
+    {"permute", bi_permute, IR_OP_PERMUTE, 2, {"x", "dims"}, -1},
+    {"reshape", bi_reshape, IR_OP_RESHAPE, 2, {"x", "shape"}, 1},
+    {"sum", bi_reduce, IR_OP_SUM, 1, {"x", "axis", "keepdim"}, -1},
+    {"mean", bi_reduce, IR_OP_MEAN, 1, {"x", "axis", "keepdim"}, -1},
+    {"max", bi_reduce, IR_OP_MAX, 1, {"x", "axis", "keepdim"}, -1},
+    {"logsumexp", bi_reduce, IR_OP_LOGSUMEXP, 2, {"x", "axis", "keepdim"}, -1},
+    {"softmax", bi_softmax, IR_OP_SOFTMAX, 1, {"x", "axis"}, -1},
+    {"log_softmax", bi_softmax, IR_OP_LOG_SOFTMAX, 1, {"x", "axis"}, -1},
+    {"layer_norm", bi_norm, IR_OP_LAYER_NORM, 3, {"x", "weight", "bias", "eps"}, -1},
+    {"rms_norm", bi_norm, IR_OP_RMS_NORM, 2, {"x", "weight", "eps"}, -1},
+    {"embedding", bi_embedding, IR_OP_EMBEDDING, 2, {"idx", "table"}, -1},
+    {"concat", bi_concat, IR_OP_CONCAT, 1, {"tensors", "axis"}, -1},
+    {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, 2, {"logits", "target", "ignore_index", "reduction"}, -1},
+    {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, 2, {"input", "target", "reduction"}, -1},
 };
 
 static const Builtin *find_builtin(const char *name) {
@@ -1030,7 +1013,7 @@ static Val eval_pow(Lower *L, const FeNode *n) {
     }
     return vint(r);
   }
-  if (is_num(x)) return vfloat(pow(num(x), num(e)));
+  if (is_num(x)) return vfloat(ir_scalar_unary(IR_OP_POW, num(x), num(e)));
   IrAttr at = ir_attr_float("exponent", num(e));
   return build(L, IR_OP_POW, &x.t, 1, &at, 1, NULL, n->tok);
 }

@@ -43,7 +43,7 @@ IrOp *ir_build(IrFunc *f, IrOpcode opc, IrValue *const *args, int nargs, const I
   memset(&rt, 0, sizeof rt);
   if (!ir_infer_type(&tmp, hint, &rt, err, errlen)) return NULL;
   bool has_result = info->kind != IR_KIND_OUTPUT;
-  if (has_result && hint && opc != IR_OP_CONST && opc != IR_OP_CAST && !ir_type_eq(hint, &rt)) {
+  if (has_result && hint && !ir_op_is(opc, IR_OPF_HINT) && !ir_type_eq(hint, &rt)) {
     char a[IR_TYPE_STR_MAX], b[IR_TYPE_STR_MAX];
     snprintf(err, errlen, "'%s' has type %s, but %s was declared", info->name, ir_type_str(&rt, a, sizeof a),
              ir_type_str(hint, b, sizeof b));

@@ -51,13 +51,13 @@ char *ir_type_str(const IrType *t, char *buf, size_t n);
 /* Ops                                                                 */
 /* ------------------------------------------------------------------ */
 typedef enum {
-#define OP(id, name, arity, kind, shape, grad) IR_OP_##id,
+#define OP(id, name, arity, kind, shape, grad, flags) IR_OP_##id,
 #include "ops.def"
 #undef OP
 } IrOpcode;
 enum {
   IR_OP_COUNT = 0
-#define OP(id, name, arity, kind, shape, grad) +1
+#define OP(id, name, arity, kind, shape, grad, flags) +1
 #include "ops.def"
 #undef OP
 };
@@ -73,15 +73,49 @@ typedef enum {
   IR_KIND_COLLECTIVE,
   IR_KIND_OUTPUT,
 } IrOpKind;
+#define IR_KIND_COUNT 9
+
+/* Op properties: one bit per kind, then the flags column of ops.def (each
+ * flag is described there).  Ask with ir_op_is. */
+typedef enum {
+  IR_OPF_ELEMENTWISE = 1 << IR_KIND_ELEMENTWISE,
+  IR_OPF_CONST = 1 << IR_KIND_CONST,
+  IR_OPF_REDUCE = 1 << IR_KIND_REDUCE,
+  IR_OPF_MOVEMENT = 1 << IR_KIND_MOVEMENT,
+  IR_OPF_GEMM = 1 << IR_KIND_GEMM,
+  IR_OPF_NN = 1 << IR_KIND_NN,
+  IR_OPF_WINDOW = 1 << IR_KIND_WINDOW,
+  IR_OPF_COLLECTIVE = 1 << IR_KIND_COLLECTIVE,
+  IR_OPF_OUTPUT = 1 << IR_KIND_OUTPUT,
+  IR_OPF_UNARY = 1 << (IR_KIND_COUNT + 0),
+  IR_OPF_BINARY = 1 << (IR_KIND_COUNT + 1),
+  IR_OPF_COMPARE = 1 << (IR_KIND_COUNT + 2),
+  IR_OPF_FOLD = 1 << (IR_KIND_COUNT + 3),
+  IR_OPF_HINT = 1 << (IR_KIND_COUNT + 4),
+  IR_OPF_POINT = 1 << (IR_KIND_COUNT + 5),
+  IR_OPF_ROW = 1 << (IR_KIND_COUNT + 6),
+  IR_OPF_RED = 1 << (IR_KIND_COUNT + 7),
+  IR_OPF_EXEC = 1 << (IR_KIND_COUNT + 8),
+  IR_OPF_VIEW = 1 << (IR_KIND_COUNT + 9),
+  IR_OPF_START = 1 << (IR_KIND_COUNT + 10),
+  IR_OPF_WAIT = 1 << (IR_KIND_COUNT + 11),
+  IR_OPF_RANKCOPY = 1 << (IR_KIND_COUNT + 12),
+  IR_OPF_OPAQUE = 1 << (IR_KIND_COUNT + 13),
+} IrOpFlag;
+#define IR_OPF_NFLAGS (IR_KIND_COUNT + 14)
 
 typedef struct IrOpInfo {
   const char *name;
   int arity; /* -1: variadic */
   IrOpKind kind;
+  unsigned flags; /* IrOpFlag bits: the kind's and the flags column's */
 } IrOpInfo;
 
 extern const IrOpInfo ir_op_info[IR_OP_COUNT];
 bool ir_opcode_parse(const char *s, size_t n, IrOpcode *out);
+/* Does opc have any of the properties in `flags` (IrOpFlag bits, or-ed)?
+ * ir_op_is(opc, IR_OPF_VIEW), ir_op_is(opc, IR_OPF_WINDOW | IR_OPF_OUTPUT). */
+bool ir_op_is(IrOpcode opc, unsigned flags);
 
 /* Attributes: small key/value pairs on ops, printed as {key=value, ...}. */
 typedef enum {
@@ -186,6 +220,10 @@ double ir_attr_get_float(const IrOp *op, const char *key, double def); /* FLOAT 
 const char *ir_attr_get_str(const IrOp *op, const char *key, const char *def);
 /* INTS: returns the count and sets *out (NULL, 0 when absent). */
 int ir_attr_get_ints(const IrOp *op, const char *key, const int64_t **out);
+/* layer_norm's and rms_norm's eps.  The shape rule requires the attribute,
+ * so every built, read or verified op has it; the frontend writes the
+ * language's defaults (1e-5 and 1e-6, frontend/lower.c). */
+double ir_op_eps(const IrOp *op);
 
 /* Remove ops with mark != 0, keeping the order of the rest. */
 void ir_func_remove_marked(IrFunc *f);
@@ -240,6 +278,23 @@ bool ir_infer_type(const IrOp *op, const IrType *hint, IrType *out, char *err, s
 bool ir_broadcast_shapes(const IrShape *a, const IrShape *b, IrShape *out);
 /* Normalise a possibly negative axis for rank r; false if out of range. */
 bool ir_norm_axis(int64_t axis, int rank, int64_t *out);
+
+/* ------------------------------------------------------------------ */
+/* scalar.c: the elementwise ops on one element, rounding to a dtype   */
+/* ------------------------------------------------------------------ */
+/* What the interpreter computes for one element, in f64 (PyTorch's
+ * semantics); constant folding uses the same functions.  opc must have
+ * IR_OPF_UNARY; p is pow's exponent, unused by the others; cast is the
+ * identity here (ir_scalar_cast converts). */
+double ir_scalar_unary(IrOpcode opc, double x, double p);
+/* opc must have IR_OPF_BINARY or IR_OPF_COMPARE (a comparison gives 1 or 0). */
+double ir_scalar_binary(IrOpcode opc, double a, double b);
+/* cast's value for a result of dtype `to`, before rounding: i32 toward
+ * zero (a NaN or infinity gives 0), bool 1 or 0, floats unchanged. */
+double ir_scalar_cast(double x, IrDType to);
+/* x rounded to dt: f32 by a C cast, bf16/f16 to nearest even with
+ * subnormals and overflow to infinity, i32 toward zero, bool to 1 or 0. */
+double ir_round_dtype(double x, IrDType dt);
 
 /* ------------------------------------------------------------------ */
 /* print.c: the text form (round-trips through read.c)                 */

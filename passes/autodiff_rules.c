@@ -442,7 +442,7 @@ void ad_grad_layer_norm(AdCtx *ad, IrOp *op, IrValue *dy) {
     IrValue *mu = reduce1(ad, IR_OP_MEAN, x, last, op);
     IrValue *xc = bin(ad, IR_OP_SUB, x, mu, op);
     IrValue *var = reduce1(ad, IR_OP_MEAN, bin(ad, IR_OP_MUL, xc, xc, op), last, op);
-    double eps = ir_attr_get_float(op, "eps", 1e-5);
+    double eps = ir_op_eps(op);
     IrValue *rstd = un(ad, IR_OP_RSQRT, bin(ad, IR_OP_ADD, var, num(ad, eps, x, op), op), op);
     IrValue *xhat = bin(ad, IR_OP_MUL, xc, rstd, op);
     if (need_w) accum_to(ad, w, bin(ad, IR_OP_MUL, dy, xhat, op), op);
@@ -465,7 +465,7 @@ void ad_grad_rms_norm(AdCtx *ad, IrOp *op, IrValue *dy) {
   bool need_x = ad_needs_grad(ad, x), need_w = ad_needs_grad(ad, w);
   if (!need_x && !need_w) return;
   IrValue *ms = reduce1(ad, IR_OP_MEAN, bin(ad, IR_OP_MUL, x, x, op), last, op);
-  double eps = ir_attr_get_float(op, "eps", 1e-6);
+  double eps = ir_op_eps(op);
   IrValue *r = un(ad, IR_OP_RSQRT, bin(ad, IR_OP_ADD, ms, num(ad, eps, x, op), op), op);
   IrValue *xn = bin(ad, IR_OP_MUL, x, r, op);
   if (need_w) accum_to(ad, w, bin(ad, IR_OP_MUL, dy, xn, op), op);

@@ -64,8 +64,7 @@ PassResult pass_cse(IrFunc *f, const PassOptions *o, Arena *scratch) {
     op->mark = 0;
     for (int j = 0; j < op->nargs; j++)
       if (repl[op->args[j]->id]) op->args[j] = repl[op->args[j]->id];
-    IrOpKind kind = ir_op_info[op->opcode].kind;
-    if (!op->result || kind == IR_KIND_OUTPUT || kind == IR_KIND_COLLECTIVE || kind == IR_KIND_WINDOW) continue;
+    if (!op->result || ir_op_is(op->opcode, IR_OPF_OPAQUE)) continue;
     size_t k = op_hash(op) & (cap - 1);
     while (table[k] && !op_eq(table[k], op)) k = (k + 1) & (cap - 1);
     if (!table[k]) {

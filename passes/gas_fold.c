@@ -154,6 +154,171 @@ static int reshape_axis(const IrShape *in, int a, int64_t per, int64_t b, const 
   return -1;
 }
 
+/* ---- classifying one op from its operands' classes ---- */
+
+/* Elementwise on one operand (and causal_mask): neg, cast and detach are
+ * linear; the others must not see a reduction over the batch. */
+static Info cls_unary(IrOp *op, const Info *in, int r) {
+  if (op->opcode == IR_OP_NEG || op->opcode == IR_OP_CAST || op->opcode == IR_OP_DETACH) return in[0];
+  if (in[0].cls == C_SUM) return bad(op, "it applies a non-linear function to a reduction over the batch");
+  if (op->opcode == IR_OP_CAUSAL_MASK && in[0].axis >= r - 2)
+    return bad(op, "the causal mask's last two axes include the batch axis");
+  return in[0];
+}
+
+/* mul, div: scaling by something batch-independent keeps the class. */
+static Info cls_scale(IrOp *op, Info *in, int rank_out) {
+  bool mul = op->opcode == IR_OP_MUL;
+  if (in[1].cls == C_INDEP && in[0].cls != C_SAMPLE) return in[0];
+  if (mul && in[0].cls == C_INDEP && in[1].cls != C_SAMPLE) return in[1];
+  if (in[0].cls == C_SUM && in[1].cls == C_SUM)
+    return bad(op, mul ? "it multiplies two batch-dependent reductions" : "it divides two batch-dependent reductions");
+  if (in[0].cls == C_SUM || in[1].cls == C_SUM)
+    return bad(op, !mul && in[1].cls == C_SUM ? "it divides by a reduction over the batch"
+                                              : "it multiplies per-sample values by a reduction over the batch");
+  return combine_linear(op, in, 2, rank_out, op->args);
+}
+
+/* maximum, minimum, comparisons, select: per-sample operands only. */
+static Info cls_compare(IrOp *op, Info *in, int n, int rank_out) {
+  for (int i = 0; i < n; i++)
+    if (in[i].cls == C_SUM) return bad(op, "it compares or selects using a reduction over the batch");
+  return combine_linear(op, in, n, rank_out, op->args);
+}
+
+/* The sample axis of a per-sample operand after a reduction that keeps it:
+ * it moves left by the reduced axes before it unless keepdim. */
+static Info kept_sample(IrOp *op, Info x, int r) {
+  if (ir_attr_get_int(op, "keepdim", 0)) return x;
+  int a = x.axis;
+  for (int i = 0; i < x.axis; i++)
+    if (reduces(op, i, r)) a--;
+  return sample(a, x.per);
+}
+
+/* sum, mean are linear: over the batch axis they make a sum over samples
+ * (a mean's divisor becomes the window's sample count); max and logsumexp
+ * over it mix samples. */
+static Info cls_reduce(IrOp *op, const Info *in, int r) {
+  bool linear = op->opcode == IR_OP_SUM || op->opcode == IR_OP_MEAN;
+  if (in[0].cls == C_SUM) {
+    if (linear) return in[0];
+    return bad(op, "it applies a non-linear reduction to a reduction over the batch");
+  }
+  if (reduces(op, in[0].axis, r)) {
+    if (linear) return sum_of(op->opcode == IR_OP_MEAN ? W_BATCH : W_ONE, NULL);
+    return bad(op, op->opcode == IR_OP_MAX ? "it takes a max over the batch axis"
+                                           : "it takes a logsumexp over the batch axis");
+  }
+  return kept_sample(op, in[0], r);
+}
+
+/* Movement ops copy, so they are linear: a sum over samples passes
+ * through (in classify), and a per-sample operand x's sample axis must
+ * survive them whole. */
+static Info cls_reshape(Fold *fd, IrOp *op, Info x) {
+  int64_t per = 1;
+  int a = reshape_axis(&op->args[0]->type.shape, x.axis, x.per, fd->micro, &op->result->type.shape, &per);
+  if (a < 0) return bad(op, "it reshapes the batch axis apart");
+  return sample(a, per);
+}
+
+static Info cls_permute(IrOp *op, Info x) {
+  const int64_t *perm;
+  int np = ir_attr_get_ints(op, "perm", &perm);
+  for (int i = 0; i < np; i++)
+    if (perm[i] == x.axis) return sample(i, x.per);
+  return bad(op, "it permutes the batch axis away");
+}
+
+/* slice, unslice: the batch axis must be kept whole. */
+static Info cls_slice(IrOp *op, Info x) {
+  const int64_t *starts, *stops, *steps;
+  ir_attr_get_ints(op, "starts", &starts);
+  ir_attr_get_ints(op, "stops", &stops);
+  ir_attr_get_ints(op, "steps", &steps);
+  int a = x.axis;
+  int64_t full = op->opcode == IR_OP_SLICE ? op->args[0]->type.shape.dim[a] : op->result->type.shape.dim[a];
+  if (starts && stops && steps && (starts[a] != 0 || stops[a] != full || steps[a] != 1))
+    return bad(op, "it indexes or slices the batch axis");
+  return x;
+}
+
+static Info cls_concat(IrOp *op, Info *in, int n, int rank_out) {
+  int64_t axis = ir_attr_get_int(op, "axis", 0);
+  for (int i = 0; i < n; i++)
+    if (in[i].cls == C_SAMPLE && in[i].axis == axis) return bad(op, "it concatenates along the batch axis");
+  return combine_linear(op, in, n, rank_out, op->args);
+}
+
+/* a @ b: each operand's sample axis must land on a batch or free axis of
+ * the result, and two per-sample operands on the same one. */
+static Info cls_matmul(IrOp *op, const Info *in, int rank_out) {
+  int ra = op->args[0]->type.shape.rank, rb = op->args[1]->type.shape.rank;
+  if (in[0].cls == C_SUM && in[1].cls == C_INDEP) return in[0];
+  if (in[1].cls == C_SUM && in[0].cls == C_INDEP) return in[1];
+  if (in[0].cls == C_SUM || in[1].cls == C_SUM)
+    return bad(op, "it multiplies per-sample values by a reduction over the batch");
+  /* Where does each operand's sample axis go? -1: contracted. */
+  int out_a = -1, out_b = -1;
+  if (in[0].cls == C_SAMPLE) {
+    int a = in[0].axis;
+    if (ra == 1 || a == ra - 1) out_a = -1;
+    else if (a == ra - 2) out_a = rank_out - (rb == 1 ? 1 : 2);
+    else out_a = a + (rank_out + (rb == 1) - ra); /* a batch dim; a 1-D b drops the last axis */
+    if (out_a == -1) return bad(op, "it contracts the batch axis");
+  }
+  if (in[1].cls == C_SAMPLE) {
+    int a = in[1].axis;
+    if (rb == 1 || a == rb - 2) out_b = -1;
+    else if (a == rb - 1) out_b = rank_out - 1;
+    else out_b = a + (rank_out + (ra == 1) - rb); /* a batch dim; a 1-D a drops the row axis */
+    if (out_b == -1) return bad(op, "it contracts the batch axis");
+  }
+  if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE) {
+    if (out_a != out_b || in[0].per != in[1].per || out_a >= rank_out - 2)
+      return bad(op, "it multiplies values of different samples together");
+  }
+  return in[0].cls == C_SAMPLE ? sample(out_a, in[0].per) : sample(out_b, in[1].per);
+}
+
+/* softmax, log_softmax, layer_norm, rms_norm: per row, never over the batch. */
+static Info cls_rowwise(IrOp *op, const Info *in, int n, int r) {
+  if (op->opcode == IR_OP_SOFTMAX || op->opcode == IR_OP_LOG_SOFTMAX) {
+    if (in[0].cls == C_SUM) return bad(op, "it applies a softmax to a reduction over the batch");
+    if (ir_attr_get_int(op, "axis", -1) == in[0].axis) return bad(op, "it takes a softmax over the batch axis");
+    return in[0];
+  }
+  for (int i = 1; i < n; i++)
+    if (in[i].cls != C_INDEP) return bad(op, "its weight depends on the batch");
+  if (in[0].cls == C_SUM) return bad(op, "it normalises a reduction over the batch");
+  if (in[0].axis == r - 1) return bad(op, "it normalises over the batch axis");
+  return in[0];
+}
+
+/* cross_entropy, mse_loss: per sample with reduction="none", else a sum
+ * over samples whose divisor the reduction gives. */
+static Info cls_loss(IrOp *op, Info *in, int r, int rank_out) {
+  if (in[0].cls == C_SUM || in[1].cls == C_SUM) return bad(op, "it is applied to a reduction over the batch");
+  bool ce = op->opcode == IR_OP_CROSS_ENTROPY;
+  Info s;
+  if (ce) {
+    /* The target has no class axis: its sample axis must be the logits'. */
+    if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE && in[0].axis != in[1].axis)
+      return bad(op, "its logits and targets index samples on different axes");
+    if (in[0].cls == C_SAMPLE && in[0].axis == r - 1) return bad(op, "its class axis is the batch axis");
+    s = in[0].cls == C_SAMPLE ? in[0] : in[1];
+  } else {
+    s = combine_linear(op, in, 2, rank_out, op->args);
+    if (s.cls == C_BAD) return s;
+  }
+  const char *red = ir_attr_get_str(op, "reduction", "mean");
+  if (strcmp(red, "none") == 0) return s;
+  if (strcmp(red, "sum") == 0) return sum_of(W_ONE, NULL);
+  return ce ? sum_of(W_COUNT, op) : sum_of(W_BATCH, NULL);
+}
+
+/* How op's result depends on the batch's samples, from its operands'. */
 static Info classify(Fold *fd, IrOp *op) {
   Info in[8];
   int n = op->nargs < 8 ? op->nargs : 8;
@@ -164,16 +329,14 @@ static Info classify(Fold *fd, IrOp *op) {
   if (all_indep) return indep();
   for (int i = 0; i < n; i++)
     if (in[i].cls == C_BAD) return in[i];
+  /* Past here some operand is per-sample or a sum over samples. */
   int rank_out = op->result ? op->result->type.shape.rank : 0;
-  IrValue *x = op->args[0];
-  int r = x->type.shape.rank;
+  int r = op->args[0]->type.shape.rank;
 
   switch (op->opcode) {
-  /* Linear in their operand. */
   case IR_OP_NEG:
   case IR_OP_CAST:
-  case IR_OP_DETACH: return in[0];
-  /* Non-linear, elementwise. */
+  case IR_OP_DETACH:
   case IR_OP_EXP:
   case IR_OP_LOG:
   case IR_OP_SQRT:
@@ -187,27 +350,11 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_SIGN:
   case IR_OP_POW:
   case IR_OP_GELU_GRAD:
-  case IR_OP_CAUSAL_MASK:
-    if (in[0].cls == C_SUM) return bad(op, "it applies a non-linear function to a reduction over the batch");
-    if (op->opcode == IR_OP_CAUSAL_MASK && in[0].axis >= r - 2)
-      return bad(op, "the causal mask's last two axes include the batch axis");
-    return in[0];
+  case IR_OP_CAUSAL_MASK: return cls_unary(op, in, r);
   case IR_OP_ADD:
   case IR_OP_SUB: return combine_linear(op, in, 2, rank_out, op->args);
   case IR_OP_MUL:
-  case IR_OP_DIV: {
-    /* Scaling by something batch-independent keeps the class. */
-    if (in[1].cls == C_INDEP && in[0].cls != C_SAMPLE) return in[0];
-    if (op->opcode == IR_OP_MUL && in[0].cls == C_INDEP && in[1].cls != C_SAMPLE) return in[1];
-    if (in[0].cls == C_SUM && in[1].cls == C_SUM)
-      return bad(op, op->opcode == IR_OP_MUL ? "it multiplies two batch-dependent reductions"
-                                             : "it divides two batch-dependent reductions");
-    if (in[0].cls == C_SUM || in[1].cls == C_SUM)
-      return bad(op, op->opcode == IR_OP_DIV && in[1].cls == C_SUM
-                         ? "it divides by a reduction over the batch"
-                         : "it multiplies per-sample values by a reduction over the batch");
-    return combine_linear(op, in, 2, rank_out, op->args);
-  }
+  case IR_OP_DIV: return cls_scale(op, in, rank_out);
   case IR_OP_MAXIMUM:
   case IR_OP_MINIMUM:
   case IR_OP_EQ:
@@ -216,143 +363,32 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_LE:
   case IR_OP_GT:
   case IR_OP_GE:
-  case IR_OP_SELECT:
-    for (int i = 0; i < n; i++)
-      if (in[i].cls == C_SUM) return bad(op, "it compares or selects using a reduction over the batch");
-    return combine_linear(op, in, n, rank_out, op->args);
+  case IR_OP_SELECT: return cls_compare(op, in, n, rank_out);
   case IR_OP_CONST: return indep();
   case IR_OP_SUM:
   case IR_OP_MEAN:
-    if (in[0].cls == C_SUM) return in[0];
-    if (reduces(op, in[0].axis, r)) return sum_of(op->opcode == IR_OP_MEAN ? W_BATCH : W_ONE, NULL);
-    if (!ir_attr_get_int(op, "keepdim", 0)) {
-      int a = in[0].axis;
-      for (int i = 0; i < in[0].axis; i++)
-        if (reduces(op, i, r)) a--;
-      return sample(a, in[0].per);
-    }
-    return in[0];
   case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-    if (in[0].cls == C_SUM) return bad(op, "it applies a non-linear reduction to a reduction over the batch");
-    if (reduces(op, in[0].axis, r))
-      return bad(op, op->opcode == IR_OP_MAX ? "it takes a max over the batch axis"
-                                             : "it takes a logsumexp over the batch axis");
-    if (!ir_attr_get_int(op, "keepdim", 0)) {
-      int a = in[0].axis;
-      for (int i = 0; i < in[0].axis; i++)
-        if (reduces(op, i, r)) a--;
-      return sample(a, in[0].per);
-    }
-    return in[0];
-  case IR_OP_RESHAPE:
-    if (in[0].cls == C_SUM) return in[0];
-    {
-      int64_t per = 1;
-      int a = reshape_axis(&x->type.shape, in[0].axis, in[0].per, fd->micro, &op->result->type.shape, &per);
-      if (a < 0) return bad(op, "it reshapes the batch axis apart");
-      return sample(a, per);
-    }
-  case IR_OP_PERMUTE:
-    if (in[0].cls == C_SUM) return in[0];
-    {
-      const int64_t *perm;
-      int np = ir_attr_get_ints(op, "perm", &perm);
-      for (int i = 0; i < np; i++)
-        if (perm[i] == in[0].axis) return sample(i, in[0].per);
-      return bad(op, "it permutes the batch axis away");
-    }
+  case IR_OP_LOGSUMEXP: return cls_reduce(op, in, r);
+  /* Copies: a sum over samples stays one. */
+  case IR_OP_RESHAPE: return in[0].cls == C_SUM ? in[0] : cls_reshape(fd, op, in[0]);
+  case IR_OP_PERMUTE: return in[0].cls == C_SUM ? in[0] : cls_permute(op, in[0]);
   case IR_OP_BROADCAST:
-    if (in[0].cls == C_SUM) return in[0]; /* copies are linear */
-    return sample(bcast_axis(x, in[0].axis, rank_out), in[0].per);
+    return in[0].cls == C_SUM ? in[0] : sample(bcast_axis(op->args[0], in[0].axis, rank_out), in[0].per);
   case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
-    if (in[0].cls == C_SUM) return in[0];
-    {
-      const int64_t *starts, *stops, *steps;
-      ir_attr_get_ints(op, "starts", &starts);
-      ir_attr_get_ints(op, "stops", &stops);
-      ir_attr_get_ints(op, "steps", &steps);
-      int a = in[0].axis;
-      int64_t full = op->opcode == IR_OP_SLICE ? x->type.shape.dim[a] : op->result->type.shape.dim[a];
-      if (starts && stops && steps && (starts[a] != 0 || stops[a] != full || steps[a] != 1))
-        return bad(op, "it indexes or slices the batch axis");
-      return in[0];
-    }
-  case IR_OP_CONCAT: {
-    int64_t axis = ir_attr_get_int(op, "axis", 0);
-    for (int i = 0; i < n; i++)
-      if (in[i].cls == C_SAMPLE && in[i].axis == axis) return bad(op, "it concatenates along the batch axis");
-    return combine_linear(op, in, n, rank_out, op->args);
-  }
-  case IR_OP_MATMUL: {
-    IrValue *b = op->args[1];
-    int ra = x->type.shape.rank, rb = b->type.shape.rank;
-    if (in[0].cls == C_SUM && in[1].cls == C_INDEP) return in[0];
-    if (in[1].cls == C_SUM && in[0].cls == C_INDEP) return in[1];
-    if (in[0].cls == C_SUM || in[1].cls == C_SUM)
-      return bad(op, "it multiplies per-sample values by a reduction over the batch");
-    /* Where does each operand's sample axis go? -1: contracted. */
-    int out_a = -1, out_b = -1;
-    if (in[0].cls == C_SAMPLE) {
-      int a = in[0].axis;
-      if (ra == 1 || a == ra - 1) out_a = -1;
-      else if (a == ra - 2) out_a = rank_out - (rb == 1 ? 1 : 2);
-      else out_a = a + (rank_out + (rb == 1) - ra); /* a batch dim; a 1-D b drops the last axis */
-      if (out_a == -1) return bad(op, "it contracts the batch axis");
-    }
-    if (in[1].cls == C_SAMPLE) {
-      int a = in[1].axis;
-      if (rb == 1 || a == rb - 2) out_b = -1;
-      else if (a == rb - 1) out_b = rank_out - 1;
-      else out_b = a + (rank_out + (ra == 1) - rb); /* a batch dim; a 1-D a drops the row axis */
-      if (out_b == -1) return bad(op, "it contracts the batch axis");
-    }
-    if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE) {
-      if (out_a != out_b || in[0].per != in[1].per || out_a >= rank_out - 2)
-        return bad(op, "it multiplies values of different samples together");
-    }
-    return in[0].cls == C_SAMPLE ? sample(out_a, in[0].per) : sample(out_b, in[1].per);
-  }
+  case IR_OP_UNSLICE: return in[0].cls == C_SUM ? in[0] : cls_slice(op, in[0]);
+  case IR_OP_CONCAT: return cls_concat(op, in, n, rank_out);
+  case IR_OP_MATMUL: return cls_matmul(op, in, rank_out);
   case IR_OP_SOFTMAX:
   case IR_OP_LOG_SOFTMAX:
-    if (in[0].cls == C_SUM) return bad(op, "it applies a softmax to a reduction over the batch");
-    if (ir_attr_get_int(op, "axis", -1) == in[0].axis) return bad(op, "it takes a softmax over the batch axis");
-    return in[0];
   case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-    for (int i = 1; i < n; i++)
-      if (in[i].cls != C_INDEP) return bad(op, "its weight depends on the batch");
-    if (in[0].cls == C_SUM) return bad(op, "it normalises a reduction over the batch");
-    if (in[0].axis == r - 1) return bad(op, "it normalises over the batch axis");
-    return in[0];
+  case IR_OP_RMS_NORM: return cls_rowwise(op, in, n, r);
   case IR_OP_EMBEDDING:
     if (in[1].cls != C_INDEP) return bad(op, "its table depends on the batch");
     return in[0];
   case IR_OP_CROSS_ENTROPY:
-  case IR_OP_MSE_LOSS: {
-    if (in[0].cls == C_SUM || in[1].cls == C_SUM) return bad(op, "it is applied to a reduction over the batch");
-    Info s;
-    if (op->opcode == IR_OP_CROSS_ENTROPY) {
-      /* The target has no class axis: its sample axis must be the logits'. */
-      if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE && in[0].axis != in[1].axis)
-        return bad(op, "its logits and targets index samples on different axes");
-      if (in[0].cls == C_SAMPLE && in[0].axis == r - 1) return bad(op, "its class axis is the batch axis");
-      s = in[0].cls == C_SAMPLE ? in[0] : in[1];
-    } else {
-      s = combine_linear(op, in, 2, rank_out, op->args);
-      if (s.cls == C_BAD) return s;
-    }
-    const char *red = ir_attr_get_str(op, "reduction", "mean");
-    if (strcmp(red, "none") == 0) return s;
-    if (strcmp(red, "sum") == 0) return sum_of(W_ONE, NULL);
-    if (op->opcode == IR_OP_CROSS_ENTROPY) return sum_of(W_COUNT, op);
-    return sum_of(W_BATCH, NULL);
-  }
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_ONE_HOT:
-    return in[0].cls == C_SAMPLE && op->opcode == IR_OP_ONE_HOT ? in[0]
-                                                                : bad(op, "it is not a forward operation");
+  case IR_OP_MSE_LOSS: return cls_loss(op, in, r, rank_out);
+  case IR_OP_ONE_HOT: return in[0].cls == C_SAMPLE ? in[0] : bad(op, "it is not a forward operation");
+  case IR_OP_EMBEDDING_GRAD: return bad(op, "it is not a forward operation");
   case IR_OP_WINDOW_SUM:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM:
@@ -365,7 +401,7 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_TP_SCATTER:
   case IR_OP_RANK_SLICE:
   case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT: return in[0];
+  case IR_OP_REDUCE_SCATTER_WAIT:
   case IR_OP_LOSS:
   case IR_OP_GRAD: return in[0];
   }

@@ -765,7 +765,7 @@ static bool rebuild(Ctx *c, IrOp *op, Shard s, double scale) {
 PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch) {
   if (o->tp <= 1) return PASS_UNCHANGED;
   for (int i = 0; i < f->nops; i++)
-    if (f->ops[i]->opcode == IR_OP_GRAD || ir_op_info[f->ops[i]->opcode].kind == IR_KIND_WINDOW) {
+    if (ir_op_is(f->ops[i]->opcode, IR_OPF_WINDOW) || f->ops[i]->opcode == IR_OP_GRAD) {
       if (o->diag) diag_plain(o->diag, DIAG_ERROR, "shard must run before gas-fold and autodiff");
       return PASS_ERROR;
     }

@@ -3,14 +3,13 @@
  * weights are run-time values, DESIGN.md §3 rule 2), and removes x*1, x+0,
  * x-0, x/1, neg(neg x), casts and reshapes/broadcasts to the same type,
  * reshape chains, permute chains and identity permutes, and turns a
- * broadcast constant into a shaped constant.  Requires: definitions precede
+ * broadcast constant into a shaped constant.  Folding computes with
+ * ir/scalar.c, as the interpreter does.  Requires: definitions precede
  * uses.  Guarantees: the same values at every output (up to f32 rounding of
  * folded constants, done as the interpreter rounds). */
-#include <math.h>
 #include <string.h>
 
 #include "passes.h"
-#include "runtime/runtime.h"
 
 static bool const_val(IrValue *v, double *out) {
   if (!v->def || v->def->opcode != IR_OP_CONST) return false;
@@ -23,30 +22,20 @@ static bool is_const(IrValue *v, double want) {
   return const_val(v, &c) && c == want;
 }
 
-/* Fold an elementwise op over constants; false if not foldable. */
+/* Fold an op of ops.def's FOLD column over scalar constants, with the
+ * interpreter's semantics and rounding; false if not foldable. */
 static bool fold(IrOp *op, double *out) {
   double a = 0, b = 0;
-  if (op->nargs < 1 || op->nargs > 2) return false;
-  if (!const_val(op->args[0], &a)) return false;
-  if (op->nargs == 2 && !const_val(op->args[1], &b)) return false;
-  if (!ir_dtype_is_float(op->result->type.dtype)) return false;
-  double r;
   IrOpcode k = op->opcode;
-  if (k == IR_OP_NEG) r = -a;
-  else if (k == IR_OP_EXP) r = exp(a);
-  else if (k == IR_OP_LOG) r = log(a);
-  else if (k == IR_OP_SQRT) r = sqrt(a);
-  else if (k == IR_OP_RSQRT) r = 1.0 / sqrt(a);
-  else if (k == IR_OP_ADD) r = a + b;
-  else if (k == IR_OP_SUB) r = a - b;
-  else if (k == IR_OP_MUL) r = a * b;
-  else if (k == IR_OP_DIV) r = a / b;
-  else if (k == IR_OP_MAXIMUM) r = a > b ? a : b;
-  else if (k == IR_OP_MINIMUM) r = a < b ? a : b;
-  else if (k == IR_OP_POW) r = pow(a, ir_attr_get_float(op, "exponent", 1));
-  else if (k == IR_OP_CAST) r = a;
-  else return false;
-  *out = interp_round(r, op->result->type.dtype);
+  if (!ir_op_is(k, IR_OPF_FOLD) || !const_val(op->args[0], &a)) return false;
+  if (op->nargs == 2 && !const_val(op->args[1], &b)) return false;
+  IrDType dt = op->result->type.dtype;
+  if (!ir_dtype_is_float(dt)) return false;
+  double r;
+  if (k == IR_OP_CAST) r = ir_scalar_cast(a, dt);
+  else if (op->nargs == 1) r = ir_scalar_unary(k, a, ir_attr_get_float(op, "exponent", 1));
+  else r = ir_scalar_binary(k, a, b);
+  *out = ir_round_dtype(r, dt);
   return true;
 }
 
@@ -122,13 +111,12 @@ PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch) {
       op->args[j] = a;
     }
     if (!op->result || op->result->id >= nv) continue;
-    IrOpKind kind = ir_op_info[op->opcode].kind;
     if (op->opcode == IR_OP_TP_COPY && differentiated) {
       repl[op->result->id] = op->args[0];
       changed++;
       continue;
     }
-    if (kind == IR_KIND_WINDOW || kind == IR_KIND_COLLECTIVE) continue;
+    if (ir_op_is(op->opcode, IR_OPF_OPAQUE)) continue;
     IrValue *s = simplify_op(f, op);
     if (!s || s == op->result) continue;
     if (!s->name && op->result->name) s->name = op->result->name;

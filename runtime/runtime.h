@@ -81,8 +81,6 @@ void interp_free(InterpState *st);
  * before any micro-batch runs, so every back end rejects a bad index with
  * the same message instead of computing with it. */
 int interp_index_operand(const IrOp *op);
-/* Round one value to dtype dt as the interpreter does. */
-double interp_round(double x, IrDType dt);
 
 /* ------------------------------------------------------------------ */
 /* step.c: one window (K micro-batches) of a compiled program           */

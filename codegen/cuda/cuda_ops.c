@@ -2,7 +2,7 @@
  * program starts with (bf16/f16 conversions inline, the interpreter's
  * math, warp and block reductions), register and memory types, literals,
  * loads and stores (gradient buffers accumulate), and the elementwise ops
- * with the reference interpreter's semantics (runtime/interp.c), written as
+ * with the reference interpreter's semantics (ir/scalar.c), written as
  * C expressions. */
 #include <math.h>
 #include <stdarg.h>
@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/runtime.h"
 #include "cuda_gen.h"
 
 /* ------------------------------------------------------------------ */
@@ -231,7 +230,7 @@ const char *cu_lit(CuGen *g, IrDType dt, double v) {
   case IR_DT_F32:
   case IR_DT_BF16:
   case IR_DT_F16: {
-    double r = interp_round(v, dt);
+    double r = ir_round_dtype(v, dt);
     if (isnan(r)) return "GRADC_NAN";
     if (isinf(r)) return r > 0 ? "GRADC_INF" : "(-GRADC_INF)";
     return real(g, (double)(float)r, true);

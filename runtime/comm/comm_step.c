@@ -168,7 +168,7 @@ bool step_dp_end(StepDp *d, StepResult *r, char *err, size_t n) {
     for (int i = 0; ok && i < r->ngrads; i++) {
       if (r->grad_types[i].dtype == IR_DT_F64) continue;
       int64_t m = ir_numel(&r->grad_types[i].shape);
-      for (int64_t e = 0; e < m; e++) r->grads[i][e] = interp_round(r->grads[i][e], r->grad_types[i].dtype);
+      for (int64_t e = 0; e < m; e++) r->grads[i][e] = ir_round_dtype(r->grads[i][e], r->grad_types[i].dtype);
     }
     if (ok) ok = comm_check(d->g, "the step", why, sizeof why);
   }

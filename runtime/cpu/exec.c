@@ -64,9 +64,9 @@ static double f16_decode(uint16_t h) {
   return sign ? -v : v;
 }
 
-/* x rounded to f16 (interp_round) and packed into its bits. */
+/* x rounded to f16 (ir_round_dtype) and packed into its bits. */
 static uint16_t f16_encode(double x) {
-  x = interp_round(x, IR_DT_F16);
+  x = ir_round_dtype(x, IR_DT_F16);
   uint16_t sign = signbit(x) ? 0x8000 : 0;
   double a = fabs(x);
   if (isnan(x)) return 0x7e00;
@@ -80,7 +80,7 @@ static uint16_t f16_encode(double x) {
 }
 
 static uint16_t bf16_encode(double x) {
-  float f = (float)interp_round(x, IR_DT_BF16);
+  float f = (float)ir_round_dtype(x, IR_DT_BF16);
   uint32_t u;
   memcpy(&u, &f, 4);
   if (isnan(f)) return 0x7fc0;

@@ -85,7 +85,7 @@ struct CudaProgram {
 /* ------------------------------------------------------------------ */
 
 static uint16_t f16_bits(double x) {
-  x = interp_round(x, IR_DT_F16);
+  x = ir_round_dtype(x, IR_DT_F16);
   uint16_t sign = signbit(x) ? 0x8000 : 0;
   double a = fabs(x);
   if (isnan(x)) return 0x7e00;
@@ -108,7 +108,7 @@ static void put(char *p, IrDType dt, int64_t i, double x) {
   case IR_DT_F32: ((float *)p)[i] = (float)x; break;
   case IR_DT_F64: ((double *)p)[i] = x; break;
   case IR_DT_BF16: {
-    float f = (float)interp_round(x, IR_DT_BF16);
+    float f = (float)ir_round_dtype(x, IR_DT_BF16);
     uint32_t u;
     memcpy(&u, &f, 4);
     ((uint16_t *)p)[i] = isnan(f) ? 0x7fc0 : (uint16_t)(u >> 16);

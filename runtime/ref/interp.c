@@ -3,7 +3,8 @@
  *
  * Each value is an array of doubles (row-major, numel elements).  Ops run
  * one at a time in program order with PyTorch semantics; after each op the
- * result is rounded to its dtype (interp_round) unless exact_f64 is set.
+ * result is rounded to its dtype (ir_round_dtype) unless exact_f64 is set.
+ * The elementwise ops' scalar semantics live in ir/scalar.c.
  * Nothing is fused or clever: a reader should be able to check every op
  * against the PyTorch documentation at a glance.
  *
@@ -48,37 +49,6 @@ static const char *opname(const IrOp *op) { return ir_op_info[op->opcode].name; 
 static const IrShape *shape_of(const IrValue *v) { return &v->type.shape; }
 static int64_t numel_of(const IrValue *v) { return ir_numel(&v->type.shape); }
 static const double *in(Ctx *c, const IrOp *op, int i) { return c->st->val[op->args[i]->id]; }
-
-/* ------------------------------------------------------------------ */
-/* Rounding                                                            */
-/* ------------------------------------------------------------------ */
-
-/* Round x to a binary floating-point format with p significand bits
- * (implicit bit included) and normal exponents emin..emax: round to
- * nearest even, subnormals below 2^emin, overflow to infinity. */
-static double round_format(double x, int p, int emin, int emax) {
-  if (!isfinite(x) || x == 0) return x;
-  int e;
-  frexp(x, &e); /* x = m * 2^e, 0.5 <= |m| < 1: x's exponent is e - 1 */
-  int ex = e - 1 < emin ? emin : e - 1;
-  double q = ldexp(1.0, ex - (p - 1)); /* spacing of representable values near x */
-  double r = nearbyint(x / q) * q;     /* default rounding mode: nearest even */
-  double maxf = ldexp(2.0 - ldexp(1.0, 1 - p), emax);
-  if (fabs(r) > maxf) return copysign(INFINITY, x);
-  return r;
-}
-
-double interp_round(double x, IrDType dt) {
-  switch (dt) {
-  case IR_DT_F32: return (double)(float)x;
-  case IR_DT_F64: return x;
-  case IR_DT_BF16: return round_format(x, 8, -126, 127);
-  case IR_DT_F16: return round_format(x, 11, -14, 15);
-  case IR_DT_I32: return isfinite(x) ? trunc(x) : x; /* exact for every integer value */
-  case IR_DT_BOOL: return x != 0 ? 1.0 : 0.0;
-  }
-  return x;
-}
 
 /* ------------------------------------------------------------------ */
 /* Walking shapes                                                      */
@@ -149,67 +119,27 @@ static void walk_add_strided(Walk *w, const int64_t *stride, int64_t base) {
 /* ------------------------------------------------------------------ */
 /* Elementwise functions                                               */
 /* ------------------------------------------------------------------ */
-typedef double (*Fn1)(double x, double p);
-typedef double (*Fn2)(double a, double b);
-
-#define GELU_C 0.7978845608028654 /* sqrt(2 / pi) */
-#define GELU_A 0.044715
-
-static double f_neg(double x, double p) { return -x; }
-static double f_exp(double x, double p) { return exp(x); }
-static double f_log(double x, double p) { return log(x); }
-static double f_sqrt(double x, double p) { return sqrt(x); }
-static double f_rsqrt(double x, double p) { return 1.0 / sqrt(x); }
-static double f_tanh(double x, double p) { return tanh(x); }
-static double f_sigmoid(double x, double p) {
-  if (x >= 0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
-}
-static double f_relu(double x, double p) { return x > 0 || isnan(x) ? x : 0.0; }
-static double f_gelu(double x, double p) { return 0.5 * x * (1.0 + tanh(GELU_C * (x + GELU_A * x * x * x))); }
-/* d/dx of 0.5 x (1 + tanh u), u = c (x + a x^3):
- *   0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3 a x^2) */
-static double f_gelu_grad(double x, double p) {
-  double t = tanh(GELU_C * (x + GELU_A * x * x * x));
-  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x);
-}
-static double f_silu(double x, double p) { return x * f_sigmoid(x, 0); }
-static double f_abs(double x, double p) { return fabs(x); }
-static double f_sign(double x, double p) { return (double)((0 < x) - (x < 0)); }
-static double f_pow(double x, double p) { return pow(x, p); }
-static double f_id(double x, double p) { return x; }
-
-static double f_add(double a, double b) { return a + b; }
-static double f_sub(double a, double b) { return a - b; }
-static double f_mul(double a, double b) { return a * b; }
-static double f_div(double a, double b) { return a / b; }
-/* torch.maximum / minimum propagate NaN. */
-static double f_max(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
-static double f_min(double a, double b) { return isnan(a) || isnan(b) ? NAN : a < b ? a : b; }
-static double f_eq(double a, double b) { return a == b; }
-static double f_ne(double a, double b) { return a != b; }
-static double f_lt(double a, double b) { return a < b; }
-static double f_le(double a, double b) { return a <= b; }
-static double f_gt(double a, double b) { return a > b; }
-static double f_ge(double a, double b) { return a >= b; }
-
-static bool map1(Ctx *c, const IrOp *op, double *out, Fn1 fn, double p) {
+/* One operand, element by element (ir/scalar.c has the semantics). */
+static bool map1(Ctx *c, const IrOp *op, double *out) {
   const double *x = in(c, op, 0);
   int64_t n = numel_of(op->result);
   if (numel_of(op->args[0]) != n) return fail(c, "%s: operand and result sizes differ", opname(op));
-  for (int64_t i = 0; i < n; i++) out[i] = fn(x[i], p);
+  IrOpcode k = op->opcode;
+  IrDType to = op->result->type.dtype;
+  double p = ir_attr_get_float(op, "exponent", 1.0);
+  for (int64_t i = 0; i < n; i++) out[i] = k == IR_OP_CAST ? ir_scalar_cast(x[i], to) : ir_scalar_unary(k, x[i], p);
   return true;
 }
 
-static bool map2(Ctx *c, const IrOp *op, double *out, Fn2 fn) {
+/* Two broadcast operands, element by element: fn (binary or comparison). */
+static bool map2(Ctx *c, const IrOp *op, double *out, IrOpcode fn) {
   Walk w;
   walk_init(&w, shape_of(op->result));
   if (!walk_add_bcast(&w, shape_of(op->args[0])) || !walk_add_bcast(&w, shape_of(op->args[1])))
     return fail(c, "%s: operands do not broadcast to the result", opname(op));
   const double *a = in(c, op, 0), *b = in(c, op, 1);
   int64_t n = numel_of(op->result);
-  for (int64_t i = 0; i < n; i++, walk_next(&w)) out[i] = fn(a[w.off[0]], b[w.off[1]]);
+  for (int64_t i = 0; i < n; i++, walk_next(&w)) out[i] = ir_scalar_binary(fn, a[w.off[0]], b[w.off[1]]);
   return true;
 }
 
@@ -221,20 +151,6 @@ static bool eval_select(Ctx *c, const IrOp *op, double *out) {
   const double *cond = in(c, op, 0), *a = in(c, op, 1), *b = in(c, op, 2);
   int64_t n = numel_of(op->result);
   for (int64_t i = 0; i < n; i++, walk_next(&w)) out[i] = cond[w.off[0]] != 0 ? a[w.off[1]] : b[w.off[2]];
-  return true;
-}
-
-static bool eval_cast(Ctx *c, const IrOp *op, double *out) {
-  const double *x = in(c, op, 0);
-  int64_t n = numel_of(op->result);
-  if (numel_of(op->args[0]) != n) return fail(c, "cast: operand and result sizes differ");
-  IrDType to = op->result->type.dtype;
-  for (int64_t i = 0; i < n; i++) {
-    double v = x[i];
-    if (to == IR_DT_I32) v = isfinite(v) ? trunc(v) : 0; /* toward zero, as a C cast */
-    else if (to == IR_DT_BOOL) v = v != 0;
-    out[i] = v;
-  }
   return true;
 }
 
@@ -536,8 +452,8 @@ static bool row_param(Ctx *c, const IrOp *op, int i, int64_t D, int64_t *step) {
 static bool eval_norm(Ctx *c, const IrOp *op, double *out, bool layer) {
   const IrShape *s = shape_of(op->args[0]);
   int64_t D = s->rank ? s->dim[s->rank - 1] : 1, n = ir_numel(s);
-  int64_t rows = D ? n / D : 0, ws, bs = 0;
-  double eps = ir_attr_get_float(op, "eps", layer ? 1e-5 : 1e-6);
+  int64_t rows = D ? n / D : 0, ws = 0, bs = 0;
+  double eps = ir_op_eps(op);
   if (!row_param(c, op, 1, D, &ws) || (layer && !row_param(c, op, 2, D, &bs))) return false;
   const double *x = in(c, op, 0), *wt = in(c, op, 1), *bias = layer ? in(c, op, 2) : NULL;
   for (int64_t r = 0; r < rows; r++) {
@@ -704,8 +620,12 @@ static bool eval_window_sum(Ctx *c, const IrOp *op, double *out) {
 }
 
 static bool eval_grad_seed(Ctx *c, const IrOp *op, double *out) {
+  const double *x = in(c, op, 0);
+  int64_t n = numel_of(op->result);
+  if (numel_of(op->args[0]) != n) return fail(c, "%s: operand and result sizes differ", opname(op));
   double coef = ir_attr_get_float(op, "coef", 1.0);
-  return map1(c, op, out, f_mul, coef);
+  for (int64_t i = 0; i < n; i++) out[i] = ir_scalar_binary(IR_OP_MUL, x[i], coef);
+  return true;
 }
 
 /* A start hands its operand to the comm layer (comm_step.c), which owns
@@ -716,8 +636,7 @@ static bool eval_grad_seed(Ctx *c, const IrOp *op, double *out) {
  * which is the same value. */
 static bool eval_collective(Ctx *c, const IrOp *op, double *out) {
   if (step_coll_last(op) || op->opcode == IR_OP_TP_COPY) return eval_copy(c, op, out);
-  bool start = op->opcode == IR_OP_ALL_REDUCE_START || op->opcode == IR_OP_ALL_GATHER_START ||
-               op->opcode == IR_OP_REDUCE_SCATTER_START;
+  bool start = ir_op_is(op->opcode, IR_OPF_START);
   int id = start ? op->result->id : op->args[0]->id;
   if (!c->coll) {
     c->coll = calloc((size_t)c->st->f->nvalues + 1, sizeof(StepColl));
@@ -752,34 +671,34 @@ static bool eval_rank_copy(Ctx *c, const IrOp *op, double *out) {
 /* Compute op's result into out (zeroed, numel of the result). */
 static bool eval(Ctx *c, const IrOp *op, double *out) {
   switch (op->opcode) {
-  case IR_OP_NEG: return map1(c, op, out, f_neg, 0);
-  case IR_OP_EXP: return map1(c, op, out, f_exp, 0);
-  case IR_OP_LOG: return map1(c, op, out, f_log, 0);
-  case IR_OP_SQRT: return map1(c, op, out, f_sqrt, 0);
-  case IR_OP_RSQRT: return map1(c, op, out, f_rsqrt, 0);
-  case IR_OP_TANH: return map1(c, op, out, f_tanh, 0);
-  case IR_OP_SIGMOID: return map1(c, op, out, f_sigmoid, 0);
-  case IR_OP_RELU: return map1(c, op, out, f_relu, 0);
-  case IR_OP_GELU: return map1(c, op, out, f_gelu, 0);
-  case IR_OP_SILU: return map1(c, op, out, f_silu, 0);
-  case IR_OP_ABS: return map1(c, op, out, f_abs, 0);
-  case IR_OP_SIGN: return map1(c, op, out, f_sign, 0);
-  case IR_OP_POW: return map1(c, op, out, f_pow, ir_attr_get_float(op, "exponent", 1.0));
-  case IR_OP_GELU_GRAD: return map1(c, op, out, f_gelu_grad, 0);
-  case IR_OP_CAST: return eval_cast(c, op, out);
-  case IR_OP_DETACH: return map1(c, op, out, f_id, 0);
-  case IR_OP_ADD: return map2(c, op, out, f_add);
-  case IR_OP_SUB: return map2(c, op, out, f_sub);
-  case IR_OP_MUL: return map2(c, op, out, f_mul);
-  case IR_OP_DIV: return map2(c, op, out, f_div);
-  case IR_OP_MAXIMUM: return map2(c, op, out, f_max);
-  case IR_OP_MINIMUM: return map2(c, op, out, f_min);
-  case IR_OP_EQ: return map2(c, op, out, f_eq);
-  case IR_OP_NE: return map2(c, op, out, f_ne);
-  case IR_OP_LT: return map2(c, op, out, f_lt);
-  case IR_OP_LE: return map2(c, op, out, f_le);
-  case IR_OP_GT: return map2(c, op, out, f_gt);
-  case IR_OP_GE: return map2(c, op, out, f_ge);
+  case IR_OP_NEG:
+  case IR_OP_EXP:
+  case IR_OP_LOG:
+  case IR_OP_SQRT:
+  case IR_OP_RSQRT:
+  case IR_OP_TANH:
+  case IR_OP_SIGMOID:
+  case IR_OP_RELU:
+  case IR_OP_GELU:
+  case IR_OP_SILU:
+  case IR_OP_ABS:
+  case IR_OP_SIGN:
+  case IR_OP_POW:
+  case IR_OP_GELU_GRAD:
+  case IR_OP_CAST:
+  case IR_OP_DETACH: return map1(c, op, out);
+  case IR_OP_ADD:
+  case IR_OP_SUB:
+  case IR_OP_MUL:
+  case IR_OP_DIV:
+  case IR_OP_MAXIMUM:
+  case IR_OP_MINIMUM:
+  case IR_OP_EQ:
+  case IR_OP_NE:
+  case IR_OP_LT:
+  case IR_OP_LE:
+  case IR_OP_GT:
+  case IR_OP_GE: return map2(c, op, out, op->opcode);
   case IR_OP_SELECT: return eval_select(c, op, out);
   case IR_OP_CONST: {
     double v = ir_attr_get_float(op, "value", 0.0);
@@ -810,7 +729,7 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_MSE_LOSS: return eval_mse_loss(c, op, out);
   case IR_OP_WINDOW_SUM: return eval_window_sum(c, op, out);
   case IR_OP_GRAD_SEED: return eval_grad_seed(c, op, out);
-  case IR_OP_LOSS_TERM: return map2(c, op, out, f_mul);
+  case IR_OP_LOSS_TERM: return map2(c, op, out, IR_OP_MUL);
   case IR_OP_ALL_REDUCE_START:
   case IR_OP_ALL_GATHER_START:
   case IR_OP_REDUCE_SCATTER_START: return eval_collective(c, op, out);
@@ -882,7 +801,7 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
     if (!args || !args[i]) continue; /* an op that needs it reports it */
     int64_t n = numel_of(a);
     double *v = alloc_vals(n);
-    for (int64_t k = 0; k < n; k++) v[k] = c.opt->exact_f64 ? args[i][k] : interp_round(args[i][k], a->type.dtype);
+    for (int64_t k = 0; k < n; k++) v[k] = c.opt->exact_f64 ? args[i][k] : ir_round_dtype(args[i][k], a->type.dtype);
     st->val[a->id] = v;
   }
   /* In the count phase, only what window.sum operands depend on runs. */
@@ -921,7 +840,7 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
     st->val[op->result->id] = out;
     ok = eval(&c, op, out);
     if (ok && !c.opt->exact_f64)
-      for (int64_t k = 0; k < n; k++) out[k] = interp_round(out[k], op->result->type.dtype);
+      for (int64_t k = 0; k < n; k++) out[k] = ir_round_dtype(out[k], op->result->type.dtype);
   }
   for (int i = 0; ok && phase == INTERP_COUNT && i < f->nops; i++) {
     const IrOp *op = f->ops[i];

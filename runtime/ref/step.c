@@ -357,7 +357,7 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
         double *dst = r.grads[g];
         /* The buffer is f32 (f64 for f64 params): round as it would. */
         for (int64_t e = 0; e < n; e++)
-          dst[e] = opt->exact_f64 ? dst[e] + v[e] : interp_round(dst[e] + v[e], r.grad_types[g].dtype);
+          dst[e] = opt->exact_f64 ? dst[e] + v[e] : ir_round_dtype(dst[e] + v[e], r.grad_types[g].dtype);
       }
     }
     if (ok) interp_free(&st);

@@ -81,7 +81,7 @@ OtInputs ot_inputs_random(const IrFunc *f, uint64_t seed) {
       if (t && t->dtype == ST_F64) v = ((const double *)t->data)[k];
       if (a->type.dtype == IR_DT_I32 && !t) v = (double)(rng_next(&rng) % 5) - 2;
       if (a->type.dtype == IR_DT_BOOL) v = rng_next(&rng) & 1;
-      d[k] = interp_round(v, a->type.dtype);
+      d[k] = ir_round_dtype(v, a->type.dtype);
     }
   }
   st_free(&st);
@@ -202,7 +202,7 @@ static void fill(double *d, const Operand *o, Rng *rng) {
     if (o->t.dtype == IR_DT_I32 && o->dist != '<') v = (double)(rng_next(rng) % 5) - 2;
     if (o->t.dtype == IR_DT_I32 && o->dist == '!' && v == 0) v = k % 2 ? 3 : -1;
     if (o->t.dtype == IR_DT_BOOL) v = rng_next(rng) & 1;
-    d[k] = interp_round(v, o->t.dtype);
+    d[k] = ir_round_dtype(v, o->t.dtype);
   }
 }
 
@@ -224,13 +224,13 @@ static void edge(OpEdge e, int k, bool index, double *d, const Operand *o) {
     return;
   case OE_LARGE:
     if (k == 0 && ir_dtype_is_float(o->t.dtype))
-      for (int64_t i = 0; i < n; i++) d[i] = interp_round(d[i] * 40, o->t.dtype);
+      for (int64_t i = 0; i < n; i++) d[i] = ir_round_dtype(d[i] * 40, o->t.dtype);
     return;
   case OE_LOWP:
     if (k != 0 || n < 3) return;
-    d[0] = interp_round(1e-7, o->t.dtype);
-    d[1] = interp_round(70000, o->t.dtype);
-    d[2] = interp_round(-3e-6, o->t.dtype);
+    d[0] = ir_round_dtype(1e-7, o->t.dtype);
+    d[1] = ir_round_dtype(70000, o->t.dtype);
+    d[2] = ir_round_dtype(-3e-6, o->t.dtype);
     return;
   case OE_IGNORE:
     if (index)

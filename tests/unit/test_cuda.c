@@ -305,7 +305,7 @@ static void lt_emulate(const CudaGemmDesc *d, char *arena) {
             ((float *)(arena + c))[ci] = (float)sum;
           else { /* bf16, f16 results: rounded as the interpreter rounds */
             IrDType dt = d->out == 2 ? IR_DT_F16 : IR_DT_BF16;
-            double r = interp_round(sum, dt);
+            double r = ir_round_dtype(sum, dt);
             uint16_t h;
             if (dt == IR_DT_F16) {
               h = ot_f16_bits(r);

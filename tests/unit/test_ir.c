@@ -1,5 +1,5 @@
-/* test_ir.c - the IR module: shape rules, text form round trip, reader
- * errors, verifier. */
+/* test_ir.c - the IR module: scalar semantics and rounding, op properties,
+ * shape rules, text form round trip, reader errors, verifier. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +71,150 @@ static int teardown(void **state) {
   do {                                                                                                       \
     if (!strstr((hay), (needle))) fail_msg("'%s' does not contain '%s'", (hay), (needle));                   \
   } while (0)
+
+/* ------------------------------------------------------------------ */
+/* Scalars (scalar.c)                                                  */
+/* ------------------------------------------------------------------ */
+
+static void test_round_dtype_known_values(void **state) {
+  (void)state;
+  /* bf16: 8 significant bits. */
+  assert_true(ir_round_dtype(3.141592653589793, IR_DT_BF16) == 3.140625);
+  assert_true(ir_round_dtype(1.00390625, IR_DT_BF16) == 1.0);       /* tie -> even (down) */
+  assert_true(ir_round_dtype(1.01171875, IR_DT_BF16) == 1.015625);  /* tie -> even (up) */
+  assert_true(ir_round_dtype(1.0 / 3.0, IR_DT_BF16) == 0.333984375);
+  assert_true(ir_round_dtype(-300.5, IR_DT_BF16) == -300.0);
+  assert_true(ir_round_dtype(3.39e38, IR_DT_BF16) == 3.3895313892515355e38); /* largest finite */
+  assert_true(isinf(ir_round_dtype(3.4e38, IR_DT_BF16)) && ir_round_dtype(3.4e38, IR_DT_BF16) > 0);
+  assert_true(isinf(ir_round_dtype(-3.4e38, IR_DT_BF16)) && ir_round_dtype(-3.4e38, IR_DT_BF16) < 0);
+  assert_true(ir_round_dtype(1e-40, IR_DT_BF16) == 9.183549615799121e-41); /* subnormal */
+  assert_true(ir_round_dtype(ldexp(1, -134), IR_DT_BF16) == 0.0);        /* half the smallest subnormal: tie -> 0 */
+  assert_true(isnan(ir_round_dtype(NAN, IR_DT_BF16)));
+  /* f16: 11 significant bits, max 65504. */
+  assert_true(ir_round_dtype(0.1, IR_DT_F16) == 0.0999755859375);
+  assert_true(ir_round_dtype(1.0 / 3.0, IR_DT_F16) == 0.333251953125);
+  assert_true(ir_round_dtype(65519.0, IR_DT_F16) == 65504.0);
+  assert_true(isinf(ir_round_dtype(65520.0, IR_DT_F16)));
+  assert_true(ir_round_dtype(ldexp(1, -25), IR_DT_F16) == 0.0);
+  assert_true(ir_round_dtype(3 * ldexp(1, -26), IR_DT_F16) == ldexp(1, -24));
+  assert_true(ir_round_dtype(-2.5e-5, IR_DT_F16) == -2.4974346160888672e-05);
+  /* f32, i32, bool. */
+  assert_true(ir_round_dtype(0.1, IR_DT_F32) == (double)0.1f);
+  assert_true(ir_round_dtype(1.0 + 1e-9, IR_DT_F32) == 1.0);
+  assert_true(ir_round_dtype(1.0 + 1e-9, IR_DT_F64) == 1.0 + 1e-9);
+  assert_true(ir_round_dtype(-7.0, IR_DT_I32) == -7.0);
+  assert_true(ir_round_dtype(2.5, IR_DT_BOOL) == 1.0);
+  assert_true(ir_round_dtype(0.0, IR_DT_BOOL) == 0.0);
+}
+
+static void test_scalar_ops(void **state) {
+  (void)state;
+  assert_true(ir_scalar_unary(IR_OP_RSQRT, 4.0, 0) == 0.5);
+  assert_true(ir_scalar_unary(IR_OP_POW, 2.0, 3.0) == 8.0);
+  assert_true(isnan(ir_scalar_unary(IR_OP_RELU, NAN, 0)));   /* torch.relu keeps NaN */
+  assert_true(ir_scalar_unary(IR_OP_RELU, -2.0, 0) == 0.0);
+  assert_true(ir_scalar_unary(IR_OP_SIGMOID, -1000.0, 0) == 0.0); /* no overflow */
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU, 1.0, 0) - 0.8411919906082768) < 1e-15);
+  assert_true(ir_scalar_unary(IR_OP_SIGN, -3.0, 0) == -1.0);
+  assert_true(isnan(ir_scalar_binary(IR_OP_MAXIMUM, NAN, 1.0))); /* torch.maximum propagates NaN */
+  assert_true(isnan(ir_scalar_binary(IR_OP_MINIMUM, 1.0, NAN)));
+  assert_true(ir_scalar_binary(IR_OP_LE, 1.0, 1.0) == 1.0);
+  assert_true(ir_scalar_binary(IR_OP_NE, NAN, NAN) == 1.0);
+  assert_true(ir_scalar_cast(-2.7, IR_DT_I32) == -2.0); /* toward zero */
+  assert_true(ir_scalar_cast(INFINITY, IR_DT_I32) == 0.0);
+  assert_true(ir_scalar_cast(0.25, IR_DT_BOOL) == 1.0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Op properties (the flags column of ops.def)                         */
+/* ------------------------------------------------------------------ */
+
+/* Is `name` one of the space-separated words of `list`? */
+static bool listed(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = list; *p;) {
+    size_t k = strcspn(p, " ");
+    if (k == n && memcmp(p, name, n) == 0) return true;
+    p += k;
+    p += strspn(p, " ");
+  }
+  return false;
+}
+
+#define EW_UNARY "neg exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sign pow gelu_grad cast detach"
+#define EW_BINARY "add sub mul div maximum minimum"
+#define EW_COMPARE "eq ne lt le gt ge"
+#define EW EW_UNARY " " EW_BINARY " " EW_COMPARE " select"
+#define COLLECTIVES                                                                                        \
+  "all_reduce.start all_reduce.wait all_gather.start all_gather.wait reduce_scatter.start "               \
+  "reduce_scatter.wait tp.copy tp.scatter rank.slice rank.concat"
+
+/* Each flag and the ops that have it, written out: the lists the flags
+ * replaced (the code generators' elementwise lists, the kernel model's
+ * group-0 and row-kernel lists, the executors' view and collective lists). */
+static const struct {
+  unsigned flag;
+  const char *ops;
+} flag_ops[] = {
+    {IR_OPF_UNARY, EW_UNARY},
+    {IR_OPF_BINARY, EW_BINARY},
+    {IR_OPF_COMPARE, EW_COMPARE},
+    {IR_OPF_FOLD, "neg exp log sqrt rsqrt pow cast add sub mul div maximum minimum"},
+    {IR_OPF_HINT, "const cast"},
+    {IR_OPF_POINT, EW " broadcast mse_loss grad.seed loss.term"},
+    {IR_OPF_ROW, EW " broadcast mse_loss grad.seed loss.term sum mean max logsumexp softmax log_softmax "
+                 "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy"},
+    {IR_OPF_RED, "sum mean max logsumexp softmax log_softmax layer_norm rms_norm cross_entropy"},
+    {IR_OPF_EXEC, "const reshape matmul window.sum loss grad " COLLECTIVES},
+    {IR_OPF_VIEW, "reshape permute slice concat"},
+    {IR_OPF_START, "all_reduce.start all_gather.start reduce_scatter.start"},
+    {IR_OPF_WAIT, "all_reduce.wait all_gather.wait reduce_scatter.wait"},
+    {IR_OPF_RANKCOPY, "tp.scatter rank.slice rank.concat"},
+    {IR_OPF_OPAQUE, "window.sum grad.seed loss.term loss grad " COLLECTIVES},
+};
+
+static void test_op_flags_as_listed(void **state) {
+  (void)state;
+  unsigned all = 0;
+  for (size_t k = 0; k < sizeof flag_ops / sizeof flag_ops[0]; k++) {
+    all |= flag_ops[k].flag;
+    for (int i = 0; i < IR_OP_COUNT; i++) {
+      const char *name = ir_op_info[i].name;
+      if (ir_op_is((IrOpcode)i, flag_ops[k].flag) != listed(flag_ops[k].ops, name))
+        fail_msg("'%s' %s flag %#x", name, listed(flag_ops[k].ops, name) ? "lacks" : "has", flag_ops[k].flag);
+    }
+  }
+  /* Every flag is listed above; the rest of the bits are the kind's. */
+  assert_int_equal(all, ((1u << IR_OPF_NFLAGS) - 1) & ~((1u << IR_KIND_COUNT) - 1));
+  for (int i = 0; i < IR_OP_COUNT; i++)
+    assert_int_equal(ir_op_info[i].flags & ~all, 1u << ir_op_info[i].kind);
+}
+
+/* What the flags mean, against the other columns. */
+static void test_op_flags_agree_with_kind_and_arity(void **state) {
+  (void)state;
+  for (int i = 0; i < IR_OP_COUNT; i++) {
+    IrOpcode opc = (IrOpcode)i;
+    const IrOpInfo *info = &ir_op_info[i];
+    bool ew = info->kind == IR_KIND_ELEMENTWISE;
+    assert_true(ir_op_is(opc, 1u << info->kind));
+    assert_int_equal(ir_op_is(opc, IR_OPF_ELEMENTWISE), ew);
+    int groups = ir_op_is(opc, IR_OPF_UNARY) + ir_op_is(opc, IR_OPF_BINARY) + ir_op_is(opc, IR_OPF_COMPARE);
+    if (ew) assert_true(groups == 1 || opc == IR_OP_SELECT);
+    else assert_int_equal(groups, 0);
+    if (ir_op_is(opc, IR_OPF_UNARY)) assert_int_equal(info->arity, 1);
+    if (ir_op_is(opc, IR_OPF_BINARY | IR_OPF_COMPARE)) assert_int_equal(info->arity, 2);
+    if (ir_op_is(opc, IR_OPF_FOLD)) assert_true(ir_op_is(opc, IR_OPF_UNARY | IR_OPF_BINARY));
+    if (ew) assert_true(ir_op_is(opc, IR_OPF_POINT));
+    if (ir_op_is(opc, IR_OPF_POINT | IR_OPF_RED)) assert_true(ir_op_is(opc, IR_OPF_ROW));
+    if (ir_op_is(opc, IR_OPF_EXEC)) assert_false(ir_op_is(opc, IR_OPF_ROW));
+    if (ir_op_is(opc, IR_OPF_VIEW)) assert_int_equal(info->kind, IR_KIND_MOVEMENT);
+    if (ir_op_is(opc, IR_OPF_START | IR_OPF_WAIT | IR_OPF_RANKCOPY)) assert_int_equal(info->kind, IR_KIND_COLLECTIVE);
+    if (info->kind == IR_KIND_COLLECTIVE || info->kind == IR_KIND_OUTPUT)
+      assert_true(ir_op_is(opc, IR_OPF_EXEC) && ir_op_is(opc, IR_OPF_OPAQUE));
+    assert_int_equal(ir_op_is(opc, IR_OPF_OPAQUE), ir_op_is(opc, IR_OPF_WINDOW | IR_OPF_COLLECTIVE | IR_OPF_OUTPUT));
+  }
+}
 
 /* ------------------------------------------------------------------ */
 /* Shape rules                                                         */
@@ -272,6 +416,13 @@ static void test_shape_nn(void **state) {
   assert_has(infer(IR_OP_LAYER_NORM, "f32[4,8] f32[4] f32[8]", &eps, 1, NULL), "operand 2 of f32[4,8] must be f32[8], got f32[4]");
   assert_string_equal(infer(IR_OP_RMS_NORM, "f64[2,3,8] f64[8]", &eps, 1, NULL), "f64[2,3,8]");
   assert_has(infer(IR_OP_RMS_NORM, "f64[2,3,8] f64[8]", NULL, 0, NULL), "'rms_norm' needs attribute 'eps'");
+  assert_has(infer(IR_OP_LAYER_NORM, "f32[4,8] f32[8] f32[8]", NULL, 0, NULL), "'layer_norm' needs attribute 'eps'");
+  /* Every norm that builds has its eps: ir_op_eps reads it, no default. */
+  IrAttr eps3 = ir_attr_float("eps", 1e-3);
+  IrValue *nargs[2] = {arg_of("f32[4,8]"), arg_of("f32[8]")};
+  IrOp *rms = ir_build(fn, IR_OP_RMS_NORM, nargs, 2, &eps3, 1, NULL, (IrLoc){0}, err, sizeof err);
+  assert_non_null(rms);
+  assert_true(ir_op_eps(rms) == 1e-3);
 
   assert_string_equal(infer(IR_OP_EMBEDDING, "i32[2,7] f32[50,16]", NULL, 0, NULL), "f32[2,7,16]");
   assert_has(infer(IR_OP_EMBEDDING, "f32[2,7] f32[50,16]", NULL, 0, NULL), "operand 1 must be i32, got f32[2,7]");
@@ -527,6 +678,8 @@ static void test_read_error_positions(void **state) {
       {"func @f(%x: f32[1,1,1,1,1,1,1,1,1] input) {\n}\n", "t.gir:1:33: error: more than 8 dimensions\n"},
       {"func @f() {\n}\nfunc @g() {\n}\n", "t.gir:3:1: error: expected end of file after the function, got 'func'\n"},
       {"func @f(%x: f32 input) {\n  loss %x\n}\n", "t.gir:2:3: error: 'loss' needs attribute 'name'\n"},
+      {"func @f(%x: f32[2,4] input, %w: f32[4] param) {\n  %y = rms_norm %x, %w : f32[2,4]\n}\n",
+       "t.gir:2:8: error: 'rms_norm' needs attribute 'eps'\n"},
       {"func @f(%x: f32 input) {\n  %l = loss %x {name=\"l\"}\n}\n", "t.gir:2:3: error: 'loss' has no result\n"},
       {"func @f(%x: f32 input) {\n  exp %x : f32\n}\n", "t.gir:2:3: error: 'exp' needs a result"},
       {"func @f(%x: f32 input) {\n  %0 = exp %x\n}\n", "t.gir:3:1: error: expected ':' and the result type, got '}'\n"},
@@ -729,6 +882,10 @@ static void test_dot_lists_nodes_and_edges(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_dtype_known_values),
+      cmocka_unit_test(test_scalar_ops),
+      cmocka_unit_test(test_op_flags_as_listed),
+      cmocka_unit_test(test_op_flags_agree_with_kind_and_arity),
       cmocka_unit_test_setup_teardown(test_shape_broadcast_helpers, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_unary, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_const, setup, teardown),
