@@ -30,17 +30,18 @@ typedef struct PassOptions {
 typedef PassResult (*PassFn)(IrFunc *f, const PassOptions *o, Arena *scratch);
 
 typedef struct Pass {
-  const char *name; /* as in --passes= and --print-ir-after= */
+  const char *name;  /* as in --passes= and --print-ir-after= */
   PassFn run;
-  const char *what; /* one line for `gradc help` */
+  const char *needs; /* passes that must run before it, comma-separated, in order (NULL: none) */
+  const char *what;  /* one line for `gradc help` */
 } Pass;
 
 /* passmgr.c */
 const Pass *pass_lookup(const char *name);
 const Pass *pass_list(int *n);                    /* every registered pass */
 const char *const *pass_pipeline(int *n);         /* the default pipeline, in order */
-/* The CPU back end's pipeline (docs/BACKEND.md): the default one, then
- * fuse and memplan. */
+/* The CPU back end's pipeline (docs/BACKEND.md): the default one, with
+ * the rewrites before fuse and fuse before schedule, and memplan. */
 const char *const *pass_pipeline_cpu(int *n);
 
 typedef struct PassManager {
@@ -53,9 +54,12 @@ typedef struct PassManager {
 } PassManager;
 
 void pm_init(PassManager *pm);
-/* Run passes by name.  Returns 0 on success, 1 on a user error (reported
- * through o->diag), 2 on an internal error (a verifier failure: the IR is
- * dumped and the pass named on stderr). */
+/* Run passes by name.  A pass's `needs` that the list does not name
+ * before it run first, just before it, as passes of their own (dumped,
+ * verified and timed like the others): `--passes=fuse` runs the
+ * rewrites fuse needs, then fuse.  Returns 0 on success, 1
+ * on a user error (reported through o->diag), 2 on an internal error (a
+ * verifier failure: the IR is dumped and the pass named on stderr). */
 int pm_run(PassManager *pm, IrFunc *f, const char *const *names, int n, const PassOptions *o);
 
 /* One function per pass (each in its own file). */
@@ -64,6 +68,11 @@ PassResult pass_cse(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_autodiff(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* The rewrites before fuse (fuse needs them: the shapes its grouping is made for). */
+PassResult pass_weight_grad_gemm(IrFunc *f, const PassOptions *o, Arena *scratch);     /* weight_grad_gemm.c */
+PassResult pass_unslice_concat(IrFunc *f, const PassOptions *o, Arena *scratch);       /* unslice_concat.c */
+PassResult pass_split_reductions(IrFunc *f, const PassOptions *o, Arena *scratch);     /* split_reductions.c */
+PassResult pass_split_cross_entropy(IrFunc *f, const PassOptions *o, Arena *scratch);  /* split_cross_entropy.c */
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* shard.c: split(N) params over --tp ranks, collectives inserted (docs/DISTRIBUTED.md). */
 PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch);
@@ -73,6 +82,16 @@ PassResult pass_dp_reduce(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_schedule(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* memplan.c: arena offsets for every stored value (docs/BACKEND.md); CPU pipeline only. */
 PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch);
+
+/* ------------------------------------------------------------------ */
+/* rewrite.c: helpers of the rewriting passes                          */
+/* ------------------------------------------------------------------ */
+/* Move the ops appended since index `from` (at the end of the list) to
+ * index `at`, shifting the ops from `at` on after them. */
+void rw_splice(IrFunc *f, int at, int from);
+/* A permute that swaps the last two axes and keeps the others (a matrix
+ * transpose); false for NULL. */
+bool rw_is_transpose(const IrOp *op);
 
 /* ------------------------------------------------------------------ */
 /* cost.c: the cost model of `schedule` and a simulation of a step      */
