@@ -1,8 +1,8 @@
 /* passmgr.c - the pass registry, the default pipelines, and the manager
  * that runs passes with dumps (--print-ir-before/after), the verifier
  * between passes, and per-pass timing (--time-passes).  A pass may name
- * the passes it needs before it (fuse: the rewrites that prepare its
- * graph); a list that leaves them out gets them run first,
+ * the passes it needs before it (fuse and memplan: the rewrites that
+ * prepare their graph); a list that leaves them out gets them run first,
  * each as a pass of its own. */
 #include <string.h>
 #include <time.h>
@@ -12,6 +12,7 @@
 /* Every pass, in pipeline order: name, function, the passes it needs run
  * before it (pm_run runs those a list leaves out), what it does. */
 #define FUSE_NEEDS "weight-grad-gemm,unslice-concat,split-reductions,split-cross-entropy"
+#define MEMPLAN_NEEDS "ungroup-dp-slices,split-grad-sums,grad-unslices,grad-copies,movement-kernels"
 static const Pass passes[] = {
     {"shard", pass_shard, NULL, "shard split(N) params over the --tp ranks and insert the collectives"},
     {"gas-fold", pass_gas_fold, NULL, "fold gradient-accumulation scaling into the objective root (DESIGN.md §3)"},
@@ -26,7 +27,12 @@ static const Pass passes[] = {
     {"split-cross-entropy", pass_split_cross_entropy, NULL, "cross_entropy(reduction=\"sum\") becomes per-row cross_entropy and a sum"},
     {"fuse", pass_fuse, FUSE_NEEDS, "group ops into kernels: elementwise chains, row reductions and their neighbours"},
     {"schedule", pass_schedule, NULL, "start collectives early and wait late, so communication overlaps compute"},
-    {"memplan", pass_memplan, NULL, "assign every stored value an offset in the step's arena (CPU back end)"},
+    {"ungroup-dp-slices", pass_ungroup_dp_slices, NULL, "the unslice of a dp-reduced gradient slice goes back to group 0 (no work)"},
+    {"split-grad-sums", pass_split_grad_sums, NULL, "grad(p + q) becomes grad(p) and grad(q), both accumulating into one buffer"},
+    {"grad-unslices", pass_grad_unslices, NULL, "a group-0 range unslice that cannot fill its gradient range in place becomes a kernel"},
+    {"grad-copies", pass_grad_copies, NULL, "a gradient that cannot accumulate in place gets a copy-accumulate kernel"},
+    {"movement-kernels", pass_movement_kernels, NULL, "a group-0 permute, slice or concat that no GEMM reads in place becomes a kernel"},
+    {"memplan", pass_memplan, MEMPLAN_NEEDS, "assign every stored value an offset in the step's arena (CPU back end)"},
 };
 #define NPASSES ((int)(sizeof passes / sizeof passes[0]))
 
@@ -37,7 +43,7 @@ static const char *const pipeline_cpu[] = {
     "shard", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce",
     "weight-grad-gemm", "unslice-concat", "split-reductions", "split-cross-entropy", "fuse",
     "schedule",
-    "memplan",
+    "ungroup-dp-slices", "split-grad-sums", "grad-unslices", "grad-copies", "movement-kernels", "memplan",
 };
 
 const Pass *pass_lookup(const char *name) {
