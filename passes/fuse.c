@@ -442,6 +442,64 @@ static bool rematerialise(Fuse *fu) {
   return true;
 }
 
+/* Try every candidate merge of fu's kernels, best first: producer->consumer
+ * edges between row-kernel ops, then siblings over one value. */
+static void merge_candidates(Fuse *fu, const int *depth) {
+  IrFunc *f = fu->f;
+  int n = fu->n, nn = n ? n : 1;
+  int ncand = 0, capcand = 64;
+  Cand *cands = malloc(sizeof(Cand) * (size_t)capcand);
+  if (!cands) abort();
+#define ADD_CAND(W, I, J, S)                                                                                 \
+  do {                                                                                                       \
+    if (ncand == capcand) {                                                                                  \
+      capcand *= 2;                                                                                          \
+      Cand *c_ = realloc(cands, sizeof(Cand) * (size_t)capcand);                                             \
+      if (!c_) abort();                                                                                      \
+      cands = c_;                                                                                            \
+    }                                                                                                        \
+    cands[ncand++] = (Cand){(W), depth[J], f->ops[J]->result->id, f->ops[I]->result->id, (I), (J), (S)};   \
+  } while (0)
+  for (int i = 0; i < n; i++) {
+    if (fu->kind[i] != K_ROW) continue;
+    IrOp *op = f->ops[i];
+    for (int k = 0; k < op->nargs; k++) {
+      IrOp *d = op->args[k]->def;
+      if (d && fu->kind[pos_of(d)] == K_ROW) ADD_CAND(ir_numel(&op->args[k]->type.shape), pos_of(d), i, NULL);
+    }
+  }
+  /* Siblings: row-kernel readers of one value (not a const), in depth order, consecutive pairs. */
+  int *readers = ARENA_ARRAY(fu->a, int, nn);
+  g_depth = depth;
+  g_ops = f->ops;
+  for (int v = 0; v < f->nvalues; v++) {
+    IrValue *val = f->values[v];
+    if ((val->def && val->def->opcode == IR_OP_CONST) || ir_numel(&val->type.shape) <= 1) continue;
+    int nr = 0;
+    int p = val->def ? pos_of(val->def) : -1;
+    if (p >= 0 && (p >= n || f->ops[p] != val->def)) continue; /* not defined by a live op */
+    if (p >= 0) {
+      for (int k = 0; k < fu->nusers[p]; k++)
+        if (fu->kind[fu->users[p][k]] == K_ROW) readers[nr++] = fu->users[p][k];
+    } else {
+      for (int i = 0; i < n; i++) {
+        if (fu->kind[i] != K_ROW) continue;
+        for (int k = 0; k < f->ops[i]->nargs; k++)
+          if (f->ops[i]->args[k] == val) {
+            readers[nr++] = i;
+            break;
+          }
+      }
+    }
+    qsort(readers, (size_t)nr, sizeof(int), reader_cmp);
+    for (int r = 1; r < nr; r++) ADD_CAND(ir_numel(&val->type.shape), readers[r - 1], readers[r], val);
+  }
+  qsort(cands, (size_t)ncand, sizeof(Cand), cand_cmp);
+  for (int c = 0; c < ncand; c++) try_merge(fu, cands[c].i, cands[c].j, cands[c].shared);
+  free(cands);
+#undef ADD_CAND
+}
+
 /* Group f's ops into kernels (fu's union-find), not yet ordered. */
 static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
   int n = f->nops;
@@ -505,57 +563,7 @@ static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
       if (d && depth[pos_of(d)] + 1 > depth[i]) depth[i] = depth[pos_of(d)] + 1;
     }
 
-  /* Candidates: producer->consumer edges, then siblings over one value. */
-  int ncand = 0, capcand = 64;
-  Cand *cands = malloc(sizeof(Cand) * (size_t)capcand);
-  if (!cands) abort();
-#define ADD_CAND(W, I, J, S)                                                                                 \
-  do {                                                                                                       \
-    if (ncand == capcand) {                                                                                  \
-      capcand *= 2;                                                                                          \
-      Cand *c_ = realloc(cands, sizeof(Cand) * (size_t)capcand);                                             \
-      if (!c_) abort();                                                                                      \
-      cands = c_;                                                                                            \
-    }                                                                                                        \
-    cands[ncand++] = (Cand){(W), depth[J], f->ops[J]->result->id, f->ops[I]->result->id, (I), (J), (S)};   \
-  } while (0)
-  for (int i = 0; i < n; i++) {
-    if (fu.kind[i] != K_ROW) continue;
-    IrOp *op = f->ops[i];
-    for (int k = 0; k < op->nargs; k++) {
-      IrOp *d = op->args[k]->def;
-      if (d && fu.kind[pos_of(d)] == K_ROW) ADD_CAND(ir_numel(&op->args[k]->type.shape), pos_of(d), i, NULL);
-    }
-  }
-  /* Siblings: row-kernel readers of one value (not a const), in depth order, consecutive pairs. */
-  int *readers = ARENA_ARRAY(scratch, int, nn);
-  g_depth = depth;
-  g_ops = f->ops;
-  for (int v = 0; v < f->nvalues; v++) {
-    IrValue *val = f->values[v];
-    if ((val->def && val->def->opcode == IR_OP_CONST) || ir_numel(&val->type.shape) <= 1) continue;
-    int nr = 0;
-    int p = val->def ? pos_of(val->def) : -1;
-    if (p >= 0 && (p >= n || f->ops[p] != val->def)) continue; /* not defined by a live op */
-    if (p >= 0) {
-      for (int k = 0; k < fu.nusers[p]; k++)
-        if (fu.kind[fu.users[p][k]] == K_ROW) readers[nr++] = fu.users[p][k];
-    } else {
-      for (int i = 0; i < n; i++) {
-        if (fu.kind[i] != K_ROW) continue;
-        for (int k = 0; k < f->ops[i]->nargs; k++)
-          if (f->ops[i]->args[k] == val) {
-            readers[nr++] = i;
-            break;
-          }
-      }
-    }
-    qsort(readers, (size_t)nr, sizeof(int), reader_cmp);
-    for (int r = 1; r < nr; r++) ADD_CAND(ir_numel(&val->type.shape), readers[r - 1], readers[r], val);
-  }
-  qsort(cands, (size_t)ncand, sizeof(Cand), cand_cmp);
-  for (int c = 0; c < ncand; c++) try_merge(&fu, cands[c].i, cands[c].j, cands[c].shared);
-  free(cands);
+  merge_candidates(&fu, depth);
   *out = fu;
 }
 
