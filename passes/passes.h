@@ -40,9 +40,9 @@ typedef struct Pass {
 const Pass *pass_lookup(const char *name);
 const Pass *pass_list(int *n);                    /* every registered pass */
 const char *const *pass_pipeline(int *n);         /* the default pipeline, in order */
-/* The CPU back end's pipeline (docs/BACKEND.md): the default one, with
- * the rewrites before fuse, fuse, and the rewrites before memplan and
- * memplan around schedule. */
+/* The CPU back end's pipeline (docs/BACKEND.md, docs/IR.md): the default
+ * one with the rewrites before fuse and fuse ahead of schedule, and the
+ * rewrites before memplan and memplan after it. */
 const char *const *pass_pipeline_cpu(int *n);
 
 typedef struct PassManager {
