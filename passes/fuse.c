@@ -1,6 +1,9 @@
 /* fuse.c - group ops into kernels (docs/BACKEND.md).
  *
- * Requires: a verified function after the target-independent passes.
+ * Requires: a verified function after the target-independent passes and
+ * the rewrites that prepare grouping (weight-grad-gemm, unslice-concat,
+ * split-reductions, split-cross-entropy; it is correct without them, only
+ * slower).
  * Guarantees: every op the executor does not run itself (see kp_op_group0:
  * matmul, reshape, const, window.sum, loss, grad, collectives) has
  * IrOp.group >= 1; each group's ops are contiguous in the op list, which
@@ -35,12 +38,8 @@
  * contiguous range that only feeds a gradient (w[l]'s: memplan has its
  * operand accumulate straight into that range of the gradient buffer).
  *
- * Rewrites come first: a batched weight gradient becomes one GEMM over
- * all rows; a sum of unslices tiling one axis becomes a concat; a
- * reduction over the last axis and others becomes a row reduction and a
- * small one; cross_entropy with reduction="sum" becomes a per-row
- * cross_entropy (reduction="none") and a sum, so that the rows can run in
- * parallel in a kernel shared with the backward. */
+ * The one rewrite inside is rematerialisation (below): it is decided on
+ * the kernels a first grouping makes, and the grouping then runs again. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,299 +77,6 @@ static int root(Fuse *fu, int i) {
 
 /* The node of op i in the kernel graph: its kernel's root, or itself. */
 static int node(Fuse *fu, int i) { return fu->kind[i] == K_GROUP0 ? i : root(fu, i); }
-
-/* ------------------------------------------------------------------ */
-/* The rewrite: cross_entropy(sum) = sum(cross_entropy(none))          */
-/* ------------------------------------------------------------------ */
-
-static bool split_cross_entropy(IrFunc *f) {
-  bool changed = false;
-  for (int i = 0; i < f->nops; i++) {
-    IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_CROSS_ENTROPY || strcmp(ir_attr_get_str(op, "reduction", "mean"), "sum") != 0) continue;
-    IrAttr attrs[8];
-    int na = 0;
-    for (int k = 0; k < op->nattrs && na < 7; k++)
-      if (strcmp(op->attrs[k].key, "reduction") != 0) attrs[na++] = op->attrs[k];
-    attrs[na++] = ir_attr_str("reduction", "none");
-    int before = f->nops;
-    IrValue *rows = ir_emit(f, IR_OP_CROSS_ENTROPY, op->args, 2, attrs, na, NULL, op->loc);
-    int64_t axes[IR_MAX_RANK];
-    int r = rows->type.shape.rank;
-    for (int k = 0; k < r; k++) axes[k] = k;
-    IrValue *total = r ? ir_reduce(f, IR_OP_SUM, rows, axes, r, false, op->loc) : rows;
-    /* Move the new ops to where the old one was. */
-    int added = f->nops - before;
-    IrOp *tmp[2];
-    GRADC_ASSERT(added >= 1 && added <= 2);
-    memcpy(tmp, f->ops + before, sizeof(IrOp *) * (size_t)added);
-    memmove(f->ops + i + added, f->ops + i, sizeof(IrOp *) * (size_t)(before - i));
-    memcpy(f->ops + i, tmp, sizeof(IrOp *) * (size_t)added);
-    f->nops = before + added;
-    /* The old op now sits at i + added; hand its uses over and drop it. */
-    IrValue *old = op->result;
-    if (old->name && !total->name) total->name = old->name;
-    ir_replace_uses(f, old, total);
-    memmove(f->ops + i + added, f->ops + i + added + 1, sizeof(IrOp *) * (size_t)(f->nops - i - added - 1));
-    f->nops--;
-    changed = true;
-  }
-  return changed;
-}
-
-/* ------------------------------------------------------------------ */
-/* The rewrite: batched weight gradients as one GEMM                   */
-/* ------------------------------------------------------------------ */
-
-/* A permute that swaps the last two axes and keeps the others. */
-static bool swaps_last_two(const IrOp *op) {
-  if (!op || op->opcode != IR_OP_PERMUTE) return false;
-  const int64_t *perm;
-  int n = ir_attr_get_ints(op, "perm", &perm);
-  if (n < 2 || n != op->result->type.shape.rank) return false;
-  for (int k = 0; k < n - 2; k++)
-    if (perm[k] != k) return false;
-  return perm[n - 2] == n - 1 && perm[n - 1] == n - 2;
-}
-
-/* Move the ops appended since index `from` (at the end of the list) to
- * index `at`, shifting the ops from `at` on after them. */
-static void splice(IrFunc *f, int at, int from) {
-  int added = f->nops - from;
-  IrOp **tmp = malloc(sizeof(IrOp *) * (size_t)(added ? added : 1));
-  if (!tmp) abort();
-  memcpy(tmp, f->ops + from, sizeof(IrOp *) * (size_t)added);
-  memmove(f->ops + at + added, f->ops + at, sizeof(IrOp *) * (size_t)(from - at));
-  memcpy(f->ops + at, tmp, sizeof(IrOp *) * (size_t)added);
-  free(tmp);
-}
-
-/* The weight gradient of x[b..., T, C] @ W[C, F] comes out of autodiff as
- *   sum(matmul(permute(x, swap last two), dy[b..., T, F]), axes = the batch axes)
- * : a batch of [C, F] GEMMs over T rows each, written whole to memory and
- * then summed.  With the batch and T axes merged it is one GEMM over all
- * rows, x^T[C, b*T] @ dy[b*T, F], which the BLAS runs faster, needs no
- * [b..., C, F] temporary and no sum kernel, and writes straight into the
- * gradient buffer (memplan):
- *   reshape(matmul(permute(reshape(x, [b*T, C]), [1,0]), reshape(dy, [b*T, F])), the sum's shape)
- * Only when the matmul's result is read by the sum alone, both operands
- * have the same batch dims (no broadcasting) and dy is not itself a
- * transpose (which would have to be materialised to be reshaped). */
-static bool fold_weight_grads(IrFunc *f, Arena *scratch) {
-  int nv = f->nvalues;
-  int *uses = ARENA_ARRAY(scratch, int, nv + 1);
-  ir_count_uses(f, uses);
-  for (int i = 0; i < f->nops; i++) f->ops[i]->mark = 0;
-  bool changed = false;
-  int n0 = f->nops;
-  for (int i = 0; i < n0; i++) {
-    IrOp *s = f->ops[i];
-    if (s->opcode != IR_OP_SUM || s->mark) continue;
-    IrValue *x = s->args[0];
-    IrOp *mm = x->def;
-    if (x->id >= nv || !mm || mm->opcode != IR_OP_MATMUL || uses[x->id] != 1) continue;
-    IrValue *a = mm->args[0], *b = mm->args[1];
-    int r = a->type.shape.rank;
-    if (r < 3 || b->type.shape.rank != r || !swaps_last_two(a->def) || swaps_last_two(b->def)) continue;
-    bool ok = true;
-    for (int k = 0; k < r - 2; k++) ok &= a->type.shape.dim[k] == b->type.shape.dim[k];
-    const int64_t *axes;
-    int na = ir_attr_get_ints(s, "axes", &axes);
-    bool red[IR_MAX_RANK] = {false};
-    for (int k = 0; k < na; k++) {
-      int64_t ax;
-      if (!ir_norm_axis(axes[k], r, &ax)) ok = false;
-      else red[ax] = true;
-    }
-    for (int k = 0; k < r; k++) ok &= red[k] == (k < r - 2);
-    if (!ok) continue;
-    IrValue *x0 = a->def->args[0]; /* [b..., T, C] */
-    int64_t rows = 1;
-    for (int k = 0; k < r - 1; k++) rows *= x0->type.shape.dim[k];
-    int64_t C = x0->type.shape.dim[r - 1], F = b->type.shape.dim[r - 1];
-    int before = f->nops;
-    IrValue *x2 = ir_reshape(f, x0, ir_shape_make(2, (int64_t[]){rows, C}), mm->loc);
-    IrValue *xt = ir_permute(f, x2, (int64_t[]){1, 0}, mm->loc);
-    IrValue *dy2 = ir_reshape(f, b, ir_shape_make(2, (int64_t[]){rows, F}), mm->loc);
-    IrValue *w = ir_matmul(f, xt, dy2, mm->loc);
-    if (!ir_shape_eq(&w->type.shape, &s->result->type.shape)) w = ir_reshape(f, w, s->result->type.shape, s->loc);
-    if (!w->name) w->name = s->result->name;
-    /* The new ops take the sum's place; the sum, the batched matmul and a
-     * transpose read by nothing else go. */
-    splice(f, i, before);
-    int added = f->nops - before;
-    i += added;
-    n0 += added;
-    ir_replace_uses(f, s->result, w);
-    s->mark = 1;
-    mm->mark = 1;
-    if (--uses[a->id] == 0) a->def->mark = 1;
-    changed = true;
-  }
-  /* The new ops read only values defined before the batched matmul, so
-   * the order stays valid. */
-  if (changed) ir_func_remove_marked(f);
-  return changed;
-}
-
-/* ------------------------------------------------------------------ */
-/* The rewrite: a sum of unslices that tile their shape is a concat    */
-/* ------------------------------------------------------------------ */
-
-typedef struct Part {
-  IrOp *un;      /* the unslice */
-  int64_t start; /* along the axis */
-} Part;
-
-static int part_cmp(const void *pa, const void *pb) {
-  const Part *a = pa, *b = pb;
-  return (a->start > b->start) - (a->start < b->start);
-}
-
-/* The leaves of the tree of adds at v (the root, then adds read once, of
- * v's type) into parts, its adds into adds; false past cap of either. */
-static bool add_leaves(IrValue *v, bool root, const IrType *t, const int *uses, int nv, Part *parts, int *n,
-                       IrOp **adds, int *na, int cap) {
-  IrOp *d = v->def;
-  if (d && d->opcode == IR_OP_ADD && v->id < nv && ir_type_eq(&v->type, t) && d->args[0] != d->args[1] &&
-      (root || uses[v->id] == 1)) {
-    if (*na == cap) return false;
-    adds[(*na)++] = d;
-    return add_leaves(d->args[0], false, t, uses, nv, parts, n, adds, na, cap) &&
-           add_leaves(d->args[1], false, t, uses, nv, parts, n, adds, na, cap);
-  }
-  if (*n == cap) return false;
-  parts[(*n)++] = (Part){d, 0};
-  return true;
-}
-
-/* The gradient of x[..., 0:C], x[..., C:2C], x[..., 2C:3C] (q, k and v cut
- * from one projection) comes out of autodiff as the sum of three unslices
- * into x's shape; a kernel adding them gathers every element from three
- * places.  When the unslices' ranges tile one axis (the other axes whole,
- * unit steps) the sum is a concat of their operands in range order: a
- * plain copy, or nothing when GEMMs write the parts in place (views). */
-static bool unslices_to_concat(IrFunc *f, Arena *scratch) {
-  int nv = f->nvalues;
-  int *uses = ARENA_ARRAY(scratch, int, nv + 1);
-  ir_count_uses(f, uses);
-  for (int i = 0; i < f->nops; i++) f->ops[i]->mark = 0;
-  enum { CAP = 64 };
-  Part parts[CAP];
-  IrOp *adds[CAP];
-  bool changed = false;
-  for (int i = f->nops - 1; i >= 0; i--) {
-    IrOp *root = f->ops[i];
-    if (root->opcode != IR_OP_ADD || root->mark || root->result->id >= nv) continue;
-    const IrType *t = &root->result->type;
-    /* A gradient's sum stays: memplan splits it into contributions that
-     * accumulate in place, each into its range (stacked params). */
-    bool to_grad = false;
-    for (int k = i + 1; k < f->nops; k++)
-      for (int j = 0; j < f->ops[k]->nargs; j++) to_grad |= f->ops[k]->args[j] == root->result && f->ops[k]->opcode == IR_OP_GRAD;
-    if (to_grad) continue;
-    int n = 0, na = 0;
-    if (!add_leaves(root->result, true, t, uses, nv, parts, &n, adds, &na, CAP) || n < 2) continue;
-    /* Every leaf an unslice read once, all cut along one axis. */
-    int axis = -1;
-    bool ok = true;
-    for (int k = 0; ok && k < n; k++) {
-      IrOp *u = parts[k].un;
-      ok = u && u->opcode == IR_OP_UNSLICE && uses[u->result->id] == 1 && ir_type_eq(&u->result->type, t);
-      if (!ok) break;
-      int64_t start[IR_MAX_RANK], step[IR_MAX_RANK];
-      kp_slice_ranges(u, &t->shape, start, step);
-      const IrShape *ps = &u->args[0]->type.shape;
-      for (int a = 0; ok && a < t->shape.rank; a++) {
-        if (ps->dim[a] == t->shape.dim[a] && start[a] == 0 && step[a] == 1) continue;
-        if (axis >= 0 && axis != a) ok = false;
-        axis = a;
-        ok = ok && step[a] == 1;
-        parts[k].start = start[a];
-      }
-    }
-    if (!ok || axis < 0) continue;
-    qsort(parts, (size_t)n, sizeof(Part), part_cmp);
-    int64_t at = 0;
-    for (int k = 0; ok && k < n; k++) {
-      ok = parts[k].start == at;
-      at += parts[k].un->args[0]->type.shape.dim[axis];
-    }
-    if (!ok || at != t->shape.dim[axis]) continue;
-    IrValue *args[CAP];
-    for (int k = 0; k < n; k++) args[k] = parts[k].un->args[0];
-    IrAttr attr = ir_attr_int("axis", axis);
-    int before = f->nops;
-    IrValue *cat = ir_emit(f, IR_OP_CONCAT, args, n, &attr, 1, NULL, root->loc);
-    cat->name = root->result->name;
-    splice(f, i, before);
-    ir_replace_uses(f, root->result, cat);
-    /* The adds and the unslices go (the tree's adds are read only inside it). */
-    for (int k = 0; k < n; k++) parts[k].un->mark = 1;
-    for (int k = 0; k < na; k++) adds[k]->mark = 1;
-    changed = true;
-  }
-  if (changed) ir_func_remove_marked(f);
-  return changed;
-}
-
-/* ------------------------------------------------------------------ */
-/* The rewrite: reductions over the last axis and others, in two steps */
-/* ------------------------------------------------------------------ */
-
-/* sum(x) over all axes (an L2 term's sum(W * W)) is a kernel of one
- * iteration: one thread, and x materialised for it.  Reduced over the last
- * axis first, sum(sum(x, [-1]), the other axes), the first step is a row
- * reduction that fuses with x's producer and with the other readers of
- * x's operands, runs in parallel, and leaves a small vector for the
- * second.  The same for mean and max (both exact in two steps). */
-#define SPLIT_MIN_ELEMS 4096
-
-static bool split_reductions(IrFunc *f) {
-  bool changed = false;
-  int n0 = f->nops;
-  for (int i = 0; i < n0; i++) {
-    IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_SUM && op->opcode != IR_OP_MEAN && op->opcode != IR_OP_MAX) continue;
-    IrValue *x = op->args[0];
-    int r = x->type.shape.rank;
-    if (r < 2 || ir_numel(&x->type.shape) < SPLIT_MIN_ELEMS || x->type.shape.dim[r - 1] < 8) continue;
-    const int64_t *axes;
-    int na = ir_attr_get_ints(op, "axes", &axes);
-    bool red[IR_MAX_RANK] = {false}, ok = true;
-    for (int k = 0; k < na; k++) {
-      int64_t a;
-      if (!ir_norm_axis(axes[k], r, &a)) ok = false;
-      else red[a] = true;
-    }
-    if (na == 0)
-      for (int k = 0; k < r; k++) red[k] = true;
-    int others = 0;
-    for (int k = 0; k < r - 1; k++) others += red[k];
-    if (!ok || !red[r - 1] || others == 0) continue;
-    bool keep = ir_attr_get_int(op, "keepdim", 0) != 0;
-    int before = f->nops;
-    int64_t last = r - 1, rest[IR_MAX_RANK];
-    int nr = 0;
-    for (int k = 0; k < r - 1; k++)
-      if (red[k]) rest[nr++] = k;
-    IrValue *rows = ir_reduce(f, op->opcode, x, &last, 1, keep, op->loc);
-    IrValue *total = ir_reduce(f, op->opcode, rows, rest, nr, keep, op->loc);
-    total->name = op->result->name;
-    splice(f, i, before);
-    int added = f->nops - before;
-    i += added;
-    n0 += added;
-    ir_replace_uses(f, op->result, total);
-    /* The old op, now at i, goes. */
-    memmove(f->ops + i, f->ops + i + 1, sizeof(IrOp *) * (size_t)(f->nops - i - 1));
-    f->nops--;
-    n0--;
-    i--;
-    changed = true;
-  }
-  return changed;
-}
 
 /* ------------------------------------------------------------------ */
 /* Merging                                                             */
@@ -577,13 +283,7 @@ static void schedule(Fuse *fu) {
 /* A permute swapping the last two axes whose every reader is a matmul. */
 static bool gemm_transpose(const Fuse *fu, int i) {
   const IrOp *op = fu->f->ops[i];
-  if (op->opcode != IR_OP_PERMUTE || fu->nusers[i] == 0) return false;
-  const int64_t *perm;
-  int n = ir_attr_get_ints(op, "perm", &perm);
-  if (n < 2 || n != op->result->type.shape.rank) return false;
-  for (int k = 0; k < n - 2; k++)
-    if (perm[k] != k) return false;
-  if (perm[n - 2] != n - 1 || perm[n - 1] != n - 2) return false;
+  if (!rw_is_transpose(op) || fu->nusers[i] == 0) return false;
   for (int k = 0; k < fu->nusers[i]; k++)
     if (fu->f->ops[fu->users[i][k]]->opcode != IR_OP_MATMUL) return false;
   return true;
@@ -632,10 +332,6 @@ static bool fuse_outside(const IrOp *op, void *ctx) {
   return kp_op_group0(op->opcode) || op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_SLICE ||
          op->opcode == IR_OP_CONCAT;
 }
-
-/* ------------------------------------------------------------------ */
-/* The pass                                                            */
-/* ------------------------------------------------------------------ */
 
 /* ------------------------------------------------------------------ */
 /* Rematerialising cheap elementwise values                            */
@@ -746,6 +442,64 @@ static bool rematerialise(Fuse *fu) {
   return true;
 }
 
+/* Try every candidate merge of fu's kernels, best first: producer->consumer
+ * edges between row-kernel ops, then siblings over one value. */
+static void merge_candidates(Fuse *fu, const int *depth) {
+  IrFunc *f = fu->f;
+  int n = fu->n, nn = n ? n : 1;
+  int ncand = 0, capcand = 64;
+  Cand *cands = malloc(sizeof(Cand) * (size_t)capcand);
+  if (!cands) abort();
+#define ADD_CAND(W, I, J, S)                                                                                 \
+  do {                                                                                                       \
+    if (ncand == capcand) {                                                                                  \
+      capcand *= 2;                                                                                          \
+      Cand *c_ = realloc(cands, sizeof(Cand) * (size_t)capcand);                                             \
+      if (!c_) abort();                                                                                      \
+      cands = c_;                                                                                            \
+    }                                                                                                        \
+    cands[ncand++] = (Cand){(W), depth[J], f->ops[J]->result->id, f->ops[I]->result->id, (I), (J), (S)};   \
+  } while (0)
+  for (int i = 0; i < n; i++) {
+    if (fu->kind[i] != K_ROW) continue;
+    IrOp *op = f->ops[i];
+    for (int k = 0; k < op->nargs; k++) {
+      IrOp *d = op->args[k]->def;
+      if (d && fu->kind[pos_of(d)] == K_ROW) ADD_CAND(ir_numel(&op->args[k]->type.shape), pos_of(d), i, NULL);
+    }
+  }
+  /* Siblings: row-kernel readers of one value (not a const), in depth order, consecutive pairs. */
+  int *readers = ARENA_ARRAY(fu->a, int, nn);
+  g_depth = depth;
+  g_ops = f->ops;
+  for (int v = 0; v < f->nvalues; v++) {
+    IrValue *val = f->values[v];
+    if ((val->def && val->def->opcode == IR_OP_CONST) || ir_numel(&val->type.shape) <= 1) continue;
+    int nr = 0;
+    int p = val->def ? pos_of(val->def) : -1;
+    if (p >= 0 && (p >= n || f->ops[p] != val->def)) continue; /* not defined by a live op */
+    if (p >= 0) {
+      for (int k = 0; k < fu->nusers[p]; k++)
+        if (fu->kind[fu->users[p][k]] == K_ROW) readers[nr++] = fu->users[p][k];
+    } else {
+      for (int i = 0; i < n; i++) {
+        if (fu->kind[i] != K_ROW) continue;
+        for (int k = 0; k < f->ops[i]->nargs; k++)
+          if (f->ops[i]->args[k] == val) {
+            readers[nr++] = i;
+            break;
+          }
+      }
+    }
+    qsort(readers, (size_t)nr, sizeof(int), reader_cmp);
+    for (int r = 1; r < nr; r++) ADD_CAND(ir_numel(&val->type.shape), readers[r - 1], readers[r], val);
+  }
+  qsort(cands, (size_t)ncand, sizeof(Cand), cand_cmp);
+  for (int c = 0; c < ncand; c++) try_merge(fu, cands[c].i, cands[c].j, cands[c].shared);
+  free(cands);
+#undef ADD_CAND
+}
+
 /* Group f's ops into kernels (fu's union-find), not yet ordered. */
 static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
   int n = f->nops;
@@ -809,66 +563,17 @@ static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
       if (d && depth[pos_of(d)] + 1 > depth[i]) depth[i] = depth[pos_of(d)] + 1;
     }
 
-  /* Candidates: producer->consumer edges, then siblings over one value. */
-  int ncand = 0, capcand = 64;
-  Cand *cands = malloc(sizeof(Cand) * (size_t)capcand);
-  if (!cands) abort();
-#define ADD_CAND(W, I, J, S)                                                                                 \
-  do {                                                                                                       \
-    if (ncand == capcand) {                                                                                  \
-      capcand *= 2;                                                                                          \
-      Cand *c_ = realloc(cands, sizeof(Cand) * (size_t)capcand);                                             \
-      if (!c_) abort();                                                                                      \
-      cands = c_;                                                                                            \
-    }                                                                                                        \
-    cands[ncand++] = (Cand){(W), depth[J], f->ops[J]->result->id, f->ops[I]->result->id, (I), (J), (S)};   \
-  } while (0)
-  for (int i = 0; i < n; i++) {
-    if (fu.kind[i] != K_ROW) continue;
-    IrOp *op = f->ops[i];
-    for (int k = 0; k < op->nargs; k++) {
-      IrOp *d = op->args[k]->def;
-      if (d && fu.kind[pos_of(d)] == K_ROW) ADD_CAND(ir_numel(&op->args[k]->type.shape), pos_of(d), i, NULL);
-    }
-  }
-  /* Siblings: row-kernel readers of one value (not a const), in depth order, consecutive pairs. */
-  int *readers = ARENA_ARRAY(scratch, int, nn);
-  g_depth = depth;
-  g_ops = f->ops;
-  for (int v = 0; v < f->nvalues; v++) {
-    IrValue *val = f->values[v];
-    if ((val->def && val->def->opcode == IR_OP_CONST) || ir_numel(&val->type.shape) <= 1) continue;
-    int nr = 0;
-    int p = val->def ? pos_of(val->def) : -1;
-    if (p >= 0 && (p >= n || f->ops[p] != val->def)) continue; /* not defined by a live op */
-    if (p >= 0) {
-      for (int k = 0; k < fu.nusers[p]; k++)
-        if (fu.kind[fu.users[p][k]] == K_ROW) readers[nr++] = fu.users[p][k];
-    } else {
-      for (int i = 0; i < n; i++) {
-        if (fu.kind[i] != K_ROW) continue;
-        for (int k = 0; k < f->ops[i]->nargs; k++)
-          if (f->ops[i]->args[k] == val) {
-            readers[nr++] = i;
-            break;
-          }
-      }
-    }
-    qsort(readers, (size_t)nr, sizeof(int), reader_cmp);
-    for (int r = 1; r < nr; r++) ADD_CAND(ir_numel(&val->type.shape), readers[r - 1], readers[r], val);
-  }
-  qsort(cands, (size_t)ncand, sizeof(Cand), cand_cmp);
-  for (int c = 0; c < ncand; c++) try_merge(&fu, cands[c].i, cands[c].j, cands[c].shared);
-  free(cands);
+  merge_candidates(&fu, depth);
   *out = fu;
 }
 
+/* ------------------------------------------------------------------ */
+/* The pass                                                            */
+/* ------------------------------------------------------------------ */
+
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
   (void)o;
-  bool changed = fold_weight_grads(f, scratch);
-  changed |= unslices_to_concat(f, scratch);
-  changed |= split_reductions(f);
-  changed |= split_cross_entropy(f);
+  bool changed = false;
   int n = f->nops, nn = n ? n : 1;
   IrOp **old_order = ARENA_ARRAY(scratch, IrOp *, nn);
   int *old_group = ARENA_ARRAY(scratch, int, nn);

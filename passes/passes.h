@@ -30,17 +30,19 @@ typedef struct PassOptions {
 typedef PassResult (*PassFn)(IrFunc *f, const PassOptions *o, Arena *scratch);
 
 typedef struct Pass {
-  const char *name; /* as in --passes= and --print-ir-after= */
+  const char *name;  /* as in --passes= and --print-ir-after= */
   PassFn run;
-  const char *what; /* one line for `gradc help` */
+  const char *needs; /* passes that must run before it, comma-separated, in order (NULL: none) */
+  const char *what;  /* one line for `gradc help` */
 } Pass;
 
 /* passmgr.c */
 const Pass *pass_lookup(const char *name);
 const Pass *pass_list(int *n);                    /* every registered pass */
 const char *const *pass_pipeline(int *n);         /* the default pipeline, in order */
-/* The CPU back end's pipeline (docs/BACKEND.md): the default one, then
- * fuse and memplan. */
+/* The CPU back end's pipeline (docs/BACKEND.md, docs/IR.md): the default
+ * one with the rewrites before fuse and fuse ahead of schedule, and the
+ * rewrites before memplan and memplan after it. */
 const char *const *pass_pipeline_cpu(int *n);
 
 typedef struct PassManager {
@@ -53,9 +55,12 @@ typedef struct PassManager {
 } PassManager;
 
 void pm_init(PassManager *pm);
-/* Run passes by name.  Returns 0 on success, 1 on a user error (reported
- * through o->diag), 2 on an internal error (a verifier failure: the IR is
- * dumped and the pass named on stderr). */
+/* Run passes by name.  A pass's `needs` that the list does not name
+ * before it run first, just before it, as passes of their own (dumped,
+ * verified and timed like the others): `--passes=memplan` runs the
+ * gradient rewrites memplan needs, then memplan.  Returns 0 on success, 1
+ * on a user error (reported through o->diag), 2 on an internal error (a
+ * verifier failure: the IR is dumped and the pass named on stderr). */
 int pm_run(PassManager *pm, IrFunc *f, const char *const *names, int n, const PassOptions *o);
 
 /* One function per pass (each in its own file). */
@@ -64,6 +69,11 @@ PassResult pass_cse(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_autodiff(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* The rewrites before fuse (fuse needs them: the shapes its grouping is made for). */
+PassResult pass_weight_grad_gemm(IrFunc *f, const PassOptions *o, Arena *scratch);     /* weight_grad_gemm.c */
+PassResult pass_unslice_concat(IrFunc *f, const PassOptions *o, Arena *scratch);       /* unslice_concat.c */
+PassResult pass_split_reductions(IrFunc *f, const PassOptions *o, Arena *scratch);     /* split_reductions.c */
+PassResult pass_split_cross_entropy(IrFunc *f, const PassOptions *o, Arena *scratch);  /* split_cross_entropy.c */
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* shard.c: split(N) params over --tp ranks, collectives inserted (docs/DISTRIBUTED.md). */
 PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch);
@@ -71,8 +81,65 @@ PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_dp_reduce(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* schedule.c: collectives' starts early, waits late, by a cost model. */
 PassResult pass_schedule(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* The rewrites before memplan (memplan needs them: the gradient buffers
+ * and the movement ops as the executor runs them). */
+PassResult pass_ungroup_dp_slices(IrFunc *f, const PassOptions *o, Arena *scratch); /* ungroup_dp_slices.c */
+PassResult pass_split_grad_sums(IrFunc *f, const PassOptions *o, Arena *scratch);   /* split_grad_sums.c */
+PassResult pass_grad_unslices(IrFunc *f, const PassOptions *o, Arena *scratch);     /* grad_unslices.c */
+PassResult pass_grad_copies(IrFunc *f, const PassOptions *o, Arena *scratch);       /* grad_copies.c */
+PassResult pass_movement_kernels(IrFunc *f, const PassOptions *o, Arena *scratch);  /* movement_kernels.c */
 /* memplan.c: arena offsets for every stored value (docs/BACKEND.md); CPU pipeline only. */
 PassResult pass_memplan(IrFunc *f, const PassOptions *o, Arena *scratch);
+
+/* ------------------------------------------------------------------ */
+/* rewrite.c: helpers of the rewriting passes                          */
+/* ------------------------------------------------------------------ */
+/* Move the ops appended since index `from` (at the end of the list) to
+ * index `at`, shifting the ops from `at` on after them. */
+void rw_splice(IrFunc *f, int at, int from);
+/* A permute that swaps the last two axes and keeps the others (a matrix
+ * transpose); false for NULL. */
+bool rw_is_transpose(const IrOp *op);
+
+/* ------------------------------------------------------------------ */
+/* plan.c: the executor's model that memplan and its rewrites share    */
+/* ------------------------------------------------------------------ */
+/* What a group-0 op is to the executor (docs/BACKEND.md). */
+typedef enum {
+  PLAN_EXEC_GEMM,    /* matmul: the BLAS */
+  PLAN_EXEC_ALIAS,   /* reshape: no work, shares its operand's bytes */
+  PLAN_EXEC_CONST,   /* inlined into kernels, stored only when a group-0 op reads it */
+  PLAN_EXEC_WSUM,    /* window.sum: written by the executor before the micro-batches */
+  PLAN_EXEC_LOSS,    /* loss: read by the executor */
+  PLAN_EXEC_GRAD,    /* grad: accumulated in place by its producer */
+  PLAN_EXEC_COPY,    /* collectives (one rank: a copy) */
+  PLAN_EXEC_PERMUTE, /* a transpose, when it can be a GEMM flag; else unfused */
+  PLAN_EXEC_UNFUSED, /* anything else: a kernel of one op */
+} PlanExec;
+PlanExec plan_exec_kind(IrOpcode opc);
+bool plan_group0_reshape(const IrOp *op);
+/* A group-0 slice (unslice) of one contiguous range of its operand
+ * (result): an alias at an offset; *first: the range's first element. */
+bool plan_range_slice(const IrOp *op, int64_t *first);
+bool plan_range_unslice(const IrOp *op, int64_t *first);
+/* A data-parallel gradient reduction (dp-reduce's last=true all-reduce
+ * start or wait): it lives in the param's gradient buffer with its
+ * operand, reduced in place after the window's last contribution. */
+bool plan_last_coll(const IrOp *op);
+/* The next value down a gradient's chain from its `grad` to its producer,
+ * all in the gradient buffer: through group-0 reshapes, range unslices and
+ * last=true reductions; NULL at the producer. */
+IrValue *plan_grad_next(const IrValue *v);
+/* Whether `grad` operand v can be the gradient buffer itself: nothing but
+ * the chain reads any value of its chain, and the producer at its end can
+ * accumulate (a kernel, a GEMM, an unfused compute op).  uses: operand
+ * counts by value id. */
+bool plan_grad_in_place(const IrValue *v, const int *uses);
+/* By value id: a group-0 transpose read only by group-0 GEMMs, which
+ * becomes a transpose flag of those GEMMs (no storage). */
+bool *plan_gemm_flags(const IrFunc *f, Arena *scratch);
+/* Ops outside kernels, for kp_views_find. */
+bool plan_in_group0(const IrOp *op, void *ctx);
 
 /* ------------------------------------------------------------------ */
 /* cost.c: the cost model of `schedule` and a simulation of a step      */

@@ -3,7 +3,8 @@
  * the invariants every fused function keeps (kernel ops contiguous,
  * definitions before uses, each multi-op kernel one row kernel, no op left
  * out), no cycles through group-0 ops, the kernel count of the examples,
- * and kernel blocks in the IR text (print -> read -> print, reader errors). */
+ * kernel blocks in the IR text (print -> read -> print, reader errors), and
+ * the rewrites fuse needs running before it when a list names it alone. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -326,6 +327,50 @@ static void test_fuse_again_changes_nothing(void **state) {
   free(src);
 }
 
+/* The dump banners of running `names` on f, in order. */
+static char *banners(IrFunc *f, const char *const *names, int n) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&buf, &len);
+  PassManager pm;
+  pm_init(&pm);
+  pm.verify = true;
+  pm.print_after = "all";
+  pm.dump_out = out;
+  PassOptions o = {.gas = 1};
+  assert_int_equal(pm_run(&pm, f, names, n, &o), 0);
+  fclose(out);
+  StrBuf sb;
+  sb_init(&sb);
+  for (char *l = strtok(buf, "\n"); l; l = strtok(NULL, "\n"))
+    if (strncmp(l, "// -----// IR Dump After ", 25) == 0) sb_printf(&sb, "%.*s;", (int)(strcspn(l + 25, " ")), l + 25);
+  free(buf);
+  char *r = strdup(sb_str(&sb));
+  sb_free(&sb);
+  return r;
+}
+
+/* fuse needs the rewrites that prepare its graph: a list that names fuse
+ * alone runs them first, each a pass of its own (dumped after it), and a
+ * list that names them runs them once. */
+static void test_fuse_needs_run_first(void **state) {
+  char *src = tu_read("examples/mlp.gdl");
+  Diag d;
+  FeModel *m = tu_compile("examples/mlp.gdl", src, 1, &d);
+  if (!m) fail_msg("%s", sb_str(&d.log));
+  diag_free(&d);
+  static const char *const alone[] = {"fuse", "fuse"};
+  char *b = banners(m->func, alone, 2);
+  assert_string_equal(b, "weight-grad-gemm;unslice-concat;split-reductions;split-cross-entropy;fuse;fuse;");
+  free(b);
+  static const char *const named[] = {"split-reductions", "fuse"};
+  b = banners(m->func, named, 2);
+  assert_string_equal(b, "split-reductions;weight-grad-gemm;unslice-concat;split-cross-entropy;fuse;");
+  free(b);
+  fe_model_free(m);
+  free(src);
+}
+
 /* ------------------------------------------------------------------ */
 /* The examples                                                        */
 /* ------------------------------------------------------------------ */
@@ -466,6 +511,7 @@ int main(void) {
       cmocka_unit_test(test_fuse_unslices_and_their_sum),
       cmocka_unit_test(test_fuse_gemm_transposes_stay_in_group0),
       cmocka_unit_test(test_fuse_again_changes_nothing),
+      cmocka_unit_test(test_fuse_needs_run_first),
       cmocka_unit_test(test_fuse_tinygpt_kernel_count),
       cmocka_unit_test(test_fuse_mlp_kernel_count),
       cmocka_unit_test(test_fuse_blocks_print_read_round_trip),

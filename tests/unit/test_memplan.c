@@ -5,7 +5,9 @@
  * reshapes alias their operand, gradient buffers are persistent and sized
  * f32/f64, every value a GEMM, loss or other kernel reads is stored; on a
  * chain of GEMMs the peak is a fraction of the sum of the buffers; a
- * gradient that is also read elsewhere gets a copy-accumulate kernel. */
+ * gradient that is also read elsewhere gets a copy-accumulate kernel;
+ * memplan itself changes no op (the passes before it do) and plans a
+ * planned function the same way again. */
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,6 +339,50 @@ static char *replace_all(const char *s, const char *from, const char *to) {
   return r;
 }
 
+/* memplan on a planned function changes no op, operand or group (it only
+ * places), and gives the same plan again. */
+static void check_only_places(IrFunc *f, const char *what) {
+  int n = f->nops, nv = f->nvalues;
+  IrOp **ops = malloc(sizeof(IrOp *) * (size_t)(n + 1));
+  int *groups = malloc(sizeof(int) * (size_t)(n + 1)), nargs = 0;
+  for (int i = 0; i < n; i++) nargs += f->ops[i]->nargs;
+  IrValue **args = malloc(sizeof(IrValue *) * (size_t)(nargs + 1));
+  int64_t *offsets = malloc(sizeof(int64_t) * (size_t)(nv + 1));
+  int *storage = malloc(sizeof(int) * (size_t)(nv + 1));
+  nargs = 0;
+  for (int i = 0; i < n; i++) {
+    ops[i] = f->ops[i];
+    groups[i] = f->ops[i]->group;
+    for (int j = 0; j < f->ops[i]->nargs; j++) args[nargs++] = f->ops[i]->args[j];
+  }
+  for (int v = 0; v < nv; v++) {
+    offsets[v] = f->values[v]->offset;
+    storage[v] = (int)f->values[v]->storage;
+  }
+  int64_t arena = f->arena_size, persist = f->persist_size;
+  Arena scratch;
+  arena_init(&scratch);
+  PassOptions po = {.gas = 1};
+  assert_int_equal(pass_memplan(f, &po, &scratch), PASS_CHANGED);
+  arena_free(&scratch);
+  if (f->nops != n || f->nvalues != nv) fail_msg("%s: memplan added or removed ops", what);
+  nargs = 0;
+  for (int i = 0; i < n; i++) {
+    if (f->ops[i] != ops[i] || f->ops[i]->group != groups[i]) fail_msg("%s: memplan moved or regrouped op %d", what, i);
+    for (int j = 0; j < f->ops[i]->nargs; j++)
+      if (f->ops[i]->args[j] != args[nargs++]) fail_msg("%s: memplan rewired op %d", what, i);
+  }
+  for (int v = 0; v < nv; v++)
+    if (f->values[v]->offset != offsets[v] || (int)f->values[v]->storage != storage[v])
+      fail_msg("%s: memplan placed value %d elsewhere the second time", what, v);
+  assert_true(f->arena_size == arena && f->persist_size == persist);
+  free(ops);
+  free(groups);
+  free(args);
+  free(offsets);
+  free(storage);
+}
+
 static void plan_file(const char *path, const char *label) {
   const char *err = NULL;
   char *text = read_file(path, NULL, &err);
@@ -372,6 +418,7 @@ static void plan_file(const char *path, const char *label) {
       char what[400];
       snprintf(what, sizeof what, "%s %s K=%d", label, prec ? "f64" : "f32", K);
       check_plan(m->func, what);
+      check_only_places(m->func, what);
       print_message("  %-28s arena %8lld  persistent %8lld  peak activations %8lld\n", what,
                     (long long)m->func->arena_size, (long long)m->func->persist_size,
                     (long long)(m->func->arena_size - m->func->persist_size));
