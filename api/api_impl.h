@@ -10,6 +10,7 @@
 
 #include "frontend/frontend.h"
 #include "gradc.h"
+#include "runtime/backend.h"
 #include "runtime/comm/comm.h"
 #include "runtime/runtime.h"
 
@@ -39,7 +40,8 @@ struct gradc_program {
   const char *source_name; /* the name diagnostics used ("mlp.gdl") */
   char *source;            /* the model text (malloc'd) */
   int gas;
-  const char *target;      /* "cpu" or "ref" */
+  const char *target;      /* "cpu", "ref", "cuda[:sm_XX]" */
+  const Backend *backend;  /* the registry's for target (runtime/backend.h) */
   int threads;
   bool no_cache;
   const char **def_names;  /* the -D values baked in */
@@ -59,8 +61,7 @@ struct gradc_program {
   FeModel *fe;
   IrFunc *func;
   char *ir_text;           /* the printed function, as saved in artifacts (malloc'd) */
-  struct CpuProgram *cpu;  /* the CPU back end's program, NULL on the interpreter */
-  struct CudaProgram *cuda; /* the CUDA back end's program (target "cuda[:sm_XX]"), or NULL */
+  void *prog;              /* the back end's program (NULL until it is ready) */
   /* Distributed runs (comm.h): dp and tp ranks (the run has tp x dp);
    * the comm layout is opened by the first session or run
    * (api_dist_start), not at compile time. */
@@ -108,6 +109,11 @@ void api_params_changed(gradc_session *s);
 /* The generation of the params the next api_run_window* gets (the CPU
  * back end skips copying params it holds already; 0: unknown). */
 void api_set_params_gen(gradc_program *p, uint64_t gen);
+/* Done with a result of api_run_window*: the back end may fill its arrays
+ * again in the next window (the CPU's), else it is freed. */
+void api_result_free(gradc_program *p, StepResult *r);
+/* The CUDA executor's program (its kernels, --allow-tf32), or NULL on another back end. */
+struct CudaProgram *api_cuda_program(const gradc_program *p);
 
 /* Record msg as this thread's last error and return st. */
 gradc_status api_fail(gradc_status st, const char *fmt, ...) GRADC_PRINTF(2, 3);
@@ -127,7 +133,7 @@ bool api_check_params_file(const gradc_program *p, const StFile *f, const char *
 /* Copy src's elements into dst (same count), converting to dst's dtype. */
 void api_copy_tensor(const StTensor *src, StTensor *dst);
 
-/* Run one window on the program's back end (step_run_ref or cpu_step_run);
+/* Run one window on the program's back end (Backend.run);
  * errors name the tensors as "params: ..." / "inputs: ...". */
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen);

@@ -304,10 +304,7 @@ gradc_status gradc_session_run(gradc_session *s) {
   if (!ok) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   /* The CPU back end reads the next window's gradients into the arrays of
    * the one before (no allocation and page faults per window). */
-  if (s->have_res && s->p->cpu)
-    cpu_program_recycle(s->p->cpu, &s->res);
-  else if (s->have_res)
-    step_result_free(&s->res);
+  if (s->have_res) api_result_free(s->p, &s->res);
   s->res = r;
   s->have_res = true;
   s->grads_sharded = sharded;

@@ -1,6 +1,7 @@
 /* runtime.h - tensors in and out (safetensors), the reference interpreter,
  * the window every executor runs (window.c) and the step drivers that run
- * one: the interpreter's (ref/step.c) and the CPU executor's (cpu/exec.c). */
+ * one: the interpreter's (ref/step.c) and the CPU executor's (cpu/exec.c).
+ * The back-end interface over them is backend.h. */
 #ifndef GRADC_RUNTIME_H
 #define GRADC_RUNTIME_H
 

@@ -33,12 +33,15 @@
  * Artifacts (artifact.h's hook): cpu_program_save_objects stores the
  * kernels' object code, cpu_program_load_objects builds the program from
  * it without running code generation (no LLVM optimiser, no codegen).
- */
+ *
+ * rt_backend_cpu, at the end, is the executor as a back end (backend.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "passes/passes.h"
+#include "runtime/backend.h"
 #include "runtime/io/artifact.h"
 #include "runtime/comm/comm.h"
 #include "runtime/gemm_plan.h"
@@ -1261,3 +1264,46 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   *out = r;
   return true;
 }
+
+/* ------------------------------------------------------------------ */
+/* The CPU executor as a back end                                       */
+/* ------------------------------------------------------------------ */
+
+static void *cpu_compile(IrFunc *f, const BackendOptions *o, char *err, size_t errlen) {
+  CpuOptions co = {o->threads, o->cache_dir};
+  return cpu_program_new(f, &co, err, errlen);
+}
+
+static bool cpu_save(const void *prog, ArtFile *a, char *err, size_t errlen) {
+  return cpu_program_save_objects(prog, a, err, errlen);
+}
+
+/* From the artifact's kernel objects; an artifact without any (a program
+ * with no kernels) is compiled again. */
+static void *cpu_load(IrFunc *f, const ArtFile *a, const BackendOptions *o, char *err, size_t errlen) {
+  CpuOptions co = {o->threads, o->cache_dir};
+  if (!art_find(a, "KOBJ", NULL)) return cpu_program_new(f, &co, err, errlen);
+  return cpu_program_load_objects(f, a, &co, err, errlen);
+}
+
+static bool cpu_run(void *prog, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                    const char *inputs_path, StepResult *out, char *err, size_t errlen) {
+  return cpu_step_run(prog, gas, params, params_path, inputs, inputs_path, out, err, errlen);
+}
+
+static void cpu_set_params_gen(void *prog, uint64_t gen) { cpu_program_set_params_gen(prog, gen); }
+static void cpu_recycle(void *prog, StepResult *r) { cpu_program_recycle(prog, r); }
+static void cpu_free(void *prog) { cpu_program_free(prog); }
+
+const Backend rt_backend_cpu = {
+    .name = "cpu",
+    .pipeline = pass_pipeline_cpu,
+    .llvm_optim = true,
+    .compile = cpu_compile,
+    .save = cpu_save,
+    .load = cpu_load,
+    .run = cpu_run,
+    .set_params_gen = cpu_set_params_gen,
+    .recycle = cpu_recycle,
+    .free = cpu_free,
+};

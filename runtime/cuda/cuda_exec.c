@@ -20,7 +20,8 @@
  * and read the losses back.  The gradients are read out at the end.
  * Artifacts carry the compiled images (cubin and PTX per chunk).
  * What the window shares with the other executors (binding, window sums,
- * consts, the read-out) is window.c's. */
+ * consts, the read-out) is window.c's; rt_backend_cuda, at the end, is
+ * the executor as a back end (backend.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,8 @@
 #include <cjson/cJSON.h>
 
 #include "cuda.h"
+#include "passes/passes.h"
+#include "runtime/backend.h"
 #include "runtime/cpu/gemm_floor.h"
 #include "runtime/gemm_plan.h"
 
@@ -530,3 +533,57 @@ CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o
   }
   return p;
 }
+
+/* ------------------------------------------------------------------ */
+/* The CUDA executor as a back end                                      */
+/* ------------------------------------------------------------------ */
+
+/* "cuda" or "cuda:sm_XX". */
+static bool cuda_accepts(const char *target) {
+  char arch[32];
+  return cg_cuda_parse_target(target, arch, sizeof arch);
+}
+
+/* Compiling needs NVRTC (no device: that waits for the first step). */
+static bool cuda_usable(char *err, size_t errlen) { return cg_nvrtc_load(err, errlen); }
+
+static CudaOptions cuda_options(const BackendOptions *o, char *arch, size_t n) {
+  cg_cuda_parse_target(o->target, arch, n);
+  return (CudaOptions){arch, o->cache_dir, o->threads, false};
+}
+
+static void *cuda_compile(IrFunc *f, const BackendOptions *o, char *err, size_t errlen) {
+  char arch[32];
+  CudaOptions co = cuda_options(o, arch, sizeof arch);
+  return cuda_program_new(f, &co, err, errlen);
+}
+
+static bool cuda_save(const void *prog, ArtFile *a, char *err, size_t errlen) {
+  return cuda_program_save(prog, a, err, errlen);
+}
+
+static void *cuda_load(IrFunc *f, const ArtFile *a, const BackendOptions *o, char *err, size_t errlen) {
+  char arch[32];
+  CudaOptions co = cuda_options(o, arch, sizeof arch);
+  return cuda_program_load(f, a, &co, err, errlen);
+}
+
+static bool cuda_run(void *prog, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                     const char *inputs_path, StepResult *out, char *err, size_t errlen) {
+  return cuda_step_run(prog, gas, params, params_path, inputs, inputs_path, out, err, errlen);
+}
+
+static void cuda_free(void *prog) { cuda_program_free(prog); }
+
+const Backend rt_backend_cuda = {
+    .name = "cuda",
+    .accepts = cuda_accepts,
+    .pipeline = pass_pipeline_cpu, /* the same kernels and memory plan as the CPU's */
+    .no_inplace = true,
+    .usable = cuda_usable,
+    .compile = cuda_compile,
+    .save = cuda_save,
+    .load = cuda_load,
+    .run = cuda_run,
+    .free = cuda_free,
+};

@@ -6,10 +6,15 @@
  *   3. step phase: run each micro-batch in full, add every `loss` output
  *      into its window loss and every `grad` output into its param's
  *      persistent gradient buffer, rounded as that buffer's dtype would
- *      be, then drop the micro-batch's activations. */
+ *      be, then drop the micro-batch's activations.
+ *
+ * Also the interpreter as a back end (backend.h): the "ref" target, and
+ * "cpu" in a build without LLVM. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "passes/passes.h"
+#include "runtime/backend.h"
 #include "runtime/gemm_plan.h"
 #include "runtime/runtime.h"
 
@@ -75,3 +80,28 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
   *out = r;
   return true;
 }
+
+/* ------------------------------------------------------------------ */
+/* The interpreter as a back end                                        */
+/* ------------------------------------------------------------------ */
+
+/* Its program is the function itself: nothing is compiled. */
+static void *ref_compile(IrFunc *f, const BackendOptions *o, char *err, size_t errlen) { return f; }
+
+static void *ref_load(IrFunc *f, const ArtFile *a, const BackendOptions *o, char *err, size_t errlen) { return f; }
+
+static bool ref_run(void *prog, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                    const char *inputs_path, StepResult *out, char *err, size_t errlen) {
+  return step_run_ref(prog, gas, params, params_path, inputs, inputs_path, NULL, out, err, errlen);
+}
+
+static void ref_free(void *prog) {}
+
+const Backend rt_backend_ref = {
+    .name = "ref",
+    .pipeline = pass_pipeline,
+    .compile = ref_compile,
+    .load = ref_load,
+    .run = ref_run,
+    .free = ref_free,
+};
