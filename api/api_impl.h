@@ -4,6 +4,7 @@
  *   api.c          errors, programs (compile, signature), artifacts
  *   api_session.c  sessions: params, inputs, running a window, gradients
  *   api_optim.c    optimisers, the learning-rate schedule, checkpoints
+ *   api_params.c   what both of those do with params (below them both)
  *   api_zero.c     ZeRO-1: the optimiser state sharded over the dp ranks */
 #ifndef GRADC_API_IMPL_H
 #define GRADC_API_IMPL_H
@@ -103,9 +104,6 @@ struct PassManager;
 gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
                                  struct PassManager *pm, gradc_program **out);
 
-/* The session's params changed (set, loaded, stepped): a new generation,
- * unique in the process, so the CPU back end copies them in again. */
-void api_params_changed(gradc_session *s);
 /* The generation of the params the next api_run_window* gets (the CPU
  * back end skips copying params it holds already; 0: unknown). */
 void api_set_params_gen(gradc_program *p, uint64_t gen);
@@ -125,13 +123,6 @@ IrType api_input_window_type(const gradc_program *p, int i);
 /* Whether params of this declared type are stored as F64 (else F32). */
 bool api_param_f64(const FeParam *p);
 
-/* Check a safetensors file holds every param with its shape and a float
- * dtype, and nothing else (but optim.* tensors when allow_optim); the
- * error names the file and the tensor, as `gradc run` does. */
-bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
-                           size_t errlen);
-/* Copy src's elements into dst (same count), converting to dst's dtype. */
-void api_copy_tensor(const StTensor *src, StTensor *dst);
 
 /* Run one window on the program's back end (Backend.run);
  * errors name the tensors as "params: ..." / "inputs: ...". */
@@ -167,6 +158,18 @@ bool api_zero_gather_params(const gradc_program *p, StFile *params, char *err, s
 bool api_zero_gather_slot(const gradc_program *p, void *const *slot, void *whole[2], char *err, size_t errlen);
 /* Bytes of optimiser state this rank holds (slot0 and slot1). */
 int64_t api_optim_state_bytes(const gradc_session *s);
+
+/* api_params.c */
+/* The session's params changed (set, loaded, stepped): a new generation,
+ * unique in the process, so the CPU back end copies them in again. */
+void api_params_changed(gradc_session *s);
+/* Check a safetensors file holds every param with its shape and a float
+ * dtype, and nothing else (but optim.* tensors when allow_optim); the
+ * error names the file and the tensor, as `gradc run` does. */
+bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
+                           size_t errlen);
+/* Copy src's elements into dst (same count), converting to dst's dtype. */
+void api_copy_tensor(const StTensor *src, StTensor *dst);
 
 /* api_optim.c: the slot names an optimiser keeps ("exp_avg", ...). */
 int api_optim_slots(const gradc_optimizer_options *o, const char **names);
