@@ -2,12 +2,12 @@
  *
  * A program is a model compiled for one window shape: the frontend lowers
  * the source, the pass pipeline differentiates and optimises it, and a
- * back end gets ready to run it.  backend_pipeline() and backend_start()
- * are the one place that decides which back end a target gets: "ref" is
- * the reference interpreter; "cpu" is the CPU back end (the fuse and
- * memplan passes, LLVM kernels, runtime/exec.c), or the interpreter in a
- * build without LLVM (CPU_BACKEND 0); "cuda[:sm_XX]" the CUDA back end (the
- * same passes, NVRTC kernels, runtime/cuda_exec.c).
+ * back end gets ready to run it.  The back end is the registry's for the
+ * target (runtime/backend.h): "ref" the reference interpreter; "cpu" the
+ * CPU executor (the fuse and memplan passes, LLVM kernels), or the
+ * interpreter in a build without LLVM; "cuda[:sm_XX]" the CUDA executor
+ * (the same passes, NVRTC kernels).  Everything here calls through the
+ * Backend struct.
  *
  * Errors never exit: user errors (a bad model, a missing tensor) return
  * GRADC_ERR_USER with the whole diagnostic text, clang style with the
@@ -21,9 +21,9 @@
  *   IR    the printed function after the target's pipeline (planned for cpu)
  *   SIG   JSON: params (name, dtype, shape, init), inputs (name, dtype,
  *         micro-batch shape, batched), loss names
- *   KOBJ  kernel object code, one section per kernel (from the back end's
- *         cpu_program_save_objects hook; none on the interpreter)
- *   CUDA, CUBN, PTX   the CUDA target's compiled kernels (cuda_program_save)
+ *   ...   what the back end's save hook adds: KOBJ, the CPU target's
+ *         kernel object code; CUDA, CUBN, PTX, the CUDA target's
+ *         compiled kernels; nothing on the interpreter
  * Loading checks the container (magic, version, checksum), the gradc
  * version, and for the cpu target the host, then reads the IR back with
  * ir_read and the signature from SIG: no frontend, no passes. */
@@ -35,29 +35,6 @@
 #include "passes/passes.h"
 #include "api_impl.h"
 #include "runtime/io/artifact.h"
-
-/* Target "cpu" runs on the CPU back end in builds with LLVM (its kernels
- * need it); in a build without LLVM (the GPU test machine's) "cpu"
- * programs run on the interpreter, so the default target works
- * everywhere. */
-#ifdef GRADC_HAVE_LLVM
-#define CPU_BACKEND 1
-#else
-#define CPU_BACKEND 0
-#endif
-
-#ifdef GRADC_HAVE_CUDA
-#include "runtime/cuda/cuda.h"
-#define CUDA_TARGETS ", cuda[:sm_XX]"
-#else
-#define CUDA_TARGETS ""
-#endif
-
-#if CPU_BACKEND
-/* Artifact hooks the back end may not define yet (artifact.h). */
-#pragma weak cpu_program_save_objects
-#pragma weak cpu_program_load_objects
-#endif
 
 /* ------------------------------------------------------------------ */
 /* Errors                                                              */
@@ -142,12 +119,7 @@ static gradc_program *program_new(void) {
 
 void gradc_program_free(gradc_program *p) {
   if (!p) return;
-#if CPU_BACKEND
-  if (p->cpu) cpu_program_free(p->cpu);
-#endif
-#ifdef GRADC_HAVE_CUDA
-  cuda_program_free(p->cuda);
-#endif
+  if (p->prog) p->backend->free(p->prog);
   step_dp_free(&p->stepdp);
   api_zero_free(p->zero);
   comm_close(p->comm);
@@ -162,84 +134,37 @@ void gradc_program_free(gradc_program *p) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Back ends: the one place that picks one                              */
+/* Back ends (runtime/backend.h)                                        */
 /* ------------------------------------------------------------------ */
 
-static bool uses_cpu_backend(const char *target) { return CPU_BACKEND && strcmp(target, "cpu") == 0; }
-
-/* "cuda" or "cuda:sm_XX" in a build with the CUDA back end. */
-static bool uses_cuda_backend(const char *target) {
-#ifdef GRADC_HAVE_CUDA
-  char arch[32];
-  return target && cg_cuda_parse_target(target, arch, sizeof arch);
-#else
-  (void)target;
-  return false;
-#endif
-}
-
-static const char *const *backend_pipeline(const char *target, int *n) {
-#if CPU_BACKEND
-  if (uses_cpu_backend(target)) return pass_pipeline_cpu(n);
-#endif
-  if (uses_cuda_backend(target)) return pass_pipeline_cpu(n); /* the same kernels and plan */
-  return pass_pipeline(n);
-}
-
-#ifdef GRADC_HAVE_CUDA
-/* The CUDA back end: kernels generated and compiled with NVRTC (no device
- * needed until a step runs), or taken from the artifact. */
-static gradc_status cuda_start(gradc_program *p, const ArtFile *art) {
-  char err[16384], dir[4096], arch[32];
-  cg_cuda_parse_target(p->target, arch, sizeof arch);
-  CudaOptions co = {arch, !p->no_cache && cache_dir(dir, sizeof dir) ? dir : NULL, p->threads, false};
-  if (art) {
-    p->cuda = cuda_program_load(p->func, art, &co, err, sizeof err);
-    return p->cuda ? GRADC_OK : api_fail(GRADC_ERR_USER, "gradc: error: artifact: %s", err);
-  }
-  if (!cg_nvrtc_load(err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
-  p->cuda = cuda_program_new(p->func, &co, err, sizeof err);
-  return p->cuda ? GRADC_OK : api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s", err);
-}
-#endif
-
-#if CPU_BACKEND
-static void cpu_options(const gradc_program *p, CpuOptions *co, char *dir, size_t n) {
-  co->threads = p->threads;
-  co->cache_dir = !p->no_cache && cache_dir(dir, n) ? dir : NULL;
-}
-#endif
-
-/* Get the back end ready to run p->func; art: the artifact it came from
- * (kernel objects), or NULL. */
+/* Get the program's back end ready to run p->func; art: the artifact it
+ * came from (its compiled kernels), or NULL. */
 static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
-#ifdef GRADC_HAVE_CUDA
-  if (uses_cuda_backend(p->target)) return cuda_start(p, art);
-#endif
-  if (!uses_cpu_backend(p->target)) return GRADC_OK;
-#if CPU_BACKEND
-  char err[2048], dir[4096];
-  CpuOptions co;
-  cpu_options(p, &co, dir, sizeof dir);
-  if (art && cpu_program_load_objects && art_find(art, "KOBJ", NULL)) {
-    p->cpu = cpu_program_load_objects(p->func, art, &co, err, sizeof err);
-    if (!p->cpu) return api_fail(GRADC_ERR_USER, "artifact: %s", err);
-    return GRADC_OK;
+  char err[16384], dir[4096];
+  BackendOptions o = {p->target, p->threads, !p->no_cache && cache_dir(dir, sizeof dir) ? dir : NULL};
+  const Backend *b = p->backend;
+  if (art) {
+    p->prog = b->load(p->func, art, &o, err, sizeof err);
+    return p->prog ? GRADC_OK : api_fail(GRADC_ERR_USER, "gradc: error: artifact: %s", err);
   }
-  p->cpu = cpu_program_new(p->func, &co, err, sizeof err);
-  if (!p->cpu) return api_fail(GRADC_ERR_INTERNAL, "%s", err);
-#else
-  (void)art;
-#endif
-  return GRADC_OK;
+  if (b->usable && !b->usable(err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  p->prog = b->compile(p->func, &o, err, sizeof err);
+  return p->prog ? GRADC_OK : api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s", err);
 }
 
 void api_set_params_gen(gradc_program *p, uint64_t gen) {
-#if CPU_BACKEND
-  if (p->cpu) cpu_program_set_params_gen(p->cpu, gen);
-#else
-  (void)p, (void)gen;
-#endif
+  if (p->backend->set_params_gen) p->backend->set_params_gen(p->prog, gen);
+}
+
+void api_result_free(gradc_program *p, StepResult *r) {
+  if (p->backend->recycle)
+    p->backend->recycle(p->prog, r);
+  else
+    step_result_free(r);
+}
+
+struct CudaProgram *api_cuda_program(const gradc_program *p) {
+  return strcmp(p->backend->name, "cuda") == 0 ? p->prog : NULL;
 }
 
 bool api_dist_start(gradc_program *p, char *err, size_t errlen) {
@@ -271,20 +196,7 @@ bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inp
   if (!api_dist_start(p, err, errlen)) return false;
   bool dist = p->comm != NULL, ok;
   if (dist) step_dp_begin(&p->stepdp);
-#if CPU_BACKEND
-  if (p->cpu)
-    ok = cpu_step_run(p->cpu, p->gas, params, "params", inputs, "inputs", r, err, errlen);
-  else
-#endif
-#ifdef GRADC_HAVE_CUDA
-  if (p->cuda)
-    ok = cuda_step_run(p->cuda, p->gas, params, "params", inputs, "inputs", r, err, errlen);
-  else
-#endif
-  {
-    InterpOptions io = {0};
-    ok = step_run_ref(p->func, p->gas, params, "params", inputs, "inputs", &io, r, err, errlen);
-  }
+  ok = p->backend->run(p->prog, p->gas, params, "params", inputs, "inputs", r, err, errlen);
   if (ok && p->zero) {
     if (!r->dp_reduced) r->dp_reduced = calloc((size_t)r->ngrads + 1, sizeof(bool));
     if (!r->dp_reduced) abort();
@@ -324,9 +236,10 @@ void gradc_compile_options_init(gradc_compile_options *o) {
 
 static gradc_status check_options(const gradc_compile_options *o) {
   if (o->gas < 1) return api_fail(GRADC_ERR_USER, "gradc: error: gas must be at least 1 (got %d)", o->gas);
-  if (o->target && strcmp(o->target, "cpu") != 0 && strcmp(o->target, "ref") != 0 && !uses_cuda_backend(o->target))
-    return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: cpu, ref" CUDA_TARGETS ")",
-                    o->target);
+  char targets[256];
+  if (o->target && !rt_backend_find(o->target))
+    return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: %s)", o->target,
+                    rt_backend_targets(targets, sizeof targets));
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
   if (o->dp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: dp must be at least 1 (got %d)", o->dp);
   if (o->tp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: tp must be at least 1 (got %d)", o->tp);
@@ -351,6 +264,7 @@ static gradc_status check_options(const gradc_compile_options *o) {
 static void set_options(gradc_program *p, const gradc_compile_options *o) {
   p->gas = o->gas;
   p->target = arena_strdup(&p->arena, o->target ? o->target : "cpu");
+  p->backend = rt_backend_find(p->target);
   p->threads = o->threads;
   p->no_cache = o->no_cache != 0;
   p->dp = o->dp > 1 ? o->dp : 1;
@@ -430,7 +344,7 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
   signature_from_model(p, p->fe);
 
   int n;
-  const char *const *names = backend_pipeline(p->target, &n);
+  const char *const *names = p->backend->pipeline(&n);
   /* ZeRO-1: no dp-reduce (its all-reduce buckets); the gradients are
    * reduce-scattered after the window (api_zero.c). */
   const char *kept[64];
@@ -454,7 +368,7 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
                     .no_overlap = p->no_overlap,
                     .bucket_bytes = p->bucket_bytes,
                     .zero1 = p->zero1,
-                    .no_inplace = uses_cuda_backend(p->target)};
+                    .no_inplace = p->backend->no_inplace};
   int rc = pm_run(&pm, p->func, names, n, &po);
   if (pmo) *pmo = pm; /* the caller reads the per-pass times */
   if (rc == 1) {
@@ -640,14 +554,8 @@ gradc_status gradc_program_save(const gradc_program *p, const char *path) {
   cJSON_free(sig);
   char err[2048];
   gradc_status st = GRADC_OK;
-#if CPU_BACKEND
-  if (p->cpu && cpu_program_save_objects && !cpu_program_save_objects(p->cpu, &a, err, sizeof err))
+  if (p->backend->save && !p->backend->save(p->prog, &a, err, sizeof err))
     st = api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s: %s", path, err);
-#endif
-#ifdef GRADC_HAVE_CUDA
-  if (p->cuda && !cuda_program_save(p->cuda, &a, err, sizeof err))
-    st = api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s: %s", path, err);
-#endif
   if (!st && !art_write(path, &a, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   art_free(&a);
   return st;
@@ -714,7 +622,7 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   const cJSON *defs = m ? cJSON_GetObjectItemCaseSensitive(m, "defs") : NULL;
   if (!ver || !host || !target || !model || !sname || !cJSON_IsArray(defs) || !json_int(m, "gas", 1, 1 << 20, &gas) ||
       !json_int(m, "threads", 0, 1 << 20, &threads) ||
-      (strcmp(target, "cpu") != 0 && strcmp(target, "ref") != 0 && !uses_cuda_backend(target)))
+      !rt_backend_find(target))
     goto done;
   if (strcmp(ver, GRADC_VERSION) != 0) {
     snprintf(err, errlen, "%s: artifact was built by gradc %s; this is gradc %s (recompile the model)", path, ver,
@@ -747,6 +655,7 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);
+  p->backend = rt_backend_find(p->target);
   p->model = arena_strdup(&p->arena, model);
   p->source_name = arena_strdup(&p->arena, sname);
   p->ndefs = cJSON_GetArraySize(defs);

@@ -4,12 +4,14 @@
  *   api.c          errors, programs (compile, signature), artifacts
  *   api_session.c  sessions: params, inputs, running a window, gradients
  *   api_optim.c    optimisers, the learning-rate schedule, checkpoints
+ *   api_params.c   what both of those do with params (below them both)
  *   api_zero.c     ZeRO-1: the optimiser state sharded over the dp ranks */
 #ifndef GRADC_API_IMPL_H
 #define GRADC_API_IMPL_H
 
 #include "frontend/frontend.h"
 #include "gradc.h"
+#include "runtime/backend.h"
 #include "runtime/comm/comm.h"
 #include "runtime/runtime.h"
 
@@ -39,7 +41,8 @@ struct gradc_program {
   const char *source_name; /* the name diagnostics used ("mlp.gdl") */
   char *source;            /* the model text (malloc'd) */
   int gas;
-  const char *target;      /* "cpu" or "ref" */
+  const char *target;      /* "cpu", "ref", "cuda[:sm_XX]" */
+  const Backend *backend;  /* the registry's for target (runtime/backend.h) */
   int threads;
   bool no_cache;
   const char **def_names;  /* the -D values baked in */
@@ -59,8 +62,7 @@ struct gradc_program {
   FeModel *fe;
   IrFunc *func;
   char *ir_text;           /* the printed function, as saved in artifacts (malloc'd) */
-  struct CpuProgram *cpu;  /* the CPU back end's program, NULL on the interpreter */
-  struct CudaProgram *cuda; /* the CUDA back end's program (target "cuda[:sm_XX]"), or NULL */
+  void *prog;              /* the back end's program (NULL until it is ready) */
   /* Distributed runs (comm.h): dp and tp ranks (the run has tp x dp);
    * the comm layout is opened by the first session or run
    * (api_dist_start), not at compile time. */
@@ -102,12 +104,14 @@ struct PassManager;
 gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
                                  struct PassManager *pm, gradc_program **out);
 
-/* The session's params changed (set, loaded, stepped): a new generation,
- * unique in the process, so the CPU back end copies them in again. */
-void api_params_changed(gradc_session *s);
 /* The generation of the params the next api_run_window* gets (the CPU
  * back end skips copying params it holds already; 0: unknown). */
 void api_set_params_gen(gradc_program *p, uint64_t gen);
+/* Done with a result of api_run_window*: the back end may fill its arrays
+ * again in the next window (the CPU's), else it is freed. */
+void api_result_free(gradc_program *p, StepResult *r);
+/* The CUDA executor's program (its kernels, --allow-tf32), or NULL on another back end. */
+struct CudaProgram *api_cuda_program(const gradc_program *p);
 
 /* Record msg as this thread's last error and return st. */
 gradc_status api_fail(gradc_status st, const char *fmt, ...) GRADC_PRINTF(2, 3);
@@ -119,15 +123,8 @@ IrType api_input_window_type(const gradc_program *p, int i);
 /* Whether params of this declared type are stored as F64 (else F32). */
 bool api_param_f64(const FeParam *p);
 
-/* Check a safetensors file holds every param with its shape and a float
- * dtype, and nothing else (but optim.* tensors when allow_optim); the
- * error names the file and the tensor, as `gradc run` does. */
-bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
-                           size_t errlen);
-/* Copy src's elements into dst (same count), converting to dst's dtype. */
-void api_copy_tensor(const StTensor *src, StTensor *dst);
 
-/* Run one window on the program's back end (step_run_ref or cpu_step_run);
+/* Run one window on the program's back end (Backend.run);
  * errors name the tensors as "params: ..." / "inputs: ...". */
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen);
@@ -161,6 +158,18 @@ bool api_zero_gather_params(const gradc_program *p, StFile *params, char *err, s
 bool api_zero_gather_slot(const gradc_program *p, void *const *slot, void *whole[2], char *err, size_t errlen);
 /* Bytes of optimiser state this rank holds (slot0 and slot1). */
 int64_t api_optim_state_bytes(const gradc_session *s);
+
+/* api_params.c */
+/* The session's params changed (set, loaded, stepped): a new generation,
+ * unique in the process, so the CPU back end copies them in again. */
+void api_params_changed(gradc_session *s);
+/* Check a safetensors file holds every param with its shape and a float
+ * dtype, and nothing else (but optim.* tensors when allow_optim); the
+ * error names the file and the tensor, as `gradc run` does. */
+bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
+                           size_t errlen);
+/* Copy src's elements into dst (same count), converting to dst's dtype. */
+void api_copy_tensor(const StTensor *src, StTensor *dst);
 
 /* api_optim.c: the slot names an optimiser keeps ("exp_avg", ...). */
 int api_optim_slots(const gradc_optimizer_options *o, const char **names);

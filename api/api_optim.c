@@ -247,7 +247,7 @@ static void step_scalars(const gradc_session *s, CgOptimScalars *sc) {
 static gradc_status optim_code(gradc_session *s, CgOptimKind kind, const CgOptim **out) {
   *out = NULL;
 #ifdef GRADC_HAVE_LLVM
-  if (!s->p->cpu) return GRADC_OK;
+  if (!s->p->backend->llvm_optim) return GRADC_OK;
   if (!s->optim_code || !(cg_optim_kinds(s->optim_code) & (1u << kind))) {
     unsigned kinds = cg_optim_kinds(s->optim_code) | (1u << kind);
     char dir[4096], err[1024];

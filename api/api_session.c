@@ -12,7 +12,6 @@
  * all-reduced from the ranks' sums of squares, and get_grad / save_grads
  * gather the whole gradients on demand (collective). */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,11 +25,6 @@ static void *xcalloc(size_t n, size_t size) {
 }
 
 static gradc_status null_arg(const char *fn) { return api_fail(GRADC_ERR_USER, "gradc: error: %s: NULL argument", fn); }
-
-void api_params_changed(gradc_session *s) {
-  static _Atomic uint64_t last;
-  s->params_gen = atomic_fetch_add(&last, 1) + 1;
-}
 
 gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
   if (!out) return null_arg("session_new");
@@ -116,68 +110,6 @@ gradc_status gradc_session_get_param(const gradc_session *s, const char *name, v
   if (!t) return GRADC_ERR_USER;
   if (t->nbytes) memcpy(out, t->data, t->nbytes);
   return GRADC_OK;
-}
-
-/* "f32[784,255]" for a file tensor. */
-static char *file_type_str(const StTensor *t, char *buf, size_t n) {
-  static const char *const names[] = {"f32", "f64", "bf16", "f16", "i32", "i64"};
-  size_t k = (size_t)snprintf(buf, n, "%s", names[t->dtype]);
-  for (int i = 0; i < t->rank && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, "%c%lld", i ? ',' : '[', (long long)t->shape[i]);
-  if (t->rank > 0 && k < n) snprintf(buf + k, n - k, "]");
-  return buf;
-}
-
-/* Whether file dtype sd may hold a param of declared dtype dt (as `run`). */
-static bool param_dtype_ok(IrDType dt, StDType sd) {
-  bool half = dt == IR_DT_BF16 || dt == IR_DT_F16;
-  return sd == ST_F32 || sd == ST_F64 || (half && (sd == ST_BF16 || sd == ST_F16));
-}
-
-bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
-                           size_t errlen) {
-  for (int i = 0; i < f->n; i++) {
-    const char *name = f->t[i].name;
-    if (allow_optim && strncmp(name, "optim.", 6) == 0) continue;
-    if (api_param_index(p, name) < 0) {
-      snprintf(err, errlen, "%s: tensor '%s': not a param of model '%s'", path, name, p->model);
-      return false;
-    }
-  }
-  for (int i = 0; i < p->nparams; i++) {
-    const FeParam *q = &p->params[i];
-    const StTensor *t = st_find(f, q->name);
-    if (!t) {
-      snprintf(err, errlen, "%s: missing tensor '%s'", path, q->name);
-      return false;
-    }
-    bool same = t->rank == q->type.shape.rank && param_dtype_ok(q->type.dtype, t->dtype);
-    for (int k = 0; same && k < t->rank; k++) same = t->shape[k] == q->type.shape.dim[k];
-    if (!same) {
-      char w[IR_TYPE_STR_MAX], g[IR_TYPE_STR_MAX];
-      snprintf(err, errlen, "%s: tensor '%s': expected %s, got %s", path, q->name, ir_type_str(&q->type, w, sizeof w),
-               file_type_str(t, g, sizeof g));
-      return false;
-    }
-  }
-  return true;
-}
-
-void api_copy_tensor(const StTensor *src, StTensor *dst) {
-  if (src->dtype == dst->dtype) {
-    memcpy(dst->data, src->data, dst->nbytes);
-    return;
-  }
-  int64_t n = st_numel(src);
-  double *tmp = xcalloc((size_t)n, sizeof(double));
-  step_load(src, 0, n, tmp);
-  for (int64_t j = 0; j < n; j++) {
-    if (dst->dtype == ST_F64)
-      ((double *)dst->data)[j] = tmp[j];
-    else
-      ((float *)dst->data)[j] = (float)tmp[j];
-  }
-  free(tmp);
 }
 
 gradc_status gradc_session_load_params(gradc_session *s, const char *path) {
@@ -304,10 +236,7 @@ gradc_status gradc_session_run(gradc_session *s) {
   if (!ok) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   /* The CPU back end reads the next window's gradients into the arrays of
    * the one before (no allocation and page faults per window). */
-  if (s->have_res && s->p->cpu)
-    cpu_program_recycle(s->p->cpu, &s->res);
-  else if (s->have_res)
-    step_result_free(&s->res);
+  if (s->have_res) api_result_free(s->p, &s->res);
   s->res = r;
   s->have_res = true;
   s->grads_sharded = sharded;

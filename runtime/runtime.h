@@ -1,5 +1,7 @@
 /* runtime.h - tensors in and out (safetensors), the reference interpreter,
- * and the step driver that runs a window of K micro-batches. */
+ * the window every executor runs (window.c) and the step drivers that run
+ * one: the interpreter's (ref/step.c) and the CPU executor's (cpu/exec.c).
+ * The back-end interface over them is backend.h. */
 #ifndef GRADC_RUNTIME_H
 #define GRADC_RUNTIME_H
 
@@ -83,7 +85,7 @@ void interp_free(InterpState *st);
 int interp_index_operand(const IrOp *op);
 
 /* ------------------------------------------------------------------ */
-/* step.c: one window (K micro-batches) of a compiled program           */
+/* window.c: what every executor does the same way in a window          */
 /* ------------------------------------------------------------------ */
 typedef struct StepResult {
   int nlosses;
@@ -97,21 +99,15 @@ typedef struct StepResult {
                               (the CPU executor's bucket all-reduces), so step_dp_end leaves it; NULL: none */
 } StepResult;
 
-/* Run one window on the reference interpreter.  inputs/params: tensors by
- * argument name (window-sized inputs; batched ones are split into K
- * micro-batches along axis 0).  Errors (a missing or mistyped tensor) are
- * "FILE: tensor 'x': reason" in err. */
-bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
-                  const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen);
 void step_result_free(StepResult *r);
-
-/* The pieces of a window that every back end shares (step_run_ref and the
- * CPU executor, exec.c), so tensors are checked and results laid out once. */
 /* Check the files against f's arguments (K >= 1; names, dtypes, window
  * shapes, I64 targets in i32 range) in the order and with the messages of
- * step_run_ref; bound[i] gets the tensor of f->args[i]. */
+ * every back end ("FILE: tensor 'x': reason"); bound[i] gets the tensor of
+ * f->args[i] (this rank's samples and shards in a distributed window). */
 bool step_bind(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
                const char *inputs_path, const StTensor **bound, char *err, size_t errlen);
+/* "f32[784,255]": a file tensor's type in the IR's spelling ("i64" for I64). */
+char *step_tensor_str(const StTensor *t, char *buf, size_t n);
 /* Elements [begin, begin + n) of a bound tensor as doubles. */
 void step_load(const StTensor *t, int64_t begin, int64_t n, double *out);
 /* Check f's outputs (each `grad` names a param of its size) and set up r:
@@ -120,6 +116,9 @@ bool step_result_init(const IrFunc *f, StepResult *r, char *err, size_t errlen);
 /* Index in r->losses of a `loss` op, in r->grads of a `grad` op (-1: none). */
 int step_loss_slot(const StepResult *r, const IrOp *loss);
 int step_grad_slot(const StepResult *r, const IrOp *grad);
+/* Point args[i] at micro-batch k of each argument's window data (data[i]
+ * window-sized doubles, or NULL). */
+void step_micro_args(const IrFunc *f, int k, double *const *data, double **args);
 /* Whether f needs the count phase (window.sum ops, or index operands whose
  * ranges it checks); arg_needed[i]: whether it reads f->args[i]. */
 bool step_window_needs(const IrFunc *f, bool *arg_needed);
@@ -128,6 +127,51 @@ bool step_window_needs(const IrFunc *f, bool *arg_needed);
  * id] gets each window.sum result (malloc'd; the caller frees). */
 bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **wsum, const InterpOptions *opt,
                       char *err, size_t errlen);
+
+/* Elements of IR dtype dt in host memory (an arena's bytes): element i as
+ * a double, x rounded to dt (ir_round_dtype) and stored. */
+double rt_elem_get(const void *p, IrDType dt, int64_t i);
+void rt_elem_set(void *p, IrDType dt, int64_t i, double x);
+/* Whether a bound tensor's elements are dtype dt's bytes already (a plain
+ * copy of *es bytes each). */
+bool rt_tensor_plain(const StTensor *t, IrDType dt, int64_t *es);
+/* Elements [begin, begin + n) of a bound tensor into dst, as dtype dt. */
+void rt_tensor_convert(const StTensor *t, int64_t begin, int64_t n, IrDType dt, void *dst);
+
+/* The executors of a memory-planned function (exec.c, cuda_exec.c) store
+ * bytes into their arena through one of these: n bytes at an offset. */
+typedef bool (*StepStoreFn)(void *ctx, int64_t offset, const void *src, size_t n, char *err, size_t errlen);
+/* The consts that group-0 ops read (they live in the persistent region). */
+bool step_store_consts(const IrFunc *f, StepStoreFn store, void *ctx, char *err, size_t errlen);
+/* The window sums (step_window_sums over the bound tensors), each stored
+ * as its dtype where the plan put it. */
+bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bound, StepStoreFn store, void *ctx,
+                            char *err, size_t errlen);
+/* A gradient buffer of a planned function: one per param with a `grad`
+ * output, where its (first) `grad` operand is stored. */
+typedef struct StepGradBuf {
+  int arg;        /* the param's index in f->args */
+  int slot;       /* its gradient's index in a StepResult */
+  int64_t offset; /* in the arena */
+  int64_t numel;
+  IrDType dt;     /* f32 or f64 */
+} StepGradBuf;
+/* f's gradient buffers in argument order (malloc'd; *n of them). */
+StepGradBuf *step_grad_bufs(const IrFunc *f, int *n);
+/* Add a loss's n stored elements (dtype dt), summed in order, into its window loss. */
+void step_add_loss(StepResult *r, const IrOp *loss, const void *elems, IrDType dt, int64_t n);
+
+/* ------------------------------------------------------------------ */
+/* ref/step.c: the reference interpreter's window                       */
+/* ------------------------------------------------------------------ */
+/* Run one window on the reference interpreter (count phase, then each
+ * micro-batch in full, losses and gradients added up, one micro-batch's
+ * activations alive at a time).  inputs/params: tensors by argument name
+ * (window-sized inputs; batched ones are split into K micro-batches along
+ * axis 0).  Errors (a missing or mistyped tensor) are "FILE: tensor 'x':
+ * reason" in err. */
+bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                  const char *inputs_path, const InterpOptions *opt, StepResult *out, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
 /* comm_step.c: what the step drivers share in a distributed window     */

@@ -426,8 +426,8 @@ static int open_program(const Args *a, gradc_program **out) {
 /* --print-kernels and --kernels-dir: the CUDA target's kernels. */
 static int write_kernels(const Args *a, const gradc_program *p) {
 #ifdef GRADC_HAVE_CUDA
-  if (p->cuda) {
-    const CuModule *m = cuda_program_module(p->cuda);
+  if (api_cuda_program(p)) {
+    const CuModule *m = cuda_program_module(api_cuda_program(p));
     if (a->print_kernels) {
       StrBuf sb;
       sb_init(&sb);
@@ -610,7 +610,7 @@ static int cmd_run(const Args *a) {
   int rc = open_program(a, &p);
   if (rc) return rc;
 #ifdef GRADC_HAVE_CUDA
-  if (p->cuda) cuda_program_allow_tf32(p->cuda, a->allow_tf32);
+  if (api_cuda_program(p)) cuda_program_allow_tf32(api_cuda_program(p), a->allow_tf32);
 #endif
   /* mpirun -np N needs --tp T --dp D with T*D = N (else every rank would compute the whole window). */
   int launched = comm_launch_size(), ranks = p->dp * p->tp;

@@ -20,23 +20,28 @@
  *
  * reshape, const, window.sum and grad need no work during a micro-batch.
  *
- * cpu_step_run runs a window: it checks and binds the tensors (shared with
- * step_run_ref), zeroes the gradient buffers but the parts a store-first
- * GEMM writes whole (plan_zeroing: with beta = 0 in micro-batch 0), copies
- * the params in unless the arena holds them already (the caller's params
- * generation, cpu_program_set_params_gen, and the same tensors), evaluates
- * window sums with the interpreter's count phase and stores them, then for
- * each micro-batch copies its input slices in and runs the program; at the
- * end the gradients are read out of their buffers.
+ * cpu_step_run runs a window: it checks and binds the tensors (window.c,
+ * as every executor does), zeroes the gradient buffers but the parts a
+ * store-first GEMM writes whole (plan_zeroing: with beta = 0 in
+ * micro-batch 0), copies the params in unless the arena holds them
+ * already (the caller's params generation, cpu_program_set_params_gen,
+ * and the same tensors), stores the window sums (the interpreter's count
+ * phase, step_store_window_sums), then for each micro-batch copies its
+ * input slices in and runs the program; at the end the gradients are read
+ * out of their buffers.
  *
  * Artifacts (artifact.h's hook): cpu_program_save_objects stores the
  * kernels' object code, cpu_program_load_objects builds the program from
- * it without running code generation (no LLVM optimiser, no codegen). */
+ * it without running code generation (no LLVM optimiser, no codegen).
+ *
+ * rt_backend_cpu, at the end, is the executor as a back end (backend.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "passes/passes.h"
+#include "runtime/backend.h"
 #include "runtime/io/artifact.h"
 #include "runtime/comm/comm.h"
 #include "runtime/gemm_plan.h"
@@ -50,96 +55,6 @@
 /* Kernels smaller than this many element-visits run on the calling thread;
  * larger ones are split in chunks of about this size. */
 #define INLINE_WORK 32768
-
-/* ------------------------------------------------------------------ */
-/* Elements in the arena                                               */
-/* ------------------------------------------------------------------ */
-
-static double f16_decode(uint16_t h) {
-  int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  double v;
-  if (exp == 0) v = ldexp((double)man, -24);
-  else if (exp == 31) v = man ? NAN : INFINITY;
-  else v = ldexp((double)(man | 0x400), exp - 25);
-  return sign ? -v : v;
-}
-
-/* x rounded to f16 (ir_round_dtype) and packed into its bits. */
-static uint16_t f16_encode(double x) {
-  x = ir_round_dtype(x, IR_DT_F16);
-  uint16_t sign = signbit(x) ? 0x8000 : 0;
-  double a = fabs(x);
-  if (isnan(x)) return 0x7e00;
-  if (isinf(a)) return sign | 0x7c00;
-  if (a == 0) return sign;
-  int e;
-  frexp(a, &e); /* a = m * 2^e, 0.5 <= m < 1 */
-  if (e - 1 < -14) return sign | (uint16_t)ldexp(a, 24); /* subnormal: a / 2^-24 */
-  uint16_t man = (uint16_t)(ldexp(a, 11 - e) - 1024);   /* 10 fraction bits */
-  return sign | (uint16_t)((e - 1 + 15) << 10) | man;
-}
-
-static uint16_t bf16_encode(double x) {
-  float f = (float)ir_round_dtype(x, IR_DT_BF16);
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if (isnan(f)) return 0x7fc0;
-  return (uint16_t)(u >> 16);
-}
-
-static float bf16_decode(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static double elem_get(const char *p, IrDType dt, int64_t i) {
-  switch (dt) {
-  case IR_DT_F32: return ((const float *)p)[i];
-  case IR_DT_F64: return ((const double *)p)[i];
-  case IR_DT_BF16: return bf16_decode(((const uint16_t *)p)[i]);
-  case IR_DT_F16: return f16_decode(((const uint16_t *)p)[i]);
-  case IR_DT_I32: return ((const int32_t *)p)[i];
-  case IR_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
-  }
-  return 0;
-}
-
-static void elem_set(char *p, IrDType dt, int64_t i, double x) {
-  switch (dt) {
-  case IR_DT_F32: ((float *)p)[i] = (float)x; break;
-  case IR_DT_F64: ((double *)p)[i] = x; break;
-  case IR_DT_BF16: ((uint16_t *)p)[i] = bf16_encode(x); break;
-  case IR_DT_F16: ((uint16_t *)p)[i] = f16_encode(x); break;
-  case IR_DT_I32: ((int32_t *)p)[i] = (int32_t)x; break;
-  case IR_DT_BOOL: ((uint8_t *)p)[i] = x != 0; break;
-  }
-}
-
-/* Whether a bound tensor's elements are dtype dt's bytes already (a plain
- * copy, *es bytes each). */
-static bool copy_in_plain(const StTensor *t, IrDType dt, int64_t *es) {
-  *es = (t->dtype == ST_F32 && dt == IR_DT_F32) || (t->dtype == ST_I32 && dt == IR_DT_I32) ? 4
-        : t->dtype == ST_F64 && dt == IR_DT_F64                                             ? 8
-                                                                                            : 0;
-  return *es > 0; /* little-endian host */
-}
-
-/* Elements [begin, begin + n) of a bound tensor into dst, as dtype dt. */
-static void copy_in(const StTensor *t, int64_t begin, int64_t n, IrDType dt, char *dst) {
-  int64_t es;
-  if (copy_in_plain(t, dt, &es)) {
-    memcpy(dst, (const char *)t->data + es * begin, (size_t)(es * n));
-    return;
-  }
-  double buf[1024];
-  for (int64_t k = 0; k < n; k += 1024) {
-    int64_t m = n - k < 1024 ? n - k : 1024;
-    step_load(t, begin + k, m, buf);
-    for (int64_t i = 0; i < m; i++) elem_set(dst, dt, k + i, buf[i]);
-  }
-}
 
 /* ------------------------------------------------------------------ */
 /* The program                                                         */
@@ -171,14 +86,6 @@ typedef struct Instr {
   bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
 } Instr;
 
-typedef struct GradBuf {
-  int arg;         /* param index in f->args */
-  int64_t offset;  /* in the arena */
-  IrDType dt;      /* f32 or f64 */
-  int64_t numel;
-  bool reduced;    /* a data-parallel bucket all-reduces it (its `grad` reads a last=true wait) */
-} GradBuf;
-
 /* A data-parallel gradient bucket (dp-reduce's last=true all-reduces): in
  * the window's last micro-batch its gradient buffers are all-reduced in
  * place, one collective per contiguous run of buffers of one dtype, started
@@ -207,8 +114,9 @@ struct CpuProgram {
   char *arena;
   Instr *code;
   int ncode;
-  GradBuf *grads;
+  StepGradBuf *grads;
   int ngrads;
+  bool *reduced; /* per gradient buffer: a data-parallel bucket all-reduces it (its `grad` reads a last=true wait) */
   /* What the window zeroes: the gradient buffers less the parts a
    * store-first GEMM writes whole (byte ranges in the arena). */
   int64_t (*zero)[2];
@@ -248,6 +156,12 @@ struct CpuProgram {
  * megabyte-sized result arrays were mapped, faulted in and unmapped again
  * (a tenth of a small model's step). */
 static char *arena_new(int64_t size) { return aligned_alloc(64, (size_t)((size + 64) / 64 * 64)); }
+
+/* Bytes into the arena (window sums, consts). */
+static bool store(void *ctx, int64_t offset, const void *src, size_t n, char *err, size_t errlen) {
+  memcpy((char *)ctx + offset, src, n);
+  return true;
+}
 
 static bool in_group0(const IrOp *op, void *ctx) {
   (void)ctx;
@@ -476,14 +390,14 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   float *a = rt_xcalloc((size_t)mk, sizeof(float)), *b = rt_xcalloc((size_t)kn, sizeof(float));
   float *c = g->accumulate ? NULL : rt_xcalloc((size_t)mn, sizeof(float));
   for (int64_t t = 0; t < g->nb; t++) {
-    for (int64_t i = 0; i < mk; i++) a[i] = (float)elem_get(arena + g->a, g->dt, g->aoff[t] + i);
-    for (int64_t i = 0; i < kn; i++) b[i] = (float)elem_get(arena + g->b, g->dt, g->boff[t] + i);
+    for (int64_t i = 0; i < mk; i++) a[i] = (float)rt_elem_get(arena + g->a, g->dt, g->aoff[t] + i);
+    for (int64_t i = 0; i < kn; i++) b[i] = (float)rt_elem_get(arena + g->b, g->dt, g->boff[t] + i);
     if (g->accumulate) {
       gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 1.0, arena + g->c + (size_t)(t * mn) * 4,
                 g->N);
     } else {
       gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 0.0, c, g->N);
-      for (int64_t i = 0; i < mn; i++) elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
+      for (int64_t i = 0; i < mn; i++) rt_elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
     }
   }
   free(a);
@@ -504,6 +418,7 @@ void cpu_program_free(CpuProgram *p) {
   }
   free(p->code);
   free(p->grads);
+  free(p->reduced);
   free(p->zero);
   free(p->arena_src);
   free(p->direct);
@@ -639,18 +554,6 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     return true;
   }
   return rt_op_fail(err, n, op, "is not in a kernel (the CPU target runs fuse before memplan)");
-}
-
-/* Store the consts that group-0 ops read (they live in the persistent region). */
-static void store_consts(CpuProgram *p) {
-  const IrFunc *f = p->f;
-  for (int i = 0; i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_CONST || op->group != 0 || op->result->storage != IR_STORE_ARENA) continue;
-    double v = ir_attr_get_float(op, "value", 0.0);
-    int64_t n = ir_numel(&op->result->type.shape);
-    for (int64_t k = 0; k < n; k++) elem_set(p->arena + op->result->offset, op->result->type.dtype, k, v);
-  }
 }
 
 /* The gradient buffer range of a bucket member (a last=true start). */
@@ -803,7 +706,7 @@ static void plan_zeroing(CpuProgram *p) {
     int64_t es = g->dt == IR_DT_F64 ? 8 : 4, lo = g->c, hi = g->c + g->M * g->N * es;
     bool inside = false;
     for (int k = 0; k < p->ngrads && !inside; k++) {
-      const GradBuf *b = &p->grads[k];
+      const StepGradBuf *b = &p->grads[k];
       inside = lo >= b->offset && hi <= b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
     }
     bool first = inside;
@@ -829,7 +732,7 @@ static void plan_zeroing(CpuProgram *p) {
   qsort(cover, (size_t)ncover, sizeof *cover, cmp_range);
   p->zero = rt_xcalloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
   for (int k = 0; k < p->ngrads; k++) {
-    const GradBuf *b = &p->grads[k];
+    const StepGradBuf *b = &p->grads[k];
     int64_t at = b->offset, end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
     for (int c = 0; c < ncover; c++) {
       if (cover[c][1] <= at || cover[c][0] >= end) continue;
@@ -952,25 +855,19 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   p->colls = rt_xcalloc((size_t)p->ncolls + 1, sizeof(StepColl));
   p->coll_open = rt_xcalloc((size_t)p->ncolls + 1, sizeof(bool));
 
-  /* One gradient buffer per param with a `grad` output; the buckets
-   * reduce it when every `grad` of the param reads a last=true wait (a
-   * stacked param reduced by slices has one per slice). */
-  p->grads = rt_xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
-  for (int i = 0; i < f->nargs; i++) {
-    const IrValue *a = f->args[i];
-    if (a->role != IR_ARG_PARAM) continue;
-    int found = 0;
-    bool reduced = true;
-    int64_t offset = 0;
+  /* The buckets reduce a gradient buffer when every `grad` of its param
+   * reads a last=true wait (a stacked param reduced by slices has one per
+   * slice). */
+  p->grads = step_grad_bufs(f, &p->ngrads);
+  p->reduced = rt_xcalloc((size_t)p->ngrads + 1, sizeof(bool));
+  for (int i = 0; i < p->ngrads; i++) {
+    const char *name = f->args[p->grads[i].arg]->name;
+    p->reduced[i] = true;
     for (int k = 0; k < f->nops; k++) {
       const IrOp *op = f->ops[k];
-      if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
-      if (!found++) offset = rt_storage_root(op->args[0])->offset;
-      reduced &= bucket_reduced(op->args[0]);
+      if (op->opcode == IR_OP_GRAD && strcmp(ir_attr_get_str(op, "name", ""), name) == 0)
+        p->reduced[i] &= bucket_reduced(op->args[0]);
     }
-    if (!found) continue;
-    p->grads[p->ngrads++] = (GradBuf){i, offset, a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32,
-                                      ir_numel(&a->type.shape), reduced};
   }
 
   p->arena = arena_new(f->arena_size);
@@ -981,7 +878,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   plan_zeroing(p);
   plan_direct_args(p);
   p->arena_src = rt_xcalloc((size_t)f->nargs + 1, sizeof(void *));
-  store_consts(p);
+  step_store_consts(f, store, p->arena, err, errlen);
   p->pool = pool_new(p->threads);
   return p;
 
@@ -1033,7 +930,7 @@ static bool result_begin(CpuProgram *p, StepResult *r, char *err, size_t errlen)
   r->dp_reduced = NULL;
   for (int j = 0; j < r->ngrads; j++) {
     bool filled = false;
-    for (int i = 0; i < p->ngrads && !filled; i++) filled = strcmp(r->grad_names[j], p->f->args[p->grads[i].arg]->name) == 0;
+    for (int i = 0; i < p->ngrads && !filled; i++) filled = p->grads[i].slot == j;
     if (!filled) memset(r->grads[j], 0, sizeof(double) * (size_t)ir_numel(&r->grad_types[j].shape));
   }
   return true;
@@ -1170,7 +1067,7 @@ static void copy_args(CpuProgram *p, const StTensor *const *bound, int k, bool k
     bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
     if (split != (k >= 0)) continue;
     int64_t n = ir_numel(&a->type.shape), begin = split ? (int64_t)k * n : 0, es;
-    if (p->direct[i] && copy_in_plain(bound[i], a->type.dtype, &es)) { /* read in place */
+    if (p->direct[i] && rt_tensor_plain(bound[i], a->type.dtype, &es)) { /* read in place */
       p->argbase[i] = (const char *)bound[i]->data + es * begin;
       p->arena_src[i] = NULL;
       continue;
@@ -1181,42 +1078,11 @@ static void copy_args(CpuProgram *p, const StTensor *const *bound, int k, bool k
       if (keep_params && p->arena_src[i] == bound[i]->data) continue;
       p->arena_src[i] = bound[i]->data;
     }
-    if (copy_in_plain(bound[i], a->type.dtype, &es))
+    if (rt_tensor_plain(bound[i], a->type.dtype, &es))
       bulk(p, BULK_COPY, p->arena + a->offset, (const char *)bound[i]->data + es * begin, es * n);
     else
-      copy_in(bound[i], begin, n, a->type.dtype, p->arena + a->offset);
+      rt_tensor_convert(bound[i], begin, n, a->type.dtype, p->arena + a->offset);
   }
-}
-
-static bool window_sums(CpuProgram *p, int gas, const StTensor *const *bound, char *err, size_t errlen) {
-  const IrFunc *f = p->f;
-  bool *needed = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
-  if (!step_window_needs(f, needed)) {
-    free(needed);
-    return true;
-  }
-  double **data = rt_xcalloc((size_t)f->nargs + 1, sizeof(double *));
-  double **wsum = rt_xcalloc((size_t)f->nvalues + 1, sizeof(double *));
-  for (int i = 0; i < f->nargs; i++) {
-    if (!needed[i]) continue;
-    int64_t n = st_numel(bound[i]);
-    data[i] = rt_xcalloc((size_t)n, sizeof(double));
-    step_load(bound[i], 0, n, data[i]);
-  }
-  bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
-  for (int i = 0; ok && i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_WINDOW_SUM || op->result->storage == IR_STORE_NONE) continue;
-    int64_t n = ir_numel(&op->result->type.shape);
-    for (int64_t k = 0; k < n; k++)
-      elem_set(p->arena + op->result->offset, op->result->type.dtype, k, wsum[op->result->id][k]);
-  }
-  for (int i = 0; i < f->nargs; i++) free(data[i]);
-  for (int i = 0; i < f->nvalues; i++) free(wsum[i]);
-  free(data);
-  free(wsum);
-  free(needed);
-  return ok;
 }
 
 /* Start a bucket's all-reduces (in place in the gradient buffers). */
@@ -1306,10 +1172,7 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last,
     case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
     case I_LOSS: {
       const IrValue *v = in->op->args[0];
-      int64_t m = ir_numel(&v->type.shape);
-      double s = 0;
-      for (int64_t e = 0; e < m; e++) s += elem_get(p->arena + in->src, v->type.dtype, e);
-      r->losses[step_loss_slot(r, in->op)] += s;
+      step_add_loss(r, in->op, p->arena + in->src, v->type.dtype, ir_numel(&v->type.shape));
       break;
     }
     case I_START:
@@ -1371,7 +1234,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
     p->arena_gen = 0; /* while the params are copied */
     copy_args(p, bound, -1, keep);
     p->arena_gen = gen;
-    ok = window_sums(p, gas, bound, err, errlen);
+    ok = step_store_window_sums(f, gas, bound, store, p->arena, err, errlen);
   }
   for (int k = 0; ok && k < gas; k++) {
     copy_args(p, bound, k, false);
@@ -1379,19 +1242,15 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   }
   if (ok && !no_grads) {
     for (int i = 0; i < p->ngrads; i++) {
-      const GradBuf *g = &p->grads[i];
-      int slot = -1;
-      for (int j = 0; j < r.ngrads; j++)
-        if (strcmp(r.grad_names[j], f->args[g->arg]->name) == 0) slot = j;
-      GRADC_ASSERT(slot >= 0);
+      const StepGradBuf *g = &p->grads[i];
       /* Gradient buffers are f32 or f64. */
       if (g->dt == IR_DT_F32)
-        bulk(p, BULK_WIDEN, r.grads[slot], p->arena + g->offset, g->numel);
+        bulk(p, BULK_WIDEN, r.grads[g->slot], p->arena + g->offset, g->numel);
       else
-        bulk(p, BULK_COPY, r.grads[slot], p->arena + g->offset, g->numel * 8);
-      if (g->reduced) {
+        bulk(p, BULK_COPY, r.grads[g->slot], p->arena + g->offset, g->numel * 8);
+      if (p->reduced[i]) {
         if (!r.dp_reduced) r.dp_reduced = rt_xcalloc((size_t)r.ngrads + 1, sizeof(bool));
-        r.dp_reduced[slot] = true;
+        r.dp_reduced[g->slot] = true;
       }
     }
     /* Sharded params: the whole gradient from every tp rank's shard. */
@@ -1405,3 +1264,46 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   *out = r;
   return true;
 }
+
+/* ------------------------------------------------------------------ */
+/* The CPU executor as a back end                                       */
+/* ------------------------------------------------------------------ */
+
+static void *cpu_compile(IrFunc *f, const BackendOptions *o, char *err, size_t errlen) {
+  CpuOptions co = {o->threads, o->cache_dir};
+  return cpu_program_new(f, &co, err, errlen);
+}
+
+static bool cpu_save(const void *prog, ArtFile *a, char *err, size_t errlen) {
+  return cpu_program_save_objects(prog, a, err, errlen);
+}
+
+/* From the artifact's kernel objects; an artifact without any (a program
+ * with no kernels) is compiled again. */
+static void *cpu_load(IrFunc *f, const ArtFile *a, const BackendOptions *o, char *err, size_t errlen) {
+  CpuOptions co = {o->threads, o->cache_dir};
+  if (!art_find(a, "KOBJ", NULL)) return cpu_program_new(f, &co, err, errlen);
+  return cpu_program_load_objects(f, a, &co, err, errlen);
+}
+
+static bool cpu_run(void *prog, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                    const char *inputs_path, StepResult *out, char *err, size_t errlen) {
+  return cpu_step_run(prog, gas, params, params_path, inputs, inputs_path, out, err, errlen);
+}
+
+static void cpu_set_params_gen(void *prog, uint64_t gen) { cpu_program_set_params_gen(prog, gen); }
+static void cpu_recycle(void *prog, StepResult *r) { cpu_program_recycle(prog, r); }
+static void cpu_free(void *prog) { cpu_program_free(prog); }
+
+const Backend rt_backend_cpu = {
+    .name = "cpu",
+    .pipeline = pass_pipeline_cpu,
+    .llvm_optim = true,
+    .compile = cpu_compile,
+    .save = cpu_save,
+    .load = cpu_load,
+    .run = cpu_run,
+    .set_params_gen = cpu_set_params_gen,
+    .recycle = cpu_recycle,
+    .free = cpu_free,
+};

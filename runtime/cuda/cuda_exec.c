@@ -18,7 +18,10 @@
  * per micro-batch copy its inputs in, run the launch list on the stream
  * (the second micro-batch onwards replays a CUDA graph captured from it),
  * and read the losses back.  The gradients are read out at the end.
- * Artifacts carry the compiled images (cubin and PTX per chunk). */
+ * Artifacts carry the compiled images (cubin and PTX per chunk).
+ * What the window shares with the other executors (binding, window sums,
+ * consts, the read-out) is window.c's; rt_backend_cuda, at the end, is
+ * the executor as a back end (backend.h). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +29,8 @@
 #include <cjson/cJSON.h>
 
 #include "cuda.h"
+#include "passes/passes.h"
+#include "runtime/backend.h"
 #include "runtime/cpu/gemm_floor.h"
 #include "runtime/gemm_plan.h"
 
@@ -47,12 +52,6 @@ typedef struct Loss {
   IrDType dt;
 } Loss;
 
-typedef struct GradBuf {
-  int arg;
-  int64_t offset, numel;
-  IrDType dt; /* f32 or f64 */
-} GradBuf;
-
 struct CudaProgram {
   IrFunc *f;
   CuModule *m;
@@ -73,7 +72,7 @@ struct CudaProgram {
   int ncode;
   Loss *losses;
   int nlosses;
-  GradBuf *grads;
+  StepGradBuf *grads;
   int ngrads;
   CUgraphExec graph;
   bool use_graph;
@@ -84,75 +83,12 @@ struct CudaProgram {
 /* Elements on the host                                                */
 /* ------------------------------------------------------------------ */
 
-static uint16_t f16_bits(double x) {
-  x = ir_round_dtype(x, IR_DT_F16);
-  uint16_t sign = signbit(x) ? 0x8000 : 0;
-  double a = fabs(x);
-  if (isnan(x)) return 0x7e00;
-  if (isinf(a)) return sign | 0x7c00;
-  if (a == 0) return sign;
-  int e;
-  frexp(a, &e);
-  if (e - 1 < -14) return sign | (uint16_t)ldexp(a, 24);
-  return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(ldexp(a, 11 - e) - 1024);
-}
-
-static double f16_value(uint16_t h) {
-  int e = (h >> 10) & 0x1f, man = h & 0x3ff;
-  double v = e == 0 ? ldexp((double)man, -24) : e == 31 ? (man ? NAN : INFINITY) : ldexp((double)(man | 0x400), e - 25);
-  return h >> 15 ? -v : v;
-}
-
-static void put(char *p, IrDType dt, int64_t i, double x) {
-  switch (dt) {
-  case IR_DT_F32: ((float *)p)[i] = (float)x; break;
-  case IR_DT_F64: ((double *)p)[i] = x; break;
-  case IR_DT_BF16: {
-    float f = (float)ir_round_dtype(x, IR_DT_BF16);
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    ((uint16_t *)p)[i] = isnan(f) ? 0x7fc0 : (uint16_t)(u >> 16);
-    break;
-  }
-  case IR_DT_F16: ((uint16_t *)p)[i] = f16_bits(x); break;
-  case IR_DT_I32: ((int32_t *)p)[i] = (int32_t)x; break;
-  case IR_DT_BOOL: ((uint8_t *)p)[i] = x != 0; break;
-  }
-}
-
-static double get(const char *p, IrDType dt, int64_t i) {
-  switch (dt) {
-  case IR_DT_F32: return ((const float *)p)[i];
-  case IR_DT_F64: return ((const double *)p)[i];
-  case IR_DT_BF16: {
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-  }
-  case IR_DT_F16: return f16_value(((const uint16_t *)p)[i]);
-  case IR_DT_I32: return ((const int32_t *)p)[i];
-  case IR_DT_BOOL: return ((const uint8_t *)p)[i] != 0;
-  }
-  return 0;
-}
-
 /* Elements [begin, begin + n) of a bound tensor, as dt, into the arena at offset. */
 static bool copy_in(CudaProgram *p, const StTensor *t, int64_t begin, int64_t n, IrDType dt, int64_t offset, char *err,
                     size_t errlen) {
   size_t es = ir_dtype_size(dt);
   char *buf = rt_xcalloc((size_t)n, es);
-  if ((t->dtype == ST_F32 && dt == IR_DT_F32) || (t->dtype == ST_I32 && dt == IR_DT_I32) ||
-      (t->dtype == ST_F64 && dt == IR_DT_F64)) {
-    memcpy(buf, (const char *)t->data + (size_t)begin * es, (size_t)n * es);
-  } else {
-    double tmp[1024];
-    for (int64_t k = 0; k < n; k += 1024) {
-      int64_t m = n - k < 1024 ? n - k : 1024;
-      step_load(t, begin + k, m, tmp);
-      for (int64_t i = 0; i < m; i++) put(buf, dt, k + i, tmp[i]);
-    }
-  }
+  rt_tensor_convert(t, begin, n, dt, buf);
   bool ok = n == 0 || cuda_check(p->d->MemcpyHtoD(p->arena + (CUdeviceptr)offset, buf, (size_t)n * es),
                                  "copying to the device", err, errlen);
   free(buf);
@@ -276,8 +212,6 @@ static size_t elem_size(const CuParam *q) {
   return ir_dtype_size(q->v->type.dtype);
 }
 
-static void find_grads(CudaProgram *p);
-
 /* The launch list of one micro-batch, in op order (kernels' pointers and
  * GEMMs are resolved when the device is set up), the losses, the
  * gradient buffers: checked when the program is made, without a device. */
@@ -348,7 +282,7 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
     }
     return rt_op_fail(err, errlen, op, "is not in a kernel (the CUDA target runs fuse before memplan)");
   }
-  find_grads(p);
+  p->grads = step_grad_bufs(f, &p->ngrads);
   return true;
 }
 
@@ -372,40 +306,10 @@ static bool bind_code(CudaProgram *p, char *err, size_t errlen) {
   return true;
 }
 
-/* Consts that group-0 ops read live in the persistent region. */
-static bool store_consts(CudaProgram *p, char *err, size_t errlen) {
-  const IrFunc *f = p->f;
-  for (int i = 0; i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_CONST || op->group != 0 || op->result->storage != IR_STORE_ARENA) continue;
-    IrDType dt = op->result->type.dtype;
-    int64_t n = ir_numel(&op->result->type.shape);
-    char *buf = rt_xcalloc((size_t)n, ir_dtype_size(dt));
-    double v = ir_attr_get_float(op, "value", 0.0);
-    for (int64_t k = 0; k < n; k++) put(buf, dt, k, v);
-    bool ok = n == 0 || cuda_check(p->d->MemcpyHtoD(p->arena + (CUdeviceptr)op->result->offset, buf,
-                                                    (size_t)n * ir_dtype_size(dt)),
-                                   "copying consts", err, errlen);
-    free(buf);
-    if (!ok) return false;
-  }
-  return true;
-}
-
-static void find_grads(CudaProgram *p) {
-  const IrFunc *f = p->f;
-  p->grads = rt_xcalloc((size_t)f->nargs + 1, sizeof(GradBuf));
-  for (int i = 0; i < f->nargs; i++) {
-    const IrValue *a = f->args[i];
-    if (a->role != IR_ARG_PARAM) continue;
-    for (int k = 0; k < f->nops; k++) {
-      const IrOp *op = f->ops[k];
-      if (op->opcode != IR_OP_GRAD || !a->name || strcmp(ir_attr_get_str(op, "name", ""), a->name) != 0) continue;
-      p->grads[p->ngrads++] = (GradBuf){i, rt_storage_root(op->args[0])->offset, ir_numel(&a->type.shape),
-                                        a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32};
-      break;
-    }
-  }
+/* Bytes into the device's arena (consts, window sums). */
+static bool store(void *ctx, int64_t offset, const void *src, size_t n, char *err, size_t errlen) {
+  CudaProgram *p = ctx;
+  return cuda_check(p->d->MemcpyHtoD(p->arena + (CUdeviceptr)offset, src, n), "copying to the device", err, errlen);
 }
 
 /* The first step's setup: device, arena, modules, GEMMs, launch list. */
@@ -421,7 +325,7 @@ static bool setup_once(CudaProgram *p, char *err, size_t errlen) {
     return false;
   p->gemms = cuda_gemm_plan(p->f, &p->views, p->arena, p->allow_tf32, &p->ngemms, err, errlen);
   if (!p->gemms) return false;
-  return bind_code(p, err, errlen) && store_consts(p, err, errlen);
+  return bind_code(p, err, errlen) && step_store_consts(p->f, store, p, err, errlen);
 }
 
 /* The first step's setup; a failed one fails every later step the same way. */
@@ -489,50 +393,11 @@ static bool read_losses(CudaProgram *p, StepResult *r, char *err, size_t errlen)
     char *buf = rt_xcalloc((size_t)l->numel, es);
     bool ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)l->offset, (size_t)l->numel * es),
                          "reading a loss", err, errlen);
-    double s = 0;
-    for (int64_t e = 0; ok && e < l->numel; e++) s += get(buf, l->dt, e);
+    if (ok) step_add_loss(r, l->op, buf, l->dt, l->numel);
     free(buf);
     if (!ok) return false;
-    r->losses[step_loss_slot(r, l->op)] += s;
   }
   return true;
-}
-
-/* Window sums on the host (the interpreter's count phase), into the arena. */
-static bool window_sums(CudaProgram *p, int gas, const StTensor *const *bound, char *err, size_t errlen) {
-  const IrFunc *f = p->f;
-  bool *needed = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
-  if (!step_window_needs(f, needed)) {
-    free(needed);
-    return true;
-  }
-  double **data = rt_xcalloc((size_t)f->nargs + 1, sizeof(double *));
-  double **wsum = rt_xcalloc((size_t)f->nvalues + 1, sizeof(double *));
-  for (int i = 0; i < f->nargs; i++) {
-    if (!needed[i]) continue;
-    int64_t n = st_numel(bound[i]);
-    data[i] = rt_xcalloc((size_t)n, sizeof(double));
-    step_load(bound[i], 0, n, data[i]);
-  }
-  bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
-  for (int i = 0; ok && i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_WINDOW_SUM || op->result->storage == IR_STORE_NONE) continue;
-    IrDType dt = op->result->type.dtype;
-    int64_t n = ir_numel(&op->result->type.shape);
-    char *buf = rt_xcalloc((size_t)n, ir_dtype_size(dt));
-    for (int64_t k = 0; k < n; k++) put(buf, dt, k, wsum[op->result->id][k]);
-    ok = n == 0 || cuda_check(p->d->MemcpyHtoD(p->arena + (CUdeviceptr)op->result->offset, buf,
-                                               (size_t)n * ir_dtype_size(dt)),
-                              "copying window sums", err, errlen);
-    free(buf);
-  }
-  for (int i = 0; i < f->nargs; i++) free(data[i]);
-  for (int i = 0; i < f->nvalues; i++) free(wsum[i]);
-  free(data);
-  free(wsum);
-  free(needed);
-  return ok;
 }
 
 /* Micro-batch k of the batched inputs, or every other argument (k < 0). */
@@ -561,7 +426,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
                                    (size_t)p->grads[i].numel * ir_dtype_size(p->grads[i].dt)),
                     "clearing gradients", err, errlen);
   double t0 = rt_now_ms(), dev = 0;
-  ok = ok && copy_args(p, bound, -1, err, errlen) && window_sums(p, gas, bound, err, errlen);
+  ok = ok && copy_args(p, bound, -1, err, errlen) && step_store_window_sums(f, gas, bound, store, p, err, errlen);
   for (int k = 0; ok && k < gas; k++) {
     ok = copy_args(p, bound, k, err, errlen);
     double t1 = rt_now_ms();
@@ -571,20 +436,13 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
     ok = ok && read_losses(p, &r, err, errlen);
   }
   for (int i = 0; ok && i < p->ngrads; i++) {
-    const GradBuf *g = &p->grads[i];
-    int slot = -1;
-    for (int j = 0; j < r.ngrads; j++)
-      if (strcmp(r.grad_names[j], f->args[g->arg]->name) == 0) slot = j;
-    GRADC_ASSERT(slot >= 0);
+    const StepGradBuf *g = &p->grads[i];
     size_t es = ir_dtype_size(g->dt);
     char *buf = rt_xcalloc((size_t)g->numel, es);
     ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)g->offset, (size_t)g->numel * es),
                     "reading gradients", err, errlen);
-    double *dst = r.grads[slot];
-    if (ok && g->dt == IR_DT_F32)
-      for (int64_t e = 0; e < g->numel; e++) dst[e] = ((const float *)buf)[e];
-    else
-      for (int64_t e = 0; ok && e < g->numel; e++) dst[e] = get(buf, g->dt, e);
+    double *dst = r.grads[g->slot];
+    for (int64_t e = 0; ok && e < g->numel; e++) dst[e] = rt_elem_get(buf, g->dt, e);
     free(buf);
   }
   if (ok && getenv("GRADC_CUDA_TIMING"))
@@ -675,3 +533,57 @@ CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o
   }
   return p;
 }
+
+/* ------------------------------------------------------------------ */
+/* The CUDA executor as a back end                                      */
+/* ------------------------------------------------------------------ */
+
+/* "cuda" or "cuda:sm_XX". */
+static bool cuda_accepts(const char *target) {
+  char arch[32];
+  return cg_cuda_parse_target(target, arch, sizeof arch);
+}
+
+/* Compiling needs NVRTC (no device: that waits for the first step). */
+static bool cuda_usable(char *err, size_t errlen) { return cg_nvrtc_load(err, errlen); }
+
+static CudaOptions cuda_options(const BackendOptions *o, char *arch, size_t n) {
+  cg_cuda_parse_target(o->target, arch, n);
+  return (CudaOptions){arch, o->cache_dir, o->threads, false};
+}
+
+static void *cuda_compile(IrFunc *f, const BackendOptions *o, char *err, size_t errlen) {
+  char arch[32];
+  CudaOptions co = cuda_options(o, arch, sizeof arch);
+  return cuda_program_new(f, &co, err, errlen);
+}
+
+static bool cuda_save(const void *prog, ArtFile *a, char *err, size_t errlen) {
+  return cuda_program_save(prog, a, err, errlen);
+}
+
+static void *cuda_load(IrFunc *f, const ArtFile *a, const BackendOptions *o, char *err, size_t errlen) {
+  char arch[32];
+  CudaOptions co = cuda_options(o, arch, sizeof arch);
+  return cuda_program_load(f, a, &co, err, errlen);
+}
+
+static bool cuda_run(void *prog, int gas, const StFile *params, const char *params_path, const StFile *inputs,
+                     const char *inputs_path, StepResult *out, char *err, size_t errlen) {
+  return cuda_step_run(prog, gas, params, params_path, inputs, inputs_path, out, err, errlen);
+}
+
+static void cuda_free(void *prog) { cuda_program_free(prog); }
+
+const Backend rt_backend_cuda = {
+    .name = "cuda",
+    .accepts = cuda_accepts,
+    .pipeline = pass_pipeline_cpu, /* the same kernels and memory plan as the CPU's */
+    .no_inplace = true,
+    .usable = cuda_usable,
+    .compile = cuda_compile,
+    .save = cuda_save,
+    .load = cuda_load,
+    .run = cuda_run,
+    .free = cuda_free,
+};
