@@ -125,4 +125,74 @@ bool kp_view_unapply(KpView *v, const IrOp *op, int operand);
  * neither. */
 bool kp_view_matrix(const KpView *v, bool *trans, int64_t *ld);
 
+/* ------------------------------------------------------------------ */
+/* kernel_loop.c: the plan of a loop kernel (one op that fits no rows) */
+/* ------------------------------------------------------------------ */
+/* Row-major element strides of a shape. */
+void kp_contiguous(const IrShape *s, int64_t *st);
+
+/* The loop nest an op needs when it is a kernel of its own. */
+typedef enum {
+  KP_LOOP_NONE,           /* no loop nest: a row kernel or an executor op */
+  KP_LOOP_PERMUTE,        /* a gather of each output row (or element) */
+  KP_LOOP_TRANSPOSE,      /* a permute moving the contiguous axis: tiles */
+  KP_LOOP_SLICE,
+  KP_LOOP_UNSLICE,        /* zeros with the slice's region filled in */
+  KP_LOOP_CONCAT,
+  KP_LOOP_REDUCE,         /* sum, mean, max, logsumexp over leading axes */
+  KP_LOOP_SOFTMAX,        /* softmax, log_softmax over a leading axis */
+  KP_LOOP_CE_TOTAL,       /* cross_entropy reduced to a scalar */
+  KP_LOOP_MSE_TOTAL,      /* mse_loss reduced to a scalar */
+  KP_LOOP_EMBEDDING_GRAD, /* scatter-add into the table's rows */
+} KpLoopKind;
+/* KP_LOOP_PERMUTE for any permute (kp_loop_plan tells a transpose). */
+KpLoopKind kp_loop_kind(IrOpcode opc);
+
+#define KP_TILE 32 /* a transpose's tiles are KP_TILE x KP_TILE */
+
+/* A reduction over leading axes of x: x's axes end in a contiguous suffix
+ * of blk elements that are all kept (cols: the last axis is kept) or all
+ * reduced; before it, nk kept axes (extents kd, strides ks in x) and nr
+ * reduced ones (rd, rs). */
+typedef struct KpReduce {
+  bool cols;
+  int64_t blk;
+  int nk, nr;
+  int64_t kd[IR_MAX_RANK], ks[IR_MAX_RANK], rd[IR_MAX_RANK], rs[IR_MAX_RANK];
+  int64_t outer; /* product of kd */
+  int64_t mred;  /* product of rd */
+  int64_t count; /* elements summed into one output (a mean divides by it) */
+} KpReduce;
+
+/* The index space of a loop kernel; only the fields of its kind are set. */
+typedef struct KpLoopPlan {
+  const IrOp *op;
+  KpLoopKind kind;
+  /* permute, transpose, slice: the operand stride of each result axis;
+   * slice: base, the first element read */
+  int64_t st[IR_MAX_RANK], base;
+  /* transpose: result axis t reads the operand's contiguous axis; os the
+   * result's strides; the m other axes (all but t and the last): extents
+   * od, operand strides ist, result strides ost, outer elements in all;
+   * nt x nl tiles over axes t and last */
+  int t, m;
+  int64_t os[IR_MAX_RANK], od[IR_MAX_RANK], ist[IR_MAX_RANK], ost[IR_MAX_RANK];
+  int64_t outer, nt, nl;
+  /* slice, unslice: start and step of each axis of the full tensor;
+   * unslice: xs the operand's strides */
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK];
+  /* concat, softmax: the axis; elements after it (inner); concat: rows
+   * after it, the last axis excluded (row_inner) */
+  int64_t axis, inner, row_inner;
+  /* softmax: len along the axis, lines of the axis; cross_entropy: len
+   * classes; embedding_grad: len columns, rows of the table */
+  int64_t len, lines, rows;
+  int64_t n;            /* cross_entropy: rows; mse_loss: elements; embedding_grad: positions */
+  int64_t ignore_index; /* cross_entropy */
+  bool mean;            /* cross_entropy, mse_loss: reduction "mean" */
+  KpReduce red;
+} KpLoopPlan;
+
+void kp_loop_plan(const IrOp *op, KpLoopPlan *p);
+
 #endif
