@@ -195,4 +195,54 @@ typedef struct KpLoopPlan {
 
 void kp_loop_plan(const IrOp *op, KpLoopPlan *p);
 
+/* ------------------------------------------------------------------ */
+/* kernel_row.c: the plan of a row kernel                              */
+/* ------------------------------------------------------------------ */
+/* What an op does over a row. */
+typedef enum {
+  KP_ROW_NONE,    /* not a row op */
+  KP_ROW_EW,      /* elementwise (and broadcast, grad.seed, loss.term, mse_loss "none") */
+  KP_ROW_RED,     /* sum, mean, max over the row */
+  KP_ROW_LSE,     /* logsumexp over the row */
+  KP_ROW_SOFTMAX, /* softmax, log_softmax */
+  KP_ROW_LN,      /* layer_norm */
+  KP_ROW_RMS,     /* rms_norm */
+  KP_ROW_CE,      /* cross_entropy "none": a loss per row */
+  KP_ROW_ONEHOT,
+  KP_ROW_EMB,     /* embedding: the table gathered by index */
+  KP_ROW_CMASK,   /* causal_mask */
+  KP_ROW_UNSLICE, /* the operand gathered where the slice puts it */
+} KpRowKind;
+KpRowKind kp_row_kind(IrOpcode opc);
+
+/* One op of a row kernel in the schedule of passes over the row
+ * (kernel_row.c): loop k runs after section k, section k + 1 after loop k. */
+typedef struct KpRowStep {
+  const IrOp *op;
+  KpRowKind kind;
+  int y;       /* the result's slot */
+  int x[3];    /* operand slots; -1: none, or gathered by index (an embedding's
+                  table, an unslice's operand) */
+  int pass[3]; /* the loops of its passes over the row, -1 when unused: the
+                  statistics (pass 0, 1) and the per-element result (pass 2;
+                  pass 0 for elementwise, one_hot, embedding, causal_mask,
+                  unslice, or section pass[0] for a per-row elementwise op) */
+  int fin[2];  /* the sections finishing its statistics, -1 when unused */
+  int at;      /* its result is available from loop (or section) at */
+} KpRowStep;
+
+typedef struct KpRowPlan {
+  const KpRowLayout *l;
+  KpRowStep *steps; /* one per op, in program order */
+  int n;
+  int *def;         /* by slot: the step that defines it, -1 for an input */
+  int *at;          /* by slot: when it is available (0 for an input) */
+  bool *konst;      /* by slot: an input that is an inline group-0 const, of value cval */
+  double *cval;
+} KpRowPlan;
+
+/* Plan the row kernel ops[0..n) laid out as l (arrays in arena a); false
+ * when an op is not a row op. */
+bool kp_row_plan(const KpRowLayout *l, IrOp *const *ops, int n, Arena *a, KpRowPlan *out);
+
 #endif

@@ -420,43 +420,6 @@ const char *cu_elementwise(CuGen *g, const IrOp *op, const char *const *x) {
 /* Shapes and indices                                                  */
 /* ------------------------------------------------------------------ */
 
-void cu_contiguous(const IrShape *s, int64_t *st) {
-  int64_t m = 1;
-  for (int k = s->rank - 1; k >= 0; k--) {
-    st[k] = m;
-    m *= s->dim[k];
-  }
-}
-
-/* Python slice normalisation of one axis (as runtime/interp.c). */
-static void slice_axis(int64_t dim, int64_t *start, int64_t stop, int64_t step) {
-  int64_t s = *start;
-  (void)stop;
-  if (step > 0) {
-    if (s < 0) s += dim;
-    if (s < 0) s = 0;
-    if (s > dim) s = dim;
-  } else {
-    if (s < 0) s += dim;
-    if (s < -1) s = -1;
-    if (s > dim - 1) s = dim - 1;
-  }
-  *start = s;
-}
-
-void cu_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
-  const int64_t *starts, *stops, *steps;
-  int ns = ir_attr_get_ints(op, "starts", &starts);
-  int ne = ir_attr_get_ints(op, "stops", &stops);
-  int np = ir_attr_get_ints(op, "steps", &steps);
-  for (int k = 0; k < full->rank; k++) {
-    start[k] = k < ns ? starts[k] : 0;
-    int64_t stop = k < ne ? stops[k] : full->dim[k];
-    step[k] = k < np && steps[k] != 0 ? steps[k] : 1;
-    slice_axis(full->dim[k], &start[k], stop, step[k]);
-  }
-}
-
 const char *cu_add(CuGen *g, const char *a, const char *b) {
   if (strcmp(a, "0") == 0) return b;
   if (strcmp(b, "0") == 0) return a;

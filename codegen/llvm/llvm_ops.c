@@ -567,12 +567,6 @@ void gen_buf_store(Gen *g, const GenBuf *b, LLVMValueRef idx, LLVMValueRef x) {
   gen_store(g, gen_buf_ptr(g, b, NULL, idx), x, b->v->type.dtype, b->grad, b->scope);
 }
 
-/* Python slice normalisation of one axis (as runtime/interp.c). */
-/* Normalised start and step of each axis of a slice of `full`. */
-void gen_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
-  kp_slice_ranges(op, full, start, step);
-}
-
 /* ------------------------------------------------------------------ */
 /* Loops and accumulators                                              */
 /* ------------------------------------------------------------------ */
