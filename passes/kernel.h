@@ -9,6 +9,41 @@
 /* ------------------------------------------------------------------ */
 /* kernel.c: what a kernel is (shared by `fuse` and the generators)    */
 /* ------------------------------------------------------------------ */
+/* What an op does over a row. */
+typedef enum {
+  KP_ROW_NONE,    /* not a row op */
+  KP_ROW_EW,      /* elementwise (and broadcast, grad.seed, loss.term, mse_loss "none") */
+  KP_ROW_RED,     /* sum, mean, max over the row */
+  KP_ROW_LSE,     /* logsumexp over the row */
+  KP_ROW_SOFTMAX, /* softmax, log_softmax */
+  KP_ROW_LN,      /* layer_norm */
+  KP_ROW_RMS,     /* rms_norm */
+  KP_ROW_CE,      /* cross_entropy "none": a loss per row */
+  KP_ROW_ONEHOT,
+  KP_ROW_EMB,     /* embedding: the table gathered by index */
+  KP_ROW_CMASK,   /* causal_mask */
+  KP_ROW_UNSLICE, /* the operand gathered where the slice puts it */
+} KpRowKind;
+
+/* The loop nest an op needs when it is a kernel of its own. */
+typedef enum {
+  KP_LOOP_NONE,           /* no loop nest: a row kernel or an executor op */
+  KP_LOOP_PERMUTE,        /* a gather of each output row (or element) */
+  KP_LOOP_TRANSPOSE,      /* a permute moving the contiguous axis: tiles */
+  KP_LOOP_SLICE,
+  KP_LOOP_UNSLICE,        /* zeros with the slice's region filled in */
+  KP_LOOP_CONCAT,
+  KP_LOOP_REDUCE,         /* sum, mean, max, logsumexp over leading axes */
+  KP_LOOP_SOFTMAX,        /* softmax, log_softmax over a leading axis */
+  KP_LOOP_CE_TOTAL,       /* cross_entropy reduced to a scalar */
+  KP_LOOP_MSE_TOTAL,      /* mse_loss reduced to a scalar */
+  KP_LOOP_EMBEDDING_GRAD, /* scatter-add into the table's rows */
+} KpLoopKind;
+
+/* kernel.c's op table: what the kernel model does with each op. */
+KpRowKind kp_row_kind(IrOpcode opc);
+/* KP_LOOP_PERMUTE for any permute (kp_loop_plan tells a transpose). */
+KpLoopKind kp_loop_kind(IrOpcode opc);
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a
  * kernel (IrOp.group >= 1). */
@@ -131,22 +166,6 @@ bool kp_view_matrix(const KpView *v, bool *trans, int64_t *ld);
 /* Row-major element strides of a shape. */
 void kp_contiguous(const IrShape *s, int64_t *st);
 
-/* The loop nest an op needs when it is a kernel of its own. */
-typedef enum {
-  KP_LOOP_NONE,           /* no loop nest: a row kernel or an executor op */
-  KP_LOOP_PERMUTE,        /* a gather of each output row (or element) */
-  KP_LOOP_TRANSPOSE,      /* a permute moving the contiguous axis: tiles */
-  KP_LOOP_SLICE,
-  KP_LOOP_UNSLICE,        /* zeros with the slice's region filled in */
-  KP_LOOP_CONCAT,
-  KP_LOOP_REDUCE,         /* sum, mean, max, logsumexp over leading axes */
-  KP_LOOP_SOFTMAX,        /* softmax, log_softmax over a leading axis */
-  KP_LOOP_CE_TOTAL,       /* cross_entropy reduced to a scalar */
-  KP_LOOP_MSE_TOTAL,      /* mse_loss reduced to a scalar */
-  KP_LOOP_EMBEDDING_GRAD, /* scatter-add into the table's rows */
-} KpLoopKind;
-/* KP_LOOP_PERMUTE for any permute (kp_loop_plan tells a transpose). */
-KpLoopKind kp_loop_kind(IrOpcode opc);
 
 #define KP_TILE 32 /* a transpose's tiles are KP_TILE x KP_TILE */
 
@@ -198,22 +217,6 @@ void kp_loop_plan(const IrOp *op, KpLoopPlan *p);
 /* ------------------------------------------------------------------ */
 /* kernel_row.c: the plan of a row kernel                              */
 /* ------------------------------------------------------------------ */
-/* What an op does over a row. */
-typedef enum {
-  KP_ROW_NONE,    /* not a row op */
-  KP_ROW_EW,      /* elementwise (and broadcast, grad.seed, loss.term, mse_loss "none") */
-  KP_ROW_RED,     /* sum, mean, max over the row */
-  KP_ROW_LSE,     /* logsumexp over the row */
-  KP_ROW_SOFTMAX, /* softmax, log_softmax */
-  KP_ROW_LN,      /* layer_norm */
-  KP_ROW_RMS,     /* rms_norm */
-  KP_ROW_CE,      /* cross_entropy "none": a loss per row */
-  KP_ROW_ONEHOT,
-  KP_ROW_EMB,     /* embedding: the table gathered by index */
-  KP_ROW_CMASK,   /* causal_mask */
-  KP_ROW_UNSLICE, /* the operand gathered where the slice puts it */
-} KpRowKind;
-KpRowKind kp_row_kind(IrOpcode opc);
 
 /* One op of a row kernel in the schedule of passes over the row
  * (kernel_row.c): loop k runs after section k, section k + 1 after loop k. */
