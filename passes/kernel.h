@@ -44,6 +44,43 @@ typedef enum {
 KpRowKind kp_row_kind(IrOpcode opc);
 /* KP_LOOP_PERMUTE for any permute (kp_loop_plan tells a transpose). */
 KpLoopKind kp_loop_kind(IrOpcode opc);
+/* The case labels of every op that is not KP_ROW_EW, the last without its
+ * colon: a switch over the elementwise ops ends with `KP_CASES_NOT_EW:`
+ * and -Wswitch-enum still checks that it covers every op. */
+#define KP_CASES_NOT_EW \
+  case IR_OP_CONST: \
+  case IR_OP_SUM: \
+  case IR_OP_MEAN: \
+  case IR_OP_MAX: \
+  case IR_OP_LOGSUMEXP: \
+  case IR_OP_RESHAPE: \
+  case IR_OP_PERMUTE: \
+  case IR_OP_SLICE: \
+  case IR_OP_UNSLICE: \
+  case IR_OP_CONCAT: \
+  case IR_OP_MATMUL: \
+  case IR_OP_SOFTMAX: \
+  case IR_OP_LOG_SOFTMAX: \
+  case IR_OP_LAYER_NORM: \
+  case IR_OP_RMS_NORM: \
+  case IR_OP_CAUSAL_MASK: \
+  case IR_OP_EMBEDDING: \
+  case IR_OP_EMBEDDING_GRAD: \
+  case IR_OP_CROSS_ENTROPY: \
+  case IR_OP_ONE_HOT: \
+  case IR_OP_WINDOW_SUM: \
+  case IR_OP_ALL_REDUCE_START: \
+  case IR_OP_ALL_REDUCE_WAIT: \
+  case IR_OP_ALL_GATHER_START: \
+  case IR_OP_ALL_GATHER_WAIT: \
+  case IR_OP_REDUCE_SCATTER_START: \
+  case IR_OP_TP_COPY: \
+  case IR_OP_TP_SCATTER: \
+  case IR_OP_RANK_SLICE: \
+  case IR_OP_RANK_CONCAT: \
+  case IR_OP_REDUCE_SCATTER_WAIT: \
+  case IR_OP_LOSS: \
+  case IR_OP_GRAD
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a
  * kernel (IrOp.group >= 1). */
