@@ -13,6 +13,7 @@
  * (a reduced or normalised operand) are pinned to eoff 0.  The equations
  * are solved with a union-find that keeps each value's offset to its
  * root; a conflict means the ops do not share one iteration space. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -402,6 +403,75 @@ bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ct
   int rank = 0;
   return anchor(&s, &rank, why, whylen) && find_space(out, rank, why, whylen) && check_rows(ops, n, out, why, whylen) &&
          mark_outputs(out, used_outside, ctx, why, whylen);
+}
+
+/* ------------------------------------------------------------------ */
+/* The kernels of a function                                           */
+/* ------------------------------------------------------------------ */
+
+static bool used_by(const IrValue *v, void *ctx) {
+  const bool *out = ctx;
+  return out[v->id];
+}
+
+/* k<group>_ and up to three distinct op names, as a C symbol. */
+static const char *kernel_name(Arena *a, int group, IrOp **ops, int n) {
+  char buf[128];
+  int len = snprintf(buf, sizeof buf, "k%d", group);
+  const char *seen[3];
+  int ns = 0;
+  for (int i = 0; i < n && ns < 3; i++) {
+    const char *nm = ir_op_info[ops[i]->opcode].name;
+    bool dup = false;
+    for (int k = 0; k < ns; k++) dup |= strcmp(seen[k], nm) == 0;
+    if (dup) continue;
+    seen[ns++] = nm;
+    if (len < (int)sizeof buf - 1) buf[len++] = '_';
+    for (const char *p = nm; *p && len < (int)sizeof buf - 1; p++) buf[len++] = *p == '.' ? '_' : *p;
+    buf[len] = 0;
+  }
+  return arena_strdup(a, buf);
+}
+
+bool kp_kernels_find(const IrFunc *f, Arena *a, KpKernels *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  out->used_outside = ARENA_ARRAY(a, bool, f->nvalues > 0 ? f->nvalues : 1);
+  int cap = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->group > out->maxgroup) out->maxgroup = op->group;
+    if (op->group > 0 && (i == 0 || f->ops[i - 1]->group != op->group)) cap++;
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *v = op->args[j];
+      if (v->def && v->def->group > 0 && v->def->group != op->group) out->used_outside[v->id] = true;
+    }
+  }
+  out->k = ARENA_ARRAY(a, KpKernel, cap > 0 ? cap : 1);
+  int *seen = ARENA_ARRAY(a, int, out->maxgroup + 1);
+  for (int i = 0; i < f->nops;) {
+    int g = f->ops[i]->group;
+    if (g <= 0) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j < f->nops && f->ops[j]->group == g) j++;
+    if (seen[g]++) return errf(err, errlen, "kernel k%d is not contiguous in the op list", g);
+    KpKernel *k = &out->k[out->n++];
+    k->group = g;
+    k->ops = f->ops + i;
+    k->n = j - i;
+    k->name = kernel_name(a, g, k->ops, k->n);
+    char why[256];
+    if (k->n == 1 && !kp_op_rowwise(k->ops[0]))
+      k->row = false;
+    else if (kp_row_layout(k->ops, k->n, used_by, out->used_outside, a, &k->layout, why, sizeof why))
+      k->row = true;
+    else
+      return errf(err, errlen, "kernel k%d: %s", g, why);
+    i = j;
+  }
+  return true;
 }
 
 KpSlot *kp_row_slot(const KpRowLayout *l, const IrValue *v) {

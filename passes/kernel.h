@@ -130,6 +130,28 @@ KpSlot *kp_row_slot(const KpRowLayout *l, const IrValue *v); /* NULL if v is not
 /* The element strides of slot s over the space's axes (0 where broadcast). */
 void kp_slot_strides(const KpRowLayout *l, const KpSlot *s, int64_t *stride);
 
+/* The kernels of a function: each group >= 1 of its ops, which must be
+ * contiguous in the op list, as a row kernel or a loop kernel of one op. */
+typedef struct KpKernel {
+  int group;
+  IrOp **ops; /* into the function's op list */
+  int n;
+  const char *name; /* "k7_layer_norm_gelu": k<group>_ and up to three distinct op names */
+  bool row;         /* a row kernel laid out as layout; else a loop kernel of ops[0] */
+  KpRowLayout layout;
+} KpKernel;
+
+typedef struct KpKernels {
+  KpKernel *k; /* in program order */
+  int n;
+  int maxgroup;
+  bool *used_outside; /* by value id: read outside the kernel that defines it */
+} KpKernels;
+
+/* Find f's kernels (in arena a); false with a message when a group is not
+ * contiguous or not one row kernel. */
+bool kp_kernels_find(const IrFunc *f, Arena *a, KpKernels *out, char *err, size_t errlen);
+
 /* Normalised start and step of each axis of a slice or unslice op over
  * `full` (the slice's operand shape, the unslice's result shape), as
  * Python's slice.indices. */
