@@ -224,6 +224,10 @@ bool kp_view_matrix(const KpView *v, bool *trans, int64_t *ld);
 /* ------------------------------------------------------------------ */
 /* Row-major element strides of a shape. */
 void kp_contiguous(const IrShape *s, int64_t *st);
+/* Axes dims[0..n) with element strides stride[] as fewer axes: those of
+ * extent 1 dropped, each run that is contiguous in memory merged into one
+ * (extents ext, strides st, row-major); returns their count. */
+int kp_merge_axes(const int64_t *dims, const int64_t *stride, int n, int64_t *ext, int64_t *st);
 
 
 #define KP_TILE 32 /* a transpose's tiles are KP_TILE x KP_TILE */

@@ -19,6 +19,23 @@ void kp_contiguous(const IrShape *s, int64_t *st) {
   }
 }
 
+int kp_merge_axes(const int64_t *dims, const int64_t *stride, int n, int64_t *ext, int64_t *st) {
+  int m = 0;
+  for (int a = 0; a < n; a++) {
+    int64_t e = dims[a], t = stride[a];
+    if (e == 1) continue;
+    if (m > 0 && st[m - 1] == t * e) {
+      ext[m - 1] *= e;
+      st[m - 1] = t;
+      continue;
+    }
+    ext[m] = e;
+    st[m] = t;
+    m++;
+  }
+  return m;
+}
+
 static int64_t numel(const IrValue *v) { return ir_numel(&v->type.shape); }
 
 /* Input strides of the output's axes; a permute that moves the input's

@@ -397,21 +397,8 @@ const char *cu_add(CuGen *g, const char *a, const char *b) {
 static const char *num(CuGen *g, int64_t v) { return cu_fmt(g, "%lld%s", (long long)v, v > INT32_MAX ? "L" : ""); }
 
 const char *cu_index(CuGen *g, const char *i, const int64_t *dims, const int64_t *stride, int n) {
-  /* Merge runs of axes that are contiguous with each other in the operand. */
   int64_t ext[IR_MAX_RANK], st[IR_MAX_RANK];
-  int m = 0;
-  for (int a = 0; a < n; a++) {
-    int64_t e = dims[a], t = stride[a];
-    if (e == 1) continue;
-    if (m > 0 && st[m - 1] == t * e) {
-      ext[m - 1] *= e;
-      st[m - 1] = t;
-      continue;
-    }
-    ext[m] = e;
-    st[m] = t;
-    m++;
-  }
+  int m = kp_merge_axes(dims, stride, n, ext, st);
   StrBuf sb;
   sb_init(&sb);
   int64_t inner = 1;

@@ -25,7 +25,6 @@
  * into gradient buffers. */
 #include <limits.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <llvm-c/DebugInfo.h>
@@ -91,19 +90,7 @@ static LLVMValueRef row_offset(Row *R, RSlot *s) {
   Gen *g = R->g;
   int n = R->l->space.rank;
   int64_t ext[IR_MAX_RANK], st[IR_MAX_RANK];
-  int m = 0;
-  for (int a = 0; a + 1 < n; a++) {
-    int64_t e = R->l->space.dim[a], t = s->stride[a];
-    if (e == 1) continue;
-    if (m > 0 && st[m - 1] == t * e) {
-      ext[m - 1] *= e;
-      st[m - 1] = t;
-      continue;
-    }
-    ext[m] = e;
-    st[m] = t;
-    m++;
-  }
+  int m = kp_merge_axes(R->l->space.dim, s->stride, n > 0 ? n - 1 : 0, ext, st);
   LLVMValueRef off = gen_i64(g, 0);
   int64_t inner = 1;
   for (int k = m - 1; k >= 0; k--) {
@@ -682,6 +669,120 @@ static void setup_slots(Row *R, const KpRowPlan *kp) {
   }
 }
 
+/* Accumulators, row buffers of exponentials and scratch rows, in the
+ * entry block. */
+static void alloc_state(Row *R) {
+  Gen *g = R->g;
+  for (int k = 0; k < R->np; k++) {
+    Plan *p = &R->plan[k];
+    IrDType xdt = p->op->args[0]->type.dtype;
+    LLVMTypeRef reg = gen_reg_type(g, xdt), wide = gen_acc_type(g, xdt);
+    switch (p->kind) {
+    case KP_ROW_RED: p->acc[0] = gen_acc(g, p->op->opcode == IR_OP_MAX ? reg : wide); break;
+    case KP_ROW_LSE:
+    case KP_ROW_SOFTMAX:
+    case KP_ROW_CE: /* the maximum, then the sum of exponentials */
+      p->acc[0] = gen_acc(g, reg);
+      p->acc[1] = gen_acc(g, wide);
+      break;
+    case KP_ROW_LN:
+      p->acc[0] = gen_acc(g, wide);
+      p->acc[1] = gen_acc(g, wide);
+      break;
+    case KP_ROW_RMS: p->acc[0] = gen_acc(g, wide); break;
+    case KP_ROW_EW:
+    case KP_ROW_ONEHOT:
+    case KP_ROW_EMB:
+    case KP_ROW_CMASK:
+    case KP_ROW_UNSLICE:
+    case KP_ROW_NONE: break;
+    }
+  }
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    if (p->kind != KP_ROW_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX) continue;
+    Plan *o = p->share >= 0 ? &R->plan[p->share] : p;
+    if (!o->erow) o->erow = gen_alloca(g, gen_reg_type(g, o->op->args[0]->type.dtype), R->l->cols > 0 ? R->l->cols : 1);
+  }
+  for (int i = 0; i < R->ns; i++) {
+    RSlot *s = &R->s[i];
+    s->defer = must_defer(R, s);
+    if (!s->mat && !s->defer) continue;
+    if (s->out && !s->buf.grad && !s->defer) continue; /* its output row serves */
+    s->scratch = gen_alloca(g, gen_mem_type(g, s->cs->v->type.dtype), R->l->cols > 0 ? R->l->cols : 1);
+  }
+}
+
+/* The loop over the rows [begin, end): sections and loops over the row. */
+static void emit_rows(Row *R, int K, const bool *loop_used) {
+  Gen *g = R->g;
+  /* Row-invariant addresses and per-row inputs are set up once. */
+  LLVMValueRef zero = gen_i64(g, 0);
+  for (int i = 0; i < R->ns; i++) {
+    RSlot *s = &R->s[i];
+    if (!s->mem || !row_invariant(R, s)) continue;
+    s->rowptr = s->buf.base;
+    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
+      s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
+      s->reg_loop = -1;
+    }
+  }
+
+  GenLoop rows;
+  gen_loop_begin(g, &rows, g->begin, g->end, "row");
+  R->r = rows.iv;
+  for (int i = 0; i < R->ns; i++) {
+    RSlot *s = &R->s[i];
+    if (!s->mem || row_invariant(R, s)) continue;
+    s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(R, s));
+    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
+      s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
+      s->reg_loop = -1;
+    }
+  }
+  for (int k = 0; k <= K; k++) {
+    for (int q = 0; q < R->np; q++) section_step(R, &R->plan[q], k);
+    if (k == K || !loop_used[k]) continue;
+    Plan *cs = causal_exp_loop(R, k);
+    LLVMValueRef hi = gen_i64(g, R->l->cols);
+    if (cs) { /* columns j <= i (up to a whole vector) only: exp(-inf - max) past them */
+      int nr = R->l->space.rank;
+      LLVMValueRef i = LLVMBuildURem(g->b, R->r, gen_i64(g, R->l->space.dim[nr - 2]), "");
+      LLVMValueRef up = LLVMBuildAnd(g->b, LLVMBuildAdd(g->b, i, gen_i64(g, CAUSAL_VEC), ""), gen_i64(g, -CAUSAL_VEC), "");
+      hi = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, up, hi, ""), up, hi, "");
+    }
+    GenLoop cl;
+    gen_loop_begin(g, &cl, zero, hi, "col");
+    R->j = cl.iv;
+    for (int i = 0; i < R->ns; i++) /* before anything is written over them */
+      if (written_over(R, i)) (void)elem_val(R, i, k);
+    for (int q = 0; q < R->np; q++) loop_step(R, &R->plan[q], k);
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+    gen_loop_end(g, &cl);
+    if (cs) {
+      no_interleave(g, latch);
+      LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
+      LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
+      GenLoop tl;
+      gen_loop_begin(g, &tl, hi, gen_i64(g, R->l->cols), "masked");
+      LLVMBuildStore(g->b, tail, LLVMBuildInBoundsGEP2(g->b, ft, cs->erow, &tl.iv, 1, ""));
+      gen_loop_end(g, &tl);
+    }
+  }
+  for (int i = 0; i < R->ns; i++) { /* deferred outputs, now that the row's operands are read */
+    RSlot *s = &R->s[i];
+    if (!s->defer) continue;
+    GenLoop cl;
+    gen_loop_begin(g, &cl, zero, gen_i64(g, R->l->cols), "store");
+    R->j = cl.iv;
+    IrDType dt = s->cs->v->type.dtype;
+    LLVMValueRef v = gen_load(g, mat_ptr(R, s), dt, -1);
+    gen_store(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), v, dt, false, s->buf.scope);
+    gen_loop_end(g, &cl);
+  }
+  gen_loop_end(g, &rows);
+}
+
 void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
   Row R;
   memset(&R, 0, sizeof R);
@@ -710,118 +811,13 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
   }
   R.np = n;
   finish_plans(&R);
-  bool *loop_used = calloc((size_t)K + 1, sizeof(bool));
-  if (!loop_used) abort();
+  bool *loop_used = ARENA_ARRAY(&a, bool, K + 1);
   for (int k = 0; k < n; k++)
     for (int i = 0; i < 3; i++)
       if (R.plan[k].p[i] >= 0) loop_used[R.plan[k].p[i]] = true;
 
-  /* Accumulators and scratch rows (in the entry block). */
-  for (int k = 0; k < n; k++) {
-    Plan *p = &R.plan[k];
-    IrDType xdt = p->op->args[0]->type.dtype;
-    LLVMTypeRef reg = gen_reg_type(g, xdt), wide = gen_acc_type(g, xdt);
-    switch (p->kind) {
-    case KP_ROW_RED: p->acc[0] = gen_acc(g, p->op->opcode == IR_OP_MAX ? reg : wide); break;
-    case KP_ROW_LSE:
-    case KP_ROW_SOFTMAX:
-    case KP_ROW_CE: /* the maximum, then the sum of exponentials */
-      p->acc[0] = gen_acc(g, reg);
-      p->acc[1] = gen_acc(g, wide);
-      break;
-    case KP_ROW_LN:
-      p->acc[0] = gen_acc(g, wide);
-      p->acc[1] = gen_acc(g, wide);
-      break;
-    case KP_ROW_RMS: p->acc[0] = gen_acc(g, wide); break;
-    case KP_ROW_EW:
-    case KP_ROW_ONEHOT:
-    case KP_ROW_EMB:
-    case KP_ROW_CMASK:
-    case KP_ROW_UNSLICE:
-    case KP_ROW_NONE: break;
-    }
-  }
-  for (int q = 0; q < n; q++) {
-    Plan *p = &R.plan[q];
-    if (p->kind != KP_ROW_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX) continue;
-    Plan *o = p->share >= 0 ? &R.plan[p->share] : p;
-    if (!o->erow) o->erow = gen_alloca(g, gen_reg_type(g, o->op->args[0]->type.dtype), l->cols > 0 ? l->cols : 1);
-  }
-  for (int i = 0; i < R.ns; i++) {
-    RSlot *s = &R.s[i];
-    s->defer = must_defer(&R, s);
-    if (!s->mat && !s->defer) continue;
-    if (s->out && !s->buf.grad && !s->defer) continue; /* its output row serves */
-    s->scratch = gen_alloca(g, gen_mem_type(g, s->cs->v->type.dtype), l->cols > 0 ? l->cols : 1);
-  }
-
-  /* Row-invariant addresses and per-row inputs are set up once. */
-  LLVMValueRef zero = gen_i64(g, 0);
-  for (int i = 0; i < R.ns; i++) {
-    RSlot *s = &R.s[i];
-    if (!s->mem || !row_invariant(&R, s)) continue;
-    s->rowptr = s->buf.base;
-    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-      s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
-      s->reg_loop = -1;
-    }
-  }
-
-  GenLoop rows;
-  gen_loop_begin(g, &rows, g->begin, g->end, "row");
-  R.r = rows.iv;
-  for (int i = 0; i < R.ns; i++) {
-    RSlot *s = &R.s[i];
-    if (!s->mem || row_invariant(&R, s)) continue;
-    s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(&R, s));
-    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-      s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
-      s->reg_loop = -1;
-    }
-  }
-  for (int k = 0; k <= K; k++) {
-    for (int q = 0; q < n; q++) section_step(&R, &R.plan[q], k);
-    if (k == K || !loop_used[k]) continue;
-    Plan *cs = causal_exp_loop(&R, k);
-    LLVMValueRef hi = gen_i64(g, l->cols);
-    if (cs) { /* columns j <= i (up to a whole vector) only: exp(-inf - max) past them */
-      int nr = l->space.rank;
-      LLVMValueRef i = LLVMBuildURem(g->b, R.r, gen_i64(g, l->space.dim[nr - 2]), "");
-      LLVMValueRef up = LLVMBuildAnd(g->b, LLVMBuildAdd(g->b, i, gen_i64(g, CAUSAL_VEC), ""), gen_i64(g, -CAUSAL_VEC), "");
-      hi = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, up, hi, ""), up, hi, "");
-    }
-    GenLoop cl;
-    gen_loop_begin(g, &cl, zero, hi, "col");
-    R.j = cl.iv;
-    for (int i = 0; i < R.ns; i++) /* before anything is written over them */
-      if (written_over(&R, i)) (void)elem_val(&R, i, k);
-    for (int q = 0; q < n; q++) loop_step(&R, &R.plan[q], k);
-    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
-    gen_loop_end(g, &cl);
-    if (cs) {
-      no_interleave(g, latch);
-      LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
-      LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
-      GenLoop tl;
-      gen_loop_begin(g, &tl, hi, gen_i64(g, l->cols), "masked");
-      LLVMBuildStore(g->b, tail, LLVMBuildInBoundsGEP2(g->b, ft, cs->erow, &tl.iv, 1, ""));
-      gen_loop_end(g, &tl);
-    }
-  }
-  for (int i = 0; i < R.ns; i++) { /* deferred outputs, now that the row's operands are read */
-    RSlot *s = &R.s[i];
-    if (!s->defer) continue;
-    GenLoop cl;
-    gen_loop_begin(g, &cl, zero, gen_i64(g, l->cols), "store");
-    R.j = cl.iv;
-    IrDType dt = s->cs->v->type.dtype;
-    LLVMValueRef v = gen_load(g, mat_ptr(&R, s), dt, -1);
-    gen_store(g, slot_ptr(&R, s, s->rowptr, col_index(&R, s)), v, dt, false, s->buf.scope);
-    gen_loop_end(g, &cl);
-  }
-  gen_loop_end(g, &rows);
+  alloc_state(&R);
+  emit_rows(&R, K, loop_used);
   LLVMBuildRetVoid(g->b);
-  free(loop_used);
   arena_free(&a);
 }
