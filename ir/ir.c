@@ -4,11 +4,42 @@
 
 #include "ir.h"
 
+/* The flags column of ops.def names IR_OPF_* without the prefix. */
+enum {
+  UNARY = IR_OPF_UNARY,
+  BINARY = IR_OPF_BINARY,
+  COMPARE = IR_OPF_COMPARE,
+  FOLD = IR_OPF_FOLD,
+  HINT = IR_OPF_HINT,
+  POINT = IR_OPF_POINT,
+  ROW = IR_OPF_ROW,
+  RED = IR_OPF_RED,
+  EXEC = IR_OPF_EXEC,
+  VIEW = IR_OPF_VIEW,
+  START = IR_OPF_START,
+  WAIT = IR_OPF_WAIT,
+  RANKCOPY = IR_OPF_RANKCOPY,
+  OPAQUE = IR_OPF_OPAQUE,
+};
+
 const IrOpInfo ir_op_info[IR_OP_COUNT] = {
-#define OP(id, name, arity, kind, shape, grad) [IR_OP_##id] = {name, arity, IR_KIND_##kind},
+#define OP(id, name, arity, kind, shape, grad, flags) \
+  [IR_OP_##id] = {name, arity, IR_KIND_##kind, (unsigned)(flags) | 1u << IR_KIND_##kind},
 #include "ops.def"
 #undef OP
 };
+
+/* One entry per row, in order: the table above has no gap. */
+static const unsigned char rows[] = {
+#define OP(id, name, arity, kind, shape, grad, flags) 0,
+#include "ops.def"
+#undef OP
+};
+_Static_assert(sizeof rows == IR_OP_COUNT, "ops.def: one row per opcode");
+_Static_assert(IR_KIND_OUTPUT + 1 == IR_KIND_COUNT, "IR_KIND_COUNT: one flag bit per kind");
+_Static_assert(IR_OPF_NFLAGS <= 31, "IrOpFlag: the flags fit an int");
+
+bool ir_op_is(IrOpcode opc, unsigned flags) { return (ir_op_info[opc].flags & flags) != 0; }
 
 bool ir_opcode_parse(const char *s, size_t n, IrOpcode *out) {
   for (int i = 0; i < IR_OP_COUNT; i++) {

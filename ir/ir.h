@@ -51,13 +51,13 @@ char *ir_type_str(const IrType *t, char *buf, size_t n);
 /* Ops                                                                 */
 /* ------------------------------------------------------------------ */
 typedef enum {
-#define OP(id, name, arity, kind, shape, grad) IR_OP_##id,
+#define OP(id, name, arity, kind, shape, grad, flags) IR_OP_##id,
 #include "ops.def"
 #undef OP
 } IrOpcode;
 enum {
   IR_OP_COUNT = 0
-#define OP(id, name, arity, kind, shape, grad) +1
+#define OP(id, name, arity, kind, shape, grad, flags) +1
 #include "ops.def"
 #undef OP
 };
@@ -73,15 +73,49 @@ typedef enum {
   IR_KIND_COLLECTIVE,
   IR_KIND_OUTPUT,
 } IrOpKind;
+#define IR_KIND_COUNT 9
+
+/* Op properties: one bit per kind, then the flags column of ops.def (each
+ * flag is described there).  Ask with ir_op_is. */
+typedef enum {
+  IR_OPF_ELEMENTWISE = 1 << IR_KIND_ELEMENTWISE,
+  IR_OPF_CONST = 1 << IR_KIND_CONST,
+  IR_OPF_REDUCE = 1 << IR_KIND_REDUCE,
+  IR_OPF_MOVEMENT = 1 << IR_KIND_MOVEMENT,
+  IR_OPF_GEMM = 1 << IR_KIND_GEMM,
+  IR_OPF_NN = 1 << IR_KIND_NN,
+  IR_OPF_WINDOW = 1 << IR_KIND_WINDOW,
+  IR_OPF_COLLECTIVE = 1 << IR_KIND_COLLECTIVE,
+  IR_OPF_OUTPUT = 1 << IR_KIND_OUTPUT,
+  IR_OPF_UNARY = 1 << (IR_KIND_COUNT + 0),
+  IR_OPF_BINARY = 1 << (IR_KIND_COUNT + 1),
+  IR_OPF_COMPARE = 1 << (IR_KIND_COUNT + 2),
+  IR_OPF_FOLD = 1 << (IR_KIND_COUNT + 3),
+  IR_OPF_HINT = 1 << (IR_KIND_COUNT + 4),
+  IR_OPF_POINT = 1 << (IR_KIND_COUNT + 5),
+  IR_OPF_ROW = 1 << (IR_KIND_COUNT + 6),
+  IR_OPF_RED = 1 << (IR_KIND_COUNT + 7),
+  IR_OPF_EXEC = 1 << (IR_KIND_COUNT + 8),
+  IR_OPF_VIEW = 1 << (IR_KIND_COUNT + 9),
+  IR_OPF_START = 1 << (IR_KIND_COUNT + 10),
+  IR_OPF_WAIT = 1 << (IR_KIND_COUNT + 11),
+  IR_OPF_RANKCOPY = 1 << (IR_KIND_COUNT + 12),
+  IR_OPF_OPAQUE = 1 << (IR_KIND_COUNT + 13),
+} IrOpFlag;
+#define IR_OPF_NFLAGS (IR_KIND_COUNT + 14)
 
 typedef struct IrOpInfo {
   const char *name;
   int arity; /* -1: variadic */
   IrOpKind kind;
+  unsigned flags; /* IrOpFlag bits: the kind's and the flags column's */
 } IrOpInfo;
 
 extern const IrOpInfo ir_op_info[IR_OP_COUNT];
 bool ir_opcode_parse(const char *s, size_t n, IrOpcode *out);
+/* Does opc have any of the properties in `flags` (IrOpFlag bits, or-ed)?
+ * ir_op_is(opc, IR_OPF_VIEW), ir_op_is(opc, IR_OPF_WINDOW | IR_OPF_OUTPUT). */
+bool ir_op_is(IrOpcode opc, unsigned flags);
 
 /* Attributes: small key/value pairs on ops, printed as {key=value, ...}. */
 typedef enum {

@@ -1,5 +1,5 @@
-/* test_ir.c - the IR module: shape rules, text form round trip, reader
- * errors, verifier. */
+/* test_ir.c - the IR module: op properties, shape rules, text form round
+ * trip, reader errors, verifier. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +71,97 @@ static int teardown(void **state) {
   do {                                                                                                       \
     if (!strstr((hay), (needle))) fail_msg("'%s' does not contain '%s'", (hay), (needle));                   \
   } while (0)
+
+/* ------------------------------------------------------------------ */
+/* Op properties (the flags column of ops.def)                         */
+/* ------------------------------------------------------------------ */
+
+/* Is `name` one of the space-separated words of `list`? */
+static bool listed(const char *list, const char *name) {
+  size_t n = strlen(name);
+  for (const char *p = list; *p;) {
+    size_t k = strcspn(p, " ");
+    if (k == n && memcmp(p, name, n) == 0) return true;
+    p += k;
+    p += strspn(p, " ");
+  }
+  return false;
+}
+
+#define EW_UNARY "neg exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sign pow gelu_grad cast detach"
+#define EW_BINARY "add sub mul div maximum minimum"
+#define EW_COMPARE "eq ne lt le gt ge"
+#define EW EW_UNARY " " EW_BINARY " " EW_COMPARE " select"
+#define COLLECTIVES                                                                                        \
+  "all_reduce.start all_reduce.wait all_gather.start all_gather.wait reduce_scatter.start "               \
+  "reduce_scatter.wait tp.copy tp.scatter rank.slice rank.concat"
+
+/* Each flag and the ops that have it, written out: the lists the flags
+ * replaced (the code generators' elementwise lists, the kernel model's
+ * group-0 and row-kernel lists, the executors' view and collective lists). */
+static const struct {
+  unsigned flag;
+  const char *ops;
+} flag_ops[] = {
+    {IR_OPF_UNARY, EW_UNARY},
+    {IR_OPF_BINARY, EW_BINARY},
+    {IR_OPF_COMPARE, EW_COMPARE},
+    {IR_OPF_FOLD, "neg exp log sqrt rsqrt pow cast add sub mul div maximum minimum"},
+    {IR_OPF_HINT, "const cast"},
+    {IR_OPF_POINT, EW " broadcast mse_loss grad.seed loss.term"},
+    {IR_OPF_ROW, EW " broadcast mse_loss grad.seed loss.term sum mean max logsumexp softmax log_softmax "
+                 "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy"},
+    {IR_OPF_RED, "sum mean max logsumexp softmax log_softmax layer_norm rms_norm cross_entropy"},
+    {IR_OPF_EXEC, "const reshape matmul window.sum loss grad " COLLECTIVES},
+    {IR_OPF_VIEW, "reshape permute slice concat"},
+    {IR_OPF_START, "all_reduce.start all_gather.start reduce_scatter.start"},
+    {IR_OPF_WAIT, "all_reduce.wait all_gather.wait reduce_scatter.wait"},
+    {IR_OPF_RANKCOPY, "tp.scatter rank.slice rank.concat"},
+    {IR_OPF_OPAQUE, "window.sum grad.seed loss.term loss grad " COLLECTIVES},
+};
+
+static void test_op_flags_as_listed(void **state) {
+  (void)state;
+  unsigned all = 0;
+  for (size_t k = 0; k < sizeof flag_ops / sizeof flag_ops[0]; k++) {
+    all |= flag_ops[k].flag;
+    for (int i = 0; i < IR_OP_COUNT; i++) {
+      const char *name = ir_op_info[i].name;
+      if (ir_op_is((IrOpcode)i, flag_ops[k].flag) != listed(flag_ops[k].ops, name))
+        fail_msg("'%s' %s flag %#x", name, listed(flag_ops[k].ops, name) ? "lacks" : "has", flag_ops[k].flag);
+    }
+  }
+  /* Every flag is listed above; the rest of the bits are the kind's. */
+  assert_int_equal(all, ((1u << IR_OPF_NFLAGS) - 1) & ~((1u << IR_KIND_COUNT) - 1));
+  for (int i = 0; i < IR_OP_COUNT; i++)
+    assert_int_equal(ir_op_info[i].flags & ~all, 1u << ir_op_info[i].kind);
+}
+
+/* What the flags mean, against the other columns. */
+static void test_op_flags_agree_with_kind_and_arity(void **state) {
+  (void)state;
+  for (int i = 0; i < IR_OP_COUNT; i++) {
+    IrOpcode opc = (IrOpcode)i;
+    const IrOpInfo *info = &ir_op_info[i];
+    bool ew = info->kind == IR_KIND_ELEMENTWISE;
+    assert_true(ir_op_is(opc, 1u << info->kind));
+    assert_int_equal(ir_op_is(opc, IR_OPF_ELEMENTWISE), ew);
+    int groups = ir_op_is(opc, IR_OPF_UNARY) + ir_op_is(opc, IR_OPF_BINARY) + ir_op_is(opc, IR_OPF_COMPARE);
+    if (ew) assert_true(groups == 1 || opc == IR_OP_SELECT);
+    else assert_int_equal(groups, 0);
+    if (ir_op_is(opc, IR_OPF_UNARY)) assert_int_equal(info->arity, 1);
+    if (ir_op_is(opc, IR_OPF_BINARY | IR_OPF_COMPARE)) assert_int_equal(info->arity, 2);
+    if (ir_op_is(opc, IR_OPF_FOLD)) assert_true(ir_op_is(opc, IR_OPF_UNARY | IR_OPF_BINARY));
+    if (ew) assert_true(ir_op_is(opc, IR_OPF_POINT));
+    if (ir_op_is(opc, IR_OPF_POINT | IR_OPF_RED)) assert_true(ir_op_is(opc, IR_OPF_ROW));
+    if (ir_op_is(opc, IR_OPF_EXEC)) assert_false(ir_op_is(opc, IR_OPF_ROW));
+    if (ir_op_is(opc, IR_OPF_VIEW)) assert_int_equal(info->kind, IR_KIND_MOVEMENT);
+    if (ir_op_is(opc, IR_OPF_START | IR_OPF_WAIT | IR_OPF_RANKCOPY)) assert_int_equal(info->kind, IR_KIND_COLLECTIVE);
+    if (info->kind == IR_KIND_COLLECTIVE || info->kind == IR_KIND_OUTPUT)
+      assert_true(ir_op_is(opc, IR_OPF_EXEC) && ir_op_is(opc, IR_OPF_OPAQUE));
+    assert_int_equal(ir_op_is(opc, IR_OPF_OPAQUE), ir_op_is(opc, IR_OPF_WINDOW | IR_OPF_COLLECTIVE | IR_OPF_OUTPUT));
+  }
+}
 
 /* ------------------------------------------------------------------ */
 /* Shape rules                                                         */
@@ -729,6 +820,8 @@ static void test_dot_lists_nodes_and_edges(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_op_flags_as_listed),
+      cmocka_unit_test(test_op_flags_agree_with_kind_and_arity),
       cmocka_unit_test_setup_teardown(test_shape_broadcast_helpers, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_unary, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_const, setup, teardown),
