@@ -19,87 +19,39 @@
 
 #include "kernel.h"
 
-/* The kernel model's op table, one row per op (ir/ops.def's order):
- *   group0  the executor runs it itself (docs/BACKEND.md), never in a kernel
- *   row     what it does in a row kernel (KP_ROW_NONE: it fits none)
- *   loop    the loop nest it needs as a kernel of its own (KP_LOOP_NONE: none) */
+/* The kernel model's op table: what a kernel does with each op that is not
+ * POINT (elementwise in a row kernel: KP_ROW_EW) nor EXEC (run by the
+ * executor, never in a kernel), ops.def's flags for those two:
+ *   row   what it does in a row kernel (KP_ROW_NONE: it fits none)
+ *   loop  the loop nest it needs as a kernel of its own (KP_LOOP_NONE: none) */
 static const struct {
-  bool group0;
   KpRowKind row;
   KpLoopKind loop;
 } op_table[IR_OP_COUNT] = {
-  [IR_OP_NEG]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_EXP]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_LOG]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_SQRT]                 = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_RSQRT]                = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_TANH]                 = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_SIGMOID]              = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_RELU]                 = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_GELU]                 = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_SILU]                 = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_ABS]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_SIGN]                 = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_POW]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_GELU_GRAD]            = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_CAST]                 = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_DETACH]               = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_ADD]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_SUB]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_MUL]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_DIV]                  = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_MAXIMUM]              = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_MINIMUM]              = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_EQ]                   = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_NE]                   = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_LT]                   = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_LE]                   = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_GT]                   = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_GE]                   = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_SELECT]               = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_CONST]                = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_SUM]                  = {false, KP_ROW_RED,     KP_LOOP_REDUCE},
-  [IR_OP_MEAN]                 = {false, KP_ROW_RED,     KP_LOOP_REDUCE},
-  [IR_OP_MAX]                  = {false, KP_ROW_RED,     KP_LOOP_REDUCE},
-  [IR_OP_LOGSUMEXP]            = {false, KP_ROW_LSE,     KP_LOOP_REDUCE},
-  [IR_OP_RESHAPE]              = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_PERMUTE]              = {false, KP_ROW_NONE,    KP_LOOP_PERMUTE},
-  [IR_OP_BROADCAST]            = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_SLICE]                = {false, KP_ROW_NONE,    KP_LOOP_SLICE},
-  [IR_OP_UNSLICE]              = {false, KP_ROW_UNSLICE, KP_LOOP_UNSLICE},
-  [IR_OP_CONCAT]               = {false, KP_ROW_NONE,    KP_LOOP_CONCAT},
-  [IR_OP_MATMUL]               = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_SOFTMAX]              = {false, KP_ROW_SOFTMAX, KP_LOOP_SOFTMAX},
-  [IR_OP_LOG_SOFTMAX]          = {false, KP_ROW_SOFTMAX, KP_LOOP_SOFTMAX},
-  [IR_OP_LAYER_NORM]           = {false, KP_ROW_LN,      KP_LOOP_NONE},
-  [IR_OP_RMS_NORM]             = {false, KP_ROW_RMS,     KP_LOOP_NONE},
-  [IR_OP_CAUSAL_MASK]          = {false, KP_ROW_CMASK,   KP_LOOP_NONE},
-  [IR_OP_EMBEDDING]            = {false, KP_ROW_EMB,     KP_LOOP_NONE},
-  [IR_OP_EMBEDDING_GRAD]       = {false, KP_ROW_NONE,    KP_LOOP_EMBEDDING_GRAD},
-  [IR_OP_CROSS_ENTROPY]        = {false, KP_ROW_CE,      KP_LOOP_CE_TOTAL},
-  [IR_OP_ONE_HOT]              = {false, KP_ROW_ONEHOT,  KP_LOOP_NONE},
-  [IR_OP_MSE_LOSS]             = {false, KP_ROW_EW,      KP_LOOP_MSE_TOTAL},
-  [IR_OP_WINDOW_SUM]           = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_GRAD_SEED]            = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_LOSS_TERM]            = {false, KP_ROW_EW,      KP_LOOP_NONE},
-  [IR_OP_ALL_REDUCE_START]     = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_ALL_REDUCE_WAIT]      = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_ALL_GATHER_START]     = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_ALL_GATHER_WAIT]      = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_REDUCE_SCATTER_START] = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_REDUCE_SCATTER_WAIT]  = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_TP_COPY]              = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_TP_SCATTER]           = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_RANK_SLICE]           = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_RANK_CONCAT]          = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_LOSS]                 = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
-  [IR_OP_GRAD]                 = {true,  KP_ROW_NONE,    KP_LOOP_NONE},
+  [IR_OP_SUM]                  = {KP_ROW_RED,     KP_LOOP_REDUCE},
+  [IR_OP_MEAN]                 = {KP_ROW_RED,     KP_LOOP_REDUCE},
+  [IR_OP_MAX]                  = {KP_ROW_RED,     KP_LOOP_REDUCE},
+  [IR_OP_LOGSUMEXP]            = {KP_ROW_LSE,     KP_LOOP_REDUCE},
+  [IR_OP_PERMUTE]              = {KP_ROW_NONE,    KP_LOOP_PERMUTE},
+  [IR_OP_SLICE]                = {KP_ROW_NONE,    KP_LOOP_SLICE},
+  [IR_OP_UNSLICE]              = {KP_ROW_UNSLICE, KP_LOOP_UNSLICE},
+  [IR_OP_CONCAT]               = {KP_ROW_NONE,    KP_LOOP_CONCAT},
+  [IR_OP_SOFTMAX]              = {KP_ROW_SOFTMAX, KP_LOOP_SOFTMAX},
+  [IR_OP_LOG_SOFTMAX]          = {KP_ROW_SOFTMAX, KP_LOOP_SOFTMAX},
+  [IR_OP_LAYER_NORM]           = {KP_ROW_LN,      KP_LOOP_NONE},
+  [IR_OP_RMS_NORM]             = {KP_ROW_RMS,     KP_LOOP_NONE},
+  [IR_OP_CAUSAL_MASK]          = {KP_ROW_CMASK,   KP_LOOP_NONE},
+  [IR_OP_EMBEDDING]            = {KP_ROW_EMB,     KP_LOOP_NONE},
+  [IR_OP_EMBEDDING_GRAD]       = {KP_ROW_NONE,    KP_LOOP_EMBEDDING_GRAD},
+  [IR_OP_CROSS_ENTROPY]        = {KP_ROW_CE,      KP_LOOP_CE_TOTAL},
+  [IR_OP_ONE_HOT]              = {KP_ROW_ONEHOT,  KP_LOOP_NONE},
+  [IR_OP_MSE_LOSS]             = {KP_ROW_EW,      KP_LOOP_MSE_TOTAL},
 };
-/* A new op in ir/ops.def needs its row here. */
-_Static_assert(IR_OP_COUNT == 66, "kernel.c's op table lists every op");
+/* A new op in ir/ops.def that is neither POINT nor EXEC needs its row here. */
+_Static_assert(IR_OP_COUNT == 66, "kernel.c's op table knows every op");
 
-bool kp_op_group0(IrOpcode opc) { return op_table[opc].group0; }
-KpRowKind kp_row_kind(IrOpcode opc) { return op_table[opc].row; }
+bool kp_op_group0(IrOpcode opc) { return ir_op_is(opc, IR_OPF_EXEC); }
+KpRowKind kp_row_kind(IrOpcode opc) { return ir_op_is(opc, IR_OPF_POINT) ? KP_ROW_EW : op_table[opc].row; }
 KpLoopKind kp_loop_kind(IrOpcode opc) { return op_table[opc].loop; }
 
 /* A reduction over exactly the last axis of an operand of rank >= 1. */

@@ -44,7 +44,7 @@ typedef enum {
 KpRowKind kp_row_kind(IrOpcode opc);
 /* KP_LOOP_PERMUTE for any permute (kp_loop_plan tells a transpose). */
 KpLoopKind kp_loop_kind(IrOpcode opc);
-/* The case labels of every op that is not KP_ROW_EW, the last without its
+/* The case labels of every op that is not POINT (ops.def), the last without its
  * colon: a switch over the elementwise ops ends with `KP_CASES_NOT_EW:`
  * and -Wswitch-enum still checks that it covers every op. */
 #define KP_CASES_NOT_EW \
