@@ -714,17 +714,10 @@ bool kp_view_free_op(const KpViews *vs, const IrOp *op) {
   return op->nargs > 0;
 }
 
-void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, KpViews *out) {
-  int nv = f->nvalues;
-  out->n = nv;
-  out->place = calloc((size_t)nv + 1, 1);
-  out->user = calloc((size_t)nv + 1, sizeof(IrOp *));
-  KpView *view = calloc((size_t)nv + 1, sizeof(KpView));
-  if (!out->place || !out->user || !view) abort();
-  Uses u;
-  uses_build(f, &u);
-  uint8_t *place = out->place;
+typedef bool (*OutsideFn)(const IrOp *op, void *ctx);
 
+/* The values GEMMs read through views (KP_VIEW_IN), and their views. */
+static void find_view_ins(const IrFunc *f, OutsideFn outside, void *ctx, const Uses *u, uint8_t *place, KpView *view) {
   /* Operands: every use of the value is a GEMM operand of rank >= 2 or a
    * view itself (users come later in the list: a backward sweep), then
    * demoted until every view composes, fits a GEMM and has only view
@@ -732,10 +725,10 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
   for (int i = f->nops - 1; i >= 0; i--) {
     const IrOp *op = f->ops[i];
     const IrValue *v = op->result;
-    if (!v || !outside(op, ctx) || !view_mover(op) || !view_dtype(v) || u.n[v->id] == 0) continue;
+    if (!v || !outside(op, ctx) || !view_mover(op) || !view_dtype(v) || u->n[v->id] == 0) continue;
     bool ok = true;
-    for (int k = u.start[v->id]; ok && k < u.start[v->id] + u.n[v->id]; k++) {
-      const IrOp *w = u.op[k];
+    for (int k = u->start[v->id]; ok && k < u->start[v->id] + u->n[v->id]; k++) {
+      const IrOp *w = u->op[k];
       ok = (w->opcode == IR_OP_MATMUL && outside(w, ctx) && v->type.shape.rank >= 2) ||
            (w->result && place[w->result->id] == KP_VIEW_IN);
     }
@@ -758,8 +751,8 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
           kp_view_whole(x, &view[v->id]);
         ok = kp_view_apply(&view[v->id], op);
       }
-      for (int k = u.start[v->id]; ok && k < u.start[v->id] + u.n[v->id]; k++) {
-        const IrOp *w = u.op[k];
+      for (int k = u->start[v->id]; ok && k < u->start[v->id] + u->n[v->id]; k++) {
+        const IrOp *w = u->op[k];
         bool t;
         int64_t ld;
         if (w->opcode == IR_OP_MATMUL) ok = kp_view_matrix(&view[v->id], &t, &ld);
@@ -771,7 +764,12 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       }
     }
   }
+}
 
+/* The values GEMMs write through views (KP_VIEW_OUT), and the ops they
+ * are written through. */
+static void find_view_outs(const IrFunc *f, OutsideFn outside, void *ctx, const Uses *u, KpViews *out) {
+  uint8_t *place = out->place;
   /* Results: a GEMM whose result is read once, by a permute or reshape,
    * and so on until a value that is stored (or is one part of a concat
    * all of whose parts are such), writes straight into that value's
@@ -785,8 +783,8 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
     const IrValue *v = mm->result;
     bool permuted = false;
     int len = 0;
-    while (u.n[v->id] == 1) {
-      const IrOp *w = u.op[u.start[v->id]];
+    while (u->n[v->id] == 1) {
+      const IrOp *w = u->op[u->start[v->id]];
       if ((w->opcode != IR_OP_PERMUTE && w->opcode != IR_OP_RESHAPE) || !outside(w, ctx) ||
           place[w->result->id] != KP_MEM)
         break;
@@ -796,12 +794,12 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       len++;
     }
     bool to_concat = false;
-    if (len > 0 && u.n[v->id] == 1) {
-      const IrOp *w = u.op[u.start[v->id]];
+    if (len > 0 && u->n[v->id] == 1) {
+      const IrOp *w = u->op[u->start[v->id]];
       to_concat = w->opcode == IR_OP_CONCAT && outside(w, ctx) && view_dtype(w->result);
       if (to_concat) out->user[v->id] = w;
     }
-    if (len == 0 || (!permuted && !to_concat) || flows_to_grad(&u, v)) continue;
+    if (len == 0 || (!permuted && !to_concat) || flows_to_grad(u, v)) continue;
     /* Tentatively: the chain's values (and with a concat, its end too). */
     for (const IrValue *x = mm->result; x != v; x = out->user[x->id]->result) place[x->id] = KP_VIEW_OUT;
     if (to_concat) place[v->id] = KP_VIEW_OUT;
@@ -818,7 +816,7 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       if (op->opcode == IR_OP_CONCAT) {
         bool all = true;
         for (int j = 0; j < op->nargs; j++)
-          all &= place[op->args[j]->id] == KP_VIEW_OUT && u.n[op->args[j]->id] == 1;
+          all &= place[op->args[j]->id] == KP_VIEW_OUT && u->n[op->args[j]->id] == 1;
         for (int j = 0; j < op->nargs && !all; j++)
           if (place[op->args[j]->id] == KP_VIEW_OUT) place[op->args[j]->id] = KP_MEM, changed = true;
         continue;
@@ -837,6 +835,19 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       changed = true;
     }
   }
+}
+
+void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, KpViews *out) {
+  int nv = f->nvalues;
+  out->n = nv;
+  out->place = calloc((size_t)nv + 1, 1);
+  out->user = calloc((size_t)nv + 1, sizeof(IrOp *));
+  KpView *view = calloc((size_t)nv + 1, sizeof(KpView));
+  if (!out->place || !out->user || !view) abort();
+  Uses u;
+  uses_build(f, &u);
+  find_view_ins(f, outside, ctx, &u, out->place, view);
+  find_view_outs(f, outside, ctx, &u, out);
   uses_free(&u);
   free(view);
 }

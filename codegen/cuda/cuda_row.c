@@ -13,7 +13,7 @@
  *
  *   section 0, loop 0, section 1, loop 1, ..., section K
  *
- * where loop k accumulates the statistics whose operands are available
+ * (the schedule of kp_row_plan, passes/kernel_row.c) where loop k accumulates the statistics whose operands are available
  * after section k, section k+1 combines them across the block (warp
  * shuffles, then one value per warp through shared memory: a fixed order,
  * so results do not vary between runs) and computes the per-row values

@@ -4,7 +4,8 @@
  *     for r in [begin, end):            rows of the iteration space
  *       section 0; loop 0 over j; section 1; loop 1 over j; ...; section K
  *
- * Every op of the kernel is planned into passes: an elementwise op whose
+ * The passes come from the kernel plan (kp_row_plan, passes/kernel_row.c);
+ * this file adds the CPU's policy over them.  An elementwise op whose
  * result varies along the row runs in a loop where all its operands are
  * available (the loop of its first use, so that cheap values are computed
  * where they are needed rather than kept); one that does not (a per-row
