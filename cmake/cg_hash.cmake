@@ -1,12 +1,13 @@
 # cg_hash.cmake - writes OUT, a header defining GRADC_CG_SOURCE_HASH: the
 # first 16 hex digits of the SHA-256 of the code generator's sources (every
 # .c and .h under ROOT/codegen, and the kernel plan it emits, ROOT/passes/
-# kernel.[ch], by path and contents).  It is part of the kernel
+# kernel.h and kernel*.c, by path and contents).  It is part of the kernel
 # object cache's keys and of an artifact's host id, so objects compiled by
 # one build of the generator are never taken for another's.  Run at build
 # time by a custom command whenever one of them changes.
 file(GLOB_RECURSE files RELATIVE "${ROOT}" "${ROOT}/codegen/*.c" "${ROOT}/codegen/*.h")
-list(APPEND files passes/kernel.c passes/kernel.h)
+file(GLOB kfiles RELATIVE "${ROOT}" "${ROOT}/passes/kernel*.c")
+list(APPEND files ${kfiles} passes/kernel.h)
 list(SORT files)
 set(all "")
 foreach(f IN LISTS files)

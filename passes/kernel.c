@@ -13,82 +13,46 @@
  * (a reduced or normalised operand) are pinned to eoff 0.  The equations
  * are solved with a union-find that keeps each value's offset to its
  * root; a conflict means the ops do not share one iteration space. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernel.h"
 
-bool kp_op_group0(IrOpcode opc) {
-  switch (opc) {
-  case IR_OP_MATMUL:
-  case IR_OP_RESHAPE:
-  case IR_OP_CONST:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT: return true;
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_PERMUTE:
-  case IR_OP_BROADCAST:
-  case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_ONE_HOT:
-  case IR_OP_MSE_LOSS:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM: return false;
-  }
-  return false;
-}
+/* The kernel model's op table: what a kernel does with each op that is not
+ * POINT (elementwise in a row kernel: KP_ROW_EW) nor EXEC (run by the
+ * executor, never in a kernel), ops.def's flags for those two:
+ *   row   what it does in a row kernel (KP_ROW_NONE: it fits none)
+ *   loop  the loop nest it needs as a kernel of its own (KP_LOOP_NONE: none) */
+static const struct {
+  KpRowKind row;
+  KpLoopKind loop;
+} op_table[IR_OP_COUNT] = {
+  [IR_OP_SUM]                  = {KP_ROW_RED,     KP_LOOP_REDUCE},
+  [IR_OP_MEAN]                 = {KP_ROW_RED,     KP_LOOP_REDUCE},
+  [IR_OP_MAX]                  = {KP_ROW_RED,     KP_LOOP_REDUCE},
+  [IR_OP_LOGSUMEXP]            = {KP_ROW_LSE,     KP_LOOP_REDUCE},
+  [IR_OP_PERMUTE]              = {KP_ROW_NONE,    KP_LOOP_PERMUTE},
+  [IR_OP_SLICE]                = {KP_ROW_NONE,    KP_LOOP_SLICE},
+  [IR_OP_UNSLICE]              = {KP_ROW_UNSLICE, KP_LOOP_UNSLICE},
+  [IR_OP_CONCAT]               = {KP_ROW_NONE,    KP_LOOP_CONCAT},
+  [IR_OP_SOFTMAX]              = {KP_ROW_SOFTMAX, KP_LOOP_SOFTMAX},
+  [IR_OP_LOG_SOFTMAX]          = {KP_ROW_SOFTMAX, KP_LOOP_SOFTMAX},
+  [IR_OP_LAYER_NORM]           = {KP_ROW_LN,      KP_LOOP_NONE},
+  [IR_OP_RMS_NORM]             = {KP_ROW_RMS,     KP_LOOP_NONE},
+  [IR_OP_CAUSAL_MASK]          = {KP_ROW_CMASK,   KP_LOOP_NONE},
+  [IR_OP_EMBEDDING]            = {KP_ROW_EMB,     KP_LOOP_NONE},
+  [IR_OP_EMBEDDING_GRAD]       = {KP_ROW_NONE,    KP_LOOP_EMBEDDING_GRAD},
+  [IR_OP_CROSS_ENTROPY]        = {KP_ROW_CE,      KP_LOOP_CE_TOTAL},
+  [IR_OP_ONE_HOT]              = {KP_ROW_ONEHOT,  KP_LOOP_NONE},
+  [IR_OP_MSE_LOSS]             = {KP_ROW_EW,      KP_LOOP_MSE_TOTAL},
+};
+/* A new op in ir/ops.def that is neither POINT nor EXEC needs its row here. */
+_Static_assert(IR_OP_COUNT == 66, "kernel.c's op table knows every op");
+
+bool kp_op_group0(IrOpcode opc) { return ir_op_is(opc, IR_OPF_EXEC); }
+KpRowKind kp_row_kind(IrOpcode opc) { return ir_op_is(opc, IR_OPF_POINT) ? KP_ROW_EW : op_table[opc].row; }
+KpLoopKind kp_loop_kind(IrOpcode opc) { return op_table[opc].loop; }
 
 /* A reduction over exactly the last axis of an operand of rank >= 1. */
 static bool reduces_last_axis(const IrOp *op) {
@@ -105,77 +69,23 @@ static bool reduces_last_axis(const IrOp *op) {
 static bool reduction_none(const IrOp *op) { return strcmp(ir_attr_get_str(op, "reduction", "mean"), "none") == 0; }
 
 bool kp_op_rowwise(const IrOp *op) {
-  switch (op->opcode) {
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_BROADCAST:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_ONE_HOT:
-  case IR_OP_EMBEDDING:
-  case IR_OP_UNSLICE:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM: return true;
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP: return reduces_last_axis(op);
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX: {
+  switch (kp_row_kind(op->opcode)) {
+  case KP_ROW_EW: return op->opcode != IR_OP_MSE_LOSS || reduction_none(op);
+  case KP_ROW_LN:
+  case KP_ROW_RMS:
+  case KP_ROW_CMASK:
+  case KP_ROW_ONEHOT:
+  case KP_ROW_EMB:
+  case KP_ROW_UNSLICE: return true;
+  case KP_ROW_RED:
+  case KP_ROW_LSE: return reduces_last_axis(op);
+  case KP_ROW_SOFTMAX: {
     int r = op->args[0]->type.shape.rank;
     int64_t a;
     return r >= 1 && ir_norm_axis(ir_attr_get_int(op, "axis", -1), r, &a) && a == r - 1;
   }
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_MSE_LOSS: return reduction_none(op);
-  case IR_OP_PERMUTE:
-  case IR_OP_SLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_MATMUL:
-  case IR_OP_RESHAPE:
-  case IR_OP_CONST:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT: return false;
+  case KP_ROW_CE: return reduction_none(op);
+  case KP_ROW_NONE: return false;
   }
   return false;
 }
@@ -257,132 +167,55 @@ static int64_t last_dim(const IrValue *v) { return v->type.shape.rank ? v->type.
 /* The space axis of value axis i (rank k, end offset e) in a space of rank n. */
 static int space_axis(int n, int e, int k, int i) { return n - 1 - e - (k - 1 - i); }
 
-bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ctx, Arena *a, KpRowLayout *out,
-                   char *why, size_t whylen) {
-  memset(out, 0, sizeof *out);
-  Solver s = {out, 0, NULL, NULL, NULL, a, false};
-  for (int k = 0; k < n; k++) {
-    IrOp *op = ops[k];
-    if (!op->result || !kp_op_rowwise(op))
-      return errf(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);
-    IrValue *y = op->result;
-    /* Operands first, so slots come in order of first appearance. */
-    for (int i = 0; i < op->nargs; i++) slot_index(&s, op->args[i]);
-    int yi = slot_index(&s, y);
-    if (out->slots[yi].defined) return errf(why, whylen, "a value is defined twice");
-    out->slots[yi].defined = true;
-    out->slots[yi].mapped = true;
-    IrValue **x = op->args;
-    switch (op->opcode) {
-    case IR_OP_SUM:
-    case IR_OP_MEAN:
-    case IR_OP_MAX:
-    case IR_OP_LOGSUMEXP:
-      pin(&s, x[0]);
-      relate(&s, y, x[0], ir_attr_get_int(op, "keepdim", 0) ? 0 : 1);
-      break;
-    case IR_OP_SOFTMAX:
-    case IR_OP_LOG_SOFTMAX:
-    case IR_OP_CAUSAL_MASK:
-      pin(&s, x[0]);
-      same(&s, y, x[0]);
-      break;
-    case IR_OP_LAYER_NORM:
-    case IR_OP_RMS_NORM:
-      pin(&s, x[0]);
-      for (int i = 0; i < op->nargs; i++) same(&s, x[i], y);
-      break;
-    case IR_OP_CROSS_ENTROPY:
-      pin(&s, x[0]);
-      relate(&s, x[1], x[0], 1);
-      relate(&s, y, x[0], 1);
-      break;
-    case IR_OP_ONE_HOT:
-      pin(&s, y);
-      relate(&s, x[0], y, 1);
-      break;
-    case IR_OP_EMBEDDING:
-      pin(&s, y);
-      relate(&s, x[0], y, 1);
-      break; /* the table (x[1]) is gathered by index, not laid over the space */
-    case IR_OP_UNSLICE:
-      pin(&s, y);
-      break; /* the operand is gathered where the slice puts it */
-    case IR_OP_NEG:
-    case IR_OP_EXP:
-    case IR_OP_LOG:
-    case IR_OP_SQRT:
-    case IR_OP_RSQRT:
-    case IR_OP_TANH:
-    case IR_OP_SIGMOID:
-    case IR_OP_RELU:
-    case IR_OP_GELU:
-    case IR_OP_SILU:
-    case IR_OP_ABS:
-    case IR_OP_SIGN:
-    case IR_OP_POW:
-    case IR_OP_GELU_GRAD:
-    case IR_OP_CAST:
-    case IR_OP_DETACH:
-    case IR_OP_ADD:
-    case IR_OP_SUB:
-    case IR_OP_MUL:
-    case IR_OP_DIV:
-    case IR_OP_MAXIMUM:
-    case IR_OP_MINIMUM:
-    case IR_OP_EQ:
-    case IR_OP_NE:
-    case IR_OP_LT:
-    case IR_OP_LE:
-    case IR_OP_GT:
-    case IR_OP_GE:
-    case IR_OP_SELECT:
-    case IR_OP_BROADCAST:
-    case IR_OP_MSE_LOSS:
-    case IR_OP_GRAD_SEED:
-    case IR_OP_LOSS_TERM:
-      for (int i = 0; i < op->nargs; i++) same(&s, x[i], y);
-      break;
-    case IR_OP_CONST:
-    case IR_OP_RESHAPE:
-    case IR_OP_PERMUTE:
-    case IR_OP_SLICE:
-    case IR_OP_CONCAT:
-    case IR_OP_MATMUL:
-    case IR_OP_EMBEDDING_GRAD:
-    case IR_OP_WINDOW_SUM:
-    case IR_OP_ALL_REDUCE_START:
-    case IR_OP_ALL_REDUCE_WAIT:
-    case IR_OP_ALL_GATHER_START:
-    case IR_OP_ALL_GATHER_WAIT:
-    case IR_OP_REDUCE_SCATTER_START:
-    case IR_OP_TP_COPY:
-    case IR_OP_TP_SCATTER:
-    case IR_OP_RANK_SLICE:
-    case IR_OP_RANK_CONCAT:
-    case IR_OP_REDUCE_SCATTER_WAIT:
-    case IR_OP_LOSS:
-    case IR_OP_GRAD: return errf(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);
-    }
-    if (s.conflict) return errf(why, whylen, "'%s' would need two row layouts for one value", ir_op_info[op->opcode].name);
+/* The equations of op: how its values lie relative to each other. */
+static void relate_op(Solver *s, IrOp *op) {
+  IrValue *y = op->result, **x = op->args;
+  switch (kp_row_kind(op->opcode)) {
+  case KP_ROW_RED:
+  case KP_ROW_LSE:
+    pin(s, x[0]);
+    relate(s, y, x[0], ir_attr_get_int(op, "keepdim", 0) ? 0 : 1);
+    break;
+  case KP_ROW_SOFTMAX:
+  case KP_ROW_CMASK:
+    pin(s, x[0]);
+    same(s, y, x[0]);
+    break;
+  case KP_ROW_LN:
+  case KP_ROW_RMS:
+    pin(s, x[0]);
+    for (int i = 0; i < op->nargs; i++) same(s, x[i], y);
+    break;
+  case KP_ROW_CE:
+    pin(s, x[0]);
+    relate(s, x[1], x[0], 1);
+    relate(s, y, x[0], 1);
+    break;
+  case KP_ROW_ONEHOT:
+  case KP_ROW_EMB: /* an embedding's table (x[1]) is gathered by index, not laid over the space */
+    pin(s, y);
+    relate(s, x[0], y, 1);
+    break;
+  case KP_ROW_UNSLICE: pin(s, y); break; /* the operand is gathered where the slice puts it */
+  case KP_ROW_EW:
+    for (int i = 0; i < op->nargs; i++) same(s, x[i], y);
+    break;
+  case KP_ROW_NONE: break; /* refused by kp_op_rowwise */
   }
-  /* Every value defined in the kernel must be a slot result of an op before its uses. */
-  for (int k = 0; k < n; k++) {
-    IrOpcode opc = ops[k]->opcode;
-    if (opc != IR_OP_EMBEDDING && opc != IR_OP_UNSLICE) continue;
-    KpSlot *t = kp_row_slot(out, ops[k]->args[opc == IR_OP_EMBEDDING ? 1 : 0]);
-    if (t->defined) return errf(why, whylen, "a gathered operand computed in the kernel");
-  }
+}
 
-  /* Anchor each class: at its pinned values, else at its smallest offset. */
+/* Each value's end offset: every class of related values anchored at its
+ * pinned values, else at its smallest offset.  *rank gets the space's. */
+static bool anchor(Solver *s, int *rank, char *why, size_t whylen) {
+  KpRowLayout *out = s->l;
   int ns = out->nslots;
-  int *anchor = ARENA_ARRAY(a, int, ns);
-  bool *has = ARENA_ARRAY(a, bool, ns);
-  bool *haspin = ARENA_ARRAY(a, bool, ns);
+  int *anchor = ARENA_ARRAY(s->a, int, ns);
+  bool *has = ARENA_ARRAY(s->a, bool, ns);
+  bool *haspin = ARENA_ARRAY(s->a, bool, ns);
   for (int i = 0; i < ns; i++) {
     if (!out->slots[i].mapped) continue;
-    int p, r = find(&s, i, &p);
-    if (s.pinned[i]) {
+    int p, r = find(s, i, &p);
+    if (s->pinned[i]) {
       if (haspin[r] && anchor[r] != -p) return errf(why, whylen, "two values must both end at the row axis");
       haspin[r] = true;
       anchor[r] = -p;
@@ -390,29 +223,32 @@ bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ct
   }
   for (int i = 0; i < ns; i++) {
     if (!out->slots[i].mapped) continue;
-    int p, r = find(&s, i, &p);
+    int p, r = find(s, i, &p);
     if (haspin[r]) continue;
     if (!has[r] || -p > anchor[r]) anchor[r] = -p;
     has[r] = true;
   }
-  int rank = 0;
+  *rank = 0;
   for (int i = 0; i < ns; i++) {
     KpSlot *sl = &out->slots[i];
     if (!sl->mapped) continue;
-    int p, r = find(&s, i, &p);
+    int p, r = find(s, i, &p);
     sl->eoff = p + anchor[r];
     if (sl->eoff < 0 || sl->eoff > 1) return errf(why, whylen, "a value reduced twice over the row");
     int k = sl->v->type.shape.rank + sl->eoff;
     if (k > IR_MAX_RANK) return errf(why, whylen, "too many axes");
-    if (k > rank) rank = k;
+    if (k > *rank) *rank = k;
   }
+  return true;
+}
 
-  /* The space: the broadcast of every mapped value. */
+/* The space: the broadcast of every mapped value. */
+static bool find_space(KpRowLayout *out, int rank, char *why, size_t whylen) {
   IrShape sp;
   memset(&sp, 0, sizeof sp);
   sp.rank = rank;
   for (int d = 0; d < rank; d++) sp.dim[d] = 1;
-  for (int i = 0; i < ns; i++) {
+  for (int i = 0; i < out->nslots; i++) {
     KpSlot *sl = &out->slots[i];
     if (!sl->mapped) continue;
     const IrShape *vs = &sl->v->type.shape;
@@ -430,32 +266,51 @@ bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ct
   out->cols = rank ? sp.dim[rank - 1] : 1;
   out->rows = 1;
   for (int d = 0; d + 1 < rank; d++) out->rows *= sp.dim[d];
+  return true;
+}
 
-  /* Ops that need their operand's last axis to be the whole row. */
+/* Ops that need their operand's (or result's) last axis to be the whole
+ * row, or their result to cover the space. */
+static bool check_rows(IrOp *const *ops, int n, const KpRowLayout *out, char *why, size_t whylen) {
+  const IrShape *sp = &out->space;
+  int rank = sp->rank;
   for (int k = 0; k < n; k++) {
     IrOp *op = ops[k];
     IrValue *row = NULL;
-    IrOpcode opc = op->opcode;
-    if (opc == IR_OP_SUM || opc == IR_OP_MEAN || opc == IR_OP_MAX || opc == IR_OP_LOGSUMEXP ||
-        opc == IR_OP_SOFTMAX || opc == IR_OP_LOG_SOFTMAX || opc == IR_OP_LAYER_NORM || opc == IR_OP_RMS_NORM ||
-        opc == IR_OP_CROSS_ENTROPY)
-      row = op->args[0];
-    else if (opc == IR_OP_ONE_HOT || opc == IR_OP_EMBEDDING)
-      row = op->result;
-    else if (opc == IR_OP_UNSLICE) {
-      if (!ir_shape_eq(&op->result->type.shape, &sp)) return errf(why, whylen, "unslice must cover the rows");
-    } else if (opc == IR_OP_CAUSAL_MASK) {
+    switch (kp_row_kind(op->opcode)) {
+    case KP_ROW_RED:
+    case KP_ROW_LSE:
+    case KP_ROW_SOFTMAX:
+    case KP_ROW_LN:
+    case KP_ROW_RMS:
+    case KP_ROW_CE: row = op->args[0]; break;
+    case KP_ROW_ONEHOT:
+    case KP_ROW_EMB: row = op->result; break;
+    case KP_ROW_UNSLICE:
+      if (!ir_shape_eq(&op->result->type.shape, sp)) return errf(why, whylen, "unslice must cover the rows");
+      break;
+    case KP_ROW_CMASK: {
       const IrShape *ys = &op->result->type.shape;
-      if (ys->rank < 2 || rank < 2 || ys->dim[ys->rank - 1] != sp.dim[rank - 1] ||
-          ys->dim[ys->rank - 2] != sp.dim[rank - 2])
+      if (ys->rank < 2 || rank < 2 || ys->dim[ys->rank - 1] != sp->dim[rank - 1] ||
+          ys->dim[ys->rank - 2] != sp->dim[rank - 2])
         return errf(why, whylen, "causal_mask must cover the last two axes");
+      break;
+    }
+    case KP_ROW_EW:
+    case KP_ROW_NONE: break;
     }
     if (row && (row->type.shape.rank < 1 || last_dim(row) != out->cols))
       return errf(why, whylen, "'%s' needs the whole row", ir_op_info[op->opcode].name);
   }
+  return true;
+}
 
-  /* Outputs: written exactly once, so never broadcast over a row axis. */
-  for (int i = 0; i < ns; i++) {
+/* Which values vary along the row, which are outputs; an output is written
+ * exactly once, so never broadcast over a row axis. */
+static bool mark_outputs(KpRowLayout *out, KpUsedOutside used_outside, void *ctx, char *why, size_t whylen) {
+  const IrShape *sp = &out->space;
+  int rank = sp->rank;
+  for (int i = 0; i < out->nslots; i++) {
     KpSlot *sl = &out->slots[i];
     sl->varies = sl->mapped && sl->eoff == 0 && sl->v->type.shape.rank > 0 && last_dim(sl->v) == out->cols &&
                  out->cols > 1;
@@ -465,10 +320,108 @@ bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ct
     bool covered[IR_MAX_RANK] = {false};
     for (int d = 0; d < vs->rank; d++) {
       int ax = space_axis(rank, sl->eoff, vs->rank, d);
-      if (vs->dim[d] == sp.dim[ax]) covered[ax] = true;
+      if (vs->dim[d] == sp->dim[ax]) covered[ax] = true;
     }
     for (int d = 0; d + 1 < rank; d++)
-      if (sp.dim[d] > 1 && !covered[d]) return errf(why, whylen, "an output would be written by several rows");
+      if (sp->dim[d] > 1 && !covered[d]) return errf(why, whylen, "an output would be written by several rows");
+  }
+  return true;
+}
+
+bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ctx, Arena *a, KpRowLayout *out,
+                   char *why, size_t whylen) {
+  memset(out, 0, sizeof *out);
+  Solver s = {out, 0, NULL, NULL, NULL, a, false};
+  for (int k = 0; k < n; k++) {
+    IrOp *op = ops[k];
+    if (!op->result || !kp_op_rowwise(op))
+      return errf(why, whylen, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name);
+    /* Operands first, so slots come in order of first appearance. */
+    for (int i = 0; i < op->nargs; i++) slot_index(&s, op->args[i]);
+    int yi = slot_index(&s, op->result);
+    if (out->slots[yi].defined) return errf(why, whylen, "a value is defined twice");
+    out->slots[yi].defined = true;
+    out->slots[yi].mapped = true;
+    relate_op(&s, op);
+    if (s.conflict) return errf(why, whylen, "'%s' would need two row layouts for one value", ir_op_info[op->opcode].name);
+  }
+  /* Every value defined in the kernel must be a slot result of an op before its uses. */
+  for (int k = 0; k < n; k++) {
+    IrOpcode opc = ops[k]->opcode;
+    if (opc != IR_OP_EMBEDDING && opc != IR_OP_UNSLICE) continue;
+    KpSlot *t = kp_row_slot(out, ops[k]->args[opc == IR_OP_EMBEDDING ? 1 : 0]);
+    if (t->defined) return errf(why, whylen, "a gathered operand computed in the kernel");
+  }
+  int rank = 0;
+  return anchor(&s, &rank, why, whylen) && find_space(out, rank, why, whylen) && check_rows(ops, n, out, why, whylen) &&
+         mark_outputs(out, used_outside, ctx, why, whylen);
+}
+
+/* ------------------------------------------------------------------ */
+/* The kernels of a function                                           */
+/* ------------------------------------------------------------------ */
+
+static bool used_by(const IrValue *v, void *ctx) {
+  const bool *out = ctx;
+  return out[v->id];
+}
+
+/* k<group>_ and up to three distinct op names, as a C symbol. */
+static const char *kernel_name(Arena *a, int group, IrOp **ops, int n) {
+  char buf[128];
+  int len = snprintf(buf, sizeof buf, "k%d", group);
+  const char *seen[3];
+  int ns = 0;
+  for (int i = 0; i < n && ns < 3; i++) {
+    const char *nm = ir_op_info[ops[i]->opcode].name;
+    bool dup = false;
+    for (int k = 0; k < ns; k++) dup |= strcmp(seen[k], nm) == 0;
+    if (dup) continue;
+    seen[ns++] = nm;
+    if (len < (int)sizeof buf - 1) buf[len++] = '_';
+    for (const char *p = nm; *p && len < (int)sizeof buf - 1; p++) buf[len++] = *p == '.' ? '_' : *p;
+    buf[len] = 0;
+  }
+  return arena_strdup(a, buf);
+}
+
+bool kp_kernels_find(const IrFunc *f, Arena *a, KpKernels *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  out->used_outside = ARENA_ARRAY(a, bool, f->nvalues > 0 ? f->nvalues : 1);
+  int cap = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->group > out->maxgroup) out->maxgroup = op->group;
+    if (op->group > 0 && (i == 0 || f->ops[i - 1]->group != op->group)) cap++;
+    for (int j = 0; j < op->nargs; j++) {
+      const IrValue *v = op->args[j];
+      if (v->def && v->def->group > 0 && v->def->group != op->group) out->used_outside[v->id] = true;
+    }
+  }
+  out->k = ARENA_ARRAY(a, KpKernel, cap > 0 ? cap : 1);
+  int *seen = ARENA_ARRAY(a, int, out->maxgroup + 1);
+  for (int i = 0; i < f->nops;) {
+    int g = f->ops[i]->group;
+    if (g <= 0) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j < f->nops && f->ops[j]->group == g) j++;
+    if (seen[g]++) return errf(err, errlen, "kernel k%d is not contiguous in the op list", g);
+    KpKernel *k = &out->k[out->n++];
+    k->group = g;
+    k->ops = f->ops + i;
+    k->n = j - i;
+    k->name = kernel_name(a, g, k->ops, k->n);
+    char why[256];
+    if (k->n == 1 && !kp_op_rowwise(k->ops[0]))
+      k->row = false;
+    else if (kp_row_layout(k->ops, k->n, used_by, out->used_outside, a, &k->layout, why, sizeof why))
+      k->row = true;
+    else
+      return errf(err, errlen, "kernel k%d: %s", g, why);
+    i = j;
   }
   return true;
 }
@@ -761,17 +714,10 @@ bool kp_view_free_op(const KpViews *vs, const IrOp *op) {
   return op->nargs > 0;
 }
 
-void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, KpViews *out) {
-  int nv = f->nvalues;
-  out->n = nv;
-  out->place = calloc((size_t)nv + 1, 1);
-  out->user = calloc((size_t)nv + 1, sizeof(IrOp *));
-  KpView *view = calloc((size_t)nv + 1, sizeof(KpView));
-  if (!out->place || !out->user || !view) abort();
-  Uses u;
-  uses_build(f, &u);
-  uint8_t *place = out->place;
+typedef bool (*OutsideFn)(const IrOp *op, void *ctx);
 
+/* The values GEMMs read through views (KP_VIEW_IN), and their views. */
+static void find_view_ins(const IrFunc *f, OutsideFn outside, void *ctx, const Uses *u, uint8_t *place, KpView *view) {
   /* Operands: every use of the value is a GEMM operand of rank >= 2 or a
    * view itself (users come later in the list: a backward sweep), then
    * demoted until every view composes, fits a GEMM and has only view
@@ -779,10 +725,10 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
   for (int i = f->nops - 1; i >= 0; i--) {
     const IrOp *op = f->ops[i];
     const IrValue *v = op->result;
-    if (!v || !outside(op, ctx) || !view_mover(op) || !view_dtype(v) || u.n[v->id] == 0) continue;
+    if (!v || !outside(op, ctx) || !view_mover(op) || !view_dtype(v) || u->n[v->id] == 0) continue;
     bool ok = true;
-    for (int k = u.start[v->id]; ok && k < u.start[v->id] + u.n[v->id]; k++) {
-      const IrOp *w = u.op[k];
+    for (int k = u->start[v->id]; ok && k < u->start[v->id] + u->n[v->id]; k++) {
+      const IrOp *w = u->op[k];
       ok = (w->opcode == IR_OP_MATMUL && outside(w, ctx) && v->type.shape.rank >= 2) ||
            (w->result && place[w->result->id] == KP_VIEW_IN);
     }
@@ -805,8 +751,8 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
           kp_view_whole(x, &view[v->id]);
         ok = kp_view_apply(&view[v->id], op);
       }
-      for (int k = u.start[v->id]; ok && k < u.start[v->id] + u.n[v->id]; k++) {
-        const IrOp *w = u.op[k];
+      for (int k = u->start[v->id]; ok && k < u->start[v->id] + u->n[v->id]; k++) {
+        const IrOp *w = u->op[k];
         bool t;
         int64_t ld;
         if (w->opcode == IR_OP_MATMUL) ok = kp_view_matrix(&view[v->id], &t, &ld);
@@ -818,7 +764,12 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       }
     }
   }
+}
 
+/* The values GEMMs write through views (KP_VIEW_OUT), and the ops they
+ * are written through. */
+static void find_view_outs(const IrFunc *f, OutsideFn outside, void *ctx, const Uses *u, KpViews *out) {
+  uint8_t *place = out->place;
   /* Results: a GEMM whose result is read once, by a permute or reshape,
    * and so on until a value that is stored (or is one part of a concat
    * all of whose parts are such), writes straight into that value's
@@ -832,8 +783,8 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
     const IrValue *v = mm->result;
     bool permuted = false;
     int len = 0;
-    while (u.n[v->id] == 1) {
-      const IrOp *w = u.op[u.start[v->id]];
+    while (u->n[v->id] == 1) {
+      const IrOp *w = u->op[u->start[v->id]];
       if ((w->opcode != IR_OP_PERMUTE && w->opcode != IR_OP_RESHAPE) || !outside(w, ctx) ||
           place[w->result->id] != KP_MEM)
         break;
@@ -843,12 +794,12 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       len++;
     }
     bool to_concat = false;
-    if (len > 0 && u.n[v->id] == 1) {
-      const IrOp *w = u.op[u.start[v->id]];
+    if (len > 0 && u->n[v->id] == 1) {
+      const IrOp *w = u->op[u->start[v->id]];
       to_concat = w->opcode == IR_OP_CONCAT && outside(w, ctx) && view_dtype(w->result);
       if (to_concat) out->user[v->id] = w;
     }
-    if (len == 0 || (!permuted && !to_concat) || flows_to_grad(&u, v)) continue;
+    if (len == 0 || (!permuted && !to_concat) || flows_to_grad(u, v)) continue;
     /* Tentatively: the chain's values (and with a concat, its end too). */
     for (const IrValue *x = mm->result; x != v; x = out->user[x->id]->result) place[x->id] = KP_VIEW_OUT;
     if (to_concat) place[v->id] = KP_VIEW_OUT;
@@ -865,7 +816,7 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       if (op->opcode == IR_OP_CONCAT) {
         bool all = true;
         for (int j = 0; j < op->nargs; j++)
-          all &= place[op->args[j]->id] == KP_VIEW_OUT && u.n[op->args[j]->id] == 1;
+          all &= place[op->args[j]->id] == KP_VIEW_OUT && u->n[op->args[j]->id] == 1;
         for (int j = 0; j < op->nargs && !all; j++)
           if (place[op->args[j]->id] == KP_VIEW_OUT) place[op->args[j]->id] = KP_MEM, changed = true;
         continue;
@@ -884,6 +835,19 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
       changed = true;
     }
   }
+}
+
+void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), void *ctx, KpViews *out) {
+  int nv = f->nvalues;
+  out->n = nv;
+  out->place = calloc((size_t)nv + 1, 1);
+  out->user = calloc((size_t)nv + 1, sizeof(IrOp *));
+  KpView *view = calloc((size_t)nv + 1, sizeof(KpView));
+  if (!out->place || !out->user || !view) abort();
+  Uses u;
+  uses_build(f, &u);
+  find_view_ins(f, outside, ctx, &u, out->place, view);
+  find_view_outs(f, outside, ctx, &u, out);
   uses_free(&u);
   free(view);
 }

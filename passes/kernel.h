@@ -9,6 +9,78 @@
 /* ------------------------------------------------------------------ */
 /* kernel.c: what a kernel is (shared by `fuse` and the generators)    */
 /* ------------------------------------------------------------------ */
+/* What an op does over a row. */
+typedef enum {
+  KP_ROW_NONE,    /* not a row op */
+  KP_ROW_EW,      /* elementwise (and broadcast, grad.seed, loss.term, mse_loss "none") */
+  KP_ROW_RED,     /* sum, mean, max over the row */
+  KP_ROW_LSE,     /* logsumexp over the row */
+  KP_ROW_SOFTMAX, /* softmax, log_softmax */
+  KP_ROW_LN,      /* layer_norm */
+  KP_ROW_RMS,     /* rms_norm */
+  KP_ROW_CE,      /* cross_entropy "none": a loss per row */
+  KP_ROW_ONEHOT,
+  KP_ROW_EMB,     /* embedding: the table gathered by index */
+  KP_ROW_CMASK,   /* causal_mask */
+  KP_ROW_UNSLICE, /* the operand gathered where the slice puts it */
+} KpRowKind;
+
+/* The loop nest an op needs when it is a kernel of its own. */
+typedef enum {
+  KP_LOOP_NONE,           /* no loop nest: a row kernel or an executor op */
+  KP_LOOP_PERMUTE,        /* a gather of each output row (or element) */
+  KP_LOOP_TRANSPOSE,      /* a permute moving the contiguous axis: tiles */
+  KP_LOOP_SLICE,
+  KP_LOOP_UNSLICE,        /* zeros with the slice's region filled in */
+  KP_LOOP_CONCAT,
+  KP_LOOP_REDUCE,         /* sum, mean, max, logsumexp over leading axes */
+  KP_LOOP_SOFTMAX,        /* softmax, log_softmax over a leading axis */
+  KP_LOOP_CE_TOTAL,       /* cross_entropy reduced to a scalar */
+  KP_LOOP_MSE_TOTAL,      /* mse_loss reduced to a scalar */
+  KP_LOOP_EMBEDDING_GRAD, /* scatter-add into the table's rows */
+} KpLoopKind;
+
+/* kernel.c's op table: what the kernel model does with each op. */
+KpRowKind kp_row_kind(IrOpcode opc);
+/* KP_LOOP_PERMUTE for any permute (kp_loop_plan tells a transpose). */
+KpLoopKind kp_loop_kind(IrOpcode opc);
+/* The case labels of every op that is not POINT (ops.def), the last without its
+ * colon: a switch over the elementwise ops ends with `KP_CASES_NOT_EW:`
+ * and -Wswitch-enum still checks that it covers every op. */
+#define KP_CASES_NOT_EW \
+  case IR_OP_CONST: \
+  case IR_OP_SUM: \
+  case IR_OP_MEAN: \
+  case IR_OP_MAX: \
+  case IR_OP_LOGSUMEXP: \
+  case IR_OP_RESHAPE: \
+  case IR_OP_PERMUTE: \
+  case IR_OP_SLICE: \
+  case IR_OP_UNSLICE: \
+  case IR_OP_CONCAT: \
+  case IR_OP_MATMUL: \
+  case IR_OP_SOFTMAX: \
+  case IR_OP_LOG_SOFTMAX: \
+  case IR_OP_LAYER_NORM: \
+  case IR_OP_RMS_NORM: \
+  case IR_OP_CAUSAL_MASK: \
+  case IR_OP_EMBEDDING: \
+  case IR_OP_EMBEDDING_GRAD: \
+  case IR_OP_CROSS_ENTROPY: \
+  case IR_OP_ONE_HOT: \
+  case IR_OP_WINDOW_SUM: \
+  case IR_OP_ALL_REDUCE_START: \
+  case IR_OP_ALL_REDUCE_WAIT: \
+  case IR_OP_ALL_GATHER_START: \
+  case IR_OP_ALL_GATHER_WAIT: \
+  case IR_OP_REDUCE_SCATTER_START: \
+  case IR_OP_TP_COPY: \
+  case IR_OP_TP_SCATTER: \
+  case IR_OP_RANK_SLICE: \
+  case IR_OP_RANK_CONCAT: \
+  case IR_OP_REDUCE_SCATTER_WAIT: \
+  case IR_OP_LOSS: \
+  case IR_OP_GRAD
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a
  * kernel (IrOp.group >= 1). */
@@ -57,6 +129,28 @@ bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ct
 KpSlot *kp_row_slot(const KpRowLayout *l, const IrValue *v); /* NULL if v is not in the kernel */
 /* The element strides of slot s over the space's axes (0 where broadcast). */
 void kp_slot_strides(const KpRowLayout *l, const KpSlot *s, int64_t *stride);
+
+/* The kernels of a function: each group >= 1 of its ops, which must be
+ * contiguous in the op list, as a row kernel or a loop kernel of one op. */
+typedef struct KpKernel {
+  int group;
+  IrOp **ops; /* into the function's op list */
+  int n;
+  const char *name; /* "k7_layer_norm_gelu": k<group>_ and up to three distinct op names */
+  bool row;         /* a row kernel laid out as layout; else a loop kernel of ops[0] */
+  KpRowLayout layout;
+} KpKernel;
+
+typedef struct KpKernels {
+  KpKernel *k; /* in program order */
+  int n;
+  int maxgroup;
+  bool *used_outside; /* by value id: read outside the kernel that defines it */
+} KpKernels;
+
+/* Find f's kernels (in arena a); false with a message when a group is not
+ * contiguous or not one row kernel. */
+bool kp_kernels_find(const IrFunc *f, Arena *a, KpKernels *out, char *err, size_t errlen);
 
 /* Normalised start and step of each axis of a slice or unslice op over
  * `full` (the slice's operand shape, the unslice's result shape), as
@@ -124,5 +218,97 @@ bool kp_view_unapply(KpView *v, const IrOp *op, int operand);
  * false) or the second last (trans true), *ld the other stride; false if
  * neither. */
 bool kp_view_matrix(const KpView *v, bool *trans, int64_t *ld);
+
+/* ------------------------------------------------------------------ */
+/* kernel_loop.c: the plan of a loop kernel (one op that fits no rows) */
+/* ------------------------------------------------------------------ */
+/* Row-major element strides of a shape. */
+void kp_contiguous(const IrShape *s, int64_t *st);
+/* Axes dims[0..n) with element strides stride[] as fewer axes: those of
+ * extent 1 dropped, each run that is contiguous in memory merged into one
+ * (extents ext, strides st, row-major); returns their count. */
+int kp_merge_axes(const int64_t *dims, const int64_t *stride, int n, int64_t *ext, int64_t *st);
+
+
+#define KP_TILE 32 /* a transpose's tiles are KP_TILE x KP_TILE */
+
+/* A reduction over leading axes of x: x's axes end in a contiguous suffix
+ * of blk elements that are all kept (cols: the last axis is kept) or all
+ * reduced; before it, nk kept axes (extents kd, strides ks in x) and nr
+ * reduced ones (rd, rs). */
+typedef struct KpReduce {
+  bool cols;
+  int64_t blk;
+  int nk, nr;
+  int64_t kd[IR_MAX_RANK], ks[IR_MAX_RANK], rd[IR_MAX_RANK], rs[IR_MAX_RANK];
+  int64_t outer; /* product of kd */
+  int64_t mred;  /* product of rd */
+  int64_t count; /* elements summed into one output (a mean divides by it) */
+} KpReduce;
+
+/* The index space of a loop kernel; only the fields of its kind are set. */
+typedef struct KpLoopPlan {
+  const IrOp *op;
+  KpLoopKind kind;
+  /* permute, transpose, slice: the operand stride of each result axis;
+   * slice: base, the first element read */
+  int64_t st[IR_MAX_RANK], base;
+  /* transpose: result axis t reads the operand's contiguous axis; os the
+   * result's strides; the m other axes (all but t and the last): extents
+   * od, operand strides ist, result strides ost, outer elements in all;
+   * nt x nl tiles over axes t and last */
+  int t, m;
+  int64_t os[IR_MAX_RANK], od[IR_MAX_RANK], ist[IR_MAX_RANK], ost[IR_MAX_RANK];
+  int64_t outer, nt, nl;
+  /* slice, unslice: start and step of each axis of the full tensor;
+   * unslice: xs the operand's strides */
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK];
+  /* concat, softmax: the axis; elements after it (inner); concat: rows
+   * after it, the last axis excluded (row_inner) */
+  int64_t axis, inner, row_inner;
+  /* softmax: len along the axis, lines of the axis; cross_entropy: len
+   * classes; embedding_grad: len columns, rows of the table */
+  int64_t len, lines, rows;
+  int64_t n;            /* cross_entropy: rows; mse_loss: elements; embedding_grad: positions */
+  int64_t ignore_index; /* cross_entropy */
+  bool mean;            /* cross_entropy, mse_loss: reduction "mean" */
+  KpReduce red;
+} KpLoopPlan;
+
+void kp_loop_plan(const IrOp *op, KpLoopPlan *p);
+
+/* ------------------------------------------------------------------ */
+/* kernel_row.c: the plan of a row kernel                              */
+/* ------------------------------------------------------------------ */
+
+/* One op of a row kernel in the schedule of passes over the row
+ * (kernel_row.c): loop k runs after section k, section k + 1 after loop k. */
+typedef struct KpRowStep {
+  const IrOp *op;
+  KpRowKind kind;
+  int y;       /* the result's slot */
+  int x[3];    /* operand slots; -1: none, or gathered by index (an embedding's
+                  table, an unslice's operand) */
+  int pass[3]; /* the loops of its passes over the row, -1 when unused: the
+                  statistics (pass 0, 1) and the per-element result (pass 2;
+                  pass 0 for elementwise, one_hot, embedding, causal_mask,
+                  unslice, or section pass[0] for a per-row elementwise op) */
+  int fin[2];  /* the sections finishing its statistics, -1 when unused */
+  int at;      /* its result is available from loop (or section) at */
+} KpRowStep;
+
+typedef struct KpRowPlan {
+  const KpRowLayout *l;
+  KpRowStep *steps; /* one per op, in program order */
+  int n;
+  int *def;         /* by slot: the step that defines it, -1 for an input */
+  int *at;          /* by slot: when it is available (0 for an input) */
+  bool *konst;      /* by slot: an input that is an inline group-0 const, of value cval */
+  double *cval;
+} KpRowPlan;
+
+/* Plan the row kernel ops[0..n) laid out as l (arrays in arena a); false
+ * when an op is not a row op. */
+bool kp_row_plan(const KpRowLayout *l, IrOp *const *ops, int n, Arena *a, KpRowPlan *out);
 
 #endif

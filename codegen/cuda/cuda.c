@@ -50,30 +50,6 @@ bool cg_cuda_parse_target(const char *target, char *arch, size_t n) {
 /* Kernels                                                             */
 /* ------------------------------------------------------------------ */
 
-static bool outside_use(const IrValue *v, void *ctx) {
-  const bool *out = ctx;
-  return out[v->id];
-}
-
-/* k<group>_ and up to three distinct op names (as the LLVM back end). */
-static const char *kernel_name(Arena *a, int group, IrOp **ops, int n) {
-  char buf[128];
-  int len = snprintf(buf, sizeof buf, "k%d", group);
-  const char *seen[3];
-  int ns = 0;
-  for (int i = 0; i < n && ns < 3; i++) {
-    const char *nm = ir_op_info[ops[i]->opcode].name;
-    bool dup = false;
-    for (int k = 0; k < ns; k++) dup |= strcmp(seen[k], nm) == 0;
-    if (dup) continue;
-    seen[ns++] = nm;
-    if (len < (int)sizeof buf - 1) buf[len++] = '_';
-    for (const char *p = nm; *p && len < (int)sizeof buf - 1; p++) buf[len++] = *p == '.' ? '_' : *p;
-    buf[len] = 0;
-  }
-  return arena_strdup(a, buf);
-}
-
 static int64_t value_bytes(const IrValue *v) {
   size_t es = v->storage == IR_STORE_GRAD ? (v->type.dtype == IR_DT_F64 ? 8 : 4) : ir_dtype_size(v->type.dtype);
   return ir_numel(&v->type.shape) * (int64_t)es;
@@ -172,42 +148,28 @@ CuModule *cg_cuda_generate(const IrFunc *f, char *err, size_t errlen) {
   if (!m) abort();
   arena_init(&m->a);
   m->f = f;
-  bool *out = ARENA_ARRAY(&m->a, bool, f->nvalues > 0 ? f->nvalues : 1);
-  int cap = 0;
-  for (int i = 0; i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->group > m->maxgroup) m->maxgroup = op->group;
-    if (op->group > 0 && (i == 0 || f->ops[i - 1]->group != op->group)) cap++;
-    for (int j = 0; j < op->nargs; j++) {
-      const IrValue *v = op->args[j];
-      if (v->def && v->def->group > 0 && v->def->group != op->group) out[v->id] = true;
-    }
+  KpKernels kk;
+  if (!kp_kernels_find(f, &m->a, &kk, err, errlen)) {
+    cg_cuda_free(m);
+    return NULL;
   }
-  m->kernels = ARENA_ARRAY(&m->a, CuKernel, cap + 1);
-  m->codes = ARENA_ARRAY(&m->a, CuCode, cap + 1);
+  const bool *out = kk.used_outside;
+  m->maxgroup = kk.maxgroup;
+  m->kernels = ARENA_ARRAY(&m->a, CuKernel, kk.n + 1);
+  m->codes = ARENA_ARRAY(&m->a, CuCode, kk.n + 1);
   m->by_group = ARENA_ARRAY(&m->a, int, m->maxgroup + 1);
   for (int g = 0; g <= m->maxgroup; g++) m->by_group[g] = -1;
   StrMap reps;
   strmap_init(&reps);
   bool ok = true;
-  for (int i = 0; i < f->nops && ok;) {
-    int grp = f->ops[i]->group;
-    if (grp <= 0) {
-      i++;
-      continue;
-    }
-    int j = i;
-    while (j < f->nops && f->ops[j]->group == grp) j++;
-    if (m->by_group[grp] >= 0) {
-      ok = errf(err, errlen, "kernel k%d is not contiguous in the op list", grp);
-      break;
-    }
+  for (int q = 0; q < kk.n && ok; q++) {
+    const KpKernel *kp = &kk.k[q];
     CuKernel *k = &m->kernels[m->nkernels];
-    m->by_group[grp] = m->nkernels++;
-    k->group = grp;
-    k->ops = f->ops + i;
-    k->nops = j - i;
-    k->name = kernel_name(&m->a, grp, k->ops, k->nops);
+    m->by_group[kp->group] = m->nkernels++;
+    k->group = kp->group;
+    k->ops = kp->ops;
+    k->nops = kp->n;
+    k->name = kp->name;
     /* A kernel whose results nobody reads from memory (a window.sum's
      * operand, evaluated by the host) has nothing to do. */
     bool live = false;
@@ -217,7 +179,6 @@ CuModule *cg_cuda_generate(const IrFunc *f, char *err, size_t errlen) {
     }
     if (!live) {
       k->code = -1;
-      i = j;
       continue;
     }
     CuGen g;
@@ -228,15 +189,10 @@ CuModule *cg_cuda_generate(const IrFunc *f, char *err, size_t errlen) {
     g.errlen = errlen;
     sb_init(&g.body);
     g.indent = 1;
-    char why[256];
-    KpRowLayout l;
-    if (k->nops == 1 && !kp_op_rowwise(k->ops[0])) {
+    if (kp->row)
+      cu_row_kernel(&g, k->ops, k->nops, &kp->layout);
+    else
       cu_loop_kernel(&g, k->ops[0]);
-    } else if (kp_row_layout(k->ops, k->nops, outside_use, out, &m->a, &l, why, sizeof why)) {
-      cu_row_kernel(&g, k->ops, k->nops, &l);
-    } else {
-      cu_error(&g, "not a row kernel: %s", why);
-    }
     if (g.failed) {
       char msg[512];
       snprintf(msg, sizeof msg, "%s", err ? err : "");
@@ -268,7 +224,6 @@ CuModule *cg_cuda_generate(const IrFunc *f, char *err, size_t errlen) {
     }
     k->code = (int)c - 1;
     m->codes[c - 1].nkernels++;
-    i = j;
   }
   strmap_free(&reps);
   if (!ok) {

@@ -61,11 +61,6 @@ const char *cu_lowest(CuGen *g, IrDType dt);
 /* exp, log, sqrt of a register of dt's register type. */
 const char *cu_math1(CuGen *g, const char *fn, IrDType dt, const char *x);
 
-/* Normalised start and step of each axis of a slice-like op (starts,
- * stops, steps) of a tensor of shape `full`. */
-void cu_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step);
-/* Row-major strides of a shape. */
-void cu_contiguous(const IrShape *s, int64_t *st);
 /* The expression sum_a coord_a(i) * stride[a] where i (an expression)
  * runs over dims[0..n) row-major; axes of extent 1 or stride 0 are
  * skipped, contiguous runs merged. */

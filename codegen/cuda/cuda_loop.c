@@ -9,7 +9,8 @@
  * positions in order, so the sums do not depend on scheduling) and cross_entropy / mse_loss
  * reduced to a scalar (one block).  Every output element is written by
  * exactly one thread, accumulated into gradient buffers; sums combine in a
- * fixed order.  Semantics follow runtime/interp.c. */
+ * fixed order.  The index space is kp_loop_plan's (passes/kernel_loop.c);
+ * the launch geometry is this file's.  Semantics follow runtime/interp.c. */
 #include <math.h>
 #include <string.h>
 
@@ -71,61 +72,36 @@ static void copy_elem(CuGen *g, const In *x, const char *off, const IrValue *y, 
 /* Copies                                                              */
 /* ------------------------------------------------------------------ */
 
-#define TILE 32
-
-/* Input strides of the output's axes; the output axis that reads the
- * input's contiguous axis when it is not the output's last one (a
- * transpose), else -1. */
-static int permute_strides(const IrOp *op, int64_t *st) {
-  const IrShape *s = &op->args[0]->type.shape, *o = &op->result->type.shape;
-  int64_t cs[IR_MAX_RANK];
-  cu_contiguous(s, cs);
-  const int64_t *perm;
-  int n = ir_attr_get_ints(op, "perm", &perm), k = s->rank, t = -1;
-  for (int a = 0; a < k; a++) {
-    int64_t p = a < n ? perm[a] : a;
-    if (p < 0) p += k;
-    st[a] = p >= 0 && p < k ? cs[p] : 0;
-    if (st[a] == 1 && s->dim[p] > 1) t = a;
-  }
-  if (k < 2 || t < 0 || t == k - 1 || o->dim[k - 1] < 2) return -1;
-  return t;
-}
-
-static void gen_transpose(CuGen *g, const IrOp *op, const int64_t *st, int t) {
+static void gen_transpose(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *x = op->args[0], *y = op->result;
   const IrShape *o = &y->type.shape;
-  int k = o->rank;
-  int64_t os[IR_MAX_RANK], od[IR_MAX_RANK], ist[IR_MAX_RANK], ost[IR_MAX_RANK];
-  cu_contiguous(o, os);
-  int m = 0;
-  int64_t outer = 1;
-  for (int a = 0; a < k - 1; a++)
-    if (a != t) od[m] = o->dim[a], ist[m] = st[a], ost[m++] = os[a], outer *= o->dim[a];
+  int k = o->rank, t = p->t, m = p->m;
+  const int64_t *st = p->st, *os = p->os, *od = p->od, *ist = p->ist, *ost = p->ost;
+  int64_t outer = p->outer, nt = p->nt, nl = p->nl;
   int64_t DT = o->dim[t], DL = o->dim[k - 1];
-  int64_t nt = (DT + TILE - 1) / TILE, nl = (DL + TILE - 1) / TILE;
   In xi = in_of(g, x, 0);
   const char *yp = cu_param(g, y, 0, true);
   IrDType dt = y->type.dtype;
-  g->block[0] = TILE;
+  g->block[0] = KP_TILE;
   g->block[1] = 8;
   g->grid = outer * nt * nl;
   g->how = cu_fmt(g, "transpose: %lld tiles of 32x32 through shared memory (axis %d of the result is contiguous in "
                      "the operand)",
                   (long long)g->grid, t);
-  cu_line(g, "__shared__ %s tile[%d][%d];", cu_reg_type(dt), TILE, TILE + 1);
+  cu_line(g, "__shared__ %s tile[%d][%d];", cu_reg_type(dt), KP_TILE, KP_TILE + 1);
   cu_line(g, "const long b = blockIdx.x;");
   if (outer > 1) cu_line(g, "const long o = b / %lld;", (long long)(nt * nl));
-  cu_line(g, "const long a0 = (b %% %lld) / %lld * %d, c0 = b %% %lld * %d;", (long long)(nt * nl), (long long)nl, TILE,
-          (long long)nl, TILE);
+  cu_line(g, "const long a0 = (b %% %lld) / %lld * %d, c0 = b %% %lld * %d;", (long long)(nt * nl), (long long)nl, KP_TILE,
+          (long long)nl, KP_TILE);
   const char *xo = outer > 1 ? cu_index(g, "o", od, ist, m) : "0", *yo = outer > 1 ? cu_index(g, "o", od, ost, m) : "0";
-  cu_line(g, "for (int k = threadIdx.y; k < %d; k += 8) { // read along the operand's contiguous axis", TILE);
+  cu_line(g, "for (int k = threadIdx.y; k < %d; k += 8) { // read along the operand's contiguous axis", KP_TILE);
   cu_line(g, "  const long a = a0 + threadIdx.x, c = c0 + k;");
   cu_line(g, "  if (a < %lld && c < %lld) tile[k][threadIdx.x] = %s;", (long long)DT, (long long)DL,
           elem_at(g, &xi, cu_add(g, xo, cu_fmt(g, "a + c * %lld", (long long)st[k - 1]))));
   cu_line(g, "}");
   cu_line(g, "__syncthreads();");
-  cu_line(g, "for (int k = threadIdx.y; k < %d; k += 8) { // write along the result's last axis", TILE);
+  cu_line(g, "for (int k = threadIdx.y; k < %d; k += 8) { // write along the result's last axis", KP_TILE);
   g->indent++;
   cu_line(g, "const long a = a0 + k, c = c0 + threadIdx.x;");
   cu_line(g, "if (a < %lld && c < %lld) {", (long long)DT, (long long)DL);
@@ -136,13 +112,9 @@ static void gen_transpose(CuGen *g, const IrOp *op, const int64_t *st, int t) {
   end_block(g);
 }
 
-static void gen_permute(CuGen *g, const IrOp *op) {
-  int64_t st[IR_MAX_RANK];
-  int t = permute_strides(op, st);
-  if (t >= 0) {
-    gen_transpose(g, op, st, t);
-    return;
-  }
+static void gen_permute(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const int64_t *st = p->st;
   const IrValue *y = op->result;
   In x = in_of(g, op->args[0], 0);
   const char *yp = cu_param(g, y, 0, true);
@@ -155,31 +127,25 @@ static void gen_permute(CuGen *g, const IrOp *op) {
 /* The slice's first element is folded into the pointer argument, so
  * slices at different offsets (the layers of a stacked param, q k v of
  * one projection) share their code. */
-static void gen_slice(CuGen *g, const IrOp *op) {
+static void gen_slice(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *x = op->args[0], *y = op->result;
-  const IrShape *s = &x->type.shape, *o = &y->type.shape;
-  int64_t cs[IR_MAX_RANK], st[IR_MAX_RANK], start[IR_MAX_RANK], step[IR_MAX_RANK];
-  cu_contiguous(s, cs);
-  cu_slice_ranges(op, s, start, step);
-  int64_t base = 0;
-  for (int a = 0; a < s->rank; a++) {
-    st[a] = step[a] * cs[a];
-    if (o->dim[a] > 0) base += start[a] * cs[a];
-  }
-  In xi = in_of(g, x, base);
+  const IrShape *o = &y->type.shape;
+  const int64_t *st = p->st;
+  In xi = in_of(g, x, p->base);
   const char *yp = cu_param(g, y, 0, true);
   grid_loop(g, numel(y), "slice: one thread per output element, grid-stride");
   copy_elem(g, &xi, cu_index(g, "i", o->dim, st, o->rank), y, yp);
   end_block(g);
 }
 
-static void gen_unslice(CuGen *g, const IrOp *op) {
+static void gen_unslice(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *x = op->args[0], *y = op->result;
   const IrShape *o = &y->type.shape, *xs = &x->type.shape;
   int k = o->rank;
-  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xst[IR_MAX_RANK], inner = 1;
-  cu_slice_ranges(op, o, start, step);
-  cu_contiguous(xs, xst);
+  const int64_t *start = p->start, *step = p->step, *xst = p->xs;
+  int64_t inner = 1;
   In xi = in_of(g, x, 0);
   const char *yp = cu_param(g, y, 0, true);
   IrDType dt = y->type.dtype;
@@ -219,13 +185,11 @@ static void gen_unslice(CuGen *g, const IrOp *op) {
   end_block(g);
 }
 
-static void gen_concat(CuGen *g, const IrOp *op) {
+static void gen_concat(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *y = op->result;
   const IrShape *o = &y->type.shape;
-  int k = o->rank;
-  int64_t axis = 0, inner = 1;
-  ir_norm_axis(ir_attr_get_int(op, "axis", 0), k, &axis);
-  for (int a = (int)axis + 1; a < k; a++) inner *= o->dim[a];
+  int64_t axis = p->axis, inner = p->inner;
   In *xp = ARENA_ARRAY(g->a, In, op->nargs);
   for (int i = 0; i < op->nargs; i++) xp[i] = in_of(g, op->args[i], 0);
   const char *yp = cu_param(g, y, 0, true);
@@ -256,49 +220,9 @@ static void gen_concat(CuGen *g, const IrOp *op) {
 /* Reductions over leading axes                                        */
 /* ------------------------------------------------------------------ */
 
-typedef struct RedGeom {
-  bool cols;   /* the last axis is kept: a thread per output column */
-  int64_t blk; /* elements of the contiguous suffix (kept or reduced) */
-  int nk, nr;  /* outer kept axes, outer reduced axes */
-  int64_t kd[IR_MAX_RANK], ks[IR_MAX_RANK], rd[IR_MAX_RANK], rs[IR_MAX_RANK];
-  int64_t outer, mred, count;
-} RedGeom;
-
-static void red_geom(const IrOp *op, RedGeom *r) {
-  memset(r, 0, sizeof *r);
-  const IrShape *s = &op->args[0]->type.shape;
-  bool red[IR_MAX_RANK];
-  const int64_t *ax;
-  int n = ir_attr_get_ints(op, "axes", &ax);
-  for (int k = 0; k < s->rank; k++) red[k] = n == 0;
-  for (int i = 0; i < n; i++) {
-    int64_t a;
-    if (ir_norm_axis(ax[i], s->rank, &a)) red[a] = true;
-  }
-  int k = s->rank;
-  int64_t cs[IR_MAX_RANK];
-  cu_contiguous(s, cs);
-  r->cols = k > 0 && !red[k - 1];
-  int t = k;
-  while (t > 0 && red[t - 1] == !r->cols) t--;
-  r->blk = 1;
-  for (int a = t; a < k; a++) r->blk *= s->dim[a];
-  r->outer = r->mred = 1;
-  for (int a = 0; a < t; a++) {
-    if (red[a]) {
-      r->rd[r->nr] = s->dim[a], r->rs[r->nr++] = cs[a];
-      r->mred *= s->dim[a];
-    } else {
-      r->kd[r->nk] = s->dim[a], r->ks[r->nk++] = cs[a];
-      r->outer *= s->dim[a];
-    }
-  }
-  r->count = r->mred * (r->cols ? 1 : r->blk);
-}
-
 /* The reduced value's final form: a mean divides, logsumexp adds the
  * maximum back, and the result is rounded to its dtype. */
-static const char *red_result(CuGen *g, const IrOp *op, const RedGeom *r, const char *acc, const char *mx) {
+static const char *red_result(CuGen *g, const IrOp *op, const KpReduce *r, const char *acc, const char *mx) {
   IrDType dt = op->result->type.dtype;
   bool d = dt == IR_DT_F64;
   if (op->opcode == IR_OP_MEAN)
@@ -312,7 +236,7 @@ static const char *red_result(CuGen *g, const IrOp *op, const RedGeom *r, const 
 
 /* Last axis kept: block (32, 8), thread x an output column, the 8 rows of
  * the block splitting the reduced positions, combined in shared memory. */
-static void reduce_columns(CuGen *g, const IrOp *op, const RedGeom *r) {
+static void reduce_columns(CuGen *g, const IrOp *op, const KpReduce *r) {
   const IrValue *x = op->args[0], *y = op->result;
   IrDType dt = y->type.dtype, xt = x->type.dtype;
   bool mx = op->opcode == IR_OP_MAX, lse = op->opcode == IR_OP_LOGSUMEXP;
@@ -362,7 +286,7 @@ static void reduce_columns(CuGen *g, const IrOp *op, const RedGeom *r) {
 
 /* Last axis reduced: a block per output element (one block of 1024 for a
  * full reduction), block reductions. */
-static void reduce_blocks(CuGen *g, const IrOp *op, const RedGeom *r) {
+static void reduce_blocks(CuGen *g, const IrOp *op, const KpReduce *r) {
   const IrValue *x = op->args[0], *y = op->result;
   IrDType dt = y->type.dtype, xt = x->type.dtype;
   bool mx = op->opcode == IR_OP_MAX, lse = op->opcode == IR_OP_LOGSUMEXP;
@@ -404,20 +328,19 @@ static void reduce_blocks(CuGen *g, const IrOp *op, const RedGeom *r) {
   end_block(g);
 }
 
-static void gen_reduce(CuGen *g, const IrOp *op) {
-  RedGeom r;
-  red_geom(op, &r);
-  if (r.cols)
-    reduce_columns(g, op, &r);
+static void gen_reduce(CuGen *g, const KpLoopPlan *p) {
+  if (p->red.cols)
+    reduce_columns(g, p->op, &p->red);
   else
-    reduce_blocks(g, op, &r);
+    reduce_blocks(g, p->op, &p->red);
 }
 
 /* ------------------------------------------------------------------ */
 /* Softmax over a leading axis                                         */
 /* ------------------------------------------------------------------ */
 
-static void gen_softmax_axis(CuGen *g, const IrOp *op) {
+static void gen_softmax_axis(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *x = op->args[0], *y = op->result;
   const IrShape *s = &x->type.shape;
   bool logsm = op->opcode == IR_OP_LOG_SOFTMAX;
@@ -435,11 +358,7 @@ static void gen_softmax_axis(CuGen *g, const IrOp *op) {
     end_block(g);
     return;
   }
-  int64_t axis = 0;
-  ir_norm_axis(ir_attr_get_int(op, "axis", -1), s->rank, &axis);
-  int64_t L = s->dim[axis], inner = 1;
-  for (int a = (int)axis + 1; a < s->rank; a++) inner *= s->dim[a];
-  int64_t lines = L ? numel(x) / L : 0;
+  int64_t axis = p->axis, L = p->len, inner = p->inner, lines = p->lines;
   grid_loop(g, lines, cu_fmt(g, "softmax over axis %lld: a thread for each of %lld lines of %lld (stride %lld)",
                              (long long)axis, (long long)lines, (long long)L, (long long)inner));
   cu_line(g, "const long base = i / %lld * %lld + i %% %lld;", (long long)inner, (long long)(L * inner), (long long)inner);
@@ -461,14 +380,11 @@ static void gen_softmax_axis(CuGen *g, const IrOp *op) {
 /* Scalar losses                                                       */
 /* ------------------------------------------------------------------ */
 
-static bool red_mean(const IrOp *op) { return strcmp(ir_attr_get_str(op, "reduction", "mean"), "mean") == 0; }
-
 /* cross_entropy reduced to a scalar: one block, a warp per row. */
-static void gen_ce_total(CuGen *g, const IrOp *op) {
+static void gen_ce_total(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *x = op->args[0], *tg = op->args[1], *y = op->result;
-  const IrShape *ls = &x->type.shape;
-  int64_t V = ls->rank ? ls->dim[ls->rank - 1] : 1, n = numel(tg);
-  int64_t ii = ir_attr_get_int(op, "ignore_index", -100);
+  int64_t V = p->len, n = p->n, ii = p->ignore_index;
   IrDType xt = x->type.dtype, dt = y->type.dtype;
   bool d = xt == IR_DT_F64;
   const char *ft = cu_reg_type(xt);
@@ -511,14 +427,15 @@ static void gen_ce_total(CuGen *g, const IrOp *op) {
   cu_line(g, "  s += tot[k];");
   cu_line(g, "  c += cnt[k];");
   cu_line(g, "}");
-  const char *r = red_mean(op) ? "s / (double)(c > 1 ? c : 1)" : "s";
+  const char *r = p->mean ? "s / (double)(c > 1 ? c : 1)" : "s";
   cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[0]", yp), cu_convert(g, r, IR_DT_F64, dt));
   end_block(g);
 }
 
-static void gen_mse_total(CuGen *g, const IrOp *op) {
+static void gen_mse_total(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *a = op->args[0], *b = op->args[1], *y = op->result;
-  int64_t n = numel(a);
+  int64_t n = p->n;
   IrDType xt = a->type.dtype, dt = y->type.dtype;
   const char *at = cu_acc_type(xt);
   In ai = in_of(g, a, 0), bi = in_of(g, b, 0);
@@ -532,7 +449,7 @@ static void gen_mse_total(CuGen *g, const IrOp *op) {
   cu_line(g, "s = block_sum(s, red_s);");
   cu_line(g, "if (threadIdx.x == 0) {");
   g->indent++;
-  const char *r = red_mean(op) ? cu_fmt(g, "s / %s", cu_lit(g, xt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32, (double)n)) : "s";
+  const char *r = p->mean ? cu_fmt(g, "s / %s", cu_lit(g, xt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32, (double)n)) : "s";
   cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[0]", yp),
            cu_convert(g, r, xt == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32, dt));
   end_block(g);
@@ -549,10 +466,10 @@ static void gen_mse_total(CuGen *g, const IrOp *op) {
  * run), and D x EMB_GROUPS threads share the work. */
 #define EMB_GROUPS 64
 
-static void gen_embedding_grad(CuGen *g, const IrOp *op) {
+static void gen_embedding_grad(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrValue *idx = op->args[0], *dy = op->args[1], *y = op->result;
-  const IrShape *o = &y->type.shape;
-  int64_t rows = o->dim[0], D = o->dim[1], n = numel(idx);
+  int64_t rows = p->rows, D = p->len, n = p->n;
   int64_t groups = rows < EMB_GROUPS ? (rows > 0 ? rows : 1) : EMB_GROUPS;
   int64_t gy = (groups + 7) / 8; /* blocks of 8 groups per column block */
   IrDType dt = y->type.dtype;
@@ -587,72 +504,19 @@ static void gen_embedding_grad(CuGen *g, const IrOp *op) {
 }
 
 void cu_loop_kernel(CuGen *g, const IrOp *op) {
-  switch (op->opcode) {
-  case IR_OP_PERMUTE: gen_permute(g, op); break;
-  case IR_OP_SLICE: gen_slice(g, op); break;
-  case IR_OP_UNSLICE: gen_unslice(g, op); break;
-  case IR_OP_CONCAT: gen_concat(g, op); break;
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP: gen_reduce(g, op); break;
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX: gen_softmax_axis(g, op); break;
-  case IR_OP_CROSS_ENTROPY: gen_ce_total(g, op); break;
-  case IR_OP_MSE_LOSS: gen_mse_total(g, op); break;
-  case IR_OP_EMBEDDING_GRAD: gen_embedding_grad(g, op); break;
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_CONST:
-  case IR_OP_RESHAPE:
-  case IR_OP_BROADCAST:
-  case IR_OP_MATMUL:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_ONE_HOT:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: cu_error(g, "no loop-nest code for '%s'", ir_op_info[op->opcode].name); break;
+  KpLoopPlan p;
+  kp_loop_plan(op, &p);
+  switch (p.kind) {
+  case KP_LOOP_PERMUTE: gen_permute(g, &p); break;
+  case KP_LOOP_TRANSPOSE: gen_transpose(g, &p); break;
+  case KP_LOOP_SLICE: gen_slice(g, &p); break;
+  case KP_LOOP_UNSLICE: gen_unslice(g, &p); break;
+  case KP_LOOP_CONCAT: gen_concat(g, &p); break;
+  case KP_LOOP_REDUCE: gen_reduce(g, &p); break;
+  case KP_LOOP_SOFTMAX: gen_softmax_axis(g, &p); break;
+  case KP_LOOP_CE_TOTAL: gen_ce_total(g, &p); break;
+  case KP_LOOP_MSE_TOTAL: gen_mse_total(g, &p); break;
+  case KP_LOOP_EMBEDDING_GRAD: gen_embedding_grad(g, &p); break;
+  case KP_LOOP_NONE: cu_error(g, "no loop-nest code for '%s'", ir_op_info[op->opcode].name); break;
   }
 }

@@ -374,39 +374,7 @@ const char *cu_elementwise(CuGen *g, const IrOp *op, const char *const *x) {
     break;
   }
   case IR_OP_MSE_LOSS: r = cu_fmt(g, "sq(%s - %s)", x[0], x[1]); break;
-  case IR_OP_CONST:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_RESHAPE:
-  case IR_OP_PERMUTE:
-  case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_MATMUL:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_ONE_HOT:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: break;
+  KP_CASES_NOT_EW: break;
   }
   if (!r) {
     cu_error(g, "'%s' is not an elementwise op", ir_op_info[op->opcode].name);
@@ -419,43 +387,6 @@ const char *cu_elementwise(CuGen *g, const IrOp *op, const char *const *x) {
 /* Shapes and indices                                                  */
 /* ------------------------------------------------------------------ */
 
-void cu_contiguous(const IrShape *s, int64_t *st) {
-  int64_t m = 1;
-  for (int k = s->rank - 1; k >= 0; k--) {
-    st[k] = m;
-    m *= s->dim[k];
-  }
-}
-
-/* Python slice normalisation of one axis (as runtime/interp.c). */
-static void slice_axis(int64_t dim, int64_t *start, int64_t stop, int64_t step) {
-  int64_t s = *start;
-  (void)stop;
-  if (step > 0) {
-    if (s < 0) s += dim;
-    if (s < 0) s = 0;
-    if (s > dim) s = dim;
-  } else {
-    if (s < 0) s += dim;
-    if (s < -1) s = -1;
-    if (s > dim - 1) s = dim - 1;
-  }
-  *start = s;
-}
-
-void cu_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
-  const int64_t *starts, *stops, *steps;
-  int ns = ir_attr_get_ints(op, "starts", &starts);
-  int ne = ir_attr_get_ints(op, "stops", &stops);
-  int np = ir_attr_get_ints(op, "steps", &steps);
-  for (int k = 0; k < full->rank; k++) {
-    start[k] = k < ns ? starts[k] : 0;
-    int64_t stop = k < ne ? stops[k] : full->dim[k];
-    step[k] = k < np && steps[k] != 0 ? steps[k] : 1;
-    slice_axis(full->dim[k], &start[k], stop, step[k]);
-  }
-}
-
 const char *cu_add(CuGen *g, const char *a, const char *b) {
   if (strcmp(a, "0") == 0) return b;
   if (strcmp(b, "0") == 0) return a;
@@ -465,21 +396,8 @@ const char *cu_add(CuGen *g, const char *a, const char *b) {
 static const char *num(CuGen *g, int64_t v) { return cu_fmt(g, "%lld%s", (long long)v, v > INT32_MAX ? "L" : ""); }
 
 const char *cu_index(CuGen *g, const char *i, const int64_t *dims, const int64_t *stride, int n) {
-  /* Merge runs of axes that are contiguous with each other in the operand. */
   int64_t ext[IR_MAX_RANK], st[IR_MAX_RANK];
-  int m = 0;
-  for (int a = 0; a < n; a++) {
-    int64_t e = dims[a], t = stride[a];
-    if (e == 1) continue;
-    if (m > 0 && st[m - 1] == t * e) {
-      ext[m - 1] *= e;
-      st[m - 1] = t;
-      continue;
-    }
-    ext[m] = e;
-    st[m] = t;
-    m++;
-  }
+  int m = kp_merge_axes(dims, stride, n, ext, st);
   StrBuf sb;
   sb_init(&sb);
   int64_t inner = 1;

@@ -13,7 +13,7 @@
  *
  *   section 0, loop 0, section 1, loop 1, ..., section K
  *
- * where loop k accumulates the statistics whose operands are available
+ * (the schedule of kp_row_plan, passes/kernel_row.c) where loop k accumulates the statistics whose operands are available
  * after section k, section k+1 combines them across the block (warp
  * shuffles, then one value per warp through shared memory: a fixed order,
  * so results do not vary between runs) and computes the per-row values
@@ -70,6 +70,7 @@ typedef struct Stat {
 
 typedef struct ROp {
   const IrOp *op;
+  KpRowKind kind;
   int y;     /* result slot */
   int x[3];  /* operand slots, -1 when not a slot */
   int st[2]; /* its statistics, -1 */
@@ -80,6 +81,7 @@ typedef struct ROp {
 typedef struct Row {
   CuGen *g;
   const KpRowLayout *l;
+  KpRowPlan kp;
   RVal *s;
   int ns;
   ROp *o;
@@ -100,80 +102,6 @@ static int slot_of(Row *R, const IrValue *v) {
   for (int i = 0; i < R->ns; i++)
     if (R->s[i].v == v) return i;
   return -1;
-}
-
-static int maxi(int a, int b) { return a > b ? a : b; }
-
-static bool elementwise(IrOpcode opc) {
-  switch (opc) {
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_BROADCAST:
-  case IR_OP_MSE_LOSS:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM: return true;
-  case IR_OP_CONST:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_RESHAPE:
-  case IR_OP_PERMUTE:
-  case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_MATMUL:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_ONE_HOT:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: return false;
-  }
-  return false;
 }
 
 /* ------------------------------------------------------------------ */
@@ -199,118 +127,56 @@ static int stat(Row *R, StatKind kind, int x, int dep, int loop) {
 
 static const char *stat_type(const Stat *s) { return s->kind == S_MAX ? cu_reg_type(s->dt) : cu_acc_type(s->dt); }
 
-/* Plan op k: its result's readiness and the statistics it needs. */
+/* Op k as the kernel plan schedules it: the statistics it needs, in the
+ * loops of its passes, and its per-row temporaries, in its sections. */
 static void plan(Row *R, int k) {
   ROp *o = &R->o[k];
-  const IrOp *op = o->op;
+  const KpRowStep *p = &R->kp.steps[k];
+  const IrOp *op = p->op;
   CuGen *g = R->g;
-  o->y = slot_of(R, op->result);
+  o->op = op;
+  o->kind = p->kind;
+  o->y = p->y;
+  memcpy(o->x, p->x, sizeof o->x);
   o->st[0] = o->st[1] = -1;
   o->tsec[0] = o->tsec[1] = -1;
-  int ready = 0;
-  for (int i = 0; i < 3; i++) {
-    o->x[i] = -1;
-    if (i >= op->nargs) continue;
-    bool gathered = (op->opcode == IR_OP_EMBEDDING && i == 1) || op->opcode == IR_OP_UNSLICE;
-    o->x[i] = slot_of(R, op->args[i]);
-    if (!gathered && o->x[i] >= 0) ready = maxi(ready, R->s[o->x[i]].ready);
-  }
   RVal *y = &R->s[o->y];
   y->def = k;
-  int rx = o->x[0] >= 0 ? R->s[o->x[0]].ready : 0;
   if (!y->need) return; /* computes nothing anyone reads (a window.sum operand, say) */
-  switch (op->opcode) {
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-    o->st[0] = stat(R, op->opcode == IR_OP_MAX ? S_MAX : S_SUM, o->x[0], -1, rx);
-    y->ready = rx + 1;
-    break;
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_CROSS_ENTROPY:
-    o->st[0] = stat(R, S_MAX, o->x[0], -1, rx);
-    o->st[1] = stat(R, S_SUMEXP, o->x[0], o->st[0], rx + 1);
-    y->ready = maxi(rx + 2, ready);
+  y->ready = p->at;
+  int x = o->x[0];
+  switch (p->kind) {
+  case KP_ROW_RED: o->st[0] = stat(R, op->opcode == IR_OP_MAX ? S_MAX : S_SUM, x, -1, p->pass[0]); break;
+  case KP_ROW_LSE:
+  case KP_ROW_SOFTMAX:
+  case KP_ROW_CE:
+    o->st[0] = stat(R, S_MAX, x, -1, p->pass[0]);
+    o->st[1] = stat(R, S_SUMEXP, x, o->st[0], p->pass[1]);
     if (op->opcode == IR_OP_LOG_SOFTMAX) {
       o->t[0] = cu_fmt(g, "logz%d", k);
-      o->tsec[0] = rx + 2;
+      o->tsec[0] = p->fin[1];
     }
     break;
-  case IR_OP_LAYER_NORM:
-    o->st[0] = stat(R, S_SUM, o->x[0], -1, rx);
+  case KP_ROW_LN:
+    o->st[0] = stat(R, S_SUM, x, -1, p->pass[0]);
     o->t[0] = cu_fmt(g, "mean%d", k);
-    o->tsec[0] = rx + 1;
-    o->st[1] = stat(R, S_DEV2, o->x[0], o->st[0], rx + 1);
+    o->tsec[0] = p->fin[0];
+    o->st[1] = stat(R, S_DEV2, x, o->st[0], p->pass[1]);
     if (!R->st[o->st[1]].center) R->st[o->st[1]].center = o->t[0];
     o->t[1] = cu_fmt(g, "rstd%d", k);
-    o->tsec[1] = rx + 2;
-    y->ready = maxi(rx + 2, ready);
+    o->tsec[1] = p->fin[1];
     break;
-  case IR_OP_RMS_NORM:
-    o->st[0] = stat(R, S_SUMSQ, o->x[0], -1, rx);
+  case KP_ROW_RMS:
+    o->st[0] = stat(R, S_SUMSQ, x, -1, p->pass[0]);
     o->t[1] = cu_fmt(g, "rstd%d", k);
-    o->tsec[1] = rx + 1;
-    y->ready = maxi(rx + 1, ready);
+    o->tsec[1] = p->fin[0];
     break;
-  case IR_OP_UNSLICE: y->ready = 0; break;
-  case IR_OP_ONE_HOT:
-  case IR_OP_EMBEDDING:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_BROADCAST:
-  case IR_OP_MSE_LOSS:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM: y->ready = ready; break;
-  case IR_OP_CONST:
-  case IR_OP_RESHAPE:
-  case IR_OP_PERMUTE:
-  case IR_OP_SLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_MATMUL:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: cu_error(g, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name); break;
+  case KP_ROW_EW:
+  case KP_ROW_ONEHOT:
+  case KP_ROW_EMB:
+  case KP_ROW_CMASK:
+  case KP_ROW_UNSLICE: break;
+  case KP_ROW_NONE: cu_error(g, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name); break;
   }
 }
 
@@ -386,8 +252,8 @@ static const char *unslice_elem(Row *R, const ROp *o, int i) {
   const IrShape *out = &op->result->type.shape, *xs = &op->args[0]->type.shape;
   int k = out->rank;
   int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xst[IR_MAX_RANK];
-  cu_slice_ranges(op, out, start, step);
-  cu_contiguous(xs, xst);
+  kp_slice_ranges(op, out, start, step);
+  kp_contiguous(xs, xst);
   const char *x = cu_param(g, op->args[0], 0, false);
   IrDType dt = op->result->type.dtype;
   StrBuf cond, off;
@@ -436,40 +302,39 @@ static const char *elem(Row *R, int i) {
   if (s->def < 0) return temp(R, s, i, type, cu_load(g, dt, false, elem_lvalue(R, s, R->col)));
   const ROp *o = &R->o[s->def];
   const IrOp *op = o->op;
-  const char *x0 = o->x[0] >= 0 && op->opcode != IR_OP_UNSLICE ? elem(R, o->x[0]) : NULL;
-  switch (op->opcode) {
-  case IR_OP_SOFTMAX: { /* exp(x - max) / sum, rounded once */
+  const char *x0 = o->x[0] >= 0 ? elem(R, o->x[0]) : NULL;
+  switch (o->kind) {
+  case KP_ROW_SOFTMAX: {
     const Stat *m = &R->st[o->st[0]], *z = &R->st[o->st[1]];
+    if (op->opcode == IR_OP_LOG_SOFTMAX)
+      return temp(R, s, i, type, cu_round(g, dt, cu_fmt(g, "(%s - %s) - %s", x0, m->res, o->t[0])));
+    /* exp(x - max) / sum, rounded once */
     const char *e = cu_math1(g, "exp", dt, cu_fmt(g, "%s - %s", x0, m->res));
     return temp(R, s, i, type, cu_round(g, dt, cu_fmt(g, "%s / %s", e, z->res)));
   }
-  case IR_OP_LOG_SOFTMAX: {
-    const Stat *m = &R->st[o->st[0]];
-    return temp(R, s, i, type, cu_round(g, dt, cu_fmt(g, "(%s - %s) - %s", x0, m->res, o->t[0])));
-  }
-  case IR_OP_LAYER_NORM: {
+  case KP_ROW_LN: {
     const char *w = elem(R, o->x[1]), *b = elem(R, o->x[2]);
     return temp(R, s, i, type, cu_round(g, dt, cu_fmt(g, "(%s - %s) * %s * %s + %s", x0, o->t[0], o->t[1], w, b)));
   }
-  case IR_OP_RMS_NORM: {
+  case KP_ROW_RMS: {
     const char *w = elem(R, o->x[1]);
     return temp(R, s, i, type, cu_round(g, dt, cu_fmt(g, "%s * %s * %s", x0, o->t[1], w)));
   }
-  case IR_OP_CAUSAL_MASK: {
+  case KP_ROW_CMASK: {
     int n = R->l->space.rank;
     const char *r = cu_fmt(g, "row %% %lld", (long long)R->l->space.dim[n - 2]);
     R->use_row = true;
     R->use_j |= strcmp(R->col, "j") == 0;
     return temp(R, s, i, type, cu_fmt(g, "%s > %s ? %s : %s", R->col, r, cu_lit(g, dt, -INFINITY), x0));
   }
-  case IR_OP_ONE_HOT: {
+  case KP_ROW_ONEHOT: {
     int64_t ii = ir_attr_get_int(op, "ignore_index", -100);
     R->use_j |= strcmp(R->col, "j") == 0;
     return temp(R, s, i, type,
                 cu_fmt(g, "%s == %s && %s != %lld ? %s : %s", x0, R->col, x0, (long long)ii, cu_lit(g, dt, 1),
                        cu_lit(g, dt, 0)));
   }
-  case IR_OP_EMBEDDING: {
+  case KP_ROW_EMB: {
     const IrValue *tab = op->args[1];
     int64_t V = tab->type.shape.dim[0], D = tab->type.shape.dim[1];
     const char *t = cu_param(g, tab, 0, false);
@@ -479,40 +344,8 @@ static const char *elem(Row *R, int i) {
                 cu_fmt(g, "%s >= 0 && %s < %lld ? %s : %s", x0, x0, (long long)V, cu_load(g, dt, false, lv),
                        cu_lit(g, dt, 0)));
   }
-  case IR_OP_UNSLICE: return unslice_elem(R, o, i);
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_BROADCAST:
-  case IR_OP_MSE_LOSS:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM: {
+  case KP_ROW_UNSLICE: return unslice_elem(R, o, i);
+  case KP_ROW_EW: {
     const char *a[3] = {x0, NULL, NULL};
     for (int k = 1; k < op->nargs && k < 3; k++) a[k] = elem(R, o->x[k]);
     const char *e = cu_elementwise(g, op, a);
@@ -523,31 +356,10 @@ static const char *elem(Row *R, int i) {
     }
     return temp(R, s, i, type, e);
   }
-  case IR_OP_CONST:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_RESHAPE:
-  case IR_OP_PERMUTE:
-  case IR_OP_SLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_MATMUL:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: break;
+  case KP_ROW_RED:
+  case KP_ROW_LSE:
+  case KP_ROW_CE:
+  case KP_ROW_NONE: break;
   }
   cu_error(g, "row kernel: '%s' has no per-element value", ir_op_info[op->opcode].name);
   return "0";
@@ -680,16 +492,14 @@ static void section(Row *R, int k) {
     }
     if (y->elem || y->ready != k) continue;
     /* the per-row result */
-    switch (op->opcode) {
-    case IR_OP_SUM:
-    case IR_OP_MEAN:
-    case IR_OP_MAX: {
+    switch (o->kind) {
+    case KP_ROW_RED: {
       const char *r = R->st[o->st[0]].res;
       if (op->opcode == IR_OP_MEAN) r = cu_fmt(g, "%s / %s", r, cu_lit(g, d ? IR_DT_F64 : IR_DT_F32, cols));
       define_row(R, o->y, dt == IR_DT_I32 || dt == xt ? cu_round(g, dt, r) : cu_convert(g, r, d ? IR_DT_F64 : IR_DT_F32, dt));
       break;
     }
-    case IR_OP_LOGSUMEXP: {
+    case KP_ROW_LSE: {
       const char *m = R->st[o->st[0]].res, *z = R->st[o->st[1]].res;
       define_row(R, o->y,
                  cu_round(g, dt,
@@ -697,53 +507,20 @@ static void section(Row *R, int k) {
                                  m, cu_math1(g, "log", xt, z), m)));
       break;
     }
-    case IR_OP_CROSS_ENTROPY: cross_entropy_row(R, q); break;
-    case IR_OP_NEG:
-    case IR_OP_EXP:
-    case IR_OP_LOG:
-    case IR_OP_SQRT:
-    case IR_OP_RSQRT:
-    case IR_OP_TANH:
-    case IR_OP_SIGMOID:
-    case IR_OP_RELU:
-    case IR_OP_GELU:
-    case IR_OP_SILU:
-    case IR_OP_ABS:
-    case IR_OP_SIGN:
-    case IR_OP_POW:
-    case IR_OP_GELU_GRAD:
-    case IR_OP_CAST:
-    case IR_OP_DETACH:
-    case IR_OP_ADD:
-    case IR_OP_SUB:
-    case IR_OP_MUL:
-    case IR_OP_DIV:
-    case IR_OP_MAXIMUM:
-    case IR_OP_MINIMUM:
-    case IR_OP_EQ:
-    case IR_OP_NE:
-    case IR_OP_LT:
-    case IR_OP_LE:
-    case IR_OP_GT:
-    case IR_OP_GE:
-    case IR_OP_SELECT:
-    case IR_OP_BROADCAST:
-    case IR_OP_MSE_LOSS:
-    case IR_OP_GRAD_SEED:
-    case IR_OP_LOSS_TERM: {
+    case KP_ROW_CE: cross_entropy_row(R, q); break;
+    case KP_ROW_EW: {
       const char *a[3] = {NULL, NULL, NULL};
       for (int i = 0; i < op->nargs && i < 3; i++) a[i] = rowval(R, o->x[i]);
       define_row(R, o->y, cu_elementwise(g, op, a));
       break;
     }
-    case IR_OP_SOFTMAX:
-    case IR_OP_LOG_SOFTMAX:
-    case IR_OP_LAYER_NORM:
-    case IR_OP_RMS_NORM:
-    case IR_OP_CAUSAL_MASK:
-    case IR_OP_ONE_HOT:
-    case IR_OP_EMBEDDING:
-    case IR_OP_UNSLICE: {
+    case KP_ROW_SOFTMAX:
+    case KP_ROW_LN:
+    case KP_ROW_RMS:
+    case KP_ROW_CMASK:
+    case KP_ROW_ONEHOT:
+    case KP_ROW_EMB:
+    case KP_ROW_UNSLICE: {
       /* a row of one column: the per-element value at column 0, in a block of its own */
       const char *saved = R->col;
       y->rowvar = cu_fmt(g, "r%d", o->y);
@@ -760,26 +537,7 @@ static void section(Row *R, int k) {
       if (y->out) write_row_output(R, y);
       break;
     }
-    case IR_OP_CONST:
-    case IR_OP_RESHAPE:
-    case IR_OP_PERMUTE:
-    case IR_OP_SLICE:
-    case IR_OP_CONCAT:
-    case IR_OP_MATMUL:
-    case IR_OP_EMBEDDING_GRAD:
-    case IR_OP_WINDOW_SUM:
-    case IR_OP_ALL_REDUCE_START:
-    case IR_OP_ALL_REDUCE_WAIT:
-    case IR_OP_ALL_GATHER_START:
-    case IR_OP_ALL_GATHER_WAIT:
-    case IR_OP_REDUCE_SCATTER_START:
-    case IR_OP_TP_COPY:
-    case IR_OP_TP_SCATTER:
-    case IR_OP_RANK_SLICE:
-    case IR_OP_RANK_CONCAT:
-    case IR_OP_REDUCE_SCATTER_WAIT:
-    case IR_OP_LOSS:
-    case IR_OP_GRAD: cu_error(g, "'%s' in a row kernel", ir_op_info[op->opcode].name); break;
+    case KP_ROW_NONE: cu_error(g, "'%s' in a row kernel", ir_op_info[op->opcode].name); break;
     }
   }
 }
@@ -865,7 +623,7 @@ static void setup(Row *R, IrOp **ops, int n) {
   R->final = -1;
   int nrow = l->space.rank > 0 ? l->space.rank - 1 : 0;
   int64_t sp_st[IR_MAX_RANK];
-  cu_contiguous(&l->space, sp_st);
+  kp_contiguous(&l->space, sp_st);
   for (int i = 0; i < R->ns; i++) {
     RVal *s = &R->s[i];
     s->cs = &l->slots[i];
@@ -881,11 +639,8 @@ static void setup(Row *R, IrOp **ops, int n) {
       for (int a = 0; a < l->space.rank; a++)
         if (l->space.dim[a] != 1 && s->stride[a] != sp_st[a]) s->dense = false;
     }
-    const IrValue *v = s->v;
-    if (!s->cs->defined && v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0) {
-      s->is_const = true;
-      s->cval = ir_attr_get_float(v->def, "value", 0.0);
-    }
+    s->is_const = R->kp.konst[i];
+    s->cval = R->kp.cval[i];
   }
   /* Pointer arguments: the inputs in order of first use, then the outputs. */
   for (int i = 0; i < R->ns; i++) {
@@ -910,10 +665,7 @@ static void setup(Row *R, IrOp **ops, int n) {
       if (x >= 0) R->s[x].need = true;
     }
   }
-  for (int k = 0; k < n; k++) {
-    R->o[k].op = ops[k];
-    plan(R, k);
-  }
+  for (int k = 0; k < n; k++) plan(R, k);
   for (int i = 0; i < R->ns; i++)
     if (R->s[i].out && R->s[i].elem && R->s[i].ready > R->final) R->final = R->s[i].ready;
   if (R->final >= 0 && R->final + 1 > R->nloops) R->nloops = R->final + 1;
@@ -1017,11 +769,11 @@ void cu_row_kernel(CuGen *g, IrOp **ops, int n, const KpRowLayout *l) {
   R.g = g;
   R.l = l;
   R.col = "j";
-  setup(&R, ops, n);
-  for (int k = 0; k < n; k++) {
-    IrOpcode opc = ops[k]->opcode;
-    if (!elementwise(opc) && !kp_op_rowwise(ops[k])) cu_error(g, "'%s' does not fit a row kernel", ir_op_info[opc].name);
+  if (!kp_row_plan(l, ops, n, g->a, &R.kp)) {
+    cu_error(g, "an op does not fit a row kernel");
+    return;
   }
+  setup(&R, ops, n);
   if (g->failed) return;
   if (R.grid)
     grid_kernel(&R);

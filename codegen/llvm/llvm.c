@@ -89,30 +89,6 @@ typedef struct Kernels {
   Arena a;
 } Kernels;
 
-static bool outside_use(const IrValue *v, void *ctx) {
-  const bool *out = ctx;
-  return out[v->id];
-}
-
-/* A symbol-friendly name: k<group>_ and up to three distinct op names. */
-static const char *kernel_name(Arena *a, int group, IrOp **ops, int n) {
-  char buf[128];
-  int len = snprintf(buf, sizeof buf, "k%d", group);
-  const char *seen[3];
-  int ns = 0;
-  for (int i = 0; i < n && ns < 3; i++) {
-    const char *nm = ir_op_info[ops[i]->opcode].name;
-    bool dup = false;
-    for (int k = 0; k < ns; k++) dup |= strcmp(seen[k], nm) == 0;
-    if (dup) continue;
-    seen[ns++] = nm;
-    if (len < (int)sizeof buf - 1) buf[len++] = '_';
-    for (const char *p = nm; *p && len < (int)sizeof buf - 1; p++) buf[len++] = *p == '.' ? '_' : *p;
-    buf[len] = 0;
-  }
-  return arena_strdup(a, buf);
-}
-
 /* A kernel's code does not depend on where its buffers are, only on its
  * ops, attributes, types, storage kinds and which buffers overlap: the
  * key says all that, so kernels that differ only in offsets (the layers
@@ -178,52 +154,28 @@ static const char *kernel_key(Arena *a, const KInfo *ki) {
   return key;
 }
 
-/* Collect the kernels: contiguous runs of one group. */
+/* Collect the kernels (kp_kernels_find) and what the generator needs of each. */
 static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) {
   memset(K, 0, sizeof *K);
   arena_init(&K->a);
-  bool *out = ARENA_ARRAY(&K->a, bool, f->nvalues > 0 ? f->nvalues : 1);
-  for (int i = 0; i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    for (int j = 0; j < op->nargs; j++) {
-      const IrValue *v = op->args[j];
-      if (v->def && v->def->group > 0 && v->def->group != op->group) out[v->id] = true;
-    }
-  }
-  int cap = 0;
-  for (int i = 0; i < f->nops; i++)
-    if (f->ops[i]->group > 0 && (i == 0 || f->ops[i - 1]->group != f->ops[i]->group)) cap++;
-  K->k = ARENA_ARRAY(&K->a, KInfo, cap > 0 ? cap : 1);
-  for (int i = 0; i < f->nops;) {
-    int g = f->ops[i]->group;
-    if (g <= 0) {
-      i++;
-      continue;
-    }
-    int j = i;
-    while (j < f->nops && f->ops[j]->group == g) j++;
-    for (int k = 0; k < K->n; k++)
-      if (K->k[k].group == g) return errf(err, errlen, "kernel k%d is not contiguous in the op list", g);
+  KpKernels kk;
+  if (!kp_kernels_find(f, &K->a, &kk, err, errlen)) return false;
+  K->k = ARENA_ARRAY(&K->a, KInfo, kk.n > 0 ? kk.n : 1);
+  K->maxgroup = kk.maxgroup;
+  for (int q = 0; q < kk.n; q++) {
+    const KpKernel *kp = &kk.k[q];
     KInfo *ki = &K->k[K->n++];
-    ki->group = g;
-    ki->ops = f->ops + i;
-    ki->n = j - i;
-    if (g > K->maxgroup) K->maxgroup = g;
-    char why[256];
-    if (ki->n == 1 && !kp_op_rowwise(ki->ops[0])) {
-      ki->row = false;
-    } else if (kp_row_layout(ki->ops, ki->n, outside_use, out, &K->a, &ki->layout, why, sizeof why)) {
-      ki->row = true;
-    } else {
-      return errf(err, errlen, "kernel k%d: %s", g, why);
-    }
-    ki->name = kernel_name(&K->a, g, ki->ops, ki->n);
+    ki->group = kp->group;
+    ki->ops = kp->ops;
+    ki->n = kp->n;
+    ki->row = kp->row;
+    ki->layout = kp->layout;
+    ki->name = kp->name;
     gen_kernel_extent(f, ki->ops, ki->n, ki->row ? &ki->layout : NULL, &ki->iters, &ki->cost);
     int maxb = (ki->row ? ki->layout.nslots : 0) + (ki->n > 0 ? ki->ops[0]->nargs : 0) + 2;
     ki->bufs = ARENA_ARRAY(&K->a, const IrValue *, maxb);
     ki->nbufs = gen_kernel_buffers(ki->ops, ki->n, ki->row ? &ki->layout : NULL, ki->bufs);
     ki->key = kernel_key(&K->a, ki);
-    i = j;
   }
   /* Representatives of each key. */
   StrMap reps;

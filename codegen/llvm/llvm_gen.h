@@ -118,10 +118,6 @@ LLVMValueRef gen_convert(Gen *g, LLVMValueRef x, IrDType from, IrDType to);
  * to its dtype. */
 LLVMValueRef gen_elementwise(Gen *g, const IrOp *op, LLVMValueRef *args);
 
-/* The normalised start and step of each axis of a slice (attributes
- * starts/stops/steps of op) of a tensor of shape `full`. */
-void gen_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step);
-
 /* Counted loops: for (iv = lo; iv < hi; iv++), hi > lo not required. */
 typedef struct GenLoop {
   LLVMBasicBlockRef pre, head, exit;

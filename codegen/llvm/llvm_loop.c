@@ -5,7 +5,9 @@
  * [begin, end) runs over independent pieces of the output (output rows,
  * column blocks, or one piece for a full reduction), so every output
  * element is written by exactly one iteration (accumulated into gradient
- * buffers).  Semantics follow runtime/interp.c. */
+ * buffers).  The index space is kp_loop_plan's (passes/kernel_loop.c);
+ * how it is cut into iterations is this file's.  Semantics follow
+ * runtime/interp.c. */
 #include <math.h>
 #include <string.h>
 
@@ -20,14 +22,6 @@
 #define RED_CHUNK 2048
 
 static int64_t numel(const IrValue *v) { return ir_numel(&v->type.shape); }
-
-static void contiguous_strides(const IrShape *s, int64_t *st) {
-  int64_t m = 1;
-  for (int k = s->rank - 1; k >= 0; k--) {
-    st[k] = m;
-    m *= s->dim[k];
-  }
-}
 
 /* sum over axes of coord_a(i) * stride[a], where i runs over dims[0..n) row-major. */
 static LLVMValueRef strided(Gen *g, LLVMValueRef i, const int64_t *dims, const int64_t *stride, int n) {
@@ -47,88 +41,11 @@ static LLVMValueRef strided(Gen *g, LLVMValueRef i, const int64_t *dims, const i
 static LLVMValueRef add(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildNSWAdd(g->b, a, b, ""); }
 static LLVMValueRef mul(Gen *g, LLVMValueRef a, int64_t c) { return LLVMBuildNSWMul(g->b, a, gen_i64(g, c), ""); }
 
-/* Reduced axes of a reduction over x (attr axes; empty = all). */
-static void reduced(const IrOp *op, bool *red) {
-  const IrShape *s = &op->args[0]->type.shape;
-  const int64_t *ax;
-  int n = ir_attr_get_ints(op, "axes", &ax);
-  for (int k = 0; k < s->rank; k++) red[k] = n == 0;
-  for (int i = 0; i < n; i++) {
-    int64_t a;
-    if (ir_norm_axis(ax[i], s->rank, &a)) red[a] = true;
-  }
-}
-
-/* The geometry of a reduction nest. */
-typedef struct RedGeom {
-  bool cols;                 /* last axis kept: column-blocked accumulation */
-  int t;                     /* first axis of the contiguous suffix */
-  int64_t blk;               /* elements of the suffix (kept suffix, or reduced suffix) */
-  int nk, nr;                /* outer kept axes, outer reduced axes */
-  int64_t kd[IR_MAX_RANK], ks[IR_MAX_RANK], rd[IR_MAX_RANK], rs[IR_MAX_RANK];
-  int64_t outer, mred, count, nch, ch;
-} RedGeom;
-
-static void red_geom(const IrOp *op, RedGeom *r) {
-  memset(r, 0, sizeof *r);
-  const IrShape *s = &op->args[0]->type.shape;
-  bool red[IR_MAX_RANK];
-  reduced(op, red);
-  int k = s->rank;
-  int64_t cs[IR_MAX_RANK];
-  contiguous_strides(s, cs);
-  r->cols = k > 0 && !red[k - 1];
-  int t = k;
-  while (t > 0 && red[t - 1] == !r->cols) t--;
-  r->t = t;
-  r->blk = 1;
-  for (int a = t; a < k; a++) r->blk *= s->dim[a];
-  r->outer = r->mred = 1;
-  for (int a = 0; a < t; a++) {
-    if (red[a]) {
-      r->rd[r->nr] = s->dim[a], r->rs[r->nr++] = cs[a];
-      r->mred *= s->dim[a];
-    } else {
-      r->kd[r->nk] = s->dim[a], r->ks[r->nk++] = cs[a];
-      r->outer *= s->dim[a];
-    }
-  }
-  r->count = r->mred * (r->cols ? 1 : r->blk);
-  r->ch = r->cols ? (r->blk < RED_CHUNK ? r->blk : RED_CHUNK) : 1;
-  r->nch = r->cols ? (r->blk + r->ch - 1) / (r->ch ? r->ch : 1) : 1;
-}
-
-/* The input strides of a permute's output axes; returns the output axis
- * that reads the input's last (contiguous) axis when it is not the output's
- * last one (a transpose, done in tiles), else -1. */
-#define TILE 32
-static int permute_strides(const IrOp *op, int64_t *st) {
-  const IrShape *s = &op->args[0]->type.shape;
-  int64_t cs[IR_MAX_RANK];
-  contiguous_strides(s, cs);
-  const int64_t *perm;
-  int n = ir_attr_get_ints(op, "perm", &perm), k = s->rank, t = -1;
-  for (int a = 0; a < k; a++) {
-    int64_t p = a < n ? perm[a] : a;
-    if (p < 0) p += k;
-    st[a] = p >= 0 && p < k ? cs[p] : 0;
-    if (st[a] == 1 && s->dim[p] > 1) t = a;
-  }
-  const IrShape *o = &op->result->type.shape;
-  if (k < 2 || t < 0 || t == k - 1 || o->dim[k - 1] < 2) return -1;
-  return t;
-}
-
-/* Tiles of a transpose: the other axes, then TILE x TILE blocks of output
- * axes t (contiguous in the input) and last (contiguous in the output). */
-static void permute_tiles(const IrOp *op, int t, int64_t *outer, int64_t *nt, int64_t *nl) {
-  const IrShape *o = &op->result->type.shape;
-  int k = o->rank;
-  *outer = 1;
-  for (int a = 0; a < k - 1; a++)
-    if (a != t) *outer *= o->dim[a];
-  *nt = (o->dim[t] + TILE - 1) / TILE;
-  *nl = (o->dim[k - 1] + TILE - 1) / TILE;
+/* Column blocks of a reduction that keeps the last axis: ch columns per
+ * iteration, nch blocks per output row. */
+static void red_chunks(const KpReduce *r, int64_t *ch, int64_t *nch) {
+  *ch = r->cols ? (r->blk < RED_CHUNK ? r->blk : RED_CHUNK) : 1;
+  *nch = r->cols ? (r->blk + *ch - 1) / (*ch ? *ch : 1) : 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -137,39 +54,45 @@ static void permute_tiles(const IrOp *op, int t, int64_t *outer, int64_t *nt, in
 
 static void loop_extent(const IrOp *op, int64_t *iters, int64_t *cost) {
   const IrValue *y = op->result;
-  IrOpcode opc = op->opcode;
   int64_t last = y->type.shape.rank ? y->type.shape.dim[y->type.shape.rank - 1] : 1;
+  KpLoopPlan p;
+  kp_loop_plan(op, &p);
   *iters = 1;
   *cost = numel(y);
-  int64_t pst[IR_MAX_RANK];
-  int tp = opc == IR_OP_PERMUTE ? permute_strides(op, pst) : -1;
-  if (tp >= 0) {
-    int64_t outer, nt, nl;
-    permute_tiles(op, tp, &outer, &nt, &nl);
-    *iters = outer * nt * nl;
-    *cost = TILE * TILE;
-  } else if (opc == IR_OP_PERMUTE || opc == IR_OP_SLICE || opc == IR_OP_UNSLICE || opc == IR_OP_CONCAT) {
+  switch (p.kind) {
+  case KP_LOOP_TRANSPOSE:
+    *iters = p.outer * p.nt * p.nl;
+    *cost = KP_TILE * KP_TILE;
+    break;
+  case KP_LOOP_PERMUTE:
+  case KP_LOOP_SLICE:
+  case KP_LOOP_UNSLICE:
+  case KP_LOOP_CONCAT:
     *iters = last ? numel(y) / last : 0;
     *cost = last;
-  } else if (opc == IR_OP_SUM || opc == IR_OP_MEAN || opc == IR_OP_MAX || opc == IR_OP_LOGSUMEXP) {
-    RedGeom r;
-    red_geom(op, &r);
-    *iters = r.cols ? r.outer * r.nch : r.outer;
-    *cost = r.mred * (r.cols ? r.ch : r.blk);
-  } else if (opc == IR_OP_SOFTMAX || opc == IR_OP_LOG_SOFTMAX) {
-    const IrShape *s = &op->args[0]->type.shape;
-    int64_t a;
-    if (s->rank > 0 && ir_norm_axis(ir_attr_get_int(op, "axis", -1), s->rank, &a)) {
-      *iters = s->dim[a] ? numel(op->args[0]) / s->dim[a] : 0;
-      *cost = 3 * s->dim[a];
+    break;
+  case KP_LOOP_REDUCE: {
+    int64_t ch, nch;
+    red_chunks(&p.red, &ch, &nch);
+    *iters = p.red.cols ? p.red.outer * nch : p.red.outer;
+    *cost = p.red.mred * (p.red.cols ? ch : p.red.blk);
+    break;
+  }
+  case KP_LOOP_SOFTMAX:
+    if (op->args[0]->type.shape.rank > 0) {
+      *iters = p.lines;
+      *cost = 3 * p.len;
     }
-  } else if (opc == IR_OP_EMBEDDING_GRAD) {
-    int64_t D = y->type.shape.dim[1];
-    int64_t ch = D < CHUNK ? D : CHUNK;
+    break;
+  case KP_LOOP_EMBEDDING_GRAD: {
+    int64_t D = p.len, ch = D < CHUNK ? D : CHUNK;
     *iters = ch ? (D + ch - 1) / ch : 0;
-    *cost = (numel(op->args[0]) + y->type.shape.dim[0]) * ch;
-  } else if (opc == IR_OP_CROSS_ENTROPY || opc == IR_OP_MSE_LOSS) {
-    *cost = 3 * numel(op->args[0]);
+    *cost = (p.n + p.rows) * ch;
+    break;
+  }
+  case KP_LOOP_CE_TOTAL:
+  case KP_LOOP_MSE_TOTAL: *cost = 3 * numel(op->args[0]); break;
+  case KP_LOOP_NONE: break;
   }
 }
 
@@ -204,65 +127,41 @@ static void gather_rows(Gen *g, const IrOp *op, const int64_t *st, int64_t base)
   gen_loop_end(g, &rl);
 }
 
-static void gen_permute(Gen *g, const IrOp *op) {
-  int64_t st[IR_MAX_RANK];
-  int t = permute_strides(op, st);
-  if (t < 0) {
-    gather_rows(g, op, st, 0);
-    return;
-  }
+/* A transpose in KP_TILE x KP_TILE tiles, one per iteration. */
+static void gen_transpose(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrShape *o = &op->result->type.shape;
-  int k = o->rank;
-  int64_t os[IR_MAX_RANK], od[IR_MAX_RANK], ist[IR_MAX_RANK], ost[IR_MAX_RANK];
-  contiguous_strides(o, os);
-  int m = 0;
-  for (int a = 0; a < k - 1; a++)
-    if (a != t) od[m] = o->dim[a], ist[m] = st[a], ost[m++] = os[a];
-  int64_t outer, nt, nl;
-  permute_tiles(op, t, &outer, &nt, &nl);
+  int k = o->rank, t = p->t;
+  int64_t nt = p->nt, nl = p->nl;
   GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
   GenLoop it, il, jl;
   gen_loop_begin(g, &it, g->begin, g->end, "tile");
   LLVMValueRef ob = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, nt * nl), "");
   LLVMValueRef rem = LLVMBuildURem(g->b, it.iv, gen_i64(g, nt * nl), "");
-  LLVMValueRef i0 = mul(g, LLVMBuildUDiv(g->b, rem, gen_i64(g, nl), ""), TILE);
-  LLVMValueRef j0 = mul(g, LLVMBuildURem(g->b, rem, gen_i64(g, nl), ""), TILE);
-  LLVMValueRef xo = strided(g, ob, od, ist, m), yo = strided(g, ob, od, ost, m);
-  LLVMValueRef ie = add(g, i0, gen_i64(g, TILE)), je = add(g, j0, gen_i64(g, TILE));
+  LLVMValueRef i0 = mul(g, LLVMBuildUDiv(g->b, rem, gen_i64(g, nl), ""), KP_TILE);
+  LLVMValueRef j0 = mul(g, LLVMBuildURem(g->b, rem, gen_i64(g, nl), ""), KP_TILE);
+  LLVMValueRef xo = strided(g, ob, p->od, p->ist, p->m), yo = strided(g, ob, p->od, p->ost, p->m);
+  LLVMValueRef ie = add(g, i0, gen_i64(g, KP_TILE)), je = add(g, j0, gen_i64(g, KP_TILE));
   ie = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, ie, gen_i64(g, o->dim[t]), ""), ie, gen_i64(g, o->dim[t]), "");
   je = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, je, gen_i64(g, o->dim[k - 1]), ""), je,
                        gen_i64(g, o->dim[k - 1]), "");
   gen_loop_begin(g, &il, i0, ie, "i");
-  LLVMValueRef xi = add(g, xo, il.iv), yi = add(g, yo, mul(g, il.iv, os[t]));
+  LLVMValueRef xi = add(g, xo, il.iv), yi = add(g, yo, mul(g, il.iv, p->os[t]));
   gen_loop_begin(g, &jl, j0, je, "j");
-  gen_buf_store(g, &y, add(g, yi, jl.iv), gen_buf_load(g, &x, add(g, xi, mul(g, jl.iv, st[k - 1]))));
+  gen_buf_store(g, &y, add(g, yi, jl.iv), gen_buf_load(g, &x, add(g, xi, mul(g, jl.iv, p->st[k - 1]))));
   gen_loop_end(g, &jl);
   gen_loop_end(g, &il);
   gen_loop_end(g, &it);
 }
 
-static void gen_slice(Gen *g, const IrOp *op) {
-  const IrShape *s = &op->args[0]->type.shape;
-  int64_t cs[IR_MAX_RANK], st[IR_MAX_RANK], start[IR_MAX_RANK], step[IR_MAX_RANK];
-  contiguous_strides(s, cs);
-  gen_slice_ranges(op, s, start, step);
-  int64_t base = 0;
-  for (int a = 0; a < s->rank; a++) {
-    st[a] = step[a] * cs[a];
-    if (op->result->type.shape.dim[a] > 0) base += start[a] * cs[a];
-  }
-  gather_rows(g, op, st, base);
-}
-
 /* Zeros with the slice region filled in: each output row is zeroed (unless
  * it accumulates into a gradient buffer) and, when it lies in the region,
  * the operand's row is written into it. */
-static void gen_unslice(Gen *g, const IrOp *op) {
+static void gen_unslice(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrShape *o = &op->result->type.shape, *s = &op->args[0]->type.shape;
   int k = o->rank;
-  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK];
-  gen_slice_ranges(op, o, start, step);
-  contiguous_strides(s, xs);
+  const int64_t *start = p->start, *step = p->step, *xs = p->xs;
   int64_t cols = k ? o->dim[k - 1] : 1;
   GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
   IrDType dt = op->result->type.dtype;
@@ -310,11 +209,11 @@ static void copy_row(Gen *g, const GenBuf *y, LLVMValueRef yoff, const GenBuf *x
   gen_loop_end(g, &cl);
 }
 
-static void gen_concat(Gen *g, const IrOp *op) {
+static void gen_concat(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrShape *o = &op->result->type.shape;
   int k = o->rank;
-  int64_t axis = 0;
-  ir_norm_axis(ir_attr_get_int(op, "axis", 0), k, &axis);
+  int64_t axis = p->axis;
   int64_t cols = o->dim[k - 1];
   GenBuf y = gen_buf_out(g, op->result);
   GenLoop rl;
@@ -330,8 +229,7 @@ static void gen_concat(Gen *g, const IrOp *op) {
     }
   } else {
     /* r = (outer * O[axis] + c) * inner + rest; the operand holding c */
-    int64_t inner = 1;
-    for (int a = (int)axis + 1; a < k - 1; a++) inner *= o->dim[a];
+    int64_t inner = p->row_inner;
     LLVMValueRef c = LLVMBuildURem(g->b, LLVMBuildUDiv(g->b, rl.iv, gen_i64(g, inner), ""), gen_i64(g, o->dim[axis]), "");
     LLVMValueRef outer = LLVMBuildUDiv(g->b, rl.iv, gen_i64(g, inner * o->dim[axis]), "");
     LLVMValueRef rest = LLVMBuildURem(g->b, rl.iv, gen_i64(g, inner), "");
@@ -361,9 +259,11 @@ static void gen_concat(Gen *g, const IrOp *op) {
 /* Reductions over leading axes                                        */
 /* ------------------------------------------------------------------ */
 
-static void gen_reduce(Gen *g, const IrOp *op) {
-  RedGeom r;
-  red_geom(op, &r);
+static void gen_reduce(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const KpReduce *r = &p->red;
+  int64_t ch, nch;
+  red_chunks(r, &ch, &nch);
   IrOpcode opc = op->opcode;
   IrDType dt = op->result->type.dtype;
   bool mx = opc == IR_OP_MAX || opc == IR_OP_LOGSUMEXP;
@@ -371,20 +271,19 @@ static void gen_reduce(Gen *g, const IrOp *op) {
   LLVMTypeRef t = mx ? gen_reg_type(g, dt) : gen_acc_type(g, dt), tw = gen_acc_type(g, dt);
   LLVMValueRef init = LLVMGetTypeKind(t) == LLVMIntegerTypeKind ? LLVMConstInt(t, 0, 0) : LLVMConstReal(t, mx ? -INFINITY : 0.0);
   GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
-  int64_t ch = r.ch;
   LLVMValueRef acc = gen_alloca(g, t, ch), acc2 = opc == IR_OP_LOGSUMEXP ? gen_alloca(g, tw, ch) : NULL;
   GenLoop it, ml, jl;
   gen_loop_begin(g, &it, g->begin, g->end, "it");
   /* o: the output row; j0, len: the column block */
-  LLVMValueRef o = r.cols ? LLVMBuildUDiv(g->b, it.iv, gen_i64(g, r.nch), "") : it.iv;
-  LLVMValueRef j0 = r.cols ? mul(g, LLVMBuildURem(g->b, it.iv, gen_i64(g, r.nch), ""), ch) : gen_i64(g, 0);
+  LLVMValueRef o = r->cols ? LLVMBuildUDiv(g->b, it.iv, gen_i64(g, nch), "") : it.iv;
+  LLVMValueRef j0 = r->cols ? mul(g, LLVMBuildURem(g->b, it.iv, gen_i64(g, nch), ""), ch) : gen_i64(g, 0);
   LLVMValueRef len = gen_i64(g, ch);
-  if (r.cols) {
-    LLVMValueRef left = LLVMBuildSub(g->b, gen_i64(g, r.blk), j0, "");
+  if (r->cols) {
+    LLVMValueRef left = LLVMBuildSub(g->b, gen_i64(g, r->blk), j0, "");
     len = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, left, len, ""), left, len, "");
   }
-  LLVMValueRef xo = add(g, strided(g, o, r.kd, r.ks, r.nk), j0);
-  int64_t inner = r.cols ? 1 : r.blk; /* the contiguous run each reduced step reads */
+  LLVMValueRef xo = add(g, strided(g, o, r->kd, r->ks, r->nk), j0);
+  int64_t inner = r->cols ? 1 : r->blk; /* the contiguous run each reduced step reads */
   /* Pass 1 (and 2 for logsumexp) over the reduced positions. */
   for (int pass = 0; pass < (opc == IR_OP_LOGSUMEXP ? 2 : 1); pass++) {
     LLVMValueRef a = pass == 0 ? acc : acc2;
@@ -392,11 +291,11 @@ static void gen_reduce(Gen *g, const IrOp *op) {
     gen_loop_begin(g, &jl, gen_i64(g, 0), len, "init");
     LLVMBuildStore(g->b, pass == 0 ? init : LLVMConstReal(tw, 0.0), LLVMBuildInBoundsGEP2(g->b, at, a, &jl.iv, 1, ""));
     gen_loop_end(g, &jl);
-    gen_loop_begin(g, &ml, gen_i64(g, 0), gen_i64(g, r.mred), "red");
-    LLVMValueRef xb = add(g, xo, strided(g, ml.iv, r.rd, r.rs, r.nr));
-    gen_loop_begin(g, &jl, gen_i64(g, 0), r.cols ? len : gen_i64(g, inner), "j");
+    gen_loop_begin(g, &ml, gen_i64(g, 0), gen_i64(g, r->mred), "red");
+    LLVMValueRef xb = add(g, xo, strided(g, ml.iv, r->rd, r->rs, r->nr));
+    gen_loop_begin(g, &jl, gen_i64(g, 0), r->cols ? len : gen_i64(g, inner), "j");
     LLVMValueRef v = gen_buf_load(g, &x, add(g, xb, jl.iv));
-    LLVMValueRef ai = r.cols ? jl.iv : gen_i64(g, 0);
+    LLVMValueRef ai = r->cols ? jl.iv : gen_i64(g, 0);
     LLVMValueRef p = LLVMBuildInBoundsGEP2(g->b, at, a, &ai, 1, "");
     LLVMValueRef cur = LLVMBuildLoad2(g->b, at, p, "");
     LLVMValueRef nv;
@@ -413,13 +312,13 @@ static void gen_reduce(Gen *g, const IrOp *op) {
   /* Write the block. */
   gen_loop_begin(g, &jl, gen_i64(g, 0), len, "out");
   LLVMValueRef v = LLVMBuildLoad2(g->b, t, LLVMBuildInBoundsGEP2(g->b, t, acc, &jl.iv, 1, ""), "");
-  if (opc == IR_OP_MEAN) v = LLVMBuildFDiv(g->b, v, LLVMConstReal(t, (double)r.count), "");
+  if (opc == IR_OP_MEAN) v = LLVMBuildFDiv(g->b, v, LLVMConstReal(t, (double)r->count), "");
   if (opc == IR_OP_LOGSUMEXP) {
     LLVMValueRef s = LLVMBuildLoad2(g->b, tw, LLVMBuildInBoundsGEP2(g->b, tw, acc2, &jl.iv, 1, ""), "");
     LLVMValueRef l = LLVMBuildFAdd(g->b, gen_widen(g, v), gen_call1(g, "llvm.log", s), "");
     v = LLVMBuildSelect(g->b, gen_isfinite(g, v), l, gen_widen(g, v), "");
   }
-  LLVMValueRef yi = r.cols ? add(g, add(g, mul(g, o, r.blk), j0), jl.iv) : o;
+  LLVMValueRef yi = r->cols ? add(g, add(g, mul(g, o, r->blk), j0), jl.iv) : o;
   gen_buf_store(g, &y, yi, dt == IR_DT_I32 ? v : gen_narrow(g, v, dt));
   gen_loop_end(g, &jl);
   gen_loop_end(g, &it);
@@ -429,7 +328,8 @@ static void gen_reduce(Gen *g, const IrOp *op) {
 /* Softmax over a leading axis                                         */
 /* ------------------------------------------------------------------ */
 
-static void gen_softmax_axis(Gen *g, const IrOp *op) {
+static void gen_softmax_axis(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
   const IrShape *s = &op->args[0]->type.shape;
   bool logsm = op->opcode == IR_OP_LOG_SOFTMAX;
   IrDType dt = op->result->type.dtype;
@@ -443,10 +343,7 @@ static void gen_softmax_axis(Gen *g, const IrOp *op) {
     gen_loop_end(g, &it);
     return;
   }
-  int64_t axis = 0;
-  ir_norm_axis(ir_attr_get_int(op, "axis", -1), s->rank, &axis);
-  int64_t L = s->dim[axis], inner = 1;
-  for (int a = (int)axis + 1; a < s->rank; a++) inner *= s->dim[a];
+  int64_t L = p->len, inner = p->inner;
   LLVMValueRef o = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, inner), "");
   LLVMValueRef i = LLVMBuildURem(g->b, it.iv, gen_i64(g, inner), "");
   LLVMValueRef base = add(g, mul(g, o, L * inner), i);
@@ -476,13 +373,10 @@ static void gen_softmax_axis(Gen *g, const IrOp *op) {
 /* Scalar losses                                                       */
 /* ------------------------------------------------------------------ */
 
-static bool red_mean(const IrOp *op) { return strcmp(ir_attr_get_str(op, "reduction", "mean"), "mean") == 0; }
-
 /* cross_entropy reduced to a scalar: the total in f64 as the interpreter. */
-static void gen_ce_total(Gen *g, const IrOp *op) {
-  const IrShape *ls = &op->args[0]->type.shape;
-  int64_t V = ls->rank ? ls->dim[ls->rank - 1] : 1, n = numel(op->args[1]);
-  int64_t ii = ir_attr_get_int(op, "ignore_index", -100);
+static void gen_ce_total(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  int64_t V = p->len, n = p->n, ii = p->ignore_index;
   IrDType dt = op->result->type.dtype;
   LLVMTypeRef t = gen_reg_type(g, op->args[0]->type.dtype);
   GenBuf x = gen_buf(g, op->args[0]), tg = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
@@ -518,8 +412,7 @@ static void gen_ce_total(Gen *g, const IrOp *op) {
   gen_acc_set(g, count, add(g, gen_acc_get(g, count), LLVMBuildZExt(g->b, LLVMBuildNot(g->b, ignored, ""), g->t_i64, "")));
   gen_loop_end(g, &pl);
   LLVMValueRef r = gen_acc_get(g, total);
-  const char *red = ir_attr_get_str(op, "reduction", "mean");
-  if (strcmp(red, "mean") == 0) {
+  if (p->mean) {
     LLVMValueRef c = gen_acc_get(g, count);
     c = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, c, gen_i64(g, 1), ""), c, gen_i64(g, 1), "");
     r = LLVMBuildFDiv(g->b, r, LLVMBuildSIToFP(g->b, c, g->t_f64, ""), "");
@@ -528,8 +421,9 @@ static void gen_ce_total(Gen *g, const IrOp *op) {
   gen_loop_end(g, &it);
 }
 
-static void gen_mse_total(Gen *g, const IrOp *op) {
-  int64_t n = numel(op->args[0]);
+static void gen_mse_total(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  int64_t n = p->n;
   IrDType dt = op->result->type.dtype;
   GenBuf a = gen_buf(g, op->args[0]), b = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
   GenAcc total = gen_acc(g, g->t_f64);
@@ -542,7 +436,7 @@ static void gen_mse_total(Gen *g, const IrOp *op) {
   gen_acc_set(g, total, gen_add_reassoc(g, gen_acc_get(g, total), LLVMBuildFMul(g->b, d, d, "")));
   gen_loop_end(g, &l);
   LLVMValueRef r = gen_acc_get(g, total);
-  if (red_mean(op)) r = LLVMBuildFDiv(g->b, r, LLVMConstReal(g->t_f64, (double)n), "");
+  if (p->mean) r = LLVMBuildFDiv(g->b, r, LLVMConstReal(g->t_f64, (double)n), "");
   gen_buf_store(g, &y, gen_i64(g, 0), gen_convert(g, r, IR_DT_F64, dt));
   gen_loop_end(g, &it);
 }
@@ -551,9 +445,9 @@ static void gen_mse_total(Gen *g, const IrOp *op) {
 /* embedding_grad: scatter-add, one block of columns per iteration      */
 /* ------------------------------------------------------------------ */
 
-static void gen_embedding_grad(Gen *g, const IrOp *op) {
-  const IrShape *o = &op->result->type.shape;
-  int64_t rows = o->dim[0], D = o->dim[1], n = numel(op->args[0]);
+static void gen_embedding_grad(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  int64_t rows = p->rows, D = p->len, n = p->n;
   int64_t ch = D < CHUNK ? D : CHUNK;
   IrDType dt = op->result->type.dtype;
   GenBuf idx = gen_buf(g, op->args[0]), dy = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
@@ -596,75 +490,20 @@ static void gen_embedding_grad(Gen *g, const IrOp *op) {
 }
 
 void gen_loop_kernel(Gen *g, const IrOp *op) {
-  switch (op->opcode) {
-  case IR_OP_PERMUTE: gen_permute(g, op); break;
-  case IR_OP_SLICE: gen_slice(g, op); break;
-  case IR_OP_UNSLICE: gen_unslice(g, op); break;
-  case IR_OP_CONCAT: gen_concat(g, op); break;
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP: gen_reduce(g, op); break;
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX: gen_softmax_axis(g, op); break;
-  case IR_OP_CROSS_ENTROPY: gen_ce_total(g, op); break;
-  case IR_OP_MSE_LOSS: gen_mse_total(g, op); break;
-  case IR_OP_EMBEDDING_GRAD: gen_embedding_grad(g, op); break;
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_CONST:
-  case IR_OP_RESHAPE:
-  case IR_OP_BROADCAST:
-  case IR_OP_MATMUL:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_ONE_HOT:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD:
-    gen_error(g, "kernel k%d: no loop-nest code for '%s'", g->group, ir_op_info[op->opcode].name);
-    break;
+  KpLoopPlan p;
+  kp_loop_plan(op, &p);
+  switch (p.kind) {
+  case KP_LOOP_PERMUTE: gather_rows(g, op, p.st, 0); break;
+  case KP_LOOP_TRANSPOSE: gen_transpose(g, &p); break;
+  case KP_LOOP_SLICE: gather_rows(g, op, p.st, p.base); break;
+  case KP_LOOP_UNSLICE: gen_unslice(g, &p); break;
+  case KP_LOOP_CONCAT: gen_concat(g, &p); break;
+  case KP_LOOP_REDUCE: gen_reduce(g, &p); break;
+  case KP_LOOP_SOFTMAX: gen_softmax_axis(g, &p); break;
+  case KP_LOOP_CE_TOTAL: gen_ce_total(g, &p); break;
+  case KP_LOOP_MSE_TOTAL: gen_mse_total(g, &p); break;
+  case KP_LOOP_EMBEDDING_GRAD: gen_embedding_grad(g, &p); break;
+  case KP_LOOP_NONE: gen_error(g, "kernel k%d: no loop-nest code for '%s'", g->group, ir_op_info[op->opcode].name); break;
   }
   LLVMBuildRetVoid(g->b);
 }

@@ -567,12 +567,6 @@ void gen_buf_store(Gen *g, const GenBuf *b, LLVMValueRef idx, LLVMValueRef x) {
   gen_store(g, gen_buf_ptr(g, b, NULL, idx), x, b->v->type.dtype, b->grad, b->scope);
 }
 
-/* Python slice normalisation of one axis (as runtime/interp.c). */
-/* Normalised start and step of each axis of a slice of `full`. */
-void gen_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
-  kp_slice_ranges(op, full, start, step);
-}
-
 /* ------------------------------------------------------------------ */
 /* Loops and accumulators                                              */
 /* ------------------------------------------------------------------ */
@@ -827,39 +821,7 @@ LLVMValueRef gen_elementwise(Gen *g, const IrOp *op, LLVMValueRef *x) {
     r = LLVMBuildFMul(g->b, d, d, "");
     break;
   }
-  case IR_OP_CONST:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_RESHAPE:
-  case IR_OP_PERMUTE:
-  case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_MATMUL:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_ONE_HOT:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: break;
+  KP_CASES_NOT_EW: break;
   }
   if (!r) {
     gen_error(g, "'%s' is not an elementwise op", ir_op_info[op->opcode].name);

@@ -4,7 +4,8 @@
  *     for r in [begin, end):            rows of the iteration space
  *       section 0; loop 0 over j; section 1; loop 1 over j; ...; section K
  *
- * Every op of the kernel is planned into passes: an elementwise op whose
+ * The passes come from the kernel plan (kp_row_plan, passes/kernel_row.c);
+ * this file adds the CPU's policy over them.  An elementwise op whose
  * result varies along the row runs in a loop where all its operands are
  * available (the loop of its first use, so that cheap values are computed
  * where they are needed rather than kept); one that does not (a per-row
@@ -25,20 +26,19 @@
  * into gradient buffers. */
 #include <limits.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <llvm-c/DebugInfo.h>
 
 #include "llvm_gen.h"
 
-typedef enum { P_EW, P_EWROW, P_RED, P_LSE, P_SOFTMAX, P_LN, P_RMS, P_CE, P_ONEHOT, P_EMB, P_CMASK, P_UNSLICE } PlanKind;
-
+/* A step of the kernel plan (kp_row_plan) as this generator runs it. */
 typedef struct Plan {
   const IrOp *op;
-  PlanKind kind;
-  int p[3];   /* the loops of its passes, -1 when unused */
-  int fin[2]; /* the sections of its per-row steps, -1 when unused */
+  KpRowKind kind;
+  int p[3];   /* the loops of its passes (KpRowStep.pass), -1 when unused */
+  int fin[2]; /* the sections of its per-row steps, -1 when unused; a per-row
+                 elementwise op runs in section fin[0] */
   GenAcc acc[2];
   LLVMValueRef st[3]; /* per-row state: max, sum, mean, rstd, log-sum */
   int share;          /* softmax/logsumexp/cross_entropy: the earlier plan whose row
@@ -77,13 +77,6 @@ typedef struct Row {
   LLVMValueRef r, j; /* row and column indices */
 } Row;
 
-static int slot_of(Row *R, const IrValue *v) {
-  for (int i = 0; i < R->ns; i++)
-    if (R->s[i].cs->v == v) return i;
-  GRADC_ASSERT(!"value not in the kernel layout");
-  return -1;
-}
-
 static LLVMValueRef slot_ptr(Row *R, RSlot *s, LLVMValueRef base, LLVMValueRef idx) {
   return gen_buf_ptr(R->g, &s->buf, base, idx);
 }
@@ -98,19 +91,7 @@ static LLVMValueRef row_offset(Row *R, RSlot *s) {
   Gen *g = R->g;
   int n = R->l->space.rank;
   int64_t ext[IR_MAX_RANK], st[IR_MAX_RANK];
-  int m = 0;
-  for (int a = 0; a + 1 < n; a++) {
-    int64_t e = R->l->space.dim[a], t = s->stride[a];
-    if (e == 1) continue;
-    if (m > 0 && st[m - 1] == t * e) {
-      ext[m - 1] *= e;
-      st[m - 1] = t;
-      continue;
-    }
-    ext[m] = e;
-    st[m] = t;
-    m++;
-  }
+  int m = kp_merge_axes(R->l->space.dim, s->stride, n > 0 ? n - 1 : 0, ext, st);
   LLVMValueRef off = gen_i64(g, 0);
   int64_t inner = 1;
   for (int k = m - 1; k >= 0; k--) {
@@ -201,164 +182,40 @@ static void define(Row *R, int i, LLVMValueRef v, int k) {
 
 static int maxi(int a, int b) { return a > b ? a : b; }
 
-static bool is_ew(IrOpcode opc) {
-  switch (opc) {
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_BROADCAST:
-  case IR_OP_MSE_LOSS:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM: return true;
-  case IR_OP_CONST:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_RESHAPE:
-  case IR_OP_PERMUTE:
-  case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_MATMUL:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_ONE_HOT:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: return false;
-  }
-  return false;
-}
-
 /* A use of slot i in loop k: an earlier loop's value must be kept. */
 static void use_in(Row *R, int i, int k) {
   RSlot *s = &R->s[i];
   if (s->cs->defined && s->in_loop && k > s->avail) s->mat = true;
 }
 
-static void plan_op(Row *R, Plan *p, const IrOp *op) {
-  memset(p, 0, sizeof *p);
-  p->op = op;
-  p->p[0] = p->p[1] = p->p[2] = p->fin[0] = p->fin[1] = -1;
-  p->y = slot_of(R, op->result);
-  for (int i = 0; i < op->nargs && i < 3; i++)
-    p->x[i] = (op->opcode == IR_OP_EMBEDDING && i == 1) || op->opcode == IR_OP_UNSLICE ? -1 : slot_of(R, op->args[i]);
-  RSlot *y = &R->s[p->y];
-  int a = 0; /* when all operands are available */
-  for (int i = 0; i < op->nargs && i < 3; i++)
-    if (p->x[i] >= 0) a = maxi(a, R->s[p->x[i]].avail);
-  int x0 = p->x[0];
-  int ax = x0 >= 0 ? R->s[x0].avail : 0;
-  IrOpcode opc = op->opcode;
-  if (opc == IR_OP_SUM || opc == IR_OP_MEAN || opc == IR_OP_MAX) {
-    p->kind = P_RED;
-    p->p[0] = ax;
-    p->fin[0] = ax + 1;
-  } else if (opc == IR_OP_LOGSUMEXP) {
-    p->kind = P_LSE;
-    p->p[0] = ax;
-    p->fin[0] = p->p[1] = ax + 1;
-    p->fin[1] = ax + 2;
-  } else if (opc == IR_OP_SOFTMAX || opc == IR_OP_LOG_SOFTMAX) {
-    p->kind = P_SOFTMAX;
-    p->p[0] = ax;
-    p->fin[0] = p->p[1] = ax + 1;
-    p->fin[1] = p->p[2] = ax + 2;
-  } else if (opc == IR_OP_LAYER_NORM) {
-    p->kind = P_LN;
-    p->p[0] = ax;
-    p->fin[0] = p->p[1] = ax + 1;
-    p->fin[1] = ax + 2;
-    p->p[2] = maxi(ax + 2, a);
-  } else if (opc == IR_OP_RMS_NORM) {
-    p->kind = P_RMS;
-    p->p[0] = ax;
-    p->fin[0] = ax + 1;
-    p->p[2] = maxi(ax + 1, a);
-  } else if (opc == IR_OP_CROSS_ENTROPY) {
-    p->kind = P_CE;
-    p->p[0] = ax;
-    p->fin[0] = p->p[1] = ax + 1;
-    p->fin[1] = maxi(ax + 2, a);
-  } else if (opc == IR_OP_ONE_HOT || opc == IR_OP_EMBEDDING || opc == IR_OP_CAUSAL_MASK || opc == IR_OP_UNSLICE) {
-    p->kind = opc == IR_OP_ONE_HOT ? P_ONEHOT : opc == IR_OP_EMBEDDING ? P_EMB : opc == IR_OP_UNSLICE ? P_UNSLICE : P_CMASK;
-    p->p[0] = a;
-  } else {
-    GRADC_ASSERT(is_ew(opc));
-    if (y->elem) {
-      p->kind = P_EW;
-      p->p[0] = a;
-    } else {
-      p->kind = P_EWROW;
-      p->fin[0] = a;
-    }
-  }
-  /* Where the result becomes available. */
-  switch (p->kind) {
-  case P_EW:
-  case P_ONEHOT:
-  case P_EMB:
-  case P_CMASK:
-  case P_UNSLICE: y->avail = p->p[0], y->in_loop = true; break;
-  case P_SOFTMAX:
-  case P_LN:
-  case P_RMS: y->avail = p->p[2], y->in_loop = true; break;
-  case P_EWROW:
-  case P_RED: y->avail = p->fin[0]; break;
-  case P_LSE:
-  case P_CE: y->avail = p->fin[1]; break;
-  }
+/* Computed in loop p[0] where its operands are: may sink to a later loop. */
+static bool sinks(const Plan *p) {
+  return p->p[0] >= 0 && (p->kind == KP_ROW_EW || p->kind == KP_ROW_ONEHOT || p->kind == KP_ROW_EMB ||
+                          p->kind == KP_ROW_CMASK || p->kind == KP_ROW_UNSLICE);
 }
 
-static bool row_stats(PlanKind k) { return k == P_SOFTMAX || k == P_LSE || k == P_CE; }
+/* Step q of the kernel plan: a per-element elementwise op runs in loop
+ * pass[0], a per-row one in section pass[0]. */
+static void plan_op(Row *R, Plan *p, const KpRowStep *q) {
+  memset(p, 0, sizeof *p);
+  p->op = q->op;
+  p->kind = q->kind;
+  memcpy(p->p, q->pass, sizeof p->p);
+  memcpy(p->fin, q->fin, sizeof p->fin);
+  memcpy(p->x, q->x, sizeof p->x);
+  p->y = q->y;
+  RSlot *y = &R->s[p->y];
+  if (p->kind == KP_ROW_EW && !y->elem) p->fin[0] = p->p[0], p->p[0] = -1;
+  y->avail = q->at;
+  y->in_loop = sinks(p) || p->p[2] >= 0;
+}
+
+static bool row_stats(KpRowKind k) { return k == KP_ROW_SOFTMAX || k == KP_ROW_LSE || k == KP_ROW_CE; }
 
 /* The loops in which plan p reads its operand i (into loops[]). */
 static int reads(const Plan *p, int i, int *loops) {
   int n = 0;
-  bool all = p->kind != P_LN && p->kind != P_RMS ? true : i == 0;
+  bool all = p->kind != KP_ROW_LN && p->kind != KP_ROW_RMS ? true : i == 0;
   for (int k = 0; k < 3; k++)
     if (p->p[k] >= 0 && (all || k == 2)) loops[n++] = p->p[k];
   return n;
@@ -379,8 +236,7 @@ static void finish_plans(Row *R) {
   }
   for (int q = R->np - 1; q >= 0; q--) {
     Plan *p = &R->plan[q];
-    if (p->kind != P_EW && p->kind != P_ONEHOT && p->kind != P_EMB && p->kind != P_CMASK && p->kind != P_UNSLICE)
-      continue;
+    if (!sinks(p)) continue;
     int first = -1, loops[3];
     for (int c = q + 1; c < R->np; c++) {
       const Plan *u = &R->plan[c];
@@ -389,7 +245,7 @@ static void finish_plans(Row *R) {
         int n = reads(u, i, loops);
         for (int k = 0; k < n; k++)
           if (first < 0 || loops[k] < first) first = loops[k];
-        if (u->kind == P_CE && i == 0 && (first < 0 || u->fin[0] - 1 < first)) first = u->fin[0] - 1;
+        if (u->kind == KP_ROW_CE && i == 0 && (first < 0 || u->fin[0] - 1 < first)) first = u->fin[0] - 1;
       }
     }
     if (first > p->p[0]) {
@@ -406,7 +262,7 @@ static void finish_plans(Row *R) {
       int n = reads(p, i, loops);
       for (int k = 0; k < n; k++) use_in(R, p->x[i], loops[k]);
     }
-    if (p->kind == P_CE && R->s[p->x[0]].cs->defined) R->s[p->x[0]].mat = true; /* gathered at the target */
+    if (p->kind == KP_ROW_CE && R->s[p->x[0]].cs->defined) R->s[p->x[0]].mat = true; /* gathered at the target */
   }
 }
 
@@ -445,18 +301,18 @@ static void section_step(Row *R, Plan *p, int k) {
     int ai = -1;
     double init = 0;
     switch (p->kind) {
-    case P_RED: ai = 0, init = op->opcode == IR_OP_MAX ? -INFINITY : 0; break;
-    case P_LSE:
-    case P_SOFTMAX:
-    case P_CE: ai = i == 0 ? 0 : i == 1 ? 1 : -1, init = i == 0 ? -INFINITY : 0; break;
-    case P_LN: ai = i < 2 ? i : -1; break;
-    case P_RMS: ai = i == 0 ? 0 : -1; break;
-    case P_EW:
-    case P_EWROW:
-    case P_ONEHOT:
-    case P_EMB:
-    case P_CMASK:
-    case P_UNSLICE: break;
+    case KP_ROW_RED: ai = 0, init = op->opcode == IR_OP_MAX ? -INFINITY : 0; break;
+    case KP_ROW_LSE:
+    case KP_ROW_SOFTMAX:
+    case KP_ROW_CE: ai = i == 0 ? 0 : i == 1 ? 1 : -1, init = i == 0 ? -INFINITY : 0; break;
+    case KP_ROW_LN: ai = i < 2 ? i : -1; break;
+    case KP_ROW_RMS: ai = i == 0 ? 0 : -1; break;
+    case KP_ROW_EW:
+    case KP_ROW_ONEHOT:
+    case KP_ROW_EMB:
+    case KP_ROW_CMASK:
+    case KP_ROW_UNSLICE:
+    case KP_ROW_NONE: break;
     }
     if (ai >= 0) {
       LLVMTypeRef at = p->acc[ai].t;
@@ -464,21 +320,21 @@ static void section_step(Row *R, Plan *p, int k) {
     }
   }
   switch (p->kind) {
-  case P_EWROW:
+  case KP_ROW_EW:
     if (p->fin[0] == k) {
       LLVMValueRef a[3];
       for (int i = 0; i < op->nargs; i++) a[i] = row_val(R, p->x[i]);
       define(R, p->y, gen_elementwise(g, op, a), -1);
     }
     break;
-  case P_RED:
+  case KP_ROW_RED:
     if (p->fin[0] == k) {
       LLVMValueRef v = gen_acc_get(g, p->acc[0]);
       if (op->opcode == IR_OP_MEAN) v = LLVMBuildFDiv(g->b, v, LLVMConstReal(LLVMTypeOf(v), cols), "");
       define(R, p->y, gen_narrow(g, v, dt), -1);
     }
     break;
-  case P_LSE:
+  case KP_ROW_LSE:
     row_stats_step(R, p, k);
     if (p->fin[1] == k) {
       LLVMValueRef m = p->st[0], s = p->st[1];
@@ -487,7 +343,7 @@ static void section_step(Row *R, Plan *p, int k) {
       define(R, p->y, gen_narrow(g, v, dt), -1);
     }
     break;
-  case P_SOFTMAX:
+  case KP_ROW_SOFTMAX:
     row_stats_step(R, p, k);
     if (p->fin[1] == k) {
       if (op->opcode == IR_OP_LOG_SOFTMAX)
@@ -496,7 +352,7 @@ static void section_step(Row *R, Plan *p, int k) {
         p->st[2] = gen_narrow(g, LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), p->st[1], ""), op->args[0]->type.dtype);
     }
     break;
-  case P_LN: /* statistics in f64, as the interpreter */
+  case KP_ROW_LN: /* statistics in f64, as the interpreter */
     if (p->fin[0] == k) {
       p->st[0] = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
       p->st[2] = gen_narrow(g, p->st[0], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
@@ -508,7 +364,7 @@ static void section_step(Row *R, Plan *p, int k) {
       p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
     }
     break;
-  case P_RMS:
+  case KP_ROW_RMS:
     if (p->fin[0] == k) {
       LLVMValueRef ms = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
       ms = LLVMBuildFAdd(g->b, ms, LLVMConstReal(g->t_f64, ir_attr_get_float(op, "eps", 1e-6)), "");
@@ -516,7 +372,7 @@ static void section_step(Row *R, Plan *p, int k) {
       p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
     }
     break;
-  case P_CE:
+  case KP_ROW_CE:
     row_stats_step(R, p, k);
     if (p->fin[1] == k) {
       LLVMValueRef m = p->st[0], s = p->st[1];
@@ -547,11 +403,11 @@ static void section_step(Row *R, Plan *p, int k) {
       define(R, p->y, gen_narrow(g, loss, dt), -1);
     }
     break;
-  case P_EW:
-  case P_ONEHOT:
-  case P_EMB:
-  case P_CMASK:
-  case P_UNSLICE: break;
+  case KP_ROW_ONEHOT:
+  case KP_ROW_EMB:
+  case KP_ROW_CMASK:
+  case KP_ROW_UNSLICE:
+  case KP_ROW_NONE: break;
   }
 }
 
@@ -561,12 +417,9 @@ static LLVMValueRef unslice_elem(Row *R, const IrOp *op) {
   Gen *g = R->g;
   const IrShape *o = &op->result->type.shape, *s = &op->args[0]->type.shape;
   int k = o->rank;
-  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK], m = 1;
-  gen_slice_ranges(op, o, start, step);
-  for (int a = k - 1; a >= 0; a--) {
-    xs[a] = m;
-    m *= s->dim[a];
-  }
+  int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK];
+  kp_slice_ranges(op, o, start, step);
+  kp_contiguous(s, xs);
   LLVMValueRef in = LLVMConstInt(g->t_i1, 1, 0), xoff = gen_i64(g, 0);
   int64_t inner = 1;
   for (int a = k - 1; a >= 0; a--) {
@@ -601,23 +454,23 @@ static void loop_step(Row *R, Plan *p, int k) {
   IrDType dt = op->result->type.dtype;
   LLVMTypeRef ft = gen_reg_type(g, dt);
   switch (p->kind) {
-  case P_EW:
+  case KP_ROW_EW:
     if (p->p[0] == k) {
       LLVMValueRef a[3];
       for (int i = 0; i < op->nargs; i++) a[i] = operand(R, p->x[i], k);
       define(R, p->y, gen_elementwise(g, op, a), k);
     }
     break;
-  case P_RED:
+  case KP_ROW_RED:
     if (p->p[0] == k) {
       LLVMValueRef x = elem_val(R, p->x[0], k), acc = gen_acc_get(g, p->acc[0]);
       gen_acc_set(g, p->acc[0],
                   op->opcode == IR_OP_MAX ? gen_max_step(g, acc, x) : gen_add_reassoc(g, acc, gen_widen(g, x)));
     }
     break;
-  case P_LSE:
-  case P_SOFTMAX:
-  case P_CE:
+  case KP_ROW_LSE:
+  case KP_ROW_SOFTMAX:
+  case KP_ROW_CE:
     if (p->p[0] == k) gen_acc_set(g, p->acc[0], gen_max_step(g, gen_acc_get(g, p->acc[0]), elem_val(R, p->x[0], k)));
     if (p->p[1] == k) {
       LLVMValueRef e = gen_exp_nonpos(g, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""));
@@ -626,7 +479,7 @@ static void loop_step(Row *R, Plan *p, int k) {
       else
         gen_acc_set(g, p->acc[1], gen_add_reassoc(g, gen_acc_get(g, p->acc[1]), gen_widen(g, e)));
     }
-    if (p->kind == P_SOFTMAX && p->p[2] == k) {
+    if (p->kind == KP_ROW_SOFTMAX && p->p[2] == k) {
       LLVMValueRef y;
       if (op->opcode == IR_OP_LOG_SOFTMAX) {
         y = LLVMBuildFSub(g->b, LLVMBuildFSub(g->b, elem_val(R, p->x[0], k), p->st[0], ""), p->st[2], "");
@@ -639,7 +492,7 @@ static void loop_step(Row *R, Plan *p, int k) {
       define(R, p->y, gen_round(g, y, dt), k);
     }
     break;
-  case P_LN:
+  case KP_ROW_LN:
     if (p->p[0] == k)
       gen_acc_set(g, p->acc[0], gen_add_reassoc(g, gen_acc_get(g, p->acc[0]), gen_widen(g, elem_val(R, p->x[0], k))));
     if (p->p[1] == k) {
@@ -653,7 +506,7 @@ static void loop_step(Row *R, Plan *p, int k) {
       define(R, p->y, gen_round(g, y, dt), k);
     }
     break;
-  case P_RMS:
+  case KP_ROW_RMS:
     if (p->p[0] == k) {
       LLVMValueRef x = gen_widen(g, elem_val(R, p->x[0], k));
       gen_acc_set(g, p->acc[0], gen_add_reassoc(g, gen_acc_get(g, p->acc[0]), LLVMBuildFMul(g->b, x, x, "")));
@@ -664,7 +517,7 @@ static void loop_step(Row *R, Plan *p, int k) {
       define(R, p->y, gen_round(g, y, dt), k);
     }
     break;
-  case P_ONEHOT:
+  case KP_ROW_ONEHOT:
     if (p->p[0] == k) {
       LLVMValueRef t = row_val(R, p->x[0]);
       int64_t ii = ir_attr_get_int(op, "ignore_index", -100);
@@ -675,7 +528,7 @@ static void loop_step(Row *R, Plan *p, int k) {
       define(R, p->y, y, k);
     }
     break;
-  case P_EMB:
+  case KP_ROW_EMB:
     if (p->p[0] == k) {
       const IrValue *tab = op->args[1];
       int64_t V = tab->type.shape.dim[0], D = tab->type.shape.dim[1];
@@ -690,7 +543,7 @@ static void loop_step(Row *R, Plan *p, int k) {
       define(R, p->y, y, k);
     }
     break;
-  case P_CMASK:
+  case KP_ROW_CMASK:
     if (p->p[0] == k) {
       int n = R->l->space.rank;
       LLVMValueRef i = LLVMBuildURem(g->b, R->r, gen_i64(g, R->l->space.dim[n - 2]), "");
@@ -699,10 +552,10 @@ static void loop_step(Row *R, Plan *p, int k) {
       define(R, p->y, y, k);
     }
     break;
-  case P_UNSLICE:
+  case KP_ROW_UNSLICE:
     if (p->p[0] == k) define(R, p->y, unslice_elem(R, op), k);
     break;
-  case P_EWROW: break;
+  case KP_ROW_NONE: break;
   }
 }
 
@@ -730,7 +583,7 @@ static int last_read(Row *R, int i) {
     const Plan *p = &R->plan[q];
     for (int a = 0; a < 3; a++) {
       if (p->x[a] != i) continue;
-      if (p->kind == P_CE) return INT_MAX;
+      if (p->kind == KP_ROW_CE) return INT_MAX;
       int n = reads(p, a, loops);
       for (int k = 0; k < n; k++) last = maxi(last, loops[k]);
     }
@@ -779,38 +632,32 @@ static Plan *causal_exp_loop(Row *R, int k) {
     Plan *p = &R->plan[q];
     bool here = p->p[0] == k || p->p[1] == k || p->p[2] == k;
     if (!here) continue;
-    if (sm || p->kind != P_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX || p->p[1] != k || p->share >= 0 || !p->erow)
+    if (sm || p->kind != KP_ROW_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX || p->p[1] != k || p->share >= 0 || !p->erow)
       return NULL;
     sm = p;
   }
   if (!sm || R->l->space.rank < 2 || R->s[sm->x[0]].buf.is_const) return NULL;
   for (int q = 0; q < R->np; q++)
-    if (R->plan[q].kind == P_CMASK && R->plan[q].y == sm->x[0]) return sm;
+    if (R->plan[q].kind == KP_ROW_CMASK && R->plan[q].y == sm->x[0]) return sm;
   return NULL;
 }
 
-void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
-  Row R;
-  memset(&R, 0, sizeof R);
-  R.g = g;
-  R.l = l;
-  R.ns = l->nslots;
-  R.s = calloc((size_t)(R.ns ? R.ns : 1), sizeof(RSlot));
-  R.plan = calloc((size_t)(n ? n : 1), sizeof(Plan));
-  if (!R.s || !R.plan) abort();
-  for (int i = 0; i < R.ns; i++) {
-    RSlot *s = &R.s[i];
+/* The slots' buffers and addressing. */
+static void setup_slots(Row *R, const KpRowPlan *kp) {
+  Gen *g = R->g;
+  const KpRowLayout *l = R->l;
+  for (int i = 0; i < R->ns; i++) {
+    RSlot *s = &R->s[i];
     s->cs = &l->slots[i];
     const IrValue *v = s->cs->v;
     const IrShape *vs = &v->type.shape;
     s->elem = s->cs->mapped && s->cs->eoff == 0 && vs->rank >= 1 && vs->dim[vs->rank - 1] == l->cols;
     s->reg_loop = -2;
     if (s->cs->mapped) kp_slot_strides(l, s->cs, s->stride);
-    bool const_in = !s->cs->defined && v->def && v->def->opcode == IR_OP_CONST && v->def->group == 0;
-    if (const_in) {
+    if (kp->konst[i]) {
       s->buf.v = v;
       s->buf.is_const = true;
-      s->buf.cval = ir_attr_get_float(v->def, "value", 0.0);
+      s->buf.cval = kp->cval[i];
     } else if (!s->cs->defined && s->cs->mapped) {
       s->buf = gen_buf(g, v);
       s->mem = !s->buf.is_const; /* else reported: no storage */
@@ -821,67 +668,60 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
       s->buf.v = v;
     }
   }
+}
 
-  /* Plan every op; K loops, sections 0..K. */
-  int K = 0;
-  for (int k = 0; k < n; k++) {
-    plan_op(&R, &R.plan[k], ops[k]);
-    for (int i = 0; i < 3; i++) K = maxi(K, R.plan[k].p[i] + 1);
-    for (int i = 0; i < 2; i++) K = maxi(K, R.plan[k].fin[i]);
-  }
-  R.np = n;
-  finish_plans(&R);
-  bool *loop_used = calloc((size_t)K + 1, sizeof(bool));
-  if (!loop_used) abort();
-  for (int k = 0; k < n; k++)
-    for (int i = 0; i < 3; i++)
-      if (R.plan[k].p[i] >= 0) loop_used[R.plan[k].p[i]] = true;
-
-  /* Accumulators and scratch rows (in the entry block). */
-  for (int k = 0; k < n; k++) {
-    Plan *p = &R.plan[k];
+/* Accumulators, row buffers of exponentials and scratch rows, in the
+ * entry block. */
+static void alloc_state(Row *R) {
+  Gen *g = R->g;
+  for (int k = 0; k < R->np; k++) {
+    Plan *p = &R->plan[k];
     IrDType xdt = p->op->args[0]->type.dtype;
     LLVMTypeRef reg = gen_reg_type(g, xdt), wide = gen_acc_type(g, xdt);
     switch (p->kind) {
-    case P_RED: p->acc[0] = gen_acc(g, p->op->opcode == IR_OP_MAX ? reg : wide); break;
-    case P_LSE:
-    case P_SOFTMAX:
-    case P_CE: /* the maximum, then the sum of exponentials */
+    case KP_ROW_RED: p->acc[0] = gen_acc(g, p->op->opcode == IR_OP_MAX ? reg : wide); break;
+    case KP_ROW_LSE:
+    case KP_ROW_SOFTMAX:
+    case KP_ROW_CE: /* the maximum, then the sum of exponentials */
       p->acc[0] = gen_acc(g, reg);
       p->acc[1] = gen_acc(g, wide);
       break;
-    case P_LN:
+    case KP_ROW_LN:
       p->acc[0] = gen_acc(g, wide);
       p->acc[1] = gen_acc(g, wide);
       break;
-    case P_RMS: p->acc[0] = gen_acc(g, wide); break;
-    case P_EW:
-    case P_EWROW:
-    case P_ONEHOT:
-    case P_EMB:
-    case P_CMASK:
-    case P_UNSLICE: break;
+    case KP_ROW_RMS: p->acc[0] = gen_acc(g, wide); break;
+    case KP_ROW_EW:
+    case KP_ROW_ONEHOT:
+    case KP_ROW_EMB:
+    case KP_ROW_CMASK:
+    case KP_ROW_UNSLICE:
+    case KP_ROW_NONE: break;
     }
   }
-  for (int q = 0; q < n; q++) {
-    Plan *p = &R.plan[q];
-    if (p->kind != P_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX) continue;
-    Plan *o = p->share >= 0 ? &R.plan[p->share] : p;
-    if (!o->erow) o->erow = gen_alloca(g, gen_reg_type(g, o->op->args[0]->type.dtype), l->cols > 0 ? l->cols : 1);
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    if (p->kind != KP_ROW_SOFTMAX || p->op->opcode != IR_OP_SOFTMAX) continue;
+    Plan *o = p->share >= 0 ? &R->plan[p->share] : p;
+    if (!o->erow) o->erow = gen_alloca(g, gen_reg_type(g, o->op->args[0]->type.dtype), R->l->cols > 0 ? R->l->cols : 1);
   }
-  for (int i = 0; i < R.ns; i++) {
-    RSlot *s = &R.s[i];
-    s->defer = must_defer(&R, s);
+  for (int i = 0; i < R->ns; i++) {
+    RSlot *s = &R->s[i];
+    s->defer = must_defer(R, s);
     if (!s->mat && !s->defer) continue;
     if (s->out && !s->buf.grad && !s->defer) continue; /* its output row serves */
-    s->scratch = gen_alloca(g, gen_mem_type(g, s->cs->v->type.dtype), l->cols > 0 ? l->cols : 1);
+    s->scratch = gen_alloca(g, gen_mem_type(g, s->cs->v->type.dtype), R->l->cols > 0 ? R->l->cols : 1);
   }
+}
 
+/* The loop over the rows [begin, end): sections and loops over the row. */
+static void emit_rows(Row *R, int K, const bool *loop_used) {
+  Gen *g = R->g;
   /* Row-invariant addresses and per-row inputs are set up once. */
   LLVMValueRef zero = gen_i64(g, 0);
-  for (int i = 0; i < R.ns; i++) {
-    RSlot *s = &R.s[i];
-    if (!s->mem || !row_invariant(&R, s)) continue;
+  for (int i = 0; i < R->ns; i++) {
+    RSlot *s = &R->s[i];
+    if (!s->mem || !row_invariant(R, s)) continue;
     s->rowptr = s->buf.base;
     if (!s->cs->defined && !s->elem && !s->buf.is_const) {
       s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
@@ -891,33 +731,33 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
 
   GenLoop rows;
   gen_loop_begin(g, &rows, g->begin, g->end, "row");
-  R.r = rows.iv;
-  for (int i = 0; i < R.ns; i++) {
-    RSlot *s = &R.s[i];
-    if (!s->mem || row_invariant(&R, s)) continue;
-    s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(&R, s));
+  R->r = rows.iv;
+  for (int i = 0; i < R->ns; i++) {
+    RSlot *s = &R->s[i];
+    if (!s->mem || row_invariant(R, s)) continue;
+    s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(R, s));
     if (!s->cs->defined && !s->elem && !s->buf.is_const) {
       s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
       s->reg_loop = -1;
     }
   }
   for (int k = 0; k <= K; k++) {
-    for (int q = 0; q < n; q++) section_step(&R, &R.plan[q], k);
+    for (int q = 0; q < R->np; q++) section_step(R, &R->plan[q], k);
     if (k == K || !loop_used[k]) continue;
-    Plan *cs = causal_exp_loop(&R, k);
-    LLVMValueRef hi = gen_i64(g, l->cols);
+    Plan *cs = causal_exp_loop(R, k);
+    LLVMValueRef hi = gen_i64(g, R->l->cols);
     if (cs) { /* columns j <= i (up to a whole vector) only: exp(-inf - max) past them */
-      int nr = l->space.rank;
-      LLVMValueRef i = LLVMBuildURem(g->b, R.r, gen_i64(g, l->space.dim[nr - 2]), "");
+      int nr = R->l->space.rank;
+      LLVMValueRef i = LLVMBuildURem(g->b, R->r, gen_i64(g, R->l->space.dim[nr - 2]), "");
       LLVMValueRef up = LLVMBuildAnd(g->b, LLVMBuildAdd(g->b, i, gen_i64(g, CAUSAL_VEC), ""), gen_i64(g, -CAUSAL_VEC), "");
       hi = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, up, hi, ""), up, hi, "");
     }
     GenLoop cl;
     gen_loop_begin(g, &cl, zero, hi, "col");
-    R.j = cl.iv;
-    for (int i = 0; i < R.ns; i++) /* before anything is written over them */
-      if (written_over(&R, i)) (void)elem_val(&R, i, k);
-    for (int q = 0; q < n; q++) loop_step(&R, &R.plan[q], k);
+    R->j = cl.iv;
+    for (int i = 0; i < R->ns; i++) /* before anything is written over them */
+      if (written_over(R, i)) (void)elem_val(R, i, k);
+    for (int q = 0; q < R->np; q++) loop_step(R, &R->plan[q], k);
     LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
     if (cs) {
@@ -925,25 +765,60 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
       LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
       LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
       GenLoop tl;
-      gen_loop_begin(g, &tl, hi, gen_i64(g, l->cols), "masked");
+      gen_loop_begin(g, &tl, hi, gen_i64(g, R->l->cols), "masked");
       LLVMBuildStore(g->b, tail, LLVMBuildInBoundsGEP2(g->b, ft, cs->erow, &tl.iv, 1, ""));
       gen_loop_end(g, &tl);
     }
   }
-  for (int i = 0; i < R.ns; i++) { /* deferred outputs, now that the row's operands are read */
-    RSlot *s = &R.s[i];
+  for (int i = 0; i < R->ns; i++) { /* deferred outputs, now that the row's operands are read */
+    RSlot *s = &R->s[i];
     if (!s->defer) continue;
     GenLoop cl;
-    gen_loop_begin(g, &cl, zero, gen_i64(g, l->cols), "store");
-    R.j = cl.iv;
+    gen_loop_begin(g, &cl, zero, gen_i64(g, R->l->cols), "store");
+    R->j = cl.iv;
     IrDType dt = s->cs->v->type.dtype;
-    LLVMValueRef v = gen_load(g, mat_ptr(&R, s), dt, -1);
-    gen_store(g, slot_ptr(&R, s, s->rowptr, col_index(&R, s)), v, dt, false, s->buf.scope);
+    LLVMValueRef v = gen_load(g, mat_ptr(R, s), dt, -1);
+    gen_store(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), v, dt, false, s->buf.scope);
     gen_loop_end(g, &cl);
   }
   gen_loop_end(g, &rows);
+}
+
+void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
+  Row R;
+  memset(&R, 0, sizeof R);
+  R.g = g;
+  R.l = l;
+  R.ns = l->nslots;
+  Arena a;
+  arena_init(&a);
+  KpRowPlan kp;
+  if (!kp_row_plan(l, ops, n, &a, &kp)) {
+    gen_error(g, "kernel k%d: an op does not fit a row kernel", g->group);
+    LLVMBuildRetVoid(g->b);
+    arena_free(&a);
+    return;
+  }
+  R.s = ARENA_ARRAY(&a, RSlot, R.ns ? R.ns : 1);
+  R.plan = ARENA_ARRAY(&a, Plan, n ? n : 1);
+  setup_slots(&R, &kp);
+
+  /* Plan every op; K loops, sections 0..K. */
+  int K = 0;
+  for (int k = 0; k < n; k++) {
+    plan_op(&R, &R.plan[k], &kp.steps[k]);
+    for (int i = 0; i < 3; i++) K = maxi(K, R.plan[k].p[i] + 1);
+    for (int i = 0; i < 2; i++) K = maxi(K, R.plan[k].fin[i]);
+  }
+  R.np = n;
+  finish_plans(&R);
+  bool *loop_used = ARENA_ARRAY(&a, bool, K + 1);
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < 3; i++)
+      if (R.plan[k].p[i] >= 0) loop_used[R.plan[k].p[i]] = true;
+
+  alloc_state(&R);
+  emit_rows(&R, K, loop_used);
   LLVMBuildRetVoid(g->b);
-  free(loop_used);
-  free(R.s);
-  free(R.plan);
+  arena_free(&a);
 }
