@@ -1,6 +1,7 @@
-/* tools.h - the command line's pieces that live outside gradc.c: the
- * training loop and dataset writer (train.c) and the SVG plot writer
- * (plot.c). */
+/* tools.h - the command line's pieces that live outside gradc.c: flag
+ * values (common.c), the training loop and dataset writer (train.c),
+ * `gradc bench` (bench.c) and the SVG plot writer (plot.c).  The commands
+ * use include/gradc.h and api/cli.h, nothing below them. */
 #ifndef GRADC_TOOLS_H
 #define GRADC_TOOLS_H
 
@@ -19,17 +20,12 @@
 const char *tools_flag_value(int argc, char **argv, int *i, const char *flag, bool *missing);
 bool tools_parse_i64(const char *s, int64_t *out); /* the whole string, base 10 */
 bool tools_parse_f64(const char *s, double *out);  /* the whole string, finite */
-/* cuda or cuda:sm_XX, in a build with the CUDA back end. */
-bool tools_cuda_target(const char *t);
-/* Whether path starts with the artifact magic (else it is model source). */
-bool tools_is_artifact(const char *path);
-/* Report the C API's last error on stderr; returns the exit status (1 user
- * error, 2 internal). */
-int tools_api_error(gradc_status st);
 /* --link-latency-us / --link-gbps: a simulated slow link between ranks,
  * handed to the comm layer through GRADC_COMM_LATENCY_US / GRADC_COMM_GBPS
  * (docs/DISTRIBUTED.md) before it starts.  Values <= 0 leave them alone. */
 void tools_set_link(double latency_us, double gbps);
+/* Wall-clock milliseconds (CLOCK_MONOTONIC). */
+double tools_now_ms(void);
 
 /* ------------------------------------------------------------------ */
 /* train.c                                                             */
@@ -41,6 +37,14 @@ int cmd_train(int argc, char **argv);
 int cmd_data_text(int argc, char **argv);
 extern const char train_help[];
 extern const char data_text_help[];
+
+/* ------------------------------------------------------------------ */
+/* bench.c                                                             */
+/* ------------------------------------------------------------------ */
+/* `gradc bench MODEL ...`: argv[0] is "bench".  Returns the exit status
+ * (0, 1 user error, 2 internal error). */
+int cmd_bench(int argc, char **argv);
+extern const char bench_help[];
 
 /* ------------------------------------------------------------------ */
 /* plot.c                                                              */

@@ -38,18 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/cli.h"
 #include "gradc.h"
-#include "runtime/io/artifact.h"
-#include "runtime/comm/comm.h"
-#include "runtime/runtime.h"
-#include "support/support.h"
 #include "tools.h"
-#ifdef GRADC_HAVE_CUDA
-#include "runtime/cuda/cuda.h"
-#define CUDA_TARGETS ", cuda, cuda:sm_XX"
-#else
-#define CUDA_TARGETS ""
-#endif
 
 const char train_help[] =
     "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref|cuda]\n"
@@ -110,27 +101,11 @@ static void warning(const char *fmt, ...) {
   va_end(ap);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return tools_now_ms() * 1e-3; }
 
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
   return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-static const char *dtype_name(gradc_dtype dt) {
-  switch (dt) {
-  case GRADC_F32: return "f32";
-  case GRADC_F64: return "f64";
-  case GRADC_BF16: return "bf16";
-  case GRADC_F16: return "f16";
-  case GRADC_I32: return "i32";
-  case GRADC_I64: return "i64";
-  }
-  return "?";
 }
 
 static void shape_str(char *buf, size_t n, const int64_t *shape, int rank, int from) {
@@ -240,38 +215,36 @@ int cmd_data_text(int argc, char **argv) {
     sb_free(&vocab);
     return error(1, "%" PRId64 " samples of %" PRId64 " tokens is too large a dataset; raise --stride", N, T);
   }
-  int32_t *idx = malloc(sizeof(int32_t) * (size_t)(N * T)), *tgt = malloc(sizeof(int32_t) * (size_t)(N * T));
-  if (!idx || !tgt) abort();
+  int32_t *idx = mem_alloc(sizeof(int32_t) * (size_t)(N * T)), *tgt = mem_alloc(sizeof(int32_t) * (size_t)(N * T));
   for (int64_t n = 0; n < N; n++)
     for (int64_t t = 0; t < T; t++) {
       idx[n * T + t] = id[bytes[n * stride + t]];
       tgt[n * T + t] = id[bytes[n * stride + t + 1]];
     }
 
-  StFile st;
-  st_init(&st);
+  cli_tensors *st = cli_tensors_new();
   int64_t shape[2] = {N, T};
-  st_add(&st, idx_name, ST_I32, 2, shape, idx);
-  st_add(&st, tgt_name, ST_I32, 2, shape, tgt);
+  cli_tensors_add(st, idx_name, GRADC_I32, 2, shape, idx);
+  cli_tensors_add(st, tgt_name, GRADC_I32, 2, shape, tgt);
   char buf[64];
-  st_set_meta(&st, "format", "gradc.text");
+  cli_tensors_set_meta(st, "format", "gradc.text");
   snprintf(buf, sizeof buf, "%d", nvocab);
-  st_set_meta(&st, "vocab_size", buf);
-  st_set_meta(&st, "vocab", compact ? sb_str(&vocab) : "bytes");
+  cli_tensors_set_meta(st, "vocab_size", buf);
+  cli_tensors_set_meta(st, "vocab", compact ? sb_str(&vocab) : "bytes");
   snprintf(buf, sizeof buf, "%" PRId64, stride);
-  st_set_meta(&st, "stride", buf);
+  cli_tensors_set_meta(st, "stride", buf);
   snprintf(buf, sizeof buf, "%" PRId64, len);
-  st_set_meta(&st, "text_bytes", buf);
+  cli_tensors_set_meta(st, "text_bytes", buf);
   char err[1024];
   int rc = 0;
-  if (!st_write(output, &st, err, sizeof err))
+  if (!cli_tensors_write(st, output, err, sizeof err))
     rc = error(1, "%s", err);
   else
     fprintf(stderr,
             "%s: %" PRId64 " samples of %" PRId64 " tokens from %" PRId64 " bytes (stride %" PRId64
             "), vocabulary %d%s; train with -D T=%" PRId64 " -D V=%d\n",
             output, N, T, len, stride, nvocab, compact ? " (compact)" : " (bytes)", T, nvocab);
-  st_free(&st);
+  cli_tensors_free(st);
   free(idx);
   free(tgt);
   sb_free(&text);
@@ -446,12 +419,9 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   }
   if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
   if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
-  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !tools_cuda_target(a->target))
-    return error(1, "unsupported --target '%s' (this build has: cpu, ref" CUDA_TARGETS ")", a->target);
-#ifdef GRADC_HAVE_CUDA
-  char derr[512];
-  if (tools_cuda_target(a->target) && !cuda_device_available(derr, sizeof derr)) return error(1, "%s", derr);
-#endif
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cli_is_cuda_target(a->target))
+    return error(1, "unsupported --target '%s' (this build has: cpu, ref%s)", a->target, cli_cuda_targets());
+  if (cli_is_cuda_target(a->target) && cli_need_device()) return 1;
   bool sgd = a->kind == GRADC_SGD;
   if (!sgd && (a->momentum_set || a->dampening_set || a->nesterov))
     return error(1, "--momentum, --dampening and --nesterov are options of --optimizer sgd");
@@ -474,7 +444,8 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
 
 typedef struct Feed { /* a program input and the dataset tensor that feeds it */
   const char *name;
-  const StTensor *t;
+  int index;       /* its tensor in the dataset */
+  cli_tensor t;
   gradc_dtype dt;  /* as passed to gradc_session_set_input */
   bool batched;
   size_t row_bytes; /* batched: bytes per sample */
@@ -483,7 +454,7 @@ typedef struct Feed { /* a program input and the dataset tensor that feeds it */
 } Feed;
 
 typedef struct Data {
-  StFile st;
+  cli_tensors *st;
   Feed *feed;
   int nfeed;
   int64_t n;   /* samples */
@@ -500,15 +471,15 @@ static void data_free(Data *d) {
   for (int i = 0; i < d->nfeed; i++) free(d->feed[i].buf);
   free(d->feed);
   free(d->perm);
-  st_free(&d->st);
+  cli_tensors_free(d->st);
 }
 
 /* Match the dataset's tensors to the program's inputs. */
 static int data_open(Data *d, const char *path, const gradc_program *p) {
   memset(d, 0, sizeof *d);
   char err[1024];
-  st_init(&d->st);
-  if (!st_read(path, &d->st, err, sizeof err)) return error(1, "%s", err);
+  d->st = cli_tensors_new();
+  if (!cli_tensors_read(d->st, path, err, sizeof err)) return error(1, "%s", err);
   int ni = gradc_program_num_inputs(p);
   d->feed = calloc((size_t)(ni ? ni : 1), sizeof *d->feed);
   if (!d->feed) abort();
@@ -516,38 +487,34 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
   d->unit = "samples/s";
   for (int i = 0; i < ni; i++) {
     gradc_tensor_info in;
-    if (gradc_program_input_info(p, i, &in) != GRADC_OK) return tools_api_error(GRADC_ERR_INTERNAL);
+    if (gradc_program_input_info(p, i, &in) != GRADC_OK) return cli_report(GRADC_ERR_INTERNAL);
     Feed *f = &d->feed[d->nfeed++];
     f->name = in.name;
     f->batched = in.batched && in.rank > 0;
     char want[160], got[160];
     shape_str(want, sizeof want, in.shape, in.rank, f->batched ? 1 : 0);
-    const StTensor *t = st_find(&d->st, in.name);
-    if (!t)
+    f->index = cli_tensors_find(d->st, in.name);
+    if (f->index < 0)
       return error(1, "%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
-                   dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
-    f->t = t;
+                   cli_dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
+    f->t = cli_tensors_at(d->st, f->index);
+    const cli_tensor *t = &f->t;
     bool is_int = in.dtype == GRADC_I32 || in.dtype == GRADC_I64;
-    switch (t->dtype) {
-    case ST_I32: f->dt = GRADC_I32; break;
-    case ST_I64: f->dt = GRADC_I64; break;
-    case ST_F32: f->dt = GRADC_F32; break;
-    case ST_F64: f->dt = GRADC_F64; break;
-    case ST_BF16:
-    case ST_F16: f->dt = GRADC_BF16; break;
-    }
-    bool t_int = t->dtype == ST_I32 || t->dtype == ST_I64;
+    bool t_int = t->dtype == GRADC_I32 || t->dtype == GRADC_I64;
+    bool t_low = t->dtype == GRADC_BF16 || t->dtype == GRADC_F16;
+    f->dt = t_low ? GRADC_BF16 : t->dtype;
     bool shape_ok = t->rank == in.rank;
     for (int k = f->batched ? 1 : 0; shape_ok && k < in.rank; k++) shape_ok = t->shape[k] == in.shape[k];
-    if (t->dtype == ST_BF16 || t->dtype == ST_F16 || is_int != t_int || !shape_ok) {
+    if (t_low || is_int != t_int || !shape_ok) {
       shape_str(got, sizeof got, t->shape, t->rank, 0);
       return error(1, "%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name,
                    is_int ? "I32 or I64" : "F32 or F64", f->batched ? "[N]+" : "", want,
-                   f->batched ? "samples along the first axis" : "the input as it is", st_dtype_name(t->dtype), got);
+                   f->batched ? "samples along the first axis" : "the input as it is", cli_dtype_file_name(t->dtype),
+                   got);
     }
     int64_t per = 1;
     for (int k = f->batched ? 1 : 0; k < in.rank; k++) per *= in.shape[k];
-    f->row_bytes = (size_t)per * st_dtype_size(t->dtype);
+    f->row_bytes = (size_t)per * cli_dtype_size(t->dtype);
     if (f->batched) {
       if (d->n >= 0 && t->shape[0] != d->n)
         return error(1, "%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t->shape[0],
@@ -567,10 +534,10 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
       f->window = per;
     }
   }
-  for (int i = 0; i < d->st.n; i++) {
+  for (int i = 0; i < cli_tensors_count(d->st); i++) {
     bool used = false;
-    for (int j = 0; j < d->nfeed; j++) used |= d->feed[j].t == &d->st.t[i];
-    if (!used) return error(1, "%s: tensor '%s' is not an input of the model", path, d->st.t[i].name);
+    for (int j = 0; j < d->nfeed; j++) used |= d->feed[j].index == i;
+    if (!used) return error(1, "%s: tensor '%s' is not an input of the model", path, cli_tensors_at(d->st, i).name);
   }
   if (d->n < 0) { /* no batched input: every step sees the same data */
     d->n = d->b = 1;
@@ -606,15 +573,15 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
   GRADC_ASSERT(d->have_perm);
   for (int i = 0; i < d->nfeed; i++) {
     Feed *f = &d->feed[i];
-    const void *src = f->t->data;
+    const void *src = f->t.data;
     if (f->batched) {
       for (int64_t k = 0; k < d->b; k++)
-        memcpy(f->buf + (size_t)k * f->row_bytes, (const char *)f->t->data + (size_t)d->perm[w * d->b + k] * f->row_bytes,
+        memcpy(f->buf + (size_t)k * f->row_bytes, (const char *)f->t.data + (size_t)d->perm[w * d->b + k] * f->row_bytes,
                f->row_bytes);
       src = f->buf;
     }
     gradc_status st = gradc_session_set_input(s, f->name, f->dt, src, (size_t)f->window);
-    if (st != GRADC_OK) return tools_api_error(st);
+    if (st != GRADC_OK) return cli_report(st);
   }
   return 0;
 }
@@ -623,45 +590,43 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
 
 static int save_checkpoint(gradc_session *s, const char *path, const Data *d, bool lead) {
   gradc_status st = gradc_session_save_checkpoint(s, path);
-  if (st != GRADC_OK) return tools_api_error(st);
+  if (st != GRADC_OK) return cli_report(st);
   if (!lead) return 0; /* --zero1: the other ranks only send rank 0 their optimiser state */
-  StFile f;
-  st_init(&f);
+  cli_tensors *f = cli_tensors_new();
   char err[1024], buf[64];
-  bool ok = st_read(path, &f, err, sizeof err);
+  bool ok = cli_tensors_read(f, path, err, sizeof err);
   if (ok) {
     snprintf(buf, sizeof buf, "%016" PRIx64, d->key);
-    st_set_meta(&f, "train.epoch_key", buf);
+    cli_tensors_set_meta(f, "train.epoch_key", buf);
     snprintf(buf, sizeof buf, "%" PRId64, d->n);
-    st_set_meta(&f, "train.samples", buf);
+    cli_tensors_set_meta(f, "train.samples", buf);
     snprintf(buf, sizeof buf, "%" PRId64, d->b);
-    st_set_meta(&f, "train.window", buf);
-    ok = st_write(path, &f, err, sizeof err);
+    cli_tensors_set_meta(f, "train.window", buf);
+    ok = cli_tensors_write(f, path, err, sizeof err);
   }
-  st_free(&f);
+  cli_tensors_free(f);
   return ok ? 0 : error(1, "%s", err);
 }
 
 /* Resume: the API restores params, optimiser state, step and generator;
  * a checkpoint taken mid-epoch also needs that epoch's shuffle seed. */
 static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
-  StFile f;
-  st_init(&f);
+  cli_tensors *f = cli_tensors_new();
   char err[1024];
-  if (!st_read(path, &f, err, sizeof err)) {
-    st_free(&f);
+  if (!cli_tensors_read(f, path, err, sizeof err)) {
+    cli_tensors_free(f);
     return error(1, "%s", err);
   }
   gradc_status st = gradc_session_load_checkpoint(s, path);
   if (st != GRADC_OK) {
-    st_free(&f);
-    return tools_api_error(st);
+    cli_tensors_free(f);
+    return cli_report(st);
   }
   int rc = 0;
   int64_t step = gradc_session_step_count(s);
   if (step % d->wpe != 0) {
-    const char *key = st_get_meta(&f, "train.epoch_key"), *n = st_get_meta(&f, "train.samples"),
-               *b = st_get_meta(&f, "train.window");
+    const char *key = cli_tensors_meta(f, "train.epoch_key"), *n = cli_tensors_meta(f, "train.samples"),
+               *b = cli_tensors_meta(f, "train.window");
     char *end = NULL;
     uint64_t k = key ? strtoull(key, &end, 16) : 0;
     if (!key || !end || *end || !n || !b)
@@ -675,7 +640,7 @@ static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
     else
       data_shuffle(d, k);
   }
-  st_free(&f);
+  cli_tensors_free(f);
   return rc;
 }
 
@@ -982,7 +947,7 @@ static void on_interrupt(int sig) { interrupted = sig; }
 
 static int open_program(const TrainArgs *a, gradc_program **p) {
   gradc_status st;
-  if (!tools_is_artifact(a->model)) {
+  if (!cli_is_artifact(a->model)) {
     gradc_compile_options o;
     gradc_compile_options_init(&o);
     o.gas = a->gas;
@@ -999,12 +964,12 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.bucket_bytes = a->bucket_bytes;
     o.zero1 = a->zero1;
     st = gradc_program_compile_file(a->model, &o, p);
-    return st == GRADC_OK ? 0 : tools_api_error(st);
+    return st == GRADC_OK ? 0 : cli_report(st);
   }
   if (a->ndefs || a->target)
     return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
   st = gradc_program_load(a->model, p);
-  if (st != GRADC_OK) return tools_api_error(st);
+  if (st != GRADC_OK) return cli_report(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
     return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
   if (a->dp_set && a->dp != gradc_program_dp(*p))
@@ -1033,7 +998,7 @@ static int set_optimizer(const TrainArgs *a, gradc_session *s) {
   o.total_steps = a->cosine ? a->steps : 0;
   o.min_lr = a->min_lr;
   gradc_status st = gradc_session_set_optimizer(s, &o);
-  return st == GRADC_OK ? 0 : tools_api_error(st);
+  return st == GRADC_OK ? 0 : cli_report(st);
 }
 
 static const char *base_name(const char *path) {
@@ -1046,7 +1011,6 @@ static int train(const TrainArgs *a) {
   gradc_session *s = NULL;
   Data d;
   memset(&d, 0, sizeof d);
-  st_init(&d.st);
   Log lg;
   memset(&lg, 0, sizeof lg);
   History h;
@@ -1056,7 +1020,7 @@ static int train(const TrainArgs *a) {
   bool lead = true; /* rank 0 of a data-parallel run (or the only process) prints and writes */
   int rc = open_program(a, &p);
   if (rc) goto done;
-  int launched = comm_launch_size(), ranks = gradc_program_tp(p) * gradc_program_dp(p);
+  int launched = cli_launch_size(), ranks = gradc_program_tp(p) * gradc_program_dp(p);
   if (launched > 1 && ranks != launched) {
     if (gradc_program_tp(p) == 1)
       rc = error(1, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
@@ -1077,12 +1041,12 @@ static int train(const TrainArgs *a) {
 
   gradc_status st = gradc_session_new(p, &s);
   if (st != GRADC_OK) {
-    rc = tools_api_error(st);
+    rc = cli_report(st);
     goto done;
   }
   lead = gradc_session_rank(s) == 0;
   if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) {
-    rc = tools_api_error(st);
+    rc = cli_report(st);
     goto done;
   }
   if ((rc = set_optimizer(a, s))) goto done;
@@ -1093,10 +1057,10 @@ static int train(const TrainArgs *a) {
     rc = load_checkpoint(s, a->resume, &d);
   } else if (a->init) {
     st = gradc_session_load_params(s, a->init);
-    rc = st == GRADC_OK ? 0 : tools_api_error(st);
+    rc = st == GRADC_OK ? 0 : cli_report(st);
   } else {
     st = gradc_session_init_params(s, a->seed);
-    rc = st == GRADC_OK ? 0 : tools_api_error(st);
+    rc = st == GRADC_OK ? 0 : cli_report(st);
   }
   if (rc) goto done;
 
@@ -1147,7 +1111,7 @@ static int train(const TrainArgs *a) {
     if ((rc = data_feed(&d, s, step))) break;
     double lr = gradc_session_lr(s);
     if ((st = gradc_session_run(s)) != GRADC_OK) {
-      rc = tools_api_error(st);
+      rc = cli_report(st);
       break;
     }
     for (int i = 0; i < nl; i++) loss[i] = gradc_session_loss(s, i);
@@ -1160,7 +1124,7 @@ static int train(const TrainArgs *a) {
       break;
     }
     if ((st = gradc_session_step(s)) != GRADC_OK) {
-      rc = tools_api_error(st);
+      rc = cli_report(st);
       break;
     }
     step = gradc_session_step_count(s);
@@ -1181,12 +1145,12 @@ static int train(const TrainArgs *a) {
   if (rc) goto done;
   /* Data-parallel ranks took the same steps on the same gradients. */
   if ((st = gradc_session_check_replicas(s)) != GRADC_OK) {
-    rc = tools_api_error(st);
+    rc = cli_report(st);
     goto done;
   }
   /* Every rank's events go into the one file rank 0 writes (collective). */
   if (a->trace && (st = gradc_session_trace_write(s, a->trace)) != GRADC_OK) {
-    rc = tools_api_error(st);
+    rc = cli_report(st);
     goto done;
   }
   if (a->trace && lead) {
@@ -1214,7 +1178,7 @@ static int train(const TrainArgs *a) {
   if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", step, a->checkpoint);
   if (a->params_out) {
     if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) {
-      rc = tools_api_error(st);
+      rc = cli_report(st);
       goto done;
     }
     fprintf(stderr, "params: %s\n", a->params_out);
@@ -1231,7 +1195,7 @@ done:
     int lrc = log_close(&lg, a->log, nl);
     if (!rc) rc = lrc;
   }
-  if (rc) comm_abort(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
+  if (rc) cli_abort_ranks(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
   for (int i = 0; i < h.nl && h.loss; i++) free(h.loss[i]);
   free(h.loss);
   free(h.step);
