@@ -46,9 +46,7 @@ const char bench_help[] =
 
 typedef struct BenchArgs {
   const char *input;
-  const char *defs_name[64];
-  int64_t defs_value[64];
-  int ndefs;
+  Defines defs; /* -D */
   int gas;
   const char *target; /* --target: cpu (NULL), ref or cuda[:sm_XX] */
   bool ref;           /* --target ref */
@@ -65,77 +63,38 @@ typedef struct Figures {
   cli_bench_figures run; /* the rest, measured through api/cli.h */
 } Figures;
 
-static int usage(const char *fmt, const char *arg) {
-  fprintf(stderr, "gradc: error: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, " (see gradc help bench)\n");
-  return 1;
-}
-
-static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-  int64_t v;
-  if (!tools_parse_i64(s, &v) || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
+static bool is_target(const char *v) { return strcmp(v, "cpu") == 0 || strcmp(v, "ref") == 0 || cli_is_cuda_target(v); }
 
 static int parse_args(int argc, char **argv, BenchArgs *a) {
   memset(a, 0, sizeof *a);
   a->gas = 1;
   a->steps = 10;
   a->warmup = 2;
-  for (int i = 1; i < argc; i++) {
-    char *arg = argv[i];
-    const char *v;
-    bool missing = false;
-    int64_t x;
-    if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
-      const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
-      const char *eq = def ? strchr(def, '=') : NULL;
-      if (!eq || eq == def || !parse_int(eq + 1, INT64_MIN, INT64_MAX, &x))
-        return usage("-D expects NAME=INTEGER, got '%s'", def ? def : "");
-      if (a->ndefs == 64) return usage("too many -D options%s", "");
-      a->defs_name[a->ndefs] = strndup(def, (size_t)(eq - def));
-      a->defs_value[a->ndefs++] = x;
-    } else if ((v = tools_flag_value(argc, argv, &i, "--gas", &missing))) {
-      if (!parse_int(v, 1, 1 << 20, &x)) return usage("--gas expects a positive integer, got '%s'", v);
-      a->gas = (int)x;
-    } else if ((v = tools_flag_value(argc, argv, &i, "--threads", &missing))) {
-      if (!parse_int(v, 0, 4096, &x)) return usage("--threads expects a non-negative integer, got '%s'", v);
-      a->threads = (int)x;
-    } else if ((v = tools_flag_value(argc, argv, &i, "--steps", &missing))) {
-      if (!parse_int(v, 1, 1000000, &x)) return usage("--steps expects a positive integer, got '%s'", v);
-      a->steps = (int)x;
-    } else if ((v = tools_flag_value(argc, argv, &i, "--warmup", &missing))) {
-      if (!parse_int(v, 0, 1000000, &x)) return usage("--warmup expects a non-negative integer, got '%s'", v);
-      a->warmup = (int)x;
-    } else if ((v = tools_flag_value(argc, argv, &i, "--seed", &missing))) {
-      if (!parse_int(v, 0, INT64_MAX, &x)) return usage("--seed expects a non-negative integer, got '%s'", v);
-      a->seed = (uint64_t)x;
-    } else if ((v = tools_flag_value(argc, argv, &i, "--target", &missing))) {
-      if (strcmp(v, "cpu") != 0 && strcmp(v, "ref") != 0 && !cli_is_cuda_target(v))
-        return usage("unsupported --target '%s' (bench has: cpu, ref, cuda)", v);
-      a->target = strcmp(v, "cpu") == 0 ? NULL : v;
-      a->ref = strcmp(v, "ref") == 0;
-    } else if (strcmp(arg, "--allow-tf32") == 0) {
-      a->allow_tf32 = true;
-    } else if (strcmp(arg, "--json") == 0) {
-      a->json = true;
-    } else if (strcmp(arg, "--no-cache") == 0) {
-      a->no_cache = true;
-    } else if (strcmp(arg, "--print-gemms") == 0) {
-      a->print_gemms = true;
-    } else if (missing) {
-      return usage("%s needs a value", arg);
-    } else if (arg[0] == '-' && arg[1]) {
-      return usage("unknown or incomplete option '%s'", arg);
-    } else if (!a->input) {
-      a->input = arg;
-    } else {
-      return usage("unexpected argument '%s'", arg);
-    }
+  const Flag flags[] = {
+      {"--gas", FLAG_INT, &a->gas, NULL, 1, 1 << 20, .expects = "a positive integer"},
+      {"--threads", FLAG_INT, &a->threads, NULL, 0, 4096, .expects = "a non-negative integer"},
+      {"--steps", FLAG_INT, &a->steps, NULL, 1, 1000000, .expects = "a positive integer"},
+      {"--warmup", FLAG_INT, &a->warmup, NULL, 0, 1000000, .expects = "a non-negative integer"},
+      {"--seed", FLAG_U64, &a->seed, NULL, 0, (double)INT64_MAX, .expects = "a non-negative integer"},
+      {"--target", FLAG_STRING, .dst = &a->target, .valid = is_target,
+       .invalid = "unsupported --target '%s' (bench has: cpu, ref, cuda)"},
+      {"--allow-tf32", FLAG_BOOL, .dst = &a->allow_tf32},
+      {"--json", FLAG_BOOL, .dst = &a->json},
+      {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
+      {"--print-gemms", FLAG_BOOL, .dst = &a->print_gemms},
+  };
+  int npos = 0;
+  FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help bench)", .see_values = true,
+                   .see_missing = true, .defines = &a->defs, .positional = &a->input, .max_positional = 1,
+                   .npositional = &npos};
+  int rc = flags_parse(&spec, argc, argv, 1);
+  if (rc) return rc;
+  a->ref = a->target && strcmp(a->target, "ref") == 0;
+  if (a->target && strcmp(a->target, "cpu") == 0) a->target = NULL;
+  if (!a->input) {
+    fprintf(stderr, "gradc: error: bench needs a model file (see gradc help bench)\n");
+    return 1;
   }
-  if (!a->input) return usage("bench needs a model file%s", "");
   if (cli_is_cuda_target(a->target) && cli_need_device()) return 1;
   return 0;
 }
@@ -149,9 +108,9 @@ static int compile(const BenchArgs *a, bool cached, gradc_program **p, double *m
   if (a->target) o.target = a->target;
   o.threads = a->threads;
   o.no_cache = !cached;
-  o.def_names = a->defs_name;
-  o.def_values = a->defs_value;
-  o.ndefs = a->ndefs;
+  o.def_names = a->defs.name;
+  o.def_values = a->defs.value;
+  o.ndefs = a->defs.n;
   double t0 = tools_now_ms();
   gradc_status st = gradc_program_compile_file(a->input, &o, p);
   if (st) return cli_report(st);
@@ -221,6 +180,6 @@ int cmd_bench(int argc, char **argv) {
   BenchArgs a;
   int rc = parse_args(argc, argv, &a);
   if (!rc) rc = bench(&a);
-  for (int i = 0; i < a.ndefs; i++) free((void *)a.defs_name[i]);
+  defines_free(&a.defs);
   return rc;
 }

@@ -1,5 +1,5 @@
-/* common.c - what the commands share: reading flag values, handing a
- * simulated link to the comm layer, the wall clock. */
+/* common.c - what the commands share: reading numbers from flag values,
+ * handing a simulated link to the comm layer, the wall clock. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,18 +9,6 @@
 
 #include "gradc.h"
 #include "tools.h"
-
-const char *tools_flag_value(int argc, char **argv, int *i, const char *flag, bool *missing) {
-  size_t n = strlen(flag);
-  if (strncmp(argv[*i], flag, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != 0) return NULL;
-  if (*i + 1 >= argc) {
-    if (missing) *missing = true;
-    return NULL;
-  }
-  return argv[++*i];
-}
 
 bool tools_parse_i64(const char *s, int64_t *out) {
   char *end;

@@ -13,6 +13,7 @@
  * without -o); everything else goes to stderr.  Exit status: 0 success,
  * 1 user error, 2 internal error. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,9 +26,7 @@ typedef struct Args {
   const char *cmd;
   const char *input;  /* MODEL.gdl or FILE.gir */
   const char *output; /* -o */
-  const char *defs_name[64];
-  int64_t defs_value[64];
-  int ndefs;
+  Defines defs; /* -D */
   int gas;
   bool gas_set; /* --gas was given (an artifact fixes K) */
   int dp;
@@ -36,7 +35,8 @@ typedef struct Args {
   bool tp_set; /* --tp was given (an artifact fixes it) */
   bool sequence_parallel;   /* --sequence-parallel */
   bool no_overlap;          /* --no-overlap */
-  int64_t bucket_bytes;     /* --bucket-mb X */
+  double bucket_mb;         /* --bucket-mb X */
+  int64_t bucket_bytes;     /* ... in bytes */
   const char *trace;        /* --trace FILE.json */
   double link_latency_us;   /* --link-latency-us X (a simulated slow link) */
   double link_gbps;         /* --link-gbps X */
@@ -49,7 +49,7 @@ typedef struct Args {
   bool time_passes;
   bool verify;
   int threads;   /* --threads N, 0 = one per core */
-  int no_cache;  /* --no-cache */
+  bool no_cache; /* --no-cache */
   bool print_kernels;      /* --print-kernels: the CUDA kernels' source to stderr */
   const char *kernels_dir; /* --kernels-dir DIR: one .cu file per kernel */
   bool allow_tf32;         /* --allow-tf32: f32 GEMMs on CUDA may use TF32 */
@@ -143,118 +143,51 @@ static bool check_pass_list(const char *flag, const char *list) {
   return ok;
 }
 
-/* Repeated --print-ir-* flags accumulate into one comma-separated list. */
-static const char *join_list(const char *old, const char *add) {
-  if (!old) return add;
-  static char buf[4][1024];
-  static int k;
-  char *b = buf[k++ % 4];
-  snprintf(b, sizeof buf[0], "%s,%s", old, add);
-  return b;
-}
-
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
   a->gas = 1;
   a->dp = 1;
   a->tp = 1;
   a->cmd = argv[1];
-  for (int i = 2; i < argc; i++) {
-    const char *v;
-    char *arg = argv[i];
-#define FLAG(name) (strncmp(arg, name, strlen(name)) == 0 && (v = tools_flag_value(argc, argv, &i, name, NULL)) != NULL)
-    if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
-      const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
-      const char *eq = def ? strchr(def, '=') : NULL;
-      int64_t val;
-      if (!eq || eq == def || !tools_parse_i64(eq + 1, &val)) return usage_error("-D expects NAME=INTEGER, got '%s'", def ? def : "");
-      if (a->ndefs == 64) return usage_error("too many -D options%s", "");
-      a->defs_name[a->ndefs] = strndup(def, (size_t)(eq - def));
-      a->defs_value[a->ndefs++] = val;
-    } else if (strcmp(arg, "-o") == 0) {
-      if (i + 1 >= argc) return usage_error("%s needs a file name", arg);
-      a->output = argv[++i];
-    } else if (FLAG("--gas")) {
-      int64_t k;
-      if (!tools_parse_i64(v, &k) || k < 1 || k > 1 << 20) return usage_error("--gas expects a positive integer, got '%s'", v);
-      a->gas = (int)k;
-      a->gas_set = true;
-    } else if (FLAG("--dp")) {
-      int64_t k;
-      if (!tools_parse_i64(v, &k) || k < 1 || k > 1 << 20) return usage_error("--dp expects a positive integer, got '%s'", v);
-      a->dp = (int)k;
-      a->dp_set = true;
-    } else if (FLAG("--tp")) {
-      int64_t k;
-      if (!tools_parse_i64(v, &k) || k < 1 || k > 1 << 20) return usage_error("--tp expects a positive integer, got '%s'", v);
-      a->tp = (int)k;
-      a->tp_set = true;
-    } else if (strcmp(arg, "--sequence-parallel") == 0) {
-      a->sequence_parallel = true;
-    } else if (strcmp(arg, "--no-overlap") == 0) {
-      a->no_overlap = true;
-    } else if (strcmp(arg, "--zero1") == 0) {
-      a->zero1 = true;
-    } else if (strcmp(arg, "--cost-report") == 0) {
-      a->cost_report = true;
-    } else if (FLAG("--bucket-mb")) {
-      double mb;
-      if (!tools_parse_f64(v, &mb) || !(mb > 0) || mb > 1 << 20)
-        return usage_error("--bucket-mb expects a positive size in MiB, got '%s'", v);
-      a->bucket_bytes = (int64_t)(mb * (1 << 20));
-      if (a->bucket_bytes < 1) a->bucket_bytes = 1;
-    } else if (FLAG("--trace")) {
-      a->trace = v;
-    } else if (FLAG("--link-latency-us")) {
-      if (!tools_parse_f64(v, &a->link_latency_us) || !(a->link_latency_us >= 0))
-        return usage_error("--link-latency-us expects a non-negative number, got '%s'", v);
-    } else if (FLAG("--link-gbps")) {
-      if (!tools_parse_f64(v, &a->link_gbps) || !(a->link_gbps > 0))
-        return usage_error("--link-gbps expects a positive number, got '%s'", v);
-    } else if (FLAG("--seed")) {
-      int64_t s;
-      if (!tools_parse_i64(v, &s) || s < 0) return usage_error("--seed expects a non-negative integer, got '%s'", v);
-      a->seed = (uint64_t)s;
-    } else if (FLAG("--target")) {
-      a->target = v;
-    } else if (FLAG("--passes")) {
-      a->passes = v;
-    } else if (FLAG("--print-ir-after")) {
-      a->print_after = join_list(a->print_after, v);
-    } else if (FLAG("--print-ir-before")) {
-      a->print_before = join_list(a->print_before, v);
-    } else if (FLAG("--dot")) {
-      a->dot = v;
-    } else if (FLAG("--params")) {
-      a->params = v;
-    } else if (FLAG("--inputs")) {
-      a->inputs = v;
-    } else if (FLAG("--grads-out")) {
-      a->grads_out = v;
-    } else if (FLAG("--threads")) {
-      int64_t t;
-      if (!tools_parse_i64(v, &t) || t < 0 || t > 1024) return usage_error("--threads expects a count, got '%s'", v);
-      a->threads = (int)t;
-    } else if (strcmp(arg, "--no-cache") == 0) {
-      a->no_cache = 1;
-    } else if (strcmp(arg, "--print-kernels") == 0) {
-      a->print_kernels = true;
-    } else if (FLAG("--kernels-dir")) {
-      a->kernels_dir = v;
-    } else if (strcmp(arg, "--allow-tf32") == 0) {
-      a->allow_tf32 = true;
-    } else if (strcmp(arg, "--time-passes") == 0) {
-      a->time_passes = true;
-    } else if (strcmp(arg, "--verify") == 0) {
-      a->verify = true;
-    } else if (arg[0] == '-' && arg[1]) {
-      return usage_error("unknown or incomplete option '%s'", arg);
-    } else if (!a->input) {
-      a->input = arg;
-    } else {
-      return usage_error("unexpected argument '%s'", arg);
-    }
-#undef FLAG
+  const double big = 1 << 20;
+  const Flag flags[] = {
+      {"-o", FLAG_STRING, .dst = &a->output, .missing = "%s needs a file name"},
+      {"--gas", FLAG_INT, &a->gas, &a->gas_set, 1, big, .expects = "a positive integer"},
+      {"--dp", FLAG_INT, &a->dp, &a->dp_set, 1, big, .expects = "a positive integer"},
+      {"--tp", FLAG_INT, &a->tp, &a->tp_set, 1, big, .expects = "a positive integer"},
+      {"--sequence-parallel", FLAG_BOOL, .dst = &a->sequence_parallel},
+      {"--no-overlap", FLAG_BOOL, .dst = &a->no_overlap},
+      {"--zero1", FLAG_BOOL, .dst = &a->zero1},
+      {"--cost-report", FLAG_BOOL, .dst = &a->cost_report},
+      {"--bucket-mb", FLAG_REAL, &a->bucket_mb, NULL, 0, big, .lo_open = true, .expects = "a positive size in MiB"},
+      {"--trace", FLAG_STRING, .dst = &a->trace},
+      {"--link-latency-us", FLAG_REAL, &a->link_latency_us, NULL, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--link-gbps", FLAG_REAL, &a->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"},
+      {"--seed", FLAG_U64, &a->seed, NULL, 0, (double)INT64_MAX, .expects = "a non-negative integer"},
+      {"--target", FLAG_STRING, .dst = &a->target},
+      {"--passes", FLAG_STRING, .dst = &a->passes},
+      {"--print-ir-after", FLAG_LIST, .dst = &a->print_after},
+      {"--print-ir-before", FLAG_LIST, .dst = &a->print_before},
+      {"--dot", FLAG_STRING, .dst = &a->dot},
+      {"--params", FLAG_STRING, .dst = &a->params},
+      {"--inputs", FLAG_STRING, .dst = &a->inputs},
+      {"--grads-out", FLAG_STRING, .dst = &a->grads_out},
+      {"--threads", FLAG_INT, &a->threads, NULL, 0, 1024, .expects = "a count"},
+      {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
+      {"--print-kernels", FLAG_BOOL, .dst = &a->print_kernels},
+      {"--kernels-dir", FLAG_STRING, .dst = &a->kernels_dir},
+      {"--allow-tf32", FLAG_BOOL, .dst = &a->allow_tf32},
+      {"--time-passes", FLAG_BOOL, .dst = &a->time_passes},
+      {"--verify", FLAG_BOOL, .dst = &a->verify},
+  };
+  int npos = 0;
+  FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help)", .see_values = true,
+                   .defines = &a->defs, .positional = &a->input, .max_positional = 1, .npositional = &npos};
+  int rc = flags_parse(&spec, argc, argv, 2);
+  if (rc) return rc;
+  if (a->bucket_mb > 0) {
+    a->bucket_bytes = (int64_t)(a->bucket_mb * (1 << 20));
+    if (a->bucket_bytes < 1) a->bucket_bytes = 1;
   }
   if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cli_is_cuda_target(a->target)) {
     fprintf(stderr, "gradc: error: unsupported --target '%s' (this build has: cpu, ref%s) (see gradc help)\n", a->target,
@@ -281,9 +214,9 @@ static void compile_options(const Args *a, gradc_compile_options *o) {
   o->no_overlap = a->no_overlap;
   o->bucket_bytes = a->bucket_bytes;
   o->zero1 = a->zero1;
-  o->def_names = (const char *const *)a->defs_name;
-  o->def_values = a->defs_value;
-  o->ndefs = a->ndefs;
+  o->def_names = a->defs.name;
+  o->def_values = a->defs.value;
+  o->ndefs = a->defs.n;
 }
 
 static cli_dumps dumps(const Args *a) {
@@ -308,7 +241,7 @@ static int open_program(const Args *a, gradc_program **out) {
     const gradc_program *p = *out;
     const char *why = NULL;
     char buf[256];
-    if (a->ndefs) why = "its sizes are fixed (no -D)";
+    if (a->defs.n) why = "its sizes are fixed (no -D)";
     else if (a->gas_set && a->gas != gradc_program_gas(p))
       why = (snprintf(buf, sizeof buf, "it was built with --gas %d", gradc_program_gas(p)), buf);
     else if (a->dp_set && a->dp != gradc_program_dp(p))
@@ -439,6 +372,6 @@ int main(int argc, char **argv) {
   else if (strcmp(a.cmd, "run") == 0) rc = cmd_run(&a);
   else if (strcmp(a.cmd, "data") == 0) rc = cmd_data(&a);
   else rc = usage_error("unknown command '%s'", a.cmd);
-  for (int i = 0; i < a.ndefs; i++) free((void *)a.defs_name[i]);
+  defines_free(&a.defs);
   return rc;
 }

@@ -1,7 +1,8 @@
-/* tools.h - the command line's pieces that live outside gradc.c: flag
- * values (common.c), the training loop and dataset writer (train.c),
- * `gradc bench` (bench.c) and the SVG plot writer (plot.c).  The commands
- * use include/gradc.h and api/cli.h, nothing below them. */
+/* tools.h - the command line's pieces that live outside gradc.c: the flag
+ * parser (flags.c), reading numbers (common.c), the training loop and
+ * dataset writer (train.c), `gradc bench` (bench.c) and the SVG plot
+ * writer (plot.c).  The commands use include/gradc.h and api/cli.h,
+ * nothing below them. */
 #ifndef GRADC_TOOLS_H
 #define GRADC_TOOLS_H
 
@@ -14,10 +15,6 @@
 /* ------------------------------------------------------------------ */
 /* common.c                                                            */
 /* ------------------------------------------------------------------ */
-/* "--flag=value" or "--flag value" at argv[*i] (advancing *i past the
- * value): the value, or NULL when argv[*i] is not the flag, or (setting
- * *missing when missing is given) when its value is absent. */
-const char *tools_flag_value(int argc, char **argv, int *i, const char *flag, bool *missing);
 bool tools_parse_i64(const char *s, int64_t *out); /* the whole string, base 10 */
 bool tools_parse_f64(const char *s, double *out);  /* the whole string, finite */
 /* --link-latency-us / --link-gbps: a simulated slow link between ranks,
@@ -26,6 +23,57 @@ bool tools_parse_f64(const char *s, double *out);  /* the whole string, finite *
 void tools_set_link(double latency_us, double gbps);
 /* Wall-clock milliseconds (CLOCK_MONOTONIC). */
 double tools_now_ms(void);
+
+/* ------------------------------------------------------------------ */
+/* flags.c: the one flag parser, driven by a table per command         */
+/* ------------------------------------------------------------------ */
+typedef enum {
+  FLAG_BOOL,   /* bool: set when present ("--verify") */
+  FLAG_STRING, /* const char *: the value */
+  FLAG_LIST,   /* const char *: repeated values joined with commas */
+  FLAG_INT,    /* int in [lo, hi] */
+  FLAG_I64,    /* int64_t in [lo, hi] */
+  FLAG_U64,    /* uint64_t in [lo, hi] */
+  FLAG_REAL,   /* double in [lo, hi], finite; lo_open: lo itself is refused */
+} FlagKind;
+
+typedef struct Flag {
+  const char *name; /* "--gas"; one dash ("-o"): the value is the next argument only */
+  FlagKind kind;
+  void *dst;            /* as the kind says */
+  bool *given;          /* set when the flag appears, or NULL */
+  double lo, hi;        /* numbers: the accepted range */
+  bool lo_open;
+  const char *expects;  /* numbers: "%s expects EXPECTS, got 'VALUE'" */
+  const char *missing;  /* the message when the value is absent (%s: the flag), or NULL */
+  bool (*valid)(const char *v); /* strings: accepted values, or NULL (any) */
+  const char *invalid;  /* ... and the message for another (%s: the value) */
+  const char *label;    /* the name messages use, if not name (an alias) */
+} Flag;
+
+#define TOOLS_MAX_DEFINES 64
+typedef struct Defines { /* -D NAME=VALUE, in order (names malloc'd) */
+  const char *name[TOOLS_MAX_DEFINES];
+  int64_t value[TOOLS_MAX_DEFINES];
+  int n;
+} Defines;
+
+typedef struct FlagSpec {
+  const Flag *flags;
+  int nflags;
+  const char *see;   /* appended to usage errors: " (see gradc help train)" */
+  bool see_values;   /* ... and to bad values and "too many -D options" */
+  bool see_missing;  /* a value flag without its value: "FLAG needs a value" (else: an incomplete option) */
+  Defines *defines;  /* where -D goes, or NULL (no -D) */
+  const char **positional; /* the other arguments, up to max_positional */
+  int max_positional;
+  int *npositional;
+  const char *too_many; /* the message for one positional more, or NULL ("unexpected argument") */
+} FlagSpec;
+
+/* Parse argv[first..argc) by s; 0, or 1 after writing `gradc: error: ...`. */
+int flags_parse(const FlagSpec *s, int argc, char **argv, int first);
+void defines_free(Defines *d);
 
 /* ------------------------------------------------------------------ */
 /* train.c                                                             */

@@ -125,33 +125,20 @@ int cmd_data_text(int argc, char **argv) {
   int nfiles = 0;
   int64_t T = 0, stride = 0;
   bool compact = false;
-  for (int i = 1; i < argc; i++) {
-    const char *v;
-    bool missing = false;
-    char *arg = argv[i];
-    if (strcmp(arg, "-T") == 0 || (v = tools_flag_value(argc, argv, &i, "--context", &missing))) {
-      if (strcmp(arg, "-T") == 0) v = i + 1 < argc ? argv[++i] : NULL;
-      if (!v || !tools_parse_i64(v, &T) || T < 1 || T > (1 << 24))
-        return error(1, "-T expects a positive context length, got '%s' (see gradc help data)", v ? v : "");
-    } else if ((v = tools_flag_value(argc, argv, &i, "--stride", &missing))) {
-      if (!tools_parse_i64(v, &stride) || stride < 1)
-        return error(1, "--stride expects a positive integer, got '%s' (see gradc help data)", v);
-    } else if ((v = tools_flag_value(argc, argv, &i, "--names", &missing))) {
-      names = v;
-    } else if (strcmp(arg, "-o") == 0) {
-      if (i + 1 >= argc) return error(1, "-o needs a file name (see gradc help data)");
-      output = argv[++i];
-    } else if (strcmp(arg, "--compact") == 0) {
-      compact = true;
-    } else if (missing) {
-      return error(1, "%s needs a value (see gradc help data)", arg);
-    } else if (arg[0] == '-' && arg[1]) {
-      return error(1, "unknown or incomplete option '%s' (see gradc help data)", arg);
-    } else {
-      if (nfiles == (int)(sizeof files / sizeof *files)) return error(1, "too many text files");
-      files[nfiles++] = arg;
-    }
-  }
+  const char *context = "a positive context length";
+  const Flag flags[] = {
+      {"-T", FLAG_I64, &T, NULL, 1, 1 << 24, .expects = context, .missing = "%s expects a positive context length, got ''"},
+      {"--context", FLAG_I64, &T, NULL, 1, 1 << 24, .expects = context, .label = "-T"},
+      {"--stride", FLAG_I64, &stride, NULL, 1, (double)INT64_MAX, .expects = "a positive integer"},
+      {"--names", FLAG_STRING, .dst = &names},
+      {"-o", FLAG_STRING, .dst = &output, .missing = "%s needs a file name"},
+      {"--compact", FLAG_BOOL, .dst = &compact},
+  };
+  FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help data)", .see_values = true,
+                   .see_missing = true, .positional = files, .max_positional = (int)(sizeof files / sizeof *files),
+                   .npositional = &nfiles, .too_many = "too many text files"};
+  int rc = flags_parse(&spec, argc, argv, 1);
+  if (rc) return rc;
   if (!nfiles) return error(1, "data text needs a text file (see gradc help data)");
   if (!T) return error(1, "data text needs -T N, the context length (see gradc help data)");
   if (!output) return error(1, "data text needs -o DATA.safetensors (see gradc help data)");
@@ -236,7 +223,6 @@ int cmd_data_text(int argc, char **argv) {
   snprintf(buf, sizeof buf, "%" PRId64, len);
   cli_tensors_set_meta(st, "text_bytes", buf);
   char err[1024];
-  int rc = 0;
   if (!cli_tensors_write(st, output, err, sizeof err))
     rc = error(1, "%s", err);
   else
@@ -272,7 +258,9 @@ typedef struct TrainArgs {
   const char *target;
   int threads;
   bool no_cache;
+  double bucket_mb;
   gradc_optimizer_kind kind;
+  const char *optimizer; /* --optimizer sgd|adamw */
   double lr, momentum, dampening, beta1, beta2, eps, weight_decay, clip, min_lr;
   bool lr_set, momentum_set, dampening_set, nesterov, beta1_set, beta2_set, eps_set, wd_set, min_lr_set;
   int64_t warmup;
@@ -280,10 +268,10 @@ typedef struct TrainArgs {
   uint64_t seed;
   const char *init, *params_out, *checkpoint, *resume, *log, *plot;
   int64_t checkpoint_every;
-  const char *def_names[64];
-  int64_t def_values[64];
-  int ndefs;
+  Defines defs;
 } TrainArgs;
+
+static bool is_optimizer(const char *v) { return strcmp(v, "sgd") == 0 || strcmp(v, "adamw") == 0; }
 
 static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   memset(a, 0, sizeof *a);
@@ -291,131 +279,57 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   a->gas = 1;
   a->dp = 1;
   a->tp = 1;
-  a->kind = GRADC_ADAMW;
-  for (int i = 1; i < argc; i++) {
-    char *arg = argv[i];
-    const char *v = NULL;
-    bool missing = false;
-    int64_t n;
-    double x;
-#define FLAG(name) ((v = tools_flag_value(argc, argv, &i, name, &missing)) != NULL)
-#define INT_FLAG(name, dst, lo)                                                                            \
-  if (FLAG(name)) {                                                                                        \
-    if (!tools_parse_i64(v, &n) || n < (lo)) return error(1, "%s expects an integer >= %d, got '%s'", name, lo, v); \
-    dst = n;                                                                                               \
-    continue;                                                                                              \
-  }
-#define REAL_FLAG(name, dst, set)                                                                          \
-  if (FLAG(name)) {                                                                                        \
-    if (!tools_parse_f64(v, &x) || x < 0) return error(1, "%s expects a non-negative number, got '%s'", name, v); \
-    dst = x;                                                                                               \
-    set = true;                                                                                            \
-    continue;                                                                                              \
-  }
-    if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
-      const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
-      const char *eq = def ? strchr(def, '=') : NULL;
-      if (!eq || eq == def || !tools_parse_i64(eq + 1, &n))
-        return error(1, "-D expects NAME=INTEGER, got '%s' (see gradc help train)", def ? def : "");
-      if (a->ndefs == 64) return error(1, "too many -D options");
-      a->def_names[a->ndefs] = strndup(def, (size_t)(eq - def));
-      a->def_values[a->ndefs++] = n;
-      continue;
-    }
-    INT_FLAG("--steps", a->steps, 1)
-    INT_FLAG("--stop-after", a->stop_after, 1)
-    INT_FLAG("--print-every", a->print_every, 1)
-    INT_FLAG("--warmup", a->warmup, 0)
-    INT_FLAG("--checkpoint-every", a->checkpoint_every, 1)
-    REAL_FLAG("--lr", a->lr, a->lr_set)
-    REAL_FLAG("--momentum", a->momentum, a->momentum_set)
-    REAL_FLAG("--dampening", a->dampening, a->dampening_set)
-    REAL_FLAG("--beta1", a->beta1, a->beta1_set)
-    REAL_FLAG("--beta2", a->beta2, a->beta2_set)
-    REAL_FLAG("--eps", a->eps, a->eps_set)
-    REAL_FLAG("--weight-decay", a->weight_decay, a->wd_set)
-    REAL_FLAG("--min-lr", a->min_lr, a->min_lr_set)
-    if (FLAG("--gas")) {
-      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--gas expects a positive integer, got '%s'", v);
-      a->gas = (int)n;
-      a->gas_set = true;
-    } else if (FLAG("--dp")) {
-      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--dp expects a positive integer, got '%s'", v);
-      a->dp = (int)n;
-      a->dp_set = true;
-    } else if (FLAG("--tp")) {
-      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--tp expects a positive integer, got '%s'", v);
-      a->tp = (int)n;
-      a->tp_set = true;
-    } else if (strcmp(arg, "--sequence-parallel") == 0) {
-      a->sequence_parallel = true;
-    } else if (strcmp(arg, "--no-overlap") == 0) {
-      a->no_overlap = true;
-    } else if (strcmp(arg, "--zero1") == 0) {
-      a->zero1 = true;
-    } else if (FLAG("--bucket-mb")) {
-      if (!tools_parse_f64(v, &x) || !(x > 0) || x > 1 << 20)
-        return error(1, "--bucket-mb expects a positive size in MiB, got '%s'", v);
-      a->bucket_bytes = (int64_t)(x * (1 << 20));
-      if (a->bucket_bytes < 1) a->bucket_bytes = 1;
-    } else if (FLAG("--trace")) {
-      a->trace = v;
-    } else if (FLAG("--link-latency-us")) {
-      if (!tools_parse_f64(v, &x) || !(x >= 0)) return error(1, "--link-latency-us expects a non-negative number, got '%s'", v);
-      a->link_latency_us = x;
-    } else if (FLAG("--link-gbps")) {
-      if (!tools_parse_f64(v, &x) || !(x > 0)) return error(1, "--link-gbps expects a positive number, got '%s'", v);
-      a->link_gbps = x;
-    } else if (FLAG("--threads")) {
-      if (!tools_parse_i64(v, &n) || n < 0 || n > 4096) return error(1, "--threads expects an integer >= 0, got '%s'", v);
-      a->threads = (int)n;
-    } else if (FLAG("--clip")) {
-      if (!tools_parse_f64(v, &x) || x <= 0) return error(1, "--clip expects a positive norm, got '%s'", v);
-      a->clip = x;
-    } else if (FLAG("--seed")) {
-      if (!tools_parse_i64(v, &n) || n < 0) return error(1, "--seed expects a non-negative integer, got '%s'", v);
-      a->seed = (uint64_t)n;
-    } else if (FLAG("--optimizer")) {
-      if (strcmp(v, "sgd") == 0)
-        a->kind = GRADC_SGD;
-      else if (strcmp(v, "adamw") == 0)
-        a->kind = GRADC_ADAMW;
-      else
-        return error(1, "--optimizer expects sgd or adamw, got '%s'", v);
-    } else if (FLAG("--data")) {
-      a->data = v;
-    } else if (FLAG("--target")) {
-      a->target = v;
-    } else if (FLAG("--init")) {
-      a->init = v;
-    } else if (FLAG("--params-out")) {
-      a->params_out = v;
-    } else if (FLAG("--checkpoint")) {
-      a->checkpoint = v;
-    } else if (FLAG("--resume")) {
-      a->resume = v;
-    } else if (FLAG("--log")) {
-      a->log = v;
-    } else if (FLAG("--plot")) {
-      a->plot = v;
-    } else if (strcmp(arg, "--nesterov") == 0) {
-      a->nesterov = true;
-    } else if (strcmp(arg, "--cosine") == 0) {
-      a->cosine = true;
-    } else if (strcmp(arg, "--no-cache") == 0) {
-      a->no_cache = true;
-    } else if (missing) {
-      return error(1, "%s needs a value (see gradc help train)", arg);
-    } else if (arg[0] == '-' && arg[1]) {
-      return error(1, "unknown or incomplete option '%s' (see gradc help train)", arg);
-    } else if (!a->model) {
-      a->model = arg;
-    } else {
-      return error(1, "unexpected argument '%s' (see gradc help train)", arg);
-    }
-#undef FLAG
-#undef INT_FLAG
-#undef REAL_FLAG
+  const double big = 1 << 20, any = (double)INT64_MAX;
+  const Flag flags[] = {
+      {"--steps", FLAG_I64, &a->steps, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--stop-after", FLAG_I64, &a->stop_after, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--print-every", FLAG_I64, &a->print_every, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--warmup", FLAG_I64, &a->warmup, NULL, 0, any, .expects = "an integer >= 0"},
+      {"--checkpoint-every", FLAG_I64, &a->checkpoint_every, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--lr", FLAG_REAL, &a->lr, &a->lr_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--momentum", FLAG_REAL, &a->momentum, &a->momentum_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--dampening", FLAG_REAL, &a->dampening, &a->dampening_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--beta1", FLAG_REAL, &a->beta1, &a->beta1_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--beta2", FLAG_REAL, &a->beta2, &a->beta2_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--eps", FLAG_REAL, &a->eps, &a->eps_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--weight-decay", FLAG_REAL, &a->weight_decay, &a->wd_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--min-lr", FLAG_REAL, &a->min_lr, &a->min_lr_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--gas", FLAG_INT, &a->gas, &a->gas_set, 1, big, .expects = "a positive integer"},
+      {"--dp", FLAG_INT, &a->dp, &a->dp_set, 1, big, .expects = "a positive integer"},
+      {"--tp", FLAG_INT, &a->tp, &a->tp_set, 1, big, .expects = "a positive integer"},
+      {"--sequence-parallel", FLAG_BOOL, .dst = &a->sequence_parallel},
+      {"--no-overlap", FLAG_BOOL, .dst = &a->no_overlap},
+      {"--zero1", FLAG_BOOL, .dst = &a->zero1},
+      {"--bucket-mb", FLAG_REAL, &a->bucket_mb, NULL, 0, big, .lo_open = true, .expects = "a positive size in MiB"},
+      {"--trace", FLAG_STRING, .dst = &a->trace},
+      {"--link-latency-us", FLAG_REAL, &a->link_latency_us, NULL, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--link-gbps", FLAG_REAL, &a->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"},
+      {"--threads", FLAG_INT, &a->threads, NULL, 0, 4096, .expects = "an integer >= 0"},
+      {"--clip", FLAG_REAL, &a->clip, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive norm"},
+      {"--seed", FLAG_U64, &a->seed, NULL, 0, any, .expects = "a non-negative integer"},
+      {"--optimizer", FLAG_STRING, .dst = &a->optimizer, .valid = is_optimizer,
+       .invalid = "--optimizer expects sgd or adamw, got '%s'"},
+      {"--data", FLAG_STRING, .dst = &a->data},
+      {"--target", FLAG_STRING, .dst = &a->target},
+      {"--init", FLAG_STRING, .dst = &a->init},
+      {"--params-out", FLAG_STRING, .dst = &a->params_out},
+      {"--checkpoint", FLAG_STRING, .dst = &a->checkpoint},
+      {"--resume", FLAG_STRING, .dst = &a->resume},
+      {"--log", FLAG_STRING, .dst = &a->log},
+      {"--plot", FLAG_STRING, .dst = &a->plot},
+      {"--nesterov", FLAG_BOOL, .dst = &a->nesterov},
+      {"--cosine", FLAG_BOOL, .dst = &a->cosine},
+      {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
+  };
+  int npos = 0;
+  FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help train)", .see_missing = true,
+                   .defines = &a->defs, .positional = &a->model, .max_positional = 1, .npositional = &npos};
+  int rc = flags_parse(&spec, argc, argv, 1);
+  if (rc) return rc;
+  a->kind = a->optimizer && strcmp(a->optimizer, "sgd") == 0 ? GRADC_SGD : GRADC_ADAMW;
+  if (a->bucket_mb > 0) {
+    a->bucket_bytes = (int64_t)(a->bucket_mb * (1 << 20));
+    if (a->bucket_bytes < 1) a->bucket_bytes = 1;
   }
   if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
   if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
@@ -953,9 +867,9 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.gas = a->gas;
     if (a->target) o.target = a->target;
     o.threads = a->threads;
-    o.def_names = a->def_names;
-    o.def_values = a->def_values;
-    o.ndefs = a->ndefs;
+    o.def_names = a->defs.name;
+    o.def_values = a->defs.value;
+    o.ndefs = a->defs.n;
     o.no_cache = a->no_cache;
     o.dp = a->dp;
     o.tp = a->tp;
@@ -966,7 +880,7 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     st = gradc_program_compile_file(a->model, &o, p);
     return st == GRADC_OK ? 0 : cli_report(st);
   }
-  if (a->ndefs || a->target)
+  if (a->defs.n || a->target)
     return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
   st = gradc_program_load(a->model, p);
   if (st != GRADC_OK) return cli_report(st);
@@ -1211,6 +1125,6 @@ int cmd_train(int argc, char **argv) {
   int rc = parse_train_args(argc, argv, &a);
   if (!rc) tools_set_link(a.link_latency_us, a.link_gbps);
   if (!rc) rc = train(&a);
-  for (int i = 0; i < a.ndefs; i++) free((void *)a.def_names[i]);
+  defines_free(&a.defs);
   return rc;
 }
