@@ -101,6 +101,17 @@ int cli_launch_size(void) { return comm_launch_size(); }
 
 void cli_abort_ranks(int rc) { comm_abort(rc); }
 
+int cli_check_ranks(const gradc_program *p) {
+  /* mpirun -np N needs --tp T --dp D with T*D = N (else every rank would compute the whole window). */
+  int launched = comm_launch_size(), ranks = p->dp * p->tp;
+  if (launched <= 1 || ranks == launched) return 0;
+  if (p->tp == 1)
+    return fail("this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
+                p->dp == 1 ? "no --dp" : "a different --dp", launched);
+  return fail("this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
+              launched, launched, p->tp, p->dp, ranks, launched);
+}
+
 /* ------------------------------------------------------------------ */
 /* dtypes                                                              */
 /* ------------------------------------------------------------------ */
@@ -356,15 +367,8 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
 #else
   (void)allow_tf32;
 #endif
-  /* mpirun -np N needs --tp T --dp D with T*D = N (else every rank would compute the whole window). */
-  int launched = comm_launch_size(), ranks = p->dp * p->tp;
-  if (launched > 1 && ranks != launched) {
-    if (p->tp == 1)
-      return fail("this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
-                  p->dp == 1 ? "no --dp" : "a different --dp", launched);
-    return fail("this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
-                launched, launched, p->tp, p->dp, ranks, launched);
-  }
+  int rc = cli_check_ranks(p);
+  if (rc) return rc;
   char err[1024];
   Trace *trace = NULL;
   if (trace_path) {
@@ -376,7 +380,6 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
   st_init(&params);
   st_init(&inputs);
   StepResult r;
-  int rc = 0;
   if (!st_read(params_path, &params, err, sizeof err) || !st_read(inputs_path, &inputs, err, sizeof err)) {
     rc = fail("%s", err);
   } else if (!api_run_window(p, &params, &inputs, &r, err, sizeof err)) {

@@ -40,6 +40,9 @@ int cli_need_device(void);
 int cli_launch_size(void);
 /* A distributed run failed with rc: end the other ranks too (no-op alone). */
 void cli_abort_ranks(int rc);
+/* The launcher started as many processes as p has ranks (tp x dp): 0,
+ * else the error and 1. */
+int cli_check_ranks(const gradc_program *p);
 
 /* ------------------------------------------------------------------ */
 /* dtypes: include/gradc.h's, named from runtime/io's one table        */

@@ -920,55 +920,50 @@ static const char *base_name(const char *path) {
   return slash ? slash + 1 : path;
 }
 
-static int train(const TrainArgs *a) {
-  gradc_program *p = NULL;
-  gradc_session *s = NULL;
-  Data d;
-  memset(&d, 0, sizeof d);
-  Log lg;
-  memset(&lg, 0, sizeof lg);
-  History h;
-  memset(&h, 0, sizeof h);
-  double *loss = NULL;
-  int nl = 0;
-  bool lead = true; /* rank 0 of a data-parallel run (or the only process) prints and writes */
-  int rc = open_program(a, &p);
-  if (rc) goto done;
-  int launched = cli_launch_size(), ranks = gradc_program_tp(p) * gradc_program_dp(p);
-  if (launched > 1 && ranks != launched) {
-    if (gradc_program_tp(p) == 1)
-      rc = error(1, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
-                 gradc_program_dp(p) == 1 ? "no --dp" : "a different --dp", launched);
-    else
-      rc = error(1, "this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
-                 launched, launched, gradc_program_tp(p), gradc_program_dp(p), ranks, launched);
-    goto done;
-  }
-  /* ZeRO-1 (the program's, from the flag or the artifact): checkpoints are collective. */
-  bool zero1 = gradc_program_zero1(p) != 0;
-  nl = gradc_program_num_losses(p);
-  h.nl = nl + 1;
-  h.loss = calloc((size_t)h.nl, sizeof *h.loss);
-  loss = calloc((size_t)h.nl, sizeof *loss);
-  if (!h.loss || !loss) abort();
-  if ((rc = data_open(&d, a->data, p))) goto done;
+/* ---- the run: open, announce, step, finish, close ---- */
 
-  gradc_status st = gradc_session_new(p, &s);
-  if (st != GRADC_OK) {
-    rc = cli_report(st);
-    goto done;
-  }
-  lead = gradc_session_rank(s) == 0;
-  if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) {
-    rc = cli_report(st);
-    goto done;
-  }
-  if ((rc = set_optimizer(a, s))) goto done;
+/* One `gradc train` run: what its phases share. */
+typedef struct Run {
+  const TrainArgs *a;
+  gradc_program *p;
+  gradc_session *s;
+  Data d;
+  Log lg;
+  History h;
+  double *loss; /* [nl + 1]: the last step's losses and their total */
+  int nl;
+  bool lead;    /* rank 0 of a distributed run (or the only process) prints and writes */
+  bool zero1;   /* the program's ZeRO-1 (from the flag or the artifact): checkpoints are collective */
+  int64_t step0, end, step; /* where this run starts, where it stops, where it is */
+  double t0;    /* when the first step started */
+  double first_loss, last_loss;
+} Run;
+
+/* The program, the dataset, a session with its optimiser and params (from
+ * --resume, --init or the declared init), and the log. */
+static int run_open(Run *r) {
+  const TrainArgs *a = r->a;
+  int rc = open_program(a, &r->p);
+  if (rc || (rc = cli_check_ranks(r->p))) return rc;
+  gradc_program *p = r->p;
+  r->zero1 = gradc_program_zero1(p) != 0;
+  r->nl = gradc_program_num_losses(p);
+  r->h.nl = r->nl + 1;
+  r->h.loss = mem_calloc((size_t)r->h.nl, sizeof *r->h.loss);
+  r->loss = mem_calloc((size_t)r->h.nl, sizeof *r->loss);
+  if ((rc = data_open(&r->d, a->data, p))) return rc;
+
+  gradc_status st = gradc_session_new(p, &r->s);
+  if (st != GRADC_OK) return cli_report(st);
+  gradc_session *s = r->s;
+  r->lead = gradc_session_rank(s) == 0;
+  if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
+  if ((rc = set_optimizer(a, s))) return rc;
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
   if (a->resume) {
-    rc = load_checkpoint(s, a->resume, &d);
+    rc = load_checkpoint(s, a->resume, &r->d);
   } else if (a->init) {
     st = gradc_session_load_params(s, a->init);
     rc = st == GRADC_OK ? 0 : cli_report(st);
@@ -976,12 +971,19 @@ static int train(const TrainArgs *a) {
     st = gradc_session_init_params(s, a->seed);
     rc = st == GRADC_OK ? 0 : cli_report(st);
   }
-  if (rc) goto done;
+  if (rc) return rc;
 
-  int64_t step0 = gradc_session_step_count(s), end = a->steps;
-  if (a->stop_after && step0 + a->stop_after < end) end = step0 + a->stop_after;
-  if (a->log && lead && (rc = log_open(&lg, a->log, p, a->resume != NULL, step0, &h))) goto done;
+  r->step0 = r->step = gradc_session_step_count(s);
+  r->end = a->steps;
+  if (a->stop_after && r->step0 + a->stop_after < r->end) r->end = r->step0 + a->stop_after;
+  if (a->log && r->lead) return log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h);
+  return 0;
+}
 
+/* The run's one line on stderr: model, params, dataset, optimiser, ranks. */
+static void announce(const Run *r) {
+  const TrainArgs *a = r->a;
+  const gradc_program *p = r->p;
   int64_t nparams = 0;
   for (int i = 0; i < gradc_program_num_params(p); i++) {
     gradc_tensor_info pi;
@@ -990,24 +992,24 @@ static int train(const TrainArgs *a) {
     for (int k = 0; k < pi.rank; k++) n *= pi.shape[k];
     nparams += n;
   }
-  if (lead) {
-    fprintf(stderr, "training %s: %" PRId64 " params; %s: %" PRId64 " samples, %" PRId64 " windows of %" PRId64
-                    " per epoch, K=%d; %s lr %g",
-            base_name(a->model), nparams, base_name(a->data), d.n, d.wpe, d.b, gradc_program_gas(p),
-            a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
-    if (gradc_program_dp(p) > 1) fprintf(stderr, ", %d data-parallel ranks", gradc_program_dp(p));
-    if (gradc_program_tp(p) > 1) fprintf(stderr, ", %d tensor-parallel ranks", gradc_program_tp(p));
-    if (zero1) fprintf(stderr, ", ZeRO-1");
-    if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
-    if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
-    if (step0) fprintf(stderr, "; resuming at step %" PRId64, step0);
-    fprintf(stderr, "\n");
-  }
-  if (step0 >= a->steps) {
-    if (lead) fprintf(stderr, "nothing to do: step %" PRId64 " of --steps %" PRId64 "\n", step0, a->steps);
-    end = step0;
-  }
+  fprintf(stderr, "training %s: %" PRId64 " params; %s: %" PRId64 " samples, %" PRId64 " windows of %" PRId64
+                  " per epoch, K=%d; %s lr %g",
+          base_name(a->model), nparams, base_name(a->data), r->d.n, r->d.wpe, r->d.b, gradc_program_gas(p),
+          a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
+  if (gradc_program_dp(p) > 1) fprintf(stderr, ", %d data-parallel ranks", gradc_program_dp(p));
+  if (gradc_program_tp(p) > 1) fprintf(stderr, ", %d tensor-parallel ranks", gradc_program_tp(p));
+  if (r->zero1) fprintf(stderr, ", ZeRO-1");
+  if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
+  if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
+  if (r->step0) fprintf(stderr, "; resuming at step %" PRId64, r->step0);
+  fprintf(stderr, "\n");
+}
 
+/* The steps, until r->end or Ctrl-C (SIGINT/SIGTERM end the current step
+ * first): feed, run, check the loss, step, log, report, checkpoint. */
+static int run_steps(Run *r) {
+  const TrainArgs *a = r->a;
+  gradc_session *s = r->s;
   struct sigaction sa, old_int, old_term;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_interrupt;
@@ -1015,14 +1017,17 @@ static int train(const TrainArgs *a) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
 
-  Progress pr = {.tty = lead && isatty(STDERR_FILENO) != 0, .first = step0, .total = a->steps, .t0 = now_s(),
-                 .unit = d.unit, .per_window = d.tokens_per_window};
-  pr.every = a->print_every ? a->print_every : (a->steps - step0 + 19) / 20;
+  r->t0 = now_s();
+  Progress pr = {.tty = r->lead && isatty(STDERR_FILENO) != 0, .first = r->step0, .total = a->steps, .t0 = r->t0,
+                 .unit = r->d.unit, .per_window = r->d.tokens_per_window};
+  pr.every = a->print_every ? a->print_every : (a->steps - r->step0 + 19) / 20;
   if (pr.every < 1) pr.every = 1;
-  double first_loss = NAN, last_loss = NAN;
-  int64_t step = step0;
-  while (step < end && !interrupted) {
-    if ((rc = data_feed(&d, s, step))) break;
+  r->first_loss = r->last_loss = NAN;
+  double *loss = r->loss;
+  int nl = r->nl, rc = 0;
+  gradc_status st;
+  while (r->step < r->end && !interrupted) {
+    if ((rc = data_feed(&r->d, s, r->step))) break;
     double lr = gradc_session_lr(s);
     if ((st = gradc_session_run(s)) != GRADC_OK) {
       rc = cli_report(st);
@@ -1034,40 +1039,43 @@ static int train(const TrainArgs *a) {
     if (!isfinite(loss[nl])) {
       if (pr.tty) fputc('\n', stderr);
       rc = error(1, "step %" PRId64 ": the loss is %s; stopping without taking the step (try a lower --lr or --clip)",
-                 step + 1, isnan(loss[nl]) ? "nan" : "infinite");
+                 r->step + 1, isnan(loss[nl]) ? "nan" : "infinite");
       break;
     }
     if ((st = gradc_session_step(s)) != GRADC_OK) {
       rc = cli_report(st);
       break;
     }
-    step = gradc_session_step_count(s);
-    if (isnan(first_loss)) first_loss = loss[nl];
-    last_loss = loss[nl];
-    hist_push(&h, step, loss);
-    log_row(&lg, p, step, lr, loss, grad_norm, lg.elapsed0 + now_s() - pr.t0);
-    if (lead) progress(&pr, p, step, loss, lr, grad_norm, step == end);
+    int64_t step = r->step = gradc_session_step_count(s);
+    if (isnan(r->first_loss)) r->first_loss = loss[nl];
+    r->last_loss = loss[nl];
+    hist_push(&r->h, step, loss);
+    log_row(&r->lg, r->p, step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0);
+    if (r->lead) progress(&pr, r->p, step, loss, lr, grad_norm, step == r->end);
     /* --zero1: saving a checkpoint is collective (the optimiser state is sharded). */
-    if ((lead || zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
-      if ((rc = save_checkpoint(s, a->checkpoint, &d, lead))) break;
-      if (lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), p, &h))) break;
+    if ((r->lead || r->zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != r->end) {
+      if ((rc = save_checkpoint(s, a->checkpoint, &r->d, r->lead))) break;
+      if (r->lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) break;
     }
   }
   if (interrupted && pr.tty) fputc('\n', stderr);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
-  if (rc) goto done;
+  return rc;
+}
+
+/* After the steps: the replicas agree, the trace, and (rank 0) the
+ * summary line, the checkpoint, the params, the plot. */
+static int run_finish(Run *r) {
+  const TrainArgs *a = r->a;
+  gradc_session *s = r->s;
+  gradc_status st;
+  int rc;
   /* Data-parallel ranks took the same steps on the same gradients. */
-  if ((st = gradc_session_check_replicas(s)) != GRADC_OK) {
-    rc = cli_report(st);
-    goto done;
-  }
+  if ((st = gradc_session_check_replicas(s)) != GRADC_OK) return cli_report(st);
   /* Every rank's events go into the one file rank 0 writes (collective). */
-  if (a->trace && (st = gradc_session_trace_write(s, a->trace)) != GRADC_OK) {
-    rc = cli_report(st);
-    goto done;
-  }
-  if (a->trace && lead) {
+  if (a->trace && (st = gradc_session_trace_write(s, a->trace)) != GRADC_OK) return cli_report(st);
+  if (a->trace && r->lead) {
     double comm_ms = 0, exposed_ms = 0, compute_ms = 0;
     gradc_session_trace_stats(s, &comm_ms, &exposed_ms, &compute_ms);
     fprintf(stderr, "trace: %s: rank 0: compute %.3f ms, collectives in flight %.3f ms, exposed %.3f ms", a->trace,
@@ -1075,49 +1083,65 @@ static int train(const TrainArgs *a) {
     if (comm_ms > 0) fprintf(stderr, " (%.1f%% hidden)", 100.0 * (1.0 - exposed_ms / comm_ms));
     fputc('\n', stderr);
   }
-  if (!lead) {
-    if (zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, false))) goto done;
-    if (interrupted) rc = 128 + (int)interrupted;
-    goto done;
+  if (!r->lead) {
+    if (r->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, false))) return rc;
+    return interrupted ? 128 + (int)interrupted : 0;
   }
 
-  double took = now_s() - pr.t0;
-  if (step > step0) {
+  double took = now_s() - r->t0;
+  if (r->step > r->step0) {
     char rate[32];
-    fmt_rate(rate, sizeof rate, (double)(step - step0) * (double)d.tokens_per_window / (took > 0 ? took : 1e-9));
+    fmt_rate(rate, sizeof rate,
+             (double)(r->step - r->step0) * (double)r->d.tokens_per_window / (took > 0 ? took : 1e-9));
     fprintf(stderr, "%s %" PRId64 " steps in %.1f s (%s %s): loss %.4f -> %.4f\n",
-            interrupted ? "interrupted after" : "trained", step - step0, took, rate, d.unit, first_loss, last_loss);
+            interrupted ? "interrupted after" : "trained", r->step - r->step0, took, rate, r->d.unit, r->first_loss,
+            r->last_loss);
   }
-  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, true))) goto done;
-  if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", step, a->checkpoint);
+  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, true))) return rc;
+  if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", r->step, a->checkpoint);
   if (a->params_out) {
-    if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) {
-      rc = cli_report(st);
-      goto done;
-    }
+    if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) return cli_report(st);
     fprintf(stderr, "params: %s\n", a->params_out);
   }
   if (a->log) fprintf(stderr, "log: %s\n", a->log);
   if (a->plot) {
-    if ((rc = write_plot(a->plot, base_name(a->model), p, &h))) goto done;
+    if ((rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) return rc;
     fprintf(stderr, "plot: %s\n", a->plot);
   }
-  if (interrupted) rc = 128 + (int)interrupted;
+  return interrupted ? 128 + (int)interrupted : 0;
+}
 
-done:
-  if (a->log && lead) {
-    int lrc = log_close(&lg, a->log, nl);
+/* Close the log, end the other ranks after a failure, free; returns rc
+ * (or the log's failure). */
+static int run_close(Run *r, int rc) {
+  if (r->a->log && r->lead) {
+    int lrc = log_close(&r->lg, r->a->log, r->nl);
     if (!rc) rc = lrc;
   }
   if (rc) cli_abort_ranks(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
-  for (int i = 0; i < h.nl && h.loss; i++) free(h.loss[i]);
-  free(h.loss);
-  free(h.step);
-  free(loss);
-  data_free(&d);
-  gradc_session_free(s);
-  gradc_program_free(p);
+  for (int i = 0; i < r->h.nl && r->h.loss; i++) free(r->h.loss[i]);
+  free(r->h.loss);
+  free(r->h.step);
+  free(r->loss);
+  data_free(&r->d);
+  gradc_session_free(r->s);
+  gradc_program_free(r->p);
   return rc;
+}
+
+static int train(const TrainArgs *a) {
+  Run r = {.a = a, .lead = true};
+  int rc = run_open(&r);
+  if (!rc) {
+    if (r.lead) announce(&r);
+    if (r.step0 >= a->steps) {
+      if (r.lead) fprintf(stderr, "nothing to do: step %" PRId64 " of --steps %" PRId64 "\n", r.step0, a->steps);
+      r.end = r.step0;
+    }
+    rc = run_steps(&r);
+  }
+  if (!rc) rc = run_finish(&r);
+  return run_close(&r, rc);
 }
 
 int cmd_train(int argc, char **argv) {
