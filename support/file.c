@@ -1,6 +1,7 @@
 /* file.c - whole files in and out: read_file, and write_file_atomic (a
  * temporary file next to the target, fsync, rename, fsync the directory),
- * which artifacts, safetensors files and plots write through. */
+ * which artifacts, safetensors files and plots write through; mkdir_p for
+ * the directories they go to. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -101,4 +102,16 @@ bool write_file_atomic(const char *path, const FilePart *parts, int nparts, char
   }
   free(tmp);
   return ok;
+}
+
+bool mkdir_p(const char *path) {
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return false;
+  for (char *p = tmp + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return false;
+    *p = '/';
+  }
+  return mkdir(tmp, 0755) == 0 || errno == EEXIST;
 }

@@ -85,6 +85,8 @@ typedef struct FilePart {
   size_t len;
 } FilePart;
 bool write_file_atomic(const char *path, const FilePart *parts, int nparts, char *err, size_t errlen);
+/* mkdir -p: path and its missing parents (0755); false with errno set. */
+bool mkdir_p(const char *path);
 
 /* ------------------------------------------------------------------ */
 /* slice.c                                                             */

@@ -395,8 +395,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
   d->st = cli_tensors_new();
   if (!cli_tensors_read(d->st, path, err, sizeof err)) return error(1, "%s", err);
   int ni = gradc_program_num_inputs(p);
-  d->feed = calloc((size_t)(ni ? ni : 1), sizeof *d->feed);
-  if (!d->feed) abort();
+  d->feed = mem_calloc((size_t)(ni ? ni : 1), sizeof *d->feed);
   d->n = -1;
   d->unit = "samples/s";
   for (int i = 0; i < ni; i++) {
@@ -438,8 +437,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
         d->b = in.shape[0];
       }
       f->window = per * in.shape[0];
-      f->buf = malloc(f->row_bytes * (size_t)in.shape[0] + 1);
-      if (!f->buf) abort();
+      f->buf = mem_alloc(f->row_bytes * (size_t)in.shape[0] + 1);
       if (is_int && in.rank >= 2 && !d->tokens_per_window) {
         d->tokens_per_window = in.shape[0] * in.shape[1];
         d->unit = "tok/s";
@@ -460,8 +458,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
   }
   if (!d->tokens_per_window) d->tokens_per_window = d->b;
   d->wpe = d->n / d->b;
-  d->perm = malloc(sizeof(int64_t) * (size_t)d->n);
-  if (!d->perm) abort();
+  d->perm = mem_alloc(sizeof(int64_t) * (size_t)d->n);
   return 0;
 }
 
@@ -570,11 +567,9 @@ typedef struct History {
 static void hist_push(History *h, int64_t step, const double *loss) {
   if (h->n == h->cap) {
     h->cap = h->cap ? 2 * h->cap : 256;
-    h->step = realloc(h->step, sizeof(double) * (size_t)h->cap);
-    if (!h->step) abort();
+    h->step = mem_realloc(h->step, sizeof(double) * (size_t)h->cap);
     for (int i = 0; i < h->nl; i++) {
-      h->loss[i] = realloc(h->loss[i], sizeof(double) * (size_t)h->cap);
-      if (!h->loss[i]) abort();
+      h->loss[i] = mem_realloc(h->loss[i], sizeof(double) * (size_t)h->cap);
     }
   }
   h->step[h->n] = (double)step;
@@ -641,17 +636,15 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
   memset(lg, 0, sizeof *lg);
   lg->jsonl = ends_with(path, ".jsonl");
   int nl = gradc_program_num_losses(p);
-  lg->col = calloc((size_t)(nl ? nl : 1), sizeof *lg->col);
-  if (!lg->col) abort();
+  lg->col = mem_calloc((size_t)(nl ? nl : 1), sizeof *lg->col);
   for (int i = 0; i < nl; i++) {
     const char *name = gradc_program_loss_name(p, i);
     if (reserved_column(name)) {
-      char *c = malloc(strlen(name) + 6);
-      if (!c) abort();
+      char *c = mem_alloc(strlen(name) + 6);
       sprintf(c, "loss_%s", name);
       lg->col[i] = c;
     } else {
-      lg->col[i] = strdup(name);
+      lg->col[i] = mem_strdup(name);
     }
   }
   StrBuf header, kept;
@@ -662,8 +655,7 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
     const char *err;
     char *old = read_file(path, NULL, &err);
     if (old) {
-      double *loss = malloc(sizeof(double) * (size_t)(nl + 1));
-      if (!loss) abort();
+      double *loss = mem_alloc(sizeof(double) * (size_t)(nl + 1));
       char *save = NULL;
       bool first = true, compatible = true;
       for (char *line = strtok_r(old, "\n", &save); line && compatible; line = strtok_r(NULL, "\n", &save), first = false) {
@@ -763,8 +755,7 @@ static int log_close(Log *lg, const char *path, int nl) {
 
 static int write_plot(const char *path, const char *title, const gradc_program *p, const History *h) {
   int nl = gradc_program_num_losses(p);
-  PlotSeries *s = calloc((size_t)nl + 1, sizeof *s);
-  if (!s) abort();
+  PlotSeries *s = mem_calloc((size_t)nl + 1, sizeof *s);
   for (int i = 0; i <= nl; i++)
     s[i] = (PlotSeries){i < nl ? gradc_program_loss_name(p, i) : "total", h->step, h->loss[i], (int)h->n, i == nl};
   char err[1024];

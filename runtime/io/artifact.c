@@ -32,8 +32,7 @@ ArtSection *art_add(ArtFile *a, const char *tag, const char *name, const void *d
   GRADC_ASSERT(strlen(tag) >= 1 && strlen(tag) <= 4);
   if (a->n == a->cap) {
     a->cap = a->cap ? 2 * a->cap : 8;
-    a->s = realloc(a->s, sizeof(ArtSection) * (size_t)a->cap);
-    if (!a->s) abort();
+    a->s = mem_realloc(a->s, sizeof(ArtSection) * (size_t)a->cap);
   }
   ArtSection *s = &a->s[a->n++];
   memset(s, 0, sizeof *s);

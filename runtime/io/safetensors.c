@@ -85,8 +85,7 @@ StTensor *st_add(StFile *f, const char *name, StDType dt, int rank, const int64_
   GRADC_ASSERT(rank >= 0 && rank <= IR_MAX_RANK);
   if (f->n == f->cap) {
     f->cap = f->cap ? f->cap * 2 : 8;
-    StTensor *t = realloc(f->t, sizeof(StTensor) * (size_t)f->cap);
-    if (!t) abort();
+    StTensor *t = mem_realloc(f->t, sizeof(StTensor) * (size_t)f->cap);
     f->t = t;
   }
   StTensor *t = &f->t[f->n++];
@@ -114,11 +113,9 @@ void st_set_meta(StFile *f, const char *key, const char *val) {
       f->meta_val[i] = mem_strdup(val);
       return;
     }
-  char **k = realloc(f->meta_key, sizeof(char *) * (size_t)(f->nmeta + 1));
-  if (!k) abort();
+  char **k = mem_realloc(f->meta_key, sizeof(char *) * (size_t)(f->nmeta + 1));
   f->meta_key = k;
-  char **v = realloc(f->meta_val, sizeof(char *) * (size_t)(f->nmeta + 1));
-  if (!v) abort();
+  char **v = mem_realloc(f->meta_val, sizeof(char *) * (size_t)(f->nmeta + 1));
   f->meta_val = v;
   f->meta_key[f->nmeta] = mem_strdup(key);
   f->meta_val[f->nmeta] = mem_strdup(val);
