@@ -127,3 +127,9 @@ void defines_free(Defines *d) {
   for (int i = 0; i < d->n; i++) free((void *)d->name[i]);
   d->n = 0;
 }
+
+int64_t tools_bucket_bytes(double mb) {
+  if (!(mb > 0)) return 0;
+  int64_t b = (int64_t)(mb * (1 << 20));
+  return b < 1 ? 1 : b;
+}

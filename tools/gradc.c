@@ -149,20 +149,10 @@ static int parse_args(int argc, char **argv, Args *a) {
   a->dp = 1;
   a->tp = 1;
   a->cmd = argv[1];
-  const double big = 1 << 20;
   const Flag flags[] = {
       {"-o", FLAG_STRING, .dst = &a->output, .missing = "%s needs a file name"},
-      {"--gas", FLAG_INT, &a->gas, &a->gas_set, 1, big, .expects = "a positive integer"},
-      {"--dp", FLAG_INT, &a->dp, &a->dp_set, 1, big, .expects = "a positive integer"},
-      {"--tp", FLAG_INT, &a->tp, &a->tp_set, 1, big, .expects = "a positive integer"},
-      {"--sequence-parallel", FLAG_BOOL, .dst = &a->sequence_parallel},
-      {"--no-overlap", FLAG_BOOL, .dst = &a->no_overlap},
-      {"--zero1", FLAG_BOOL, .dst = &a->zero1},
+      TOOLS_RUN_FLAGS(a),
       {"--cost-report", FLAG_BOOL, .dst = &a->cost_report},
-      {"--bucket-mb", FLAG_REAL, &a->bucket_mb, NULL, 0, big, .lo_open = true, .expects = "a positive size in MiB"},
-      {"--trace", FLAG_STRING, .dst = &a->trace},
-      {"--link-latency-us", FLAG_REAL, &a->link_latency_us, NULL, 0, HUGE_VAL, .expects = "a non-negative number"},
-      {"--link-gbps", FLAG_REAL, &a->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"},
       {"--seed", FLAG_U64, &a->seed, NULL, 0, (double)INT64_MAX, .expects = "a non-negative integer"},
       {"--target", FLAG_STRING, .dst = &a->target},
       {"--passes", FLAG_STRING, .dst = &a->passes},
@@ -185,10 +175,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                    .defines = &a->defs, .positional = &a->input, .max_positional = 1, .npositional = &npos};
   int rc = flags_parse(&spec, argc, argv, 2);
   if (rc) return rc;
-  if (a->bucket_mb > 0) {
-    a->bucket_bytes = (int64_t)(a->bucket_mb * (1 << 20));
-    if (a->bucket_bytes < 1) a->bucket_bytes = 1;
-  }
+  a->bucket_bytes = tools_bucket_bytes(a->bucket_mb);
   if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cli_is_cuda_target(a->target)) {
     fprintf(stderr, "gradc: error: unsupported --target '%s' (this build has: cpu, ref%s) (see gradc help)\n", a->target,
             cli_cuda_targets());

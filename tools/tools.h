@@ -6,6 +6,7 @@
 #ifndef GRADC_TOOLS_H
 #define GRADC_TOOLS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -70,6 +71,24 @@ typedef struct FlagSpec {
   int *npositional;
   const char *too_many; /* the message for one positional more, or NULL ("unexpected argument") */
 } FlagSpec;
+
+/* The flags of K and of distributed runs that `gradc compile/run` and
+ * `gradc train` share (docs/DISTRIBUTED.md): table rows for a struct *a
+ * with these fields. */
+#define TOOLS_RUN_FLAGS(a)                                                                                         \
+  {"--gas", FLAG_INT, &(a)->gas, &(a)->gas_set, 1, 1 << 20, .expects = "a positive integer"},                     \
+      {"--dp", FLAG_INT, &(a)->dp, &(a)->dp_set, 1, 1 << 20, .expects = "a positive integer"},                    \
+      {"--tp", FLAG_INT, &(a)->tp, &(a)->tp_set, 1, 1 << 20, .expects = "a positive integer"},                    \
+      {"--sequence-parallel", FLAG_BOOL, .dst = &(a)->sequence_parallel},                                         \
+      {"--no-overlap", FLAG_BOOL, .dst = &(a)->no_overlap}, {"--zero1", FLAG_BOOL, .dst = &(a)->zero1},           \
+      {"--bucket-mb", FLAG_REAL, &(a)->bucket_mb, NULL, 0, 1 << 20, .lo_open = true,                               \
+       .expects = "a positive size in MiB"},                                                                      \
+      {"--trace", FLAG_STRING, .dst = &(a)->trace},                                                               \
+      {"--link-latency-us", FLAG_REAL, &(a)->link_latency_us, NULL, 0, HUGE_VAL,                                  \
+       .expects = "a non-negative number"},                                                                       \
+      {"--link-gbps", FLAG_REAL, &(a)->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"}
+/* --bucket-mb's MiB in bytes (at least 1); 0 when it was not given. */
+int64_t tools_bucket_bytes(double mb);
 
 /* Parse argv[first..argc) by s; 0, or 1 after writing `gradc: error: ...`. */
 int flags_parse(const FlagSpec *s, int argc, char **argv, int first);

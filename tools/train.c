@@ -279,7 +279,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   a->gas = 1;
   a->dp = 1;
   a->tp = 1;
-  const double big = 1 << 20, any = (double)INT64_MAX;
+  const double any = (double)INT64_MAX;
   const Flag flags[] = {
       {"--steps", FLAG_I64, &a->steps, NULL, 1, any, .expects = "an integer >= 1"},
       {"--stop-after", FLAG_I64, &a->stop_after, NULL, 1, any, .expects = "an integer >= 1"},
@@ -294,16 +294,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       {"--eps", FLAG_REAL, &a->eps, &a->eps_set, 0, HUGE_VAL, .expects = "a non-negative number"},
       {"--weight-decay", FLAG_REAL, &a->weight_decay, &a->wd_set, 0, HUGE_VAL, .expects = "a non-negative number"},
       {"--min-lr", FLAG_REAL, &a->min_lr, &a->min_lr_set, 0, HUGE_VAL, .expects = "a non-negative number"},
-      {"--gas", FLAG_INT, &a->gas, &a->gas_set, 1, big, .expects = "a positive integer"},
-      {"--dp", FLAG_INT, &a->dp, &a->dp_set, 1, big, .expects = "a positive integer"},
-      {"--tp", FLAG_INT, &a->tp, &a->tp_set, 1, big, .expects = "a positive integer"},
-      {"--sequence-parallel", FLAG_BOOL, .dst = &a->sequence_parallel},
-      {"--no-overlap", FLAG_BOOL, .dst = &a->no_overlap},
-      {"--zero1", FLAG_BOOL, .dst = &a->zero1},
-      {"--bucket-mb", FLAG_REAL, &a->bucket_mb, NULL, 0, big, .lo_open = true, .expects = "a positive size in MiB"},
-      {"--trace", FLAG_STRING, .dst = &a->trace},
-      {"--link-latency-us", FLAG_REAL, &a->link_latency_us, NULL, 0, HUGE_VAL, .expects = "a non-negative number"},
-      {"--link-gbps", FLAG_REAL, &a->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"},
+      TOOLS_RUN_FLAGS(a),
       {"--threads", FLAG_INT, &a->threads, NULL, 0, 4096, .expects = "an integer >= 0"},
       {"--clip", FLAG_REAL, &a->clip, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive norm"},
       {"--seed", FLAG_U64, &a->seed, NULL, 0, any, .expects = "a non-negative integer"},
@@ -327,10 +318,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   int rc = flags_parse(&spec, argc, argv, 1);
   if (rc) return rc;
   a->kind = a->optimizer && strcmp(a->optimizer, "sgd") == 0 ? GRADC_SGD : GRADC_ADAMW;
-  if (a->bucket_mb > 0) {
-    a->bucket_bytes = (int64_t)(a->bucket_mb * (1 << 20));
-    if (a->bucket_bytes < 1) a->bucket_bytes = 1;
-  }
+  a->bucket_bytes = tools_bucket_bytes(a->bucket_mb);
   if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
   if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
   if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cli_is_cuda_target(a->target))
