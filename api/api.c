@@ -167,6 +167,10 @@ struct CudaProgram *api_cuda_program(const gradc_program *p) {
   return strcmp(p->backend->name, "cuda") == 0 ? p->prog : NULL;
 }
 
+struct CpuProgram *api_cpu_program(const gradc_program *p) {
+  return strcmp(p->backend->name, "cpu") == 0 ? p->prog : NULL;
+}
+
 bool api_dist_start(gradc_program *p, char *err, size_t errlen) {
   if ((int64_t)p->dp * p->tp <= 1 || p->comm) return true;
   p->comm = comm_open(p->tp, p->dp, err, errlen);

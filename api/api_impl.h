@@ -112,6 +112,8 @@ void api_set_params_gen(gradc_program *p, uint64_t gen);
 void api_result_free(gradc_program *p, StepResult *r);
 /* The CUDA executor's program (its kernels, --allow-tf32), or NULL on another back end. */
 struct CudaProgram *api_cuda_program(const gradc_program *p);
+/* The CPU executor's program (runtime/cpu/exec.c), NULL on another back end. */
+struct CpuProgram *api_cpu_program(const gradc_program *p);
 
 /* Record msg as this thread's last error and return st. */
 gradc_status api_fail(gradc_status st, const char *fmt, ...) GRADC_PRINTF(2, 3);

@@ -31,7 +31,8 @@ typedef struct StFile {
 
 void st_init(StFile *f);
 void st_free(StFile *f);
-const char *st_dtype_name(StDType dt); /* "F32" */
+const char *st_dtype_name(StDType dt);  /* "F32" */
+const char *st_dtype_lower(StDType dt); /* "f32", as the IR and gradc.h spell it */
 size_t st_dtype_size(StDType dt);
 /* Read and validate a file (header JSON, offsets in bounds, contiguous and
  * non-overlapping, sizes match shapes).  On failure writes "FILE: reason"

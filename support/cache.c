@@ -25,19 +25,6 @@ bool cache_dir(char *buf, size_t n) {
   return false;
 }
 
-/* mkdir -p */
-static bool make_dirs(const char *path) {
-  char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return false;
-  for (char *p = tmp + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return false;
-    *p = '/';
-  }
-  return mkdir(tmp, 0755) == 0 || errno == EEXIST;
-}
-
 static void entry_path(char *buf, size_t n, const char *dir, const char *kind, uint64_t key) {
   snprintf(buf, n, "%s/%s-%016llx", dir, kind, (unsigned long long)key);
 }
@@ -55,8 +42,7 @@ void *cache_get(const char *dir, const char *kind, uint64_t key, size_t *len) {
   memcpy(&want_len, data + 8, 8);
   memcpy(&want_sum, data + 16, 8);
   if (want_len != n - 24 || hash_bytes(data + 24, n - 24, HASH_SEED) != want_sum) goto corrupt;
-  void *out = malloc(n - 24 ? n - 24 : 1);
-  if (!out) abort();
+  void *out = mem_alloc(n - 24 ? n - 24 : 1);
   memcpy(out, data + 24, n - 24);
   free(data);
   *len = n - 24;
@@ -69,7 +55,7 @@ corrupt:
 
 void cache_put(const char *dir, const char *kind, uint64_t key, const void *data, size_t len) {
   if (!dir) return;
-  if (!make_dirs(dir)) {
+  if (!mkdir_p(dir)) {
     fprintf(stderr, "gradc: warning: cannot create cache directory %s: %s\n", dir, strerror(errno));
     return;
   }

@@ -47,8 +47,7 @@ void strmap_put(StrMap *m, const char *key, void *val) {
     StrMap old = *m;
     m->cap = old.cap ? old.cap * 2 : 16;
     m->count = 0;
-    m->slots = calloc(m->cap, sizeof *m->slots);
-    if (!m->slots) abort();
+    m->slots = mem_calloc(m->cap, sizeof *m->slots);
     for (size_t i = 0; i < old.cap; i++)
       if (old.slots[i].key) *find(m, old.slots[i].key) = old.slots[i], m->count++;
     free(old.slots);

@@ -106,8 +106,7 @@ int pool_ncores(void) {
 Pool *pool_new(int nthreads) {
   if (nthreads <= 0) nthreads = pool_ncores();
   if (nthreads > MAX_CHUNKS / 4) nthreads = MAX_CHUNKS / 4;
-  Pool *p = calloc(1, sizeof *p);
-  if (!p) abort();
+  Pool *p = mem_calloc(1, sizeof *p);
   p->nthreads = nthreads;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->wake, NULL);
@@ -117,8 +116,7 @@ Pool *pool_new(int nthreads) {
   atomic_init(&p->sleepers, 0);
   atomic_init(&p->ticket, 0);
   atomic_init(&p->done, 0);
-  p->threads = calloc((size_t)nthreads, sizeof(pthread_t));
-  if (!p->threads) abort();
+  p->threads = mem_calloc((size_t)nthreads, sizeof(pthread_t));
   for (int i = 1; i < nthreads; i++)
     if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
       p->nthreads = i; /* run with the threads we got */

@@ -75,26 +75,3 @@ void fmt_double(char *buf, size_t n, double d) {
   /* Keep it recognisably a float: "1" -> "1.0" (not for exponent forms). */
   if (!strpbrk(buf, ".eE") && strlen(buf) + 3 < n) strcat(buf, ".0");
 }
-
-char *read_file(const char *path, size_t *len, const char **err) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    *err = strerror(errno);
-    return NULL;
-  }
-  StrBuf sb;
-  sb_init(&sb);
-  char tmp[65536];
-  size_t n;
-  while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) sb_putn(&sb, tmp, n);
-  if (ferror(f)) {
-    *err = strerror(errno ? errno : EIO);
-    fclose(f);
-    sb_free(&sb);
-    return NULL;
-  }
-  fclose(f);
-  if (!sb.data) sb_putn(&sb, "", 0);
-  if (len) *len = sb.len;
-  return sb.data;
-}

@@ -60,9 +60,41 @@ const char *sb_str(StrBuf *sb); /* "" when empty; never NULL */
 /* Shortest decimal form of d that parses back to exactly d ("0.5", "1e-05", "inf"). */
 void fmt_double(char *buf, size_t n, double d);
 
+
+/* ------------------------------------------------------------------ */
+/* mem.c: malloc and friends that abort when memory runs out (and      */
+/* never return NULL, even for 0 bytes); release with free().          */
+/* ------------------------------------------------------------------ */
+void *mem_alloc(size_t n);
+void *mem_calloc(size_t n, size_t size);
+void *mem_realloc(void *p, size_t n);
+char *mem_strdup(const char *s);
+char *mem_strndup(const char *s, size_t n);
+
+/* ------------------------------------------------------------------ */
+/* file.c: whole files                                                 */
+/* ------------------------------------------------------------------ */
 /* Read a whole file into malloc'd memory (NUL-terminated).  Returns NULL
  * and sets *err (static string from strerror) on failure. */
 char *read_file(const char *path, size_t *len, const char **err);
+/* Write the parts, in order, to path atomically: PATH.tmp.XXXXXX next to
+ * it, fsync, rename, fsync the directory; the file gets mode 0644.  On
+ * failure "PATH: reason" goes to err and path is untouched. */
+typedef struct FilePart {
+  const void *data;
+  size_t len;
+} FilePart;
+bool write_file_atomic(const char *path, const FilePart *parts, int nparts, char *err, size_t errlen);
+/* mkdir -p: path and its missing parents (0755); false with errno set. */
+bool mkdir_p(const char *path);
+
+/* ------------------------------------------------------------------ */
+/* slice.c                                                             */
+/* ------------------------------------------------------------------ */
+/* Python's slice.indices for one axis of size dim (step != 0): clamps
+ * *start and stop, stores the normalised start in *start and returns
+ * the number of elements. */
+int64_t slice_indices(int64_t dim, int64_t *start, int64_t stop, int64_t step);
 
 /* ------------------------------------------------------------------ */
 /* diag.c: user-facing diagnostics, clang style.                        */

@@ -1,30 +1,14 @@
-/* common.c - what the commands share: reading flag values, recognising a
- * --target and an artifact, reporting the C API's errors, and handing a
- * simulated link to the comm layer. */
+/* common.c - what the commands share: reading numbers from flag values,
+ * handing a simulated link to the comm layer, the wall clock. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gradc.h"
-#include "runtime/io/artifact.h"
 #include "tools.h"
-#ifdef GRADC_HAVE_CUDA
-#include "codegen/cuda/cuda.h"
-#endif
-
-const char *tools_flag_value(int argc, char **argv, int *i, const char *flag, bool *missing) {
-  size_t n = strlen(flag);
-  if (strncmp(argv[*i], flag, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != 0) return NULL;
-  if (*i + 1 >= argc) {
-    if (missing) *missing = true;
-    return NULL;
-  }
-  return argv[++*i];
-}
 
 bool tools_parse_i64(const char *s, int64_t *out) {
   char *end;
@@ -44,35 +28,6 @@ bool tools_parse_f64(const char *s, double *out) {
   return true;
 }
 
-bool tools_cuda_target(const char *t) {
-#ifdef GRADC_HAVE_CUDA
-  char arch[32];
-  return t && cg_cuda_parse_target(t, arch, sizeof arch);
-#else
-  (void)t;
-  return false;
-#endif
-}
-
-bool tools_is_artifact(const char *path) {
-  char magic[8] = {0};
-  FILE *f = fopen(path, "rb");
-  if (!f) return false;
-  size_t n = fread(magic, 1, sizeof magic, f);
-  fclose(f);
-  return n == sizeof magic && memcmp(magic, ART_MAGIC, 8) == 0;
-}
-
-int tools_api_error(gradc_status st) {
-  const char *msg = gradc_last_error();
-  if (!msg || !*msg) msg = "unknown failure";
-  if (strstr(msg, "error: ")) /* model diagnostics and "gradc: error: ..." carry their prefix */
-    fprintf(stderr, "%s%s", msg, msg[strlen(msg) - 1] == '\n' ? "" : "\n");
-  else
-    fprintf(stderr, "gradc: error: %s\n", msg);
-  return st == GRADC_ERR_INTERNAL ? 2 : 1;
-}
-
 void tools_set_link(double latency_us, double gbps) {
   char buf[64];
   if (latency_us > 0) {
@@ -83,4 +38,10 @@ void tools_set_link(double latency_us, double gbps) {
     snprintf(buf, sizeof buf, "%.17g", gbps);
     setenv("GRADC_COMM_GBPS", buf, 1);
   }
+}
+
+double tools_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }

@@ -5,15 +5,14 @@
  * twice: faintly as it is, and on top as a centred moving average over
  * about 1/SMOOTH_DIV of its points, so a noisy loss shows its trend.  Long
  * series are thinned to at most MAX_POINTS points per line (every k-th
- * point and the last). */
+ * point and the last).  The file is written atomically (write_file_atomic). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "api/cli.h"
 #include "tools.h"
 
 enum { WIDTH = 820, HEIGHT = 480, LEFT = 78, RIGHT = 170, TOP = 44, BOTTOM = 56, MAX_POINTS = 2000, SMOOTH_MIN = 200,
@@ -87,9 +86,8 @@ static void polyline(FILE *out, const double *x, const double *y, int n, const A
 /* The centred moving average of y over 2h+1 points (fewer at the ends),
  * skipping non-finite values; malloc'd. */
 static double *moving_average(const double *y, int n, int h) {
-  double *sum = calloc((size_t)n + 1, sizeof *sum), *out = malloc(sizeof *out * (size_t)(n ? n : 1));
-  int *cnt = calloc((size_t)n + 1, sizeof *cnt);
-  if (!sum || !out || !cnt) abort();
+  double *sum = mem_calloc((size_t)n + 1, sizeof *sum), *out = mem_alloc(sizeof *out * (size_t)n);
+  int *cnt = mem_calloc((size_t)n + 1, sizeof *cnt);
   for (int i = 0; i < n; i++) {
     bool ok = isfinite(y[i]);
     sum[i + 1] = sum[i] + (ok ? y[i] : 0);
@@ -206,34 +204,18 @@ static void write_chart(FILE *out, const char *title, const char *xlabel, const 
 
 bool plot_svg(const char *path, const char *title, const char *xlabel, const char *ylabel, const PlotSeries *s,
               int ns, char *err, size_t errlen) {
-  size_t n = strlen(path);
-  char *tmp = malloc(n + 16);
-  if (!tmp) abort();
-  snprintf(tmp, n + 16, "%s.tmpXXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd >= 0) { /* mkstemp makes it 0600; give it what fopen would */
-    mode_t mask = umask(0);
-    umask(mask);
-    (void)fchmod(fd, 0666 & ~mask);
-  }
-  FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
+  char *svg = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&svg, &len);
   if (!out) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
-    if (fd >= 0) {
-      close(fd);
-      unlink(tmp);
-    }
-    free(tmp);
     return false;
   }
   write_chart(out, title, xlabel, ylabel, s, ns);
   bool ok = !ferror(out);
   if (fclose(out) != 0) ok = false;
-  if (ok && rename(tmp, path) != 0) ok = false;
-  if (!ok) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno ? errno : EIO));
-    unlink(tmp);
-  }
-  free(tmp);
+  if (!ok) snprintf(err, errlen, "%s: %s", path, strerror(errno ? errno : ENOMEM));
+  else ok = write_file_atomic(path, &(FilePart){svg, len}, 1, err, errlen);
+  free(svg);
   return ok;
 }

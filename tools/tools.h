@@ -1,9 +1,12 @@
-/* tools.h - the command line's pieces that live outside gradc.c: the
- * training loop and dataset writer (train.c) and the SVG plot writer
- * (plot.c). */
+/* tools.h - the command line's pieces that live outside gradc.c: the flag
+ * parser (flags.c), reading numbers (common.c), the training loop and
+ * dataset writer (train.c), `gradc bench` (bench.c) and the SVG plot
+ * writer (plot.c).  The commands use include/gradc.h and api/cli.h,
+ * nothing below them. */
 #ifndef GRADC_TOOLS_H
 #define GRADC_TOOLS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,23 +16,83 @@
 /* ------------------------------------------------------------------ */
 /* common.c                                                            */
 /* ------------------------------------------------------------------ */
-/* "--flag=value" or "--flag value" at argv[*i] (advancing *i past the
- * value): the value, or NULL when argv[*i] is not the flag, or (setting
- * *missing when missing is given) when its value is absent. */
-const char *tools_flag_value(int argc, char **argv, int *i, const char *flag, bool *missing);
 bool tools_parse_i64(const char *s, int64_t *out); /* the whole string, base 10 */
 bool tools_parse_f64(const char *s, double *out);  /* the whole string, finite */
-/* cuda or cuda:sm_XX, in a build with the CUDA back end. */
-bool tools_cuda_target(const char *t);
-/* Whether path starts with the artifact magic (else it is model source). */
-bool tools_is_artifact(const char *path);
-/* Report the C API's last error on stderr; returns the exit status (1 user
- * error, 2 internal). */
-int tools_api_error(gradc_status st);
 /* --link-latency-us / --link-gbps: a simulated slow link between ranks,
  * handed to the comm layer through GRADC_COMM_LATENCY_US / GRADC_COMM_GBPS
  * (docs/DISTRIBUTED.md) before it starts.  Values <= 0 leave them alone. */
 void tools_set_link(double latency_us, double gbps);
+/* Wall-clock milliseconds (CLOCK_MONOTONIC). */
+double tools_now_ms(void);
+
+/* ------------------------------------------------------------------ */
+/* flags.c: the one flag parser, driven by a table per command         */
+/* ------------------------------------------------------------------ */
+typedef enum {
+  FLAG_BOOL,   /* bool: set when present ("--verify") */
+  FLAG_STRING, /* const char *: the value */
+  FLAG_LIST,   /* const char *: repeated values joined with commas */
+  FLAG_INT,    /* int in [lo, hi] */
+  FLAG_I64,    /* int64_t in [lo, hi] */
+  FLAG_U64,    /* uint64_t in [lo, hi] */
+  FLAG_REAL,   /* double in [lo, hi], finite; lo_open: lo itself is refused */
+} FlagKind;
+
+typedef struct Flag {
+  const char *name; /* "--gas"; one dash ("-o"): the value is the next argument only */
+  FlagKind kind;
+  void *dst;            /* as the kind says */
+  bool *given;          /* set when the flag appears, or NULL */
+  double lo, hi;        /* numbers: the accepted range */
+  bool lo_open;
+  const char *expects;  /* numbers: "%s expects EXPECTS, got 'VALUE'" */
+  const char *missing;  /* the message when the value is absent (%s: the flag), or NULL */
+  bool (*valid)(const char *v); /* strings: accepted values, or NULL (any) */
+  const char *invalid;  /* ... and the message for another (%s: the value) */
+  const char *label;    /* the name messages use, if not name (an alias) */
+} Flag;
+
+#define TOOLS_MAX_DEFINES 64
+typedef struct Defines { /* -D NAME=VALUE, in order (names malloc'd) */
+  const char *name[TOOLS_MAX_DEFINES];
+  int64_t value[TOOLS_MAX_DEFINES];
+  int n;
+} Defines;
+
+typedef struct FlagSpec {
+  const Flag *flags;
+  int nflags;
+  const char *see;   /* appended to usage errors: " (see gradc help train)" */
+  bool see_values;   /* ... and to bad values and "too many -D options" */
+  bool see_missing;  /* a value flag without its value: "FLAG needs a value" (else: an incomplete option) */
+  Defines *defines;  /* where -D goes, or NULL (no -D) */
+  const char **positional; /* the other arguments, up to max_positional */
+  int max_positional;
+  int *npositional;
+  const char *too_many; /* the message for one positional more, or NULL ("unexpected argument") */
+} FlagSpec;
+
+/* The flags of K and of distributed runs that `gradc compile/run` and
+ * `gradc train` share (docs/DISTRIBUTED.md): table rows for a struct *a
+ * with these fields. */
+#define TOOLS_RUN_FLAGS(a)                                                                                         \
+  {"--gas", FLAG_INT, &(a)->gas, &(a)->gas_set, 1, 1 << 20, .expects = "a positive integer"},                     \
+      {"--dp", FLAG_INT, &(a)->dp, &(a)->dp_set, 1, 1 << 20, .expects = "a positive integer"},                    \
+      {"--tp", FLAG_INT, &(a)->tp, &(a)->tp_set, 1, 1 << 20, .expects = "a positive integer"},                    \
+      {"--sequence-parallel", FLAG_BOOL, .dst = &(a)->sequence_parallel},                                         \
+      {"--no-overlap", FLAG_BOOL, .dst = &(a)->no_overlap}, {"--zero1", FLAG_BOOL, .dst = &(a)->zero1},           \
+      {"--bucket-mb", FLAG_REAL, &(a)->bucket_mb, NULL, 0, 1 << 20, .lo_open = true,                               \
+       .expects = "a positive size in MiB"},                                                                      \
+      {"--trace", FLAG_STRING, .dst = &(a)->trace},                                                               \
+      {"--link-latency-us", FLAG_REAL, &(a)->link_latency_us, NULL, 0, HUGE_VAL,                                  \
+       .expects = "a non-negative number"},                                                                       \
+      {"--link-gbps", FLAG_REAL, &(a)->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"}
+/* --bucket-mb's MiB in bytes (at least 1); 0 when it was not given. */
+int64_t tools_bucket_bytes(double mb);
+
+/* Parse argv[first..argc) by s; 0, or 1 after writing `gradc: error: ...`. */
+int flags_parse(const FlagSpec *s, int argc, char **argv, int first);
+void defines_free(Defines *d);
 
 /* ------------------------------------------------------------------ */
 /* train.c                                                             */
@@ -41,6 +104,14 @@ int cmd_train(int argc, char **argv);
 int cmd_data_text(int argc, char **argv);
 extern const char train_help[];
 extern const char data_text_help[];
+
+/* ------------------------------------------------------------------ */
+/* bench.c                                                             */
+/* ------------------------------------------------------------------ */
+/* `gradc bench MODEL ...`: argv[0] is "bench".  Returns the exit status
+ * (0, 1 user error, 2 internal error). */
+int cmd_bench(int argc, char **argv);
+extern const char bench_help[];
 
 /* ------------------------------------------------------------------ */
 /* plot.c                                                              */

@@ -38,18 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/cli.h"
 #include "gradc.h"
-#include "runtime/io/artifact.h"
-#include "runtime/comm/comm.h"
-#include "runtime/runtime.h"
-#include "support/support.h"
 #include "tools.h"
-#ifdef GRADC_HAVE_CUDA
-#include "runtime/cuda/cuda.h"
-#define CUDA_TARGETS ", cuda, cuda:sm_XX"
-#else
-#define CUDA_TARGETS ""
-#endif
 
 const char train_help[] =
     "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref|cuda]\n"
@@ -110,27 +101,11 @@ static void warning(const char *fmt, ...) {
   va_end(ap);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return tools_now_ms() * 1e-3; }
 
 static bool ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), m = strlen(suffix);
   return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-static const char *dtype_name(gradc_dtype dt) {
-  switch (dt) {
-  case GRADC_F32: return "f32";
-  case GRADC_F64: return "f64";
-  case GRADC_BF16: return "bf16";
-  case GRADC_F16: return "f16";
-  case GRADC_I32: return "i32";
-  case GRADC_I64: return "i64";
-  }
-  return "?";
 }
 
 static void shape_str(char *buf, size_t n, const int64_t *shape, int rank, int from) {
@@ -150,33 +125,20 @@ int cmd_data_text(int argc, char **argv) {
   int nfiles = 0;
   int64_t T = 0, stride = 0;
   bool compact = false;
-  for (int i = 1; i < argc; i++) {
-    const char *v;
-    bool missing = false;
-    char *arg = argv[i];
-    if (strcmp(arg, "-T") == 0 || (v = tools_flag_value(argc, argv, &i, "--context", &missing))) {
-      if (strcmp(arg, "-T") == 0) v = i + 1 < argc ? argv[++i] : NULL;
-      if (!v || !tools_parse_i64(v, &T) || T < 1 || T > (1 << 24))
-        return error(1, "-T expects a positive context length, got '%s' (see gradc help data)", v ? v : "");
-    } else if ((v = tools_flag_value(argc, argv, &i, "--stride", &missing))) {
-      if (!tools_parse_i64(v, &stride) || stride < 1)
-        return error(1, "--stride expects a positive integer, got '%s' (see gradc help data)", v);
-    } else if ((v = tools_flag_value(argc, argv, &i, "--names", &missing))) {
-      names = v;
-    } else if (strcmp(arg, "-o") == 0) {
-      if (i + 1 >= argc) return error(1, "-o needs a file name (see gradc help data)");
-      output = argv[++i];
-    } else if (strcmp(arg, "--compact") == 0) {
-      compact = true;
-    } else if (missing) {
-      return error(1, "%s needs a value (see gradc help data)", arg);
-    } else if (arg[0] == '-' && arg[1]) {
-      return error(1, "unknown or incomplete option '%s' (see gradc help data)", arg);
-    } else {
-      if (nfiles == (int)(sizeof files / sizeof *files)) return error(1, "too many text files");
-      files[nfiles++] = arg;
-    }
-  }
+  const char *context = "a positive context length";
+  const Flag flags[] = {
+      {"-T", FLAG_I64, &T, NULL, 1, 1 << 24, .expects = context, .missing = "%s expects a positive context length, got ''"},
+      {"--context", FLAG_I64, &T, NULL, 1, 1 << 24, .expects = context, .label = "-T"},
+      {"--stride", FLAG_I64, &stride, NULL, 1, (double)INT64_MAX, .expects = "a positive integer"},
+      {"--names", FLAG_STRING, .dst = &names},
+      {"-o", FLAG_STRING, .dst = &output, .missing = "%s needs a file name"},
+      {"--compact", FLAG_BOOL, .dst = &compact},
+  };
+  FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help data)", .see_values = true,
+                   .see_missing = true, .positional = files, .max_positional = (int)(sizeof files / sizeof *files),
+                   .npositional = &nfiles, .too_many = "too many text files"};
+  int rc = flags_parse(&spec, argc, argv, 1);
+  if (rc) return rc;
   if (!nfiles) return error(1, "data text needs a text file (see gradc help data)");
   if (!T) return error(1, "data text needs -T N, the context length (see gradc help data)");
   if (!output) return error(1, "data text needs -o DATA.safetensors (see gradc help data)");
@@ -240,38 +202,35 @@ int cmd_data_text(int argc, char **argv) {
     sb_free(&vocab);
     return error(1, "%" PRId64 " samples of %" PRId64 " tokens is too large a dataset; raise --stride", N, T);
   }
-  int32_t *idx = malloc(sizeof(int32_t) * (size_t)(N * T)), *tgt = malloc(sizeof(int32_t) * (size_t)(N * T));
-  if (!idx || !tgt) abort();
+  int32_t *idx = mem_alloc(sizeof(int32_t) * (size_t)(N * T)), *tgt = mem_alloc(sizeof(int32_t) * (size_t)(N * T));
   for (int64_t n = 0; n < N; n++)
     for (int64_t t = 0; t < T; t++) {
       idx[n * T + t] = id[bytes[n * stride + t]];
       tgt[n * T + t] = id[bytes[n * stride + t + 1]];
     }
 
-  StFile st;
-  st_init(&st);
+  cli_tensors *st = cli_tensors_new();
   int64_t shape[2] = {N, T};
-  st_add(&st, idx_name, ST_I32, 2, shape, idx);
-  st_add(&st, tgt_name, ST_I32, 2, shape, tgt);
+  cli_tensors_add(st, idx_name, GRADC_I32, 2, shape, idx);
+  cli_tensors_add(st, tgt_name, GRADC_I32, 2, shape, tgt);
   char buf[64];
-  st_set_meta(&st, "format", "gradc.text");
+  cli_tensors_set_meta(st, "format", "gradc.text");
   snprintf(buf, sizeof buf, "%d", nvocab);
-  st_set_meta(&st, "vocab_size", buf);
-  st_set_meta(&st, "vocab", compact ? sb_str(&vocab) : "bytes");
+  cli_tensors_set_meta(st, "vocab_size", buf);
+  cli_tensors_set_meta(st, "vocab", compact ? sb_str(&vocab) : "bytes");
   snprintf(buf, sizeof buf, "%" PRId64, stride);
-  st_set_meta(&st, "stride", buf);
+  cli_tensors_set_meta(st, "stride", buf);
   snprintf(buf, sizeof buf, "%" PRId64, len);
-  st_set_meta(&st, "text_bytes", buf);
+  cli_tensors_set_meta(st, "text_bytes", buf);
   char err[1024];
-  int rc = 0;
-  if (!st_write(output, &st, err, sizeof err))
+  if (!cli_tensors_write(st, output, err, sizeof err))
     rc = error(1, "%s", err);
   else
     fprintf(stderr,
             "%s: %" PRId64 " samples of %" PRId64 " tokens from %" PRId64 " bytes (stride %" PRId64
             "), vocabulary %d%s; train with -D T=%" PRId64 " -D V=%d\n",
             output, N, T, len, stride, nvocab, compact ? " (compact)" : " (bytes)", T, nvocab);
-  st_free(&st);
+  cli_tensors_free(st);
   free(idx);
   free(tgt);
   sb_free(&text);
@@ -299,7 +258,9 @@ typedef struct TrainArgs {
   const char *target;
   int threads;
   bool no_cache;
+  double bucket_mb;
   gradc_optimizer_kind kind;
+  const char *optimizer; /* --optimizer sgd|adamw */
   double lr, momentum, dampening, beta1, beta2, eps, weight_decay, clip, min_lr;
   bool lr_set, momentum_set, dampening_set, nesterov, beta1_set, beta2_set, eps_set, wd_set, min_lr_set;
   int64_t warmup;
@@ -307,10 +268,10 @@ typedef struct TrainArgs {
   uint64_t seed;
   const char *init, *params_out, *checkpoint, *resume, *log, *plot;
   int64_t checkpoint_every;
-  const char *def_names[64];
-  int64_t def_values[64];
-  int ndefs;
+  Defines defs;
 } TrainArgs;
+
+static bool is_optimizer(const char *v) { return strcmp(v, "sgd") == 0 || strcmp(v, "adamw") == 0; }
 
 static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   memset(a, 0, sizeof *a);
@@ -318,140 +279,51 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   a->gas = 1;
   a->dp = 1;
   a->tp = 1;
-  a->kind = GRADC_ADAMW;
-  for (int i = 1; i < argc; i++) {
-    char *arg = argv[i];
-    const char *v = NULL;
-    bool missing = false;
-    int64_t n;
-    double x;
-#define FLAG(name) ((v = tools_flag_value(argc, argv, &i, name, &missing)) != NULL)
-#define INT_FLAG(name, dst, lo)                                                                            \
-  if (FLAG(name)) {                                                                                        \
-    if (!tools_parse_i64(v, &n) || n < (lo)) return error(1, "%s expects an integer >= %d, got '%s'", name, lo, v); \
-    dst = n;                                                                                               \
-    continue;                                                                                              \
-  }
-#define REAL_FLAG(name, dst, set)                                                                          \
-  if (FLAG(name)) {                                                                                        \
-    if (!tools_parse_f64(v, &x) || x < 0) return error(1, "%s expects a non-negative number, got '%s'", name, v); \
-    dst = x;                                                                                               \
-    set = true;                                                                                            \
-    continue;                                                                                              \
-  }
-    if (strcmp(arg, "-D") == 0 || (strncmp(arg, "-D", 2) == 0 && arg[2])) {
-      const char *def = arg[2] ? arg + 2 : (i + 1 < argc ? argv[++i] : NULL);
-      const char *eq = def ? strchr(def, '=') : NULL;
-      if (!eq || eq == def || !tools_parse_i64(eq + 1, &n))
-        return error(1, "-D expects NAME=INTEGER, got '%s' (see gradc help train)", def ? def : "");
-      if (a->ndefs == 64) return error(1, "too many -D options");
-      a->def_names[a->ndefs] = strndup(def, (size_t)(eq - def));
-      a->def_values[a->ndefs++] = n;
-      continue;
-    }
-    INT_FLAG("--steps", a->steps, 1)
-    INT_FLAG("--stop-after", a->stop_after, 1)
-    INT_FLAG("--print-every", a->print_every, 1)
-    INT_FLAG("--warmup", a->warmup, 0)
-    INT_FLAG("--checkpoint-every", a->checkpoint_every, 1)
-    REAL_FLAG("--lr", a->lr, a->lr_set)
-    REAL_FLAG("--momentum", a->momentum, a->momentum_set)
-    REAL_FLAG("--dampening", a->dampening, a->dampening_set)
-    REAL_FLAG("--beta1", a->beta1, a->beta1_set)
-    REAL_FLAG("--beta2", a->beta2, a->beta2_set)
-    REAL_FLAG("--eps", a->eps, a->eps_set)
-    REAL_FLAG("--weight-decay", a->weight_decay, a->wd_set)
-    REAL_FLAG("--min-lr", a->min_lr, a->min_lr_set)
-    if (FLAG("--gas")) {
-      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--gas expects a positive integer, got '%s'", v);
-      a->gas = (int)n;
-      a->gas_set = true;
-    } else if (FLAG("--dp")) {
-      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--dp expects a positive integer, got '%s'", v);
-      a->dp = (int)n;
-      a->dp_set = true;
-    } else if (FLAG("--tp")) {
-      if (!tools_parse_i64(v, &n) || n < 1 || n > 1 << 20) return error(1, "--tp expects a positive integer, got '%s'", v);
-      a->tp = (int)n;
-      a->tp_set = true;
-    } else if (strcmp(arg, "--sequence-parallel") == 0) {
-      a->sequence_parallel = true;
-    } else if (strcmp(arg, "--no-overlap") == 0) {
-      a->no_overlap = true;
-    } else if (strcmp(arg, "--zero1") == 0) {
-      a->zero1 = true;
-    } else if (FLAG("--bucket-mb")) {
-      if (!tools_parse_f64(v, &x) || !(x > 0) || x > 1 << 20)
-        return error(1, "--bucket-mb expects a positive size in MiB, got '%s'", v);
-      a->bucket_bytes = (int64_t)(x * (1 << 20));
-      if (a->bucket_bytes < 1) a->bucket_bytes = 1;
-    } else if (FLAG("--trace")) {
-      a->trace = v;
-    } else if (FLAG("--link-latency-us")) {
-      if (!tools_parse_f64(v, &x) || !(x >= 0)) return error(1, "--link-latency-us expects a non-negative number, got '%s'", v);
-      a->link_latency_us = x;
-    } else if (FLAG("--link-gbps")) {
-      if (!tools_parse_f64(v, &x) || !(x > 0)) return error(1, "--link-gbps expects a positive number, got '%s'", v);
-      a->link_gbps = x;
-    } else if (FLAG("--threads")) {
-      if (!tools_parse_i64(v, &n) || n < 0 || n > 4096) return error(1, "--threads expects an integer >= 0, got '%s'", v);
-      a->threads = (int)n;
-    } else if (FLAG("--clip")) {
-      if (!tools_parse_f64(v, &x) || x <= 0) return error(1, "--clip expects a positive norm, got '%s'", v);
-      a->clip = x;
-    } else if (FLAG("--seed")) {
-      if (!tools_parse_i64(v, &n) || n < 0) return error(1, "--seed expects a non-negative integer, got '%s'", v);
-      a->seed = (uint64_t)n;
-    } else if (FLAG("--optimizer")) {
-      if (strcmp(v, "sgd") == 0)
-        a->kind = GRADC_SGD;
-      else if (strcmp(v, "adamw") == 0)
-        a->kind = GRADC_ADAMW;
-      else
-        return error(1, "--optimizer expects sgd or adamw, got '%s'", v);
-    } else if (FLAG("--data")) {
-      a->data = v;
-    } else if (FLAG("--target")) {
-      a->target = v;
-    } else if (FLAG("--init")) {
-      a->init = v;
-    } else if (FLAG("--params-out")) {
-      a->params_out = v;
-    } else if (FLAG("--checkpoint")) {
-      a->checkpoint = v;
-    } else if (FLAG("--resume")) {
-      a->resume = v;
-    } else if (FLAG("--log")) {
-      a->log = v;
-    } else if (FLAG("--plot")) {
-      a->plot = v;
-    } else if (strcmp(arg, "--nesterov") == 0) {
-      a->nesterov = true;
-    } else if (strcmp(arg, "--cosine") == 0) {
-      a->cosine = true;
-    } else if (strcmp(arg, "--no-cache") == 0) {
-      a->no_cache = true;
-    } else if (missing) {
-      return error(1, "%s needs a value (see gradc help train)", arg);
-    } else if (arg[0] == '-' && arg[1]) {
-      return error(1, "unknown or incomplete option '%s' (see gradc help train)", arg);
-    } else if (!a->model) {
-      a->model = arg;
-    } else {
-      return error(1, "unexpected argument '%s' (see gradc help train)", arg);
-    }
-#undef FLAG
-#undef INT_FLAG
-#undef REAL_FLAG
-  }
+  const double any = (double)INT64_MAX;
+  const Flag flags[] = {
+      {"--steps", FLAG_I64, &a->steps, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--stop-after", FLAG_I64, &a->stop_after, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--print-every", FLAG_I64, &a->print_every, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--warmup", FLAG_I64, &a->warmup, NULL, 0, any, .expects = "an integer >= 0"},
+      {"--checkpoint-every", FLAG_I64, &a->checkpoint_every, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--lr", FLAG_REAL, &a->lr, &a->lr_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--momentum", FLAG_REAL, &a->momentum, &a->momentum_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--dampening", FLAG_REAL, &a->dampening, &a->dampening_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--beta1", FLAG_REAL, &a->beta1, &a->beta1_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--beta2", FLAG_REAL, &a->beta2, &a->beta2_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--eps", FLAG_REAL, &a->eps, &a->eps_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--weight-decay", FLAG_REAL, &a->weight_decay, &a->wd_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      {"--min-lr", FLAG_REAL, &a->min_lr, &a->min_lr_set, 0, HUGE_VAL, .expects = "a non-negative number"},
+      TOOLS_RUN_FLAGS(a),
+      {"--threads", FLAG_INT, &a->threads, NULL, 0, 4096, .expects = "an integer >= 0"},
+      {"--clip", FLAG_REAL, &a->clip, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive norm"},
+      {"--seed", FLAG_U64, &a->seed, NULL, 0, any, .expects = "a non-negative integer"},
+      {"--optimizer", FLAG_STRING, .dst = &a->optimizer, .valid = is_optimizer,
+       .invalid = "--optimizer expects sgd or adamw, got '%s'"},
+      {"--data", FLAG_STRING, .dst = &a->data},
+      {"--target", FLAG_STRING, .dst = &a->target},
+      {"--init", FLAG_STRING, .dst = &a->init},
+      {"--params-out", FLAG_STRING, .dst = &a->params_out},
+      {"--checkpoint", FLAG_STRING, .dst = &a->checkpoint},
+      {"--resume", FLAG_STRING, .dst = &a->resume},
+      {"--log", FLAG_STRING, .dst = &a->log},
+      {"--plot", FLAG_STRING, .dst = &a->plot},
+      {"--nesterov", FLAG_BOOL, .dst = &a->nesterov},
+      {"--cosine", FLAG_BOOL, .dst = &a->cosine},
+      {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
+  };
+  int npos = 0;
+  FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help train)", .see_missing = true,
+                   .defines = &a->defs, .positional = &a->model, .max_positional = 1, .npositional = &npos};
+  int rc = flags_parse(&spec, argc, argv, 1);
+  if (rc) return rc;
+  a->kind = a->optimizer && strcmp(a->optimizer, "sgd") == 0 ? GRADC_SGD : GRADC_ADAMW;
+  a->bucket_bytes = tools_bucket_bytes(a->bucket_mb);
   if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
   if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
-  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !tools_cuda_target(a->target))
-    return error(1, "unsupported --target '%s' (this build has: cpu, ref" CUDA_TARGETS ")", a->target);
-#ifdef GRADC_HAVE_CUDA
-  char derr[512];
-  if (tools_cuda_target(a->target) && !cuda_device_available(derr, sizeof derr)) return error(1, "%s", derr);
-#endif
+  if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cli_is_cuda_target(a->target))
+    return error(1, "unsupported --target '%s' (this build has: cpu, ref%s)", a->target, cli_cuda_targets());
+  if (cli_is_cuda_target(a->target) && cli_need_device()) return 1;
   bool sgd = a->kind == GRADC_SGD;
   if (!sgd && (a->momentum_set || a->dampening_set || a->nesterov))
     return error(1, "--momentum, --dampening and --nesterov are options of --optimizer sgd");
@@ -474,7 +346,8 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
 
 typedef struct Feed { /* a program input and the dataset tensor that feeds it */
   const char *name;
-  const StTensor *t;
+  int index;       /* its tensor in the dataset */
+  cli_tensor t;
   gradc_dtype dt;  /* as passed to gradc_session_set_input */
   bool batched;
   size_t row_bytes; /* batched: bytes per sample */
@@ -483,7 +356,7 @@ typedef struct Feed { /* a program input and the dataset tensor that feeds it */
 } Feed;
 
 typedef struct Data {
-  StFile st;
+  cli_tensors *st;
   Feed *feed;
   int nfeed;
   int64_t n;   /* samples */
@@ -500,54 +373,49 @@ static void data_free(Data *d) {
   for (int i = 0; i < d->nfeed; i++) free(d->feed[i].buf);
   free(d->feed);
   free(d->perm);
-  st_free(&d->st);
+  cli_tensors_free(d->st);
 }
 
 /* Match the dataset's tensors to the program's inputs. */
 static int data_open(Data *d, const char *path, const gradc_program *p) {
   memset(d, 0, sizeof *d);
   char err[1024];
-  st_init(&d->st);
-  if (!st_read(path, &d->st, err, sizeof err)) return error(1, "%s", err);
+  d->st = cli_tensors_new();
+  if (!cli_tensors_read(d->st, path, err, sizeof err)) return error(1, "%s", err);
   int ni = gradc_program_num_inputs(p);
-  d->feed = calloc((size_t)(ni ? ni : 1), sizeof *d->feed);
-  if (!d->feed) abort();
+  d->feed = mem_calloc((size_t)(ni ? ni : 1), sizeof *d->feed);
   d->n = -1;
   d->unit = "samples/s";
   for (int i = 0; i < ni; i++) {
     gradc_tensor_info in;
-    if (gradc_program_input_info(p, i, &in) != GRADC_OK) return tools_api_error(GRADC_ERR_INTERNAL);
+    if (gradc_program_input_info(p, i, &in) != GRADC_OK) return cli_report(GRADC_ERR_INTERNAL);
     Feed *f = &d->feed[d->nfeed++];
     f->name = in.name;
     f->batched = in.batched && in.rank > 0;
     char want[160], got[160];
     shape_str(want, sizeof want, in.shape, in.rank, f->batched ? 1 : 0);
-    const StTensor *t = st_find(&d->st, in.name);
-    if (!t)
+    f->index = cli_tensors_find(d->st, in.name);
+    if (f->index < 0)
       return error(1, "%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
-                   dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
-    f->t = t;
+                   cli_dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
+    f->t = cli_tensors_at(d->st, f->index);
+    const cli_tensor *t = &f->t;
     bool is_int = in.dtype == GRADC_I32 || in.dtype == GRADC_I64;
-    switch (t->dtype) {
-    case ST_I32: f->dt = GRADC_I32; break;
-    case ST_I64: f->dt = GRADC_I64; break;
-    case ST_F32: f->dt = GRADC_F32; break;
-    case ST_F64: f->dt = GRADC_F64; break;
-    case ST_BF16:
-    case ST_F16: f->dt = GRADC_BF16; break;
-    }
-    bool t_int = t->dtype == ST_I32 || t->dtype == ST_I64;
+    bool t_int = t->dtype == GRADC_I32 || t->dtype == GRADC_I64;
+    bool t_low = t->dtype == GRADC_BF16 || t->dtype == GRADC_F16;
+    f->dt = t_low ? GRADC_BF16 : t->dtype;
     bool shape_ok = t->rank == in.rank;
     for (int k = f->batched ? 1 : 0; shape_ok && k < in.rank; k++) shape_ok = t->shape[k] == in.shape[k];
-    if (t->dtype == ST_BF16 || t->dtype == ST_F16 || is_int != t_int || !shape_ok) {
+    if (t_low || is_int != t_int || !shape_ok) {
       shape_str(got, sizeof got, t->shape, t->rank, 0);
       return error(1, "%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name,
                    is_int ? "I32 or I64" : "F32 or F64", f->batched ? "[N]+" : "", want,
-                   f->batched ? "samples along the first axis" : "the input as it is", st_dtype_name(t->dtype), got);
+                   f->batched ? "samples along the first axis" : "the input as it is", cli_dtype_file_name(t->dtype),
+                   got);
     }
     int64_t per = 1;
     for (int k = f->batched ? 1 : 0; k < in.rank; k++) per *= in.shape[k];
-    f->row_bytes = (size_t)per * st_dtype_size(t->dtype);
+    f->row_bytes = (size_t)per * cli_dtype_size(t->dtype);
     if (f->batched) {
       if (d->n >= 0 && t->shape[0] != d->n)
         return error(1, "%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t->shape[0],
@@ -557,8 +425,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
         d->b = in.shape[0];
       }
       f->window = per * in.shape[0];
-      f->buf = malloc(f->row_bytes * (size_t)in.shape[0] + 1);
-      if (!f->buf) abort();
+      f->buf = mem_alloc(f->row_bytes * (size_t)in.shape[0] + 1);
       if (is_int && in.rank >= 2 && !d->tokens_per_window) {
         d->tokens_per_window = in.shape[0] * in.shape[1];
         d->unit = "tok/s";
@@ -567,10 +434,10 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
       f->window = per;
     }
   }
-  for (int i = 0; i < d->st.n; i++) {
+  for (int i = 0; i < cli_tensors_count(d->st); i++) {
     bool used = false;
-    for (int j = 0; j < d->nfeed; j++) used |= d->feed[j].t == &d->st.t[i];
-    if (!used) return error(1, "%s: tensor '%s' is not an input of the model", path, d->st.t[i].name);
+    for (int j = 0; j < d->nfeed; j++) used |= d->feed[j].index == i;
+    if (!used) return error(1, "%s: tensor '%s' is not an input of the model", path, cli_tensors_at(d->st, i).name);
   }
   if (d->n < 0) { /* no batched input: every step sees the same data */
     d->n = d->b = 1;
@@ -579,8 +446,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
   }
   if (!d->tokens_per_window) d->tokens_per_window = d->b;
   d->wpe = d->n / d->b;
-  d->perm = malloc(sizeof(int64_t) * (size_t)d->n);
-  if (!d->perm) abort();
+  d->perm = mem_alloc(sizeof(int64_t) * (size_t)d->n);
   return 0;
 }
 
@@ -606,15 +472,15 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
   GRADC_ASSERT(d->have_perm);
   for (int i = 0; i < d->nfeed; i++) {
     Feed *f = &d->feed[i];
-    const void *src = f->t->data;
+    const void *src = f->t.data;
     if (f->batched) {
       for (int64_t k = 0; k < d->b; k++)
-        memcpy(f->buf + (size_t)k * f->row_bytes, (const char *)f->t->data + (size_t)d->perm[w * d->b + k] * f->row_bytes,
+        memcpy(f->buf + (size_t)k * f->row_bytes, (const char *)f->t.data + (size_t)d->perm[w * d->b + k] * f->row_bytes,
                f->row_bytes);
       src = f->buf;
     }
     gradc_status st = gradc_session_set_input(s, f->name, f->dt, src, (size_t)f->window);
-    if (st != GRADC_OK) return tools_api_error(st);
+    if (st != GRADC_OK) return cli_report(st);
   }
   return 0;
 }
@@ -623,45 +489,43 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
 
 static int save_checkpoint(gradc_session *s, const char *path, const Data *d, bool lead) {
   gradc_status st = gradc_session_save_checkpoint(s, path);
-  if (st != GRADC_OK) return tools_api_error(st);
+  if (st != GRADC_OK) return cli_report(st);
   if (!lead) return 0; /* --zero1: the other ranks only send rank 0 their optimiser state */
-  StFile f;
-  st_init(&f);
+  cli_tensors *f = cli_tensors_new();
   char err[1024], buf[64];
-  bool ok = st_read(path, &f, err, sizeof err);
+  bool ok = cli_tensors_read(f, path, err, sizeof err);
   if (ok) {
     snprintf(buf, sizeof buf, "%016" PRIx64, d->key);
-    st_set_meta(&f, "train.epoch_key", buf);
+    cli_tensors_set_meta(f, "train.epoch_key", buf);
     snprintf(buf, sizeof buf, "%" PRId64, d->n);
-    st_set_meta(&f, "train.samples", buf);
+    cli_tensors_set_meta(f, "train.samples", buf);
     snprintf(buf, sizeof buf, "%" PRId64, d->b);
-    st_set_meta(&f, "train.window", buf);
-    ok = st_write(path, &f, err, sizeof err);
+    cli_tensors_set_meta(f, "train.window", buf);
+    ok = cli_tensors_write(f, path, err, sizeof err);
   }
-  st_free(&f);
+  cli_tensors_free(f);
   return ok ? 0 : error(1, "%s", err);
 }
 
 /* Resume: the API restores params, optimiser state, step and generator;
  * a checkpoint taken mid-epoch also needs that epoch's shuffle seed. */
 static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
-  StFile f;
-  st_init(&f);
+  cli_tensors *f = cli_tensors_new();
   char err[1024];
-  if (!st_read(path, &f, err, sizeof err)) {
-    st_free(&f);
+  if (!cli_tensors_read(f, path, err, sizeof err)) {
+    cli_tensors_free(f);
     return error(1, "%s", err);
   }
   gradc_status st = gradc_session_load_checkpoint(s, path);
   if (st != GRADC_OK) {
-    st_free(&f);
-    return tools_api_error(st);
+    cli_tensors_free(f);
+    return cli_report(st);
   }
   int rc = 0;
   int64_t step = gradc_session_step_count(s);
   if (step % d->wpe != 0) {
-    const char *key = st_get_meta(&f, "train.epoch_key"), *n = st_get_meta(&f, "train.samples"),
-               *b = st_get_meta(&f, "train.window");
+    const char *key = cli_tensors_meta(f, "train.epoch_key"), *n = cli_tensors_meta(f, "train.samples"),
+               *b = cli_tensors_meta(f, "train.window");
     char *end = NULL;
     uint64_t k = key ? strtoull(key, &end, 16) : 0;
     if (!key || !end || *end || !n || !b)
@@ -675,7 +539,7 @@ static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
     else
       data_shuffle(d, k);
   }
-  st_free(&f);
+  cli_tensors_free(f);
   return rc;
 }
 
@@ -691,11 +555,9 @@ typedef struct History {
 static void hist_push(History *h, int64_t step, const double *loss) {
   if (h->n == h->cap) {
     h->cap = h->cap ? 2 * h->cap : 256;
-    h->step = realloc(h->step, sizeof(double) * (size_t)h->cap);
-    if (!h->step) abort();
+    h->step = mem_realloc(h->step, sizeof(double) * (size_t)h->cap);
     for (int i = 0; i < h->nl; i++) {
-      h->loss[i] = realloc(h->loss[i], sizeof(double) * (size_t)h->cap);
-      if (!h->loss[i]) abort();
+      h->loss[i] = mem_realloc(h->loss[i], sizeof(double) * (size_t)h->cap);
     }
   }
   h->step[h->n] = (double)step;
@@ -762,17 +624,15 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
   memset(lg, 0, sizeof *lg);
   lg->jsonl = ends_with(path, ".jsonl");
   int nl = gradc_program_num_losses(p);
-  lg->col = calloc((size_t)(nl ? nl : 1), sizeof *lg->col);
-  if (!lg->col) abort();
+  lg->col = mem_calloc((size_t)(nl ? nl : 1), sizeof *lg->col);
   for (int i = 0; i < nl; i++) {
     const char *name = gradc_program_loss_name(p, i);
     if (reserved_column(name)) {
-      char *c = malloc(strlen(name) + 6);
-      if (!c) abort();
+      char *c = mem_alloc(strlen(name) + 6);
       sprintf(c, "loss_%s", name);
       lg->col[i] = c;
     } else {
-      lg->col[i] = strdup(name);
+      lg->col[i] = mem_strdup(name);
     }
   }
   StrBuf header, kept;
@@ -783,8 +643,7 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
     const char *err;
     char *old = read_file(path, NULL, &err);
     if (old) {
-      double *loss = malloc(sizeof(double) * (size_t)(nl + 1));
-      if (!loss) abort();
+      double *loss = mem_alloc(sizeof(double) * (size_t)(nl + 1));
       char *save = NULL;
       bool first = true, compatible = true;
       for (char *line = strtok_r(old, "\n", &save); line && compatible; line = strtok_r(NULL, "\n", &save), first = false) {
@@ -884,8 +743,7 @@ static int log_close(Log *lg, const char *path, int nl) {
 
 static int write_plot(const char *path, const char *title, const gradc_program *p, const History *h) {
   int nl = gradc_program_num_losses(p);
-  PlotSeries *s = calloc((size_t)nl + 1, sizeof *s);
-  if (!s) abort();
+  PlotSeries *s = mem_calloc((size_t)nl + 1, sizeof *s);
   for (int i = 0; i <= nl; i++)
     s[i] = (PlotSeries){i < nl ? gradc_program_loss_name(p, i) : "total", h->step, h->loss[i], (int)h->n, i == nl};
   char err[1024];
@@ -982,15 +840,15 @@ static void on_interrupt(int sig) { interrupted = sig; }
 
 static int open_program(const TrainArgs *a, gradc_program **p) {
   gradc_status st;
-  if (!tools_is_artifact(a->model)) {
+  if (!cli_is_artifact(a->model)) {
     gradc_compile_options o;
     gradc_compile_options_init(&o);
     o.gas = a->gas;
     if (a->target) o.target = a->target;
     o.threads = a->threads;
-    o.def_names = a->def_names;
-    o.def_values = a->def_values;
-    o.ndefs = a->ndefs;
+    o.def_names = a->defs.name;
+    o.def_values = a->defs.value;
+    o.ndefs = a->defs.n;
     o.no_cache = a->no_cache;
     o.dp = a->dp;
     o.tp = a->tp;
@@ -999,12 +857,12 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.bucket_bytes = a->bucket_bytes;
     o.zero1 = a->zero1;
     st = gradc_program_compile_file(a->model, &o, p);
-    return st == GRADC_OK ? 0 : tools_api_error(st);
+    return st == GRADC_OK ? 0 : cli_report(st);
   }
-  if (a->ndefs || a->target)
+  if (a->defs.n || a->target)
     return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
   st = gradc_program_load(a->model, p);
-  if (st != GRADC_OK) return tools_api_error(st);
+  if (st != GRADC_OK) return cli_report(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
     return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
   if (a->dp_set && a->dp != gradc_program_dp(*p))
@@ -1033,7 +891,7 @@ static int set_optimizer(const TrainArgs *a, gradc_session *s) {
   o.total_steps = a->cosine ? a->steps : 0;
   o.min_lr = a->min_lr;
   gradc_status st = gradc_session_set_optimizer(s, &o);
-  return st == GRADC_OK ? 0 : tools_api_error(st);
+  return st == GRADC_OK ? 0 : cli_report(st);
 }
 
 static const char *base_name(const char *path) {
@@ -1041,69 +899,70 @@ static const char *base_name(const char *path) {
   return slash ? slash + 1 : path;
 }
 
-static int train(const TrainArgs *a) {
-  gradc_program *p = NULL;
-  gradc_session *s = NULL;
-  Data d;
-  memset(&d, 0, sizeof d);
-  st_init(&d.st);
-  Log lg;
-  memset(&lg, 0, sizeof lg);
-  History h;
-  memset(&h, 0, sizeof h);
-  double *loss = NULL;
-  int nl = 0;
-  bool lead = true; /* rank 0 of a data-parallel run (or the only process) prints and writes */
-  int rc = open_program(a, &p);
-  if (rc) goto done;
-  int launched = comm_launch_size(), ranks = gradc_program_tp(p) * gradc_program_dp(p);
-  if (launched > 1 && ranks != launched) {
-    if (gradc_program_tp(p) == 1)
-      rc = error(1, "this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
-                 gradc_program_dp(p) == 1 ? "no --dp" : "a different --dp", launched);
-    else
-      rc = error(1, "this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
-                 launched, launched, gradc_program_tp(p), gradc_program_dp(p), ranks, launched);
-    goto done;
-  }
-  /* ZeRO-1 (the program's, from the flag or the artifact): checkpoints are collective. */
-  bool zero1 = gradc_program_zero1(p) != 0;
-  nl = gradc_program_num_losses(p);
-  h.nl = nl + 1;
-  h.loss = calloc((size_t)h.nl, sizeof *h.loss);
-  loss = calloc((size_t)h.nl, sizeof *loss);
-  if (!h.loss || !loss) abort();
-  if ((rc = data_open(&d, a->data, p))) goto done;
+/* ---- the run: open, announce, step, finish, close ---- */
 
-  gradc_status st = gradc_session_new(p, &s);
-  if (st != GRADC_OK) {
-    rc = tools_api_error(st);
-    goto done;
-  }
-  lead = gradc_session_rank(s) == 0;
-  if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) {
-    rc = tools_api_error(st);
-    goto done;
-  }
-  if ((rc = set_optimizer(a, s))) goto done;
+/* One `gradc train` run: what its phases share. */
+typedef struct Run {
+  const TrainArgs *a;
+  gradc_program *p;
+  gradc_session *s;
+  Data d;
+  Log lg;
+  History h;
+  double *loss; /* [nl + 1]: the last step's losses and their total */
+  int nl;
+  bool lead;    /* rank 0 of a distributed run (or the only process) prints and writes */
+  bool zero1;   /* the program's ZeRO-1 (from the flag or the artifact): checkpoints are collective */
+  int64_t step0, end, step; /* where this run starts, where it stops, where it is */
+  double t0;    /* when the first step started */
+  double first_loss, last_loss;
+} Run;
+
+/* The program, the dataset, a session with its optimiser and params (from
+ * --resume, --init or the declared init), and the log. */
+static int run_open(Run *r) {
+  const TrainArgs *a = r->a;
+  int rc = open_program(a, &r->p);
+  if (rc || (rc = cli_check_ranks(r->p))) return rc;
+  gradc_program *p = r->p;
+  r->zero1 = gradc_program_zero1(p) != 0;
+  r->nl = gradc_program_num_losses(p);
+  r->h.nl = r->nl + 1;
+  r->h.loss = mem_calloc((size_t)r->h.nl, sizeof *r->h.loss);
+  r->loss = mem_calloc((size_t)r->h.nl, sizeof *r->loss);
+  if ((rc = data_open(&r->d, a->data, p))) return rc;
+
+  gradc_status st = gradc_session_new(p, &r->s);
+  if (st != GRADC_OK) return cli_report(st);
+  gradc_session *s = r->s;
+  r->lead = gradc_session_rank(s) == 0;
+  if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
+  if ((rc = set_optimizer(a, s))) return rc;
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
   if (a->resume) {
-    rc = load_checkpoint(s, a->resume, &d);
+    rc = load_checkpoint(s, a->resume, &r->d);
   } else if (a->init) {
     st = gradc_session_load_params(s, a->init);
-    rc = st == GRADC_OK ? 0 : tools_api_error(st);
+    rc = st == GRADC_OK ? 0 : cli_report(st);
   } else {
     st = gradc_session_init_params(s, a->seed);
-    rc = st == GRADC_OK ? 0 : tools_api_error(st);
+    rc = st == GRADC_OK ? 0 : cli_report(st);
   }
-  if (rc) goto done;
+  if (rc) return rc;
 
-  int64_t step0 = gradc_session_step_count(s), end = a->steps;
-  if (a->stop_after && step0 + a->stop_after < end) end = step0 + a->stop_after;
-  if (a->log && lead && (rc = log_open(&lg, a->log, p, a->resume != NULL, step0, &h))) goto done;
+  r->step0 = r->step = gradc_session_step_count(s);
+  r->end = a->steps;
+  if (a->stop_after && r->step0 + a->stop_after < r->end) r->end = r->step0 + a->stop_after;
+  if (a->log && r->lead) return log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h);
+  return 0;
+}
 
+/* The run's one line on stderr: model, params, dataset, optimiser, ranks. */
+static void announce(const Run *r) {
+  const TrainArgs *a = r->a;
+  const gradc_program *p = r->p;
   int64_t nparams = 0;
   for (int i = 0; i < gradc_program_num_params(p); i++) {
     gradc_tensor_info pi;
@@ -1112,24 +971,24 @@ static int train(const TrainArgs *a) {
     for (int k = 0; k < pi.rank; k++) n *= pi.shape[k];
     nparams += n;
   }
-  if (lead) {
-    fprintf(stderr, "training %s: %" PRId64 " params; %s: %" PRId64 " samples, %" PRId64 " windows of %" PRId64
-                    " per epoch, K=%d; %s lr %g",
-            base_name(a->model), nparams, base_name(a->data), d.n, d.wpe, d.b, gradc_program_gas(p),
-            a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
-    if (gradc_program_dp(p) > 1) fprintf(stderr, ", %d data-parallel ranks", gradc_program_dp(p));
-    if (gradc_program_tp(p) > 1) fprintf(stderr, ", %d tensor-parallel ranks", gradc_program_tp(p));
-    if (zero1) fprintf(stderr, ", ZeRO-1");
-    if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
-    if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
-    if (step0) fprintf(stderr, "; resuming at step %" PRId64, step0);
-    fprintf(stderr, "\n");
-  }
-  if (step0 >= a->steps) {
-    if (lead) fprintf(stderr, "nothing to do: step %" PRId64 " of --steps %" PRId64 "\n", step0, a->steps);
-    end = step0;
-  }
+  fprintf(stderr, "training %s: %" PRId64 " params; %s: %" PRId64 " samples, %" PRId64 " windows of %" PRId64
+                  " per epoch, K=%d; %s lr %g",
+          base_name(a->model), nparams, base_name(a->data), r->d.n, r->d.wpe, r->d.b, gradc_program_gas(p),
+          a->kind == GRADC_SGD ? "sgd" : "adamw", lr_peak(a));
+  if (gradc_program_dp(p) > 1) fprintf(stderr, ", %d data-parallel ranks", gradc_program_dp(p));
+  if (gradc_program_tp(p) > 1) fprintf(stderr, ", %d tensor-parallel ranks", gradc_program_tp(p));
+  if (r->zero1) fprintf(stderr, ", ZeRO-1");
+  if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
+  if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
+  if (r->step0) fprintf(stderr, "; resuming at step %" PRId64, r->step0);
+  fprintf(stderr, "\n");
+}
 
+/* The steps, until r->end or Ctrl-C (SIGINT/SIGTERM end the current step
+ * first): feed, run, check the loss, step, log, report, checkpoint. */
+static int run_steps(Run *r) {
+  const TrainArgs *a = r->a;
+  gradc_session *s = r->s;
   struct sigaction sa, old_int, old_term;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_interrupt;
@@ -1137,17 +996,20 @@ static int train(const TrainArgs *a) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
 
-  Progress pr = {.tty = lead && isatty(STDERR_FILENO) != 0, .first = step0, .total = a->steps, .t0 = now_s(),
-                 .unit = d.unit, .per_window = d.tokens_per_window};
-  pr.every = a->print_every ? a->print_every : (a->steps - step0 + 19) / 20;
+  r->t0 = now_s();
+  Progress pr = {.tty = r->lead && isatty(STDERR_FILENO) != 0, .first = r->step0, .total = a->steps, .t0 = r->t0,
+                 .unit = r->d.unit, .per_window = r->d.tokens_per_window};
+  pr.every = a->print_every ? a->print_every : (a->steps - r->step0 + 19) / 20;
   if (pr.every < 1) pr.every = 1;
-  double first_loss = NAN, last_loss = NAN;
-  int64_t step = step0;
-  while (step < end && !interrupted) {
-    if ((rc = data_feed(&d, s, step))) break;
+  r->first_loss = r->last_loss = NAN;
+  double *loss = r->loss;
+  int nl = r->nl, rc = 0;
+  gradc_status st;
+  while (r->step < r->end && !interrupted) {
+    if ((rc = data_feed(&r->d, s, r->step))) break;
     double lr = gradc_session_lr(s);
     if ((st = gradc_session_run(s)) != GRADC_OK) {
-      rc = tools_api_error(st);
+      rc = cli_report(st);
       break;
     }
     for (int i = 0; i < nl; i++) loss[i] = gradc_session_loss(s, i);
@@ -1156,40 +1018,43 @@ static int train(const TrainArgs *a) {
     if (!isfinite(loss[nl])) {
       if (pr.tty) fputc('\n', stderr);
       rc = error(1, "step %" PRId64 ": the loss is %s; stopping without taking the step (try a lower --lr or --clip)",
-                 step + 1, isnan(loss[nl]) ? "nan" : "infinite");
+                 r->step + 1, isnan(loss[nl]) ? "nan" : "infinite");
       break;
     }
     if ((st = gradc_session_step(s)) != GRADC_OK) {
-      rc = tools_api_error(st);
+      rc = cli_report(st);
       break;
     }
-    step = gradc_session_step_count(s);
-    if (isnan(first_loss)) first_loss = loss[nl];
-    last_loss = loss[nl];
-    hist_push(&h, step, loss);
-    log_row(&lg, p, step, lr, loss, grad_norm, lg.elapsed0 + now_s() - pr.t0);
-    if (lead) progress(&pr, p, step, loss, lr, grad_norm, step == end);
+    int64_t step = r->step = gradc_session_step_count(s);
+    if (isnan(r->first_loss)) r->first_loss = loss[nl];
+    r->last_loss = loss[nl];
+    hist_push(&r->h, step, loss);
+    log_row(&r->lg, r->p, step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0);
+    if (r->lead) progress(&pr, r->p, step, loss, lr, grad_norm, step == r->end);
     /* --zero1: saving a checkpoint is collective (the optimiser state is sharded). */
-    if ((lead || zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != end) {
-      if ((rc = save_checkpoint(s, a->checkpoint, &d, lead))) break;
-      if (lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), p, &h))) break;
+    if ((r->lead || r->zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != r->end) {
+      if ((rc = save_checkpoint(s, a->checkpoint, &r->d, r->lead))) break;
+      if (r->lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) break;
     }
   }
   if (interrupted && pr.tty) fputc('\n', stderr);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
-  if (rc) goto done;
+  return rc;
+}
+
+/* After the steps: the replicas agree, the trace, and (rank 0) the
+ * summary line, the checkpoint, the params, the plot. */
+static int run_finish(Run *r) {
+  const TrainArgs *a = r->a;
+  gradc_session *s = r->s;
+  gradc_status st;
+  int rc;
   /* Data-parallel ranks took the same steps on the same gradients. */
-  if ((st = gradc_session_check_replicas(s)) != GRADC_OK) {
-    rc = tools_api_error(st);
-    goto done;
-  }
+  if ((st = gradc_session_check_replicas(s)) != GRADC_OK) return cli_report(st);
   /* Every rank's events go into the one file rank 0 writes (collective). */
-  if (a->trace && (st = gradc_session_trace_write(s, a->trace)) != GRADC_OK) {
-    rc = tools_api_error(st);
-    goto done;
-  }
-  if (a->trace && lead) {
+  if (a->trace && (st = gradc_session_trace_write(s, a->trace)) != GRADC_OK) return cli_report(st);
+  if (a->trace && r->lead) {
     double comm_ms = 0, exposed_ms = 0, compute_ms = 0;
     gradc_session_trace_stats(s, &comm_ms, &exposed_ms, &compute_ms);
     fprintf(stderr, "trace: %s: rank 0: compute %.3f ms, collectives in flight %.3f ms, exposed %.3f ms", a->trace,
@@ -1197,49 +1062,65 @@ static int train(const TrainArgs *a) {
     if (comm_ms > 0) fprintf(stderr, " (%.1f%% hidden)", 100.0 * (1.0 - exposed_ms / comm_ms));
     fputc('\n', stderr);
   }
-  if (!lead) {
-    if (zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, false))) goto done;
-    if (interrupted) rc = 128 + (int)interrupted;
-    goto done;
+  if (!r->lead) {
+    if (r->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, false))) return rc;
+    return interrupted ? 128 + (int)interrupted : 0;
   }
 
-  double took = now_s() - pr.t0;
-  if (step > step0) {
+  double took = now_s() - r->t0;
+  if (r->step > r->step0) {
     char rate[32];
-    fmt_rate(rate, sizeof rate, (double)(step - step0) * (double)d.tokens_per_window / (took > 0 ? took : 1e-9));
+    fmt_rate(rate, sizeof rate,
+             (double)(r->step - r->step0) * (double)r->d.tokens_per_window / (took > 0 ? took : 1e-9));
     fprintf(stderr, "%s %" PRId64 " steps in %.1f s (%s %s): loss %.4f -> %.4f\n",
-            interrupted ? "interrupted after" : "trained", step - step0, took, rate, d.unit, first_loss, last_loss);
+            interrupted ? "interrupted after" : "trained", r->step - r->step0, took, rate, r->d.unit, r->first_loss,
+            r->last_loss);
   }
-  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &d, true))) goto done;
-  if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", step, a->checkpoint);
+  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, true))) return rc;
+  if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", r->step, a->checkpoint);
   if (a->params_out) {
-    if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) {
-      rc = tools_api_error(st);
-      goto done;
-    }
+    if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) return cli_report(st);
     fprintf(stderr, "params: %s\n", a->params_out);
   }
   if (a->log) fprintf(stderr, "log: %s\n", a->log);
   if (a->plot) {
-    if ((rc = write_plot(a->plot, base_name(a->model), p, &h))) goto done;
+    if ((rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) return rc;
     fprintf(stderr, "plot: %s\n", a->plot);
   }
-  if (interrupted) rc = 128 + (int)interrupted;
+  return interrupted ? 128 + (int)interrupted : 0;
+}
 
-done:
-  if (a->log && lead) {
-    int lrc = log_close(&lg, a->log, nl);
+/* Close the log, end the other ranks after a failure, free; returns rc
+ * (or the log's failure). */
+static int run_close(Run *r, int rc) {
+  if (r->a->log && r->lead) {
+    int lrc = log_close(&r->lg, r->a->log, r->nl);
     if (!rc) rc = lrc;
   }
-  if (rc) comm_abort(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
-  for (int i = 0; i < h.nl && h.loss; i++) free(h.loss[i]);
-  free(h.loss);
-  free(h.step);
-  free(loss);
-  data_free(&d);
-  gradc_session_free(s);
-  gradc_program_free(p);
+  if (rc) cli_abort_ranks(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
+  for (int i = 0; i < r->h.nl && r->h.loss; i++) free(r->h.loss[i]);
+  free(r->h.loss);
+  free(r->h.step);
+  free(r->loss);
+  data_free(&r->d);
+  gradc_session_free(r->s);
+  gradc_program_free(r->p);
   return rc;
+}
+
+static int train(const TrainArgs *a) {
+  Run r = {.a = a, .lead = true};
+  int rc = run_open(&r);
+  if (!rc) {
+    if (r.lead) announce(&r);
+    if (r.step0 >= a->steps) {
+      if (r.lead) fprintf(stderr, "nothing to do: step %" PRId64 " of --steps %" PRId64 "\n", r.step0, a->steps);
+      r.end = r.step0;
+    }
+    rc = run_steps(&r);
+  }
+  if (!rc) rc = run_finish(&r);
+  return run_close(&r, rc);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -1247,6 +1128,6 @@ int cmd_train(int argc, char **argv) {
   int rc = parse_train_args(argc, argv, &a);
   if (!rc) tools_set_link(a.link_latency_us, a.link_gbps);
   if (!rc) rc = train(&a);
-  for (int i = 0; i < a.ndefs; i++) free((void *)a.def_names[i]);
+  defines_free(&a.defs);
   return rc;
 }

@@ -14,12 +14,6 @@
 #include "codegen/codegen.h"
 #include "artifact.h"
 
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) abort();
-  return p;
-}
-
 void art_init(ArtFile *a) {
   memset(a, 0, sizeof *a);
   a->format = ART_FORMAT_VERSION;
@@ -38,16 +32,15 @@ ArtSection *art_add(ArtFile *a, const char *tag, const char *name, const void *d
   GRADC_ASSERT(strlen(tag) >= 1 && strlen(tag) <= 4);
   if (a->n == a->cap) {
     a->cap = a->cap ? 2 * a->cap : 8;
-    a->s = realloc(a->s, sizeof(ArtSection) * (size_t)a->cap);
-    if (!a->s) abort();
+    a->s = mem_realloc(a->s, sizeof(ArtSection) * (size_t)a->cap);
   }
   ArtSection *s = &a->s[a->n++];
   memset(s, 0, sizeof *s);
   memcpy(s->tag, tag, strlen(tag));
   if (!name) name = "";
-  s->name = xmalloc(strlen(name) + 1);
+  s->name = mem_alloc(strlen(name) + 1);
   memcpy(s->name, name, strlen(name) + 1);
-  s->data = xmalloc(len + 1);
+  s->data = mem_alloc(len + 1);
   if (len) memcpy(s->data, data, len);
   s->data[len] = 0;
   s->len = len;
@@ -74,72 +67,6 @@ static uint64_t get_le(const unsigned char *p, int n) {
   return v;
 }
 
-static bool write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    c += w;
-    n -= (size_t)w;
-  }
-  return true;
-}
-
-static void sync_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char dir[4096] = ".";
-  if (slash) {
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    if (n >= sizeof dir) return;
-    memcpy(dir, path, n);
-    dir[n] = 0;
-  }
-  int fd = open(dir, O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    (void)fsync(fd);
-    close(fd);
-  }
-}
-
-bool art_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen) {
-  size_t plen = strlen(path);
-  char *tmp = xmalloc(plen + 16);
-  memcpy(tmp, path, plen);
-  memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    int e = errno;
-    free(tmp);
-    return errf(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
-  }
-  bool ok = write_all(fd, data, len);
-  int e = errno;
-  if (ok) {
-    (void)fchmod(fd, 0644); /* mkstemp creates the file 0600 */
-    if (fsync(fd) != 0) {
-      ok = false;
-      e = errno;
-    }
-  }
-  if (close(fd) != 0 && ok) {
-    ok = false;
-    e = errno;
-  }
-  if (ok && rename(tmp, path) != 0) {
-    ok = false;
-    e = errno;
-  }
-  if (ok) sync_dir(path);
-  if (!ok) {
-    unlink(tmp);
-    errf(err, errlen, "%s: cannot write: %s", path, strerror(e));
-  }
-  free(tmp);
-  return ok;
-}
 
 /* ------------------------------------------------------------------ */
 /* The container                                                       */
@@ -162,7 +89,7 @@ bool art_write(const char *path, const ArtFile *a, char *err, size_t errlen) {
     if (s->len) sb_putn(&b, (const char *)s->data, s->len);
   }
   put_le(&b, hash_bytes(b.data, b.len, HASH_SEED), 8);
-  bool ok = art_write_file_atomic(path, b.data, b.len, err, errlen);
+  bool ok = write_file_atomic(path, &(FilePart){b.data, b.len}, 1, err, errlen);
   sb_free(&b);
   return ok;
 }
@@ -204,7 +131,7 @@ bool art_read(const char *path, ArtFile *out, char *err, size_t errlen) {
     uint64_t nlen = get_le(p + at + 4, 4), dlen = get_le(p + at + 8, 8);
     at += 16;
     if (!tag[0] || nlen > body - at || dlen > body - at - nlen) goto corrupt;
-    char *name = xmalloc(nlen + 1);
+    char *name = mem_alloc(nlen + 1);
     memcpy(name, p + at, nlen);
     name[nlen] = 0;
     if (strlen(name) != nlen) {

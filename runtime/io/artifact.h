@@ -49,10 +49,6 @@ bool art_write(const char *path, const ArtFile *a, char *err, size_t errlen);
  * ("PATH: artifact is corrupt (checksum mismatch)"). */
 bool art_read(const char *path, ArtFile *out, char *err, size_t errlen);
 
-/* Bytes to a file atomically: PATH.tmp.XXXXXX, fsync, rename, fsync the
- * directory. */
-bool art_write_file_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen);
-
 /* What compiled code depends on: cg_llvm_host_id ("TRIPLE;CPU;FEATURES;
  * llvmN") in a build with LLVM, else "MACHINE;generic" (uname). */
 void art_host_id(char *buf, size_t n);

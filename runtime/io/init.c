@@ -20,8 +20,7 @@ void rt_init_params(const FeParam *params, int n, uint64_t seed, StFile *out) {
     const FeParam *p = &params[i];
     int64_t numel = ir_numel(&p->type.shape);
     bool f64 = p->type.dtype == IR_DT_F64;
-    void *buf = malloc((size_t)(numel ? numel : 1) * (f64 ? 8 : 4));
-    if (!buf) abort();
+    void *buf = mem_alloc((size_t)(numel ? numel : 1) * (f64 ? 8 : 4));
     for (int64_t j = 0; j < numel; j++) {
       double v = 0;
       switch (p->init) {

@@ -54,15 +54,13 @@ void rt_random_inputs(const IrFunc *f, int gas, uint64_t seed, StFile *out) {
     if (a->type.dtype == IR_DT_I32) {
       int64_t range = index_range(f, a, 0);
       if (range <= 0) range = 2;
-      int32_t *buf = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-      if (!buf) abort();
+      int32_t *buf = mem_alloc(sizeof(int32_t) * (size_t)(n ? n : 1));
       for (int64_t j = 0; j < n; j++) buf[j] = (int32_t)(rng_next(&rng) % (uint64_t)range);
       st_add(out, a->name, ST_I32, s.rank, s.dim, buf);
       free(buf);
     } else {
       bool f64 = a->type.dtype == IR_DT_F64;
-      void *buf = malloc((size_t)(n ? n : 1) * (f64 ? 8 : 4));
-      if (!buf) abort();
+      void *buf = mem_alloc((size_t)(n ? n : 1) * (f64 ? 8 : 4));
       for (int64_t j = 0; j < n; j++) {
         double x = rng_normal(&rng);
         if (f64) ((double *)buf)[j] = x;

@@ -28,36 +28,26 @@
 /* Offsets and dims must be exact in a double (cJSON parses numbers as double). */
 #define MAX_JSON_INT ((double)((int64_t)1 << 53))
 
-static const char *const dtype_names[] = {"F32", "F64", "BF16", "F16", "I32", "I64"};
-#define NDTYPES ((int)(sizeof dtype_names / sizeof dtype_names[0]))
+/* The dtype table, one row per StDType: the file's name, the IR's spelling
+ * (and include/gradc.h's, whose gradc_dtype has the same order), and the
+ * bytes per element.  Every other list of these names should read this. */
+static const struct {
+  const char *name, *lower;
+  size_t size;
+} dtypes[] = {
+    [ST_F32] = {"F32", "f32", 4}, [ST_F64] = {"F64", "f64", 8}, [ST_BF16] = {"BF16", "bf16", 2},
+    [ST_F16] = {"F16", "f16", 2}, [ST_I32] = {"I32", "i32", 4}, [ST_I64] = {"I64", "i64", 8},
+};
+#define NDTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
+_Static_assert(NDTYPES == ST_I64 + 1, "one row per StDType");
 
-const char *st_dtype_name(StDType dt) {
-  switch (dt) {
-  case ST_F32: return "F32";
-  case ST_F64: return "F64";
-  case ST_BF16: return "BF16";
-  case ST_F16: return "F16";
-  case ST_I32: return "I32";
-  case ST_I64: return "I64";
-  }
-  return "?";
-}
-
-size_t st_dtype_size(StDType dt) {
-  switch (dt) {
-  case ST_F32: return 4;
-  case ST_F64: return 8;
-  case ST_BF16: return 2;
-  case ST_F16: return 2;
-  case ST_I32: return 4;
-  case ST_I64: return 8;
-  }
-  return 0;
-}
+const char *st_dtype_name(StDType dt) { return (unsigned)dt < NDTYPES ? dtypes[dt].name : "?"; }
+const char *st_dtype_lower(StDType dt) { return (unsigned)dt < NDTYPES ? dtypes[dt].lower : "?"; }
+size_t st_dtype_size(StDType dt) { return (unsigned)dt < NDTYPES ? dtypes[dt].size : 0; }
 
 static bool dtype_parse(const char *s, StDType *out) {
   for (int i = 0; i < NDTYPES; i++)
-    if (strcmp(s, dtype_names[i]) == 0) {
+    if (strcmp(s, dtypes[i].name) == 0) {
       *out = (StDType)i;
       return true;
     }
@@ -85,19 +75,6 @@ void st_free(StFile *f) {
   st_init(f);
 }
 
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) abort();
-  return p;
-}
-
-static char *xstrdup(const char *s) {
-  size_t n = strlen(s) + 1;
-  char *p = xmalloc(n);
-  memcpy(p, s, n);
-  return p;
-}
-
 int64_t st_numel(const StTensor *t) {
   int64_t n = 1;
   for (int i = 0; i < t->rank; i++) n *= t->shape[i];
@@ -108,13 +85,12 @@ StTensor *st_add(StFile *f, const char *name, StDType dt, int rank, const int64_
   GRADC_ASSERT(rank >= 0 && rank <= IR_MAX_RANK);
   if (f->n == f->cap) {
     f->cap = f->cap ? f->cap * 2 : 8;
-    StTensor *t = realloc(f->t, sizeof(StTensor) * (size_t)f->cap);
-    if (!t) abort();
+    StTensor *t = mem_realloc(f->t, sizeof(StTensor) * (size_t)f->cap);
     f->t = t;
   }
   StTensor *t = &f->t[f->n++];
   memset(t, 0, sizeof *t);
-  t->name = xstrdup(name);
+  t->name = mem_strdup(name);
   t->dtype = dt;
   t->rank = rank;
   for (int i = 0; i < rank; i++) {
@@ -122,7 +98,7 @@ StTensor *st_add(StFile *f, const char *name, StDType dt, int rank, const int64_
     t->shape[i] = shape[i];
   }
   t->nbytes = (size_t)st_numel(t) * st_dtype_size(dt);
-  t->data = xmalloc(t->nbytes);
+  t->data = mem_alloc(t->nbytes);
   if (data)
     memcpy(t->data, data, t->nbytes);
   else
@@ -134,17 +110,15 @@ void st_set_meta(StFile *f, const char *key, const char *val) {
   for (int i = 0; i < f->nmeta; i++)
     if (strcmp(f->meta_key[i], key) == 0) {
       free(f->meta_val[i]);
-      f->meta_val[i] = xstrdup(val);
+      f->meta_val[i] = mem_strdup(val);
       return;
     }
-  char **k = realloc(f->meta_key, sizeof(char *) * (size_t)(f->nmeta + 1));
-  if (!k) abort();
+  char **k = mem_realloc(f->meta_key, sizeof(char *) * (size_t)(f->nmeta + 1));
   f->meta_key = k;
-  char **v = realloc(f->meta_val, sizeof(char *) * (size_t)(f->nmeta + 1));
-  if (!v) abort();
+  char **v = mem_realloc(f->meta_val, sizeof(char *) * (size_t)(f->nmeta + 1));
   f->meta_val = v;
-  f->meta_key[f->nmeta] = xstrdup(key);
-  f->meta_val[f->nmeta] = xstrdup(val);
+  f->meta_key[f->nmeta] = mem_strdup(key);
+  f->meta_val[f->nmeta] = mem_strdup(val);
   f->nmeta++;
 }
 
@@ -277,8 +251,8 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
   uint64_t blobsize = size - 8 - n;
 
   int count = cJSON_GetArraySize(root);
-  Entry *ents = xmalloc(sizeof(Entry) * (size_t)(count > 0 ? count : 1));
-  Entry **sorted = xmalloc(sizeof(Entry *) * (size_t)(count > 0 ? count : 1));
+  Entry *ents = mem_alloc(sizeof(Entry) * (size_t)(count > 0 ? count : 1));
+  Entry **sorted = mem_alloc(sizeof(Entry *) * (size_t)(count > 0 ? count : 1));
   int ne = 0;
   bool ok = true, seen_meta = false;
   StrMap names;
@@ -424,36 +398,6 @@ static void json_string(StrBuf *sb, const char *s) {
   sb_putc(sb, '"');
 }
 
-static bool write_all(int fd, const void *p, size_t n) {
-  const char *c = p;
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    c += w;
-    n -= (size_t)w;
-  }
-  return true;
-}
-
-/* Make the rename durable; a failure here loses nothing but durability. */
-static void sync_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = slash ? xmalloc((size_t)(slash - path) + 2) : xstrdup(".");
-  if (slash) {
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    memcpy(dir, path, n);
-    dir[n] = 0;
-  }
-  int fd = open(dir, O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    (void)fsync(fd);
-    close(fd);
-  }
-  free(dir);
-}
 
 bool st_write(const char *path, const StFile *f, char *err, size_t errlen) {
   /* Check the tensors before touching the file system. */
@@ -497,45 +441,14 @@ bool st_write(const char *path, const StFile *f, char *err, size_t errlen) {
   sb_putc(&h, '}');
   while (h.len % 8) sb_putc(&h, ' ');
 
-  /* PATH.tmp.XXXXXX in the same directory, so that rename is atomic. */
-  size_t plen = strlen(path);
-  char *tmp = xmalloc(plen + 16);
-  memcpy(tmp, path, plen);
-  memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    int e = errno;
-    sb_free(&h);
-    free(tmp);
-    return errf(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
-  }
   unsigned char len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
-  bool ok = write_all(fd, len8, 8) && write_all(fd, h.data, h.len);
-  for (int i = 0; i < f->n && ok; i++) ok = write_all(fd, f->t[i].data, f->t[i].nbytes);
-  int e = errno;
-  if (ok) {
-    /* mkstemp creates the file 0600; give it an ordinary file's mode. */
-    (void)fchmod(fd, 0644);
-    if (fsync(fd) != 0) {
-      ok = false;
-      e = errno;
-    }
-  }
-  if (close(fd) != 0 && ok) {
-    ok = false;
-    e = errno;
-  }
-  if (ok && rename(tmp, path) != 0) {
-    ok = false;
-    e = errno;
-  }
-  if (ok) sync_dir(path);
-  if (!ok) {
-    unlink(tmp);
-    errf(err, errlen, "%s: cannot write: %s", path, strerror(e));
-  }
+  FilePart *parts = mem_calloc((size_t)f->n + 2, sizeof *parts);
+  parts[0] = (FilePart){len8, 8};
+  parts[1] = (FilePart){h.data, h.len};
+  for (int i = 0; i < f->n; i++) parts[i + 2] = (FilePart){f->t[i].data, f->t[i].nbytes};
+  bool ok = write_file_atomic(path, parts, f->n + 2, err, errlen);
+  free(parts);
   sb_free(&h);
-  free(tmp);
   return ok;
 }

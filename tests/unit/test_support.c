@@ -121,6 +121,61 @@ static void test_cache_round_trip_and_corruption(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+static void test_write_file_atomic_parts_and_failure(void **state) {
+  (void)state;
+  char dir[] = "/tmp/gradc-file-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[256];
+  snprintf(path, sizeof path, "%s/out.bin", dir);
+  FilePart parts[] = {{"ab", 2}, {"", 0}, {"cde", 3}};
+  char err[256];
+  assert_true(write_file_atomic(path, parts, 3, err, sizeof err));
+  size_t n;
+  const char *why;
+  char *got = read_file(path, &n, &why);
+  assert_non_null(got);
+  assert_int_equal(n, 5);
+  assert_string_equal(got, "abcde");
+  free(got);
+  /* A directory that does not exist: the error names the file. */
+  snprintf(path, sizeof path, "%s/no/such/out.bin", dir);
+  assert_false(write_file_atomic(path, parts, 3, err, sizeof err));
+  assert_non_null(strstr(err, path));
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_mem_helpers_never_return_null(void **state) {
+  (void)state;
+  int *z = mem_calloc(0, sizeof(int));
+  assert_non_null(z);
+  free(z);
+  char *s = mem_strdup("gradc");
+  assert_string_equal(s, "gradc");
+  s = mem_realloc(s, 64);
+  assert_string_equal(s, "gradc");
+  free(s);
+  s = mem_strndup("gradc", 4);
+  assert_string_equal(s, "grad");
+  free(s);
+}
+
+/* Python: len(range(10)[a:b:c]) and the start slice.indices gives. */
+static void test_slice_indices_as_python(void **state) {
+  (void)state;
+  int64_t start = -3;
+  assert_int_equal(slice_indices(10, &start, 10, 1), 3);
+  assert_int_equal(start, 7);
+  start = 2;
+  assert_int_equal(slice_indices(10, &start, 100, 3), 3); /* 2, 5, 8 */
+  start = 9;
+  assert_int_equal(slice_indices(10, &start, -11, -2), 5); /* 9, 7, 5, 3, 1 */
+  assert_int_equal(start, 9);
+  start = 5;
+  assert_int_equal(slice_indices(10, &start, 2, 1), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arena_alloc_zeroed_and_aligned),
@@ -130,6 +185,9 @@ int main(void) {
       cmocka_unit_test(test_strmap_put_get),
       cmocka_unit_test(test_rng_is_deterministic_and_normal),
       cmocka_unit_test(test_cache_round_trip_and_corruption),
+      cmocka_unit_test(test_write_file_atomic_parts_and_failure),
+      cmocka_unit_test(test_mem_helpers_never_return_null),
+      cmocka_unit_test(test_slice_indices_as_python),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,585 @@
+/* api_cli.c - what the API exports for the command line (api/cli.h): the
+ * commands' pieces that reach the frontend, the passes and the back ends,
+ * so that tools/ sees only include/gradc.h and api/cli.h.  Diagnostics go
+ * to stderr as they happen, through one Diag, as the command line prints
+ * them. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "api/cli.h"
+#include "api_impl.h"
+#include "passes/passes.h"
+#include "runtime/comm/trace.h"
+#include "runtime/cpu/gemm_floor.h"
+#include "runtime/io/artifact.h"
+#ifdef GRADC_HAVE_CUDA
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda/cuda.h"
+#endif
+
+/* gradc_dtype and StDType list the same types in the same order. */
+_Static_assert((int)GRADC_F32 == (int)ST_F32 && (int)GRADC_F64 == (int)ST_F64 && (int)GRADC_BF16 == (int)ST_BF16 &&
+                   (int)GRADC_F16 == (int)ST_F16 && (int)GRADC_I32 == (int)ST_I32 && (int)GRADC_I64 == (int)ST_I64,
+               "gradc_dtype and StDType agree");
+
+static Diag diag;
+static bool diag_ready;
+
+static Diag *err_out(void) {
+  if (!diag_ready) {
+    diag_init(&diag, stderr);
+    diag_ready = true;
+  }
+  return &diag;
+}
+
+/* "gradc: error: ..." and the user-error status. */
+static int fail(const char *fmt, ...) GRADC_PRINTF(1, 2);
+static int fail(const char *fmt, ...) {
+  char msg[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  diag_plain(err_out(), DIAG_ERROR, "%s", msg);
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Errors, targets, ranks                                              */
+/* ------------------------------------------------------------------ */
+
+int cli_report(gradc_status st) {
+  const char *msg = gradc_last_error();
+  if (!msg || !*msg) msg = "unknown failure";
+  if (strstr(msg, "error: ")) /* model diagnostics and "gradc: error: ..." carry their prefix */
+    fprintf(stderr, "%s%s", msg, msg[strlen(msg) - 1] == '\n' ? "" : "\n");
+  else
+    fprintf(stderr, "gradc: error: %s\n", msg);
+  return st == GRADC_ERR_INTERNAL ? 2 : 1;
+}
+
+bool cli_is_cuda_target(const char *t) {
+#ifdef GRADC_HAVE_CUDA
+  char arch[32];
+  return t && cg_cuda_parse_target(t, arch, sizeof arch);
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+const char *cli_cuda_targets(void) {
+#ifdef GRADC_HAVE_CUDA
+  return ", cuda, cuda:sm_XX";
+#else
+  return "";
+#endif
+}
+
+bool cli_is_artifact(const char *path) {
+  char magic[8] = {0};
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  size_t n = fread(magic, 1, sizeof magic, f);
+  fclose(f);
+  return n == sizeof magic && memcmp(magic, ART_MAGIC, 8) == 0;
+}
+
+int cli_need_device(void) {
+#ifdef GRADC_HAVE_CUDA
+  char err[512];
+  if (!cuda_device_available(err, sizeof err)) return fail("%s", err);
+#endif
+  return 0;
+}
+
+int cli_launch_size(void) { return comm_launch_size(); }
+
+void cli_abort_ranks(int rc) { comm_abort(rc); }
+
+int cli_check_ranks(const gradc_program *p) {
+  /* mpirun -np N needs --tp T --dp D with T*D = N (else every rank would compute the whole window). */
+  int launched = comm_launch_size(), ranks = p->dp * p->tp;
+  if (launched <= 1 || ranks == launched) return 0;
+  if (p->tp == 1)
+    return fail("this run has %d ranks (mpirun -np %d) but %s; pass --dp %d", launched, launched,
+                p->dp == 1 ? "no --dp" : "a different --dp", launched);
+  return fail("this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
+              launched, launched, p->tp, p->dp, ranks, launched);
+}
+
+/* ------------------------------------------------------------------ */
+/* dtypes                                                              */
+/* ------------------------------------------------------------------ */
+
+const char *cli_dtype_name(gradc_dtype dt) { return st_dtype_lower((StDType)dt); }
+const char *cli_dtype_file_name(gradc_dtype dt) { return st_dtype_name((StDType)dt); }
+size_t cli_dtype_size(gradc_dtype dt) { return st_dtype_size((StDType)dt); }
+
+/* ------------------------------------------------------------------ */
+/* Passes                                                              */
+/* ------------------------------------------------------------------ */
+
+static const Pass *pass_at(int i) {
+  int n;
+  const Pass *ps = pass_list(&n);
+  return i >= 0 && i < n ? &ps[i] : NULL;
+}
+
+int cli_pass_count(void) {
+  int n;
+  pass_list(&n);
+  return n;
+}
+
+const char *cli_pass_name(int i) { return pass_at(i) ? pass_at(i)->name : NULL; }
+const char *cli_pass_what(int i) { return pass_at(i) ? pass_at(i)->what : NULL; }
+bool cli_pass_exists(const char *name) { return pass_lookup(name) != NULL; }
+
+/* ------------------------------------------------------------------ */
+/* Models and IR                                                       */
+/* ------------------------------------------------------------------ */
+
+typedef struct Loaded {
+  SrcFile src;
+  char *text;
+  FeModel *model;
+} Loaded;
+
+/* Read and lower a model for one micro-batch of o->gas (the frontend only). */
+static int load_model(const char *path, const gradc_compile_options *o, Loaded *l) {
+  memset(l, 0, sizeof *l);
+  const char *err;
+  size_t len;
+  l->text = read_file(path, &len, &err);
+  if (!l->text) return fail("%s: %s", path, err);
+  l->src = (SrcFile){path, l->text, len};
+  FeOptions fo = {.def_names = (const char **)o->def_names, .def_values = o->def_values, .ndefs = o->ndefs,
+                  .gas = o->gas, .dp = o->dp > 0 ? o->dp : 1};
+  l->model = fe_model_compile(&l->src, &fo, err_out());
+  return l->model ? 0 : 1;
+}
+
+static void unload(Loaded *l) {
+  fe_model_free(l->model);
+  free(l->text);
+}
+
+static void pm_dumps(PassManager *pm, const cli_dumps *d) {
+  pm_init(pm);
+  if (!d) return;
+  pm->print_after = d->print_after;
+  pm->print_before = d->print_before;
+  pm->time_passes = d->time_passes;
+  if (d->verify) pm->verify = true;
+}
+
+int cli_check(const char *path, const gradc_compile_options *o) {
+  Loaded l;
+  int rc = load_model(path, o, &l);
+  unload(&l);
+  return rc;
+}
+
+int cli_compile(const char *path, const gradc_compile_options *o, const cli_dumps *d, gradc_program **out) {
+  *out = NULL;
+  const char *err;
+  size_t len;
+  char *text = read_file(path, &len, &err);
+  if (!text) return fail("%s: %s", path, err);
+  PassManager pm;
+  pm_dumps(&pm, d);
+  gradc_status st = api_program_compile(path, text, o, &pm, out);
+  free(text);
+  return st ? cli_report(st) : 0;
+}
+
+const char *cli_program_target(const gradc_program *p) { return p->target; }
+
+int cli_write_kernels(const gradc_program *p, bool print, const char *dir) {
+#ifdef GRADC_HAVE_CUDA
+  if (api_cuda_program(p)) {
+    const CuModule *m = cuda_program_module(api_cuda_program(p));
+    if (print) {
+      StrBuf sb;
+      sb_init(&sb);
+      cg_cuda_print(m, &sb);
+      fputs(sb_str(&sb), stderr);
+      sb_free(&sb);
+    }
+    char err[1024];
+    if (dir && !cg_cuda_write_dir(m, dir, err, sizeof err)) return fail("%s", err);
+    return 0;
+  }
+#endif
+  (void)p;
+  (void)dir;
+  return fail("%s shows CUDA kernels: compile with --target cuda or cuda:sm_XX",
+              print ? "--print-kernels" : "--kernels-dir");
+}
+
+static int write_dot(const char *path, const IrFunc *f) {
+  FILE *out = fopen(path, "w");
+  if (!out) return fail("%s: %s", path, strerror(errno));
+  ir_write_dot(f, out);
+  if (fclose(out) != 0) return fail("%s: %s", path, strerror(errno));
+  return 0;
+}
+
+int cli_write_dot(const gradc_program *p, const char *path) { return write_dot(path, p->func); }
+
+void cli_print_ir(const gradc_program *p, FILE *out) { ir_print_file(p->func, out); }
+
+void cli_cost_report(const gradc_program *p, double gbps, double latency_us) {
+  CostModel m;
+  cost_model_default(&m);
+  if (gbps > 0) m.link_bytes_per_s = gbps * 1e9 / 8;
+  if (latency_us > 0) m.link_latency_s = latency_us * 1e-6;
+  cost_report(p->func, &m, stderr);
+}
+
+int cli_opt(const char *path, const char *const *passes, int npasses, const gradc_compile_options *o,
+            const cli_dumps *d, const char *dot) {
+  const char *err;
+  size_t len;
+  char *text = read_file(path, &len, &err);
+  if (!text) return fail("%s: %s", path, err);
+  SrcFile src = {path, text, len};
+  IrFunc *f = ir_read(&src, err_out());
+  int rc = 1;
+  if (f) {
+    PassManager pm;
+    pm_dumps(&pm, d);
+    PassOptions po = {.gas = o->gas,
+                      .diag = err_out(),
+                      .src = &src,
+                      .tp = o->tp > 0 ? o->tp : 1,
+                      .dp = o->dp > 0 ? o->dp : 1,
+                      .sequence_parallel = o->sequence_parallel,
+                      .no_overlap = o->no_overlap,
+                      .bucket_bytes = o->bucket_bytes,
+                      .zero1 = o->zero1};
+    rc = pm_run(&pm, f, passes, npasses, &po);
+    if (!rc && dot) rc = write_dot(dot, f);
+    if (!rc) ir_print_file(f, stdout);
+  }
+  ir_func_free(f);
+  free(text);
+  return rc;
+}
+
+/* The tensors of `init` or `data random` to out. */
+static int write_tensors(const char *out, StFile *st) {
+  char err[1024];
+  int rc = st_write(out, st, err, sizeof err) ? 0 : fail("%s", err);
+  st_free(st);
+  return rc;
+}
+
+int cli_init(const char *path, const gradc_compile_options *o, uint64_t seed, const char *out) {
+  Loaded l;
+  int rc = load_model(path, o, &l);
+  if (!rc) {
+    StFile st;
+    st_init(&st);
+    rt_init_params(l.model->params, l.model->nparams, seed, &st);
+    rc = write_tensors(out, &st);
+  }
+  unload(&l);
+  return rc;
+}
+
+int cli_data_random(const char *path, const gradc_compile_options *o, uint64_t seed, const char *out) {
+  Loaded l;
+  int rc = load_model(path, o, &l);
+  if (!rc) {
+    StFile st;
+    st_init(&st);
+    /* The frontend compiled shapes for one micro-batch of K; write the
+     * window of every --dp rank. */
+    rt_random_inputs(l.model->func, o->gas * (o->dp > 0 ? o->dp : 1), seed, &st);
+    rc = write_tensors(out, &st);
+  }
+  unload(&l);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* run                                                                 */
+/* ------------------------------------------------------------------ */
+
+/* F32 gradients (F64 for f64 params), named as the params. */
+static int write_grads(const char *path, const StepResult *r) {
+  StFile st;
+  st_init(&st);
+  for (int i = 0; i < r->ngrads; i++) {
+    const IrType *t = &r->grad_types[i];
+    int64_t n = ir_numel(&t->shape);
+    if (t->dtype == IR_DT_F64) {
+      st_add(&st, r->grad_names[i], ST_F64, t->shape.rank, t->shape.dim, r->grads[i]);
+    } else {
+      float *buf = mem_alloc(sizeof(float) * (size_t)n);
+      for (int64_t j = 0; j < n; j++) buf[j] = (float)r->grads[i][j];
+      st_add(&st, r->grad_names[i], ST_F32, t->shape.rank, t->shape.dim, buf);
+      free(buf);
+    }
+  }
+  return write_tensors(path, &st);
+}
+
+/* --trace: every rank's events into the file rank 0 writes, and rank 0's
+ * figures on stderr (collective in a distributed run). */
+static int write_trace(const char *path, const gradc_program *p, Trace *t) {
+  char err[1024];
+  if (p->comm && !comm_trace_gather(&p->comm->world, t, err, sizeof err)) return fail("%s", err);
+  if (api_program_rank(p) != 0) return 0;
+  if (!trace_write(t, path, err, sizeof err)) return fail("%s", err);
+  TraceStats st;
+  trace_stats(t, &st);
+  fprintf(stderr, "trace: %s: rank 0: compute %.3f ms, %lld collectives in flight %.3f ms, exposed %.3f ms", path,
+          st.compute_us / 1000, (long long)st.collectives, st.comm_us / 1000, st.exposed_us / 1000);
+  if (st.comm_us > 0) fprintf(stderr, " (%.1f%% hidden)", 100.0 * (1.0 - st.exposed_us / st.comm_us));
+  fputc('\n', stderr);
+  return 0;
+}
+
+/* Losses in declaration order, then their sum. */
+static void print_losses(const gradc_program *p, const StepResult *r) {
+  double total = 0;
+  for (int i = 0; i < p->nlosses; i++)
+    for (int j = 0; j < r->nlosses; j++)
+      if (strcmp(r->loss_names[j], p->losses[i]) == 0) {
+        printf("loss %s %.9g\n", p->losses[i], r->losses[j]);
+        total += r->losses[j];
+      }
+  printf("loss total %.9g\n", total);
+  fflush(stdout);
+}
+
+int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, const char *grads_out,
+            const char *trace_path, bool allow_tf32) {
+#ifdef GRADC_HAVE_CUDA
+  if (api_cuda_program(p)) cuda_program_allow_tf32(api_cuda_program(p), allow_tf32);
+#else
+  (void)allow_tf32;
+#endif
+  int rc = cli_check_ranks(p);
+  if (rc) return rc;
+  char err[1024];
+  Trace *trace = NULL;
+  if (trace_path) {
+    if (!api_dist_start(p, err, sizeof err)) return fail("%s", err); /* the rank names the trace's events */
+    trace = trace_new(api_program_rank(p));
+    trace_set_current(trace);
+  }
+  StFile params, inputs;
+  st_init(&params);
+  st_init(&inputs);
+  StepResult r;
+  if (!st_read(params_path, &params, err, sizeof err) || !st_read(inputs_path, &inputs, err, sizeof err)) {
+    rc = fail("%s", err);
+  } else if (!api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
+    rc = fail("%s", err);
+  } else {
+    if (api_program_rank(p) == 0) { /* data-parallel: rank 0 prints and writes the window's results */
+      print_losses(p, &r);
+      if (grads_out) rc = write_grads(grads_out, &r);
+    }
+    step_result_free(&r);
+  }
+  if (trace) {
+    trace_set_current(NULL);
+    if (!rc) rc = write_trace(trace_path, p, trace);
+    trace_free(trace);
+  }
+  st_free(&params);
+  st_free(&inputs);
+  if (rc) comm_abort(rc); /* a distributed run: end the other ranks too, rather than leave them waiting */
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* bench                                                               */
+/* ------------------------------------------------------------------ */
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Warm-up and timed windows through the back end's step entry point;
+ * per-window times into ms[steps]. */
+static int run_steps(gradc_program *p, int warmup, int steps, const StFile *params, const StFile *inputs,
+                     double *ms) {
+  InterpOptions io = {0};
+  char err[1024];
+  for (int s = -warmup; s < steps; s++) {
+    StepResult r;
+    double t0 = rt_now_ms();
+    bool ok;
+    if (api_cpu_program(p)) {
+      cpu_program_set_params_gen(api_cpu_program(p), 1); /* the same random params every window */
+      cpu_program_skip_grads(api_cpu_program(p));        /* only the losses are used: the gradients stay in the arena */
+    }
+#ifdef GRADC_HAVE_CUDA
+    if (api_cuda_program(p))
+      ok = cuda_step_run(api_cuda_program(p), p->gas, params, "random params", inputs, "random inputs", &r, err, sizeof err);
+    else
+#endif
+      ok = api_cpu_program(p) ? cpu_step_run(api_cpu_program(p), p->gas, params, "random params", inputs, "random inputs", &r, err,
+                                 sizeof err)
+                  : step_run_ref(p->func, p->gas, params, "random params", inputs, "random inputs", &io, &r, err,
+                                 sizeof err);
+    double t1 = rt_now_ms();
+    if (!ok) return fail("%s", err);
+    for (int i = 0; i < r.nlosses; i++)
+      if (!isfinite(r.losses[i]))
+        fprintf(stderr, "gradc: warning: loss '%s' is %g on random inputs\n", r.loss_names[i], r.losses[i]);
+    if (api_cpu_program(p))
+      cpu_program_recycle(api_cpu_program(p), &r); /* the next window reads its gradients into the same arrays */
+    else
+      step_result_free(&r);
+    if (s >= 0) ms[s] = t1 - t0;
+  }
+  return 0;
+}
+
+/* One line per GEMM, as bench/gemm_lib.c reads them:
+ * `gemm M N K BATCH TA TB BETA [f64]  # file:line:col` (the matmul's source). */
+static void list_gemms(const RtGemm *g, int n) {
+  for (int i = 0; i < n; i++) {
+    fprintf(stderr, "gemm %lld %lld %lld %lld %c %c %d%s", (long long)g[i].M, (long long)g[i].N, (long long)g[i].K,
+            (long long)g[i].nb, g[i].ta ? 'T' : 'N', g[i].tb ? 'T' : 'N', g[i].accumulate ? 1 : 0,
+            g[i].dbl ? " f64" : "");
+    if (g[i].op->loc.file)
+      fprintf(stderr, "  # %s:%d:%d", g[i].op->loc.file, g[i].op->loc.line, g[i].op->loc.col);
+    fputc('\n', stderr);
+  }
+}
+
+/* Launches per window: generated kernels plus GEMM ops (none on the
+ * reference interpreter), and matmuls (a batched one counts once). */
+static void count_launches(const gradc_program *p, cli_bench_figures *fig) {
+  const IrFunc *f = p->func;
+  int64_t kernels = 0, gemms = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->group > 0 && (i == 0 || f->ops[i - 1]->group != op->group)) kernels++;
+    if (op->opcode == IR_OP_MATMUL && op->group == 0) gemms++;
+  }
+  bool ref = !api_cpu_program(p);
+#ifdef GRADC_HAVE_CUDA
+  ref = ref && !api_cuda_program(p);
+#endif
+  fig->gemms_per_step = gemms * p->gas;
+  fig->kernels_per_step = ref ? 0 : (kernels + gemms) * p->gas;
+}
+
+int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int threads, bool allow_tf32,
+              bool print_gemms, cli_bench_figures *fig) {
+  memset(fig, 0, sizeof *fig);
+#ifdef GRADC_HAVE_CUDA
+  if (api_cuda_program(p)) cuda_program_allow_tf32(api_cuda_program(p), allow_tf32);
+#else
+  (void)allow_tf32;
+#endif
+  StFile params, inputs;
+  st_init(&params);
+  st_init(&inputs);
+  /* Params from each param's `init` (as `gradc init`): realistic magnitudes. */
+  rt_init_params(p->params, p->nparams, seed, &params);
+  rt_random_inputs(p->func, p->gas, seed + 1, &inputs);
+  double *ms = mem_calloc((size_t)steps, sizeof(double));
+  int rc = run_steps(p, warmup, steps, &params, &inputs, ms);
+  if (!rc) {
+    fig->step_ms_median = median(ms, steps);
+    fig->step_ms_min = ms[0]; /* sorted by median */
+    /* Before the floor, whose private buffers are no part of a step. */
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fig->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024;
+
+    RtGemm *g;
+    int ng = rt_gemm_list(p->func, &g);
+    if (print_gemms) list_gemms(g, ng);
+    int reps = steps < 3 ? 3 : steps;
+    double *fms = mem_calloc((size_t)reps, sizeof(double));
+#ifdef GRADC_HAVE_CUDA
+    char ferr[1024];
+    if (api_cuda_program(p) && !cuda_gemm_floor(api_cuda_program(p), p->gas, reps, fms, ferr, sizeof ferr))
+      rc = fail("%s", ferr);
+    else if (!api_cuda_program(p))
+#endif
+      rt_gemm_floor(g, ng, p->gas, threads, 1, reps, fms);
+    fig->gemm_floor_ms = ng ? median(fms, reps) : 0;
+    free(fms);
+    rt_gemm_list_free(g, ng);
+
+    count_launches(p, fig);
+    fig->peak_bytes = p->func->arena_size;
+  }
+  free(ms);
+  st_free(&params);
+  st_free(&inputs);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tensor files                                                        */
+/* ------------------------------------------------------------------ */
+
+struct cli_tensors {
+  StFile st;
+};
+
+cli_tensors *cli_tensors_new(void) {
+  cli_tensors *f = mem_calloc(1, sizeof *f);
+  st_init(&f->st);
+  return f;
+}
+
+void cli_tensors_free(cli_tensors *f) {
+  if (!f) return;
+  st_free(&f->st);
+  free(f);
+}
+
+bool cli_tensors_read(cli_tensors *f, const char *path, char *err, size_t errlen) {
+  st_free(&f->st);
+  st_init(&f->st);
+  return st_read(path, &f->st, err, errlen);
+}
+
+bool cli_tensors_write(const cli_tensors *f, const char *path, char *err, size_t errlen) {
+  return st_write(path, &f->st, err, errlen);
+}
+
+int cli_tensors_count(const cli_tensors *f) { return f->st.n; }
+
+cli_tensor cli_tensors_at(const cli_tensors *f, int i) {
+  const StTensor *t = &f->st.t[i];
+  return (cli_tensor){t->name, (gradc_dtype)t->dtype, t->rank, t->shape, t->data, t->nbytes};
+}
+
+int cli_tensors_find(const cli_tensors *f, const char *name) {
+  const StTensor *t = st_find(&f->st, name);
+  return t ? (int)(t - f->st.t) : -1;
+}
+
+void cli_tensors_add(cli_tensors *f, const char *name, gradc_dtype dt, int rank, const int64_t *shape,
+                     const void *data) {
+  st_add(&f->st, name, (StDType)dt, rank, shape, data);
+}
+
+const char *cli_tensors_meta(const cli_tensors *f, const char *key) { return st_get_meta(&f->st, key); }
+
+void cli_tensors_set_meta(cli_tensors *f, const char *key, const char *value) { st_set_meta(&f->st, key, value); }
