@@ -69,12 +69,6 @@
 
 #define CKPT_FORMAT "gradc-checkpoint-1"
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
-
 static gradc_status null_arg(const char *fn) { return api_fail(GRADC_ERR_USER, "gradc: error: %s: NULL argument", fn); }
 
 /* ------------------------------------------------------------------ */
@@ -132,10 +126,10 @@ static void alloc_slots(gradc_session *s, const gradc_optimizer_options *o) {
   void ***slots[2] = {&s->slot0, &s->slot1};
   for (int k = 0; k < nslots; k++) {
     if (*slots[k]) continue;
-    *slots[k] = xcalloc((size_t)s->p->nparams, sizeof(void *));
+    *slots[k] = mem_calloc((size_t)s->p->nparams, sizeof(void *));
     /* ZeRO-1: state for this rank's slice of each param only. */
     for (int i = 0; i < s->p->nparams; i++)
-      (*slots[k])[i] = xcalloc((size_t)(s->p->zero ? s->p->zero->len[i] : st_numel(&s->params.t[i])),
+      (*slots[k])[i] = mem_calloc((size_t)(s->p->zero ? s->p->zero->len[i] : st_numel(&s->params.t[i])),
                                st_dtype_size(s->params.t[i].dtype));
   }
 }

@@ -18,12 +18,6 @@
 #include "api_impl.h"
 #include "runtime/comm/trace.h"
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
-
 static gradc_status null_arg(const char *fn) { return api_fail(GRADC_ERR_USER, "gradc: error: %s: NULL argument", fn); }
 
 gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
@@ -32,7 +26,7 @@ gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
   if (!p) return null_arg("session_new");
   char err[2048];
   if (!api_dist_start((gradc_program *)p, err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
-  gradc_session *s = xcalloc(1, sizeof *s);
+  gradc_session *s = mem_calloc(1, sizeof *s);
   s->p = (gradc_program *)p;
   st_init(&s->params);
   st_init(&s->inputs);
@@ -40,7 +34,7 @@ gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
     const FeParam *q = &p->params[i];
     bool f64 = api_param_f64(q);
     int64_t n = ir_numel(&q->type.shape);
-    void *zero = xcalloc((size_t)n, f64 ? 8 : 4);
+    void *zero = mem_calloc((size_t)n, f64 ? 8 : 4);
     st_add(&s->params, q->name, f64 ? ST_F64 : ST_F32, q->type.shape.rank, q->type.shape.dim, zero);
     free(zero);
   }
@@ -204,7 +198,7 @@ gradc_status gradc_session_set_input(gradc_session *s, const char *name, gradc_d
   }
   if (t->nbytes != nbytes) {
     free(t->data);
-    t->data = xcalloc(nbytes, 1);
+    t->data = mem_calloc(nbytes, 1);
     t->nbytes = nbytes;
   }
   t->dtype = sd;
@@ -326,7 +320,7 @@ gradc_status gradc_session_save_grads(const gradc_session *s, const char *path) 
     if (t->dtype == IR_DT_F64) {
       st_add(&f, s->res.grad_names[i], ST_F64, t->shape.rank, t->shape.dim, s->res.grads[i]);
     } else {
-      float *buf = xcalloc((size_t)n, sizeof(float));
+      float *buf = mem_calloc((size_t)n, sizeof(float));
       for (int64_t j = 0; j < n; j++) buf[j] = (float)s->res.grads[i][j];
       st_add(&f, s->res.grad_names[i], ST_F32, t->shape.rank, t->shape.dim, buf);
       free(buf);

@@ -37,26 +37,20 @@
 
 #include "api_impl.h"
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
-
 static const char *const group_tag[2] = {"zero1.f32", "zero1.f64"};
 
 ZeroLayout *api_zero_layout(const gradc_program *p) {
   if (!p->zero1 || !p->comm || p->comm->dp_group.size <= 1) return NULL;
   const CommGroup *g = &p->comm->dp_group;
-  ZeroLayout *z = xcalloc(1, sizeof *z);
+  ZeroLayout *z = mem_calloc(1, sizeof *z);
   z->dp = g->size;
   z->rank = g->rank;
   int n = p->nparams;
   z->nparams = n;
-  z->group = xcalloc((size_t)n, sizeof(int));
-  z->off = xcalloc((size_t)n, sizeof(int64_t));
-  z->lo = xcalloc((size_t)n, sizeof(int64_t));
-  z->len = xcalloc((size_t)n, sizeof(int64_t));
+  z->group = mem_calloc((size_t)n, sizeof(int));
+  z->off = mem_calloc((size_t)n, sizeof(int64_t));
+  z->lo = mem_calloc((size_t)n, sizeof(int64_t));
+  z->len = mem_calloc((size_t)n, sizeof(int64_t));
   for (int i = 0; i < n; i++) {
     int gi = api_param_f64(&p->params[i]) ? 1 : 0;
     z->group[i] = gi;
@@ -87,7 +81,7 @@ void api_zero_free(ZeroLayout *z) {
 
 /* The param index of each gradient of r (by name). */
 static int *grad_params(const gradc_program *p, const StepResult *r) {
-  int *pi = xcalloc((size_t)r->ngrads, sizeof(int));
+  int *pi = mem_calloc((size_t)r->ngrads, sizeof(int));
   for (int k = 0; k < r->ngrads; k++) {
     pi[k] = api_param_index(p, r->grad_names[k]);
     GRADC_ASSERT(pi[k] >= 0);
@@ -128,8 +122,8 @@ bool api_zero_reduce_scatter(const gradc_program *p, StepResult *r, char *err, s
   for (int gi = 0; ok && gi < 2; gi++) {
     if (z->n[gi] == 0) continue;
     size_t es = gi ? 8 : 4;
-    send[gi] = xcalloc((size_t)(z->count[gi] * z->dp), es);
-    recv[gi] = xcalloc((size_t)z->count[gi], es);
+    send[gi] = mem_calloc((size_t)(z->count[gi] * z->dp), es);
+    recv[gi] = mem_calloc((size_t)z->count[gi], es);
     for (int k = 0; k < r->ngrads; k++) {
       if (z->group[pi[k]] != gi) continue;
       int64_t m = ir_numel(&r->grad_types[k].shape), at = z->off[pi[k]];
@@ -170,8 +164,8 @@ static bool gather(const gradc_program *p, PackFn pack, const void *ctx, const c
   for (int gi = 0; ok && gi < 2; gi++) {
     if (z->n[gi] == 0) continue;
     size_t es = gi ? 8 : 4;
-    part[gi] = xcalloc((size_t)z->count[gi], es);
-    whole[gi] = xcalloc((size_t)(z->count[gi] * z->dp), es);
+    part[gi] = mem_calloc((size_t)z->count[gi], es);
+    whole[gi] = mem_calloc((size_t)(z->count[gi] * z->dp), es);
     pack(ctx, z, gi, part[gi]);
     ok = comm_all_gather_start(g, part[gi], whole[gi], z->count[gi], gi ? COMM_F64 : COMM_F32,
                                hash_str(what) ^ hash_str(group_tag[gi]), &req[gi], err, errlen);

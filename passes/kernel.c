@@ -448,29 +448,6 @@ void kp_slot_strides(const KpRowLayout *l, const KpSlot *s, int64_t *stride) {
 /* Slices that are one contiguous range                                */
 /* ------------------------------------------------------------------ */
 
-/* Python's slice.indices for one axis: normalises *start, returns the count. */
-static int64_t slice_axis(int64_t dim, int64_t *start, int64_t stop, int64_t step) {
-  int64_t s = *start;
-  if (step > 0) {
-    if (s < 0) s += dim;
-    if (s < 0) s = 0;
-    if (s > dim) s = dim;
-    if (stop < 0) stop += dim;
-    if (stop < 0) stop = 0;
-    if (stop > dim) stop = dim;
-    *start = s;
-    return stop > s ? (stop - s + step - 1) / step : 0;
-  }
-  if (s < 0) s += dim;
-  if (s < -1) s = -1;
-  if (s > dim - 1) s = dim - 1;
-  if (stop < 0) stop += dim;
-  if (stop < -1) stop = -1;
-  if (stop > dim - 1) stop = dim - 1;
-  *start = s;
-  return s > stop ? (s - stop - step - 1) / (-step) : 0;
-}
-
 void kp_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_t *step) {
   const int64_t *starts, *stops, *steps;
   int ns = ir_attr_get_ints(op, "starts", &starts);
@@ -480,7 +457,7 @@ void kp_slice_ranges(const IrOp *op, const IrShape *full, int64_t *start, int64_
     start[k] = k < ns ? starts[k] : 0;
     int64_t stop = k < ne ? stops[k] : full->dim[k];
     step[k] = k < np && steps[k] != 0 ? steps[k] : 1;
-    slice_axis(full->dim[k], &start[k], stop, step[k]);
+    slice_indices(full->dim[k], &start[k], stop, step[k]);
   }
 }
 

@@ -17,12 +17,6 @@
 
 #include "gemm_plan.h"
 
-void *rt_xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
-
 bool rt_op_fail(char *err, size_t n, const IrOp *op, const char *what) {
   const char *name = ir_op_info[op->opcode].name;
   if (op->loc.file) return errf(err, n, "%s:%d:%d: '%s' %s", op->loc.file, op->loc.line, op->loc.col, name, what);
@@ -68,9 +62,9 @@ void rt_gemm_batch_index(const IrShape *batch, const IrShape *ob, int64_t *out) 
 }
 
 static void alloc_offsets(RtGemmPlan *g) {
-  g->aoff = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->boff = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->coff = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->aoff = mem_calloc((size_t)g->nb, sizeof(int64_t));
+  g->boff = mem_calloc((size_t)g->nb, sizeof(int64_t));
+  g->coff = mem_calloc((size_t)g->nb, sizeof(int64_t));
 }
 
 /* ------------------------------------------------------------------ */

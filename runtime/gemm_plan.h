@@ -59,7 +59,5 @@ bool rt_is_flag_permute(const IrValue *v);
 const IrValue *rt_storage_root(const IrValue *v);
 /* false, with "file:line:col: 'op' what" (or "'op' what") in err. */
 bool rt_op_fail(char *err, size_t n, const IrOp *op, const char *what);
-/* calloc that aborts when out of memory (n = 0 allocates one element). */
-void *rt_xcalloc(size_t n, size_t size);
 
 #endif

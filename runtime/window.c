@@ -189,9 +189,9 @@ bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen
   StepResult r = {0};
   memset(out, 0, sizeof *out);
   /* Outputs: losses by name in source order, one gradient per param. */
-  r.loss_names = rt_xcalloc((size_t)f->nops, sizeof(char *));
-  r.losses = rt_xcalloc((size_t)f->nops, sizeof(double));
-  const IrOp **first = rt_xcalloc((size_t)f->nops + 1, sizeof(IrOp *));
+  r.loss_names = mem_calloc((size_t)f->nops, sizeof(char *));
+  r.losses = mem_calloc((size_t)f->nops, sizeof(double));
+  const IrOp **first = mem_calloc((size_t)f->nops + 1, sizeof(IrOp *));
   bool located = true; /* every loss located in one file */
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -217,16 +217,16 @@ bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen
       r.loss_names[j - 1] = n;
     }
   free(first);
-  r.grad_names = rt_xcalloc((size_t)na, sizeof(char *));
-  r.grad_types = rt_xcalloc((size_t)na, sizeof(IrType));
-  r.grads = rt_xcalloc((size_t)na, sizeof(double *));
+  r.grad_names = mem_calloc((size_t)na, sizeof(char *));
+  r.grad_types = mem_calloc((size_t)na, sizeof(IrType));
+  r.grads = mem_calloc((size_t)na, sizeof(double *));
   for (int i = 0; i < na; i++) {
     const IrValue *a = f->args[i];
     if (a->role != IR_ARG_PARAM) continue;
     r.grad_names[r.ngrads] = a->name;
     r.grad_types[r.ngrads].dtype = a->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32;
     r.grad_types[r.ngrads].shape = step_arg_type(a).shape; /* whole; a shard's driver fills the first part */
-    r.grads[r.ngrads] = rt_xcalloc((size_t)ir_numel(&r.grad_types[r.ngrads].shape), sizeof(double));
+    r.grads[r.ngrads] = mem_calloc((size_t)ir_numel(&r.grad_types[r.ngrads].shape), sizeof(double));
     r.ngrads++;
   }
   bool ok = true;
@@ -272,7 +272,7 @@ void step_micro_args(const IrFunc *f, int k, double *const *data, double **args)
 }
 
 bool step_window_needs(const IrFunc *f, bool *arg_needed) {
-  bool *need = rt_xcalloc((size_t)f->nvalues + 1, sizeof(bool));
+  bool *need = mem_calloc((size_t)f->nvalues + 1, sizeof(bool));
   bool any = false;
   for (int i = f->nops - 1; i >= 0; i--) {
     const IrOp *op = f->ops[i];
@@ -295,10 +295,10 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
     const IrOp *op = f->ops[i];
     any |= interp_index_operand(op) >= 0;
     if (op->opcode != IR_OP_WINDOW_SUM) continue;
-    wsum[op->result->id] = rt_xcalloc((size_t)ir_numel(&op->result->type.shape), sizeof(double));
+    wsum[op->result->id] = mem_calloc((size_t)ir_numel(&op->result->type.shape), sizeof(double));
     any = true;
   }
-  double **args = rt_xcalloc((size_t)f->nargs + 1, sizeof(double *));
+  double **args = mem_calloc((size_t)f->nargs + 1, sizeof(double *));
   InterpState st = {0};
   for (int k = 0; ok && any && k < gas; k++) {
     step_micro_args(f, k, data, args);
@@ -404,7 +404,7 @@ void rt_tensor_convert(const StTensor *t, int64_t begin, int64_t n, IrDType dt, 
 static bool store_values(int64_t offset, IrDType dt, int64_t n, const double *v, bool same, StepStoreFn store,
                          void *ctx, char *err, size_t errlen) {
   if (n == 0) return true;
-  char *buf = rt_xcalloc((size_t)n, ir_dtype_size(dt));
+  char *buf = mem_calloc((size_t)n, ir_dtype_size(dt));
   for (int64_t k = 0; k < n; k++) rt_elem_set(buf, dt, k, v[same ? 0 : k]);
   bool ok = store(ctx, offset, buf, (size_t)n * ir_dtype_size(dt), err, errlen);
   free(buf);
@@ -425,17 +425,17 @@ bool step_store_consts(const IrFunc *f, StepStoreFn store, void *ctx, char *err,
 
 bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bound, StepStoreFn store, void *ctx,
                             char *err, size_t errlen) {
-  bool *needed = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
+  bool *needed = mem_calloc((size_t)f->nargs + 1, sizeof(bool));
   if (!step_window_needs(f, needed)) {
     free(needed);
     return true;
   }
-  double **data = rt_xcalloc((size_t)f->nargs + 1, sizeof(double *));
-  double **wsum = rt_xcalloc((size_t)f->nvalues + 1, sizeof(double *));
+  double **data = mem_calloc((size_t)f->nargs + 1, sizeof(double *));
+  double **wsum = mem_calloc((size_t)f->nvalues + 1, sizeof(double *));
   for (int i = 0; i < f->nargs; i++) {
     if (!needed[i]) continue;
     int64_t n = st_numel(bound[i]);
-    data[i] = rt_xcalloc((size_t)n, sizeof(double));
+    data[i] = mem_calloc((size_t)n, sizeof(double));
     step_load(bound[i], 0, n, data[i]);
   }
   bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
@@ -454,7 +454,7 @@ bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bou
 }
 
 StepGradBuf *step_grad_bufs(const IrFunc *f, int *n) {
-  StepGradBuf *g = rt_xcalloc((size_t)f->nargs + 1, sizeof(StepGradBuf));
+  StepGradBuf *g = mem_calloc((size_t)f->nargs + 1, sizeof(StepGradBuf));
   int slot = 0;
   *n = 0;
   for (int i = 0; i < f->nargs; i++) {

@@ -295,20 +295,8 @@ void cg_cuda_chunk_source(const CuModule *m, int chunk, StrBuf *out) {
   }
 }
 
-static bool make_dirs(const char *path) {
-  char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return false;
-  for (char *p = tmp + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return false;
-    *p = '/';
-  }
-  return mkdir(tmp, 0755) == 0 || errno == EEXIST;
-}
-
 bool cg_cuda_write_dir(const CuModule *m, const char *dir, char *err, size_t errlen) {
-  if (!make_dirs(dir)) return errf(err, errlen, "%s: %s", dir, strerror(errno));
+  if (!mkdir_p(dir)) return errf(err, errlen, "%s: %s", dir, strerror(errno));
   for (int c = 0; c < m->ncodes; c++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.cu", dir, m->codes[c].func);

@@ -484,7 +484,7 @@ static void section(Row *R, int k) {
         cu_line(g, "const %s %s = %s;", ft, o->t[0], cu_round(g, xt, cu_math1(g, "log", xt, R->st[o->st[1]].res)));
     }
     if (o->tsec[1] == k) {
-      double eps = ir_attr_get_float(op, "eps", op->opcode == IR_OP_LAYER_NORM ? 1e-5 : 1e-6);
+      double eps = ir_op_eps(op);
       const Stat *s = &R->st[o->st[op->opcode == IR_OP_LAYER_NORM ? 1 : 0]];
       IrDType st = d ? IR_DT_F64 : IR_DT_F32;
       cu_line(g, "const %s %s = %s / %s(%s / %s + %s);", ft, o->t[1], d ? "1.0" : "1.0f", d ? "sqrt" : "sqrtf",

@@ -359,7 +359,7 @@ static void section_step(Row *R, Plan *p, int k) {
     }
     if (p->fin[1] == k) {
       LLVMValueRef var = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[1]), LLVMConstReal(g->t_f64, cols), "");
-      var = LLVMBuildFAdd(g->b, var, LLVMConstReal(g->t_f64, ir_attr_get_float(op, "eps", 1e-5)), "");
+      var = LLVMBuildFAdd(g->b, var, LLVMConstReal(g->t_f64, ir_op_eps(op)), "");
       p->st[1] = LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), gen_call1(g, "llvm.sqrt", var), "");
       p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
     }
@@ -367,7 +367,7 @@ static void section_step(Row *R, Plan *p, int k) {
   case KP_ROW_RMS:
     if (p->fin[0] == k) {
       LLVMValueRef ms = LLVMBuildFDiv(g->b, gen_acc_get(g, p->acc[0]), LLVMConstReal(g->t_f64, cols), "");
-      ms = LLVMBuildFAdd(g->b, ms, LLVMConstReal(g->t_f64, ir_attr_get_float(op, "eps", 1e-6)), "");
+      ms = LLVMBuildFAdd(g->b, ms, LLVMConstReal(g->t_f64, ir_op_eps(op)), "");
       p->st[1] = LLVMBuildFDiv(g->b, LLVMConstReal(g->t_f64, 1.0), gen_call1(g, "llvm.sqrt", ms), "");
       p->st[1] = gen_narrow(g, p->st[1], op->args[0]->type.dtype == IR_DT_F64 ? IR_DT_F64 : IR_DT_F32);
     }

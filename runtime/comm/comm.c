@@ -12,15 +12,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "api/api_impl.h"
 #include "comm.h"
 #include "trace.h"
-
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
 
 /* ------------------------------------------------------------------ */
 /* The single back end                                                  */
@@ -85,13 +78,6 @@ static int world_size = 1;
 
 void comm_register(const CommBackend *be) { registered = be; }
 
-#ifndef GRADC_HAVE_MPI
-/* Without MPI the public switch only reports that (comm_mpi.c has the real one). */
-gradc_status gradc_mpi_enable(void) {
-  return api_fail(GRADC_ERR_USER, "gradc: error: this build has no MPI (configure with -DGRADC_MPI=ON and "
-                                  "libopenmpi-dev installed)");
-}
-#endif
 
 int comm_launch_size(void) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
@@ -166,7 +152,7 @@ Comm *comm_open(int tp, int dp, char *err, size_t n) {
 #endif
     return NULL;
   }
-  Comm *c = xcalloc(1, sizeof *c);
+  Comm *c = mem_calloc(1, sizeof *c);
   c->be = be;
   c->tp = tp;
   c->dp = dp;
@@ -247,7 +233,7 @@ bool comm_start(CommGroup *g, const CommArgs *a, CommReq **out, char *err, size_
   double t0 = comm_now_us();
   void *impl = NULL;
   if (!g->comm->be->start(g->impl, a, &impl, err, n)) return false;
-  CommReq *r = xcalloc(1, sizeof *r);
+  CommReq *r = mem_calloc(1, sizeof *r);
   r->g = g;
   r->a = *a;
   r->impl = impl;
@@ -467,7 +453,7 @@ double comm_link_us(const CommGroup *g, const CommArgs *a) {
  * to whole words. */
 static size_t pack_events(const Trace *t, uint64_t **out) {
   size_t cap = 64, len = 0, ne = trace_count(t);
-  uint64_t *w = xcalloc(cap, sizeof *w);
+  uint64_t *w = mem_calloc(cap, sizeof *w);
   double origin = trace_origin_us(t);
   for (size_t i = 0; i < ne; i++) {
     TraceEventInfo e;
@@ -495,7 +481,7 @@ bool comm_trace_gather(CommGroup *g, Trace *t, char *err, size_t n) {
   uint64_t *mine;
   size_t len = pack_events(t, &mine);
   /* Every rank's length and origin, then the events padded to the longest. */
-  uint64_t *lens = xcalloc((size_t)g->size * 2, sizeof *lens);
+  uint64_t *lens = mem_calloc((size_t)g->size * 2, sizeof *lens);
   double origin = trace_origin_us(t);
   uint64_t hdr[2] = {len, 0};
   memcpy(&hdr[1], &origin, 8);
@@ -506,9 +492,9 @@ bool comm_trace_gather(CommGroup *g, Trace *t, char *err, size_t n) {
   for (int i = 0; ok && i < g->size; i++) most = lens[2 * i] > most ? lens[2 * i] : most;
   uint64_t *all = NULL;
   if (ok && most > 0) {
-    uint64_t *send = xcalloc(most, sizeof *send);
+    uint64_t *send = mem_calloc(most, sizeof *send);
     memcpy(send, mine, len * sizeof *send);
-    all = xcalloc((size_t)most * (size_t)g->size, sizeof *all);
+    all = mem_calloc((size_t)most * (size_t)g->size, sizeof *all);
     CommArgs b = {.kind = COMM_ALL_GATHER, .send = send, .recv = all, .count = (int64_t)most, .dt = COMM_U64,
                   .ctl = true};
     ok = comm_start(g, &b, &r, err, n) && comm_wait(r, err, n);
@@ -532,7 +518,7 @@ bool comm_trace_gather(CommGroup *g, Trace *t, char *err, size_t n) {
       bool exposed = (w[2] >> 8) & 1;
       size_t nl = (size_t)(w[2] >> 16), words = 3 + (nl + 8) / 8;
       if (w + words > end || lane > TRACE_STEP) break;
-      char *name = xcalloc(nl + 1, 1);
+      char *name = mem_calloc(nl + 1, 1);
       memcpy(name, &w[3], nl);
       trace_add_rank(t, pid, (TraceLane)lane, name, a0 - origin, a1 - origin, exposed);
       free(name);
@@ -558,7 +544,7 @@ bool comm_check(CommGroup *g, const char *what, char *err, size_t n) {
   g->issued = 0;
   g->hash = HASH_SEED;
   if (g->size == 1) return true;
-  uint64_t *all = xcalloc((size_t)g->size * 2, sizeof(uint64_t));
+  uint64_t *all = mem_calloc((size_t)g->size * 2, sizeof(uint64_t));
   bool ok = gather_pairs(g, issued, hash, all, err, n);
   for (int i = 1; ok && i < g->size; i++) {
     if (all[2 * i] == all[0] && all[2 * i + 1] == all[1]) continue;
@@ -576,7 +562,7 @@ bool comm_agree(CommGroup *g, uint64_t v, int *first_diff, uint64_t *v0, uint64_
   *first_diff = -1;
   *v0 = *vdiff = v;
   if (g->size == 1) return true;
-  uint64_t *all = xcalloc((size_t)g->size * 2, sizeof(uint64_t));
+  uint64_t *all = mem_calloc((size_t)g->size * 2, sizeof(uint64_t));
   bool ok = gather_pairs(g, v, 0, all, err, n);
   if (ok) *v0 = all[0];
   for (int i = 1; ok && i < g->size && *first_diff < 0; i++)

@@ -24,7 +24,7 @@
  * or GRADC_COMM_PROGRESS=0, there is no thread and comm_test / comm_wait
  * poll with MPI_Test themselves.
  *
- * Built only with GRADC_MPI; registered by gradc_mpi_enable(). */
+ * Built only with GRADC_MPI; registered by gradc_mpi_enable() (api/api_mpi.c). */
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
@@ -33,7 +33,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "api/api_impl.h"
 #include "comm.h"
 
 static bool mpi_ok(int rc, const char *what, char *err, size_t n) {
@@ -310,8 +309,3 @@ const CommBackend comm_mpi_backend = {
     .finalize = finalize_at_exit,
     .test_at = mpi_test_at,
 };
-
-gradc_status gradc_mpi_enable(void) {
-  comm_register(&comm_mpi_backend);
-  return GRADC_OK;
-}

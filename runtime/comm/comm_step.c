@@ -37,12 +37,6 @@
 
 #include "comm.h"
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (!p) abort();
-  return p;
-}
-
 static _Thread_local StepDp *current;
 
 /* This rank's parts of the sharded params bound in the thread's window
@@ -82,7 +76,7 @@ void step_dp_slice(const IrFunc *f, const StTensor **bound) {
   if (!d || step_dp_size() == 1) return;
   if (d->nviews < f->nargs) {
     free(d->views);
-    d->views = xcalloc((size_t)f->nargs, sizeof(StTensor));
+    d->views = mem_calloc((size_t)f->nargs, sizeof(StTensor));
     d->nviews = f->nargs;
   }
   int size = d->g->size, rank = d->g->rank;
@@ -108,7 +102,7 @@ bool step_dp_reduce_sums(const IrFunc *f, double **wsum, char *err, size_t n) {
     if (f->ops[i]->opcode == IR_OP_WINDOW_SUM) total += ir_numel(&f->ops[i]->result->type.shape);
   if (total == 0) return true;
   /* One all-reduce for every window sum, packed in op order. */
-  double *buf = xcalloc((size_t)total, sizeof(double));
+  double *buf = mem_calloc((size_t)total, sizeof(double));
   int64_t k = 0;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -142,7 +136,7 @@ bool step_dp_end(StepDp *d, StepResult *r, char *err, size_t n) {
     /* Every gradient the driver has not reduced yet and the losses in
      * flight at once, then wait for all (a failed start or wait keeps the
      * first message). */
-    CommReq **req = xcalloc((size_t)r->ngrads + 1, sizeof(CommReq *));
+    CommReq **req = mem_calloc((size_t)r->ngrads + 1, sizeof(CommReq *));
     int started = 0;
     for (int i = 0; ok && i < r->ngrads; i++) {
       if (r->dp_reduced && r->dp_reduced[i]) continue;
@@ -233,7 +227,7 @@ static void axis_to_parts(char *parts, const char *whole, int ranks, int64_t out
 
 bool step_tp_slice(const IrFunc *f, const StTensor **bound, char *err, size_t errlen) {
   /* st_add may move tp_parts' tensors: bind by index once all are added. */
-  int *slot = xcalloc((size_t)f->nargs + 1, sizeof(int));
+  int *slot = mem_calloc((size_t)f->nargs + 1, sizeof(int));
   for (int i = 0; i < f->nargs; i++) slot[i] = -1;
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
@@ -244,7 +238,7 @@ bool step_tp_slice(const IrFunc *f, const StTensor **bound, char *err, size_t er
       return false;
     }
     if (!tp_parts) {
-      tp_parts = xcalloc(1, sizeof(StFile));
+      tp_parts = mem_calloc(1, sizeof(StFile));
       st_init(tp_parts);
     }
     /* The file holds the whole tensor; this rank's part along the axis. */
@@ -253,7 +247,7 @@ bool step_tp_slice(const IrFunc *f, const StTensor **bound, char *err, size_t er
     IrShape local = a->type.shape;
     axis_split(&local, a->split_axis, &outer, &inner);
     size_t es = st_dtype_size(t->dtype), blk = (size_t)inner * es;
-    char *part = xcalloc((size_t)(outer * inner) + 1, es);
+    char *part = mem_calloc((size_t)(outer * inner) + 1, es);
     for (int64_t o = 0; o < outer; o++)
       memcpy(part + (size_t)o * blk, (const char *)t->data + ((size_t)o * (size_t)g->size + (size_t)g->rank) * blk, blk);
     st_add(tp_parts, t->name, t->dtype, local.rank, local.dim, part);
@@ -276,7 +270,7 @@ bool step_tp_gather(const IrFunc *f, StepResult *r, char *err, size_t errlen) {
     if (!g) return false;
     int64_t outer, inner, m = ir_numel(&a->type.shape);
     axis_split(&a->type.shape, a->split_axis, &outer, &inner);
-    double *mine = xcalloc((size_t)m, sizeof(double)), *parts = xcalloc((size_t)(m * g->size), sizeof(double));
+    double *mine = mem_calloc((size_t)m, sizeof(double)), *parts = mem_calloc((size_t)(m * g->size), sizeof(double));
     memcpy(mine, r->grads[slot], sizeof(double) * (size_t)m);
     CommReq *q;
     bool ok = comm_all_gather_start(g, mine, parts, m, COMM_F64, hash_str(a->name ? a->name : "grad"), &q, err, errlen) &&
@@ -323,7 +317,7 @@ CommGroup *step_coll_group(const IrOp *op, char *err, size_t errlen) {
 static void *grow(char **buf, size_t *cap, size_t bytes) {
   if (*cap < bytes) {
     free(*buf);
-    *buf = xcalloc(bytes, 1);
+    *buf = mem_calloc(bytes, 1);
     *cap = bytes;
   }
   return *buf;

@@ -387,8 +387,8 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   /* bf16 / f16: widen to f32, multiply, and round the result back (or
    * accumulate it into the f32 gradient buffer). */
   char *arena = p->arena;
-  float *a = rt_xcalloc((size_t)mk, sizeof(float)), *b = rt_xcalloc((size_t)kn, sizeof(float));
-  float *c = g->accumulate ? NULL : rt_xcalloc((size_t)mn, sizeof(float));
+  float *a = mem_calloc((size_t)mk, sizeof(float)), *b = mem_calloc((size_t)kn, sizeof(float));
+  float *c = g->accumulate ? NULL : mem_calloc((size_t)mn, sizeof(float));
   for (int64_t t = 0; t < g->nb; t++) {
     for (int64_t i = 0; i < mk; i++) a[i] = (float)rt_elem_get(arena + g->a, g->dt, g->aoff[t] + i);
     for (int64_t i = 0; i < kn; i++) b[i] = (float)rt_elem_get(arena + g->b, g->dt, g->boff[t] + i);
@@ -585,7 +585,7 @@ static bool bucket_reduced(const IrValue *v) {
 static int add_bucket(CpuProgram *p, const int *starts, int n) {
   Bucket *b = &p->buckets[p->nbuckets];
   b->op = p->code[starts[0]].op;
-  b->runs = rt_xcalloc((size_t)n, sizeof(BucketRun));
+  b->runs = mem_calloc((size_t)n, sizeof(BucketRun));
   for (int i = 0; i < n; i++) b->runs[i] = member_range(p->code[starts[i]].op);
   qsort(b->runs, (size_t)n, sizeof(BucketRun), cmp_run);
   int m = 0;
@@ -603,14 +603,14 @@ static int add_bucket(CpuProgram *p, const int *starts, int n) {
 
 /* Group the last=true starts and waits into buckets (see Bucket). */
 static bool plan_buckets(CpuProgram *p, char *err, size_t n) {
-  int *starts = rt_xcalloc((size_t)p->ncode + 1, sizeof(int)), *waits = rt_xcalloc((size_t)p->ncode + 1, sizeof(int));
+  int *starts = mem_calloc((size_t)p->ncode + 1, sizeof(int)), *waits = mem_calloc((size_t)p->ncode + 1, sizeof(int));
   int ns = 0, nw = 0;
   for (int i = 0; i < p->ncode; i++) {
     if (p->code[i].kind == I_BUCKET_START) starts[ns++] = i;
     if (p->code[i].kind == I_BUCKET_WAIT) waits[nw++] = i;
   }
-  p->buckets = rt_xcalloc((size_t)ns + 1, sizeof(Bucket));
-  int *members = rt_xcalloc((size_t)ns + 1, sizeof(int));
+  p->buckets = mem_calloc((size_t)ns + 1, sizeof(Bucket));
+  int *members = mem_calloc((size_t)ns + 1, sizeof(int));
   bool ok = true;
   for (int i = 0; i < ns && ok; i++) {
     Instr *s0 = &p->code[starts[i]];
@@ -697,7 +697,7 @@ static int cmp_range(const void *pa, const void *pb) {
  * (kernels accumulate with +=). */
 static void plan_zeroing(CpuProgram *p) {
   const IrFunc *f = p->f;
-  int64_t(*cover)[2] = rt_xcalloc((size_t)p->ncode + 1, sizeof *cover);
+  int64_t(*cover)[2] = mem_calloc((size_t)p->ncode + 1, sizeof *cover);
   int ncover = 0, opi = 0;
   for (int i = 0; i < p->ncode; i++) {
     Gemm *g = &p->code[i].gemm;
@@ -730,7 +730,7 @@ static void plan_zeroing(CpuProgram *p) {
     cover[ncover++][1] = hi;
   }
   qsort(cover, (size_t)ncover, sizeof *cover, cmp_range);
-  p->zero = rt_xcalloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
+  p->zero = mem_calloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
   for (int k = 0; k < p->ngrads; k++) {
     const StepGradBuf *b = &p->grads[k];
     int64_t at = b->offset, end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
@@ -758,8 +758,8 @@ static void plan_zeroing(CpuProgram *p) {
  * then read the arena; copy_args sets argbase either way. */
 static void plan_direct_args(CpuProgram *p) {
   const IrFunc *f = p->f;
-  p->direct = rt_xcalloc((size_t)f->nargs + 1, sizeof(bool));
-  p->argbase = rt_xcalloc((size_t)f->nargs + 1, sizeof(char *));
+  p->direct = mem_calloc((size_t)f->nargs + 1, sizeof(bool));
+  p->argbase = mem_calloc((size_t)f->nargs + 1, sizeof(char *));
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     p->direct[i] = (a->role == IR_ARG_INPUT || a->role == IR_ARG_PARAM) &&
@@ -801,18 +801,18 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
 #endif
     return NULL;
   }
-  CpuProgram *p = rt_xcalloc(1, sizeof *p);
+  CpuProgram *p = mem_calloc(1, sizeof *p);
   p->f = f;
   p->cg = cg;
   p->threads = o->threads > 0 ? o->threads : pool_ncores();
-  p->code = rt_xcalloc((size_t)f->nops + 1, sizeof(Instr));
+  p->code = mem_calloc((size_t)f->nops + 1, sizeof(Instr));
   kp_views_find(f, in_group0, NULL, &p->views);
 
   /* Kernels: contiguous groups, compiled by the code generator. */
   int maxg = 0;
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->group > maxg) maxg = f->ops[i]->group;
-  bool *started = rt_xcalloc((size_t)maxg + 1, sizeof(bool));
+  bool *started = mem_calloc((size_t)maxg + 1, sizeof(bool));
   for (int i = 0; i < f->nops; i++) {
     int g = f->ops[i]->group;
     if (g == 0 || (i > 0 && f->ops[i - 1]->group == g)) continue;
@@ -852,14 +852,14 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     if (!build_op(p, op, err, errlen)) goto error;
   }
   if (!plan_buckets(p, err, errlen)) goto error;
-  p->colls = rt_xcalloc((size_t)p->ncolls + 1, sizeof(StepColl));
-  p->coll_open = rt_xcalloc((size_t)p->ncolls + 1, sizeof(bool));
+  p->colls = mem_calloc((size_t)p->ncolls + 1, sizeof(StepColl));
+  p->coll_open = mem_calloc((size_t)p->ncolls + 1, sizeof(bool));
 
   /* The buckets reduce a gradient buffer when every `grad` of its param
    * reads a last=true wait (a stacked param reduced by slices has one per
    * slice). */
   p->grads = step_grad_bufs(f, &p->ngrads);
-  p->reduced = rt_xcalloc((size_t)p->ngrads + 1, sizeof(bool));
+  p->reduced = mem_calloc((size_t)p->ngrads + 1, sizeof(bool));
   for (int i = 0; i < p->ngrads; i++) {
     const char *name = f->args[p->grads[i].arg]->name;
     p->reduced[i] = true;
@@ -877,7 +877,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   }
   plan_zeroing(p);
   plan_direct_args(p);
-  p->arena_src = rt_xcalloc((size_t)f->nargs + 1, sizeof(void *));
+  p->arena_src = mem_calloc((size_t)f->nargs + 1, sizeof(void *));
   step_store_consts(f, store, p->arena, err, errlen);
   p->pool = pool_new(p->threads);
   return p;
@@ -1216,7 +1216,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   p->params_gen = 0; /* for this window only */
   bool no_grads = p->no_grads;
   p->no_grads = false;
-  const StTensor **bound = rt_xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
+  const StTensor **bound = mem_calloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
             result_begin(p, &r, err, errlen);
@@ -1249,7 +1249,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
       else
         bulk(p, BULK_COPY, r.grads[g->slot], p->arena + g->offset, g->numel * 8);
       if (p->reduced[i]) {
-        if (!r.dp_reduced) r.dp_reduced = rt_xcalloc((size_t)r.ngrads + 1, sizeof(bool));
+        if (!r.dp_reduced) r.dp_reduced = mem_calloc((size_t)r.ngrads + 1, sizeof(bool));
         r.dp_reduced[g->slot] = true;
       }
     }

@@ -49,8 +49,8 @@ static bool plan(const IrOp *op, RtGemm *g) {
   g->nb = s.nb;
   g->na = s.na;
   g->nbb = s.nbb;
-  g->aidx = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
-  g->bidx = rt_xcalloc((size_t)g->nb, sizeof(int64_t));
+  g->aidx = mem_calloc((size_t)g->nb, sizeof(int64_t));
+  g->bidx = mem_calloc((size_t)g->nb, sizeof(int64_t));
   if (g->nb > 1) {
     rt_gemm_batch_index(&s.batch, &s.abatch, g->aidx);
     rt_gemm_batch_index(&s.batch, &s.bbatch, g->bidx);
@@ -60,7 +60,7 @@ static bool plan(const IrOp *op, RtGemm *g) {
 }
 
 int rt_gemm_list(const IrFunc *f, RtGemm **out) {
-  RtGemm *g = rt_xcalloc((size_t)f->nops + 1, sizeof(RtGemm));
+  RtGemm *g = mem_calloc((size_t)f->nops + 1, sizeof(RtGemm));
   int n = 0;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -139,7 +139,7 @@ void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int
 #else
   (void)threads;
 #endif
-  Bufs *b = rt_xcalloc((size_t)n + 1, sizeof(Bufs));
+  Bufs *b = mem_calloc((size_t)n + 1, sizeof(Bufs));
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   for (int i = 0; i < n; i++) {
     size_t es = g[i].dbl ? 8 : 4;
@@ -148,9 +148,9 @@ void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int
       if (g[i].aidx[t] + 1 > na) na = g[i].aidx[t] + 1;
       if (g[i].bidx[t] + 1 > nbb) nbb = g[i].bidx[t] + 1;
     }
-    b[i].a = rt_xcalloc((size_t)(na * g[i].M * g[i].K), es);
-    b[i].b = rt_xcalloc((size_t)(nbb * g[i].K * g[i].N), es);
-    b[i].c = rt_xcalloc((size_t)(g[i].nb * g[i].M * g[i].N), es);
+    b[i].a = mem_calloc((size_t)(na * g[i].M * g[i].K), es);
+    b[i].b = mem_calloc((size_t)(nbb * g[i].K * g[i].N), es);
+    b[i].c = mem_calloc((size_t)(g[i].nb * g[i].M * g[i].N), es);
     fill(b[i].a, g[i].dbl, na * g[i].M * g[i].K, &seed);
     fill(b[i].b, g[i].dbl, nbb * g[i].K * g[i].N, &seed);
   }

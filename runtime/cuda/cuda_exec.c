@@ -87,7 +87,7 @@ struct CudaProgram {
 static bool copy_in(CudaProgram *p, const StTensor *t, int64_t begin, int64_t n, IrDType dt, int64_t offset, char *err,
                     size_t errlen) {
   size_t es = ir_dtype_size(dt);
-  char *buf = rt_xcalloc((size_t)n, es);
+  char *buf = mem_calloc((size_t)n, es);
   rt_tensor_convert(t, begin, n, dt, buf);
   bool ok = n == 0 || cuda_check(p->d->MemcpyHtoD(p->arena + (CUdeviceptr)offset, buf, (size_t)n * es),
                                  "copying to the device", err, errlen);
@@ -117,7 +117,7 @@ static CudaProgram *program_alloc(IrFunc *f, const CudaOptions *o, char *err, si
     errf(err, errlen, "function '%s' has no memory plan (run memplan)", f->name);
     return NULL;
   }
-  CudaProgram *p = rt_xcalloc(1, sizeof *p);
+  CudaProgram *p = mem_calloc(1, sizeof *p);
   p->f = f;
   p->allow_tf32 = o && o->allow_tf32;
   const char *g = getenv("GRADC_CUDA_GRAPHS");
@@ -187,8 +187,8 @@ void cuda_program_free(CudaProgram *p) {
 static bool load_modules(CudaProgram *p, char *err, size_t errlen) {
   const CudaDriver *d = p->d;
   CuModule *m = p->m;
-  p->mods = rt_xcalloc((size_t)m->nchunks, sizeof(CUmodule));
-  p->fns = rt_xcalloc((size_t)m->ncodes, sizeof(CUfunction));
+  p->mods = mem_calloc((size_t)m->nchunks, sizeof(CUmodule));
+  p->fns = mem_calloc((size_t)m->ncodes, sizeof(CUfunction));
   for (int c = 0; c < m->nchunks; c++) {
     CUresult r = d->ModuleLoadData(&p->mods[c], m->images[c].cubin);
     if (r != 0) r = d->ModuleLoadData(&p->mods[c], m->images[c].ptx);
@@ -217,8 +217,8 @@ static size_t elem_size(const CuParam *q) {
  * gradient buffers: checked when the program is made, without a device. */
 static bool build_code(CudaProgram *p, char *err, size_t errlen) {
   const IrFunc *f = p->f;
-  p->code = rt_xcalloc((size_t)f->nops + 1, sizeof(Launch));
-  p->losses = rt_xcalloc((size_t)f->nops + 1, sizeof(Loss));
+  p->code = mem_calloc((size_t)f->nops + 1, sizeof(Launch));
+  p->losses = mem_calloc((size_t)f->nops + 1, sizeof(Loss));
   int gemm = 0;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -230,8 +230,8 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
       Launch *l = &p->code[p->ncode++];
       l->kind = L_KERNEL;
       l->idx = (int)(k - p->m->kernels);
-      l->ptrs = rt_xcalloc((size_t)k->nparams, sizeof(CUdeviceptr));
-      l->args = rt_xcalloc((size_t)k->nparams, sizeof(void *));
+      l->ptrs = mem_calloc((size_t)k->nparams, sizeof(CUdeviceptr));
+      l->args = mem_calloc((size_t)k->nparams, sizeof(void *));
       continue;
     }
     if (opc == IR_OP_MATMUL) {
@@ -390,7 +390,7 @@ static bool read_losses(CudaProgram *p, StepResult *r, char *err, size_t errlen)
   for (int i = 0; i < p->nlosses; i++) {
     const Loss *l = &p->losses[i];
     size_t es = ir_dtype_size(l->dt);
-    char *buf = rt_xcalloc((size_t)l->numel, es);
+    char *buf = mem_calloc((size_t)l->numel, es);
     bool ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)l->offset, (size_t)l->numel * es),
                          "reading a loss", err, errlen);
     if (ok) step_add_loss(r, l->op, buf, l->dt, l->numel);
@@ -417,7 +417,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
                    const char *inputs_path, StepResult *out, char *err, size_t errlen) {
   const IrFunc *f = p->f;
   memset(out, 0, sizeof *out);
-  const StTensor **bound = rt_xcalloc((size_t)f->nargs + 1, sizeof(StTensor *));
+  const StTensor **bound = mem_calloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
             step_result_init(f, &r, err, errlen) && device_setup(p, err, errlen);
@@ -438,7 +438,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
   for (int i = 0; ok && i < p->ngrads; i++) {
     const StepGradBuf *g = &p->grads[i];
     size_t es = ir_dtype_size(g->dt);
-    char *buf = rt_xcalloc((size_t)g->numel, es);
+    char *buf = mem_calloc((size_t)g->numel, es);
     ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)g->offset, (size_t)g->numel * es),
                     "reading gradients", err, errlen);
     double *dst = r.grads[g->slot];
@@ -513,7 +513,7 @@ CudaProgram *cuda_program_load(IrFunc *f, const ArtFile *a, const CudaOptions *o
   if (!ok) errf(err, errlen, "artifact is corrupt (bad CUDA section)");
   if (ok && (strcmp(hash->valuestring, want) != 0 || chunks->valueint != p->m->nchunks))
     ok = errf(err, errlen, "artifact's CUDA kernels were built from other sources (by another gradc?)");
-  CuImage *img = rt_xcalloc((size_t)p->m->nchunks, sizeof(CuImage));
+  CuImage *img = mem_calloc((size_t)p->m->nchunks, sizeof(CuImage));
   for (int c = 0; ok && c < p->m->nchunks; c++) {
     char name[16];
     snprintf(name, sizeof name, "%d", c);

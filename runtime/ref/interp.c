@@ -265,30 +265,6 @@ static bool eval_broadcast(Ctx *c, const IrOp *op, double *out) {
   return true;
 }
 
-/* Python slice normalisation of one axis: clamps start/stop, returns the
- * length (and the normalised start in *start).  step != 0. */
-static int64_t slice_axis(int64_t dim, int64_t *start, int64_t stop, int64_t step) {
-  int64_t s = *start;
-  if (step > 0) {
-    if (s < 0) s += dim;
-    if (s < 0) s = 0;
-    if (s > dim) s = dim;
-    if (stop < 0) stop += dim;
-    if (stop < 0) stop = 0;
-    if (stop > dim) stop = dim;
-    *start = s;
-    return stop > s ? (stop - s + step - 1) / step : 0;
-  }
-  if (s < 0) s += dim;
-  if (s < -1) s = -1;
-  if (s > dim - 1) s = dim - 1;
-  if (stop < 0) stop += dim;
-  if (stop < -1) stop = -1;
-  if (stop > dim - 1) stop = dim - 1;
-  *start = s;
-  return s > stop ? (s - stop - step - 1) / (-step) : 0;
-}
-
 /* The strides and base offset that address the slice region of a tensor
  * of shape `full` (one range per axis; missing trailing ranges are whole),
  * checked against the shape of the region `part`. */
@@ -308,7 +284,7 @@ static bool slice_region(Ctx *c, const IrOp *op, const IrShape *full, const IrSh
     int64_t stop = k < ne ? stops[k] : full->dim[k];
     int64_t step = k < np ? steps[k] : 1;
     if (step == 0) return fail(c, "%s: step 0 on axis %d", opname(op), k);
-    int64_t len = slice_axis(full->dim[k], &start, stop, step);
+    int64_t len = slice_indices(full->dim[k], &start, stop, step);
     if (len != part->dim[k])
       return fail(c, "%s: axis %d: slice has %lld elements, the type says %lld", opname(op), k, (long long)len,
                   (long long)part->dim[k]);

@@ -24,17 +24,17 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
   if (!opt) opt = &defaults;
   memset(out, 0, sizeof *out);
   int na = f->nargs, nv = f->nvalues;
-  const StTensor **bound = rt_xcalloc((size_t)na + 1, sizeof(StTensor *));
-  double **data = rt_xcalloc((size_t)na + 1, sizeof(double *));
-  double **args = rt_xcalloc((size_t)na + 1, sizeof(double *));
-  double **wsum = rt_xcalloc((size_t)nv + 1, sizeof(double *));
+  const StTensor **bound = mem_calloc((size_t)na + 1, sizeof(StTensor *));
+  double **data = mem_calloc((size_t)na + 1, sizeof(double *));
+  double **args = mem_calloc((size_t)na + 1, sizeof(double *));
+  double **wsum = mem_calloc((size_t)nv + 1, sizeof(double *));
   InterpState st = {0};
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
             step_result_init(f, &r, err, errlen);
   for (int i = 0; ok && i < na; i++) {
     int64_t n = st_numel(bound[i]);
-    data[i] = rt_xcalloc((size_t)n, sizeof(double));
+    data[i] = mem_calloc((size_t)n, sizeof(double));
     step_load(bound[i], 0, n, data[i]);
   }
 
