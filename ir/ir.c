@@ -20,18 +20,19 @@ enum {
   WAIT = IR_OPF_WAIT,
   RANKCOPY = IR_OPF_RANKCOPY,
   OPAQUE = IR_OPF_OPAQUE,
+  COSTLY = IR_OPF_COSTLY,
 };
 
 const IrOpInfo ir_op_info[IR_OP_COUNT] = {
-#define OP(id, name, arity, kind, shape, grad, flags) \
-  [IR_OP_##id] = {name, arity, IR_KIND_##kind, (unsigned)(flags) | 1u << IR_KIND_##kind},
+#define OP(id, name, arity, kind, family, shape, grad, flags) \
+  [IR_OP_##id] = {name, arity, IR_KIND_##kind, (unsigned)(flags) | 1u << IR_KIND_##kind, IR_FAMILY_##family},
 #include "ops.def"
 #undef OP
 };
 
 /* One entry per row, in order: the table above has no gap. */
 static const unsigned char rows[] = {
-#define OP(id, name, arity, kind, shape, grad, flags) 0,
+#define OP(id, name, arity, kind, family, shape, grad, flags) 0,
 #include "ops.def"
 #undef OP
 };
@@ -176,7 +177,7 @@ int ir_attr_get_ints(const IrOp *op, const char *key, const int64_t **out) {
 }
 
 double ir_op_eps(const IrOp *op) {
-  GRADC_ASSERT((op->opcode == IR_OP_LAYER_NORM || op->opcode == IR_OP_RMS_NORM) && ir_attr_get(op, "eps"));
+  GRADC_ASSERT(ir_op_info[op->opcode].family == IR_FAMILY_NORM && ir_attr_get(op, "eps"));
   return ir_attr_get_float(op, "eps", 0);
 }
 

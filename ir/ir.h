@@ -51,13 +51,13 @@ char *ir_type_str(const IrType *t, char *buf, size_t n);
 /* Ops                                                                 */
 /* ------------------------------------------------------------------ */
 typedef enum {
-#define OP(id, name, arity, kind, shape, grad, flags) IR_OP_##id,
+#define OP(id, name, arity, kind, family, shape, grad, flags) IR_OP_##id,
 #include "ops.def"
 #undef OP
 } IrOpcode;
 enum {
   IR_OP_COUNT = 0
-#define OP(id, name, arity, kind, shape, grad, flags) +1
+#define OP(id, name, arity, kind, family, shape, grad, flags) +1
 #include "ops.def"
 #undef OP
 };
@@ -101,14 +101,24 @@ typedef enum {
   IR_OPF_WAIT = 1 << (IR_KIND_COUNT + 11),
   IR_OPF_RANKCOPY = 1 << (IR_KIND_COUNT + 12),
   IR_OPF_OPAQUE = 1 << (IR_KIND_COUNT + 13),
+  IR_OPF_COSTLY = 1 << (IR_KIND_COUNT + 14),
 } IrOpFlag;
-#define IR_OPF_NFLAGS (IR_KIND_COUNT + 14)
+#define IR_OPF_NFLAGS (IR_KIND_COUNT + 15)
+
+/* The family column of ops.def (described there): ops that rules treat
+ * alike within their kind. */
+typedef enum {
+  IR_FAMILY_NONE,
+  IR_FAMILY_UNARY,
+  IR_FAMILY_NORM,
+} IrOpFamily;
 
 typedef struct IrOpInfo {
   const char *name;
   int arity; /* -1: variadic */
   IrOpKind kind;
   unsigned flags; /* IrOpFlag bits: the kind's and the flags column's */
+  IrOpFamily family;
 } IrOpInfo;
 
 extern const IrOpInfo ir_op_info[IR_OP_COUNT];
@@ -116,6 +126,51 @@ bool ir_opcode_parse(const char *s, size_t n, IrOpcode *out);
 /* Does opc have any of the properties in `flags` (IrOpFlag bits, or-ed)?
  * ir_op_is(opc, IR_OPF_VIEW), ir_op_is(opc, IR_OPF_WINDOW | IR_OPF_OUTPUT). */
 bool ir_op_is(IrOpcode opc, unsigned flags);
+
+/* Case labels from the table.  IR_CASES(K) expands to `case IR_OP_A:
+ * case IR_OP_B: ...` for every op whose kind or family column is K (kinds
+ * and families have distinct names), so a switch over IrOpcode names a
+ * kind or a family instead of its ops, and -Wswitch-enum still checks
+ * that it covers every op:
+ *
+ *   case IR_OP_SELECT: return rule_select(...);
+ *   IR_CASES(UNARY) return rule_map(...);
+ *
+ * How: IR_CASES(K) runs IR_OPS with IR_CASE_K_, which passes each row's
+ * column through IR_IS_K_<column>.  That name is defined only for a match,
+ * as `~, IR_CASE_YES`; otherwise it stays one undefined name, so the second
+ * item of `IR_IS_K_<column>, IR_CASE_NO, ~` is IR_CASE_YES for a match and
+ * IR_CASE_NO for the rest.  A new kind or family adds its two lines below. */
+#define IR_CASES(K) IR_OPS(IR_CASE_##K##_)
+#define IR_CASE_YES(opc) case opc:
+#define IR_CASE_NO(opc)
+#define IR_CASE_2ND_(a, b, ...) b
+#define IR_CASE_2ND(...) IR_CASE_2ND_(__VA_ARGS__)
+#define IR_CASE_IF(is, opc) IR_CASE_2ND(is, IR_CASE_NO, ~)(opc)
+/* Kinds. */
+#define IR_CASE_ELEMENTWISE_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_ELEMENTWISE_##kind, IR_OP_##id)
+#define IR_CASE_CONST_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_CONST_##kind, IR_OP_##id)
+#define IR_CASE_REDUCE_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_REDUCE_##kind, IR_OP_##id)
+#define IR_CASE_MOVEMENT_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_MOVEMENT_##kind, IR_OP_##id)
+#define IR_CASE_GEMM_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_GEMM_##kind, IR_OP_##id)
+#define IR_CASE_NN_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_NN_##kind, IR_OP_##id)
+#define IR_CASE_WINDOW_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_WINDOW_##kind, IR_OP_##id)
+#define IR_CASE_COLLECTIVE_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_COLLECTIVE_##kind, IR_OP_##id)
+#define IR_CASE_OUTPUT_(id, nm, ar, kind, ...) IR_CASE_IF(IR_IS_OUTPUT_##kind, IR_OP_##id)
+#define IR_IS_ELEMENTWISE_ELEMENTWISE ~, IR_CASE_YES
+#define IR_IS_CONST_CONST ~, IR_CASE_YES
+#define IR_IS_REDUCE_REDUCE ~, IR_CASE_YES
+#define IR_IS_MOVEMENT_MOVEMENT ~, IR_CASE_YES
+#define IR_IS_GEMM_GEMM ~, IR_CASE_YES
+#define IR_IS_NN_NN ~, IR_CASE_YES
+#define IR_IS_WINDOW_WINDOW ~, IR_CASE_YES
+#define IR_IS_COLLECTIVE_COLLECTIVE ~, IR_CASE_YES
+#define IR_IS_OUTPUT_OUTPUT ~, IR_CASE_YES
+/* Families (NONE has none: those ops are named one by one). */
+#define IR_CASE_UNARY_(id, nm, ar, kind, fam, ...) IR_CASE_IF(IR_IS_UNARY_##fam, IR_OP_##id)
+#define IR_CASE_NORM_(id, nm, ar, kind, fam, ...) IR_CASE_IF(IR_IS_NORM_##fam, IR_OP_##id)
+#define IR_IS_UNARY_UNARY ~, IR_CASE_YES
+#define IR_IS_NORM_NORM ~, IR_CASE_YES
 
 /* Attributes: small key/value pairs on ops, printed as {key=value, ...}. */
 typedef enum {
@@ -220,9 +275,9 @@ double ir_attr_get_float(const IrOp *op, const char *key, double def); /* FLOAT 
 const char *ir_attr_get_str(const IrOp *op, const char *key, const char *def);
 /* INTS: returns the count and sets *out (NULL, 0 when absent). */
 int ir_attr_get_ints(const IrOp *op, const char *key, const int64_t **out);
-/* layer_norm's and rms_norm's eps.  The shape rule requires the attribute,
- * so every built, read or verified op has it; the frontend writes the
- * language's defaults (1e-5 and 1e-6, frontend/lower.c). */
+/* The eps of an op of family NORM (ops.def).  The shape rule requires the
+ * attribute, so every built, read or verified op has it; the frontend
+ * writes the language's defaults (frontend/lower.c). */
 double ir_op_eps(const IrOp *op);
 
 /* Remove ops with mark != 0, keeping the order of the rest. */

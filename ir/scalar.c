@@ -64,44 +64,16 @@ static double eval(IrOpcode opc, double a, double b, double p) {
   case IR_OP_LE: return a <= b;
   case IR_OP_GT: return a > b;
   case IR_OP_GE: return a >= b;
+  /* Not a scalar function: select and every other kind. */
   case IR_OP_SELECT:
-  case IR_OP_CONST:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
-  case IR_OP_RESHAPE:
-  case IR_OP_PERMUTE:
-  case IR_OP_BROADCAST:
-  case IR_OP_SLICE:
-  case IR_OP_UNSLICE:
-  case IR_OP_CONCAT:
-  case IR_OP_MATMUL:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_ONE_HOT:
-  case IR_OP_MSE_LOSS:
-  case IR_OP_WINDOW_SUM:
-  case IR_OP_GRAD_SEED:
-  case IR_OP_LOSS_TERM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_LOSS:
-  case IR_OP_GRAD: break;
+  IR_CASES(CONST)
+  IR_CASES(REDUCE)
+  IR_CASES(MOVEMENT)
+  IR_CASES(GEMM)
+  IR_CASES(NN)
+  IR_CASES(WINDOW)
+  IR_CASES(COLLECTIVE)
+  IR_CASES(OUTPUT) break;
   }
   GRADC_ASSERT(!"ir_scalar: not a unary, binary or comparison op");
   return NAN;

@@ -741,7 +741,7 @@ static bool ir_shape_output(const IrOp *op, const IrType *hint, IrType *out, cha
 /* ------------------------------------------------------------------ */
 
 static const IrShapeFn shape_rules[IR_OP_COUNT] = {
-#define OP(id, name, arity, kind, shape, grad, flags) [IR_OP_##id] = ir_shape_##shape,
+#define OP(id, name, arity, kind, family, shape, grad, flags) [IR_OP_##id] = ir_shape_##shape,
 #include "ops.def"
 #undef OP
 };

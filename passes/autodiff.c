@@ -31,13 +31,13 @@ struct AdCtx {
 };
 
 static const AdGradFn rules[IR_OP_COUNT] = {
-#define OP(id, name, arity, kind, shape, grad, flags) [IR_OP_##id] = ad_grad_##grad,
+#define OP(id, name, arity, kind, family, shape, grad, flags) [IR_OP_##id] = ad_grad_##grad,
 #include "ir/ops.def"
 #undef OP
 };
 
 static const char *const rule_names[IR_OP_COUNT] = {
-#define OP(id, name, arity, kind, shape, grad, flags) [IR_OP_##id] = #grad,
+#define OP(id, name, arity, kind, family, shape, grad, flags) [IR_OP_##id] = #grad,
 #include "ir/ops.def"
 #undef OP
 };

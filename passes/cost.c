@@ -36,11 +36,7 @@ static double nbytes(const IrValue *v) { return numel(v) * (double)ir_dtype_size
 
 /* Elementwise ops that cost more than an add: a transcendental or a
  * polynomial of one. */
-static bool expensive(IrOpcode opc) {
-  return opc == IR_OP_EXP || opc == IR_OP_LOG || opc == IR_OP_SQRT || opc == IR_OP_RSQRT || opc == IR_OP_TANH ||
-         opc == IR_OP_SIGMOID || opc == IR_OP_GELU || opc == IR_OP_SILU || opc == IR_OP_POW ||
-         opc == IR_OP_GELU_GRAD;
-}
+static bool expensive(IrOpcode opc) { return ir_op_is(opc, IR_OPF_COSTLY); }
 
 double cost_op_flops(const IrOp *op) {
   switch (ir_op_info[op->opcode].kind) {

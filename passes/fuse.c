@@ -346,9 +346,9 @@ static bool fuse_outside(const IrOp *op, void *ctx) {
  * scalars, the reader can compute E itself from
  * the operands: the write of v goes, the read of v becomes a read of its
  * large operand, and the memory kept alive until the reader is the same
- * size.  (A bias, which varies along the row, is left out: recomputing
- * gelu's x @ W + b in gelu_grad's kernel saved the forward's write but
- * cost the backward more, one more load per element, measured on tinygpt
+ * size.  (A bias, which varies along the row, is left out: recomputing an
+ * activation's x @ W + b in its gradient's kernel saved the forward's
+ * write but cost the backward more, one more load per element, measured on tinygpt
  * large: 0.6 ms a window slower in all.)  Every reader of v outside E's
  * kernel must be a row-kernel op (a GEMM reading v keeps it stored
  * anyway).  Each reading kernel gets its own copy of E, placed before

@@ -282,7 +282,7 @@ static Info cls_matmul(IrOp *op, const Info *in, int rank_out) {
   return in[0].cls == C_SAMPLE ? sample(out_a, in[0].per) : sample(out_b, in[1].per);
 }
 
-/* softmax, log_softmax, layer_norm, rms_norm: per row, never over the batch. */
+/* softmax, log_softmax and the norms: per row, never over the batch. */
 static Info cls_rowwise(IrOp *op, const Info *in, int n, int r) {
   if (op->opcode == IR_OP_SOFTMAX || op->opcode == IR_OP_LOG_SOFTMAX) {
     if (in[0].cls == C_SUM) return bad(op, "it applies a softmax to a reduction over the batch");
@@ -334,22 +334,7 @@ static Info classify(Fold *fd, IrOp *op) {
   int r = op->args[0]->type.shape.rank;
 
   switch (op->opcode) {
-  case IR_OP_NEG:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
+  IR_CASES(UNARY)
   case IR_OP_CAUSAL_MASK: return cls_unary(op, in, r);
   case IR_OP_ADD:
   case IR_OP_SUB: return combine_linear(op, in, 2, rank_out, op->args);
@@ -380,8 +365,7 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_MATMUL: return cls_matmul(op, in, rank_out);
   case IR_OP_SOFTMAX:
   case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM: return cls_rowwise(op, in, n, r);
+  IR_CASES(NORM) return cls_rowwise(op, in, n, r);
   case IR_OP_EMBEDDING:
     if (in[1].cls != C_INDEP) return bad(op, "its table depends on the batch");
     return in[0];

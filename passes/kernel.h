@@ -16,8 +16,8 @@ typedef enum {
   KP_ROW_RED,     /* sum, mean, max over the row */
   KP_ROW_LSE,     /* logsumexp over the row */
   KP_ROW_SOFTMAX, /* softmax, log_softmax */
-  KP_ROW_LN,      /* layer_norm */
-  KP_ROW_RMS,     /* rms_norm */
+  KP_ROW_LN,      /* mean and variance, then scale and shift */
+  KP_ROW_RMS,     /* mean square, then scale */
   KP_ROW_CE,      /* cross_entropy "none": a loss per row */
   KP_ROW_ONEHOT,
   KP_ROW_EMB,     /* embedding: the table gathered by index */
@@ -48,46 +48,32 @@ KpLoopKind kp_loop_kind(IrOpcode opc);
  * colon: a switch over the elementwise ops ends with `KP_CASES_NOT_EW:`
  * and -Wswitch-enum still checks that it covers every op. */
 #define KP_CASES_NOT_EW \
-  case IR_OP_CONST: \
-  case IR_OP_SUM: \
-  case IR_OP_MEAN: \
-  case IR_OP_MAX: \
-  case IR_OP_LOGSUMEXP: \
+  IR_CASES(CONST) \
+  IR_CASES(REDUCE) \
+  IR_CASES(GEMM) \
+  IR_CASES(COLLECTIVE) \
+  IR_CASES(OUTPUT) \
+  IR_CASES(NORM) \
   case IR_OP_RESHAPE: \
   case IR_OP_PERMUTE: \
   case IR_OP_SLICE: \
   case IR_OP_UNSLICE: \
   case IR_OP_CONCAT: \
-  case IR_OP_MATMUL: \
   case IR_OP_SOFTMAX: \
   case IR_OP_LOG_SOFTMAX: \
-  case IR_OP_LAYER_NORM: \
-  case IR_OP_RMS_NORM: \
   case IR_OP_CAUSAL_MASK: \
   case IR_OP_EMBEDDING: \
   case IR_OP_EMBEDDING_GRAD: \
   case IR_OP_CROSS_ENTROPY: \
   case IR_OP_ONE_HOT: \
-  case IR_OP_WINDOW_SUM: \
-  case IR_OP_ALL_REDUCE_START: \
-  case IR_OP_ALL_REDUCE_WAIT: \
-  case IR_OP_ALL_GATHER_START: \
-  case IR_OP_ALL_GATHER_WAIT: \
-  case IR_OP_REDUCE_SCATTER_START: \
-  case IR_OP_TP_COPY: \
-  case IR_OP_TP_SCATTER: \
-  case IR_OP_RANK_SLICE: \
-  case IR_OP_RANK_CONCAT: \
-  case IR_OP_REDUCE_SCATTER_WAIT: \
-  case IR_OP_LOSS: \
-  case IR_OP_GRAD
+  case IR_OP_WINDOW_SUM
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a
  * kernel (IrOp.group >= 1). */
 bool kp_op_group0(IrOpcode opc);
 /* Whether op fits a row kernel: elementwise ops, broadcast, reductions over
- * the last axis only, softmax/log_softmax over the last axis, layer_norm,
- * rms_norm, causal_mask, cross_entropy and mse_loss with reduction="none",
+ * the last axis only, softmax/log_softmax over the last axis, the norms,
+ * causal_mask, cross_entropy and mse_loss with reduction="none",
  * one_hot, embedding, unslice, grad.seed and loss.term.  Other kernel ops
  * (permute, slice, concat, embedding_grad, other reductions, ...) are
  * kernels of their own with a general loop nest. */

@@ -10,8 +10,8 @@
  * per-row elementwise op, in section a).  A reduction accumulates in a
  * loop and is finished in the next section; softmax, log_softmax,
  * logsumexp and cross_entropy take the row maximum in one loop and the
- * sum of exponentials around it in the next; layer_norm the mean, then the
- * sum of squared deviations; rms_norm the sum of squares; the normalised
+ * sum of exponentials around it in the next; a norm the mean, then the
+ * sum of squared deviations (or only the sum of squares); the normalised
  * values come in the loop after their statistics.  Both code generators
  * emit this schedule: the CPU one keeps values between loops in row
  * scratch, the CUDA one computes them again where a loop needs them. */

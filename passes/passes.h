@@ -212,7 +212,7 @@ IrFunc *ad_func(AdCtx *ad);
  * rules skip operands that do not, so no dead backward is emitted. */
 bool ad_needs_grad(const AdCtx *ad, const IrValue *x);
 
-#define OP(id, name, arity, kind, shape, grad, flags) void ad_grad_##grad(AdCtx *ad, IrOp *op, IrValue *dy);
+#define OP(id, name, arity, kind, family, shape, grad, flags) void ad_grad_##grad(AdCtx *ad, IrOp *op, IrValue *dy);
 #include "ir/ops.def"
 #undef OP
 

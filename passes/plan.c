@@ -25,53 +25,13 @@ PlanExec plan_exec_kind(IrOpcode opc) {
   case IR_OP_RANK_CONCAT:
   case IR_OP_REDUCE_SCATTER_WAIT: return PLAN_EXEC_COPY;
   case IR_OP_PERMUTE: return PLAN_EXEC_PERMUTE;
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT:
-  case IR_OP_SUM:
-  case IR_OP_MEAN:
-  case IR_OP_MAX:
-  case IR_OP_LOGSUMEXP:
+  IR_CASES(ELEMENTWISE)
+  IR_CASES(REDUCE)
+  IR_CASES(NN)
   case IR_OP_BROADCAST:
   case IR_OP_SLICE:
   case IR_OP_UNSLICE:
   case IR_OP_CONCAT:
-  case IR_OP_SOFTMAX:
-  case IR_OP_LOG_SOFTMAX:
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM:
-  case IR_OP_CAUSAL_MASK:
-  case IR_OP_EMBEDDING:
-  case IR_OP_EMBEDDING_GRAD:
-  case IR_OP_CROSS_ENTROPY:
-  case IR_OP_ONE_HOT:
-  case IR_OP_MSE_LOSS:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM: return PLAN_EXEC_UNFUSED;
   }

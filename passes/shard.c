@@ -21,7 +21,7 @@
  *   reshape: a sharded axis split into [NH, HD] keeps the shard on the
  *   leading factor NH (NH % T == 0), and merged back the same way
  *   permute moves the axis; slice / broadcast / concat keep it when they do
- *   not cut it; reductions, softmax, layer_norm, causal_mask over other axes
+ *   not cut it; reductions, softmax, the norms, causal_mask over other axes
  *   keep it; sum (mean) over the sharded axis -> P
  *   embedding with the table split along its width -> S(last)
  * A P value is all-reduced at once (all_reduce.start/wait {group="tp"}),
@@ -560,7 +560,7 @@ static bool rule_softmax(Ctx *c, IrOp *op, Shard *out) {
   return true;
 }
 
-/* layer_norm / rms_norm over the last axis: x sharded along another one,
+/* A norm (family NORM) over the last axis: x sharded along another one,
  * weight and bias replicated (their gradients are partial: tp.copy). */
 static bool rule_norm(Ctx *c, IrOp *op, Shard *out) {
   Shard s = c->st[op->args[0]->id];
@@ -624,35 +624,7 @@ static bool rule_loss(Ctx *c, IrOp *op, Shard *out) {
 
 static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   switch (op->opcode) {
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH:
-  case IR_OP_ADD:
-  case IR_OP_SUB:
-  case IR_OP_MUL:
-  case IR_OP_DIV:
-  case IR_OP_MAXIMUM:
-  case IR_OP_MINIMUM:
-  case IR_OP_EQ:
-  case IR_OP_NE:
-  case IR_OP_LT:
-  case IR_OP_LE:
-  case IR_OP_GT:
-  case IR_OP_GE:
-  case IR_OP_SELECT: return rule_elementwise(c, op, out);
+  IR_CASES(ELEMENTWISE) return rule_elementwise(c, op, out);
   case IR_OP_CONST: return *out = R, true;
   case IR_OP_SUM:
   case IR_OP_MEAN:
@@ -666,8 +638,7 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   case IR_OP_MATMUL: return rule_matmul(c, op, out);
   case IR_OP_SOFTMAX:
   case IR_OP_LOG_SOFTMAX: return rule_softmax(c, op, out);
-  case IR_OP_LAYER_NORM:
-  case IR_OP_RMS_NORM: return rule_norm(c, op, out);
+  IR_CASES(NORM) return rule_norm(c, op, out);
   case IR_OP_CAUSAL_MASK: return rule_causal_mask(c, op, out);
   case IR_OP_EMBEDDING: return rule_embedding(c, op, out);
   case IR_OP_CROSS_ENTROPY: return rule_cross_entropy(c, op, out);

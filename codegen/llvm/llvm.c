@@ -236,9 +236,9 @@ static void add_attr(Gen *g, LLVMValueRef fn, const char *name) {
 }
 
 /* Let the backend fuse a multiply and the add that consumes it into one
- * FMA (the polynomials of exp, tanh and gelu are chains of them): one
- * rounding fewer per pair, well within what the kernels promise against
- * the reference interpreter, and about a fifth fewer instructions. */
+ * FMA (the polynomials of exp, tanh and the activations are chains of
+ * them): one rounding fewer per pair, well within what the kernels promise
+ * against the reference interpreter, and about a fifth fewer instructions. */
 static void allow_contraction(LLVMValueRef fn) {
   for (LLVMBasicBlockRef bb = LLVMGetFirstBasicBlock(fn); bb; bb = LLVMGetNextBasicBlock(bb))
     for (LLVMValueRef in = LLVMGetFirstInstruction(bb); in; in = LLVMGetNextInstruction(in)) {

@@ -647,22 +647,7 @@ static bool eval_rank_copy(Ctx *c, const IrOp *op, double *out) {
 /* Compute op's result into out (zeroed, numel of the result). */
 static bool eval(Ctx *c, const IrOp *op, double *out) {
   switch (op->opcode) {
-  case IR_OP_NEG:
-  case IR_OP_EXP:
-  case IR_OP_LOG:
-  case IR_OP_SQRT:
-  case IR_OP_RSQRT:
-  case IR_OP_TANH:
-  case IR_OP_SIGMOID:
-  case IR_OP_RELU:
-  case IR_OP_GELU:
-  case IR_OP_SILU:
-  case IR_OP_ABS:
-  case IR_OP_SIGN:
-  case IR_OP_POW:
-  case IR_OP_GELU_GRAD:
-  case IR_OP_CAST:
-  case IR_OP_DETACH: return map1(c, op, out);
+  IR_CASES(UNARY) return map1(c, op, out);
   case IR_OP_ADD:
   case IR_OP_SUB:
   case IR_OP_MUL:

@@ -27,13 +27,13 @@ static const IrLoc noloc = {NULL, 0, 0};
 /* The columns this file reads; columns appended after the derivative
  * rule are ignored (the `...`). */
 static const char *const derivative[IR_OP_COUNT] = {
-#define OP(id, name, arity, kind, shape, grad, ...) [IR_OP_##id] = #grad,
+#define OP(id, name, arity, kind, family, shape, grad, ...) [IR_OP_##id] = #grad,
 #include "ir/ops.def"
 #undef OP
 };
 
 static const char *const kind[IR_OP_COUNT] = {
-#define OP(id, name, arity, kind, shape, grad, ...) [IR_OP_##id] = #kind,
+#define OP(id, name, arity, kind, family, shape, grad, ...) [IR_OP_##id] = #kind,
 #include "ir/ops.def"
 #undef OP
 };

@@ -171,6 +171,7 @@ static const struct {
     {IR_OPF_WAIT, "all_reduce.wait all_gather.wait reduce_scatter.wait"},
     {IR_OPF_RANKCOPY, "tp.scatter rank.slice rank.concat"},
     {IR_OPF_OPAQUE, "window.sum grad.seed loss.term loss grad " COLLECTIVES},
+    {IR_OPF_COSTLY, "exp log sqrt rsqrt tanh sigmoid gelu silu pow gelu_grad"},
 };
 
 static void test_op_flags_as_listed(void **state) {
@@ -188,6 +189,62 @@ static void test_op_flags_as_listed(void **state) {
   assert_int_equal(all, ((1u << IR_OPF_NFLAGS) - 1) & ~((1u << IR_KIND_COUNT) - 1));
   for (int i = 0; i < IR_OP_COUNT; i++)
     assert_int_equal(ir_op_info[i].flags & ~all, 1u << ir_op_info[i].kind);
+}
+
+/* The family column, and the case labels IR_CASES generates from the
+ * table: a switch over every opcode names each one once. */
+static int case_group(IrOpcode opc) {
+  switch (opc) {
+  IR_CASES(UNARY) return 1;
+  IR_CASES(NORM) return 2;
+  case IR_OP_ADD:
+  case IR_OP_SUB:
+  case IR_OP_MUL:
+  case IR_OP_DIV:
+  case IR_OP_MAXIMUM:
+  case IR_OP_MINIMUM:
+  case IR_OP_EQ:
+  case IR_OP_NE:
+  case IR_OP_LT:
+  case IR_OP_LE:
+  case IR_OP_GT:
+  case IR_OP_GE:
+  case IR_OP_SELECT: return 3;
+  case IR_OP_SOFTMAX:
+  case IR_OP_LOG_SOFTMAX:
+  case IR_OP_CAUSAL_MASK:
+  case IR_OP_EMBEDDING:
+  case IR_OP_EMBEDDING_GRAD:
+  case IR_OP_CROSS_ENTROPY:
+  case IR_OP_ONE_HOT:
+  case IR_OP_MSE_LOSS: return 4;
+  IR_CASES(CONST)
+  IR_CASES(REDUCE)
+  IR_CASES(MOVEMENT)
+  IR_CASES(GEMM)
+  IR_CASES(WINDOW)
+  IR_CASES(COLLECTIVE)
+  IR_CASES(OUTPUT) return 5;
+  }
+  return 0;
+}
+
+static void test_op_family_and_cases(void **state) {
+  (void)state;
+  for (int i = 0; i < IR_OP_COUNT; i++) {
+    IrOpcode opc = (IrOpcode)i;
+    const IrOpInfo *info = &ir_op_info[i];
+    const char *name = info->name;
+    bool norm = listed("layer_norm rms_norm", name);
+    assert_int_equal(info->family == IR_FAMILY_UNARY, ir_op_is(opc, IR_OPF_UNARY));
+    assert_int_equal(info->family == IR_FAMILY_NORM, norm);
+    int want = info->family == IR_FAMILY_UNARY ? 1
+               : norm                          ? 2
+               : info->kind == IR_KIND_ELEMENTWISE ? 3
+               : info->kind == IR_KIND_NN          ? 4
+                                                   : 5;
+    if (case_group(opc) != want) fail_msg("'%s' in case group %d, not %d", name, case_group(opc), want);
+  }
 }
 
 /* What the flags mean, against the other columns. */
@@ -885,6 +942,7 @@ int main(void) {
       cmocka_unit_test(test_round_dtype_known_values),
       cmocka_unit_test(test_scalar_ops),
       cmocka_unit_test(test_op_flags_as_listed),
+      cmocka_unit_test(test_op_family_and_cases),
       cmocka_unit_test(test_op_flags_agree_with_kind_and_arity),
       cmocka_unit_test_setup_teardown(test_shape_broadcast_helpers, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_unary, setup, teardown),
