@@ -376,16 +376,7 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_WINDOW_SUM:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
-  case IR_OP_REDUCE_SCATTER_WAIT:
+  IR_CASES(COLLECTIVE)
   case IR_OP_LOSS:
   case IR_OP_GRAD: return in[0];
   }

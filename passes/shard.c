@@ -651,16 +651,7 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   case IR_OP_WINDOW_SUM:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM:
-  case IR_OP_ALL_REDUCE_START:
-  case IR_OP_ALL_REDUCE_WAIT:
-  case IR_OP_ALL_GATHER_START:
-  case IR_OP_ALL_GATHER_WAIT:
-  case IR_OP_REDUCE_SCATTER_START:
-  case IR_OP_REDUCE_SCATTER_WAIT:
-  case IR_OP_TP_COPY:
-  case IR_OP_TP_SCATTER:
-  case IR_OP_RANK_SLICE:
-  case IR_OP_RANK_CONCAT:
+  IR_CASES(COLLECTIVE)
   case IR_OP_GRAD: return rule_replicated(c, op, out);
   }
   GRADC_ASSERT(!"unknown opcode");
