@@ -57,6 +57,22 @@ bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n) {
   return false;
 }
 
+bool cg_emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, char **obj, size_t *objlen, char *err, size_t n) {
+  char *msg = NULL;
+  LLVMMemoryBufferRef buf = NULL;
+  if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &msg, &buf)) {
+    errf(err, n, "LLVM: emitting object code: %s", msg ? msg : "");
+    LLVMDisposeMessage(msg);
+    return false;
+  }
+  LLVMDisposeMessage(msg);
+  *objlen = LLVMGetBufferSize(buf);
+  *obj = mem_alloc(*objlen ? *objlen : 1);
+  memcpy(*obj, LLVMGetBufferStart(buf), *objlen);
+  LLVMDisposeMemoryBuffer(buf);
+  return true;
+}
+
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static bool init_ok;
 static void init_llvm(void) {
@@ -357,7 +373,6 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
     ok = errf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
   }
   LLVMDisposeMessage(msg);
-  msg = NULL;
   if (ok) {
     LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
     LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
@@ -372,19 +387,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
     fputs(s, stderr);
     LLVMDisposeMessage(s);
   }
-  LLVMMemoryBufferRef buf = NULL;
-  if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
-    ok = errf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
-    buf = NULL;
-  }
-  LLVMDisposeMessage(msg);
-  if (ok) {
-    *objlen = LLVMGetBufferSize(buf);
-    *obj = malloc(*objlen ? *objlen : 1);
-    if (!*obj) abort();
-    memcpy(*obj, LLVMGetBufferStart(buf), *objlen);
-  }
-  if (buf) LLVMDisposeMemoryBuffer(buf);
+  ok = ok && cg_emit_object(tm, g.mod, obj, objlen, err, errlen);
   LLVMDisposeBuilder(g.b);
   LLVMDisposeModule(g.mod);
   LLVMContextDispose(g.ctx);

@@ -10,6 +10,7 @@
 
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
+#include <llvm-c/TargetMachine.h>
 
 #include "codegen/codegen.h"
 
@@ -45,6 +46,9 @@ typedef struct Gen {
 /* llvm.c: an LLVMErrorRef consumed into "LLVM: what: message" (true when
  * there was none; errors are reported with support's errf). */
 bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n);
+/* mod as object code for tm, copied into *obj (malloc'd, *objlen bytes);
+ * false with the reason in err. */
+bool cg_emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, char **obj, size_t *objlen, char *err, size_t n);
 void gen_error(Gen *g, const char *fmt, ...) GRADC_PRINTF(2, 3);
 
 /* llvm_ops.c: types, constants, memory */

@@ -242,7 +242,6 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
   if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg))
     ok = errf(err, errlen, "LLVM: the optimiser module does not verify: %.400s", msg ? msg : "");
   LLVMDisposeMessage(msg);
-  msg = NULL;
   if (ok) {
     LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
     LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
@@ -251,19 +250,7 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
     ok = cg_check_llvm(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
     LLVMDisposePassBuilderOptions(po);
   }
-  LLVMMemoryBufferRef buf = NULL;
-  if (ok && LLVMTargetMachineEmitToMemoryBuffer(tm, g.mod, LLVMObjectFile, &msg, &buf)) {
-    ok = errf(err, errlen, "LLVM: emitting object code: %s", msg ? msg : "");
-    buf = NULL;
-  }
-  LLVMDisposeMessage(msg);
-  if (ok) {
-    *objlen = LLVMGetBufferSize(buf);
-    *obj = malloc(*objlen ? *objlen : 1);
-    if (!*obj) abort();
-    memcpy(*obj, LLVMGetBufferStart(buf), *objlen);
-  }
-  if (buf) LLVMDisposeMemoryBuffer(buf);
+  ok = ok && cg_emit_object(tm, g.mod, obj, objlen, err, errlen);
   LLVMDisposeBuilder(g.b);
   LLVMDisposeModule(g.mod);
   LLVMContextDispose(g.ctx);
