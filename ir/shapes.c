@@ -116,7 +116,11 @@ static bool need_str(const IrOp *op, const char *key, const char **v, char *err,
   return true;
 }
 
+/* *v and *len are set on failure too (empty), so that no caller reads them
+ * unset: -O3 cannot see that callers return on false. */
 static bool need_ints(const IrOp *op, const char *key, const int64_t **v, int *len, char *err, size_t n) {
+  *v = NULL;
+  *len = 0;
   const IrAttr *a = need_attr(op, key, IR_ATTR_INTS, "a list of integers", err, n);
   if (!a) return false;
   if (a->n < 0 || (a->n > 0 && !a->ints)) return errf(err, n, "'%s' attribute '%s' is malformed", opname(op), key);

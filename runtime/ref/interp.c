@@ -501,8 +501,10 @@ static bool eval_embedding_grad(Ctx *c, const IrOp *op, double *out) {
 
 typedef enum { RED_NONE, RED_SUM, RED_MEAN } Reduction;
 
+/* *r is set on failure too (RED_MEAN), so that no caller reads it unset. */
 static bool reduction_attr(Ctx *c, const IrOp *op, Reduction *r) {
   const char *s = ir_attr_get_str(op, "reduction", "mean");
+  *r = RED_MEAN;
   if (strcmp(s, "mean") == 0) *r = RED_MEAN;
   else if (strcmp(s, "sum") == 0) *r = RED_SUM;
   else if (strcmp(s, "none") == 0) *r = RED_NONE;
