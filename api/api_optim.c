@@ -342,11 +342,24 @@ static void meta_int(StFile *f, const char *key, uint64_t v) {
 }
 
 gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path) {
-  if (!s || !path) return null_arg("session_save_checkpoint");
+  return gradc_session_save_checkpoint_meta(s, path, 0, NULL, NULL);
+}
+
+gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const char *path, int nmeta,
+                                                const char *const *keys, const char *const *values) {
+  if (!s || !path || nmeta < 0 || (nmeta && (!keys || !values))) return null_arg("session_save_checkpoint");
   const gradc_program *p = s->p;
   StFile f;
   st_init(&f);
   char buf[64];
+  /* The caller's keys first, so that the session's own win a clash. */
+  for (int i = 0; i < nmeta; i++) {
+    if (!keys[i] || !values[i]) {
+      st_free(&f);
+      return null_arg("session_save_checkpoint");
+    }
+    st_set_meta(&f, keys[i], values[i]);
+  }
   st_set_meta(&f, "format", CKPT_FORMAT);
   st_set_meta(&f, "gradc_version", GRADC_VERSION);
   st_set_meta(&f, "model", p->model);

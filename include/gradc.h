@@ -182,6 +182,12 @@ double gradc_session_grad_norm(const gradc_session *s); /* of the last run, befo
  * slices; rank 0 writes the whole state); loading is not (each rank keeps
  * its slices), and the file is the same as without zero1. */
 gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path);
+/* The same, with nmeta more key/value strings in the file's __metadata__
+ * (the session's own keys, such as "step" or "format", take precedence),
+ * all in the one atomic write: a reader sees the old file or the whole new
+ * one. */
+gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const char *path, int nmeta,
+                                                const char *const *keys, const char *const *values);
 gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
 /* A 64-bit generator saved with the checkpoint (e.g. for shuffling data). */
 uint64_t gradc_session_rng_next(gradc_session *s);

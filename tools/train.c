@@ -59,8 +59,10 @@ const char train_help[] =
     "  continues to it, and --cosine decays the rate to --min-lr (default 0) there, after --warmup\n"
     "  steps of linear warm-up.  --seed S (default 0) seeds the params' init and the data order.\n"
     "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
-    "  --checkpoint is written at the end and every --checkpoint-every steps; --stop-after N ends\n"
-    "  this run after N steps, as Ctrl-C does after the current one.  Progress goes to stderr: a\n"
+    "  --checkpoint is written at the end and every --checkpoint-every steps, each time in one atomic\n"
+    "  write (a run killed mid-write leaves the previous checkpoint whole, and the next run removes the\n"
+    "  dead run's temporary); --stop-after N ends this run after N steps, as Ctrl-C does after the\n"
+    "  current one.  Progress goes to stderr: a\n"
     "  bar redrawn in place on a terminal, else a line every --print-every steps.  --log writes a\n"
     "  row per step (step, lr, each loss, total, grad_norm, elapsed_s) as CSV or JSON lines;\n"
     "  --plot draws the loss curves as SVG.  stdout stays empty.  --dp N trains on N data-parallel\n"
@@ -487,24 +489,31 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
 
 /* ---- checkpoints: the C API's file plus the data order ---- */
 
-static int save_checkpoint(gradc_session *s, const char *path, const Data *d, bool lead) {
-  gradc_status st = gradc_session_save_checkpoint(s, path);
-  if (st != GRADC_OK) return cli_report(st);
-  if (!lead) return 0; /* --zero1: the other ranks only send rank 0 their optimiser state */
-  cli_tensors *f = cli_tensors_new();
-  char err[1024], buf[64];
-  bool ok = cli_tensors_read(f, path, err, sizeof err);
-  if (ok) {
-    snprintf(buf, sizeof buf, "%016" PRIx64, d->key);
-    cli_tensors_set_meta(f, "train.epoch_key", buf);
-    snprintf(buf, sizeof buf, "%" PRId64, d->n);
-    cli_tensors_set_meta(f, "train.samples", buf);
-    snprintf(buf, sizeof buf, "%" PRId64, d->b);
-    cli_tensors_set_meta(f, "train.window", buf);
-    ok = cli_tensors_write(f, path, err, sizeof err);
-  }
-  cli_tensors_free(f);
-  return ok ? 0 : error(1, "%s", err);
+/* One atomic write holds everything --resume needs: the API's params,
+ * optimiser state, step and generator, and the data order's keys, so a
+ * reader sees the previous checkpoint or the whole new one. */
+static int save_checkpoint(gradc_session *s, const char *path, const Data *d) {
+  char key[32], samples[32], window[32];
+  snprintf(key, sizeof key, "%016" PRIx64, d->key);
+  snprintf(samples, sizeof samples, "%" PRId64, d->n);
+  snprintf(window, sizeof window, "%" PRId64, d->b);
+  const char *keys[] = {"train.epoch_key", "train.samples", "train.window"};
+  const char *values[] = {key, samples, window};
+  /* --zero1: every rank sends rank 0 its optimiser state; rank 0 writes. */
+  gradc_status st = gradc_session_save_checkpoint_meta(s, path, 3, keys, values);
+  return st == GRADC_OK ? 0 : cli_report(st);
+}
+
+static void removed_temp(const char *file, long pid, void *ctx) {
+  (void)ctx;
+  fprintf(stderr, "removed %s, the temporary of a write that did not finish (process %ld is gone)\n", file, pid);
+}
+
+/* Temporaries that a killed run left beside this run's outputs. */
+static void remove_dead_temps(const TrainArgs *a) {
+  const char *outs[] = {a->checkpoint, a->params_out, a->plot};
+  for (size_t i = 0; i < sizeof outs / sizeof *outs; i++)
+    if (outs[i]) remove_stale_temps(outs[i], removed_temp, NULL);
 }
 
 /* Resume: the API restores params, optimiser state, step and generator;
@@ -936,6 +945,7 @@ static int run_open(Run *r) {
   if (st != GRADC_OK) return cli_report(st);
   gradc_session *s = r->s;
   r->lead = gradc_session_rank(s) == 0;
+  if (r->lead) remove_dead_temps(a);
   if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
   if ((rc = set_optimizer(a, s))) return rc;
   /* The data order's generator is seeded apart from the params' init, so
@@ -1033,7 +1043,7 @@ static int run_steps(Run *r) {
     if (r->lead) progress(&pr, r->p, step, loss, lr, grad_norm, step == r->end);
     /* --zero1: saving a checkpoint is collective (the optimiser state is sharded). */
     if ((r->lead || r->zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != r->end) {
-      if ((rc = save_checkpoint(s, a->checkpoint, &r->d, r->lead))) break;
+      if ((rc = save_checkpoint(s, a->checkpoint, &r->d))) break;
       if (r->lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) break;
     }
   }
@@ -1063,7 +1073,7 @@ static int run_finish(Run *r) {
     fputc('\n', stderr);
   }
   if (!r->lead) {
-    if (r->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, false))) return rc;
+    if (r->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d))) return rc;
     return interrupted ? 128 + (int)interrupted : 0;
   }
 
@@ -1076,7 +1086,7 @@ static int run_finish(Run *r) {
             interrupted ? "interrupted after" : "trained", r->step - r->step0, took, rate, r->d.unit, r->first_loss,
             r->last_loss);
   }
-  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, true))) return rc;
+  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d))) return rc;
   if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", r->step, a->checkpoint);
   if (a->params_out) {
     if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) return cli_report(st);
