@@ -5,9 +5,15 @@
  *     --resume loads it, holds the step just written or the one before,
  *     the resumed steps log the losses of an uninterrupted run bit for
  *     bit, and the temporaries of the dead writers are gone once a run
- *     finishes. */
+ *     finishes;
+ *   - non-finite values: a checkpoint never holds one (SGD with momentum
+ *     1e30 keeps the last good checkpoint, equal to an independent run's
+ *     at that step), a NaN loss stops naming the step and the term and
+ *     writes the last good state, --nan-policy skip leaves the params of a
+ *     skipped step untouched, and --max-loss warns. */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -321,9 +327,209 @@ static void test_stale_temps_of_dead_writers_only(void **state) {
   }
 }
 
+
+/* ---- non-finite values ---- */
+
+/* tanh saturates, so the loss stays finite while SGD's momentum buffer
+ * grows by 1e30 a step: buf1 = g1, buf2 = 1e30 g1 + g2 (finite in f32),
+ * buf3 ~ 1e60 = inf.  Step 3's update is the first to make state inf. */
+static const char *saturating_model =
+    "model sat {\n"
+    "  batch B = 4\n"
+    "  dim D = 6\n"
+    "  input x : f32[B, D]\n"
+    "  param w : f32[D] init normal(0, 0.5)\n"
+    "  loss t = mean(tanh(x * w))\n"
+    "}\n";
+
+/* log(x + 2.8) is NaN for the rare x below -2.8: some windows only. */
+static const char *nan_model =
+    "model nanny {\n"
+    "  batch B = 4\n"
+    "  dim D = 6\n"
+    "  input x : f32[B, D]\n"
+    "  param w : f32[D] init normal(0, 0.5)\n"
+    "  loss fit = mean((x * w - 1) * (x * w - 1))\n"
+    "  loss odd = 1e-3 * mean(log(x + 2.8))\n"
+    "}\n";
+
+/* Every F32 value of a safetensors file is finite; its step. */
+static int64_t finite_checkpoint(const char *name) {
+  StFile f;
+  char err[1024];
+  if (!st_read(in_dir(name), &f, err, sizeof err)) fail_msg("%s", err);
+  for (int i = 0; i < f.n; i++) {
+    assert_int_equal(f.t[i].dtype, ST_F32);
+    const float *x = f.t[i].data;
+    for (int64_t k = 0; k < st_numel(&f.t[i]); k++)
+      if (!isfinite(x[k])) fail_msg("%s: tensor '%s' element %lld is %g", name, f.t[i].name, (long long)k, x[k]);
+  }
+  const char *step = st_get_meta(&f, "step");
+  assert_non_null(step);
+  int64_t n = strtoll(step, NULL, 10);
+  st_free(&f);
+  return n;
+}
+
+/* The tensors of two safetensors files are the same, bit for bit. */
+static void same_tensors(const char *a, const char *b) {
+  StFile fa, fb;
+  char err[1024];
+  if (!st_read(in_dir(a), &fa, err, sizeof err) || !st_read(in_dir(b), &fb, err, sizeof err)) fail_msg("%s", err);
+  assert_int_equal(fa.n, fb.n);
+  for (int i = 0; i < fa.n; i++) {
+    const StTensor *t = st_find(&fb, fa.t[i].name);
+    if (!t) fail_msg("%s has tensor '%s', %s has not", a, fa.t[i].name, b);
+    assert_int_equal(t->nbytes, fa.t[i].nbytes);
+    if (memcmp(t->data, fa.t[i].data, t->nbytes) != 0) fail_msg("tensor '%s' differs between %s and %s", t->name, a, b);
+  }
+  st_free(&fa);
+  st_free(&fb);
+}
+
+#define SGD_1E30 "--optimizer sgd --momentum 1e30 --lr 1e-3 --steps 20 "
+
+static void test_nonfinite_update_keeps_the_last_good_checkpoint(void **state) {
+  (void)state;
+  write_text("sat.gdl", saturating_model);
+  gradc_ok("data random sat.gdl -D B=64 -o sat.safetensors");
+  char *err;
+  assert_int_equal(gradc("train sat.gdl --data sat.safetensors " SGD_1E30 "--checkpoint bad.safetensors "
+                         "--checkpoint-every 1", &err), 1);
+  if (!strstr(err, "gradc: error: step 3: after the update, ") || !strstr(err, "is not finite") ||
+      !strstr(err, "bad.safetensors keeps step 2, the last good state"))
+    fail_msg("unexpected diagnostics:\n%s", err);
+  free(err);
+  assert_int_equal(finite_checkpoint("bad.safetensors"), 2);
+  /* The same as an uninterrupted run's checkpoint at step 2. */
+  gradc_ok("train sat.gdl --data sat.safetensors " SGD_1E30 "--stop-after 2 --checkpoint two.safetensors");
+  same_tensors("bad.safetensors", "two.safetensors");
+}
+
+/* The C API refuses to write a non-finite state and leaves the file alone. */
+static void test_checkpoint_refuses_nonfinite_params(void **state) {
+  (void)state;
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  gradc_program *p;
+  gradc_session *s;
+  assert_int_equal(gradc_program_compile_file(in_dir("tiny.gdl"), &o, &p), GRADC_OK);
+  assert_int_equal(gradc_session_new(p, &s), GRADC_OK);
+  assert_int_equal(gradc_session_init_params(s, 3), GRADC_OK);
+  char what[256];
+  assert_int_equal(gradc_session_find_nonfinite(s, what, sizeof what), 0);
+  assert_int_equal(gradc_session_save_checkpoint(s, in_dir("api.safetensors")), GRADC_OK);
+  char *before = read_text("api.safetensors");
+
+  StFile f;
+  char err[1024];
+  assert_true(st_read(in_dir("api.safetensors"), &f, err, sizeof err));
+  StFile params;
+  st_init(&params);
+  for (int i = 0; i < f.n; i++) {
+    StTensor *t = st_add(&params, f.t[i].name, f.t[i].dtype, f.t[i].rank, f.t[i].shape, f.t[i].data);
+    if (strcmp(t->name, "W2") == 0) ((float *)t->data)[5] = -INFINITY;
+  }
+  assert_true(st_write(in_dir("inf.safetensors"), &params, err, sizeof err));
+  st_free(&params);
+  st_free(&f);
+  assert_int_equal(gradc_session_load_params(s, in_dir("inf.safetensors")), GRADC_OK);
+  assert_int_equal(gradc_session_find_nonfinite(s, what, sizeof what), 1);
+  assert_string_equal(what, "param 'W2' (-inf at element 5)");
+  assert_int_equal(gradc_session_save_checkpoint(s, in_dir("api.safetensors")), GRADC_ERR_USER);
+  if (!strstr(gradc_last_error(), "api.safetensors: not written: tensor 'W2' is not finite (-inf at element 5)"))
+    fail_msg("%s", gradc_last_error());
+  char *after = read_text("api.safetensors");
+  assert_string_equal(before, after); /* the file keeps its earlier contents */
+  free(before);
+  free(after);
+  assert_int_equal(count_temps(), 0);
+  gradc_session_free(s);
+  gradc_program_free(p);
+}
+
+/* The step number in "step N: loss 'odd' is nan", or -1. */
+static int64_t nan_step(const char *err) {
+  const char *at = strstr(err, ": loss 'odd' is nan");
+  if (!at) return -1;
+  const char *p = at;
+  while (p > err && p[-1] >= '0' && p[-1] <= '9') p--;
+  if (p - err < 5 || strncmp(p - 5, "step ", 5) != 0) return -1;
+  return strtoll(p, NULL, 10);
+}
+
+#define NAN_TRAIN "train nanny.gdl --data nanny.safetensors --steps 60 "
+
+static void test_nan_loss_stops_or_skips(void **state) {
+  (void)state;
+  write_text("nanny.gdl", nan_model);
+  gradc_ok("data random nanny.gdl -D B=64 -o nanny.safetensors");
+  /* stop (the default): the error names the step and the term, the
+   * checkpoint gets the state before it, as an uninterrupted run to that
+   * step writes it. */
+  char *err, buf[512];
+  assert_int_equal(gradc(NAN_TRAIN "--checkpoint stop.safetensors", &err), 1);
+  int64_t first = nan_step(err);
+  if (first < 2 || !strstr(err, "gradc: error: step ") || !strstr(err, "stopping without taking the step"))
+    fail_msg("unexpected diagnostics:\n%s", err);
+  snprintf(buf, sizeof buf, "checkpoint (step %lld, the last good state): stop.safetensors", (long long)first - 1);
+  if (!strstr(err, buf)) fail_msg("no '%s' in:\n%s", buf, err);
+  free(err);
+  assert_int_equal(finite_checkpoint("stop.safetensors"), first - 1);
+  snprintf(buf, sizeof buf, NAN_TRAIN "--stop-after %lld --checkpoint before.safetensors", (long long)first - 1);
+  gradc_ok(buf);
+  same_tensors("stop.safetensors", "before.safetensors");
+  /* Without --checkpoint the stop says why there is none. */
+  assert_int_equal(gradc(NAN_TRAIN, &err), 1);
+  if (!strstr(err, "no checkpoint: --checkpoint was not given")) fail_msg("%s", err);
+  free(err);
+
+  /* skip: the same first NaN step; the run goes on to the end, each NaN
+   * step counted, and a skipped step leaves params and state as they were. */
+  assert_int_equal(gradc(NAN_TRAIN "--nan-policy skip --log skip.csv --checkpoint skip.safetensors", &err), 0);
+  assert_int_equal(nan_step(err), first);
+  char *log = read_text("skip.csv");
+  char **rows = calloc(61, sizeof *rows);
+  assert_int_equal(log_rows(log, rows, 60), 60);
+  int nan_rows = 0;
+  for (int i = 1; i <= 60; i++) nan_rows += strstr(rows[i], "nan") != NULL;
+  assert_non_null(strstr(rows[first], "nan"));
+  snprintf(buf, sizeof buf, "; %d skipped (non-finite, --nan-policy skip)", nan_rows);
+  if (nan_rows < 2 || !strstr(err, buf)) fail_msg("%d NaN rows in the log; no '%s' in:\n%s", nan_rows, buf, err);
+  for (int i = 0; i <= 60; i++) free(rows[i]);
+  free(rows);
+  free(log);
+  free(err);
+  assert_int_equal(finite_checkpoint("skip.safetensors"), 60);
+  snprintf(buf, sizeof buf, NAN_TRAIN "--nan-policy skip --stop-after %lld --checkpoint at.safetensors",
+           (long long)first);
+  gradc_ok(buf);
+  assert_int_equal(finite_checkpoint("at.safetensors"), first);
+  same_tensors("at.safetensors", "before.safetensors");
+}
+
+static void test_max_loss_warns(void **state) {
+  (void)state;
+  char *err;
+  assert_int_equal(gradc("train tiny.gdl --data data.safetensors --steps 3 --max-loss 0.5", &err), 0);
+  if (!strstr(err, "gradc: warning: step 1: loss 'ce' is ") || !strstr(err, ", above --max-loss 0.5"))
+    fail_msg("%s", err);
+  free(err);
+  assert_int_equal(gradc("train tiny.gdl --data data.safetensors --steps 3 --max-loss 100", &err), 0);
+  assert_null(strstr(err, "--max-loss"));
+  free(err);
+  assert_int_equal(gradc("train tiny.gdl --data data.safetensors --nan-policy maybe", &err), 1);
+  assert_non_null(strstr(err, "gradc: error: --nan-policy expects stop or skip, got 'maybe'"));
+  free(err);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stale_temps_of_dead_writers_only),
+      cmocka_unit_test(test_checkpoint_refuses_nonfinite_params),
+      cmocka_unit_test(test_nonfinite_update_keeps_the_last_good_checkpoint),
+      cmocka_unit_test(test_nan_loss_stops_or_skips),
+      cmocka_unit_test(test_max_loss_warns),
       cmocka_unit_test(test_checkpoint_survives_kill_9),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
