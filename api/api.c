@@ -148,6 +148,13 @@ static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
     return p->prog ? GRADC_OK : api_fail(GRADC_ERR_USER, "gradc: error: artifact: %s", err);
   }
   if (b->usable && !b->usable(err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  /* A host arena larger than the machine's memory is the user's sizes, not
+   * a failure of the back end. */
+  if (strcmp(b->name, "cuda") != 0 && p->func->arena_size > 0 && (uint64_t)p->func->arena_size > mem_limit())
+    return api_fail(GRADC_ERR_USER,
+                    "gradc: error: cannot allocate the %lld-byte arena: more than the %llu bytes of memory this "
+                    "machine has (smaller sizes, or --gas K to run the batch in K micro-batches)",
+                    (long long)p->func->arena_size, (unsigned long long)mem_limit());
   p->prog = b->compile(p->func, &o, err, sizeof err);
   return p->prog ? GRADC_OK : api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s", err);
 }

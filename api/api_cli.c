@@ -286,8 +286,13 @@ int cli_init(const char *path, const gradc_compile_options *o, uint64_t seed, co
   if (!rc) {
     StFile st;
     st_init(&st);
-    rt_init_params(l.model->params, l.model->nparams, seed, &st);
-    rc = write_tensors(out, &st);
+    char err[1024];
+    if (!rt_init_params_fit(l.model->params, l.model->nparams, err, sizeof err)) {
+      rc = fail("init: %s", err);
+    } else {
+      rt_init_params(l.model->params, l.model->nparams, seed, &st);
+      rc = write_tensors(out, &st);
+    }
   }
   unload(&l);
   return rc;
@@ -301,8 +306,14 @@ int cli_data_random(const char *path, const gradc_compile_options *o, uint64_t s
     st_init(&st);
     /* The frontend compiled shapes for one micro-batch of K; write the
      * window of every --dp rank. */
-    rt_random_inputs(l.model->func, o->gas * (o->dp > 0 ? o->dp : 1), seed, &st);
-    rc = write_tensors(out, &st);
+    int k = o->gas * (o->dp > 0 ? o->dp : 1);
+    char err[1024];
+    if (!rt_random_inputs_fit(l.model->func, k, err, sizeof err)) {
+      rc = fail("data random: %s", err);
+    } else {
+      rt_random_inputs(l.model->func, k, seed, &st);
+      rc = write_tensors(out, &st);
+    }
   }
   unload(&l);
   return rc;
@@ -495,6 +506,10 @@ int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int thread
   StFile params, inputs;
   st_init(&params);
   st_init(&inputs);
+  char err[1024];
+  if (!rt_init_params_fit(p->params, p->nparams, err, sizeof err) ||
+      !rt_random_inputs_fit(p->func, p->gas, err, sizeof err))
+    return fail("bench: %s", err);
   /* Params from each param's `init` (as `gradc init`): realistic magnitudes. */
   rt_init_params(p->params, p->nparams, seed, &params);
   rt_random_inputs(p->func, p->gas, seed + 1, &inputs);

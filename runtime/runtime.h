@@ -270,6 +270,9 @@ void cpu_program_skip_grads(CpuProgram *p);
  * the micro-batch): floats ~ N(0,1), integers in [0, the size of the axis
  * they index).  Tensors are appended to out. */
 void rt_random_inputs(const IrFunc *f, int gas, uint64_t seed, StFile *out);
+/* Whether those inputs fit in memory (checked before rt_random_inputs
+ * allocates them): else false with the input and its byte count in err. */
+bool rt_random_inputs_fit(const IrFunc *f, int gas, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
 /* init.c                                                              */
@@ -279,5 +282,8 @@ struct FeParam;
  * specs, drawn from one generator seeded with seed: what `gradc init`
  * writes.  Appended to out as F32 (F64 for f64 params). */
 void rt_init_params(const struct FeParam *params, int n, uint64_t seed, StFile *out);
+/* Whether those params fit in memory (checked before rt_init_params
+ * allocates them): else false with the param and its byte count in err. */
+bool rt_init_params_fit(const struct FeParam *params, int n, char *err, size_t errlen);
 
 #endif

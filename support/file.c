@@ -16,26 +16,57 @@
 #include "support.h"
 
 char *read_file(const char *path, size_t *len, const char **err) {
-  FILE *f = fopen(path, "rb");
+  /* O_NONBLOCK: opening a fifo must not wait for a writer. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
   if (!f) {
     *err = strerror(errno);
+    if (fd >= 0) close(fd);
     return NULL;
   }
-  StrBuf sb;
-  sb_init(&sb);
+  /* A device, fifo or directory has no end to read to (/dev/zero) or none
+   * worth reading; a regular file is read to its end, but never past what
+   * memory can hold. */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0) {
+    *err = strerror(errno);
+    fclose(f);
+    return NULL;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    *err = S_ISDIR(sb.st_mode) ? "is a directory, not a file" : "not a regular file (a device, fifo or socket)";
+    fclose(f);
+    return NULL;
+  }
+  uint64_t limit = mem_limit();
+  if ((uint64_t)sb.st_size >= limit) {
+    *err = "the file is larger than this machine's memory";
+    fclose(f);
+    return NULL;
+  }
+  StrBuf sb2;
+  sb_init(&sb2);
   char tmp[65536];
   size_t n;
-  while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) sb_putn(&sb, tmp, n);
+  while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
+    if ((uint64_t)sb2.len + n >= limit) { /* it grew while being read */
+      *err = "the file is larger than this machine's memory";
+      fclose(f);
+      sb_free(&sb2);
+      return NULL;
+    }
+    sb_putn(&sb2, tmp, n);
+  }
   if (ferror(f)) {
     *err = strerror(errno ? errno : EIO);
     fclose(f);
-    sb_free(&sb);
+    sb_free(&sb2);
     return NULL;
   }
   fclose(f);
-  if (!sb.data) sb_putn(&sb, "", 0);
-  if (len) *len = sb.len;
-  return sb.data;
+  if (!sb2.data) sb_putn(&sb2, "", 0);
+  if (len) *len = sb2.len;
+  return sb2.data;
 }
 
 static bool write_all(int fd, const void *p, size_t n) {

@@ -1,8 +1,11 @@
 /* mem.c - heap allocation that cannot fail: running out of memory aborts
  * (DESIGN.md §5: the program detects no recovery from it), and a request
- * for zero bytes still returns a unique pointer. */
+ * for zero bytes still returns a unique pointer.  Sizes a user controls
+ * (dims, file headers) are checked against mem_limit before they get
+ * here, so that what cannot fit is an error naming it, not an abort. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "support.h"
 
@@ -35,4 +38,32 @@ char *mem_strndup(const char *s, size_t n) {
   memcpy(p, s, k);
   p[k] = 0;
   return p;
+}
+
+bool mem_mul(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+
+bool mem_add(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+
+uint64_t mem_limit(void) {
+  static uint64_t limit;
+  if (limit) return limit;
+  uint64_t m = UINT64_MAX;
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && size > 0) m = (uint64_t)pages * (uint64_t)size;
+  /* A container's memory limit (cgroup v2) when it is lower. */
+  FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+  if (f) {
+    unsigned long long c;
+    if (fscanf(f, "%llu", &c) == 1 && c > 0 && c < m) m = c;
+    fclose(f);
+  }
+  limit = m;
+  return m;
+}
+
+bool mem_fits(const char *what, uint64_t bytes, char *err, size_t errlen) {
+  uint64_t m = mem_limit();
+  if (bytes <= m) return true;
+  return errf(err, errlen, "%s needs %llu bytes, more than the %llu bytes of memory this machine has", what,
+              (unsigned long long)bytes, (unsigned long long)m);
 }

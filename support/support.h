@@ -70,12 +70,22 @@ void *mem_calloc(size_t n, size_t size);
 void *mem_realloc(void *p, size_t n);
 char *mem_strdup(const char *s);
 char *mem_strndup(const char *s, size_t n);
+/* a * b and a + b into *out; false when the result does not fit in 64 bits. */
+bool mem_mul(uint64_t a, uint64_t b, uint64_t *out);
+bool mem_add(uint64_t a, uint64_t b, uint64_t *out);
+/* The most memory this process can hope for: the machine's physical
+ * memory, or its cgroup's limit when that is lower (UINT64_MAX if unknown). */
+uint64_t mem_limit(void);
+/* Whether bytes can fit in memory: else false, with "WHAT needs N bytes,
+ * more than the M bytes of memory this machine has" in err. */
+bool mem_fits(const char *what, uint64_t bytes, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
 /* file.c: whole files                                                 */
 /* ------------------------------------------------------------------ */
 /* Read a whole file into malloc'd memory (NUL-terminated).  Returns NULL
- * and sets *err (static string from strerror) on failure. */
+ * and sets *err (a static string) on failure; a path that is not a regular
+ * file (a device, fifo, directory) or one larger than mem_limit() fails. */
 char *read_file(const char *path, size_t *len, const char **err);
 /* Write the parts, in order, to path atomically: PATH.tmp.PID.XXXXXX next
  * to it (PID the writer's process id), fsync, rename, fsync the directory;

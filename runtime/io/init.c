@@ -13,6 +13,23 @@
 #include "frontend/frontend.h"
 #include "runtime/runtime.h"
 
+bool rt_init_params_fit(const FeParam *params, int n, char *err, size_t errlen) {
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    const FeParam *p = &params[i];
+    uint64_t bytes = p->type.dtype == IR_DT_F64 ? 8 : 4;
+    bool ok = true;
+    for (int k = 0; k < p->type.shape.rank && ok; k++) ok = mem_mul(bytes, (uint64_t)p->type.shape.dim[k], &bytes);
+    char ty[IR_TYPE_STR_MAX], what[IR_TYPE_STR_MAX + 256];
+    ir_type_str(&p->type, ty, sizeof ty);
+    if (!ok) return errf(err, errlen, "param '%s' (%s) has more bytes than 64 bits can count", p->name, ty);
+    snprintf(what, sizeof what, "param '%s' (%s)", p->name, ty);
+    if (!mem_fits(what, bytes, err, errlen)) return false;
+    if (!mem_add(total, bytes, &total)) total = UINT64_MAX;
+  }
+  return mem_fits("the params", total, err, errlen);
+}
+
 void rt_init_params(const FeParam *params, int n, uint64_t seed, StFile *out) {
   Rng rng;
   rng_seed(&rng, seed);
@@ -20,7 +37,8 @@ void rt_init_params(const FeParam *params, int n, uint64_t seed, StFile *out) {
     const FeParam *p = &params[i];
     int64_t numel = ir_numel(&p->type.shape);
     bool f64 = p->type.dtype == IR_DT_F64;
-    void *buf = mem_alloc((size_t)(numel ? numel : 1) * (f64 ? 8 : 4));
+    /* Drawn straight into the file's tensor: one copy in memory. */
+    void *buf = st_add(out, p->name, f64 ? ST_F64 : ST_F32, p->type.shape.rank, p->type.shape.dim, NULL)->data;
     for (int64_t j = 0; j < numel; j++) {
       double v = 0;
       switch (p->init) {
@@ -34,7 +52,5 @@ void rt_init_params(const FeParam *params, int n, uint64_t seed, StFile *out) {
       else
         ((float *)buf)[j] = (float)v;
     }
-    st_add(out, p->name, f64 ? ST_F64 : ST_F32, p->type.shape.rank, p->type.shape.dim, buf);
-    free(buf);
   }
 }

@@ -42,32 +42,65 @@ static int64_t index_range(const IrFunc *f, const IrValue *v, int depth) {
   return 0;
 }
 
+/* Input arg a's window shape (batched inputs get gas micro-batches);
+ * false when the shape's size overflows. */
+static bool window_shape(const IrValue *a, int gas, IrShape *s, uint64_t *bytes) {
+  *s = a->type.shape;
+  uint64_t n = ir_dtype_size(a->type.dtype == IR_DT_I32 ? IR_DT_I32 : a->type.dtype == IR_DT_F64 ? IR_DT_F64
+                                                                                                 : IR_DT_F32);
+  bool ok = true;
+  if (a->batched) {
+    uint64_t d0;
+    ok = mem_mul((uint64_t)s->dim[0], (uint64_t)(gas > 0 ? gas : 1), &d0) && d0 <= INT64_MAX;
+    s->dim[0] = ok ? (int64_t)d0 : INT64_MAX;
+  }
+  for (int k = 0; k < s->rank && ok; k++) ok = mem_mul(n, (uint64_t)s->dim[k], &n);
+  *bytes = ok ? n : UINT64_MAX;
+  return ok;
+}
+
+bool rt_random_inputs_fit(const IrFunc *f, int gas, char *err, size_t errlen) {
+  uint64_t total = 0;
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role != IR_ARG_INPUT) continue;
+    IrType t = a->type;
+    uint64_t bytes;
+    bool ok = window_shape(a, gas, &t.shape, &bytes);
+    char ty[IR_TYPE_STR_MAX], what[IR_TYPE_STR_MAX + 256];
+    ir_type_str(&t, ty, sizeof ty);
+    if (!ok) return errf(err, errlen, "input '%s' (%s) has more bytes than 64 bits can count", a->name, ty);
+    snprintf(what, sizeof what, "input '%s' (%s)", a->name, ty);
+    if (!mem_fits(what, bytes, err, errlen)) return false;
+    if (!mem_add(total, bytes, &total)) total = UINT64_MAX;
+  }
+  return mem_fits("the inputs", total, err, errlen);
+}
+
 void rt_random_inputs(const IrFunc *f, int gas, uint64_t seed, StFile *out) {
   Rng rng;
   rng_seed(&rng, seed);
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
     if (a->role != IR_ARG_INPUT) continue;
-    IrShape s = a->type.shape;
-    if (a->batched) s.dim[0] *= gas;
+    IrShape s;
+    uint64_t bytes;
+    GRADC_ASSERT(window_shape(a, gas, &s, &bytes)); /* rt_random_inputs_fit checked it */
     int64_t n = ir_numel(&s);
+    /* Drawn straight into the file's tensor: one copy in memory. */
     if (a->type.dtype == IR_DT_I32) {
       int64_t range = index_range(f, a, 0);
       if (range <= 0) range = 2;
-      int32_t *buf = mem_alloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+      int32_t *buf = st_add(out, a->name, ST_I32, s.rank, s.dim, NULL)->data;
       for (int64_t j = 0; j < n; j++) buf[j] = (int32_t)(rng_next(&rng) % (uint64_t)range);
-      st_add(out, a->name, ST_I32, s.rank, s.dim, buf);
-      free(buf);
     } else {
       bool f64 = a->type.dtype == IR_DT_F64;
-      void *buf = mem_alloc((size_t)(n ? n : 1) * (f64 ? 8 : 4));
+      void *buf = st_add(out, a->name, f64 ? ST_F64 : ST_F32, s.rank, s.dim, NULL)->data;
       for (int64_t j = 0; j < n; j++) {
         double x = rng_normal(&rng);
         if (f64) ((double *)buf)[j] = x;
         else ((float *)buf)[j] = (float)x;
       }
-      st_add(out, a->name, f64 ? ST_F64 : ST_F32, s.rank, s.dim, buf);
-      free(buf);
     }
   }
 }

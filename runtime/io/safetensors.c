@@ -343,33 +343,10 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
 
 bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   st_init(out);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return errf(err, errlen, "%s: %s", path, strerror(errno));
-  unsigned char *buf = NULL;
-  size_t len = 0, cap = 0;
-  errno = 0;
-  for (;;) {
-    if (len == cap) {
-      cap = cap ? cap * 2 : 1 << 16;
-      unsigned char *p = realloc(buf, cap);
-      if (!p) {
-        free(buf);
-        fclose(fp);
-        return errf(err, errlen, "%s: out of memory reading the file", path);
-      }
-      buf = p;
-    }
-    size_t got = fread(buf + len, 1, cap - len, fp);
-    len += got;
-    if (got == 0) break;
-  }
-  int e = errno;
-  bool rerr = ferror(fp);
-  fclose(fp);
-  if (rerr) {
-    free(buf);
-    return errf(err, errlen, "%s: %s", path, e ? strerror(e) : "read error");
-  }
+  const char *why;
+  size_t len;
+  unsigned char *buf = (unsigned char *)read_file(path, &len, &why); /* regular files of bounded size */
+  if (!buf) return errf(err, errlen, "%s: %s", path, why);
   bool ok = parse_file(path, buf, len, out, err, errlen);
   free(buf);
   return ok;

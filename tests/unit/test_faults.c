@@ -10,7 +10,11 @@
  *     1e30 keeps the last good checkpoint, equal to an independent run's
  *     at that step), a NaN loss stops naming the step and the term and
  *     writes the last good state, --nan-policy skip leaves the params of a
- *     skipped step untouched, and --max-loss warns. */
+ *     skipped step untouched, and --max-loss warns;
+ *   - sizes: params, inputs and arenas that cannot fit in any machine's
+ *     memory are errors naming them and their byte count (exit 1, not an
+ *     abort), and inputs that are not regular files (/dev/zero, a fifo, a
+ *     directory) are refused at once instead of read without end. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -523,6 +527,55 @@ static void test_max_loss_warns(void **state) {
   free(err);
 }
 
+/* ---- sizes ---- */
+
+/* "gradc: error: ..." on stderr, exit 1, within a few seconds. */
+static void fails_with(const char *args, const char *want) {
+  char *err;
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s", args);
+  double t = now_ms();
+  int rc = gradc(cmd, &err);
+  if (rc != 1 || !strstr(err, want)) fail_msg("gradc %s: exit %d, wanted 1 and '%s' in:\n%s", args, rc, want, err);
+  if (now_ms() - t > 20000) fail_msg("gradc %s took %.0f ms", args, now_ms() - t);
+  free(err);
+}
+
+/* 6.27 TB (2e9 * 784 * 4 bytes) is more than any machine this runs on. */
+static void test_sizes_are_checked_before_allocating(void **state) {
+  (void)state;
+  char mlp[512], args[1024];
+  snprintf(mlp, sizeof mlp, "'%s'", tu_path("examples/mlp.gdl"));
+  snprintf(args, sizeof args, "data random %s -D B=2000000000 -o big.safetensors", mlp);
+  fails_with(args, "gradc: error: data random: input 'x' (f32[2000000000,784]) needs 6272000000000 bytes, more "
+                   "than the ");
+  snprintf(args, sizeof args, "init %s -D H=2000000000 -o big.safetensors", mlp);
+  fails_with(args, "gradc: error: init: param 'W1' (f32[784,2000000000]) needs 6272000000000 bytes, more than the ");
+  /* The arena holds at least h : f32[B, H], 2e9 * 256 * 4 bytes. */
+  snprintf(args, sizeof args, "bench %s -D B=2000000000 --steps 1", mlp);
+  fails_with(args, "-byte arena: more than the ");
+  char *err;
+  assert_int_equal(gradc(args, &err), 1);
+  const char *at = strstr(err, "gradc: error: cannot allocate the ");
+  if (!at) fail_msg("%s", err);
+  long long arena = strtoll(at + strlen("gradc: error: cannot allocate the "), NULL, 10);
+  assert_true(arena >= 2048000000000LL);
+  free(err);
+  struct stat sb;
+  assert_int_not_equal(stat(in_dir("big.safetensors"), &sb), 0);
+}
+
+static void test_inputs_must_be_regular_files(void **state) {
+  (void)state;
+  fails_with("check /dev/zero", "gradc: error: /dev/zero: not a regular file");
+  fails_with("run tiny.gdl --params /dev/zero --inputs data.safetensors", "gradc: error: /dev/zero: not a regular file");
+  assert_int_equal(mkfifo(in_dir("fifo"), 0644), 0); /* opening it must not wait for a writer */
+  fails_with("check fifo", "gradc: error: fifo: not a regular file");
+  fails_with("train tiny.gdl --data fifo", "gradc: error: fifo: not a regular file");
+  fails_with("check .", "gradc: error: .: is a directory");
+  unlink(in_dir("fifo"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stale_temps_of_dead_writers_only),
@@ -530,6 +583,8 @@ int main(void) {
       cmocka_unit_test(test_nonfinite_update_keeps_the_last_good_checkpoint),
       cmocka_unit_test(test_nan_loss_stops_or_skips),
       cmocka_unit_test(test_max_loss_warns),
+      cmocka_unit_test(test_sizes_are_checked_before_allocating),
+      cmocka_unit_test(test_inputs_must_be_regular_files),
       cmocka_unit_test(test_checkpoint_survives_kill_9),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
