@@ -65,8 +65,9 @@ gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed) {
   StFile fresh;
   st_init(&fresh);
   rt_init_params(s->p->params, s->p->nparams, seed, &fresh);
-  st_free(&s->params);
-  s->params = fresh;
+  /* Into the session's storage, which gradc_session_param_data hands out. */
+  for (int i = 0; i < s->p->nparams; i++) api_copy_tensor(st_find(&fresh, s->p->params[i].name), &s->params.t[i]);
+  st_free(&fresh);
   api_params_changed(s);
   return GRADC_OK;
 }
@@ -104,6 +105,21 @@ gradc_status gradc_session_get_param(const gradc_session *s, const char *name, v
   if (!t) return GRADC_ERR_USER;
   if (t->nbytes) memcpy(out, t->data, t->nbytes);
   return GRADC_OK;
+}
+
+gradc_status gradc_session_param_data(gradc_session *s, const char *name, void **data, size_t *n) {
+  if (!s || !data || !n) return null_arg("session_param_data");
+  int i = api_param_index(s->p, name);
+  if (i < 0)
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_param_data: '%s' is not a param of model '%s'",
+                    name ? name : "(null)", s->p->model);
+  *data = s->params.t[i].data;
+  *n = (size_t)st_numel(&s->params.t[i]);
+  return GRADC_OK;
+}
+
+void gradc_session_params_written(gradc_session *s) {
+  if (s) api_params_changed(s);
 }
 
 gradc_status gradc_session_load_params(gradc_session *s, const char *path) {

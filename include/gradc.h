@@ -138,6 +138,14 @@ GRADC_API gradc_status gradc_session_trace_stats(const gradc_session *s, double 
 GRADC_API gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed);
 GRADC_API gradc_status gradc_session_set_param(gradc_session *s, const char *name, const void *data, size_t n);
 GRADC_API gradc_status gradc_session_get_param(const gradc_session *s, const char *name, void *out, size_t n);
+/* The session's own storage of a param (F32, F64 for f64 params; *n
+ * elements): it stays at this address until the session is freed, and
+ * init_params, set_param, load_params, checkpoints and the optimiser
+ * write into it.  After writing through it yourself, call
+ * gradc_session_params_written before the next run (the CPU back end
+ * otherwise keeps the copy it holds). */
+GRADC_API gradc_status gradc_session_param_data(gradc_session *s, const char *name, void **data, size_t *n);
+GRADC_API void gradc_session_params_written(gradc_session *s);
 /* Params from/to a safetensors file (the names of the model's params). */
 GRADC_API gradc_status gradc_session_load_params(gradc_session *s, const char *path);
 GRADC_API gradc_status gradc_session_save_params(const gradc_session *s, const char *path);
