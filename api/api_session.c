@@ -51,6 +51,7 @@ void gradc_session_free(gradc_session *s) {
   if (s->have_res) step_result_free(&s->res);
   api_optim_free_state(s);
   api_optim_free_code(s);
+  api_optim_free_options(s);
   if (s->trace && trace_current() == s->trace) trace_set_current(NULL);
   trace_free(s->trace);
   free(s);

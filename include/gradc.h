@@ -168,6 +168,10 @@ GRADC_API gradc_status gradc_session_save_grads(const gradc_session *s, const ch
 
 typedef enum { GRADC_SGD, GRADC_ADAMW } gradc_optimizer_kind;
 
+/* The learning-rate schedule after the linear warm-up (gradc_session_lr):
+ * AUTO is COSINE when total_steps > 0, else CONSTANT. */
+typedef enum { GRADC_SCHEDULE_AUTO, GRADC_SCHEDULE_CONSTANT, GRADC_SCHEDULE_LINEAR, GRADC_SCHEDULE_COSINE } gradc_schedule;
+
 typedef struct gradc_optimizer_options {
   gradc_optimizer_kind kind;
   double lr;           /* peak learning rate */
@@ -181,6 +185,13 @@ typedef struct gradc_optimizer_options {
   int64_t warmup_steps; /* linear warm-up from 0 to lr */
   int64_t total_steps;  /* cosine decay to min_lr at total_steps; 0 = constant after warm-up */
   double min_lr;
+  gradc_schedule schedule; /* after warm-up: constant, or a linear or cosine decay to min_lr at total_steps */
+  /* Params that get no weight decay (PyTorch's param groups): with
+   * no_decay_1d those of rank <= 1 (biases, norm weights); and those whose
+   * name matches one of no_decay's comma-separated fnmatch(3) patterns
+   * ("*_b,ln*"; NULL: none; copied by set_optimizer). */
+  int no_decay_1d;
+  const char *no_decay;
 } gradc_optimizer_options;
 
 GRADC_API void gradc_optimizer_options_init(gradc_optimizer_options *o, gradc_optimizer_kind kind);

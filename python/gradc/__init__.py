@@ -288,8 +288,11 @@ class Session:
         """One optimiser step with the last run's gradients (torch.optim
         semantics and defaults): optimizer "adamw" or "sgd"; lr; momentum,
         dampening, nesterov (SGD); betas=(b1, b2), eps (AdamW);
-        weight_decay, clip_norm, warmup_steps, total_steps, min_lr.  A
-        changed optimizer starts fresh state."""
+        weight_decay, clip_norm, warmup_steps, total_steps, min_lr;
+        schedule "constant", "linear" or "cosine" (default: cosine when
+        total_steps is given); no_decay_1d (no weight decay on params of
+        rank <= 1) and no_decay (fnmatch patterns of names, a list or one
+        comma-separated string).  A changed optimizer starts fresh state."""
         if optimizer not in _OPTIMIZERS:
             raise Error("gradc: error: step: unknown optimizer '%s' (sgd or adamw)" % optimizer)
         o = _lib.OptimizerOptions()
@@ -298,13 +301,24 @@ class Session:
             o.lr = lr
         if "betas" in kw:
             o.beta1, o.beta2 = kw.pop("betas")
+        if "schedule" in kw:
+            sched = kw.pop("schedule")
+            if sched not in _lib.SCHEDULES:
+                raise Error("gradc: error: step: unknown schedule '%s' (constant, linear or cosine)" % sched)
+            o.schedule = _lib.SCHEDULES[sched]
+        keep = None
+        if "no_decay" in kw:
+            pats = kw.pop("no_decay")
+            keep = (pats if isinstance(pats, str) else ",".join(pats)).encode()
+            o.no_decay = keep
         for k, v in kw.items():
             if k == "clip":
                 k = "clip_norm"
-            if k not in dict(_lib.OptimizerOptions._fields_) or k.startswith("_") or k == "kind":
+            if k not in dict(_lib.OptimizerOptions._fields_) or k.startswith("_") or k in ("kind", "no_decay"):
                 raise TypeError("step() got an unexpected keyword argument '%s'" % k)
             setattr(o, k, v)
-        _check(_lib.session_set_optimizer(self._h, ctypes.byref(o)))
+        _check(_lib.session_set_optimizer(self._h, ctypes.byref(o)))  # copies no_decay
+        del keep
         _check(_lib.session_step(self._h))
 
     @property

@@ -55,6 +55,8 @@ c_char_p, c_void_p, POINTER = ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER
 F32, F64, BF16, F16, I32, I64 = range(6)
 # gradc_optimizer_kind
 SGD, ADAMW = 0, 1
+# gradc_schedule
+SCHEDULES = {"auto": 0, "constant": 1, "linear": 2, "cosine": 3}
 
 # Room after each options struct's known fields: the library's *_init
 # writes every field it has, so a library that grew fields at the end is
@@ -105,6 +107,9 @@ class OptimizerOptions(ctypes.Structure):
         ("warmup_steps", c_int64),
         ("total_steps", c_int64),
         ("min_lr", c_double),
+        ("schedule", c_int),
+        ("no_decay_1d", c_int),
+        ("no_decay", c_char_p),
     ] + _SPARE
 
 
