@@ -167,11 +167,12 @@ int64_t api_optim_state_bytes(const gradc_session *s);
 /* The session's params changed (set, loaded, stepped): a new generation,
  * unique in the process, so the CPU back end copies them in again. */
 void api_params_changed(gradc_session *s);
-/* Check a safetensors file holds every param with its shape and a float
- * dtype, and nothing else (but optim.* tensors when allow_optim); the
- * error names the file and the tensor, as `gradc run` does. */
-bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
-                           size_t errlen);
+/* Check a safetensors file holds every param (some, when partial) with
+ * its shape and a float dtype, and nothing else (but optim.* tensors when
+ * allow_optim); the error names the file and the tensor, as `gradc run`
+ * does. */
+bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, bool partial,
+                           char *err, size_t errlen);
 /* Copy src's elements into dst (same count), converting to dst's dtype. */
 void api_copy_tensor(const StTensor *src, StTensor *dst);
 

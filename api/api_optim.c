@@ -584,7 +584,7 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
   if (!format || strcmp(format, CKPT_FORMAT) != 0)
     BAD("%s: not a gradc checkpoint (metadata 'format' is %s%s%s, expected '%s')", path, format ? "'" : "",
         format ? format : "missing", format ? "'" : "", CKPT_FORMAT);
-  if (!api_check_params_file(p, &f, path, true, err, sizeof err)) goto bad;
+  if (!api_check_params_file(p, &f, path, true, false, err, sizeof err)) goto bad;
   /* Names and shapes agree; the fingerprint also covers the declared dtypes and the model's name. */
   char fp[32];
   snprintf(fp, sizeof fp, "%016llx", (unsigned long long)p->fingerprint);

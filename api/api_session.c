@@ -123,18 +123,35 @@ void gradc_session_params_written(gradc_session *s) {
   if (s) api_params_changed(s);
 }
 
-gradc_status gradc_session_load_params(gradc_session *s, const char *path) {
-  if (!s || !path) return null_arg("session_load_params");
+static gradc_status load_params(gradc_session *s, const char *path, bool partial, int *nloaded) {
   char err[2048];
   StFile f;
   st_init(&f);
   gradc_status st = GRADC_OK;
-  if (!st_read(path, &f, err, sizeof err) || !api_check_params_file(s->p, &f, path, false, err, sizeof err))
+  int n = 0;
+  /* A checkpoint is a params file too: its optim.* tensors are skipped. */
+  if (!st_read(path, &f, err, sizeof err) || !api_check_params_file(s->p, &f, path, true, partial, err, sizeof err))
     st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
-  for (int i = 0; !st && i < s->p->nparams; i++) api_copy_tensor(st_find(&f, s->p->params[i].name), &s->params.t[i]);
+  for (int i = 0; !st && i < s->p->nparams; i++) {
+    const StTensor *t = st_find(&f, s->p->params[i].name);
+    if (!t) continue; /* partial: keeps its value */
+    api_copy_tensor(t, &s->params.t[i]);
+    n++;
+  }
   api_params_changed(s);
   st_free(&f);
+  if (nloaded) *nloaded = n;
   return st;
+}
+
+gradc_status gradc_session_load_params(gradc_session *s, const char *path) {
+  if (!s || !path) return null_arg("session_load_params");
+  return load_params(s, path, false, NULL);
+}
+
+gradc_status gradc_session_load_params_partial(gradc_session *s, const char *path, int *nloaded) {
+  if (!s || !path) return null_arg("session_load_params_partial");
+  return load_params(s, path, true, nloaded);
 }
 
 gradc_status gradc_session_save_params(const gradc_session *s, const char *path) {

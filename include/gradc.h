@@ -146,8 +146,13 @@ GRADC_API gradc_status gradc_session_get_param(const gradc_session *s, const cha
  * otherwise keeps the copy it holds). */
 GRADC_API gradc_status gradc_session_param_data(gradc_session *s, const char *name, void **data, size_t *n);
 GRADC_API void gradc_session_params_written(gradc_session *s);
-/* Params from/to a safetensors file (the names of the model's params). */
+/* Params from/to a safetensors file (the names of the model's params).
+ * Loading skips a checkpoint's optim.* tensors, so a checkpoint serves as
+ * a params file; the _partial form takes a file with some of the params
+ * (the others keep their values; *nloaded, if not NULL, counts those
+ * loaded), and refuses a tensor that is not a param all the same. */
 GRADC_API gradc_status gradc_session_load_params(gradc_session *s, const char *path);
+GRADC_API gradc_status gradc_session_load_params_partial(gradc_session *s, const char *path, int *nloaded);
 GRADC_API gradc_status gradc_session_save_params(const gradc_session *s, const char *path);
 
 /* One window of an input: F32/F64 for float inputs, I32/I64 for i32 ones. */

@@ -974,9 +974,19 @@ static int run_open(Run *r) {
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
   if (a->resume) {
     rc = load_checkpoint(s, a->resume, &r->d);
+  } else if (a->init && a->init_partial) { /* the rest as declared */
+    int n = 0;
+    st = gradc_session_init_params(s, a->seed);
+    if (st == GRADC_OK) st = gradc_session_load_params_partial(s, a->init, &n);
+    rc = st == GRADC_OK ? 0 : cli_report(st);
+    if (!rc && r->lead)
+      fprintf(stderr, "%s: %d of %d params; the others initialised as declared\n", a->init, n,
+              gradc_program_num_params(p));
   } else if (a->init) {
     st = gradc_session_load_params(s, a->init);
+    bool missing = st != GRADC_OK && strstr(gradc_last_error(), "missing tensor");
     rc = st == GRADC_OK ? 0 : cli_report(st);
+    if (missing) fprintf(stderr, "gradc: note: --init-partial takes a file with some of the params\n");
   } else {
     st = gradc_session_init_params(s, a->seed);
     rc = st == GRADC_OK ? 0 : cli_report(st);

@@ -235,21 +235,28 @@ class Session:
             if name in self._info else np.zeros(0, np.float32)
         _check(_lib.session_set_param(self._h, name.encode(), a.ctypes.data_as(ctypes.c_void_p), a.size))
 
-    def load_params(self, params):
-        """Params from a safetensors path, or a dict name -> array holding
-        every param and nothing else."""
+    def load_params(self, params, partial=False):
+        """Params from a safetensors path (a checkpoint too: its optim.*
+        tensors are skipped), or a dict name -> array, holding every param
+        and nothing else; with partial=True, some of them (the others keep
+        their values).  Returns how many were loaded."""
         if isinstance(params, (str, os.PathLike)):
-            _check(_lib.session_load_params(self._h, _b(params)))
-            return
+            if not partial:
+                _check(_lib.session_load_params(self._h, _b(params)))
+                return len(self._info)
+            n = ctypes.c_int()
+            _check(_lib.session_load_params_partial(self._h, _b(params), ctypes.byref(n)))
+            return n.value
         names = set(self._info)
         extra = sorted(set(params) - names)
         missing = [p.name for p in self.program.params if p.name not in params]
         if extra:
             raise Error("gradc: error: params: '%s' is not a param of the model" % extra[0])
-        if missing:
+        if missing and not partial:
             raise Error("gradc: error: params: missing param '%s'" % missing[0])
         for k, v in params.items():
             self.set_param(k, v)
+        return len(params)
 
     def save_params(self, path):
         _check(_lib.session_save_params(self._h, _b(path)))

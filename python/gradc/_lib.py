@@ -144,6 +144,7 @@ session_get_param = _fn("gradc_session_get_param", c_int, P, c_char_p, c_void_p,
 session_param_data = _fn("gradc_session_param_data", c_int, P, c_char_p, POINTER(c_void_p), POINTER(c_size_t))
 session_params_written = _fn("gradc_session_params_written", None, P)
 session_load_params = _fn("gradc_session_load_params", c_int, P, c_char_p)
+session_load_params_partial = _fn("gradc_session_load_params_partial", c_int, P, c_char_p, POINTER(c_int))
 session_save_params = _fn("gradc_session_save_params", c_int, P, c_char_p)
 session_set_input = _fn("gradc_session_set_input", c_int, P, c_char_p, c_int, c_void_p, c_size_t)
 session_run = _fn("gradc_session_run", c_int, P)
