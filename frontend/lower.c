@@ -96,6 +96,7 @@ typedef struct Decl {
   const char *what; /* "dim", "batch dim", "input", "param" */
   const Token *tok;
   bool is_dim, is_batch;
+  bool defining; /* dims: its size expression is being evaluated */
   int64_t value; /* dims */
   Val v;         /* dims: V_INT, inputs/params: V_TENSOR; V_POISON after an error */
 } Decl;
@@ -127,6 +128,7 @@ typedef struct Lower {
   const char **losses;
   const Token **loss_toks;
   int nlosses, caplosses;
+  const FeStmt *body; /* the model's statements (to name a dim declared later) */
 } Lower;
 
 static IrLoc loc_of(Lower *L, const Token *t) { return (IrLoc){L->file, t->line, t->col}; }
@@ -345,6 +347,11 @@ static Val lookup(Lower *L, const FeNode *n) {
   if (v) return *v;
   Decl *dc = strmap_get(&L->decls, n->name);
   if (dc) {
+    if (dc->defining) { /* dim D = D * 2: its size is not known yet */
+      error_at(L, n->tok, "'%s' is used in its own size (a %s's size may use only the dims declared before it)",
+               n->name, dc->what);
+      return vpoison();
+    }
     if (dc->is_dim && dc->v.kind == V_INT)
       return vint(dc->is_batch && L->mode == EV_SHAPE ? L->m->batch_micro : dc->value);
     return dc->v;
@@ -355,7 +362,15 @@ static Val lookup(Lower *L, const FeNode *n) {
   } else if (strmap_get(&L->fns, n->name) || find_builtin(n->name)) {
     error_at(L, n->tok, "'%s' is a function; call it as %s(...)", n->name, n->name);
   } else {
-    error_at(L, n->tok, "unknown name '%s'", n->name);
+    /* dim A = B; dim B = A: a cycle is a use before the declaration. */
+    const FeStmt *later = NULL;
+    for (const FeStmt *s = L->body; s && !later; s = s->next)
+      if (s->kind == FE_ST_DIM && strcmp(s->id, n->name) == 0) later = s;
+    if (later && L->mode == EV_DIM)
+      error_at(L, n->tok, "'%s' is declared after this size (line %d); a size may use only the dims declared before it",
+               n->name, later->name->line);
+    else
+      error_at(L, n->tok, "unknown name '%s'", n->name);
   }
   return vpoison();
 }
@@ -1124,7 +1139,9 @@ static void decl_dim(Lower *L, const FeStmt *s) {
     if (value <= 0) return; /* reported with the other -D checks */
   } else {
     L->mode = EV_DIM;
+    dc->defining = true;
     Val v = eval(L, s->expr);
+    dc->defining = false;
     L->mode = EV_VALUE;
     if (v.kind == V_POISON) return;
     char buf[IR_TYPE_STR_MAX];
@@ -1458,6 +1475,7 @@ FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d) {
   L.m = m;
   L.f = m->func;
   L.vars = &L.model_vars;
+  L.body = prog->body;
   check_defs(&L, prog);
   register_fns(&L, prog);
   exec_stmts(&L, prog->body);
