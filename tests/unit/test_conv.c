@@ -3,6 +3,9 @@
  * tests/models/lenet.gdl (a LeNet-like CNN), conv_paths.gdl (conv1d,
  * groups, dilation, strides, avg_pool2d with padding, pad with a value
  * and a crop) and conv_bn.gdl (batch_norm):
+ *   - forward values of every built-in (groups, dilation, strides, pool
+ *     padding, a crop, batch_norm's biased variance) equal their PyTorch
+ *     definitions written out as loops, in f64;
  *   - the CPU back end equals the reference interpreter at --gas 1 and 2
  *     (f32, 1e-5 relative on every loss and gradient), and --gas 2 equals
  *     --gas 1 on the interpreter (the window rule, DESIGN.md §3; conv_bn
@@ -256,8 +259,191 @@ static void test_conv_batch_norm_refused_under_gas(void **state) {
   if (!strstr(out, "  h = relu(batch_norm(conv2d(x, w, padding=1), g, b))\n           ^")) fail_msg("no caret:\n%s", out);
 }
 
+/* ------------------------------------------------------------------ */
+/* Forward values against the direct definitions                       */
+/* ------------------------------------------------------------------ */
+/* The definitions of F.conv1d/F.conv2d, F.avg_pool2d (padding counted),
+ * F.max_pool2d and F.pad written out as loops over output elements, with
+ * no patches and no matmul, against the interpreter's values of the
+ * lowered ops (f64, exact). */
+
+static const char direct_model[] =
+    "model direct {\n"
+    "  input x : f64[2, 4, 7, 6]\n"
+    "  input s : f64[2, 3, 11]\n"
+    "  param w : f64[6, 2, 3, 2]\n"
+    "  param b : f64[6]\n"
+    "  param u : f64[5, 3, 3]\n"
+    "  param g : f64[4]\n"
+    "  param bb : f64[4]\n"
+    "  c = conv2d(x, w, b, stride=[2, 1], padding=[1, 2], dilation=[2, 1], groups=2)\n"
+    "  e = conv1d(s, u, stride=2, padding=3, dilation=2)\n"
+    "  a = avg_pool2d(x, 3, stride=2, padding=1)\n"
+    "  m = max_pool2d(x, [3, 2], stride=[1, 2], padding=[1, 1])\n"
+    "  q = pad(x, [1, -2, -1, 3], value=0.25)\n"
+    "  n = batch_norm(x, g, bb, eps=0.01)\n"
+    "  loss l = sum(c) + sum(e) + sum(a) + sum(m) + sum(q) + sum(n)\n"
+    "}\n";
+
+/* Element (i0, i1, ...) of a row-major tensor of shape s. */
+static int64_t at(const IrShape *s, const int64_t *i) {
+  int64_t o = 0;
+  for (int k = 0; k < s->rank; k++) o = o * s->dim[k] + i[k];
+  return o;
+}
+
+/* y = conv(x, w) + bias over d spatial axes, as F.conv{d}d. */
+static void conv_direct(const double *x, const IrShape *xs, const double *w, const IrShape *ws, const double *bias,
+                        const int64_t *st, const int64_t *pad, const int64_t *dil, int64_t groups, const IrShape *ys,
+                        double *y) {
+  int d = xs->rank - 2;
+  int64_t Cg = ws->dim[1], Og = ws->dim[0] / groups, n = ir_numel(ys);
+  for (int64_t e = 0; e < n; e++) {
+    int64_t yi[4], r = e;
+    for (int k = ys->rank - 1; k >= 0; k--) yi[k] = r % ys->dim[k], r /= ys->dim[k];
+    int64_t o = yi[1], g = o / Og;
+    double acc = bias ? bias[o] : 0;
+    int64_t K = 1;
+    for (int i = 0; i < d; i++) K *= ws->dim[2 + i];
+    for (int64_t c = 0; c < Cg; c++)
+      for (int64_t kk = 0; kk < K; kk++) {
+        int64_t ki[2] = {d == 2 ? kk / ws->dim[3] : kk, d == 2 ? kk % ws->dim[3] : 0};
+        int64_t xi[4] = {yi[0], g * Cg + c, 0, 0}, wi[4] = {o, c, ki[0], ki[1]};
+        bool in = true;
+        for (int i = 0; i < d; i++) {
+          xi[2 + i] = yi[2 + i] * st[i] - pad[i] + ki[i] * dil[i];
+          in &= xi[2 + i] >= 0 && xi[2 + i] < xs->dim[2 + i];
+        }
+        if (in) acc += w[at(ws, wi)] * x[at(xs, xi)];
+      }
+    y[e] = acc;
+  }
+}
+
+/* max or mean (count_include_pad) over kernel windows of the last two axes. */
+static void pool_direct(const double *x, const IrShape *xs, const int64_t *k, const int64_t *st, const int64_t *pad,
+                        bool mx, const IrShape *ys, double *y) {
+  int64_t n = ir_numel(ys);
+  for (int64_t e = 0; e < n; e++) {
+    int64_t yi[4], r = e;
+    for (int q = 3; q >= 0; q--) yi[q] = r % ys->dim[q], r /= ys->dim[q];
+    double acc = mx ? -INFINITY : 0;
+    for (int64_t a = 0; a < k[0]; a++)
+      for (int64_t bb = 0; bb < k[1]; bb++) {
+        int64_t xi[4] = {yi[0], yi[1], yi[2] * st[0] - pad[0] + a, yi[3] * st[1] - pad[1] + bb};
+        bool in = xi[2] >= 0 && xi[2] < xs->dim[2] && xi[3] >= 0 && xi[3] < xs->dim[3];
+        double v = in ? x[at(xs, xi)] : (mx ? -INFINITY : 0);
+        acc = mx ? (v > acc ? v : acc) : acc + v;
+      }
+    y[e] = mx ? acc : acc / (double)(k[0] * k[1]);
+  }
+}
+
+static const IrValue *named(const IrFunc *f, const char *name) {
+  for (int i = 0; i < f->nvalues; i++)
+    if (f->values[i]->name && strcmp(f->values[i]->name, name) == 0) return f->values[i];
+  fail_msg("no value named %s", name);
+  return NULL;
+}
+
+static void test_conv_forward_matches_direct_definitions(void **state) {
+  (void)state;
+  SrcFile src = {"direct.gdl", direct_model, strlen(direct_model)};
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  FeOptions opt = {.gas = 1, .dp = 1};
+  FeModel *m = fe_model_compile(&src, &opt, &d);
+  if (!m) fail_msg("%s", sb_str(&d.log));
+  diag_free(&d);
+  IrFunc *f = m->func;
+  Rng rng;
+  rng_seed(&rng, 5);
+  double *args[16];
+  assert_true(f->nargs <= 16);
+  for (int i = 0; i < f->nargs; i++) {
+    int64_t n = ir_numel(&f->args[i]->type.shape);
+    args[i] = malloc((size_t)n * sizeof(double));
+    for (int64_t k = 0; k < n; k++) args[i][k] = rng_normal(&rng);
+  }
+  InterpState st = {0};
+  InterpOptions io = {.exact_f64 = true};
+  char err[512];
+  if (!interp_run(&st, f, args, NULL, INTERP_STEP, &io, err, sizeof err)) fail_msg("%s", err);
+  const double *x = args[0], *s = args[1], *w = args[2], *b = args[3], *u = args[4];
+  const IrShape *xs = &f->args[0]->type.shape;
+  static const char *names[] = {"c", "e", "a", "m", "q", "n"};
+  for (int t = 0; t < 6; t++) {
+    const IrValue *v = named(f, names[t]);
+    const IrShape *ys = &v->type.shape;
+    int64_t n = ir_numel(ys);
+    double *want = calloc((size_t)n, sizeof(double));
+    switch (t) {
+    case 0: {
+      int64_t st2[2] = {2, 1}, p2[2] = {1, 2}, d2[2] = {2, 1};
+      assert_int_equal(ys->dim[2], 3); /* (7 + 2 - 4 - 1) / 2 + 1 */
+      assert_int_equal(ys->dim[3], 9); /* (6 + 4 - 1 - 1) / 1 + 1 */
+      conv_direct(x, xs, w, &f->args[2]->type.shape, b, st2, p2, d2, 2, ys, want);
+      break;
+    }
+    case 1: {
+      int64_t st1 = 2, p1 = 3, d1 = 2;
+      assert_int_equal(ys->dim[2], 7); /* (11 + 6 - 4 - 1) / 2 + 1 */
+      conv_direct(s, &f->args[1]->type.shape, u, &f->args[4]->type.shape, NULL, &st1, &p1, &d1, 1, ys, want);
+      break;
+    }
+    case 2: {
+      int64_t k[2] = {3, 3}, sp[2] = {2, 2}, pp[2] = {1, 1};
+      pool_direct(x, xs, k, sp, pp, false, ys, want);
+      break;
+    }
+    case 3: {
+      int64_t k[2] = {3, 2}, sp[2] = {1, 2}, pp[2] = {1, 1};
+      pool_direct(x, xs, k, sp, pp, true, ys, want);
+      break;
+    }
+    case 5: { /* batch_norm: per channel, the mean and biased variance over N, H, W */
+      int64_t C = xs->dim[1], per = n / C;
+      for (int64_t c = 0; c < C; c++) {
+        double mu = 0, var = 0;
+        for (int64_t e = 0; e < n; e++)
+          if (e / (xs->dim[2] * xs->dim[3]) % C == c) mu += x[e];
+        mu /= (double)per;
+        for (int64_t e = 0; e < n; e++)
+          if (e / (xs->dim[2] * xs->dim[3]) % C == c) var += (x[e] - mu) * (x[e] - mu);
+        var /= (double)per;
+        for (int64_t e = 0; e < n; e++)
+          if (e / (xs->dim[2] * xs->dim[3]) % C == c) want[e] = (x[e] - mu) / sqrt(var + 0.01) * args[5][c] + args[6][c];
+      }
+      break;
+    }
+    default: /* pad [1, -2, -1, 3]: W gains 1 on the left and loses 2 on the right, H loses 1 on top and gains 3 */
+      assert_int_equal(ys->dim[2], 7 - 1 + 3);
+      assert_int_equal(ys->dim[3], 6 + 1 - 2);
+      for (int64_t e = 0; e < n; e++) {
+        int64_t yi[4], r = e;
+        for (int q = 3; q >= 0; q--) yi[q] = r % ys->dim[q], r /= ys->dim[q];
+        int64_t xi[4] = {yi[0], yi[1], yi[2] + 1, yi[3] - 1};
+        bool in = xi[2] < xs->dim[2] && xi[3] >= 0 && xi[3] < xs->dim[3];
+        want[e] = in ? x[at(xs, xi)] : 0.25;
+      }
+      break;
+    }
+    const double *got = st.val[v->id];
+    for (int64_t e = 0; e < n; e++)
+      if (fabs(got[e] - want[e]) > 1e-12 * (1 + fabs(want[e])))
+        fail_msg("%s: element %lld is %.17g, the definition gives %.17g", names[t], (long long)e, got[e], want[e]);
+    print_message("  %s: %lld elements equal the direct definition\n", names[t], (long long)n);
+    free(want);
+  }
+  interp_free(&st);
+  for (int i = 0; i < f->nargs; i++) free(args[i]);
+  fe_model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_conv_forward_matches_direct_definitions),
       cmocka_unit_test(test_conv_cpu_matches_reference_at_gas_1_and_2),
       cmocka_unit_test(test_conv_gradients_match_finite_differences_f64),
       cmocka_unit_test(test_conv_batch_norm_refused_under_gas),
