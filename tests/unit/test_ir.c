@@ -141,7 +141,9 @@ static bool listed(const char *list, const char *name) {
   return false;
 }
 
-#define EW_UNARY "neg exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sign pow gelu_grad cast detach"
+#define EW_UNARY                                                                                           \
+  "neg exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sign pow gelu_grad cast detach "                 \
+  "clamp sin cos log1p softplus erf gelu_erf gelu_erf_grad"
 #define EW_BINARY "add sub mul div maximum minimum"
 #define EW_COMPARE "eq ne lt le gt ge"
 #define EW EW_UNARY " " EW_BINARY " " EW_COMPARE " select"
@@ -159,8 +161,9 @@ static const struct {
     {IR_OPF_UNARY, EW_UNARY},
     {IR_OPF_BINARY, EW_BINARY},
     {IR_OPF_COMPARE, EW_COMPARE},
-    {IR_OPF_FOLD, "neg exp log sqrt rsqrt pow cast add sub mul div maximum minimum"},
-    {IR_OPF_HINT, "const cast"},
+    {IR_OPF_FOLD, "neg exp log sqrt rsqrt pow cast add sub mul div maximum minimum "
+                  "sin cos log1p softplus erf gelu_erf gelu_erf_grad"},
+    {IR_OPF_HINT, "const cast arange"},
     {IR_OPF_POINT, EW " broadcast mse_loss grad.seed loss.term"},
     {IR_OPF_ROW, EW " broadcast mse_loss grad.seed loss.term sum mean max logsumexp softmax log_softmax "
                  "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy"},
@@ -171,7 +174,8 @@ static const struct {
     {IR_OPF_WAIT, "all_reduce.wait all_gather.wait reduce_scatter.wait"},
     {IR_OPF_RANKCOPY, "tp.scatter rank.slice rank.concat"},
     {IR_OPF_OPAQUE, "window.sum grad.seed loss.term loss grad " COLLECTIVES},
-    {IR_OPF_COSTLY, "exp log sqrt rsqrt tanh sigmoid gelu silu pow gelu_grad"},
+    {IR_OPF_COSTLY, "exp log sqrt rsqrt tanh sigmoid gelu silu pow gelu_grad "
+                    "sin cos log1p softplus erf gelu_erf gelu_erf_grad"},
 };
 
 static void test_op_flags_as_listed(void **state) {
@@ -217,7 +221,11 @@ static int case_group(IrOpcode opc) {
   case IR_OP_EMBEDDING_GRAD:
   case IR_OP_CROSS_ENTROPY:
   case IR_OP_ONE_HOT:
-  case IR_OP_MSE_LOSS: return 4;
+  case IR_OP_MSE_LOSS:
+  case IR_OP_ARANGE:
+  case IR_OP_GATHER:
+  case IR_OP_GATHER_GRAD:
+  case IR_OP_TOPK: return 4;
   IR_CASES(CONST)
   IR_CASES(REDUCE)
   IR_CASES(MOVEMENT)
