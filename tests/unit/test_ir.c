@@ -513,6 +513,52 @@ static void test_shape_nn(void **state) {
   assert_has(infer(IR_OP_MSE_LOSS, "f32[3,2] f32[2]", &red, 1, NULL), "mismatched types f32[3,2] and f32[2]");
 }
 
+/* Language v2: clamp's optional bounds, arange, gather, gather_grad, topk. */
+static void test_shape_v2_math_and_selection(void **state) {
+  (void)state;
+  assert_string_equal(infer(IR_OP_CLAMP, "f32[2,3]", NULL, 0, NULL), "f32[2,3]");
+  IrAttr lo = ir_attr_float("min", -1.0), hi = ir_attr_str("max", "one");
+  assert_string_equal(infer(IR_OP_CLAMP, "f64[4]", &lo, 1, NULL), "f64[4]");
+  assert_has(infer(IR_OP_CLAMP, "f64[4]", &hi, 1, NULL), "'clamp' attribute 'max' must be a number");
+  assert_has(infer(IR_OP_SIN, "i32[4]", NULL, 0, NULL), "'sin' needs a floating-point operand, got i32[4]");
+  assert_string_equal(infer(IR_OP_GELU_ERF, "bf16[3]", NULL, 0, NULL), "bf16[3]");
+
+  assert_string_equal(infer(IR_OP_ARANGE, "", NULL, 0, "i32[7]"), "i32[7]");
+  assert_string_equal(infer(IR_OP_ARANGE, "", NULL, 0, "f32[3]"), "f32[3]");
+  assert_has(infer(IR_OP_ARANGE, "", NULL, 0, "f32[3,2]"), "rank-1 numeric result type, got f32[3,2]");
+  assert_has(infer(IR_OP_ARANGE, "", NULL, 0, NULL), "needs a result type");
+
+  IrAttr ax = ir_attr_int("axis", 1);
+  assert_string_equal(infer(IR_OP_GATHER, "f32[4,7] i32[4,5]", &ax, 1, NULL), "f32[4,5]");
+  assert_string_equal(infer(IR_OP_GATHER, "f64[4,7,3] i32[4,9,3]", &ax, 1, NULL), "f64[4,9,3]");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] f32[4,5]", &ax, 1, NULL), "the index must be i32, got f32[4,5]");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[3,5]", &ax, 1, NULL),
+             "index i32[3,5] must have the dims of the operand f32[4,7] except along axis 1");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[4]", &ax, 1, NULL), "except along axis 1");
+  IrAttr ax5 = ir_attr_int("axis", 5);
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[4,5]", &ax5, 1, NULL), "axis 5 is out of range for f32[4,7]");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[4,5]", NULL, 0, NULL), "'gather' needs attribute 'axis'");
+
+  int64_t dims[2] = {4, 7};
+  IrAttr gg[2] = {ir_attr_int("axis", 1), ir_attr_ints("shape", dims, 2)};
+  assert_string_equal(infer(IR_OP_GATHER_GRAD, "i32[4,5] f32[4,5]", gg, 2, NULL), "f32[4,7]");
+  assert_has(infer(IR_OP_GATHER_GRAD, "i32[4,5] f32[4,6]", gg, 2, NULL), "gradient f32[4,6] does not match indices");
+  gg[0] = ir_attr_int("axis", 0);
+  assert_has(infer(IR_OP_GATHER_GRAD, "i32[4,5] f32[4,5]", gg, 2, NULL), "except along axis 0");
+
+  IrAttr tk[2] = {ir_attr_int("k", 3), ir_attr_int("axis", -1)};
+  assert_string_equal(infer(IR_OP_TOPK, "f32[4,7]", tk, 2, NULL), "i32[4,3]");
+  tk[1] = ir_attr_int("axis", 0);
+  assert_string_equal(infer(IR_OP_TOPK, "f64[4,7]", tk, 2, NULL), "i32[3,7]");
+  tk[0] = ir_attr_int("k", 5);
+  assert_has(infer(IR_OP_TOPK, "f32[4,7]", tk, 2, NULL), "k = 5 is out of range [1, 4] for axis 0 of f32[4,7]");
+  tk[0] = ir_attr_int("k", 0);
+  assert_has(infer(IR_OP_TOPK, "f32[4,7]", tk, 2, NULL), "k = 0 is out of range");
+  tk[0] = ir_attr_int("k", 1);
+  assert_has(infer(IR_OP_TOPK, "i32[4,7]", tk, 2, NULL), "'topk' needs a floating-point operand");
+  assert_has(infer(IR_OP_TOPK, "f32", tk, 2, NULL), "rank >= 1");
+}
+
 static void test_shape_window_and_outputs(void **state) {
   (void)state;
   assert_string_equal(infer(IR_OP_WINDOW_SUM, "i32", NULL, 0, NULL), "f32");
@@ -963,6 +1009,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shape_concat, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_matmul, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_nn, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_shape_v2_math_and_selection, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_window_and_outputs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_collectives, setup, teardown),
       cmocka_unit_test(test_print_writes_documented_format),
