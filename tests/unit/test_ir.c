@@ -123,6 +123,20 @@ static void test_scalar_ops(void **state) {
   assert_true(ir_scalar_cast(-2.7, IR_DT_I32) == -2.0); /* toward zero */
   assert_true(ir_scalar_cast(INFINITY, IR_DT_I32) == 0.0);
   assert_true(ir_scalar_cast(0.25, IR_DT_BOOL) == 1.0);
+  /* language v2, against tabulated values */
+  assert_true(fabs(ir_scalar_unary(IR_OP_ERF, 1.0, 0) - 0.8427007929497149) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF, 1.0, 0) - 0.8413447460685429) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF, -3.0, 0) + 0.0040496940948903) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF, -10.0, 0) + 7.619853024160527e-23) < 1e-36); /* no cancellation */
+  assert_true(ir_scalar_unary(IR_OP_GELU_ERF_GRAD, 0.0, 0) == 0.5);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF_GRAD, 1.0, 0) - 1.0833154705876863) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_SOFTPLUS, 0.0, 0) - 0.6931471805599453) < 1e-15);
+  assert_true(ir_scalar_unary(IR_OP_SOFTPLUS, 25.0, 0) == 25.0); /* past the threshold: x */
+  assert_true(fabs(ir_scalar_unary(IR_OP_SOFTPLUS, -30.0, 0) - 9.357622968839737e-14) < 1e-27); /* e^-30 - e^-60/2 */
+  assert_true(fabs(ir_scalar_unary(IR_OP_LOG1P, 1e-10, 0) - 9.9999999995e-11) < 1e-25);
+  assert_true(fabs(ir_scalar_unary(IR_OP_SIN, 0.5235987755982989, 0) - 0.5) < 1e-15);
+  assert_true(ir_scalar_unary(IR_OP_COS, 0.0, 0) == 1.0);
+  assert_true(ir_scalar_unary(IR_OP_CLAMP, 3.0, 0) == 3.0); /* no bounds without its attributes */
 }
 
 /* ------------------------------------------------------------------ */
