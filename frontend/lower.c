@@ -871,6 +871,84 @@ static Val bi_one_hot(Lower *L, const FeNode *call, const Builtin *b, Val *a, co
   return build(L, IR_OP_CAST, &oh.t, 1, NULL, 0, &ty, call->tok);
 }
 
+/* ---- language v2: selection ---- */
+
+/* An i32 tensor argument (an index). */
+static bool arg_index(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an) {
+  if (a[i].kind == V_TENSOR && a[i].t->type.dtype == IR_DT_I32) return true;
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be an i32 tensor, got %s", b->params[i], call->name,
+           a[i].kind == V_TENSOR ? ir_type_str(&a[i].t->type, buf, sizeof buf) : kind_str(a[i], buf, sizeof buf));
+  return false;
+}
+
+/* The tensor x (argument 0) and its axis (argument i, or -1 when absent). */
+static bool arg_x_axis(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                       int64_t *axis) {
+  *axis = -1;
+  if (!arg_tensor(L, call, b, 0, a, an)) return false;
+  if (an[i] && !arg_int(L, call, b, i, a, an, axis)) return false;
+  return axis_of(L, *axis, &a[0].t->type, an[i] ? an[i]->begin : call->tok, axis);
+}
+
+/* gather(x, idx, axis): torch.gather; idx has x's dims except along axis. */
+static Val bi_gather(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 2, a, an, &axis) || !arg_index(L, call, b, 1, a, an)) return vpoison();
+  IrValue *args[2] = {a[0].t, a[1].t};
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, IR_OP_GATHER, args, 2, &at, 1, NULL, call->tok);
+}
+
+/* index_select(x, idx, axis): idx i32[N]; a gather whose index is idx
+ * broadcast over x's other axes (its gradient adds repeated indices). */
+static Val bi_index_select(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 2, a, an, &axis) || !arg_index(L, call, b, 1, a, an)) return vpoison();
+  const IrType *xt = &a[0].t->type, *it = &a[1].t->type;
+  if (it->shape.rank != 1) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, an[1]->begin, "argument 'idx' of 'index_select' must be a 1-D i32 tensor, got %s",
+             ir_type_str(it, buf, sizeof buf));
+    return vpoison();
+  }
+  int r = xt->shape.rank;
+  int64_t ones[IR_MAX_RANK], full[IR_MAX_RANK];
+  for (int d = 0; d < r; d++) {
+    ones[d] = d == axis ? it->shape.dim[0] : 1;
+    full[d] = d == axis ? it->shape.dim[0] : xt->shape.dim[d];
+  }
+  IrAttr rs = ir_attr_ints("shape", ones, r), bs = ir_attr_ints("shape", full, r);
+  Val v = build(L, IR_OP_RESHAPE, &a[1].t, 1, &rs, 1, NULL, call->tok);
+  if (v.kind == V_TENSOR) v = build(L, IR_OP_BROADCAST, &v.t, 1, &bs, 1, NULL, call->tok);
+  if (v.kind != V_TENSOR) return vpoison();
+  IrValue *args[2] = {a[0].t, v.t};
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, IR_OP_GATHER, args, 2, &at, 1, NULL, call->tok);
+}
+
+/* topk(x, k, axis) as the i32 indices: k largest along axis. */
+static Val topk_indices(Lower *L, const FeNode *call, IrValue *x, int64_t k, int64_t axis) {
+  IrAttr at[2] = {ir_attr_int("k", k), ir_attr_int("axis", axis)};
+  return build(L, IR_OP_TOPK, &x, 1, at, 2, NULL, call->tok);
+}
+
+/* argmax(x, axis): i32, the axis dropped; ties and NaN as torch (the first
+ * index; NaN counts as the largest): topk with k = 1. */
+static Val bi_argmax(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 1, a, an, &axis)) return vpoison();
+  Val v = topk_indices(L, call, a[0].t, 1, axis);
+  if (v.kind != V_TENSOR) return v;
+  const IrShape *s = &a[0].t->type.shape;
+  int64_t dims[IR_MAX_RANK];
+  int n = 0;
+  for (int d = 0; d < s->rank; d++)
+    if (d != axis) dims[n++] = s->dim[d];
+  IrAttr rs = ir_attr_ints("shape", dims, n);
+  return build(L, IR_OP_RESHAPE, &v.t, 1, &rs, 1, NULL, call->tok);
+}
+
 static const Builtin builtins[] = {
     {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1},
     {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1},
@@ -915,6 +993,10 @@ static const Builtin builtins[] = {
     {"full", bi_fill, IR_OP_CONST, 2, {"shape", "value", "dtype"}, 0},
     {"arange", bi_arange, IR_OP_ARANGE, 1, {"end", "dtype"}, 0},
     {"one_hot", bi_one_hot, IR_OP_ONE_HOT, 2, {"idx", "num_classes"}, -1},
+    /* language v2: selection */
+    {"gather", bi_gather, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
+    {"index_select", bi_index_select, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
+    {"argmax", bi_argmax, IR_OP_TOPK, 2, {"x", "axis"}, -1},
 };
 
 static const Builtin *find_builtin(const char *name) {
