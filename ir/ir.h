@@ -359,6 +359,9 @@ bool ir_patches_geom(const IrOp *op, IrPatches *g, char *err, size_t errlen);
  * IR_OPF_UNARY; p is pow's exponent, unused by the others; cast is the
  * identity here (ir_scalar_cast converts). */
 double ir_scalar_unary(IrOpcode opc, double x, double p);
+/* The same with op's attributes: pow's exponent, clamp's min and max
+ * (ir_scalar_unary treats clamp as having neither bound). */
+double ir_scalar_unary_op(const IrOp *op, double x);
 /* opc must have IR_OPF_BINARY or IR_OPF_COMPARE (a comparison gives 1 or 0). */
 double ir_scalar_binary(IrOpcode opc, double a, double b);
 /* cast's value for a result of dtype `to`, before rounding: i32 toward

@@ -49,9 +49,14 @@ static const struct {
   /* convolution and pooling */
   [IR_OP_PATCHES]              = {KP_ROW_NONE,    KP_LOOP_PATCHES},
   [IR_OP_PATCHES_GRAD]         = {KP_ROW_NONE,    KP_LOOP_PATCHES_GRAD},
+  /* language v2 constructors and selection */
+  [IR_OP_ARANGE]               = {KP_ROW_NONE,    KP_LOOP_ARANGE},
+  [IR_OP_GATHER]               = {KP_ROW_NONE,    KP_LOOP_GATHER},
+  [IR_OP_GATHER_GRAD]          = {KP_ROW_NONE,    KP_LOOP_GATHER_GRAD},
+  [IR_OP_TOPK]                 = {KP_ROW_NONE,    KP_LOOP_TOPK},
 };
 /* A new op in ir/ops.def that is neither POINT nor EXEC needs its row here. */
-_Static_assert(IR_OP_COUNT == 68, "kernel.c's op table knows every op");
+_Static_assert(IR_OP_COUNT == 80, "kernel.c's op table knows every op");
 
 bool kp_op_group0(IrOpcode opc) { return ir_op_is(opc, IR_OPF_EXEC); }
 KpRowKind kp_row_kind(IrOpcode opc) { return ir_op_is(opc, IR_OPF_POINT) ? KP_ROW_EW : op_table[opc].row; }

@@ -647,6 +647,10 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   case IR_OP_UNSLICE:
   case IR_OP_EMBEDDING_GRAD:
   case IR_OP_ONE_HOT:
+  case IR_OP_ARANGE:
+  case IR_OP_GATHER:
+  case IR_OP_GATHER_GRAD:
+  case IR_OP_TOPK:
   case IR_OP_MSE_LOSS:
   /* convolution and pooling: no tensor-parallel rule yet (a split
    * channel axis would need one); replicated operands only */

@@ -96,6 +96,27 @@ const char cu_prelude[] =
     "  double poly = 0.7978845608028654 * (1.0 + 0.134145 * (x * x));\n"
     "  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * poly;\n"
     "}\n"
+    "// Language v2 math: softplus (beta 1, threshold 20), gelu's erf form and\n"
+    "// its derivative, Phi(x) = 0.5 erfc(-x / sqrt 2).\n"
+    "__device__ __forceinline__ float softplus(float x) {\n"
+    "  return x > 20.0f ? x : (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));\n"
+    "}\n"
+    "__device__ __forceinline__ double softplus(double x) {\n"
+    "  return x > 20.0 ? x : (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x)));\n"
+    "}\n"
+    "__device__ __forceinline__ float gelu_erf(float x) { return x * (0.5f * erfcf(x * -0.70710678118654752f)); }\n"
+    "__device__ __forceinline__ double gelu_erf(double x) { return x * (0.5 * erfc(x * -0.70710678118654752)); }\n"
+    "__device__ __forceinline__ float gelu_erf_grad(float x) {\n"
+    "  return 0.5f * erfcf(x * -0.70710678118654752f) + x * expf(-0.5f * (x * x)) * 0.39894228040143267f;\n"
+    "}\n"
+    "__device__ __forceinline__ double gelu_erf_grad(double x) {\n"
+    "  return 0.5 * erfc(x * -0.70710678118654752) + x * exp(-0.5 * (x * x)) * 0.39894228040143267;\n"
+    "}\n"
+    "// topk's order: a before b when larger, NaN largest of all, ties by the lower index.\n"
+    "template <typename T> __device__ __forceinline__ bool topk_before(T a, long ia, T b, long ib) {\n"
+    "  bool na = a != a, nb = b != b;\n"
+    "  return (na && !nb) || a > b || ((a == b || (na && nb)) && ia < ib);\n"
+    "}\n"
     "\n"
     "// Sums and maxima over a warp and over a block (whose size is a multiple\n"
     "// of 32; red: 32 elements of shared memory), returned to every thread.\n"
@@ -341,6 +362,25 @@ const char *cu_elementwise(CuGen *g, const IrOp *op, const char *const *x) {
   case IR_OP_SILU: r = cu_fmt(g, "silu(%s)", x[0]); break;
   case IR_OP_ABS: r = fl ? cu_math1(g, "fabs", in, x[0]) : cu_fmt(g, "abs(%s)", x[0]); break;
   case IR_OP_SIGN: r = cu_fmt(g, "sign(%s)", x[0]); break;
+  case IR_OP_CLAMP: { /* torch.clamp: below min -> min, then above max -> max; NaN stays */
+    r = x[0];
+    if (ir_attr_get(op, "min")) {
+      const char *lo = cu_lit(g, d ? IR_DT_F64 : IR_DT_F32, ir_attr_get_float(op, "min", 0));
+      r = cu_fmt(g, "(%s < %s ? %s : %s)", r, lo, lo, r);
+    }
+    if (ir_attr_get(op, "max")) {
+      const char *hi = cu_lit(g, d ? IR_DT_F64 : IR_DT_F32, ir_attr_get_float(op, "max", 0));
+      r = cu_fmt(g, "(%s > %s ? %s : %s)", r, hi, hi, r);
+    }
+    break;
+  }
+  case IR_OP_SIN: r = cu_math1(g, "sin", in, x[0]); break;
+  case IR_OP_COS: r = cu_math1(g, "cos", in, x[0]); break;
+  case IR_OP_LOG1P: r = cu_math1(g, "log1p", in, x[0]); break;
+  case IR_OP_SOFTPLUS: r = cu_fmt(g, "softplus(%s)", x[0]); break;
+  case IR_OP_ERF: r = cu_math1(g, "erf", in, x[0]); break;
+  case IR_OP_GELU_ERF: r = cu_fmt(g, "gelu_erf(%s)", x[0]); break;
+  case IR_OP_GELU_ERF_GRAD: r = cu_fmt(g, "gelu_erf_grad(%s)", x[0]); break;
   case IR_OP_POW: {
     double p = ir_attr_get_float(op, "exponent", 1.0);
     if (p == 1.0)

@@ -250,6 +250,7 @@ static void test_cuda_emulated_models(void **state) {
   cs[n++] = model("tests/models/lenet.gdl", NULL, 92);
   cs[n++] = model("tests/models/conv_paths.gdl", NULL, 93);
   cs[n++] = model("tests/models/conv_bn.gdl", NULL, 94);
+  cs[n++] = model("tests/models/v2_select.gdl", NULL, 95);
   for (int i = 0; i < NT; i++) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/torchref/cases/%s.gdl", torchref[i]);
