@@ -183,6 +183,13 @@ double gradc_session_grad_norm(const gradc_session *s); /* of the last run, befo
  * its slices), and the file is the same as without zero1. */
 gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path);
 gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
+/* Random draws (dropout, rand_like, randn_like; DESIGN.md §2): a pure
+ * function of a seed, a step, the op, the sample's index in the window and
+ * the element.  The session's runs draw with `seed` at step `step`, plus
+ * one for every optimiser step taken after this call; by default seed 0
+ * and the optimiser step count.  Checkpoints keep both, so a resumed
+ * session draws what an uninterrupted one would. */
+void gradc_session_set_draws(gradc_session *s, uint64_t seed, int64_t step);
 /* A 64-bit generator saved with the checkpoint (e.g. for shuffling data). */
 uint64_t gradc_session_rng_next(gradc_session *s);
 void gradc_session_rng_seed(gradc_session *s, uint64_t seed);

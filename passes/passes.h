@@ -109,7 +109,7 @@ typedef enum {
   PLAN_EXEC_GEMM,    /* matmul: the BLAS */
   PLAN_EXEC_ALIAS,   /* reshape: no work, shares its operand's bytes */
   PLAN_EXEC_CONST,   /* inlined into kernels, stored only when a group-0 op reads it */
-  PLAN_EXEC_WSUM,    /* window.sum: written by the executor before the micro-batches */
+  PLAN_EXEC_WSUM,    /* window.sum, rng.state: written by the executor before the micro-batches (each) */
   PLAN_EXEC_LOSS,    /* loss: read by the executor */
   PLAN_EXEC_GRAD,    /* grad: accumulated in place by its producer */
   PLAN_EXEC_COPY,    /* collectives (one rank: a copy) */

@@ -57,7 +57,8 @@ const char train_help[] =
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
     "  torch's defaults unless given.  --steps N is the run's total (default 100): a resumed run\n"
     "  continues to it, and --cosine decays the rate to --min-lr (default 0) there, after --warmup\n"
-    "  steps of linear warm-up.  --seed S (default 0) seeds the params' init and the data order.\n"
+    "  steps of linear warm-up.  --seed S (default 0) seeds the params' init, the data order and the\n"
+    "  random draws (dropout, rand_like, randn_like: drawn anew at each optimiser step).\n"
     "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
     "  --checkpoint is written at the end and every --checkpoint-every steps; --stop-after N ends\n"
     "  this run after N steps, as Ctrl-C does after the current one.  Progress goes to stderr: a\n"
@@ -941,6 +942,8 @@ static int run_open(Run *r) {
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
+  /* The random draws: --seed at each optimiser step (a checkpoint keeps both). */
+  gradc_session_set_draws(s, a->seed, 0);
   if (a->resume) {
     rc = load_checkpoint(s, a->resume, &r->d);
   } else if (a->init) {
