@@ -74,6 +74,7 @@ PassResult pass_weight_grad_gemm(IrFunc *f, const PassOptions *o, Arena *scratch
 PassResult pass_unslice_concat(IrFunc *f, const PassOptions *o, Arena *scratch);       /* unslice_concat.c */
 PassResult pass_split_reductions(IrFunc *f, const PassOptions *o, Arena *scratch);     /* split_reductions.c */
 PassResult pass_split_cross_entropy(IrFunc *f, const PassOptions *o, Arena *scratch);  /* split_cross_entropy.c */
+PassResult pass_split_draws(IrFunc *f, const PassOptions *o, Arena *scratch);           /* split_draws.c */
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* shard.c: split(N) params over --tp ranks, collectives inserted (docs/DISTRIBUTED.md). */
 PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch);
