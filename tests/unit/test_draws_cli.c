@@ -161,12 +161,65 @@ static void test_draws_resumed_train_draws_the_same(void **state) {
   compare(a, b, false);
 }
 
+/* The C API: a session draws with its seed at its step; set_draws moves
+ * both; an optimiser step moves the step; a checkpoint keeps them. */
+static void session_grad(gradc_session *s, float *du) {
+  assert_int_equal(gradc_session_run(s), GRADC_OK);
+  assert_int_equal(gradc_session_get_grad(s, "u", du, 8 * 16), GRADC_OK);
+}
+
+static void test_draws_session_api(void **state) {
+  (void)state;
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  o.gas = 2;
+  gradc_program *p;
+  assert_int_equal(gradc_program_compile_file(tu_path("tests/models/draws.gdl"), &o, &p), GRADC_OK);
+  gradc_session *s, *t;
+  assert_int_equal(gradc_session_new(p, &s), GRADC_OK);
+  assert_int_equal(gradc_session_init_params(s, 0), GRADC_OK);
+  float x[4 * 8 * 16] = {0}, a[128], b[128], c[128];
+  for (int i = 0; i < 4 * 8 * 16; i++) x[i] = (i / 16) % 8 / 2 == i / (8 * 16) ? 1.0f : 0.0f;
+  assert_int_equal(gradc_session_set_input(s, "x", GRADC_F32, x, 4 * 8 * 16), GRADC_OK);
+  gradc_session_set_draws(s, 9, 4);
+  session_grad(s, a);
+  session_grad(s, b);
+  assert_memory_equal(a, b, sizeof a); /* the same window draws the same */
+  /* The command line's run --seed 9 --step 4 drew these too: du is u itself. */
+  char path[256];
+  snprintf(path, sizeof path, "%s/g1.st", tmpdir);
+  StFile g;
+  st_init(&g);
+  char err[512];
+  if (!st_read(path, &g, err, sizeof err)) fail_msg("%s", err);
+  assert_memory_equal(st_find(&g, "u")->data, a, sizeof a);
+  st_free(&g);
+  gradc_optimizer_options opt;
+  gradc_optimizer_options_init(&opt, GRADC_SGD);
+  opt.lr = 0; /* the params stay; only the step count moves */
+  assert_int_equal(gradc_session_set_optimizer(s, &opt), GRADC_OK);
+  assert_int_equal(gradc_session_step(s), GRADC_OK);
+  session_grad(s, c);
+  assert_memory_not_equal(a, c, sizeof a); /* step 5 */
+  snprintf(path, sizeof path, "%s/api.ckpt", tmpdir);
+  assert_int_equal(gradc_session_save_checkpoint(s, path), GRADC_OK);
+  assert_int_equal(gradc_session_new(p, &t), GRADC_OK);
+  assert_int_equal(gradc_session_load_checkpoint(t, path), GRADC_OK);
+  assert_int_equal(gradc_session_set_input(t, "x", GRADC_F32, x, 4 * 8 * 16), GRADC_OK);
+  session_grad(t, b);
+  assert_memory_equal(b, c, sizeof b); /* seed 9 at step 5, from the checkpoint */
+  gradc_session_free(t);
+  gradc_session_free(s);
+  gradc_program_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_draws_same_for_every_gas_and_target),
       cmocka_unit_test(test_draws_same_over_two_ranks),
       cmocka_unit_test(test_draws_dropout_zero_fraction),
       cmocka_unit_test(test_draws_resumed_train_draws_the_same),
+      cmocka_unit_test(test_draws_session_api),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
