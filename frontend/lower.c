@@ -1300,6 +1300,99 @@ static Val bi_argmax(Lower *L, const FeNode *call, const Builtin *b, Val *a, con
   return build(L, IR_OP_RESHAPE, &v.t, 1, &rs, 1, NULL, call->tok);
 }
 
+/* ---- Randomness (DESIGN.md §2): rand_like, randn_like, dropout ---- */
+
+/* Whether v depends on a batched input (a walk of its operands, without
+ * recursion: a deep model must not exhaust the stack). */
+static bool batch_dependent(Lower *L, const IrValue *v) {
+  int n = L->f->nvalues > 0 ? L->f->nvalues : 1, top = 0;
+  bool *seen = ARENA_ARRAY(L->tmp, bool, n);
+  const IrValue **stack = ARENA_ARRAY(L->tmp, const IrValue *, n);
+  stack[top++] = v;
+  seen[v->id] = true;
+  while (top > 0) {
+    const IrValue *w = stack[--top];
+    if (!w->def && w->role == IR_ARG_INPUT && w->batched) return true;
+    for (int i = 0; w->def && i < w->def->nargs; i++) {
+      const IrValue *x = w->def->args[i];
+      if (!seen[x->id]) {
+        seen[x->id] = true;
+        stack[top++] = x;
+      }
+    }
+  }
+  return false;
+}
+
+/* Draws of x's type (f32 draws cast to bf16/f16): uniform or normal, from
+ * the function's one rng.state.  The draw is per sample (batched=true) when
+ * x depends on a batched input and leads with the micro-batch axis; else
+ * every micro-batch draws the same values, as one full batch would once.
+ * Its key is its location, made distinct for each earlier draw lowered
+ * from the same location (ir_random_key). */
+static Val random_like(Lower *L, const FeNode *call, IrValue *x, bool normal) {
+  char buf[IR_TYPE_STR_MAX];
+  IrType t = x->type;
+  if (!ir_dtype_is_float(t.dtype)) {
+    error_at(L, call->tok, "'%s' needs a floating-point tensor, got %s", call->name, ir_type_str(&t, buf, sizeof buf));
+    return vpoison();
+  }
+  IrFunc *f = L->f;
+  IrValue *state = NULL;
+  int occurrence = 0;
+  IrLoc loc = loc_of(L, call->tok);
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode == IR_OP_RNG_STATE && !state) state = op->result;
+    if (op->opcode == IR_OP_RANDOM && op->loc.line == loc.line && op->loc.col == loc.col) occurrence++;
+  }
+  if (!state) {
+    Val s = build(L, IR_OP_RNG_STATE, NULL, 0, NULL, 0, NULL, call->tok);
+    if (s.kind != V_TENSOR) return vpoison();
+    state = s.t;
+  }
+  bool batched = t.shape.rank > 0 && L->m->batch && t.shape.dim[0] == L->m->batch_micro && batch_dependent(L, x);
+  IrType dt = t;
+  if (dt.dtype != IR_DT_F64) dt.dtype = IR_DT_F32;
+  IrAttr at[3] = {ir_attr_str("dist", normal ? "normal" : "uniform"),
+                  ir_attr_int("key", ir_random_key(loc.line, loc.col, occurrence)), ir_attr_bool("batched", batched)};
+  Val r = build(L, IR_OP_RANDOM, &state, 1, at, 3, &dt, call->tok);
+  if (r.kind != V_TENSOR || dt.dtype == t.dtype) return r;
+  return build(L, IR_OP_CAST, &r.t, 1, NULL, 0, &t, call->tok);
+}
+
+/* rand_like(x): uniform [0, 1)   randn_like(x): standard normal */
+static Val bi_rand_like(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return random_like(L, call, a[0].t, strcmp(b->name, "randn_like") == 0);
+}
+
+/* dropout(x, p): x * (u >= p) / (1 - p) for u = rand_like(x); the mask is
+ * a select of two constants, so the gradient multiplies by the same mask
+ * (and `split-draws` lets each kernel that reads it draw it again). */
+static Val bi_dropout(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  double p;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_num(L, call, b, 1, a, an, &p)) return vpoison();
+  if (!(p >= 0 && p <= 1)) {
+    error_at(L, an[1]->begin, "dropout probability must be in [0, 1], got %g", p);
+    return vpoison();
+  }
+  if (p == 0) return a[0]; /* torch: the identity */
+  IrValue *x = a[0].t;
+  Val u = random_like(L, call, x, false);
+  if (u.kind != V_TENSOR) return vpoison();
+  IrLoc loc = loc_of(L, call->tok);
+  IrDType dt = u.t->type.dtype; /* the draw's: the comparison is in f32 (f64 for f64) */
+  IrValue *cmp[2] = {u.t, ir_const(L->f, p, dt, loc)};
+  Val keep = build(L, IR_OP_GE, cmp, 2, NULL, 0, NULL, call->tok);
+  if (keep.kind != V_TENSOR) return vpoison();
+  IrValue *sel[3] = {keep.t, ir_const(L->f, 1.0 / (1.0 - p), x->type.dtype, loc), ir_const(L->f, 0.0, x->type.dtype, loc)};
+  Val mask = build(L, IR_OP_SELECT, sel, 3, NULL, 0, NULL, call->tok);
+  if (mask.kind != V_TENSOR) return vpoison();
+  IrValue *mul[2] = {x, mask.t};
+  return build(L, IR_OP_MUL, mul, 2, NULL, 0, NULL, call->tok);
+}
+
 static const Builtin builtins[] = {
     {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1},
     {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1},
@@ -1355,6 +1448,10 @@ static const Builtin builtins[] = {
     {"gather", bi_gather, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
     {"index_select", bi_index_select, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
     {"argmax", bi_argmax, IR_OP_TOPK, 2, {"x", "axis"}, -1},
+    /* Randomness */
+    {"rand_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1},
+    {"randn_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1},
+    {"dropout", bi_dropout, IR_OP_RANDOM, 2, {"x", "p"}, -1},
 };
 
 static const Builtin *find_builtin(const char *name) {

@@ -372,6 +372,36 @@ double ir_scalar_cast(double x, IrDType to);
 double ir_round_dtype(double x, IrDType dt);
 
 /* ------------------------------------------------------------------ */
+/* random.c: counter-based random draws (Philox-4x32-10)               */
+/* ------------------------------------------------------------------ */
+/* rng.state's words (a run-time i32[4] the executor writes each
+ * micro-batch): key (the seed's low and high 32 bits), the optimiser
+ * step's low 32 bits, the window index of the micro-batch's first sample. */
+#define IR_RNG_WORDS 4
+/* 2 pi, the double nearest it (Box-Muller's angle). */
+#define IR_RANDOM_TWO_PI 6.283185307179586
+/* One Philox-4x32-10 block: out = philox(ctr, key). */
+void ir_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* A `random` op's attributes: whether its first axis is the batch axis
+ * (batched=true), and the elements of one sample (the whole tensor when not
+ * batched). */
+bool ir_random_batched(const IrOp *op);
+int64_t ir_random_per_sample(const IrOp *op);
+/* The four words element e (row-major in op's result) draws:
+ * philox(ctr = (e mod per, base + e / per, step, key), key = seed), with
+ * ctr[0] = e, ctr[1] = 0 for a draw that is not batched. */
+void ir_random_bits(const IrOp *op, const uint32_t state[IR_RNG_WORDS], int64_t e, uint32_t out[4]);
+/* The words as a value of dtype dt (f32 or f64): uniform in [0, 1) from the
+ * top 24 bits of w[0] (f32) or 53 bits of w[0], w[1] (f64); normal by
+ * Box-Muller in f64 from 53 bits each of (w[0], w[1]) and (w[2], w[3]),
+ * rounded to dt. */
+double ir_random_value(bool normal, IrDType dt, const uint32_t w[4]);
+/* The stable id of a random op: its line and column (16 bits each), xor
+ * the number of earlier random ops lowered from the same location (a `for`
+ * body, an inlined `fn`) times Philox's first Weyl constant. */
+uint32_t ir_random_key(int line, int col, int occurrence);
+
+/* ------------------------------------------------------------------ */
 /* print.c: the text form (round-trips through read.c)                 */
 /* ------------------------------------------------------------------ */
 void ir_print(const IrFunc *f, StrBuf *out);

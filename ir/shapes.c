@@ -703,6 +703,42 @@ static bool ir_shape_loss_term(const IrOp *op, const IrType *hint, IrType *out, 
   return true;
 }
 
+/* rng.state: the draw state of the micro-batch (IR_RNG_WORDS words). */
+static bool ir_shape_rng_state(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  (void)op, (void)hint, (void)err, (void)n;
+  out->dtype = IR_DT_I32;
+  out->shape.rank = 1;
+  out->shape.dim[0] = IR_RNG_WORDS;
+  return true;
+}
+
+/* random %state {dist, key, batched}: f32 or f64 draws of the given type;
+ * Philox's counter word for the element in the sample has 32 bits. */
+static bool ir_shape_random(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  const IrType *s = arg(op, 0);
+  const char *dist;
+  int64_t key;
+  bool batched;
+  if (s->dtype != IR_DT_I32 || s->shape.rank != 1 || s->shape.dim[0] != IR_RNG_WORDS)
+    return errf(err, n, "'random' needs an i32[%d] rng.state operand, got %s", IR_RNG_WORDS, ts(s).s);
+  if (!need_hint(op, hint, err, n)) return false;
+  if (!need_str(op, "dist", &dist, err, n) || !need_int(op, "key", &key, err, n) ||
+      !need_bool(op, "batched", &batched, err, n))
+    return false;
+  if (strcmp(dist, "uniform") != 0 && strcmp(dist, "normal") != 0)
+    return errf(err, n, "'random': dist must be \"uniform\" or \"normal\", got \"%s\"", dist);
+  if (key < 0 || key > (int64_t)UINT32_MAX) return errf(err, n, "'random': key %lld is not a 32-bit id", (long long)key);
+  if (hint->dtype != IR_DT_F32 && hint->dtype != IR_DT_F64)
+    return errf(err, n, "'random' draws f32 or f64, not %s", ts(hint).s);
+  if (batched && hint->shape.rank == 0) return errf(err, n, "'random': a batched draw needs a batch axis");
+  int64_t per = checked_numel(&hint->shape);
+  if (batched && hint->shape.dim[0] > 0) per /= hint->shape.dim[0];
+  if (per < 0 || per > (int64_t)UINT32_MAX)
+    return errf(err, n, "'random': %s has more than 2^32 elements per sample", ts(hint).s);
+  *out = *hint;
+  return true;
+}
+
 /* Attributes common to collectives: group="..." ranks=N (N >= 1). */
 static bool collective_attrs(const IrOp *op, int64_t *ranks, char *err, size_t n) {
   const char *group;

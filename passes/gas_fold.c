@@ -353,6 +353,9 @@ static Info classify(Fold *fd, IrOp *op) {
   Info in[8];
   int n = op->nargs < 8 ? op->nargs : 8;
   for (int i = 0; i < n; i++) in[i] = get(fd, op->args[i]);
+  /* A batched draw is per-sample: its counter holds the sample's index in
+   * the window (ir/random.c), so K micro-batches draw what one batch does. */
+  if (op->opcode == IR_OP_RANDOM) return ir_random_batched(op) ? sample(0, 1) : indep();
   bool all_indep = true;
   for (int i = 0; i < op->nargs; i++)
     if (get(fd, op->args[i]).cls != C_INDEP) all_indep = false;
@@ -381,6 +384,9 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_GE:
   case IR_OP_SELECT: return cls_compare(op, in, n, rank_out);
   case IR_OP_CONST: return indep();
+  /* Randomness */
+  case IR_OP_RNG_STATE:
+  case IR_OP_RANDOM: return indep(); /* (a batched draw returned above) */
   case IR_OP_SUM:
   case IR_OP_MEAN:
   case IR_OP_MAX:

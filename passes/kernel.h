@@ -23,6 +23,7 @@ typedef enum {
   KP_ROW_EMB,     /* embedding: the table gathered by index */
   KP_ROW_CMASK,   /* causal_mask */
   KP_ROW_UNSLICE, /* the operand gathered where the slice puts it */
+  KP_ROW_RAND,    /* random: Philox draws of the element's counter; the state is read by index */
 } KpRowKind;
 
 /* The loop nest an op needs when it is a kernel of its own. */
@@ -78,7 +79,8 @@ KpLoopKind kp_loop_kind(IrOpcode opc);
   case IR_OP_GATHER: \
   case IR_OP_GATHER_GRAD: \
   case IR_OP_TOPK: \
-  case IR_OP_WINDOW_SUM
+  case IR_OP_WINDOW_SUM: \
+  case IR_OP_RANDOM
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a
  * kernel (IrOp.group >= 1). */

@@ -711,6 +711,29 @@ static bool eval_window_sum(Ctx *c, const IrOp *op, double *out) {
   return true;
 }
 
+/* rng.state: the words the step driver set for this micro-batch, as the
+ * i32 an executor's arena holds. */
+static bool eval_rng_state(Ctx *c, const IrOp *op, double *out) {
+  (void)op;
+  for (int i = 0; i < IR_RNG_WORDS; i++) out[i] = (double)(int32_t)c->st->rng[i];
+  return true;
+}
+
+/* random: element e draws Philox's block for its counter (ir/random.c). */
+static bool eval_random(Ctx *c, const IrOp *op, double *out) {
+  const double *s = in(c, op, 0);
+  uint32_t state[IR_RNG_WORDS], w[4];
+  for (int i = 0; i < IR_RNG_WORDS; i++) state[i] = (uint32_t)(int32_t)s[i];
+  bool normal = strcmp(ir_attr_get_str(op, "dist", "uniform"), "normal") == 0;
+  IrDType dt = op->result->type.dtype;
+  int64_t n = numel_of(op->result);
+  for (int64_t e = 0; e < n; e++) {
+    ir_random_bits(op, state, e, w);
+    out[e] = ir_random_value(normal, dt, w);
+  }
+  return true;
+}
+
 static bool eval_grad_seed(Ctx *c, const IrOp *op, double *out) {
   const double *x = in(c, op, 0);
   int64_t n = numel_of(op->result);
@@ -812,6 +835,9 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_TOPK: return eval_topk(c, op, out);
   case IR_OP_WINDOW_SUM: return eval_window_sum(c, op, out);
   case IR_OP_GRAD_SEED: return eval_grad_seed(c, op, out);
+  /* Randomness */
+  case IR_OP_RNG_STATE: return eval_rng_state(c, op, out);
+  case IR_OP_RANDOM: return eval_random(c, op, out);
   case IR_OP_LOSS_TERM: return map2(c, op, out, IR_OP_MUL);
   case IR_OP_ALL_REDUCE_START:
   case IR_OP_ALL_GATHER_START:

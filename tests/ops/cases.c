@@ -422,6 +422,13 @@ const OpCase op_cases[] = {
     {IR_OP_TOPK, "f32[3,8]", "k=6 axis=1", NULL, OE_SPECIAL, 0, "NaN largest, infinities, -0 ties 0"},
     {IR_OP_TOPK, "bf16[4,33]", "k=4 axis=1", NULL, OE_LOWP, 0, NULL},
     {IR_OP_TOPK, "f32[5,37]", "k=1 axis=1", NULL, N, 0, "argmax"},
+    /* ---- randomness: the operand is any i32[4] rng.state (seed, step, first sample) ---- */
+    {IR_OP_RANDOM, "i32[4]<65536", "dist=uniform key=7 batched=true", "f32[6,37]", N, 0, "per sample"},
+    {IR_OP_RANDOM, "i32[4]<65536", "dist=uniform key=9 batched=false", "f32[5,37]", N, 0, "whole tensor"},
+    {IR_OP_RANDOM, "i32[4]<65536", "dist=uniform key=7 batched=true", "f64[4,33]", N, 0, "53 bits"},
+    {IR_OP_RANDOM, "i32[4]<65536", "dist=normal key=11 batched=true", "f32[6,37]", N, 0, "Box-Muller"},
+    {IR_OP_RANDOM, "i32[4]<65536", "dist=normal key=13 batched=false", "f64[3,21]", N, 0, NULL},
+    {IR_OP_RANDOM, "i32[4]<65536", "dist=uniform key=3 batched=true", "f32[2,3,300]", N, 0, "rows wider than a warp"},
 
     /* ---- gradient accumulation ---- */
     {IR_OP_GRAD_SEED, "f32[]", "coef=0.1", NULL, N, 0, NULL},
@@ -437,6 +444,7 @@ const OpExclusion op_exclusions[] = {
     {IR_OP_MATMUL, "run by the executor's GEMM (BLAS, cuBLASLt), not a generated kernel: test_exec, "
                    "test_cuda_gemms_as_cublaslt_sees_them; its derivative has rows"},
     {IR_OP_WINDOW_SUM, "its value comes from the window's count phase (runtime/ref/step.c, test_gas)"},
+    {IR_OP_RNG_STATE, "written by the executor before each micro-batch (step_store_rng; test_random)"},
     {IR_OP_LOSS, "an output of the step, no result (test_exec, test_step)"},
     {IR_OP_GRAD, "an output of the step, no result (test_codegen_grad_buffers_accumulate)"},
     {IR_OP_ALL_REDUCE_START, "a collective: needs ranks (test_dp_*, test_tp_run)"},

@@ -177,12 +177,12 @@ static const struct {
     {IR_OPF_COMPARE, EW_COMPARE},
     {IR_OPF_FOLD, "neg exp log sqrt rsqrt pow cast add sub mul div maximum minimum "
                   "sin cos log1p softplus erf gelu_erf gelu_erf_grad"},
-    {IR_OPF_HINT, "const cast arange"},
+    {IR_OPF_HINT, "const cast arange random"},
     {IR_OPF_POINT, EW " broadcast mse_loss grad.seed loss.term"},
     {IR_OPF_ROW, EW " broadcast mse_loss grad.seed loss.term sum mean max logsumexp softmax log_softmax "
-                 "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy"},
+                 "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy random"},
     {IR_OPF_RED, "sum mean max logsumexp softmax log_softmax layer_norm rms_norm cross_entropy"},
-    {IR_OPF_EXEC, "const reshape matmul window.sum loss grad " COLLECTIVES},
+    {IR_OPF_EXEC, "const reshape matmul window.sum loss grad rng.state " COLLECTIVES},
     {IR_OPF_VIEW, "reshape permute slice concat"},
     {IR_OPF_START, "all_reduce.start all_gather.start reduce_scatter.start"},
     {IR_OPF_WAIT, "all_reduce.wait all_gather.wait reduce_scatter.wait"},
@@ -240,6 +240,7 @@ static int case_group(IrOpcode opc) {
   case IR_OP_GATHER:
   case IR_OP_GATHER_GRAD:
   case IR_OP_TOPK: return 4;
+  case IR_OP_RANDOM: return 4;
   IR_CASES(CONST)
   IR_CASES(REDUCE)
   IR_CASES(MOVEMENT)
