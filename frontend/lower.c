@@ -381,7 +381,7 @@ typedef struct Builtin Builtin;
 /* a[i]: the evaluated argument for parameter i; an[i]: its node, NULL if absent. */
 typedef Val (*BuiltinFn)(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an);
 
-#define MAX_PARAMS 4
+#define MAX_PARAMS 8
 struct Builtin {
   const char *name;
   BuiltinFn fn;
@@ -495,7 +495,8 @@ static bool arg_axes(Lower *L, const FeNode *call, const Builtin *b, int i, Val 
   return true;
 }
 
-/* exp log sqrt rsqrt tanh sigmoid relu gelu silu abs: a number folds (in
+/* exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sin cos log1p
+ * softplus erf: a number folds (in
  * double with the interpreter's semantics, ir/scalar.c; rounded once when
  * it meets a tensor), a tensor gets the op. */
 static Val bi_unary_math(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
@@ -734,6 +735,664 @@ static Val bi_mse_loss(Lower *L, const FeNode *call, const Builtin *b, Val *a, c
   return build(L, IR_OP_MSE_LOSS, args, 2, &at, 1, NULL, call->tok);
 }
 
+/* ------------------------------------------------------------------ */
+/* Convolution, pooling, pad and batch_norm (language v2)              */
+/* ------------------------------------------------------------------ */
+/* conv lowers to patches (im2col) and the IR's matmul, batched over the
+ * groups; the pools to patches and the IR's max or mean over the kernel
+ * axes; pad to unslice (and slice for negative pads); batch_norm to its
+ * expansion in mean and var (docs/DECISIONS.md). */
+
+/* The op's result, or NULL after an error (reported at the call). */
+static IrValue *emit_at(Lower *L, const FeNode *call, IrOpcode opc, IrValue *const *args, int nargs,
+                        const IrAttr *attrs, int nattrs) {
+  Val v = build(L, opc, args, nargs, attrs, nattrs, NULL, call->tok);
+  return v.kind == V_TENSOR ? v.t : NULL;
+}
+
+static IrValue *reshape_at(Lower *L, const FeNode *call, IrValue *x, const int64_t *dims, int n) {
+  IrAttr a = ir_attr_ints("shape", dims, n);
+  return x ? emit_at(L, call, IR_OP_RESHAPE, &x, 1, &a, 1) : NULL;
+}
+
+/* An int or a list of d ints (stride=2, padding=[1, 0]), each >= lo;
+ * absent: def (NULL: no default, the argument is required). */
+static bool arg_ints_d(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an, int d,
+                       int64_t lo, const int64_t *def, int64_t *out) {
+  if (!an[i]) {
+    for (int k = 0; k < d; k++) out[k] = def ? def[k] : 0;
+    return true;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  const Val *items = &a[i];
+  int n = 1;
+  if (a[i].kind == V_LIST) items = a[i].items, n = a[i].n;
+  bool ok = a[i].kind == V_INT || (a[i].kind == V_LIST && n == d);
+  for (int k = 0; ok && k < n; k++) ok = items[k].kind == V_INT;
+  if (!ok) {
+    error_at(L, an[i]->begin, "argument '%s' of '%s' must be a constant integer or a list of %d, got %s",
+             b->params[i], call->name, d, kind_str(a[i], buf, sizeof buf));
+    return false;
+  }
+  for (int k = 0; k < d; k++) {
+    out[k] = items[n == 1 ? 0 : k].i;
+    if (out[k] < lo || out[k] > MAX_DIM) {
+      error_at(L, an[i]->begin, "argument '%s' of '%s' must be %s, got %lld", b->params[i], call->name,
+               lo == 0 ? "non-negative" : "positive", (long long)out[k]);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* ---- language v2: clamp, gelu(approximate=), constructors ---- */
+
+/* gelu(x, approximate="tanh"|"none"): "tanh" is the gelu op, "none" the
+ * erf form (gelu_erf). */
+static Val bi_gelu(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrOpcode opc = IR_OP_GELU;
+  if (an[1]) {
+    if (a[1].kind == V_STR && strcmp(a[1].s, "none") == 0)
+      opc = IR_OP_GELU_ERF;
+    else if (!(a[1].kind == V_STR && strcmp(a[1].s, "tanh") == 0)) {
+      error_at(L, an[1]->begin, "argument 'approximate' of 'gelu' must be \"tanh\" or \"none\"");
+      return vpoison();
+    }
+  }
+  if (is_num(a[0])) return vfloat(ir_scalar_unary(opc, num(a[0]), 0));
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return build(L, opc, &a[0].t, 1, NULL, 0, NULL, call->tok);
+}
+
+/* clamp(x, min=, max=): constant bounds, at least one of them (torch). */
+static Val bi_clamp(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrAttr at[2];
+  int na = 0;
+  double lo = -INFINITY, hi = INFINITY;
+  if (!an[1] && !an[2]) {
+    error_at(L, call->tok, "'clamp' needs 'min', 'max' or both");
+    return vpoison();
+  }
+  if (an[1]) {
+    if (!arg_num(L, call, b, 1, a, an, &lo)) return vpoison();
+    at[na++] = ir_attr_float("min", lo);
+  }
+  if (an[2]) {
+    if (!arg_num(L, call, b, 2, a, an, &hi)) return vpoison();
+    at[na++] = ir_attr_float("max", hi);
+  }
+  if (is_num(a[0])) {
+    double x = num(a[0]), r = x < lo ? lo : x;
+    return vfloat(r > hi ? hi : r);
+  }
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return build(L, IR_OP_CLAMP, &a[0].t, 1, at, na, NULL, call->tok);
+}
+
+/* A dtype argument: a type name (f32) or a string ("f32"); absent: def. */
+static bool arg_dtype(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an, IrDType def,
+                      IrDType *out) {
+  *out = def;
+  if (!an[i]) return true;
+  if (a[i].kind == V_STR && ir_dtype_parse(a[i].s, strlen(a[i].s), out) && *out != IR_DT_BOOL) return true;
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be a dtype (f32, f64, bf16, f16 or i32)", b->params[i],
+           call->name);
+  return false;
+}
+
+/* A shape argument: a list of positive constant sizes (or one size). */
+static bool arg_shape(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                      IrShape *out) {
+  const Val *items = &a[i];
+  int n = 1;
+  if (a[i].kind == V_LIST) {
+    items = a[i].items;
+    n = a[i].n;
+  }
+  if (n > IR_MAX_RANK) {
+    error_at(L, an[i]->begin, "a tensor has at most %d dimensions", IR_MAX_RANK);
+    return false;
+  }
+  *out = ir_shape_scalar();
+  out->rank = n;
+  for (int k = 0; k < n; k++) {
+    const FeNode *at = an[i]->kind == FE_ND_LIST ? an[i]->items[k] : an[i];
+    if (items[k].kind != V_INT || items[k].i <= 0 || items[k].i > MAX_DIM) {
+      char buf[IR_TYPE_STR_MAX];
+      if (items[k].kind == V_INT)
+        error_at(L, at->begin, "a size in argument '%s' of '%s' must be positive, got %lld", b->params[i],
+                 call->name, (long long)items[k].i);
+      else
+        error_at(L, at->begin, "argument '%s' of '%s' must be a list of constant sizes, got %s", b->params[i],
+                 call->name, kind_str(items[k], buf, sizeof buf));
+      return false;
+    }
+    out->dim[k] = items[k].i;
+  }
+  return true;
+}
+
+/* "3x3" (d sizes). */
+static void sizes_str(const int64_t *v, int d, char *buf, size_t n) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < d && k < n; i++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? "x" : "", (long long)v[i]);
+}
+
+/* Checks every kernel fits its padded spatial axis of x (rank lead + d). */
+static bool kernel_fits(Lower *L, const FeNode *call, const IrType *x, int d, const int64_t *k, const int64_t *pad,
+                        const int64_t *dil) {
+  int lead = x->shape.rank - d;
+  int64_t span[IR_MAX_RANK], avail[IR_MAX_RANK];
+  bool ok = true;
+  for (int i = 0; i < d; i++) {
+    span[i] = dil[i] * (k[i] - 1) + 1;
+    avail[i] = x->shape.dim[lead + i] + 2 * pad[i];
+    ok &= span[i] <= avail[i];
+  }
+  if (ok) return true;
+  char b1[IR_TYPE_STR_MAX], b2[64], b3[64], b4[64];
+  sizes_str(k, d, b2, sizeof b2);
+  sizes_str(span, d, b3, sizeof b3);
+  sizes_str(avail, d, b4, sizeof b4);
+  error_at(L, call->tok, "'%s': kernel %s (spanning %s with its dilation) is larger than the input %s with its padding (%s)",
+           call->name, b2, b3, ir_type_str(x, b1, sizeof b1), b4);
+  return false;
+}
+
+static IrValue *patches_at(Lower *L, const FeNode *call, IrValue *x, int d, const int64_t *k, const int64_t *st,
+                           const int64_t *pad, const int64_t *dil, double value) {
+  IrAttr a[5] = {ir_attr_ints("kernel", k, d), ir_attr_ints("stride", st, d), ir_attr_ints("padding", pad, d),
+                 ir_attr_ints("dilation", dil, d), ir_attr_float("value", value)};
+  return emit_at(L, call, IR_OP_PATCHES, &x, 1, a, 5);
+}
+
+/* conv1d / conv2d(x, w, bias, stride=1, padding=0, dilation=1, groups=1):
+ * x [N, C, S...], w [O, C/groups, K...] (d = 1 or 2 spatial axes), as
+ * F.conv1d / F.conv2d.  Lowered to
+ *   P = patches(x)                          [N, C, K..., O...]
+ *   Y = reshape(w, [g, O/g, C/g*prod(K)]) @ reshape(P, [N, g, C/g*prod(K), L])
+ *   y = reshape(Y, [N, O, O...]) + bias     (L = the output positions)
+ * so the GEMMs are the IR's matmul: the input gradient is patches_grad of
+ * the matmul's, the weight gradient the matmul's own. */
+static Val bi_conv(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int d = strcmp(b->name, "conv1d") == 0 ? 1 : 2;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_tensor(L, call, b, 1, a, an)) return vpoison();
+  if (an[2] && !arg_tensor(L, call, b, 2, a, an)) return vpoison();
+  static const int64_t ones[2] = {1, 1}, zeros[2] = {0, 0};
+  int64_t st[2], pad[2], dil[2], groups = 1;
+  if (!arg_ints_d(L, call, b, 3, a, an, d, 1, ones, st) || !arg_ints_d(L, call, b, 4, a, an, d, 0, zeros, pad) ||
+      !arg_ints_d(L, call, b, 5, a, an, d, 1, ones, dil))
+    return vpoison();
+  if (an[6] && !arg_int(L, call, b, 6, a, an, &groups)) return vpoison();
+  IrValue *x = a[0].t, *w = a[1].t, *bias = an[2] ? a[2].t : NULL;
+  const IrType *xt = &x->type, *wt = &w->type;
+  char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
+  const char *layout = d == 1 ? "[N, C, L]" : "[N, C, H, W]", *wlayout = d == 1 ? "[O, C/groups, K]" : "[O, C/groups, KH, KW]";
+  if (xt->shape.rank != d + 2) {
+    error_at(L, an[0]->begin, "'%s' needs an input of rank %d %s, got %s", call->name, d + 2, layout,
+             ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  if (wt->shape.rank != d + 2) {
+    error_at(L, an[1]->begin, "'%s' needs a weight of rank %d %s, got %s", call->name, d + 2, wlayout,
+             ir_type_str(wt, b1, sizeof b1));
+    return vpoison();
+  }
+  int64_t N = xt->shape.dim[0], C = xt->shape.dim[1], O = wt->shape.dim[0], Cg = wt->shape.dim[1];
+  if (groups < 1 || C % groups != 0 || O % groups != 0) {
+    error_at(L, an[6] ? an[6]->begin : call->tok,
+             "'%s': groups=%lld must be positive and divide both the %lld input channels of %s and the %lld output "
+             "channels of %s",
+             call->name, (long long)groups, (long long)C, ir_type_str(xt, b1, sizeof b1), (long long)O,
+             ir_type_str(wt, b2, sizeof b2));
+    return vpoison();
+  }
+  if (Cg * groups != C) {
+    error_at(L, call->tok,
+             "'%s': input %s has %lld channels, but weight %s takes %lld per group (%lld with groups=%lld)", call->name,
+             ir_type_str(xt, b1, sizeof b1), (long long)C, ir_type_str(wt, b2, sizeof b2), (long long)Cg,
+             (long long)(Cg * groups), (long long)groups);
+    return vpoison();
+  }
+  if (bias && (bias->type.shape.rank != 1 || bias->type.shape.dim[0] != O)) {
+    error_at(L, an[2]->begin, "'%s': bias %s does not match the %lld output channels of weight %s", call->name,
+             ir_type_str(&bias->type, b1, sizeof b1), (long long)O, ir_type_str(wt, b2, sizeof b2));
+    return vpoison();
+  }
+  if (xt->dtype != wt->dtype || (bias && bias->type.dtype != xt->dtype)) {
+    error_at(L, call->tok, "'%s': input %s and weight %s must have one dtype%s", call->name,
+             ir_type_str(xt, b1, sizeof b1), ir_type_str(wt, b2, sizeof b2), bias ? " (and the bias)" : "");
+    return vpoison();
+  }
+  if (!kernel_fits(L, call, xt, d, &wt->shape.dim[2], pad, dil)) return vpoison();
+  IrValue *P = patches_at(L, call, x, d, &wt->shape.dim[2], st, pad, dil, 0.0);
+  if (!P) return vpoison();
+  int64_t K = 1, npos = 1, outs[2];
+  for (int i = 0; i < d; i++) {
+    K *= wt->shape.dim[2 + i];
+    outs[i] = P->type.shape.dim[2 + d + i];
+    npos *= outs[i];
+  }
+  IrValue *Y;
+  if (groups == 1) {
+    int64_t pd[3] = {N, C * K, npos}, wd[2] = {O, C * K};
+    IrValue *mm[2] = {reshape_at(L, call, w, wd, 2), reshape_at(L, call, P, pd, 3)};
+    Y = mm[0] && mm[1] ? emit_at(L, call, IR_OP_MATMUL, mm, 2, NULL, 0) : NULL;
+  } else {
+    int64_t pd[4] = {N, groups, Cg * K, npos}, wd[3] = {groups, O / groups, Cg * K};
+    IrValue *mm[2] = {reshape_at(L, call, w, wd, 3), reshape_at(L, call, P, pd, 4)};
+    Y = mm[0] && mm[1] ? emit_at(L, call, IR_OP_MATMUL, mm, 2, NULL, 0) : NULL;
+  }
+  int64_t yd[4] = {N, O, outs[0], d == 2 ? outs[1] : 0};
+  Y = reshape_at(L, call, Y, yd, d + 2);
+  if (Y && bias) {
+    int64_t bd[3] = {O, 1, 1};
+    IrValue *args[2] = {Y, reshape_at(L, call, bias, bd, d + 1)};
+    Y = args[1] ? emit_at(L, call, IR_OP_ADD, args, 2, NULL, 0) : NULL;
+  }
+  return Y ? vtensor(Y) : vpoison();
+}
+
+/* max_pool2d / avg_pool2d(x, kernel, stride=kernel, padding=0) on the last
+ * two axes of x [..., H, W], as F.max_pool2d / F.avg_pool2d: the max
+ * (padding counts as -inf) or the mean (padding counts as 0, divided by the
+ * kernel's size: count_include_pad=True) over the patches' kernel axes.
+ * The max's gradient is split evenly among ties in a window (the IR's
+ * max, torch.amax). */
+static Val bi_pool(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  bool mx = b->op == IR_OP_MAX;
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  IrValue *x = a[0].t;
+  const IrType *xt = &x->type;
+  static const int64_t ones[2] = {1, 1}, zeros[2] = {0, 0};
+  int64_t k[2], st[2], pad[2];
+  if (!arg_ints_d(L, call, b, 1, a, an, 2, 1, NULL, k)) return vpoison();
+  if (!arg_ints_d(L, call, b, 2, a, an, 2, 1, k, st) || !arg_ints_d(L, call, b, 3, a, an, 2, 0, zeros, pad))
+    return vpoison();
+  char b1[IR_TYPE_STR_MAX];
+  if (xt->shape.rank < 3 || !ir_dtype_is_float(xt->dtype)) {
+    error_at(L, an[0]->begin, "'%s' needs a floating-point input [N, C, H, W] or [C, H, W], got %s", call->name,
+             ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  for (int i = 0; i < 2; i++)
+    if (2 * pad[i] > k[i]) {
+      error_at(L, an[3]->begin, "'%s': padding %lld is more than half the kernel %lld (as in F.%s)", call->name,
+               (long long)pad[i], (long long)k[i], call->name);
+      return vpoison();
+    }
+  if (!kernel_fits(L, call, xt, 2, k, pad, ones)) return vpoison();
+  IrValue *P = patches_at(L, call, x, 2, k, st, pad, ones, mx ? -INFINITY : 0.0);
+  if (!P) return vpoison();
+  int lead = xt->shape.rank - 2;
+  int64_t axes[2] = {lead, lead + 1};
+  IrAttr at[2] = {ir_attr_ints("axes", axes, 2), ir_attr_bool("keepdim", false)};
+  return build(L, mx ? IR_OP_MAX : IR_OP_MEAN, &P, 1, at, 2, NULL, call->tok);
+}
+
+/* pad(x, [lo, hi, ...], value=0): pairs from the last axis backwards, as
+ * F.pad in constant mode; a negative pad crops (a slice first).  The
+ * padded tensor is unslice(x) + (value - unslice(value)) with value as
+ * constants: exactly x inside and value outside, and the gradient flows
+ * through the unslice only. */
+static Val bi_pad(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  IrValue *x = a[0].t;
+  const IrType *xt = &x->type;
+  int r = xt->shape.rank;
+  char b1[IR_TYPE_STR_MAX];
+  double value = 0;
+  if (an[2] && !arg_num(L, call, b, 2, a, an, &value)) return vpoison();
+  bool ok = a[1].kind == V_LIST && a[1].n % 2 == 0 && a[1].n <= 2 * r;
+  for (int i = 0; ok && i < a[1].n; i++) ok = a[1].items[i].kind == V_INT;
+  if (!ok) {
+    error_at(L, an[1]->begin,
+             "argument 'pad' of 'pad' must be a list of constant integers [lo, hi, ...], a pair per axis from the "
+             "last, at most %d for %s",
+             2 * r, ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  int64_t lo[IR_MAX_RANK] = {0}, hi[IR_MAX_RANK] = {0};
+  for (int i = 0; i < a[1].n; i++) {
+    int64_t v = a[1].items[i].i;
+    if (v < -MAX_DIM || v > MAX_DIM) {
+      error_at(L, an[1]->begin, "pad %lld is out of range", (long long)v);
+      return vpoison();
+    }
+    (i % 2 == 0 ? lo : hi)[r - 1 - i / 2] = v;
+  }
+  int64_t starts[IR_MAX_RANK], stops[IR_MAX_RANK], steps[IR_MAX_RANK], full[IR_MAX_RANK];
+  bool crop = false;
+  for (int k = 0; k < r; k++) {
+    int64_t dlo = lo[k] < 0 ? -lo[k] : 0, dhi = hi[k] < 0 ? -hi[k] : 0;
+    if (dlo + dhi > xt->shape.dim[k]) {
+      error_at(L, an[1]->begin, "'pad': cropping %lld and %lld from axis %d of %s leaves less than nothing",
+               (long long)dlo, (long long)dhi, k, ir_type_str(xt, b1, sizeof b1));
+      return vpoison();
+    }
+    starts[k] = dlo, stops[k] = xt->shape.dim[k] - dhi, steps[k] = 1;
+    crop |= dlo || dhi;
+  }
+  if (crop) {
+    IrAttr at[3] = {ir_attr_ints("starts", starts, r), ir_attr_ints("stops", stops, r), ir_attr_ints("steps", steps, r)};
+    x = emit_at(L, call, IR_OP_SLICE, &x, 1, at, 3);
+    if (!x) return vpoison();
+  }
+  bool grow = false;
+  for (int k = 0; k < r; k++) {
+    int64_t plo = lo[k] > 0 ? lo[k] : 0, phi = hi[k] > 0 ? hi[k] : 0;
+    starts[k] = plo, stops[k] = plo + x->type.shape.dim[k], full[k] = stops[k] + phi;
+    grow |= plo || phi;
+  }
+  if (!grow) return vtensor(x);
+  IrAttr at[4] = {ir_attr_ints("starts", starts, r), ir_attr_ints("stops", stops, r), ir_attr_ints("steps", steps, r),
+                  ir_attr_ints("shape", full, r)};
+  IrValue *y = emit_at(L, call, IR_OP_UNSLICE, &x, 1, at, 4);
+  if (!y || value == 0) return y ? vtensor(y) : vpoison();
+  IrType ct = y->type;
+  IrValue *cin = ir_const_shaped(L->f, value, x->type, loc_of(L, call->tok));
+  IrValue *cout = ir_const_shaped(L->f, value, ct, loc_of(L, call->tok));
+  IrValue *u = emit_at(L, call, IR_OP_UNSLICE, &cin, 1, at, 4);
+  IrValue *ring[2] = {cout, u};
+  IrValue *rv = u ? emit_at(L, call, IR_OP_SUB, ring, 2, NULL, 0) : NULL;
+  IrValue *sum[2] = {y, rv};
+  y = rv ? emit_at(L, call, IR_OP_ADD, sum, 2, NULL, 0) : NULL;
+  return y ? vtensor(y) : vpoison();
+}
+
+/* batch_norm(x, weight, bias, eps=1e-5): over every axis but 1 (the
+ * channels), train-mode statistics with the biased variance, as
+ * F.batch_norm(training=True); weight and bias [C] may be omitted.  Its
+ * expansion in mean and var (DESIGN.md §2), so gas-fold sees the
+ * batch-mixing centring and refuses it under K > 1 at this call:
+ *   m = mean(x, axes, keepdim)   v = mean((x - m) ** 2, axes, keepdim)
+ *   y = (x - m) * rsqrt(v + eps) * weight + bias */
+static Val bi_batch_norm(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  for (int i = 1; i < 3; i++)
+    if (an[i] && !arg_tensor(L, call, b, i, a, an)) return vpoison();
+  double eps = 1e-5;
+  if (an[3] && !arg_num(L, call, b, 3, a, an, &eps)) return vpoison();
+  if (!(eps >= 0)) {
+    error_at(L, an[3]->begin, "eps must not be negative");
+    return vpoison();
+  }
+  IrValue *x = a[0].t;
+  const IrType *xt = &x->type;
+  char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
+  int r = xt->shape.rank;
+  if (r < 2 || !ir_dtype_is_float(xt->dtype)) {
+    error_at(L, an[0]->begin, "'batch_norm' needs a floating-point input [N, C, ...], got %s",
+             ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  int64_t C = xt->shape.dim[1];
+  for (int i = 1; i < 3; i++) {
+    const IrType *t = an[i] ? &a[i].t->type : NULL;
+    if (t && (t->shape.rank != 1 || t->shape.dim[0] != C || t->dtype != xt->dtype)) {
+      error_at(L, an[i]->begin, "'batch_norm': %s %s does not match the %lld channels (axis 1) of %s", b->params[i],
+               ir_type_str(t, b1, sizeof b1), (long long)C, ir_type_str(xt, b2, sizeof b2));
+      return vpoison();
+    }
+  }
+  IrFunc *f = L->f;
+  IrLoc loc = loc_of(L, call->tok);
+  int64_t axes[IR_MAX_RANK], cd[IR_MAX_RANK];
+  int na = 0;
+  for (int k = 0; k < r; k++) {
+    if (k != 1) axes[na++] = k;
+    cd[k] = k == 1 ? C : 1;
+  }
+  IrAttr at[2] = {ir_attr_ints("axes", axes, na), ir_attr_bool("keepdim", true)};
+  IrValue *m = emit_at(L, call, IR_OP_MEAN, &x, 1, at, 2);
+  if (!m) return vpoison();
+  IrValue *xc = ir_binary(f, IR_OP_SUB, x, m, loc);
+  IrValue *sq = ir_binary(f, IR_OP_MUL, xc, xc, loc);
+  IrValue *v = emit_at(L, call, IR_OP_MEAN, &sq, 1, at, 2);
+  if (!v) return vpoison();
+  IrValue *rs = ir_unary(f, IR_OP_RSQRT, ir_binary(f, IR_OP_ADD, v, ir_const(f, eps, xt->dtype, loc), loc), loc);
+  IrValue *y = ir_binary(f, IR_OP_MUL, xc, rs, loc);
+  if (an[1]) y = ir_binary(f, IR_OP_MUL, y, reshape_at(L, call, a[1].t, cd, r), loc);
+  if (an[2]) y = ir_binary(f, IR_OP_ADD, y, reshape_at(L, call, a[2].t, cd, r), loc);
+  return vtensor(y);
+}
+
+/* zeros([..], dtype=f32)  ones([..], dtype=f32)  full([..], value, dtype=f32):
+ * a const of that type (a batch dim in the shape is the micro-batch). */
+static Val bi_fill(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrType ty;
+  double v = strcmp(b->name, "ones") == 0 ? 1.0 : 0.0;
+  bool full = strcmp(b->name, "full") == 0;
+  int di = full ? 2 : 1;
+  if (!arg_shape(L, call, b, 0, a, an, &ty.shape)) return vpoison();
+  if (full && !arg_num(L, call, b, 1, a, an, &v)) return vpoison();
+  if (!arg_dtype(L, call, b, di, a, an, IR_DT_F32, &ty.dtype)) return vpoison();
+  if (ty.dtype == IR_DT_I32 && (v != trunc(v) || fabs(v) > 2147483647.0)) {
+    error_at(L, an[1]->begin, "the value of an i32 'full' must be an i32 integer, got %g", v);
+    return vpoison();
+  }
+  IrAttr at = ir_attr_float("value", v);
+  return build(L, IR_OP_CONST, NULL, 0, &at, 1, &ty, call->tok);
+}
+
+/* arange(N, dtype=i32): 0, 1, ..., N-1 (i32, f32 or f64). */
+static Val bi_arange(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrType ty;
+  if (a[0].kind != V_INT || a[0].i <= 0 || a[0].i > MAX_DIM) {
+    char buf[IR_TYPE_STR_MAX];
+    if (a[0].kind == V_INT)
+      error_at(L, an[0]->begin, "the length of 'arange' must be positive, got %lld", (long long)a[0].i);
+    else
+      error_at(L, an[0]->begin, "argument 'end' of 'arange' must be a constant integer, got %s",
+               kind_str(a[0], buf, sizeof buf));
+    return vpoison();
+  }
+  if (!arg_dtype(L, call, b, 1, a, an, IR_DT_I32, &ty.dtype)) return vpoison();
+  ty.shape = ir_shape_make(1, &a[0].i);
+  return build(L, IR_OP_ARANGE, NULL, 0, NULL, 0, &ty, call->tok);
+}
+
+/* one_hot(idx, N): i32 [..., N] (the IR's one_hot, cast to i32; -100, the
+ * IR's ignore_index, gives an all-zero row). */
+static Val bi_one_hot(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t depth;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_int(L, call, b, 1, a, an, &depth)) return vpoison();
+  if (depth <= 0 || depth > MAX_DIM) {
+    error_at(L, an[1]->begin, "the number of classes of 'one_hot' must be positive, got %lld", (long long)depth);
+    return vpoison();
+  }
+  const IrType *it = &a[0].t->type;
+  if (it->dtype != IR_DT_I32) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, an[0]->begin, "argument 'idx' of 'one_hot' must be an i32 tensor, got %s",
+             ir_type_str(it, buf, sizeof buf));
+    return vpoison();
+  }
+  if (it->shape.rank >= IR_MAX_RANK) {
+    error_at(L, an[0]->begin, "a tensor has at most %d dimensions", IR_MAX_RANK);
+    return vpoison();
+  }
+  IrType ft = {IR_DT_F32, it->shape};
+  ft.shape.dim[ft.shape.rank++] = depth;
+  IrAttr at[2] = {ir_attr_int("depth", depth), ir_attr_int("ignore_index", -100)};
+  Val oh = build(L, IR_OP_ONE_HOT, &a[0].t, 1, at, 2, &ft, call->tok);
+  if (oh.kind != V_TENSOR) return oh;
+  IrType ty = {IR_DT_I32, ft.shape};
+  return build(L, IR_OP_CAST, &oh.t, 1, NULL, 0, &ty, call->tok);
+}
+
+/* ---- language v2: selection ---- */
+
+/* An i32 tensor argument (an index). */
+static bool arg_index(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an) {
+  if (a[i].kind == V_TENSOR && a[i].t->type.dtype == IR_DT_I32) return true;
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be an i32 tensor, got %s", b->params[i], call->name,
+           a[i].kind == V_TENSOR ? ir_type_str(&a[i].t->type, buf, sizeof buf) : kind_str(a[i], buf, sizeof buf));
+  return false;
+}
+
+/* The tensor x (argument 0) and its axis (argument i, or -1 when absent). */
+static bool arg_x_axis(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                       int64_t *axis) {
+  *axis = -1;
+  if (!arg_tensor(L, call, b, 0, a, an)) return false;
+  if (an[i] && !arg_int(L, call, b, i, a, an, axis)) return false;
+  return axis_of(L, *axis, &a[0].t->type, an[i] ? an[i]->begin : call->tok, axis);
+}
+
+/* gather(x, idx, axis): torch.gather; idx has x's dims except along axis. */
+static Val bi_gather(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 2, a, an, &axis) || !arg_index(L, call, b, 1, a, an)) return vpoison();
+  IrValue *args[2] = {a[0].t, a[1].t};
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, IR_OP_GATHER, args, 2, &at, 1, NULL, call->tok);
+}
+
+/* index_select(x, idx, axis): idx i32[N]; a gather whose index is idx
+ * broadcast over x's other axes (its gradient adds repeated indices). */
+static Val bi_index_select(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 2, a, an, &axis) || !arg_index(L, call, b, 1, a, an)) return vpoison();
+  const IrType *xt = &a[0].t->type, *it = &a[1].t->type;
+  if (it->shape.rank != 1) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, an[1]->begin, "argument 'idx' of 'index_select' must be a 1-D i32 tensor, got %s",
+             ir_type_str(it, buf, sizeof buf));
+    return vpoison();
+  }
+  int r = xt->shape.rank;
+  int64_t ones[IR_MAX_RANK], full[IR_MAX_RANK];
+  for (int d = 0; d < r; d++) {
+    ones[d] = d == axis ? it->shape.dim[0] : 1;
+    full[d] = d == axis ? it->shape.dim[0] : xt->shape.dim[d];
+  }
+  IrAttr rs = ir_attr_ints("shape", ones, r), bs = ir_attr_ints("shape", full, r);
+  Val v = build(L, IR_OP_RESHAPE, &a[1].t, 1, &rs, 1, NULL, call->tok);
+  if (v.kind == V_TENSOR) v = build(L, IR_OP_BROADCAST, &v.t, 1, &bs, 1, NULL, call->tok);
+  if (v.kind != V_TENSOR) return vpoison();
+  IrValue *args[2] = {a[0].t, v.t};
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, IR_OP_GATHER, args, 2, &at, 1, NULL, call->tok);
+}
+
+/* topk(x, k, axis) as the i32 indices: k largest along axis. */
+static Val topk_indices(Lower *L, const FeNode *call, IrValue *x, int64_t k, int64_t axis) {
+  IrAttr at[2] = {ir_attr_int("k", k), ir_attr_int("axis", axis)};
+  return build(L, IR_OP_TOPK, &x, 1, at, 2, NULL, call->tok);
+}
+
+/* argmax(x, axis): i32, the axis dropped; ties and NaN as torch (the first
+ * index; NaN counts as the largest): topk with k = 1. */
+static Val bi_argmax(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 1, a, an, &axis)) return vpoison();
+  Val v = topk_indices(L, call, a[0].t, 1, axis);
+  if (v.kind != V_TENSOR) return v;
+  const IrShape *s = &a[0].t->type.shape;
+  int64_t dims[IR_MAX_RANK];
+  int n = 0;
+  for (int d = 0; d < s->rank; d++)
+    if (d != axis) dims[n++] = s->dim[d];
+  IrAttr rs = ir_attr_ints("shape", dims, n);
+  return build(L, IR_OP_RESHAPE, &v.t, 1, &rs, 1, NULL, call->tok);
+}
+
+/* ---- Randomness (DESIGN.md §2): rand_like, randn_like, dropout ---- */
+
+/* Whether v depends on a batched input (a walk of its operands, without
+ * recursion: a deep model must not exhaust the stack). */
+static bool batch_dependent(Lower *L, const IrValue *v) {
+  int n = L->f->nvalues > 0 ? L->f->nvalues : 1, top = 0;
+  bool *seen = ARENA_ARRAY(L->tmp, bool, n);
+  const IrValue **stack = ARENA_ARRAY(L->tmp, const IrValue *, n);
+  stack[top++] = v;
+  seen[v->id] = true;
+  while (top > 0) {
+    const IrValue *w = stack[--top];
+    if (!w->def && w->role == IR_ARG_INPUT && w->batched) return true;
+    for (int i = 0; w->def && i < w->def->nargs; i++) {
+      const IrValue *x = w->def->args[i];
+      if (!seen[x->id]) {
+        seen[x->id] = true;
+        stack[top++] = x;
+      }
+    }
+  }
+  return false;
+}
+
+/* Draws of x's type (f32 draws cast to bf16/f16): uniform or normal, from
+ * the function's one rng.state.  The draw is per sample (batched=true) when
+ * x depends on a batched input and leads with the micro-batch axis; else
+ * every micro-batch draws the same values, as one full batch would once.
+ * Its key is its location, made distinct for each earlier draw lowered
+ * from the same location (ir_random_key). */
+static Val random_like(Lower *L, const FeNode *call, IrValue *x, bool normal) {
+  char buf[IR_TYPE_STR_MAX];
+  IrType t = x->type;
+  if (!ir_dtype_is_float(t.dtype)) {
+    error_at(L, call->tok, "'%s' needs a floating-point tensor, got %s", call->name, ir_type_str(&t, buf, sizeof buf));
+    return vpoison();
+  }
+  IrFunc *f = L->f;
+  IrValue *state = NULL;
+  int occurrence = 0;
+  IrLoc loc = loc_of(L, call->tok);
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode == IR_OP_RNG_STATE && !state) state = op->result;
+    if (op->opcode == IR_OP_RANDOM && op->loc.line == loc.line && op->loc.col == loc.col) occurrence++;
+  }
+  if (!state) {
+    Val s = build(L, IR_OP_RNG_STATE, NULL, 0, NULL, 0, NULL, call->tok);
+    if (s.kind != V_TENSOR) return vpoison();
+    state = s.t;
+  }
+  bool batched = t.shape.rank > 0 && L->m->batch && t.shape.dim[0] == L->m->batch_micro && batch_dependent(L, x);
+  IrType dt = t;
+  if (dt.dtype != IR_DT_F64) dt.dtype = IR_DT_F32;
+  IrAttr at[3] = {ir_attr_str("dist", normal ? "normal" : "uniform"),
+                  ir_attr_int("key", ir_random_key(loc.line, loc.col, occurrence)), ir_attr_bool("batched", batched)};
+  Val r = build(L, IR_OP_RANDOM, &state, 1, at, 3, &dt, call->tok);
+  if (r.kind != V_TENSOR || dt.dtype == t.dtype) return r;
+  return build(L, IR_OP_CAST, &r.t, 1, NULL, 0, &t, call->tok);
+}
+
+/* rand_like(x): uniform [0, 1)   randn_like(x): standard normal */
+static Val bi_rand_like(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return random_like(L, call, a[0].t, strcmp(b->name, "randn_like") == 0);
+}
+
+/* dropout(x, p): x * (u >= p) / (1 - p) for u = rand_like(x); the mask is
+ * a select of two constants, so the gradient multiplies by the same mask
+ * (and `split-draws` lets each kernel that reads it draw it again). */
+static Val bi_dropout(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  double p;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_num(L, call, b, 1, a, an, &p)) return vpoison();
+  if (!(p >= 0 && p <= 1)) {
+    error_at(L, an[1]->begin, "dropout probability must be in [0, 1], got %g", p);
+    return vpoison();
+  }
+  if (p == 0) return a[0]; /* torch: the identity */
+  IrValue *x = a[0].t;
+  Val u = random_like(L, call, x, false);
+  if (u.kind != V_TENSOR) return vpoison();
+  IrLoc loc = loc_of(L, call->tok);
+  IrDType dt = u.t->type.dtype; /* the draw's: the comparison is in f32 (f64 for f64) */
+  IrValue *cmp[2] = {u.t, ir_const(L->f, p, dt, loc)};
+  Val keep = build(L, IR_OP_GE, cmp, 2, NULL, 0, NULL, call->tok);
+  if (keep.kind != V_TENSOR) return vpoison();
+  IrValue *sel[3] = {keep.t, ir_const(L->f, 1.0 / (1.0 - p), x->type.dtype, loc), ir_const(L->f, 0.0, x->type.dtype, loc)};
+  Val mask = build(L, IR_OP_SELECT, sel, 3, NULL, 0, NULL, call->tok);
+  if (mask.kind != V_TENSOR) return vpoison();
+  IrValue *mul[2] = {x, mask.t};
+  return build(L, IR_OP_MUL, mul, 2, NULL, 0, NULL, call->tok);
+}
+
 static const Builtin builtins[] = {
     {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1},
     {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1},
@@ -742,7 +1401,7 @@ static const Builtin builtins[] = {
     {"tanh", bi_unary_math, IR_OP_TANH, 1, {"x"}, -1},
     {"sigmoid", bi_unary_math, IR_OP_SIGMOID, 1, {"x"}, -1},
     {"relu", bi_unary_math, IR_OP_RELU, 1, {"x"}, -1},
-    {"gelu", bi_unary_math, IR_OP_GELU, 1, {"x"}, -1},
+    {"gelu", bi_gelu, IR_OP_GELU, 1, {"x", "approximate"}, -1},
     {"silu", bi_unary_math, IR_OP_SILU, 1, {"x"}, -1},
     {"abs", bi_unary_math, IR_OP_ABS, 1, {"x"}, -1},
     {"detach", bi_unary, IR_OP_DETACH, 1, {"x"}, -1},
@@ -765,6 +1424,34 @@ static const Builtin builtins[] = {
     {"concat", bi_concat, IR_OP_CONCAT, 1, {"tensors", "axis"}, -1},
     {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, 2, {"logits", "target", "ignore_index", "reduction"}, -1},
     {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, 2, {"input", "target", "reduction"}, -1},
+    /* convolution, pooling, pad and batch_norm (language v2) */
+    {"conv1d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1},
+    {"conv2d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1},
+    {"max_pool2d", bi_pool, IR_OP_MAX, 2, {"x", "kernel", "stride", "padding"}, -1},
+    {"avg_pool2d", bi_pool, IR_OP_MEAN, 2, {"x", "kernel", "stride", "padding"}, -1},
+    {"pad", bi_pad, IR_OP_UNSLICE, 2, {"x", "pad", "value"}, -1},
+    {"batch_norm", bi_batch_norm, IR_OP_MEAN, 1, {"x", "weight", "bias", "eps"}, -1},
+    /* language v2: elementwise math */
+    {"clamp", bi_clamp, IR_OP_CLAMP, 1, {"x", "min", "max"}, -1},
+    {"sin", bi_unary_math, IR_OP_SIN, 1, {"x"}, -1},
+    {"cos", bi_unary_math, IR_OP_COS, 1, {"x"}, -1},
+    {"log1p", bi_unary_math, IR_OP_LOG1P, 1, {"x"}, -1},
+    {"softplus", bi_unary_math, IR_OP_SOFTPLUS, 1, {"x"}, -1},
+    {"erf", bi_unary_math, IR_OP_ERF, 1, {"x"}, -1},
+    /* language v2: constructors (the shape argument is a shape: batch = micro-batch) */
+    {"zeros", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0},
+    {"ones", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0},
+    {"full", bi_fill, IR_OP_CONST, 2, {"shape", "value", "dtype"}, 0},
+    {"arange", bi_arange, IR_OP_ARANGE, 1, {"end", "dtype"}, 0},
+    {"one_hot", bi_one_hot, IR_OP_ONE_HOT, 2, {"idx", "num_classes"}, -1},
+    /* language v2: selection */
+    {"gather", bi_gather, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
+    {"index_select", bi_index_select, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
+    {"argmax", bi_argmax, IR_OP_TOPK, 2, {"x", "axis"}, -1},
+    /* Randomness */
+    {"rand_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1},
+    {"randn_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1},
+    {"dropout", bi_dropout, IR_OP_RANDOM, 2, {"x", "p"}, -1},
 };
 
 static const Builtin *find_builtin(const char *name) {
@@ -831,7 +1518,13 @@ static Val call_builtin(Lower *L, const FeNode *call, const Builtin *b) {
     if (!an[i]) continue;
     EvalMode saved = L->mode;
     L->mode = i == b->shape_arg ? EV_SHAPE : EV_VALUE;
-    a[i] = eval(L, an[i]);
+    /* dtype=f32: a type name, read as the string "f32" */
+    IrDType dt;
+    if (strcmp(b->params[i], "dtype") == 0 && an[i]->kind == FE_ND_NAME &&
+        ir_dtype_parse(an[i]->name, strlen(an[i]->name), &dt))
+      a[i] = (Val){.kind = V_STR, .s = an[i]->name};
+    else
+      a[i] = eval(L, an[i]);
     L->mode = saved;
     poisoned |= a[i].kind == V_POISON;
   }

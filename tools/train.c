@@ -46,7 +46,9 @@ const char train_help[] =
     "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref|cuda]\n"
     "            [--optimizer sgd|adamw] [--lr X] [--momentum M] [--dampening D] [--nesterov]\n"
     "            [--beta1 B] [--beta2 B] [--eps E] [--weight-decay W] [--clip C]\n"
-    "            [--warmup N] [--cosine] [--min-lr X] [--seed S] [--init PARAMS.safetensors]\n"
+    "            [--warmup N] [--schedule constant|linear|cosine] [--cosine] [--min-lr X]\n"
+    "            [--no-decay PATTERN[,PATTERN]] [--decay-1d] [--seed S] [--init PARAMS.safetensors]\n"
+    "            [--init-partial]\n"
     "            [--params-out PARAMS.safetensors] [--checkpoint FILE] [--checkpoint-every N]\n"
     "            [--resume FILE] [--stop-after N] [--log FILE.csv|FILE.jsonl] [--plot FILE.svg]\n"
     "            [--print-every N] [--threads N] [--no-cache] [--dp N] [--tp T] [--sequence-parallel]\n"
@@ -56,8 +58,17 @@ const char train_help[] =
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
     "  torch's defaults unless given.  --steps N is the run's total (default 100): a resumed run\n"
-    "  continues to it, and --cosine decays the rate to --min-lr (default 0) there, after --warmup\n"
-    "  steps of linear warm-up.  --seed S (default 0) seeds the params' init and the data order.\n"
+    "  continues to it.  The rate rises linearly over --warmup N steps (default 0; the first step\n"
+    "  uses lr/N), then --schedule constant (the default) keeps it, linear or cosine decay it to\n"
+    "  --min-lr (default 0) at step N (transformers' get_linear/cosine_schedule_with_warmup);\n"
+    "  --cosine is --schedule cosine.  Weight decay (--weight-decay: AdamW 0.01, SGD 0) skips\n"
+    "  params of rank <= 1 (biases, norm weights, as GPT recipes' param groups do; --decay-1d\n"
+    "  decays them too) and params whose name matches a --no-decay pattern (fnmatch: '*_b,ln*';\n"
+    "  a stacked per-layer vector, f32[L, C], is 2-D here: name it).  --init FILE starts from\n"
+    "  a params file (every param; with --init-partial a subset, the rest initialised as\n"
+    "  declared; a checkpoint's optim.* tensors are skipped).\n"
+    "  --seed S (default 0) seeds the params' init, the data order and the random draws (dropout,\n"
+    "  rand_like, randn_like: drawn anew at each optimiser step).\n"
     "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
     "  --checkpoint is written at the end and every --checkpoint-every steps, each time in one atomic\n"
     "  write (a run killed mid-write leaves the previous checkpoint whole, and the next run removes the\n"
@@ -274,6 +285,9 @@ typedef struct TrainArgs {
   bool lr_set, momentum_set, dampening_set, nesterov, beta1_set, beta2_set, eps_set, wd_set, min_lr_set;
   int64_t warmup;
   bool cosine;
+  const char *schedule;  /* --schedule constant|linear|cosine (NULL: constant, or cosine with --cosine) */
+  const char *no_decay;  /* --no-decay patterns, comma-separated */
+  bool decay_1d, init_partial;
   uint64_t seed;
   const char *init, *params_out, *checkpoint, *resume, *log, *plot;
   int64_t checkpoint_every;
@@ -285,6 +299,9 @@ typedef struct TrainArgs {
 } TrainArgs;
 
 static bool is_optimizer(const char *v) { return strcmp(v, "sgd") == 0 || strcmp(v, "adamw") == 0; }
+static bool is_schedule(const char *v) {
+  return strcmp(v, "constant") == 0 || strcmp(v, "linear") == 0 || strcmp(v, "cosine") == 0;
+}
 static bool is_nan_policy(const char *v) { return strcmp(v, "stop") == 0 || strcmp(v, "skip") == 0; }
 
 static int parse_train_args(int argc, char **argv, TrainArgs *a) {
@@ -324,6 +341,11 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       {"--plot", FLAG_STRING, .dst = &a->plot},
       {"--nesterov", FLAG_BOOL, .dst = &a->nesterov},
       {"--cosine", FLAG_BOOL, .dst = &a->cosine},
+      {"--schedule", FLAG_STRING, .dst = &a->schedule, .valid = is_schedule,
+       .invalid = "--schedule expects constant, linear or cosine, got '%s'"},
+      {"--no-decay", FLAG_LIST, .dst = &a->no_decay},
+      {"--decay-1d", FLAG_BOOL, .dst = &a->decay_1d},
+      {"--init-partial", FLAG_BOOL, .dst = &a->init_partial},
       {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
       {"--nan-policy", FLAG_STRING, .dst = &a->nan_policy, .valid = is_nan_policy,
        .invalid = "--nan-policy expects stop or skip, got '%s'"},
@@ -351,7 +373,12 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
     return error(1, "--nesterov needs --momentum > 0 and no dampening (as torch.optim.SGD)");
   if ((a->beta1_set && a->beta1 >= 1) || (a->beta2_set && a->beta2 >= 1))
     return error(1, "--beta1 and --beta2 must be below 1");
-  if (a->min_lr_set && !a->cosine) return error(1, "--min-lr applies to --cosine");
+  if (a->cosine && a->schedule && strcmp(a->schedule, "cosine") != 0)
+    return error(1, "--cosine and --schedule %s disagree; pass one", a->schedule);
+  if (!a->schedule) a->schedule = a->cosine ? "cosine" : "constant";
+  if (a->min_lr_set && strcmp(a->schedule, "constant") == 0)
+    return error(1, "--min-lr applies to --schedule linear or cosine");
+  if (a->init_partial && !a->init) return error(1, "--init-partial needs --init FILE");
   if (a->warmup > a->steps) return error(1, "--warmup %" PRId64 " is longer than --steps %" PRId64, a->warmup, a->steps);
   if (a->checkpoint_every && !a->checkpoint) return error(1, "--checkpoint-every needs --checkpoint FILE");
   if (a->init && a->resume) return error(1, "--init and --resume both set the params; pass one");
@@ -915,8 +942,13 @@ static int set_optimizer(const TrainArgs *a, gradc_session *s) {
   if (a->wd_set) o.weight_decay = a->weight_decay;
   o.clip_norm = a->clip;
   o.warmup_steps = a->warmup;
-  o.total_steps = a->cosine ? a->steps : 0;
+  o.schedule = strcmp(a->schedule, "linear") == 0   ? GRADC_SCHEDULE_LINEAR
+               : strcmp(a->schedule, "cosine") == 0 ? GRADC_SCHEDULE_COSINE
+                                                    : GRADC_SCHEDULE_CONSTANT;
+  o.total_steps = o.schedule == GRADC_SCHEDULE_CONSTANT ? 0 : a->steps;
   o.min_lr = a->min_lr;
+  o.no_decay_1d = !a->decay_1d;
+  o.no_decay = a->no_decay;
   gradc_status st = gradc_session_set_optimizer(s, &o);
   return st == GRADC_OK ? 0 : cli_report(st);
 }
@@ -972,11 +1004,23 @@ static int run_open(Run *r) {
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
+  /* The random draws: --seed at each optimiser step (a checkpoint keeps both). */
+  gradc_session_set_draws(s, a->seed, 0);
   if (a->resume) {
     rc = load_checkpoint(s, a->resume, &r->d);
+  } else if (a->init && a->init_partial) { /* the rest as declared */
+    int n = 0;
+    st = gradc_session_init_params(s, a->seed);
+    if (st == GRADC_OK) st = gradc_session_load_params_partial(s, a->init, &n);
+    rc = st == GRADC_OK ? 0 : cli_report(st);
+    if (!rc && r->lead)
+      fprintf(stderr, "%s: %d of %d params; the others initialised as declared\n", a->init, n,
+              gradc_program_num_params(p));
   } else if (a->init) {
     st = gradc_session_load_params(s, a->init);
+    bool missing = st != GRADC_OK && strstr(gradc_last_error(), "missing tensor");
     rc = st == GRADC_OK ? 0 : cli_report(st);
+    if (missing) fprintf(stderr, "gradc: note: --init-partial takes a file with some of the params\n");
   } else {
     st = gradc_session_init_params(s, a->seed);
     rc = st == GRADC_OK ? 0 : cli_report(st);
@@ -1010,7 +1054,7 @@ static void announce(const Run *r) {
   if (gradc_program_tp(p) > 1) fprintf(stderr, ", %d tensor-parallel ranks", gradc_program_tp(p));
   if (r->zero1) fprintf(stderr, ", ZeRO-1");
   if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
-  if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
+  if (strcmp(a->schedule, "constant") != 0) fprintf(stderr, ", %s to %g at step %" PRId64, a->schedule, a->min_lr, a->steps);
   if (r->step0) fprintf(stderr, "; resuming at step %" PRId64, r->step0);
   fprintf(stderr, "\n");
 }

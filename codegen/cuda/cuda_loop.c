@@ -7,7 +7,8 @@
  * output), softmax over a leading axis (a thread per row of the axis),
  * embedding_grad (a thread per column and group of rows walking the
  * positions in order, so the sums do not depend on scheduling) and cross_entropy / mse_loss
- * reduced to a scalar (one block).  Every output element is written by
+ * reduced to a scalar (one block); arange, gather, gather_grad and topk
+ * (a thread per element or per line along the axis).  Every output element is written by
  * exactly one thread, accumulated into gradient buffers; sums combine in a
  * fixed order.  The index space is kp_loop_plan's (passes/kernel_loop.c);
  * the launch geometry is this file's.  Semantics follow runtime/interp.c. */
@@ -503,6 +504,183 @@ static void gen_embedding_grad(CuGen *g, const KpLoopPlan *p) {
   end_block(g);
 }
 
+/* The row-major coordinates of `i` over dims[0..n), as `const long NAMEa`. */
+static void coord_lines(CuGen *g, const char *i, const char *name, const int64_t *dims, int n) {
+  int64_t inner = 1;
+  for (int a = n - 1; a >= 0; a--) {
+    const char *q = inner == 1 ? i : cu_fmt(g, "(%s / %lld)", i, (long long)inner);
+    if (a > 0)
+      cu_line(g, "const long %s%d = %s %% %lld;", name, a, q, (long long)dims[a]);
+    else
+      cu_line(g, "const long %s%d = %s;", name, a, q);
+    inner *= dims[a];
+  }
+}
+
+/* patches (im2col): one thread per patch element [l..., k..., o...],
+ * reading x at o * stride - padding + k * dilation along each spatial
+ * axis, or the padding value outside the image. */
+static void gen_patches(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrPatches *pg = &p->pg;
+  const IrValue *x = op->args[0], *y = op->result;
+  int d = pg->d, lead = pg->lead;
+  IrDType dt = y->type.dtype;
+  In xi = in_of(g, x, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, numel(y), "patches: one thread per patch element, grid-stride");
+  coord_lines(g, "i", "c", pg->cols.dim, pg->cols.rank);
+  StrBuf cond, off;
+  sb_init(&cond);
+  sb_init(&off);
+  sb_puts(&off, "0");
+  for (int a = 0; a < lead; a++) sb_printf(&off, " + c%d * %lld", a, (long long)p->pst[a]);
+  for (int i = 0; i < d; i++) {
+    cu_line(g, "const long s%d = c%d * %lld - %lld + c%d * %lld;", i, lead + d + i, (long long)pg->stride[i],
+            (long long)pg->padding[i], lead + i, (long long)pg->dilation[i]);
+    sb_printf(&cond, "%ss%d >= 0 && s%d < %lld", i ? " && " : "", i, i, (long long)pg->in[i]);
+    sb_printf(&off, " + s%d * %lld", i, (long long)p->pst[lead + i]);
+  }
+  const char *v = elem_at(g, &xi, sb_str(&off));
+  cu_store(g, dt, false, cu_fmt(g, "%s[i]", yp), cu_fmt(g, "(%s) ? %s : %s", sb_str(&cond), v, cu_lit(g, dt, pg->value)));
+  sb_free(&cond);
+  sb_free(&off);
+  end_block(g);
+}
+
+/* patches_grad (col2im): one thread per image element, summing dy over
+ * the kernel positions in order (as the interpreter's scatter-add): for
+ * each, o = (s + padding - k * dilation) / stride when that divides
+ * exactly and is in range.  No atomics, so the sums do not depend on
+ * scheduling. */
+static void gen_patches_grad(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrPatches *pg = &p->pg;
+  const IrValue *dy = op->args[0], *y = op->result;
+  int d = pg->d, lead = pg->lead;
+  IrDType dt = y->type.dtype;
+  bool grad = y->storage == IR_STORE_GRAD;
+  In di = in_of(g, dy, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, numel(y), "patches_grad: one thread per image element, summing over the kernel positions");
+  coord_lines(g, "i", "c", pg->image.dim, pg->image.rank);
+  cu_line(g, "%s acc = %s;", cu_acc_type(dt), cu_lit(g, acc_dtype(dt), 0));
+  StrBuf off;
+  sb_init(&off);
+  sb_puts(&off, "0");
+  for (int a = 0; a < lead; a++) sb_printf(&off, " + c%d * %lld", a, (long long)p->cst[a]);
+  for (int i = 0; i < d; i++) {
+    cu_line(g, "for (long k%d = 0; k%d < %lld; k%d++) {", i, i, (long long)pg->kernel[i], i);
+    g->indent++;
+    cu_line(g, "const long t%d = c%d + %lld - k%d * %lld;", i, lead + i, (long long)pg->padding[i], i,
+            (long long)pg->dilation[i]);
+    cu_line(g, "if (t%d < 0 || t%d %% %lld != 0 || t%d / %lld >= %lld) continue;", i, i, (long long)pg->stride[i], i,
+            (long long)pg->stride[i], (long long)pg->out[i]);
+    sb_printf(&off, " + k%d * %lld + t%d / %lld * %lld", i, (long long)p->cst[lead + i], i, (long long)pg->stride[i],
+              (long long)p->cst[lead + d + i]);
+  }
+  cu_line(g, "acc += %s;", elem_at(g, &di, sb_str(&off)));
+  for (int i = 0; i < d; i++) end_block(g);
+  cu_store(g, dt, grad, cu_fmt(g, "%s[i]", yp), cu_round(g, dt, "acc"));
+  sb_free(&off);
+  end_block(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* Language v2: arange, gather, gather_grad, topk                       */
+/* ------------------------------------------------------------------ */
+/* The full operand is [outer, len, inner] around the axis, the index (and
+ * gather's result) [outer, n, inner] (kp_loop_plan).  An index outside
+ * [0, len) reads and writes nothing (gather gives 0); the window's count
+ * phase refuses such an index before any kernel runs. */
+
+static const char *lit(CuGen *g, int64_t v) { return cu_fmt(g, "%lldL", (long long)v); }
+
+static void gen_arange(CuGen *g, const KpLoopPlan *p) {
+  const IrValue *y = p->op->result;
+  IrDType dt = y->type.dtype;
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, p->n, "arange: a thread per element");
+  cu_store(g, dt, false, cu_fmt(g, "%s[i]", yp), dt == IR_DT_I32 ? "(int)i" : cu_convert(g, "i", IR_DT_I32, dt));
+  end_block(g);
+}
+
+/* gather: a thread per result element. */
+static void gen_gather(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrValue *y = op->result;
+  IrDType dt = y->type.dtype;
+  In x = in_of(g, op->args[0], 0), ix = in_of(g, op->args[1], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, ir_numel(&y->type.shape), "gather: a thread per result element");
+  cu_line(g, "const long o = i / %s, c = i %% %s;", lit(g, p->n * p->inner), lit(g, p->inner));
+  cu_line(g, "const long t = %s;", elem_at(g, &ix, "i"));
+  cu_line(g, "const bool ok = t >= 0 && t < %s;", lit(g, p->len));
+  cu_line(g, "const long src = (o * %s + (ok ? t : 0L)) * %s + c;", lit(g, p->len), lit(g, p->inner));
+  cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[i]", yp),
+           cu_fmt(g, "(ok ? %s : %s)", elem_at(g, &x, "src"), cu_lit(g, dt, 0)));
+  end_block(g);
+}
+
+/* gather_grad: a thread per line (o, c) along the axis, zeroing it (unless
+ * a gradient buffer) and adding dy at the indices, positions in order. */
+static void gen_gather_grad(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrValue *y = op->result;
+  IrDType dt = y->type.dtype;
+  bool grad = y->storage == IR_STORE_GRAD;
+  In ix = in_of(g, op->args[0], 0), dy = in_of(g, op->args[1], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, p->outer * p->inner, "gather_grad: a thread per line along the axis, walking the positions in order");
+  cu_line(g, "const long o = i / %s, c = i %% %s;", lit(g, p->inner), lit(g, p->inner));
+  if (!grad) {
+    cu_line(g, "for (long t = 0; t < %s; t++)", lit(g, p->len));
+    g->indent++;
+    cu_store(g, dt, false, cu_fmt(g, "%s[(o * %s + t) * %s + c]", yp, lit(g, p->len), lit(g, p->inner)),
+             cu_lit(g, dt, 0));
+    g->indent--;
+  }
+  cu_line(g, "for (long j = 0; j < %s; j++) {", lit(g, p->n));
+  g->indent++;
+  cu_line(g, "const long e = (o * %s + j) * %s + c;", lit(g, p->n), lit(g, p->inner));
+  cu_line(g, "const long t = %s;", elem_at(g, &ix, "e"));
+  cu_line(g, "if (t < 0 || t >= %s) continue;", lit(g, p->len));
+  const char *lv = cu_fmt(g, "%s[(o * %s + t) * %s + c]", yp, lit(g, p->len), lit(g, p->inner));
+  const char *v = elem_at(g, &dy, "e");
+  if (grad)
+    cu_store(g, dt, true, lv, v);
+  else
+    cu_store(g, dt, false, lv, cu_round(g, dt, cu_fmt(g, "%s + %s", cu_load(g, dt, false, lv), v)));
+  end_block(g);
+  end_block(g);
+}
+
+/* topk: a thread per line (o, c); selection r is the first element in
+ * topk's order after selection r - 1. */
+static void gen_topk(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrValue *y = op->result;
+  IrDType xt = op->args[0]->type.dtype;
+  const char *T = cu_reg_type(xt);
+  In x = in_of(g, op->args[0], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, p->outer * p->inner, "topk: a thread per line, k selections along it");
+  cu_line(g, "const long o = i / %s, c = i %% %s;", lit(g, p->inner), lit(g, p->inner));
+  cu_line(g, "%s pv = 0; long pi = -1;", T);
+  cu_line(g, "for (long r = 0; r < %s; r++) {", lit(g, p->n));
+  g->indent++;
+  cu_line(g, "%s bv = 0; long bi = -1;", T);
+  cu_line(g, "for (long t = 0; t < %s; t++) {", lit(g, p->len));
+  g->indent++;
+  cu_line(g, "const %s v = %s;", T, elem_at(g, &x, cu_fmt(g, "(o * %s + t) * %s + c", lit(g, p->len), lit(g, p->inner))));
+  cu_line(g, "if ((pi < 0 || topk_before(pv, pi, v, t)) && (bi < 0 || topk_before(v, t, bv, bi))) { bv = v; bi = t; }");
+  end_block(g);
+  cu_store(g, IR_DT_I32, false, cu_fmt(g, "%s[(o * %s + r) * %s + c]", yp, lit(g, p->n), lit(g, p->inner)), "(int)bi");
+  cu_line(g, "pv = bv; pi = bi;");
+  end_block(g);
+  end_block(g);
+}
+
 void cu_loop_kernel(CuGen *g, const IrOp *op) {
   KpLoopPlan p;
   kp_loop_plan(op, &p);
@@ -517,6 +695,12 @@ void cu_loop_kernel(CuGen *g, const IrOp *op) {
   case KP_LOOP_CE_TOTAL: gen_ce_total(g, &p); break;
   case KP_LOOP_MSE_TOTAL: gen_mse_total(g, &p); break;
   case KP_LOOP_EMBEDDING_GRAD: gen_embedding_grad(g, &p); break;
+  case KP_LOOP_PATCHES: gen_patches(g, &p); break;
+  case KP_LOOP_PATCHES_GRAD: gen_patches_grad(g, &p); break;
+  case KP_LOOP_ARANGE: gen_arange(g, &p); break;
+  case KP_LOOP_GATHER: gen_gather(g, &p); break;
+  case KP_LOOP_GATHER_GRAD: gen_gather_grad(g, &p); break;
+  case KP_LOOP_TOPK: gen_topk(g, &p); break;
   case KP_LOOP_NONE: cu_error(g, "no loop-nest code for '%s'", ir_op_info[op->opcode].name); break;
   }
 }

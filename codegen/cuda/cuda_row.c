@@ -175,7 +175,8 @@ static void plan(Row *R, int k) {
   case KP_ROW_ONEHOT:
   case KP_ROW_EMB:
   case KP_ROW_CMASK:
-  case KP_ROW_UNSLICE: break;
+  case KP_ROW_UNSLICE:
+  case KP_ROW_RAND: break;
   case KP_ROW_NONE: cu_error(g, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name); break;
   }
 }
@@ -254,7 +255,9 @@ static const char *unslice_elem(Row *R, const ROp *o, int i) {
   int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xst[IR_MAX_RANK];
   kp_slice_ranges(op, out, start, step);
   kp_contiguous(xs, xst);
-  const char *x = cu_param(g, op->args[0], 0, false);
+  int xs_slot = slot_of(R, op->args[0]);
+  bool konst = xs_slot >= 0 && R->s[xs_slot].is_const; /* an inline const (pad's value): no storage */
+  const char *x = konst ? NULL : cu_param(g, op->args[0], 0, false);
   IrDType dt = op->result->type.dtype;
   StrBuf cond, off;
   sb_init(&cond);
@@ -278,8 +281,9 @@ static const char *unslice_elem(Row *R, const ROp *o, int i) {
       sb_printf(&off, "d%d / %lld * %lld", a, (long long)step[a], (long long)xst[a]);
     }
   }
-  const char *lv = cu_fmt(g, "%s[%s]", x, off.len ? sb_str(&off) : "0");
-  cu_line(g, "if (%s) e%d = %s;", cond.len ? sb_str(&cond) : "true", i, cu_load(g, dt, false, lv));
+  const char *v = konst ? cu_lit(g, dt, R->s[xs_slot].cval)
+                        : cu_load(g, dt, false, cu_fmt(g, "%s[%s]", x, off.len ? sb_str(&off) : "0"));
+  cu_line(g, "if (%s) e%d = %s;", cond.len ? sb_str(&cond) : "true", i, v);
   g->indent--;
   cu_line(g, "}");
   sb_free(&cond);
@@ -319,6 +323,18 @@ static const char *elem(Row *R, int i) {
   case KP_ROW_RMS: {
     const char *w = elem(R, o->x[1]);
     return temp(R, s, i, type, cu_round(g, dt, cu_fmt(g, "%s * %s * %s", x0, o->t[1], w)));
+  }
+  case KP_ROW_RAND: {
+    /* the element's index in the op's own result: its offset over the space */
+    int n = R->l->space.rank;
+    int64_t cst = n ? s->stride[n - 1] : 0;
+    const char *e = cu_fmt(g, "(long long)(%s)", s->rowoff);
+    if (strcmp(s->rowoff, "0") != 0) R->use_row = true;
+    if (cst != 0) {
+      R->use_j |= strcmp(R->col, "j") == 0;
+      e = cu_fmt(g, "%s + (long long)%s * %lld", e, R->col, (long long)cst);
+    }
+    return temp(R, s, i, type, cu_random(g, op, cu_param(g, op->args[0], 0, false), e));
   }
   case KP_ROW_CMASK: {
     int n = R->l->space.rank;
@@ -520,7 +536,8 @@ static void section(Row *R, int k) {
     case KP_ROW_CMASK:
     case KP_ROW_ONEHOT:
     case KP_ROW_EMB:
-    case KP_ROW_UNSLICE: {
+    case KP_ROW_UNSLICE:
+    case KP_ROW_RAND: {
       /* a row of one column: the per-element value at column 0, in a block of its own */
       const char *saved = R->col;
       y->rowvar = cu_fmt(g, "r%d", o->y);
