@@ -527,6 +527,30 @@ static void test_max_loss_warns(void **state) {
   free(err);
 }
 
+/* sqrt(w*w*x*x) at w = 0: the loss is 0, its gradient 0/0 = NaN, so the
+ * window is caught by its gradient norm before the update. */
+static const char *nan_grad_model =
+    "model nangrad {\n"
+    "  batch B = 4\n"
+    "  dim D = 6\n"
+    "  input x : f32[B, D]\n"
+    "  param w : f32[D]\n"
+    "  loss l = mean(sqrt(x * x * w * w))\n"
+    "}\n";
+
+static void test_nan_gradient_stops_before_the_update(void **state) {
+  (void)state;
+  write_text("nangrad.gdl", nan_grad_model);
+  gradc_ok("data random nangrad.gdl -D B=64 -o nangrad.safetensors");
+  char *err;
+  assert_int_equal(gradc("train nangrad.gdl --data nangrad.safetensors --steps 5 --checkpoint g.safetensors", &err), 1);
+  if (!strstr(err, "gradc: error: step 1: the gradient norm is nan (loss 0); stopping without taking the step") ||
+      !strstr(err, "checkpoint (step 0, the last good state): g.safetensors"))
+    fail_msg("unexpected diagnostics:\n%s", err);
+  free(err);
+  assert_int_equal(finite_checkpoint("g.safetensors"), 0);
+}
+
 /* ---- sizes ---- */
 
 /* "gradc: error: ..." on stderr, exit 1, within a few seconds. */
@@ -583,6 +607,7 @@ int main(void) {
       cmocka_unit_test(test_nonfinite_update_keeps_the_last_good_checkpoint),
       cmocka_unit_test(test_nan_loss_stops_or_skips),
       cmocka_unit_test(test_max_loss_warns),
+      cmocka_unit_test(test_nan_gradient_stops_before_the_update),
       cmocka_unit_test(test_sizes_are_checked_before_allocating),
       cmocka_unit_test(test_inputs_must_be_regular_files),
       cmocka_unit_test(test_checkpoint_survives_kill_9),
