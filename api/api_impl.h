@@ -74,6 +74,7 @@ struct gradc_program {
   StepDp stepdp;
   bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
   ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
+  uint64_t draw_seed, draw_step; /* the random draws of the next windows (api_set_draws) */
 };
 
 struct gradc_session {
@@ -85,7 +86,9 @@ struct gradc_session {
   double grad_norm;        /* of res, before clipping */
   /* The optimiser. */
   bool have_opt;
-  gradc_optimizer_options opt;
+  gradc_optimizer_options opt;  /* opt.no_decay is no_decay below */
+  char *no_decay;          /* the session's copy of the patterns (malloc'd), or NULL */
+  bool *decay_off;         /* per param: no weight decay (malloc'd, nparams), or NULL */
   void **slot0;            /* per param: exp_avg (AdamW) or momentum_buffer (SGD), or NULL */
   void **slot1;            /* per param: exp_avg_sq (AdamW), or NULL */
   bool momentum_valid;     /* SGD: the momentum buffers exist (torch creates them on the first step) */
@@ -95,6 +98,8 @@ struct gradc_session {
   struct Trace *trace;     /* gradc_session_trace's recorder, or NULL */
   bool grads_sharded;      /* ZeRO-1: res.grads hold only this rank's reduced slices (zeros elsewhere) */
   uint64_t params_gen;     /* taken anew at every change to params (api_params_changed) */
+  uint64_t draw_seed;      /* gradc_session_set_draws: the seed of the random draws */
+  int64_t draw_offset;     /* their step is the optimiser step count plus this */
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,
@@ -104,6 +109,9 @@ struct PassManager;
 gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
                                  struct PassManager *pm, gradc_program **out);
 
+/* The seed and step of the random draws (dropout, rand_like, randn_like)
+ * of the next api_run_window* windows (0 and 0 until set). */
+void api_set_draws(gradc_program *p, uint64_t seed, uint64_t step);
 /* The generation of the params the next api_run_window* gets (the CPU
  * back end skips copying params it holds already; 0: unknown). */
 void api_set_params_gen(gradc_program *p, uint64_t gen);
@@ -165,11 +173,12 @@ int64_t api_optim_state_bytes(const gradc_session *s);
 /* The session's params changed (set, loaded, stepped): a new generation,
  * unique in the process, so the CPU back end copies them in again. */
 void api_params_changed(gradc_session *s);
-/* Check a safetensors file holds every param with its shape and a float
- * dtype, and nothing else (but optim.* tensors when allow_optim); the
- * error names the file and the tensor, as `gradc run` does. */
-bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
-                           size_t errlen);
+/* Check a safetensors file holds every param (some, when partial) with
+ * its shape and a float dtype, and nothing else (but optim.* tensors when
+ * allow_optim); the error names the file and the tensor, as `gradc run`
+ * does. */
+bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, bool partial,
+                           char *err, size_t errlen);
 /* Copy src's elements into dst (same count), converting to dst's dtype. */
 void api_copy_tensor(const StTensor *src, StTensor *dst);
 
@@ -177,5 +186,6 @@ void api_copy_tensor(const StTensor *src, StTensor *dst);
 int api_optim_slots(const gradc_optimizer_options *o, const char **names);
 void api_optim_free_state(gradc_session *s);
 void api_optim_free_code(gradc_session *s); /* the session's generated update kernels */
+void api_optim_free_options(gradc_session *s); /* the no-decay patterns and mask */
 
 #endif
