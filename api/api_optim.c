@@ -371,6 +371,99 @@ gradc_status gradc_session_step(gradc_session *s) {
   return GRADC_OK;
 }
 
+gradc_status gradc_session_skip_step(gradc_session *s) {
+  if (!s) return null_arg("session_skip_step");
+  if (!s->have_opt)
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_skip_step: no optimiser (call gradc_session_set_optimizer first)");
+  s->step++;
+  return GRADC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Non-finite values                                                   */
+/* ------------------------------------------------------------------ */
+
+/* The first element of x[0, n) that is an inf or a NaN (all exponent bits
+ * set), or -1.  A branch-free pass over the bits first, so the common case
+ * (all finite) costs one read of the data. */
+static int64_t first_nonfinite(const void *x, StDType dt, int64_t n) {
+  if (dt == ST_F32) {
+    const unsigned char *b = x;
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t u;
+      memcpy(&u, b + 4 * i, 4);
+      any |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    if (!any) return -1;
+    for (int64_t i = 0; i < n; i++) {
+      float v;
+      memcpy(&v, b + 4 * i, 4);
+      if (!isfinite(v)) return i;
+    }
+  } else if (dt == ST_F64) {
+    const unsigned char *b = x;
+    uint64_t any = 0;
+    for (int64_t i = 0; i < n; i++) {
+      uint64_t u;
+      memcpy(&u, b + 8 * i, 8);
+      any |= (u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    }
+    if (!any) return -1;
+    for (int64_t i = 0; i < n; i++) {
+      double v;
+      memcpy(&v, b + 8 * i, 8);
+      if (!isfinite(v)) return i;
+    }
+  }
+  return -1;
+}
+
+/* "inf at element 3" into buf. */
+static void describe_nonfinite(const void *x, StDType dt, int64_t i, int64_t offset, char *buf, size_t n) {
+  double v = 0;
+  if (dt == ST_F32) {
+    float f;
+    memcpy(&f, (const char *)x + 4 * i, 4);
+    v = f;
+  } else {
+    memcpy(&v, (const char *)x + 8 * i, 8);
+  }
+  snprintf(buf, n, "%s at element %lld", isnan(v) ? "nan" : v > 0 ? "inf" : "-inf", (long long)(i + offset));
+}
+
+int gradc_session_find_nonfinite(const gradc_session *s, char *what, size_t n) {
+  if (!s) return 0;
+  char at[64];
+  for (int i = 0; i < s->params.n; i++) {
+    const StTensor *t = &s->params.t[i];
+    int64_t k = first_nonfinite(t->data, t->dtype, st_numel(t));
+    if (k < 0) continue;
+    describe_nonfinite(t->data, t->dtype, k, 0, at, sizeof at);
+    if (what && n) snprintf(what, n, "param '%s' (%s)", t->name, at);
+    return 1;
+  }
+  if (!s->have_opt) return 0;
+  const char *names[2];
+  int nslots = api_optim_slots(&s->opt, names);
+  void **slots[2] = {s->slot0, s->slot1};
+  const ZeroLayout *z = s->p->zero;
+  for (int k = 0; k < nslots; k++) {
+    if (!slots[k]) continue;
+    for (int i = 0; i < s->params.n; i++) {
+      const StTensor *t = &s->params.t[i];
+      /* ZeRO-1: this rank's slice of the state. */
+      int64_t len = z ? z->len[i] : st_numel(t), lo = z ? z->lo[i] : 0;
+      int64_t e = first_nonfinite(slots[k][i], t->dtype, len);
+      if (e < 0) continue;
+      describe_nonfinite(slots[k][i], t->dtype, e, lo, at, sizeof at);
+      if (what && n) snprintf(what, n, "optimiser state 'optim.%s.%s' (%s)", names[k], t->name, at);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* The session generator                                               */
 /* ------------------------------------------------------------------ */
@@ -398,11 +491,24 @@ static void meta_int(StFile *f, const char *key, uint64_t v) {
 }
 
 gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path) {
-  if (!s || !path) return null_arg("session_save_checkpoint");
+  return gradc_session_save_checkpoint_meta(s, path, 0, NULL, NULL);
+}
+
+gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const char *path, int nmeta,
+                                                const char *const *keys, const char *const *values) {
+  if (!s || !path || nmeta < 0 || (nmeta && (!keys || !values))) return null_arg("session_save_checkpoint");
   const gradc_program *p = s->p;
   StFile f;
   st_init(&f);
   char buf[64];
+  /* The caller's keys first, so that the session's own win a clash. */
+  for (int i = 0; i < nmeta; i++) {
+    if (!keys[i] || !values[i]) {
+      st_free(&f);
+      return null_arg("session_save_checkpoint");
+    }
+    st_set_meta(&f, keys[i], values[i]);
+  }
   st_set_meta(&f, "format", CKPT_FORMAT);
   st_set_meta(&f, "gradc_version", GRADC_VERSION);
   st_set_meta(&f, "model", p->model);
@@ -466,6 +572,17 @@ gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *p
   }
   /* ZeRO-1: the state was gathered from every rank (collective); rank 0 writes. */
   bool writer = !p->zero || p->comm->rank == 0;
+  /* A checkpoint never holds an inf or a NaN: the file keeps the last
+   * state that was finite. */
+  for (int i = 0; i < f.n && !st && writer; i++) {
+    const StTensor *t = &f.t[i];
+    int64_t k = first_nonfinite(t->data, t->dtype, st_numel(t));
+    if (k < 0) continue;
+    char at[64];
+    describe_nonfinite(t->data, t->dtype, k, 0, at, sizeof at);
+    st = api_fail(GRADC_ERR_USER, "gradc: error: %s: not written: tensor '%s' is not finite (%s); the file keeps its "
+                  "earlier contents", path, t->name, at);
+  }
   if (!st && writer && !st_write(path, &f, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   st_free(&f);
   return st;

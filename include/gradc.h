@@ -203,17 +203,32 @@ GRADC_API void gradc_optimizer_options_init(gradc_optimizer_options *o, gradc_op
 GRADC_API gradc_status gradc_session_set_optimizer(gradc_session *s, const gradc_optimizer_options *o);
 /* Apply one optimiser step with the gradients of the last run. */
 GRADC_API gradc_status gradc_session_step(gradc_session *s);
+/* Count a step without applying it (for a window whose loss or gradients
+ * are not finite): the step count advances, and with it the learning-rate
+ * schedule; params and optimiser state stay as they were. */
+GRADC_API gradc_status gradc_session_skip_step(gradc_session *s);
+/* 1 if a param or the optimiser state holds an inf or a NaN (under zero1,
+ * this rank's slice of the state), with "param 'W1' (inf at element 3)"
+ * or "optimiser state 'optim.exp_avg.W1' (...)" in what (n bytes); else 0. */
+GRADC_API int gradc_session_find_nonfinite(const gradc_session *s, char *what, size_t n);
 GRADC_API int64_t gradc_session_step_count(const gradc_session *s);
 GRADC_API double gradc_session_lr(const gradc_session *s); /* the rate the next step uses */
 GRADC_API double gradc_session_grad_norm(const gradc_session *s); /* of the last run, before clipping */
 
 /* Checkpoints: params, optimiser state (optim.<slot>.<param>), step and
  * RNG state, written to a temporary file, fsynced and renamed.  The RNG is
- * the session's data-order generator (gradc_session_rng). */
+ * the session's data-order generator (gradc_session_rng).  A state with
+ * an inf or a NaN is refused (GRADC_ERR_USER) and the file left as it was. */
 /* Under zero1 saving is collective (every rank sends its optimiser
  * slices; rank 0 writes the whole state); loading is not (each rank keeps
  * its slices), and the file is the same as without zero1. */
 GRADC_API gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path);
+/* The same, with nmeta more key/value strings in the file's __metadata__
+ * (the session's own keys, such as "step" or "format", take precedence),
+ * all in the one atomic write: a reader sees the old file or the whole new
+ * one. */
+GRADC_API gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const char *path, int nmeta,
+                                                          const char *const *keys, const char *const *values);
 GRADC_API gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
 /* A 64-bit generator saved with the checkpoint (e.g. for shuffling data). */
 GRADC_API uint64_t gradc_session_rng_next(gradc_session *s);
