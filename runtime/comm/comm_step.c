@@ -68,6 +68,7 @@ void step_dp_free(StepDp *d) {
 void step_dp_begin(StepDp *d) { current = d; }
 
 int step_dp_size(void) { return current && current->g ? current->g->size : 1; }
+int step_dp_rank(void) { return current && current->g ? current->g->rank : 0; }
 
 static bool split_arg(const IrValue *a) { return a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0; }
 

@@ -250,6 +250,8 @@ static void test_cuda_emulated_models(void **state) {
   cs[n++] = model("tests/models/lenet.gdl", NULL, 92);
   cs[n++] = model("tests/models/conv_paths.gdl", NULL, 93);
   cs[n++] = model("tests/models/conv_bn.gdl", NULL, 94);
+  cs[n++] = model("tests/models/v2_select.gdl", NULL, 95);
+  cs[n++] = model("tests/cuda/dropout.gdl", NULL, 96);
   for (int i = 0; i < NT; i++) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/torchref/cases/%s.gdl", torchref[i]);
@@ -826,6 +828,9 @@ static void test_cuda_golden_cross_entropy(void **state) {
 static void test_cuda_golden_elementwise(void **state) {
   golden("tests/cuda/elementwise.gdl", "gelu", 0, "tests/cuda/elementwise.cu");
 }
+static void test_cuda_golden_dropout(void **state) {
+  golden("tests/cuda/dropout.gdl", "random", 0, "tests/cuda/dropout.cu");
+}
 static void test_cuda_golden_transpose(void **state) {
   golden("tests/cuda/transpose.gdl", "permute", 0, "tests/cuda/transpose.cu");
 }
@@ -952,6 +957,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_golden_cross_entropy),
       cmocka_unit_test(test_cuda_golden_elementwise),
       cmocka_unit_test(test_cuda_golden_transpose),
+      cmocka_unit_test(test_cuda_golden_dropout),
       cmocka_unit_test(test_cuda_emulated_fused_groups),
       cmocka_unit_test(test_cuda_emulated_models),
       cmocka_unit_test(test_cuda_gemms_as_cublaslt_sees_them),
