@@ -34,8 +34,10 @@ if(GRADC_LLVM)
 endif()
 list(APPEND GRADC_LINK_LIBS m ${CMAKE_DL_LIBS})
 set(GRADC_LINK_OPTIONS "")
-if(GRADC_SANITIZE) # an instrumented libgradc.a needs the sanitizer runtimes
+set(GRADC_PC_SHARED_LIBS "")
+if(GRADC_SANITIZE) # an instrumented libgradc.a or .so needs the sanitizer runtimes
   set(GRADC_LINK_OPTIONS -fsanitize=address,undefined)
+  set(GRADC_PC_SHARED_LIBS " -fsanitize=address,undefined")
   string(APPEND GRADC_PC_LIBS_PRIVATE "-fsanitize=address,undefined ")
 endif()
 string(APPEND GRADC_PC_LIBS_PRIVATE "-pthread -lm")

@@ -188,7 +188,7 @@ typedef struct gradc_optimizer_options {
   double weight_decay; /* SGD: L2 added to the gradient (0); AdamW: decoupled (0.01) */
   double clip_norm;    /* global gradient-norm clipping, 0 = off (torch.nn.utils.clip_grad_norm_) */
   int64_t warmup_steps; /* linear warm-up from 0 to lr */
-  int64_t total_steps;  /* cosine decay to min_lr at total_steps; 0 = constant after warm-up */
+  int64_t total_steps;  /* the step where a linear or cosine decay reaches min_lr (0: constant after warm-up) */
   double min_lr;
   gradc_schedule schedule; /* after warm-up: constant, or a linear or cosine decay to min_lr at total_steps */
   /* Params that get no weight decay (PyTorch's param groups): with

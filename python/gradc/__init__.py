@@ -341,6 +341,14 @@ class Session:
     def grad_norm(self):
         return _lib.session_grad_norm(self._h)
 
+    # ---- the session's generator (saved in checkpoints; gradc train draws its data order from it) ----
+    def rng_seed(self, seed):
+        _lib.session_rng_seed(self._h, seed)
+
+    def rng_next(self):
+        """The next 64-bit draw of the session's generator (xoshiro256**)."""
+        return _lib.session_rng_next(self._h)
+
     # ---- checkpoints ----
     def save_checkpoint(self, path):
         """Params, optimiser state (optim.<slot>.<param>), step and RNG."""

@@ -205,6 +205,42 @@ class Convert(unittest.TestCase):
         p = self.cli("train", self.model, "--data", data, "--init", bad, "--init-partial", "--steps", 1, ok=False)
         self.assertRegex(p.stderr, r"tensor 'wte\.weight': not a param")
 
+    def test_gpt2_map(self):
+        """examples/gpt2.map covers examples/gpt2.gdl: a file with Hugging
+        Face's names (per-layer tensors, the tied lm_head, the attention
+        buffers) made from a params file converts back to it bit for bit."""
+        model, gmap = os.path.join(SRC, "examples", "gpt2.gdl"), os.path.join(SRC, "examples", "gpt2.map")
+        dims = ["-D", "B=2", "-D", "T=8", "-D", "P=16", "-D", "C=16", "-D", "NH=2", "-D", "L=2", "-D", "V=24"]
+        params = self.file("gpt2.safetensors")
+        self.cli("init", model, *dims, "-o", params, "--seed", 1)
+        p = gradc.read_safetensors(params)
+        p.pop("__metadata__", None)
+        names = {}
+        for line in open(gmap):
+            line = line.split("#")[0].split()
+            if line:
+                names[line[0]] = line[2]
+        self.assertEqual(sorted(names), sorted(p))
+        entries = []
+        for dest, src in names.items():
+            for l, t in enumerate(p[dest] if "{l}" in src else [p[dest]]):
+                entries.append((src.replace("{l}", str(l)), "F32", t.shape, t.astype("<f4").tobytes()))
+        entries.append(("lm_head.weight", "F32", p["wte"].shape, p["wte"].astype("<f4").tobytes()))
+        for l in range(2):
+            mask = np.tril(np.ones((16, 16), np.float32))[None, None]
+            entries.append(("transformer.h.%d.attn.bias" % l, "F32", mask.shape, mask.tobytes()))
+        hf = self.file("hf_gpt2.safetensors")
+        write_st(hf, entries, {"format": "pt"})
+        out = self.file("converted.safetensors")
+        self.cli("convert", hf, "--map", gmap, "-o", out, "--model", model, *dims)
+        got = gradc.read_safetensors(out)
+        for k in p:
+            self.assertTrue(np.array_equal(got[k], p[k]), k)
+        batch = self.file("b.safetensors")
+        self.cli("data", "random", model, *dims, "-o", batch)
+        self.assertEqual(self.cli("run", model, *dims, "--params", out, "--inputs", batch).stdout,
+                         self.cli("run", model, *dims, "--params", params, "--inputs", batch).stdout)
+
     def test_python_partial_load(self):
         part = self.file("part.safetensors")
         self.cli("convert", self.src, "--map", self.write("p.map", "bias <- blocks.{l}.bias\n"), "-o", part)

@@ -257,6 +257,51 @@ class TestFiles(Tmp):
         self.assertEqual(t.run(self.windows[0]).losses, r.losses)
 
 
+class TestTrainingLoop(Tmp):
+    """A training loop in Python gives `gradc train`'s losses bit for bit:
+    the same init (--seed), the same data order (train's per-epoch
+    Fisher-Yates shuffle, re-derived here from the session generator the C
+    API exposes), the same AdamW with train's defaults (1-D params not
+    decayed)."""
+
+    def order(self, sess, n, scratch):
+        key = sess.rng_next()  # one draw of the session generator per epoch
+        scratch.rng_seed(key)
+        perm = list(range(n))
+        for i in range(n - 1, 0, -1):
+            j = (scratch.rng_next() * (i + 1)) >> 64
+            perm[i], perm[j] = perm[j], perm[i]
+        return perm
+
+    def test_losses_equal_gradc_train(self):
+        defines, seed, steps, n, b = {"B": 4, "D": 6, "H": 5}, 3, 7, 12, 4
+        rng = np.random.default_rng(2)
+        data = {"x": rng.normal(size=(n, 6)).astype(np.float32), "y": rng.integers(0, 10, n).astype(np.int32)}
+        path, log = self.path("data.safetensors"), self.path("log.csv")
+        gradc.write_safetensors(path, data)
+        cli("train", MLP, *defs_flags(defines), "--data", path, "--steps", steps, "--seed", seed,
+            "--lr", "0.01", "--warmup", 2, "--schedule", "cosine", "--log", log)
+        with open(log) as f:
+            rows = [line.strip().split(",") for line in f][1:]
+        want = [float(r[4]) for r in rows]  # step, lr, ce, l2, total, ...
+
+        prog = gradc.compile(MLP, defines=defines)
+        sess, scratch = prog.session(seed=seed), prog.session()
+        sess.rng_seed(seed ^ 0x5851F42D4C957F2D)  # train seeds the data order apart from the init
+        got, perm = [], None
+        for step in range(steps):
+            w = step % (n // b)
+            if w == 0:
+                perm = self.order(sess, n, scratch)
+            idx = perm[w * b:(w + 1) * b]
+            r = sess.run({k: v[idx] for k, v in data.items()})
+            sess.step(optimizer="adamw", lr=0.01, warmup_steps=2, total_steps=steps, schedule="cosine",
+                      no_decay_1d=True)
+            got.append(r.losses["total"])
+        self.assertEqual(len(want), steps)
+        self.assertEqual(got, want)
+
+
 class TestReadme(unittest.TestCase):
     def test_readme_example_runs(self):
         with open(os.path.join(SRC, "python", "README.md")) as f:
