@@ -286,7 +286,14 @@ int cli_init(const char *path, const gradc_compile_options *o, uint64_t seed, co
   if (!rc) {
     StFile st;
     st_init(&st);
-    rt_init_params(l.model->params, l.model->nparams, seed, &st);
+    /* Params, then buffers (language v2): one generator, params first, so
+     * a model's params draw the same values with or without buffers. */
+    int n = l.model->nparams + l.model->nbuffers;
+    FeParam *all = mem_calloc((size_t)n + 1, sizeof(FeParam));
+    memcpy(all, l.model->params, sizeof(FeParam) * (size_t)l.model->nparams);
+    memcpy(all + l.model->nparams, l.model->buffers, sizeof(FeParam) * (size_t)l.model->nbuffers);
+    rt_init_params(all, n, seed, &st);
+    free(all);
     rc = write_tensors(out, &st);
   }
   unload(&l);
@@ -331,6 +338,33 @@ static int write_grads(const char *path, const StepResult *r) {
   return write_tensors(path, &st);
 }
 
+/* Language v2: the window's outputs (--outputs-out) or updated buffers
+ * (--buffers-out), named as declared: F32 (F64 for f64), I32 for i32 and
+ * bool outputs. */
+static int write_states(const char *path, int n, const char *const *names, const IrType *types,
+                        double *const *values) {
+  StFile st;
+  st_init(&st);
+  for (int i = 0; i < n; i++) {
+    const IrType *t = &types[i];
+    int64_t m = ir_numel(&t->shape);
+    if (t->dtype == IR_DT_F64) {
+      st_add(&st, names[i], ST_F64, t->shape.rank, t->shape.dim, values[i]);
+    } else if (t->dtype == IR_DT_I32 || t->dtype == IR_DT_BOOL) {
+      int32_t *buf = mem_alloc(sizeof(int32_t) * (size_t)(m + 1));
+      for (int64_t j = 0; j < m; j++) buf[j] = (int32_t)values[i][j];
+      st_add(&st, names[i], ST_I32, t->shape.rank, t->shape.dim, buf);
+      free(buf);
+    } else {
+      float *buf = mem_alloc(sizeof(float) * (size_t)(m + 1));
+      for (int64_t j = 0; j < m; j++) buf[j] = (float)values[i][j];
+      st_add(&st, names[i], ST_F32, t->shape.rank, t->shape.dim, buf);
+      free(buf);
+    }
+  }
+  return write_tensors(path, &st);
+}
+
 /* --trace: every rank's events into the file rank 0 writes, and rank 0's
  * figures on stderr (collective in a distributed run). */
 static int write_trace(const char *path, const gradc_program *p, Trace *t) {
@@ -361,7 +395,7 @@ static void print_losses(const gradc_program *p, const StepResult *r) {
 }
 
 int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, const char *grads_out,
-            const char *trace_path, bool allow_tf32) {
+            const char *outputs_out, const char *buffers_out, const char *trace_path, bool allow_tf32) {
 #ifdef GRADC_HAVE_CUDA
   if (api_cuda_program(p)) cuda_program_allow_tf32(api_cuda_program(p), allow_tf32);
 #else
@@ -388,6 +422,8 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
     if (api_program_rank(p) == 0) { /* data-parallel: rank 0 prints and writes the window's results */
       print_losses(p, &r);
       if (grads_out) rc = write_grads(grads_out, &r);
+      if (!rc && outputs_out) rc = write_states(outputs_out, r.noutputs, r.output_names, r.output_types, r.outputs);
+      if (!rc && buffers_out) rc = write_states(buffers_out, r.nupdates, r.update_names, r.update_types, r.updates);
     }
     step_result_free(&r);
   }
@@ -496,7 +532,7 @@ int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int thread
   st_init(&params);
   st_init(&inputs);
   /* Params from each param's `init` (as `gradc init`): realistic magnitudes. */
-  rt_init_params(p->params, p->nparams, seed, &params);
+  rt_init_params(p->params, api_nstate(p), seed, &params); /* params and buffers */
   rt_random_inputs(p->func, p->gas, seed + 1, &inputs);
   double *ms = mem_calloc((size_t)steps, sizeof(double));
   int rc = run_steps(p, warmup, steps, &params, &inputs, ms);

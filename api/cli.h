@@ -93,10 +93,11 @@ int cli_init(const char *path, const gradc_compile_options *o, uint64_t seed, co
 /* `data random`: one window of random inputs for every --dp rank. */
 int cli_data_random(const char *path, const gradc_compile_options *o, uint64_t seed, const char *out);
 /* `run`: one window on params and inputs files: prints `loss NAME VALUE`
- * lines and `loss total` (rank 0), writes the gradients (grads_out) and a
- * Chrome trace (trace), may be NULL. */
-int cli_run(gradc_program *p, const char *params, const char *inputs, const char *grads_out, const char *trace,
-            bool allow_tf32);
+ * lines and `loss total` (rank 0), writes the gradients (grads_out), the
+ * outputs (outputs_out), the updated buffers (buffers_out) and a Chrome
+ * trace (trace); each may be NULL. */
+int cli_run(gradc_program *p, const char *params, const char *inputs, const char *grads_out, const char *outputs_out,
+            const char *buffers_out, const char *trace, bool allow_tf32);
 
 /* ------------------------------------------------------------------ */
 /* bench                                                               */

@@ -12,7 +12,9 @@ PlanExec plan_exec_kind(IrOpcode opc) {
   case IR_OP_RESHAPE: return PLAN_EXEC_ALIAS;
   case IR_OP_CONST: return PLAN_EXEC_CONST;
   case IR_OP_WINDOW_SUM: return PLAN_EXEC_WSUM;
-  case IR_OP_LOSS: return PLAN_EXEC_LOSS;
+  case IR_OP_LOSS:
+  case IR_OP_OUTPUT:
+  case IR_OP_UPDATE: return PLAN_EXEC_LOSS;
   case IR_OP_GRAD: return PLAN_EXEC_GRAD;
   IR_CASES(COLLECTIVE) return PLAN_EXEC_COPY;
   case IR_OP_PERMUTE: return PLAN_EXEC_PERMUTE;

@@ -239,6 +239,8 @@ void step_dp_begin(StepDp *d);
 bool step_dp_end(StepDp *d, StepResult *r, char *err, size_t n);
 /* Ranks of the thread's data-parallel window (1: none). */
 int step_dp_size(void);
+/* This process's rank among them (0 without a distributed window). */
+int step_dp_rank(void);
 /* Point bound[i] of each batched input at this rank's slice. */
 void step_dp_slice(const IrFunc *f, const StTensor **bound);
 /* All-reduce the window.sum results (wsum[value id]) over the ranks. */
