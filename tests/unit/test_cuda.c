@@ -246,6 +246,7 @@ static void test_cuda_emulated_models(void **state) {
   cs[n++] = model("tests/cuda/cross_entropy.gdl", NULL, 90);
   ignore_some_targets(&cs[n - 1]);
   cs[n++] = model("tests/cuda/lowp.gdl", NULL, 91);
+  cs[n++] = model("tests/cuda/state.gdl", NULL, 92); /* language v2: buffers, updates, outputs, where */
   for (int i = 0; i < NT; i++) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/torchref/cases/%s.gdl", torchref[i]);
