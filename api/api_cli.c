@@ -130,6 +130,10 @@ static const Pass *pass_at(int i) {
   return i >= 0 && i < n ? &ps[i] : NULL;
 }
 
+void cli_print_functions(FILE *out) {
+  for (int i = 0; i < fe_builtin_count(); i++) fprintf(out, "  %s\n", fe_builtin_signature(i));
+}
+
 int cli_pass_count(void) {
   int n;
   pass_list(&n);

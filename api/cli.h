@@ -54,6 +54,10 @@ size_t cli_dtype_size(gradc_dtype dt);
 /* ------------------------------------------------------------------ */
 /* Passes                                                              */
 /* ------------------------------------------------------------------ */
+/* The language's built-in functions with their signatures, one a line
+ * (`gradc help functions`). */
+void cli_print_functions(FILE *out);
+
 int cli_pass_count(void);
 const char *cli_pass_name(int i);
 const char *cli_pass_what(int i); /* one line for help text */

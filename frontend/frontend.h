@@ -75,6 +75,12 @@ typedef struct FeOptions {
 FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d);
 void fe_model_free(FeModel *m);
 
+/* lower.c: the built-in functions' table, for `gradc help functions`:
+ * row i's name and its signature ("sum(x, axis=all, keepdim=false)"). */
+int fe_builtin_count(void);
+const char *fe_builtin_name(int i);
+const char *fe_builtin_signature(int i);
+
 /* lexer.c: exposed for tests. */
 typedef enum {
   TK_EOF,

@@ -130,6 +130,8 @@ typedef struct Lower {
   const char **losses;
   const Token **loss_toks;
   int nlosses, caplosses;
+  const char **fn_names; /* the file's fns, for "did you mean" */
+  int nfn_names;
   StrMap outputs; /* name -> the statement's name token (language v2) */
   StrMap updates; /* buffer name -> the update statement's name token */
   const char **output_order, **update_order;
@@ -387,6 +389,7 @@ struct Builtin {
   int nreq;                      /* required arguments */
   const char *params[MAX_PARAMS]; /* argument names, in positional order */
   int shape_arg;                 /* argument evaluated as a shape (batch = micro-batch), or -1 */
+  const char *sig;               /* the signature `gradc help functions` lists: name(args, kw=default) */
 };
 
 static bool arg_tensor(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an) {
@@ -788,45 +791,96 @@ static Val bi_cast(Lower *L, const FeNode *call, const Builtin *b, Val *a, const
 }
 
 static const Builtin builtins[] = {
-    {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1},
-    {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1},
-    {"sqrt", bi_unary_math, IR_OP_SQRT, 1, {"x"}, -1},
-    {"rsqrt", bi_unary_math, IR_OP_RSQRT, 1, {"x"}, -1},
-    {"tanh", bi_unary_math, IR_OP_TANH, 1, {"x"}, -1},
-    {"sigmoid", bi_unary_math, IR_OP_SIGMOID, 1, {"x"}, -1},
-    {"relu", bi_unary_math, IR_OP_RELU, 1, {"x"}, -1},
-    {"gelu", bi_unary_math, IR_OP_GELU, 1, {"x"}, -1},
-    {"silu", bi_unary_math, IR_OP_SILU, 1, {"x"}, -1},
-    {"abs", bi_unary_math, IR_OP_ABS, 1, {"x"}, -1},
-    {"detach", bi_unary, IR_OP_DETACH, 1, {"x"}, -1},
-    {"causal_mask", bi_unary, IR_OP_CAUSAL_MASK, 1, {"x"}, -1},
-    {"maximum", bi_binary, IR_OP_MAXIMUM, 2, {"a", "b"}, -1},
-    {"minimum", bi_binary, IR_OP_MINIMUM, 2, {"a", "b"}, -1},
-    {"matmul", bi_binary, IR_OP_MATMUL, 2, {"a", "b"}, -1},
-    {"transpose", bi_transpose, IR_OP_PERMUTE, 3, {"x", "dim0", "dim1"}, -1},
-    {"permute", bi_permute, IR_OP_PERMUTE, 2, {"x", "dims"}, -1},
-    {"reshape", bi_reshape, IR_OP_RESHAPE, 2, {"x", "shape"}, 1},
-    {"sum", bi_reduce, IR_OP_SUM, 1, {"x", "axis", "keepdim"}, -1},
-    {"mean", bi_reduce, IR_OP_MEAN, 1, {"x", "axis", "keepdim"}, -1},
-    {"max", bi_reduce, IR_OP_MAX, 1, {"x", "axis", "keepdim"}, -1},
-    {"logsumexp", bi_reduce, IR_OP_LOGSUMEXP, 2, {"x", "axis", "keepdim"}, -1},
-    {"softmax", bi_softmax, IR_OP_SOFTMAX, 1, {"x", "axis"}, -1},
-    {"log_softmax", bi_softmax, IR_OP_LOG_SOFTMAX, 1, {"x", "axis"}, -1},
-    {"layer_norm", bi_norm, IR_OP_LAYER_NORM, 3, {"x", "weight", "bias", "eps"}, -1},
-    {"rms_norm", bi_norm, IR_OP_RMS_NORM, 2, {"x", "weight", "eps"}, -1},
-    {"embedding", bi_embedding, IR_OP_EMBEDDING, 2, {"idx", "table"}, -1},
-    {"concat", bi_concat, IR_OP_CONCAT, 1, {"tensors", "axis"}, -1},
-    {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, 2, {"logits", "target", "ignore_index", "reduction"}, -1},
-    {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, 2, {"input", "target", "reduction"}, -1},
+    {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1, "exp(x)"},
+    {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1, "log(x)"},
+    {"sqrt", bi_unary_math, IR_OP_SQRT, 1, {"x"}, -1, "sqrt(x)"},
+    {"rsqrt", bi_unary_math, IR_OP_RSQRT, 1, {"x"}, -1, "rsqrt(x)"},
+    {"tanh", bi_unary_math, IR_OP_TANH, 1, {"x"}, -1, "tanh(x)"},
+    {"sigmoid", bi_unary_math, IR_OP_SIGMOID, 1, {"x"}, -1, "sigmoid(x)"},
+    {"relu", bi_unary_math, IR_OP_RELU, 1, {"x"}, -1, "relu(x)"},
+    {"gelu", bi_unary_math, IR_OP_GELU, 1, {"x"}, -1, "gelu(x)  (tanh approximation)"},
+    {"silu", bi_unary_math, IR_OP_SILU, 1, {"x"}, -1, "silu(x)"},
+    {"abs", bi_unary_math, IR_OP_ABS, 1, {"x"}, -1, "abs(x)"},
+    {"detach", bi_unary, IR_OP_DETACH, 1, {"x"}, -1, "detach(x)  (no gradient flows)"},
+    {"causal_mask", bi_unary, IR_OP_CAUSAL_MASK, 1, {"x"}, -1, "causal_mask(x)  (above the diagonal of the last two axes: -inf)"},
+    {"maximum", bi_binary, IR_OP_MAXIMUM, 2, {"a", "b"}, -1, "maximum(a, b)"},
+    {"minimum", bi_binary, IR_OP_MINIMUM, 2, {"a", "b"}, -1, "minimum(a, b)"},
+    {"matmul", bi_binary, IR_OP_MATMUL, 2, {"a", "b"}, -1, "matmul(a, b)  (also a @ b)"},
+    {"transpose", bi_transpose, IR_OP_PERMUTE, 3, {"x", "dim0", "dim1"}, -1, "transpose(x, dim0, dim1)"},
+    {"permute", bi_permute, IR_OP_PERMUTE, 2, {"x", "dims"}, -1, "permute(x, dims)"},
+    {"reshape", bi_reshape, IR_OP_RESHAPE, 2, {"x", "shape"}, 1, "reshape(x, shape)  (one -1 allowed)"},
+    {"sum", bi_reduce, IR_OP_SUM, 1, {"x", "axis", "keepdim"}, -1, "sum(x, axis=all, keepdim=false)"},
+    {"mean", bi_reduce, IR_OP_MEAN, 1, {"x", "axis", "keepdim"}, -1, "mean(x, axis=all, keepdim=false)"},
+    {"max", bi_reduce, IR_OP_MAX, 1, {"x", "axis", "keepdim"}, -1, "max(x, axis=all, keepdim=false)"},
+    {"logsumexp", bi_reduce, IR_OP_LOGSUMEXP, 2, {"x", "axis", "keepdim"}, -1, "logsumexp(x, axis, keepdim=false)"},
+    {"softmax", bi_softmax, IR_OP_SOFTMAX, 1, {"x", "axis"}, -1, "softmax(x, axis=-1)"},
+    {"log_softmax", bi_softmax, IR_OP_LOG_SOFTMAX, 1, {"x", "axis"}, -1, "log_softmax(x, axis=-1)"},
+    {"layer_norm", bi_norm, IR_OP_LAYER_NORM, 3, {"x", "weight", "bias", "eps"}, -1, "layer_norm(x, weight, bias, eps=1e-5)"},
+    {"rms_norm", bi_norm, IR_OP_RMS_NORM, 2, {"x", "weight", "eps"}, -1, "rms_norm(x, weight, eps=1e-6)"},
+    {"embedding", bi_embedding, IR_OP_EMBEDDING, 2, {"idx", "table"}, -1, "embedding(idx, table)"},
+    {"concat", bi_concat, IR_OP_CONCAT, 1, {"tensors", "axis"}, -1, "concat(tensors, axis=0)"},
+    {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, 2, {"logits", "target", "ignore_index", "reduction"}, -1, "cross_entropy(logits, target, ignore_index=-100, reduction=\"mean\")"},
+    {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, 2, {"input", "target", "reduction"}, -1, "mse_loss(input, target, reduction=\"mean\")"},
     /* Language v2: selection and conversion. */
-    {"where", bi_where, IR_OP_SELECT, 3, {"cond", "a", "b"}, -1},
-    {"cast", bi_cast, IR_OP_CAST, 2, {"x", "dtype"}, -1},
+    {"where", bi_where, IR_OP_SELECT, 3, {"cond", "a", "b"}, -1, "where(cond, a, b)"},
+    {"cast", bi_cast, IR_OP_CAST, 2, {"x", "dtype"}, -1, "cast(x, dtype)"},
 };
 
 static const Builtin *find_builtin(const char *name) {
   for (size_t i = 0; i < sizeof builtins / sizeof *builtins; i++)
     if (strcmp(builtins[i].name, name) == 0) return &builtins[i];
   return NULL;
+}
+
+int fe_builtin_count(void) { return (int)(sizeof builtins / sizeof *builtins); }
+const char *fe_builtin_name(int i) { return i >= 0 && i < fe_builtin_count() ? builtins[i].name : NULL; }
+const char *fe_builtin_signature(int i) { return i >= 0 && i < fe_builtin_count() ? builtins[i].sig : NULL; }
+
+/* Edit distance of a and b (insertions, deletions, substitutions and
+ * swaps of two neighbours count one each), or more than `most` once it
+ * exceeds it. */
+static int edit_distance(const char *a, const char *b, int most) {
+  enum { MAXLEN = 64 };
+  int n = (int)strlen(a), m = (int)strlen(b);
+  if (n >= MAXLEN || m >= MAXLEN || abs(n - m) > most) return most + 1;
+  int d[MAXLEN + 1][MAXLEN + 1];
+  for (int i = 0; i <= n; i++) d[i][0] = i;
+  for (int j = 0; j <= m; j++) d[0][j] = j;
+  for (int i = 1; i <= n; i++)
+    for (int j = 1; j <= m; j++) {
+      int c = a[i - 1] != b[j - 1];
+      int v = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+      if (d[i - 1][j - 1] + c < v) v = d[i - 1][j - 1] + c;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+        v = d[i - 2][j - 2] + 1;
+      d[i][j] = v;
+    }
+  return d[n][m];
+}
+
+/* The built-in or fn closest to an unknown name, if one is close (at most
+ * one edit in four letters, at least one), else NULL. */
+static const char *closest_function(Lower *L, const char *name) {
+  int most = (int)strlen(name) / 4;
+  if (most < 1) most = 1;
+  const char *best = NULL;
+  int bestd = most + 1;
+  for (int i = 0; i < fe_builtin_count(); i++) {
+    int d = edit_distance(name, builtins[i].name, most);
+    if (d < bestd) {
+      bestd = d;
+      best = builtins[i].name;
+    }
+  }
+  for (int i = 0; i < L->nfn_names; i++) {
+    int d = edit_distance(name, L->fn_names[i], most);
+    if (d < bestd) {
+      bestd = d;
+      best = L->fn_names[i];
+    }
+  }
+  return best;
 }
 
 static int nparams_of(const Builtin *b) {
@@ -933,10 +987,13 @@ static Val call(Lower *L, const FeNode *n) {
   if (fn) return call_fn(L, n, fn);
   const Builtin *b = find_builtin(n->name);
   if (b) return call_builtin(L, n, b);
+  const char *near = NULL;
   if (find_var(L->vars, n->name) || strmap_get(&L->decls, n->name))
     error_at(L, n->tok, "'%s' is not a function", n->name);
+  else if ((near = closest_function(L, n->name)))
+    error_at(L, n->tok, "unknown function '%s'; did you mean '%s'?", n->name, near);
   else
-    error_at(L, n->tok, "unknown function '%s'", n->name);
+    error_at(L, n->tok, "unknown function '%s' (gradc help functions lists the built-ins)", n->name);
   return vpoison();
 }
 
@@ -1698,7 +1755,9 @@ static void check_defs(Lower *L, const FeProgram *prog) {
 }
 
 static void register_fns(Lower *L, const FeProgram *prog) {
+  L->fn_names = ARENA_ARRAY(L->tmp, const char *, prog->nfns + 1);
   for (const FeFn *fn = prog->fns; fn; fn = fn->next) {
+    if (L->nfn_names < prog->nfns) L->fn_names[L->nfn_names++] = fn->id;
     const FeFn *prev = strmap_get(&L->fns, fn->id);
     if (find_builtin(fn->id))
       error_at(L, fn->name, "'%s' is a built-in function and cannot be redefined", fn->id);

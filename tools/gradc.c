@@ -110,6 +110,8 @@ static const char *help_text[][2] = {
             "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"},
     {"train", train_help},
     {"bench", bench_help},
+    {"functions", "gradc help functions\n"
+                  "  List the model language's built-in functions with their signatures.\n"},
 };
 
 static void print_help(const char *cmd) {
@@ -123,6 +125,7 @@ static void print_help(const char *cmd) {
           printf("  Passes:\n");
           for (int j = 0; j < cli_pass_count(); j++) printf("    %-10s %s\n", cli_pass_name(j), cli_pass_what(j));
         }
+        if (strcmp(cmd, "functions") == 0) cli_print_functions(stdout);
         found = true;
       }
     if (found) return;

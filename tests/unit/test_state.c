@@ -470,6 +470,22 @@ static void test_state_c_api_reads_outputs(void **state) {
   gradc_program_free(p);
 }
 
+/* `gradc help functions` is generated from the built-in table: every row
+ * carries a signature that starts with its name. */
+static void test_state_every_builtin_has_a_signature(void **state) {
+  (void)state;
+  assert_true(fe_builtin_count() > 30);
+  for (int i = 0; i < fe_builtin_count(); i++) {
+    const char *name = fe_builtin_name(i), *sig = fe_builtin_signature(i);
+    if (!sig || strncmp(sig, name, strlen(name)) != 0 || sig[strlen(name)] != '(')
+      fail_msg("built-in '%s' has no signature of the form %s(...): %s", name, name, sig ? sig : "(none)");
+  }
+  char out[65536];
+  assert_int_equal(tu_sh(out, sizeof out, "%s help functions", GRADC_BINARY), 0);
+  assert_non_null(strstr(out, "\n  where(cond, a, b)\n"));
+  assert_non_null(strstr(out, "\n  sum(x, axis=all, keepdim=false)\n"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_state_conditions_have_python_precedence),
@@ -484,6 +500,7 @@ int main(void) {
       cmocka_unit_test(test_state_update_not_a_window_reduction_is_refused),
       cmocka_unit_test(test_state_train_updates_buffers_and_checkpoints_them),
       cmocka_unit_test(test_state_c_api_reads_outputs),
+      cmocka_unit_test(test_state_every_builtin_has_a_signature),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
