@@ -28,7 +28,12 @@
  *   - dims cannot be reassigned; inputs and params can be rebound;
  *   - a model without a `loss` statement is an error;
  *   - without a batch dim, FeModel.batch is NULL and batch_window and
- *     batch_micro are 0.
+ *     batch_micro are 0;
+ *   - language v2 (docs/DECISIONS.md): `if` lowers only its taken branch,
+ *     whose names stay bound after it; conditions are compile-time bools;
+ *     `update` and `output` statements become `update`/`output` ops (no
+ *     `update` when FeOptions.no_training); a statement binding several
+ *     names takes a tuple of as many results.
  *
  * Bounds that keep any input from exhausting time or memory: MAX_* below,
  * plus the parser's nesting limits. */
@@ -378,8 +383,26 @@ static Val lookup(Lower *L, const FeNode *n) {
 /* ---- built-in functions ---- */
 
 typedef struct Builtin Builtin;
-/* a[i]: the evaluated argument for parameter i; an[i]: its node, NULL if absent. */
+/* a[i]: the evaluated argument for parameter i; an[i]: its node, NULL if absent.
+ *
+ * A built-in returns one Val.  One with several results (`v, i = topk(x,
+ * k)`) returns them as one tuple, `return vtuple(L, 2, (Val[]){values,
+ * indices});`, each a tensor it built; the statement `a, b = ...` binds
+ * them in order and reports a count mismatch there, and a tuple anywhere
+ * else (an operand, an argument, `x = topk(..)`) is an error.  Nothing else
+ * is needed: the table row is as for any built-in. */
 typedef Val (*BuiltinFn)(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an);
+
+/* Several results (see BuiltinFn), copied into the lowering's arena. */
+static Val vtuple(Lower *L, int n, const Val *vals) {
+  Val v = {.kind = V_TUPLE, .n = n};
+  v.items = ARENA_ARRAY(L->tmp, Val, n);
+  for (int i = 0; i < n; i++) {
+    if (vals[i].kind == V_POISON) return vpoison();
+    v.items[i] = vals[i];
+  }
+  return v;
+}
 
 #define MAX_PARAMS 4
 struct Builtin {
@@ -1264,17 +1287,16 @@ static Val eval(Lower *L, const FeNode *n) {
   case FE_ND_OR:
   case FE_ND_NOT: return eval_logic(L, n);
   case FE_ND_TUPLE: {
-    Val v = {.kind = V_TUPLE, .n = n->nitems};
-    v.items = ARENA_ARRAY(L->tmp, Val, n->nitems);
+    Val *items = ARENA_ARRAY(L->tmp, Val, n->nitems);
     for (int i = 0; i < n->nitems; i++) {
-      v.items[i] = eval(L, n->items[i]);
-      if (v.items[i].kind == V_POISON) return vpoison();
-      if (v.items[i].kind == V_TUPLE) {
+      items[i] = eval(L, n->items[i]);
+      if (items[i].kind == V_POISON) return vpoison();
+      if (items[i].kind == V_TUPLE) {
         error_at(L, n->items[i]->begin, "a result cannot itself be several results");
         return vpoison();
       }
     }
-    return v;
+    return vtuple(L, n->nitems, items);
   }
   }
   return vpoison();
