@@ -161,6 +161,11 @@ static gradc_status backend_start(gradc_program *p, const ArtFile *art) {
   return p->prog ? GRADC_OK : api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: %s", err);
 }
 
+void api_set_draws(gradc_program *p, uint64_t seed, uint64_t step) {
+  p->draw_seed = seed;
+  p->draw_step = step;
+}
+
 void api_set_params_gen(gradc_program *p, uint64_t gen) {
   if (p->backend->set_params_gen) p->backend->set_params_gen(p->prog, gen);
 }
@@ -209,6 +214,7 @@ bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inp
   if (!api_dist_start(p, err, errlen)) return false;
   bool dist = p->comm != NULL, ok;
   if (dist) step_dp_begin(&p->stepdp);
+  step_set_draws(p->draw_seed, p->draw_step); /* the executors' rng.state (window.c) */
   ok = p->backend->run(p->prog, p->gas, params, "params", inputs, "inputs", r, err, errlen);
   if (ok && p->zero) {
     if (!r->dp_reduced) r->dp_reduced = calloc((size_t)r->ngrads + 1, sizeof(bool));

@@ -413,6 +413,8 @@ static void drop_optim_state(StFile *f) {
   *f = kept;
 }
 
+void cli_set_draws(gradc_program *p, uint64_t seed, uint64_t step) { api_set_draws(p, seed, step); }
+
 int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, const char *grads_out,
             const char *outputs_out, const char *buffers_out, const char *trace_path, bool allow_tf32) {
 #ifdef GRADC_HAVE_CUDA

@@ -79,6 +79,7 @@ struct gradc_program {
   StepDp stepdp;
   bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
   ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
+  uint64_t draw_seed, draw_step; /* the random draws of the next windows (api_set_draws) */
 };
 
 struct gradc_session {
@@ -103,6 +104,8 @@ struct gradc_session {
   struct Trace *trace;     /* gradc_session_trace's recorder, or NULL */
   bool grads_sharded;      /* ZeRO-1: res.grads hold only this rank's reduced slices (zeros elsewhere) */
   uint64_t params_gen;     /* taken anew at every change to params (api_params_changed) */
+  uint64_t draw_seed;      /* gradc_session_set_draws: the seed of the random draws */
+  int64_t draw_offset;     /* their step is the optimiser step count plus this */
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,
@@ -112,6 +115,9 @@ struct PassManager;
 gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
                                  struct PassManager *pm, gradc_program **out);
 
+/* The seed and step of the random draws (dropout, rand_like, randn_like)
+ * of the next api_run_window* windows (0 and 0 until set). */
+void api_set_draws(gradc_program *p, uint64_t seed, uint64_t step);
 /* The generation of the params the next api_run_window* gets (the CPU
  * back end skips copying params it holds already; 0: unknown). */
 void api_set_params_gen(gradc_program *p, uint64_t gen);

@@ -58,6 +58,8 @@
  * `optim.<slot>.<param>` (exp_avg, exp_avg_sq, momentum_buffer), and in
  * __metadata__: format, gradc_version, model, fingerprint, step, the four
  * xoshiro256** words of the session generator (rng.s0..rng.s3, decimal),
+ * the seed of the random draws and their step's offset from the step count
+ * (draws.seed, draws.offset, decimal; optional on loading: 0),
  * and the optimiser (optimizer = sgd|adamw|none, optimizer.<option> as
  * shortest round-trip decimals).  Everything is restored bit for bit, so
  * training resumed from a checkpoint continues exactly as it would have.
@@ -470,6 +472,12 @@ int gradc_session_find_nonfinite(const gradc_session *s, char *what, size_t n) {
 
 uint64_t gradc_session_rng_next(gradc_session *s) { return s ? rng_next(&s->rng) : 0; }
 
+void gradc_session_set_draws(gradc_session *s, uint64_t seed, int64_t step) {
+  if (!s) return;
+  s->draw_seed = seed;
+  s->draw_offset = step - s->step;
+}
+
 void gradc_session_rng_seed(gradc_session *s, uint64_t seed) {
   if (s) rng_seed(&s->rng, seed);
 }
@@ -515,6 +523,8 @@ gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const ch
   snprintf(buf, sizeof buf, "%016llx", (unsigned long long)p->fingerprint);
   st_set_meta(&f, "fingerprint", buf);
   meta_int(&f, "step", (uint64_t)s->step);
+  meta_int(&f, "draws.seed", s->draw_seed);
+  meta_int(&f, "draws.offset", (uint64_t)s->draw_offset);
   for (int k = 0; k < 4; k++) {
     char key[16];
     snprintf(key, sizeof key, "rng.s%d", k);
@@ -709,8 +719,11 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
   if (!ffp || strcmp(ffp, fp) != 0)
     BAD("%s: checkpoint is for another model ('%s', fingerprint %s); this program is model '%s' (fingerprint %s)", path,
         fmodel ? fmodel : "?", ffp ? ffp : "missing", p->model, fp);
-  uint64_t step, words[4];
+  uint64_t step, words[4], draw_seed = 0, draw_offset = 0;
   if (!parse_u64(st_get_meta(&f, "step"), &step) || step > INT64_MAX) BAD("%s: bad or missing metadata 'step'", path);
+  if ((st_get_meta(&f, "draws.seed") && !parse_u64(st_get_meta(&f, "draws.seed"), &draw_seed)) ||
+      (st_get_meta(&f, "draws.offset") && !parse_u64(st_get_meta(&f, "draws.offset"), &draw_offset)))
+    BAD("%s: bad metadata 'draws.seed' or 'draws.offset'", path);
   for (int k = 0; k < 4; k++) {
     char key[16];
     snprintf(key, sizeof key, "rng.s%d", k);
@@ -766,6 +779,8 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
     s->momentum_valid = o.kind == GRADC_SGD && have;
   }
   s->step = (int64_t)step;
+  s->draw_seed = draw_seed;
+  s->draw_offset = (int64_t)draw_offset;
   for (int k = 0; k < 4; k++) s->rng.s[k] = words[k];
   /* The last run's gradients belong to the old params. */
   if (s->have_res) step_result_free(&s->res);

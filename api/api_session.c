@@ -256,6 +256,7 @@ gradc_status gradc_session_run(gradc_session *s) {
    * step updates this rank's slices); whole ones are gathered on demand. */
   bool sharded = false;
   api_set_params_gen(s->p, s->params_gen);
+  api_set_draws(s->p, s->draw_seed, (uint64_t)(s->step + s->draw_offset));
   bool ok = api_run_window_ex(s->p, &s->params, &s->inputs, &r, s->have_opt, &sharded, err, sizeof err);
   if (s->trace) {
     trace_span(s->trace, TRACE_STEP, "step", t0, trace_now_us(s->trace));

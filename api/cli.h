@@ -102,6 +102,8 @@ int cli_data_random(const char *path, const gradc_compile_options *o, uint64_t s
  * trace (trace); each may be NULL. */
 int cli_run(gradc_program *p, const char *params, const char *inputs, const char *grads_out, const char *outputs_out,
             const char *buffers_out, const char *trace, bool allow_tf32);
+/* `run --seed S --step N`: the random draws (dropout, rand_like, randn_like) of its window. */
+void cli_set_draws(gradc_program *p, uint64_t seed, uint64_t step);
 
 /* ------------------------------------------------------------------ */
 /* bench                                                               */

@@ -534,7 +534,8 @@ static bool arg_axes(Lower *L, const FeNode *call, const Builtin *b, int i, Val 
   return true;
 }
 
-/* exp log sqrt rsqrt tanh sigmoid relu gelu silu abs: a number folds (in
+/* exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sin cos log1p
+ * softplus erf: a number folds (in
  * double with the interpreter's semantics, ir/scalar.c; rounded once when
  * it meets a tensor), a tensor gets the op. */
 static Val bi_unary_math(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
@@ -809,6 +810,10 @@ static Val bi_where(Lower *L, const FeNode *call, const Builtin *b, Val *a, cons
  * through; to or from i32 (or bool) none flows.  A number folds. */
 static Val bi_cast(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
   char buf[IR_TYPE_STR_MAX];
+  IrDType named;
+  /* A dtype name may also arrive as the string the constructors' dtype= reads. */
+  if (a[1].kind == V_STR && an[1]->kind == FE_ND_NAME && ir_dtype_parse(a[1].s, strlen(a[1].s), &named))
+    a[1] = (Val){.kind = V_DTYPE, .i = named};
   if (a[1].kind != V_DTYPE) {
     error_at(L, an[1]->begin, "argument 'dtype' of 'cast' must be a dtype (f32, f64, bf16, f16, i32 or bool), got %s",
              kind_str(a[1], buf, sizeof buf));
@@ -874,6 +879,93 @@ static bool arg_ints_d(Lower *L, const FeNode *call, const Builtin *b, int i, Va
                lo == 0 ? "non-negative" : "positive", (long long)out[k]);
       return false;
     }
+  }
+  return true;
+}
+
+/* ---- language v2: clamp, gelu(approximate=), constructors ---- */
+
+/* gelu(x, approximate="tanh"|"none"): "tanh" is the gelu op, "none" the
+ * erf form (gelu_erf). */
+static Val bi_gelu(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrOpcode opc = IR_OP_GELU;
+  if (an[1]) {
+    if (a[1].kind == V_STR && strcmp(a[1].s, "none") == 0)
+      opc = IR_OP_GELU_ERF;
+    else if (!(a[1].kind == V_STR && strcmp(a[1].s, "tanh") == 0)) {
+      error_at(L, an[1]->begin, "argument 'approximate' of 'gelu' must be \"tanh\" or \"none\"");
+      return vpoison();
+    }
+  }
+  if (is_num(a[0])) return vfloat(ir_scalar_unary(opc, num(a[0]), 0));
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return build(L, opc, &a[0].t, 1, NULL, 0, NULL, call->tok);
+}
+
+/* clamp(x, min=, max=): constant bounds, at least one of them (torch). */
+static Val bi_clamp(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrAttr at[2];
+  int na = 0;
+  double lo = -INFINITY, hi = INFINITY;
+  if (!an[1] && !an[2]) {
+    error_at(L, call->tok, "'clamp' needs 'min', 'max' or both");
+    return vpoison();
+  }
+  if (an[1]) {
+    if (!arg_num(L, call, b, 1, a, an, &lo)) return vpoison();
+    at[na++] = ir_attr_float("min", lo);
+  }
+  if (an[2]) {
+    if (!arg_num(L, call, b, 2, a, an, &hi)) return vpoison();
+    at[na++] = ir_attr_float("max", hi);
+  }
+  if (is_num(a[0])) {
+    double x = num(a[0]), r = x < lo ? lo : x;
+    return vfloat(r > hi ? hi : r);
+  }
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return build(L, IR_OP_CLAMP, &a[0].t, 1, at, na, NULL, call->tok);
+}
+
+/* A dtype argument: a type name (f32) or a string ("f32"); absent: def. */
+static bool arg_dtype(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an, IrDType def,
+                      IrDType *out) {
+  *out = def;
+  if (!an[i]) return true;
+  if (a[i].kind == V_STR && ir_dtype_parse(a[i].s, strlen(a[i].s), out) && *out != IR_DT_BOOL) return true;
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be a dtype (f32, f64, bf16, f16 or i32)", b->params[i],
+           call->name);
+  return false;
+}
+
+/* A shape argument: a list of positive constant sizes (or one size). */
+static bool arg_shape(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                      IrShape *out) {
+  const Val *items = &a[i];
+  int n = 1;
+  if (a[i].kind == V_LIST) {
+    items = a[i].items;
+    n = a[i].n;
+  }
+  if (n > IR_MAX_RANK) {
+    error_at(L, an[i]->begin, "a tensor has at most %d dimensions", IR_MAX_RANK);
+    return false;
+  }
+  *out = ir_shape_scalar();
+  out->rank = n;
+  for (int k = 0; k < n; k++) {
+    const FeNode *at = an[i]->kind == FE_ND_LIST ? an[i]->items[k] : an[i];
+    if (items[k].kind != V_INT || items[k].i <= 0 || items[k].i > MAX_DIM) {
+      char buf[IR_TYPE_STR_MAX];
+      if (items[k].kind == V_INT)
+        error_at(L, at->begin, "a size in argument '%s' of '%s' must be positive, got %lld", b->params[i],
+                 call->name, (long long)items[k].i);
+      else
+        error_at(L, at->begin, "argument '%s' of '%s' must be a list of constant sizes, got %s", b->params[i],
+                 call->name, kind_str(items[k], buf, sizeof buf));
+      return false;
+    }
+    out->dim[k] = items[k].i;
   }
   return true;
 }
@@ -1164,6 +1256,241 @@ static Val bi_batch_norm(Lower *L, const FeNode *call, const Builtin *b, Val *a,
   return vtensor(y);
 }
 
+/* zeros([..], dtype=f32)  ones([..], dtype=f32)  full([..], value, dtype=f32):
+ * a const of that type (a batch dim in the shape is the micro-batch). */
+static Val bi_fill(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrType ty;
+  double v = strcmp(b->name, "ones") == 0 ? 1.0 : 0.0;
+  bool full = strcmp(b->name, "full") == 0;
+  int di = full ? 2 : 1;
+  if (!arg_shape(L, call, b, 0, a, an, &ty.shape)) return vpoison();
+  if (full && !arg_num(L, call, b, 1, a, an, &v)) return vpoison();
+  if (!arg_dtype(L, call, b, di, a, an, IR_DT_F32, &ty.dtype)) return vpoison();
+  if (ty.dtype == IR_DT_I32 && (v != trunc(v) || fabs(v) > 2147483647.0)) {
+    error_at(L, an[1]->begin, "the value of an i32 'full' must be an i32 integer, got %g", v);
+    return vpoison();
+  }
+  IrAttr at = ir_attr_float("value", v);
+  return build(L, IR_OP_CONST, NULL, 0, &at, 1, &ty, call->tok);
+}
+
+/* arange(N, dtype=i32): 0, 1, ..., N-1 (i32, f32 or f64). */
+static Val bi_arange(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  IrType ty;
+  if (a[0].kind != V_INT || a[0].i <= 0 || a[0].i > MAX_DIM) {
+    char buf[IR_TYPE_STR_MAX];
+    if (a[0].kind == V_INT)
+      error_at(L, an[0]->begin, "the length of 'arange' must be positive, got %lld", (long long)a[0].i);
+    else
+      error_at(L, an[0]->begin, "argument 'end' of 'arange' must be a constant integer, got %s",
+               kind_str(a[0], buf, sizeof buf));
+    return vpoison();
+  }
+  if (!arg_dtype(L, call, b, 1, a, an, IR_DT_I32, &ty.dtype)) return vpoison();
+  ty.shape = ir_shape_make(1, &a[0].i);
+  return build(L, IR_OP_ARANGE, NULL, 0, NULL, 0, &ty, call->tok);
+}
+
+/* one_hot(idx, N): i32 [..., N] (the IR's one_hot, cast to i32; -100, the
+ * IR's ignore_index, gives an all-zero row). */
+static Val bi_one_hot(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t depth;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_int(L, call, b, 1, a, an, &depth)) return vpoison();
+  if (depth <= 0 || depth > MAX_DIM) {
+    error_at(L, an[1]->begin, "the number of classes of 'one_hot' must be positive, got %lld", (long long)depth);
+    return vpoison();
+  }
+  const IrType *it = &a[0].t->type;
+  if (it->dtype != IR_DT_I32) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, an[0]->begin, "argument 'idx' of 'one_hot' must be an i32 tensor, got %s",
+             ir_type_str(it, buf, sizeof buf));
+    return vpoison();
+  }
+  if (it->shape.rank >= IR_MAX_RANK) {
+    error_at(L, an[0]->begin, "a tensor has at most %d dimensions", IR_MAX_RANK);
+    return vpoison();
+  }
+  IrType ft = {IR_DT_F32, it->shape};
+  ft.shape.dim[ft.shape.rank++] = depth;
+  IrAttr at[2] = {ir_attr_int("depth", depth), ir_attr_int("ignore_index", -100)};
+  Val oh = build(L, IR_OP_ONE_HOT, &a[0].t, 1, at, 2, &ft, call->tok);
+  if (oh.kind != V_TENSOR) return oh;
+  IrType ty = {IR_DT_I32, ft.shape};
+  return build(L, IR_OP_CAST, &oh.t, 1, NULL, 0, &ty, call->tok);
+}
+
+/* ---- language v2: selection ---- */
+
+/* An i32 tensor argument (an index). */
+static bool arg_index(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an) {
+  if (a[i].kind == V_TENSOR && a[i].t->type.dtype == IR_DT_I32) return true;
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, an[i]->begin, "argument '%s' of '%s' must be an i32 tensor, got %s", b->params[i], call->name,
+           a[i].kind == V_TENSOR ? ir_type_str(&a[i].t->type, buf, sizeof buf) : kind_str(a[i], buf, sizeof buf));
+  return false;
+}
+
+/* The tensor x (argument 0) and its axis (argument i, or -1 when absent). */
+static bool arg_x_axis(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an,
+                       int64_t *axis) {
+  *axis = -1;
+  if (!arg_tensor(L, call, b, 0, a, an)) return false;
+  if (an[i] && !arg_int(L, call, b, i, a, an, axis)) return false;
+  return axis_of(L, *axis, &a[0].t->type, an[i] ? an[i]->begin : call->tok, axis);
+}
+
+/* gather(x, idx, axis): torch.gather; idx has x's dims except along axis. */
+static Val bi_gather(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 2, a, an, &axis) || !arg_index(L, call, b, 1, a, an)) return vpoison();
+  IrValue *args[2] = {a[0].t, a[1].t};
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, IR_OP_GATHER, args, 2, &at, 1, NULL, call->tok);
+}
+
+/* index_select(x, idx, axis): idx i32[N]; a gather whose index is idx
+ * broadcast over x's other axes (its gradient adds repeated indices). */
+static Val bi_index_select(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 2, a, an, &axis) || !arg_index(L, call, b, 1, a, an)) return vpoison();
+  const IrType *xt = &a[0].t->type, *it = &a[1].t->type;
+  if (it->shape.rank != 1) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, an[1]->begin, "argument 'idx' of 'index_select' must be a 1-D i32 tensor, got %s",
+             ir_type_str(it, buf, sizeof buf));
+    return vpoison();
+  }
+  int r = xt->shape.rank;
+  int64_t ones[IR_MAX_RANK], full[IR_MAX_RANK];
+  for (int d = 0; d < r; d++) {
+    ones[d] = d == axis ? it->shape.dim[0] : 1;
+    full[d] = d == axis ? it->shape.dim[0] : xt->shape.dim[d];
+  }
+  IrAttr rs = ir_attr_ints("shape", ones, r), bs = ir_attr_ints("shape", full, r);
+  Val v = build(L, IR_OP_RESHAPE, &a[1].t, 1, &rs, 1, NULL, call->tok);
+  if (v.kind == V_TENSOR) v = build(L, IR_OP_BROADCAST, &v.t, 1, &bs, 1, NULL, call->tok);
+  if (v.kind != V_TENSOR) return vpoison();
+  IrValue *args[2] = {a[0].t, v.t};
+  IrAttr at = ir_attr_int("axis", axis);
+  return build(L, IR_OP_GATHER, args, 2, &at, 1, NULL, call->tok);
+}
+
+/* topk(x, k, axis) as the i32 indices: k largest along axis. */
+static Val topk_indices(Lower *L, const FeNode *call, IrValue *x, int64_t k, int64_t axis) {
+  IrAttr at[2] = {ir_attr_int("k", k), ir_attr_int("axis", axis)};
+  return build(L, IR_OP_TOPK, &x, 1, at, 2, NULL, call->tok);
+}
+
+/* argmax(x, axis): i32, the axis dropped; ties and NaN as torch (the first
+ * index; NaN counts as the largest): topk with k = 1. */
+static Val bi_argmax(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis;
+  if (!arg_x_axis(L, call, b, 1, a, an, &axis)) return vpoison();
+  Val v = topk_indices(L, call, a[0].t, 1, axis);
+  if (v.kind != V_TENSOR) return v;
+  const IrShape *s = &a[0].t->type.shape;
+  int64_t dims[IR_MAX_RANK];
+  int n = 0;
+  for (int d = 0; d < s->rank; d++)
+    if (d != axis) dims[n++] = s->dim[d];
+  IrAttr rs = ir_attr_ints("shape", dims, n);
+  return build(L, IR_OP_RESHAPE, &v.t, 1, &rs, 1, NULL, call->tok);
+}
+
+/* ---- Randomness (DESIGN.md §2): rand_like, randn_like, dropout ---- */
+
+/* Whether v depends on a batched input (a walk of its operands, without
+ * recursion: a deep model must not exhaust the stack). */
+static bool batch_dependent(Lower *L, const IrValue *v) {
+  int n = L->f->nvalues > 0 ? L->f->nvalues : 1, top = 0;
+  bool *seen = ARENA_ARRAY(L->tmp, bool, n);
+  const IrValue **stack = ARENA_ARRAY(L->tmp, const IrValue *, n);
+  stack[top++] = v;
+  seen[v->id] = true;
+  while (top > 0) {
+    const IrValue *w = stack[--top];
+    if (!w->def && w->role == IR_ARG_INPUT && w->batched) return true;
+    for (int i = 0; w->def && i < w->def->nargs; i++) {
+      const IrValue *x = w->def->args[i];
+      if (!seen[x->id]) {
+        seen[x->id] = true;
+        stack[top++] = x;
+      }
+    }
+  }
+  return false;
+}
+
+/* Draws of x's type (f32 draws cast to bf16/f16): uniform or normal, from
+ * the function's one rng.state.  The draw is per sample (batched=true) when
+ * x depends on a batched input and leads with the micro-batch axis; else
+ * every micro-batch draws the same values, as one full batch would once.
+ * Its key is its location, made distinct for each earlier draw lowered
+ * from the same location (ir_random_key). */
+static Val random_like(Lower *L, const FeNode *call, IrValue *x, bool normal) {
+  char buf[IR_TYPE_STR_MAX];
+  IrType t = x->type;
+  if (!ir_dtype_is_float(t.dtype)) {
+    error_at(L, call->tok, "'%s' needs a floating-point tensor, got %s", call->name, ir_type_str(&t, buf, sizeof buf));
+    return vpoison();
+  }
+  IrFunc *f = L->f;
+  IrValue *state = NULL;
+  int occurrence = 0;
+  IrLoc loc = loc_of(L, call->tok);
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode == IR_OP_RNG_STATE && !state) state = op->result;
+    if (op->opcode == IR_OP_RANDOM && op->loc.line == loc.line && op->loc.col == loc.col) occurrence++;
+  }
+  if (!state) {
+    Val s = build(L, IR_OP_RNG_STATE, NULL, 0, NULL, 0, NULL, call->tok);
+    if (s.kind != V_TENSOR) return vpoison();
+    state = s.t;
+  }
+  bool batched = t.shape.rank > 0 && L->m->batch && t.shape.dim[0] == L->m->batch_micro && batch_dependent(L, x);
+  IrType dt = t;
+  if (dt.dtype != IR_DT_F64) dt.dtype = IR_DT_F32;
+  IrAttr at[3] = {ir_attr_str("dist", normal ? "normal" : "uniform"),
+                  ir_attr_int("key", ir_random_key(loc.line, loc.col, occurrence)), ir_attr_bool("batched", batched)};
+  Val r = build(L, IR_OP_RANDOM, &state, 1, at, 3, &dt, call->tok);
+  if (r.kind != V_TENSOR || dt.dtype == t.dtype) return r;
+  return build(L, IR_OP_CAST, &r.t, 1, NULL, 0, &t, call->tok);
+}
+
+/* rand_like(x): uniform [0, 1)   randn_like(x): standard normal */
+static Val bi_rand_like(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  return random_like(L, call, a[0].t, strcmp(b->name, "randn_like") == 0);
+}
+
+/* dropout(x, p): x * (u >= p) / (1 - p) for u = rand_like(x); the mask is
+ * a select of two constants, so the gradient multiplies by the same mask
+ * (and `split-draws` lets each kernel that reads it draw it again). */
+static Val bi_dropout(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  double p;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_num(L, call, b, 1, a, an, &p)) return vpoison();
+  if (!(p >= 0 && p <= 1)) {
+    error_at(L, an[1]->begin, "dropout probability must be in [0, 1], got %g", p);
+    return vpoison();
+  }
+  if (p == 0) return a[0]; /* torch: the identity */
+  IrValue *x = a[0].t;
+  Val u = random_like(L, call, x, false);
+  if (u.kind != V_TENSOR) return vpoison();
+  IrLoc loc = loc_of(L, call->tok);
+  IrDType dt = u.t->type.dtype; /* the draw's: the comparison is in f32 (f64 for f64) */
+  IrValue *cmp[2] = {u.t, ir_const(L->f, p, dt, loc)};
+  Val keep = build(L, IR_OP_GE, cmp, 2, NULL, 0, NULL, call->tok);
+  if (keep.kind != V_TENSOR) return vpoison();
+  IrValue *sel[3] = {keep.t, ir_const(L->f, 1.0 / (1.0 - p), x->type.dtype, loc), ir_const(L->f, 0.0, x->type.dtype, loc)};
+  Val mask = build(L, IR_OP_SELECT, sel, 3, NULL, 0, NULL, call->tok);
+  if (mask.kind != V_TENSOR) return vpoison();
+  IrValue *mul[2] = {x, mask.t};
+  return build(L, IR_OP_MUL, mul, 2, NULL, 0, NULL, call->tok);
+}
+
 static const Builtin builtins[] = {
     {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1, "exp(x)"},
     {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1, "log(x)"},
@@ -1172,7 +1499,7 @@ static const Builtin builtins[] = {
     {"tanh", bi_unary_math, IR_OP_TANH, 1, {"x"}, -1, "tanh(x)"},
     {"sigmoid", bi_unary_math, IR_OP_SIGMOID, 1, {"x"}, -1, "sigmoid(x)"},
     {"relu", bi_unary_math, IR_OP_RELU, 1, {"x"}, -1, "relu(x)"},
-    {"gelu", bi_unary_math, IR_OP_GELU, 1, {"x"}, -1, "gelu(x)  (tanh approximation)"},
+    {"gelu", bi_gelu, IR_OP_GELU, 1, {"x", "approximate"}, -1, "gelu(x, approximate=\"tanh\")  (or \"none\": erf)"},
     {"silu", bi_unary_math, IR_OP_SILU, 1, {"x"}, -1, "silu(x)"},
     {"abs", bi_unary_math, IR_OP_ABS, 1, {"x"}, -1, "abs(x)"},
     {"detach", bi_unary, IR_OP_DETACH, 1, {"x"}, -1, "detach(x)  (no gradient flows)"},
@@ -1210,6 +1537,27 @@ static const Builtin builtins[] = {
     {"pad", bi_pad, IR_OP_UNSLICE, 2, {"x", "pad", "value"}, -1, "pad(x, pad, value=0)  (pairs from the last axis)"},
     {"batch_norm", bi_batch_norm, IR_OP_MEAN, 1, {"x", "weight", "bias", "eps"}, -1,
      "batch_norm(x, weight=none, bias=none, eps=1e-5)  (over every axis but 1)"},
+    /* language v2: elementwise math */
+    {"clamp", bi_clamp, IR_OP_CLAMP, 1, {"x", "min", "max"}, -1, "clamp(x, min=none, max=none)"},
+    {"sin", bi_unary_math, IR_OP_SIN, 1, {"x"}, -1, "sin(x)"},
+    {"cos", bi_unary_math, IR_OP_COS, 1, {"x"}, -1, "cos(x)"},
+    {"log1p", bi_unary_math, IR_OP_LOG1P, 1, {"x"}, -1, "log1p(x)"},
+    {"softplus", bi_unary_math, IR_OP_SOFTPLUS, 1, {"x"}, -1, "softplus(x)"},
+    {"erf", bi_unary_math, IR_OP_ERF, 1, {"x"}, -1, "erf(x)"},
+    /* language v2: constructors (the shape argument is a shape: batch = micro-batch) */
+    {"zeros", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0, "zeros(shape, dtype=f32)"},
+    {"ones", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0, "ones(shape, dtype=f32)"},
+    {"full", bi_fill, IR_OP_CONST, 2, {"shape", "value", "dtype"}, 0, "full(shape, value, dtype=f32)"},
+    {"arange", bi_arange, IR_OP_ARANGE, 1, {"end", "dtype"}, 0, "arange(end, dtype=i32)"},
+    {"one_hot", bi_one_hot, IR_OP_ONE_HOT, 2, {"idx", "num_classes"}, -1, "one_hot(idx, num_classes)"},
+    /* language v2: selection */
+    {"gather", bi_gather, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1, "gather(x, idx, axis)"},
+    {"index_select", bi_index_select, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1, "index_select(x, idx, axis)"},
+    {"argmax", bi_argmax, IR_OP_TOPK, 2, {"x", "axis"}, -1, "argmax(x, axis)"},
+    /* Randomness */
+    {"rand_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1, "rand_like(x)  (uniform [0, 1))"},
+    {"randn_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1, "randn_like(x)  (standard normal)"},
+    {"dropout", bi_dropout, IR_OP_RANDOM, 2, {"x", "p"}, -1, "dropout(x, p)  (identity when not training)"},
 };
 
 static const Builtin *find_builtin(const char *name) {
@@ -1327,7 +1675,13 @@ static Val call_builtin(Lower *L, const FeNode *call, const Builtin *b) {
     if (!an[i]) continue;
     EvalMode saved = L->mode;
     L->mode = i == b->shape_arg ? EV_SHAPE : EV_VALUE;
-    a[i] = eval(L, an[i]);
+    /* dtype=f32: a type name, read as the string "f32" */
+    IrDType dt;
+    if (strcmp(b->params[i], "dtype") == 0 && an[i]->kind == FE_ND_NAME &&
+        ir_dtype_parse(an[i]->name, strlen(an[i]->name), &dt))
+      a[i] = (Val){.kind = V_STR, .s = an[i]->name};
+    else
+      a[i] = eval(L, an[i]);
     L->mode = saved;
     poisoned |= a[i].kind == V_POISON;
   }

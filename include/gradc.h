@@ -251,6 +251,13 @@ GRADC_API gradc_status gradc_session_save_checkpoint(const gradc_session *s, con
 GRADC_API gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const char *path, int nmeta,
                                                           const char *const *keys, const char *const *values);
 GRADC_API gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
+/* Random draws (dropout, rand_like, randn_like; DESIGN.md §2): a pure
+ * function of a seed, a step, the op, the sample's index in the window and
+ * the element.  The session's runs draw with `seed` at step `step`, plus
+ * one for every optimiser step taken after this call; by default seed 0
+ * and the optimiser step count.  Checkpoints keep both, so a resumed
+ * session draws what an uninterrupted one would. */
+GRADC_API void gradc_session_set_draws(gradc_session *s, uint64_t seed, int64_t step);
 /* A 64-bit generator saved with the checkpoint (e.g. for shuffling data). */
 GRADC_API uint64_t gradc_session_rng_next(gradc_session *s);
 GRADC_API void gradc_session_rng_seed(gradc_session *s, uint64_t seed);

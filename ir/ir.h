@@ -360,6 +360,9 @@ bool ir_patches_geom(const IrOp *op, IrPatches *g, char *err, size_t errlen);
  * IR_OPF_UNARY; p is pow's exponent, unused by the others; cast is the
  * identity here (ir_scalar_cast converts). */
 double ir_scalar_unary(IrOpcode opc, double x, double p);
+/* The same with op's attributes: pow's exponent, clamp's min and max
+ * (ir_scalar_unary treats clamp as having neither bound). */
+double ir_scalar_unary_op(const IrOp *op, double x);
 /* opc must have IR_OPF_BINARY or IR_OPF_COMPARE (a comparison gives 1 or 0). */
 double ir_scalar_binary(IrOpcode opc, double a, double b);
 /* cast's value for a result of dtype `to`, before rounding: i32 toward
@@ -368,6 +371,36 @@ double ir_scalar_cast(double x, IrDType to);
 /* x rounded to dt: f32 by a C cast, bf16/f16 to nearest even with
  * subnormals and overflow to infinity, i32 toward zero, bool to 1 or 0. */
 double ir_round_dtype(double x, IrDType dt);
+
+/* ------------------------------------------------------------------ */
+/* random.c: counter-based random draws (Philox-4x32-10)               */
+/* ------------------------------------------------------------------ */
+/* rng.state's words (a run-time i32[4] the executor writes each
+ * micro-batch): key (the seed's low and high 32 bits), the optimiser
+ * step's low 32 bits, the window index of the micro-batch's first sample. */
+#define IR_RNG_WORDS 4
+/* 2 pi, the double nearest it (Box-Muller's angle). */
+#define IR_RANDOM_TWO_PI 6.283185307179586
+/* One Philox-4x32-10 block: out = philox(ctr, key). */
+void ir_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* A `random` op's attributes: whether its first axis is the batch axis
+ * (batched=true), and the elements of one sample (the whole tensor when not
+ * batched). */
+bool ir_random_batched(const IrOp *op);
+int64_t ir_random_per_sample(const IrOp *op);
+/* The four words element e (row-major in op's result) draws:
+ * philox(ctr = (e mod per, base + e / per, step, key), key = seed), with
+ * ctr[0] = e, ctr[1] = 0 for a draw that is not batched. */
+void ir_random_bits(const IrOp *op, const uint32_t state[IR_RNG_WORDS], int64_t e, uint32_t out[4]);
+/* The words as a value of dtype dt (f32 or f64): uniform in [0, 1) from the
+ * top 24 bits of w[0] (f32) or 53 bits of w[0], w[1] (f64); normal by
+ * Box-Muller in f64 from 53 bits each of (w[0], w[1]) and (w[2], w[3]),
+ * rounded to dt. */
+double ir_random_value(bool normal, IrDType dt, const uint32_t w[4]);
+/* The stable id of a random op: its line and column (16 bits each), xor
+ * the number of earlier random ops lowered from the same location (a `for`
+ * body, an inlined `fn`) times Philox's first Weyl constant. */
+uint32_t ir_random_key(int line, int col, int occurrence);
 
 /* ------------------------------------------------------------------ */
 /* print.c: the text form (round-trips through read.c)                 */

@@ -13,6 +13,8 @@
 
 #define GELU_C 0.7978845608028654 /* sqrt(2 / pi) */
 #define GELU_A 0.044715
+#define SQRT1_2 0.70710678118654752440  /* 1 / sqrt(2) */
+#define INV_SQRT_2PI 0.39894228040143267794 /* 1 / sqrt(2 pi) */
 
 /* 1 / (1 + e^-x) without overflowing e^-x for very negative x. */
 static double sigmoid(double x) {
@@ -31,9 +33,26 @@ static double gelu_grad(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x);
 }
 
+/* softplus, torch's defaults (beta 1, threshold 20): x above 20, else
+ * log(1 + e^x), written so that e^x cannot overflow. */
+static double softplus(double x) { return x > 20.0 ? x : x > 0 ? x + log1p(exp(-x)) : log1p(exp(x)); }
+
+/* gelu, erf form (approximate="none"): x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2))
+ * written as 0.5 erfc(-x / sqrt 2), which keeps its precision for negative x. */
+static double gelu_erf(double x) { return 0.5 * x * erfc(-x * SQRT1_2); }
+
+/* d/dx x Phi(x) = Phi(x) + x phi(x), phi(x) = e^(-x^2/2) / sqrt(2 pi). */
+static double gelu_erf_grad(double x) { return 0.5 * erfc(-x * SQRT1_2) + x * exp(-0.5 * x * x) * INV_SQRT_2PI; }
+
+/* torch.clamp: max(x, lo) then min(., hi), NaN kept; lo > hi gives hi. */
+static double clamp(double x, double lo, double hi) {
+  double r = x < lo ? lo : x;
+  return r > hi ? hi : r;
+}
+
 /* One switch for both arities: a is the operand (or the first), b the
- * second operand, p pow's exponent. */
-static double eval(IrOpcode opc, double a, double b, double p) {
+ * second operand, p pow's exponent, [lo, hi] clamp's bounds. */
+static double eval(IrOpcode opc, double a, double b, double p, double lo, double hi) {
   switch (opc) {
   case IR_OP_NEG: return -a;
   case IR_OP_EXP: return exp(a);
@@ -51,6 +70,14 @@ static double eval(IrOpcode opc, double a, double b, double p) {
   case IR_OP_GELU_GRAD: return gelu_grad(a);
   case IR_OP_CAST:
   case IR_OP_DETACH: return a;
+  case IR_OP_CLAMP: return clamp(a, lo, hi);
+  case IR_OP_SIN: return sin(a);
+  case IR_OP_COS: return cos(a);
+  case IR_OP_LOG1P: return log1p(a);
+  case IR_OP_SOFTPLUS: return softplus(a);
+  case IR_OP_ERF: return erf(a);
+  case IR_OP_GELU_ERF: return gelu_erf(a);
+  case IR_OP_GELU_ERF_GRAD: return gelu_erf_grad(a);
   case IR_OP_ADD: return a + b;
   case IR_OP_SUB: return a - b;
   case IR_OP_MUL: return a * b;
@@ -81,12 +108,18 @@ static double eval(IrOpcode opc, double a, double b, double p) {
 
 double ir_scalar_unary(IrOpcode opc, double x, double p) {
   GRADC_ASSERT(ir_op_is(opc, IR_OPF_UNARY));
-  return eval(opc, x, 0.0, p);
+  return eval(opc, x, 0.0, p, -INFINITY, INFINITY);
+}
+
+double ir_scalar_unary_op(const IrOp *op, double x) {
+  GRADC_ASSERT(ir_op_is(op->opcode, IR_OPF_UNARY));
+  return eval(op->opcode, x, 0.0, ir_attr_get_float(op, "exponent", 1.0), ir_attr_get_float(op, "min", -INFINITY),
+              ir_attr_get_float(op, "max", INFINITY));
 }
 
 double ir_scalar_binary(IrOpcode opc, double a, double b) {
   GRADC_ASSERT(ir_op_is(opc, IR_OPF_BINARY | IR_OPF_COMPARE));
-  return eval(opc, a, b, 0.0);
+  return eval(opc, a, b, 0.0, -INFINITY, INFINITY);
 }
 
 double ir_scalar_cast(double x, IrDType to) {

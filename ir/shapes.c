@@ -246,7 +246,8 @@ static bool need_axis(const IrOp *op, const char *key, int rank, int64_t *axis, 
 /* ------------------------------------------------------------------ */
 
 /* Elementwise on one operand: float, or i32 for neg/abs/sign.  detach is
- * the identity (any dtype); causal_mask needs rank >= 2; pow an exponent. */
+ * the identity (any dtype); causal_mask needs rank >= 2; pow an exponent;
+ * clamp's min= and max= are numbers when present. */
 static bool ir_shape_unary(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   const IrType *x = arg(op, 0);
   if (op->opcode == IR_OP_NEG || op->opcode == IR_OP_ABS || op->opcode == IR_OP_SIGN) {
@@ -260,6 +261,10 @@ static bool ir_shape_unary(const IrOp *op, const IrType *hint, IrType *out, char
       return errf(err, n, "'%s' needs an operand of rank >= 2, got %s", opname(op), ts(x).s);
     double e;
     if (op->opcode == IR_OP_POW && !need_number(op, "exponent", &e, err, n)) return false;
+    /* clamp: min= and max= are optional numbers */
+    if (op->opcode == IR_OP_CLAMP && ((ir_attr_get(op, "min") && !need_number(op, "min", &e, err, n)) ||
+                                      (ir_attr_get(op, "max") && !need_number(op, "max", &e, err, n))))
+      return false;
   }
   *out = *x;
   return true;
@@ -606,6 +611,76 @@ static bool ir_shape_mse_loss(const IrOp *op, const IrType *hint, IrType *out, c
   return true;
 }
 
+/* ---- language v2: constructors and selection ---- */
+
+/* arange: the hint, rank 1, a number dtype. */
+static bool ir_shape_arange(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  if (!need_hint(op, hint, err, n)) return false;
+  if (hint->shape.rank != 1 || hint->dtype == IR_DT_BOOL)
+    return errf(err, n, "'arange' needs a rank-1 numeric result type, got %s", ts(hint).s);
+  *out = *hint;
+  return true;
+}
+
+/* An index operand of x's rank whose dims equal x's except along axis. */
+static bool index_like(const IrOp *op, const IrType *x, const IrType *idx, int64_t axis, const char *what, char *err,
+                       size_t n) {
+  if (idx->dtype != IR_DT_I32)
+    return errf(err, n, "'%s': the index must be i32, got %s", opname(op), ts(idx).s);
+  bool ok = idx->shape.rank == x->shape.rank;
+  for (int i = 0; ok && i < x->shape.rank; i++) ok = i == axis || idx->shape.dim[i] == x->shape.dim[i];
+  if (!ok)
+    return errf(err, n, "'%s': index %s must have the dims of %s %s except along axis %lld", opname(op), ts(idx).s,
+                what, ts(x).s, (long long)axis);
+  return true;
+}
+
+/* gather(x, idx i32) axis=a -> idx's shape, x's dtype. */
+static bool ir_shape_gather(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  const IrType *x = arg(op, 0), *idx = arg(op, 1);
+  int64_t axis;
+  if (x->shape.rank < 1) return errf(err, n, "'gather' needs an operand of rank >= 1, got %s", ts(x).s);
+  if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
+  if (!index_like(op, x, idx, axis, "the operand", err, n)) return false;
+  out->dtype = x->dtype;
+  out->shape = idx->shape;
+  return true;
+}
+
+/* gather_grad(idx i32, dy of idx's shape) axis=a shape=[..] -> shape, dy's dtype. */
+static bool ir_shape_gather_grad(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  const IrType *idx = arg(op, 0), *dy = arg(op, 1);
+  IrShape s;
+  int64_t axis;
+  if (!need_float_operand(op, 1, err, n)) return false;
+  if (!ir_shape_eq(&idx->shape, &dy->shape))
+    return errf(err, n, "'gather_grad': gradient %s does not match indices %s", ts(dy).s, ts(idx).s);
+  if (!need_shape(op, "shape", &s, err, n)) return false;
+  IrType t = {dy->dtype, s};
+  if (s.rank < 1) return errf(err, n, "'gather_grad' needs a result of rank >= 1");
+  if (!need_axis(op, "axis", s.rank, &axis, err, n)) return false;
+  if (!index_like(op, &t, idx, axis, "the result", err, n)) return false;
+  *out = t;
+  return true;
+}
+
+/* topk(float x) k=N axis=a -> i32, x's shape with k along a (1 <= k <= dim). */
+static bool ir_shape_topk(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  const IrType *x = arg(op, 0);
+  int64_t axis, k;
+  if (!need_float_operand(op, 0, err, n)) return false;
+  if (x->shape.rank < 1) return errf(err, n, "'topk' needs an operand of rank >= 1, got %s", ts(x).s);
+  if (!need_axis(op, "axis", x->shape.rank, &axis, err, n)) return false;
+  if (!need_int(op, "k", &k, err, n)) return false;
+  if (k < 1 || k > x->shape.dim[axis])
+    return errf(err, n, "'topk': k = %lld is out of range [1, %lld] for axis %lld of %s", (long long)k,
+                (long long)x->shape.dim[axis], (long long)axis, ts(x).s);
+  out->dtype = IR_DT_I32;
+  out->shape = x->shape;
+  out->shape.dim[axis] = k;
+  return true;
+}
+
 /* window.sum: counts (i32, bool) are summed as f32. */
 static bool ir_shape_window_sum(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   *out = *arg(op, 0);
@@ -625,6 +700,42 @@ static bool ir_shape_loss_term(const IrOp *op, const IrType *hint, IrType *out, 
   if (!need_float_operand(op, 0, err, n) || !need_scalar(op, 0, err, n) || !need_scalar(op, 1, err, n)) return false;
   if (!need_same_type(op, 0, 1, err, n)) return false;
   *out = *arg(op, 0);
+  return true;
+}
+
+/* rng.state: the draw state of the micro-batch (IR_RNG_WORDS words). */
+static bool ir_shape_rng_state(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  (void)op, (void)hint, (void)err, (void)n;
+  out->dtype = IR_DT_I32;
+  out->shape.rank = 1;
+  out->shape.dim[0] = IR_RNG_WORDS;
+  return true;
+}
+
+/* random %state {dist, key, batched}: f32 or f64 draws of the given type;
+ * Philox's counter word for the element in the sample has 32 bits. */
+static bool ir_shape_random(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  const IrType *s = arg(op, 0);
+  const char *dist;
+  int64_t key;
+  bool batched;
+  if (s->dtype != IR_DT_I32 || s->shape.rank != 1 || s->shape.dim[0] != IR_RNG_WORDS)
+    return errf(err, n, "'random' needs an i32[%d] rng.state operand, got %s", IR_RNG_WORDS, ts(s).s);
+  if (!need_hint(op, hint, err, n)) return false;
+  if (!need_str(op, "dist", &dist, err, n) || !need_int(op, "key", &key, err, n) ||
+      !need_bool(op, "batched", &batched, err, n))
+    return false;
+  if (strcmp(dist, "uniform") != 0 && strcmp(dist, "normal") != 0)
+    return errf(err, n, "'random': dist must be \"uniform\" or \"normal\", got \"%s\"", dist);
+  if (key < 0 || key > (int64_t)UINT32_MAX) return errf(err, n, "'random': key %lld is not a 32-bit id", (long long)key);
+  if (hint->dtype != IR_DT_F32 && hint->dtype != IR_DT_F64)
+    return errf(err, n, "'random' draws f32 or f64, not %s", ts(hint).s);
+  if (batched && hint->shape.rank == 0) return errf(err, n, "'random': a batched draw needs a batch axis");
+  int64_t per = checked_numel(&hint->shape);
+  if (batched && hint->shape.dim[0] > 0) per /= hint->shape.dim[0];
+  if (per < 0 || per > (int64_t)UINT32_MAX)
+    return errf(err, n, "'random': %s has more than 2^32 elements per sample", ts(hint).s);
+  *out = *hint;
   return true;
 }
 

@@ -176,6 +176,75 @@ void ad_grad_pow(AdCtx *ad, IrOp *op, IrValue *dy) {
   ad_accum(ad, x, bin(ad, IR_OP_MUL, dy, d, op));
 }
 
+/* ---- language v2 elementwise math ---- */
+
+/* y = clamp(x, min, max): dx = dy where min <= x <= max, else 0 (torch:
+ * the bounds themselves pass the gradient; NaN passes none; without
+ * either bound it is the identity). */
+void ad_grad_clamp(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *x = op->args[0], *zero = num(ad, 0.0, dy, op), *g = dy;
+  const IrAttr *lo = ir_attr_get(op, "min"), *hi = ir_attr_get(op, "max");
+  if (lo) {
+    IrValue *in = bin(ad, IR_OP_GE, x, num(ad, ir_attr_get_float(op, "min", 0), x, op), op);
+    g = ir_select(ad_func(ad), in, g, zero, op->loc);
+  }
+  if (hi) {
+    IrValue *in = bin(ad, IR_OP_LE, x, num(ad, ir_attr_get_float(op, "max", 0), x, op), op);
+    g = ir_select(ad_func(ad), in, g, zero, op->loc);
+  }
+  ad_accum(ad, x, g);
+}
+
+/* y = sin(x): dx = dy * cos(x) */
+void ad_grad_sin(AdCtx *ad, IrOp *op, IrValue *dy) {
+  ad_accum(ad, op->args[0], bin(ad, IR_OP_MUL, dy, un(ad, IR_OP_COS, op->args[0], op), op));
+}
+
+/* y = cos(x): dx = -dy * sin(x) */
+void ad_grad_cos(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *s = un(ad, IR_OP_SIN, op->args[0], op);
+  ad_accum(ad, op->args[0], un(ad, IR_OP_NEG, bin(ad, IR_OP_MUL, dy, s, op), op));
+}
+
+/* y = log1p(x): dx = dy / (1 + x) */
+void ad_grad_log1p(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *x = op->args[0];
+  ad_accum(ad, x, bin(ad, IR_OP_DIV, dy, bin(ad, IR_OP_ADD, x, num(ad, 1.0, x, op), op), op));
+}
+
+/* y = softplus(x): dx = dy where x > 20 (the threshold), else dy * sigmoid(x) (torch) */
+void ad_grad_softplus(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *x = op->args[0];
+  IrValue *big = bin(ad, IR_OP_GT, x, num(ad, 20.0, x, op), op);
+  IrValue *g = bin(ad, IR_OP_MUL, dy, un(ad, IR_OP_SIGMOID, x, op), op);
+  ad_accum(ad, x, ir_select(ad_func(ad), big, dy, g, op->loc));
+}
+
+/* y = erf(x): dx = dy * 2/sqrt(pi) * e^(-x^2) */
+void ad_grad_erf(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *x = op->args[0];
+  IrValue *e = un(ad, IR_OP_EXP, un(ad, IR_OP_NEG, bin(ad, IR_OP_MUL, x, x, op), op), op);
+  IrValue *d = bin(ad, IR_OP_MUL, e, num(ad, 1.12837916709551257390, x, op), op); /* 2 / sqrt(pi) */
+  ad_accum(ad, x, bin(ad, IR_OP_MUL, dy, d, op));
+}
+
+/* y = gelu(x) (erf form): dx = dy * gelu_erf_grad(x) */
+void ad_grad_gelu_erf(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *d = un(ad, IR_OP_GELU_ERF_GRAD, op->args[0], op);
+  ad_accum(ad, op->args[0], bin(ad, IR_OP_MUL, dy, d, op));
+}
+
+/* y = gather(x, idx) along a: dx = gather_grad(idx, dy), dy scatter-added
+ * into x's shape at the indices (repeated indices accumulate). */
+void ad_grad_gather(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *x = op->args[0];
+  if (!ad_needs_grad(ad, x)) return;
+  IrValue *args[2] = {op->args[1], dy};
+  IrAttr a[2] = {ir_attr_int("axis", ir_attr_get_int(op, "axis", 0)),
+                 ir_attr_ints("shape", x->type.shape.dim, x->type.shape.rank)};
+  ad_accum(ad, x, ir_emit(ad_func(ad), IR_OP_GATHER_GRAD, args, 2, a, 2, NULL, op->loc));
+}
+
 /* y = cast(x): dx = cast(dy) back to x's dtype */
 void ad_grad_cast(AdCtx *ad, IrOp *op, IrValue *dy) {
   IrValue *x = op->args[0];

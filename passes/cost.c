@@ -50,6 +50,9 @@ double cost_op_flops(const IrOp *op) {
   case IR_KIND_NN: {
     if (op->opcode == IR_OP_EMBEDDING || op->opcode == IR_OP_ONE_HOT) return numel(op->result);
     if (op->opcode == IR_OP_EMBEDDING_GRAD) return numel(op->args[1]);
+    if (op->opcode == IR_OP_ARANGE || op->opcode == IR_OP_GATHER) return numel(op->result);
+    if (op->opcode == IR_OP_GATHER_GRAD) return numel(op->args[1]) + numel(op->result);
+    if (op->opcode == IR_OP_TOPK) return numel(op->args[0]) * (double)ir_attr_get_int(op, "k", 1);
     double n = numel(op->args[0]) > numel(op->result) ? numel(op->args[0]) : numel(op->result);
     return 5.0 * n; /* a few passes over the row, one exp per element */
   }

@@ -335,11 +335,27 @@ static Info cls_loss(IrOp *op, Info *in, int r, int rank_out) {
   return ce ? sum_of(W_COUNT, op) : sum_of(W_BATCH, NULL);
 }
 
+/* gather(x, idx) along a: per-sample when x's samples do not lie along a
+ * (the other axes keep their positions); from a batch-independent x, per
+ * sample as the index is (an embedding-like lookup). */
+static Info cls_gather(IrOp *op, const Info *in) {
+  int64_t a = 0;
+  ir_norm_axis(ir_attr_get_int(op, "axis", 0), op->args[0]->type.shape.rank, &a);
+  if (in[0].cls == C_SUM || in[1].cls == C_SUM) return bad(op, "it gathers from or by a reduction over the batch");
+  if (in[0].cls == C_SAMPLE && in[0].axis == a) return bad(op, "it gathers across the batch axis");
+  if (in[0].cls == C_SAMPLE && in[1].cls == C_SAMPLE && in[1].axis != in[0].axis)
+    return bad(op, "its operand and index index samples on different axes");
+  return in[0].cls == C_SAMPLE ? in[0] : in[1];
+}
+
 /* How op's result depends on the batch's samples, from its operands'. */
 static Info classify(Fold *fd, IrOp *op) {
   Info in[8];
   int n = op->nargs < 8 ? op->nargs : 8;
   for (int i = 0; i < n; i++) in[i] = get(fd, op->args[i]);
+  /* A batched draw is per-sample: its counter holds the sample's index in
+   * the window (ir/random.c), so K micro-batches draw what one batch does. */
+  if (op->opcode == IR_OP_RANDOM) return ir_random_batched(op) ? sample(0, 1) : indep();
   bool all_indep = true;
   for (int i = 0; i < op->nargs; i++)
     if (get(fd, op->args[i]).cls != C_INDEP) all_indep = false;
@@ -349,6 +365,7 @@ static Info classify(Fold *fd, IrOp *op) {
   /* Past here some operand is per-sample or a sum over samples. */
   int rank_out = op->result ? op->result->type.shape.rank : 0;
   int r = op->args[0]->type.shape.rank;
+  int64_t ax;
 
   switch (op->opcode) {
   IR_CASES(UNARY)
@@ -367,6 +384,9 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_GE:
   case IR_OP_SELECT: return cls_compare(op, in, n, rank_out);
   case IR_OP_CONST: return indep();
+  /* Randomness */
+  case IR_OP_RNG_STATE:
+  case IR_OP_RANDOM: return indep(); /* (a batched draw returned above) */
   case IR_OP_SUM:
   case IR_OP_MEAN:
   case IR_OP_MAX:
@@ -392,6 +412,15 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_EMBEDDING_GRAD: return bad(op, "it is not a forward operation");
   case IR_OP_PATCHES:
   case IR_OP_PATCHES_GRAD: return cls_patches(op, in[0]);
+  /* language v2 selection (DESIGN.md §2: gather along a non-batch axis is per-sample) */
+  case IR_OP_ARANGE: return indep();
+  case IR_OP_GATHER: return cls_gather(op, in);
+  case IR_OP_GATHER_GRAD: return bad(op, "it is not a forward operation");
+  case IR_OP_TOPK:
+    if (in[0].cls == C_SUM) return bad(op, "it selects among reductions over the batch");
+    if (ir_norm_axis(ir_attr_get_int(op, "axis", -1), r, &ax) && ax == in[0].axis)
+      return bad(op, "it selects the largest values across the batch axis (topk, argmax)");
+    return in[0];
   case IR_OP_WINDOW_SUM:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM:

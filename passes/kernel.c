@@ -49,9 +49,16 @@ static const struct {
   /* convolution and pooling */
   [IR_OP_PATCHES]              = {KP_ROW_NONE,    KP_LOOP_PATCHES},
   [IR_OP_PATCHES_GRAD]         = {KP_ROW_NONE,    KP_LOOP_PATCHES_GRAD},
+  /* language v2 constructors and selection */
+  [IR_OP_ARANGE]               = {KP_ROW_NONE,    KP_LOOP_ARANGE},
+  [IR_OP_GATHER]               = {KP_ROW_NONE,    KP_LOOP_GATHER},
+  [IR_OP_GATHER_GRAD]          = {KP_ROW_NONE,    KP_LOOP_GATHER_GRAD},
+  [IR_OP_TOPK]                 = {KP_ROW_NONE,    KP_LOOP_TOPK},
+  /* Randomness */
+  [IR_OP_RANDOM]               = {KP_ROW_RAND,    KP_LOOP_NONE},
 };
 /* A new op in ir/ops.def that is neither POINT nor EXEC needs its row here. */
-_Static_assert(IR_OP_COUNT == 70, "kernel.c's op table knows every op");
+_Static_assert(IR_OP_COUNT == 84, "kernel.c's op table knows every op");
 
 bool kp_op_group0(IrOpcode opc) { return ir_op_is(opc, IR_OPF_EXEC); }
 KpRowKind kp_row_kind(IrOpcode opc) { return ir_op_is(opc, IR_OPF_POINT) ? KP_ROW_EW : op_table[opc].row; }
@@ -79,7 +86,8 @@ bool kp_op_rowwise(const IrOp *op) {
   case KP_ROW_CMASK:
   case KP_ROW_ONEHOT:
   case KP_ROW_EMB:
-  case KP_ROW_UNSLICE: return true;
+  case KP_ROW_UNSLICE:
+  case KP_ROW_RAND: return true;
   case KP_ROW_RED:
   case KP_ROW_LSE: return reduces_last_axis(op);
   case KP_ROW_SOFTMAX: {
@@ -200,6 +208,7 @@ static void relate_op(Solver *s, IrOp *op) {
     relate(s, x[0], y, 1);
     break;
   case KP_ROW_UNSLICE: pin(s, y); break; /* the operand is gathered where the slice puts it */
+  case KP_ROW_RAND: same(s, y, y); break;  /* the rng.state operand is read by index */
   case KP_ROW_EW:
     for (int i = 0; i < op->nargs; i++) same(s, x[i], y);
     break;
@@ -300,6 +309,7 @@ static bool check_rows(IrOp *const *ops, int n, const KpRowLayout *out, char *wh
       break;
     }
     case KP_ROW_EW:
+    case KP_ROW_RAND:
     case KP_ROW_NONE: break;
     }
     if (row && (row->type.shape.rank < 1 || last_dim(row) != out->cols))

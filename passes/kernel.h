@@ -23,6 +23,7 @@ typedef enum {
   KP_ROW_EMB,     /* embedding: the table gathered by index */
   KP_ROW_CMASK,   /* causal_mask */
   KP_ROW_UNSLICE, /* the operand gathered where the slice puts it */
+  KP_ROW_RAND,    /* random: Philox draws of the element's counter; the state is read by index */
 } KpRowKind;
 
 /* The loop nest an op needs when it is a kernel of its own. */
@@ -40,6 +41,10 @@ typedef enum {
   KP_LOOP_EMBEDDING_GRAD, /* scatter-add into the table's rows */
   KP_LOOP_PATCHES,        /* im2col: a gather of each patch element (or the padding value) */
   KP_LOOP_PATCHES_GRAD,   /* col2im: each image element sums the patch elements that read it */
+  KP_LOOP_ARANGE,         /* y[i] = i */
+  KP_LOOP_GATHER,         /* gather: a row of the result per iteration */
+  KP_LOOP_GATHER_GRAD,    /* gather_grad: a block of lines along the axis, zeroed then scatter-added */
+  KP_LOOP_TOPK,           /* topk: k selections along each line of the axis */
 } KpLoopKind;
 
 /* kernel.c's op table: what the kernel model does with each op. */
@@ -70,7 +75,12 @@ KpLoopKind kp_loop_kind(IrOpcode opc);
   case IR_OP_ONE_HOT: \
   case IR_OP_PATCHES: \
   case IR_OP_PATCHES_GRAD: \
-  case IR_OP_WINDOW_SUM
+  case IR_OP_ARANGE: \
+  case IR_OP_GATHER: \
+  case IR_OP_GATHER_GRAD: \
+  case IR_OP_TOPK: \
+  case IR_OP_WINDOW_SUM: \
+  case IR_OP_RANDOM
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a
  * kernel (IrOp.group >= 1). */
@@ -254,12 +264,16 @@ typedef struct KpLoopPlan {
    * unslice: xs the operand's strides */
   int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xs[IR_MAX_RANK];
   /* concat, softmax: the axis; elements after it (inner); concat: rows
-   * after it, the last axis excluded (row_inner) */
+   * after it, the last axis excluded (row_inner); gather, gather_grad, topk:
+   * the axis, elements after it (inner), elements before it (outer), len
+   * the full operand's (gather's x, gather_grad's result, topk's x) length
+   * along it */
   int64_t axis, inner, row_inner;
   /* softmax: len along the axis, lines of the axis; cross_entropy: len
    * classes; embedding_grad: len columns, rows of the table */
   int64_t len, lines, rows;
-  int64_t n;            /* cross_entropy: rows; mse_loss: elements; embedding_grad: positions */
+  int64_t n;            /* cross_entropy: rows; mse_loss: elements; embedding_grad: positions;
+                           gather, gather_grad: the index's length along the axis; topk: k */
   int64_t ignore_index; /* cross_entropy */
   bool mean;            /* cross_entropy, mse_loss: reduction "mean" */
   KpReduce red;

@@ -1,7 +1,8 @@
 /* kernel_loop.c - the plan of a loop kernel (docs/BACKEND.md): a kernel of
  * one op that does not fit rows (permute, slice, unslice, concat,
  * reductions over leading axes, softmax over a leading axis,
- * embedding_grad, cross_entropy / mse_loss reduced to a scalar).  The plan
+ * embedding_grad, cross_entropy / mse_loss reduced to a scalar, arange,
+ * gather, gather_grad, topk).  The plan
  * says which loop nest the op needs and derives its index space: the
  * operand strides of every output axis, the tiles of a transpose, the kept
  * and reduced axes of a reduction, the lines of a softmax.  Both code
@@ -168,6 +169,23 @@ void kp_loop_plan(const IrOp *op, KpLoopPlan *p) {
     GRADC_ASSERT(ok); /* the verifier ran the shape rule */
     kp_contiguous(&p->pg.image, p->pst);
     kp_contiguous(&p->pg.cols, p->cst);
+    break;
+  }
+  case KP_LOOP_ARANGE: p->n = numel(op->result); break;
+  case KP_LOOP_GATHER:
+  case KP_LOOP_GATHER_GRAD:
+  case KP_LOOP_TOPK: {
+    /* the full operand: gather's x, gather_grad's result, topk's x */
+    const IrShape *full = p->kind == KP_LOOP_GATHER_GRAD ? o : s;
+    const IrShape *part = p->kind == KP_LOOP_GATHER ? &op->args[1]->type.shape : p->kind == KP_LOOP_TOPK ? o : s;
+    ir_norm_axis(ir_attr_get_int(op, "axis", -1), full->rank, &p->axis);
+    p->len = full->dim[p->axis];
+    p->n = part->dim[p->axis];
+    p->inner = p->outer = 1;
+    for (int a = 0; a < full->rank; a++) {
+      if (a < p->axis) p->outer *= full->dim[a];
+      if (a > p->axis) p->inner *= full->dim[a];
+    }
     break;
   }
   case KP_LOOP_TRANSPOSE:

@@ -35,7 +35,8 @@ static void schedule(KpRowStep *p, int ax, int a) {
   case KP_ROW_ONEHOT:
   case KP_ROW_EMB:
   case KP_ROW_CMASK:
-  case KP_ROW_UNSLICE: p->pass[0] = p->at = a; break;
+  case KP_ROW_UNSLICE:
+  case KP_ROW_RAND: p->pass[0] = p->at = a; break;
   case KP_ROW_RED:
     p->pass[0] = ax;
     p->fin[0] = p->at = ax + 1;
@@ -99,7 +100,7 @@ bool kp_row_plan(const KpRowLayout *l, IrOp *const *ops, int n, Arena *a, KpRowP
     p->y = slot_of(l, op->result);
     int all = 0; /* when all operands are available */
     for (int i = 0; i < 3; i++) {
-      bool gathered = (p->kind == KP_ROW_EMB && i == 1) || p->kind == KP_ROW_UNSLICE;
+      bool gathered = (p->kind == KP_ROW_EMB && i == 1) || p->kind == KP_ROW_UNSLICE || p->kind == KP_ROW_RAND;
       p->x[i] = i < op->nargs && !gathered ? slot_of(l, op->args[i]) : -1;
       if (p->x[i] >= 0) all = maxi(all, out->at[p->x[i]]);
     }

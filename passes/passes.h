@@ -74,6 +74,7 @@ PassResult pass_weight_grad_gemm(IrFunc *f, const PassOptions *o, Arena *scratch
 PassResult pass_unslice_concat(IrFunc *f, const PassOptions *o, Arena *scratch);       /* unslice_concat.c */
 PassResult pass_split_reductions(IrFunc *f, const PassOptions *o, Arena *scratch);     /* split_reductions.c */
 PassResult pass_split_cross_entropy(IrFunc *f, const PassOptions *o, Arena *scratch);  /* split_cross_entropy.c */
+PassResult pass_split_draws(IrFunc *f, const PassOptions *o, Arena *scratch);           /* split_draws.c */
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* shard.c: split(N) params over --tp ranks, collectives inserted (docs/DISTRIBUTED.md). */
 PassResult pass_shard(IrFunc *f, const PassOptions *o, Arena *scratch);
@@ -109,7 +110,7 @@ typedef enum {
   PLAN_EXEC_GEMM,    /* matmul: the BLAS */
   PLAN_EXEC_ALIAS,   /* reshape: no work, shares its operand's bytes */
   PLAN_EXEC_CONST,   /* inlined into kernels, stored only when a group-0 op reads it */
-  PLAN_EXEC_WSUM,    /* window.sum: written by the executor before the micro-batches */
+  PLAN_EXEC_WSUM,    /* window.sum, rng.state: written by the executor before the micro-batches (each) */
   PLAN_EXEC_LOSS,    /* loss: read by the executor */
   PLAN_EXEC_GRAD,    /* grad: accumulated in place by its producer */
   PLAN_EXEC_COPY,    /* collectives (one rank: a copy) */

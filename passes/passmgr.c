@@ -11,7 +11,7 @@
 
 /* Every pass, in pipeline order: name, function, the passes it needs run
  * before it (pm_run runs those a list leaves out), what it does. */
-#define FUSE_NEEDS "weight-grad-gemm,unslice-concat,split-reductions,split-cross-entropy"
+#define FUSE_NEEDS "weight-grad-gemm,unslice-concat,split-reductions,split-cross-entropy,split-draws"
 #define MEMPLAN_NEEDS "ungroup-dp-slices,split-grad-sums,grad-unslices,grad-copies,movement-kernels"
 static const Pass passes[] = {
     {"shard", pass_shard, NULL, "shard split(N) params over the --tp ranks and insert the collectives"},
@@ -25,6 +25,7 @@ static const Pass passes[] = {
     {"unslice-concat", pass_unslice_concat, NULL, "a sum of unslices that tile one axis becomes a concat"},
     {"split-reductions", pass_split_reductions, NULL, "a reduction over the last axis and others becomes a row reduction and a small one"},
     {"split-cross-entropy", pass_split_cross_entropy, NULL, "cross_entropy(reduction=\"sum\") becomes per-row cross_entropy and a sum"},
+    {"split-draws", pass_split_draws, NULL, "a random draw (or dropout's mask) read by several ops gets a copy per reader: kernels draw it again"},
     {"fuse", pass_fuse, FUSE_NEEDS, "group ops into kernels: elementwise chains, row reductions and their neighbours"},
     {"schedule", pass_schedule, NULL, "start collectives early and wait late, so communication overlaps compute"},
     {"ungroup-dp-slices", pass_ungroup_dp_slices, NULL, "the unslice of a dp-reduced gradient slice goes back to group 0 (no work)"},
@@ -41,7 +42,7 @@ static const char *const pipeline[] = {"shard", "gas-fold", "autodiff", "simplif
 /* The CPU back end (docs/BACKEND.md). */
 static const char *const pipeline_cpu[] = {
     "shard", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce",
-    "weight-grad-gemm", "unslice-concat", "split-reductions", "split-cross-entropy", "fuse",
+    "weight-grad-gemm", "unslice-concat", "split-reductions", "split-cross-entropy", "split-draws", "fuse",
     "schedule",
     "ungroup-dp-slices", "split-grad-sums", "grad-unslices", "grad-copies", "movement-kernels", "memplan",
 };

@@ -627,6 +627,9 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   switch (op->opcode) {
   IR_CASES(ELEMENTWISE) return rule_elementwise(c, op, out);
   case IR_OP_CONST: return *out = R, true;
+  /* Randomness: the draws are replicated (every tp rank draws the same). */
+  case IR_OP_RNG_STATE: return *out = R, true;
+  case IR_OP_RANDOM: return rule_replicated(c, op, out);
   case IR_OP_SUM:
   case IR_OP_MEAN:
   case IR_OP_MAX:
@@ -650,6 +653,10 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   case IR_OP_UNSLICE:
   case IR_OP_EMBEDDING_GRAD:
   case IR_OP_ONE_HOT:
+  case IR_OP_ARANGE:
+  case IR_OP_GATHER:
+  case IR_OP_GATHER_GRAD:
+  case IR_OP_TOPK:
   case IR_OP_MSE_LOSS:
   /* convolution and pooling: no tensor-parallel rule yet (a split
    * channel axis would need one); replicated operands only */

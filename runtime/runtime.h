@@ -68,6 +68,7 @@ typedef enum {
 typedef struct InterpState {
   const IrFunc *f;
   double **val; /* by value id; NULL if not computed (malloc'd) */
+  uint32_t rng[IR_RNG_WORDS]; /* what rng.state gives this micro-batch (the step driver sets it) */
 } InterpState;
 
 /* Evaluate f.  args[i] holds f->args[i] (numel doubles).  In INTERP_COUNT
@@ -145,6 +146,18 @@ bool step_window_needs(const IrFunc *f, bool *arg_needed);
 bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **wsum, const InterpOptions *opt,
                       char *err, size_t errlen);
 
+/* Random draws (DESIGN.md §2, Randomness; ir/random.c).  The seed and the
+ * optimiser step of the windows the calling thread runs from now on (the
+ * API sets them before each window; both 0 until then). */
+void step_set_draws(uint64_t seed, uint64_t step);
+/* rng.state's words in micro-batch k of a window of gas: the seed's two
+ * halves, the step's low 32 bits and the window index of the micro-batch's
+ * first sample, (dp rank * gas + k) * micro-batch size, as step_dp_slice
+ * and step_micro_args hand out the samples. */
+void step_rng_words(const IrFunc *f, int gas, int k, uint32_t out[IR_RNG_WORDS]);
+/* Whether f has rng.state ops (executors store their words per micro-batch). */
+bool step_has_rng(const IrFunc *f);
+
 /* Elements of IR dtype dt in host memory (an arena's bytes): element i as
  * a double, x rounded to dt (ir_round_dtype) and stored. */
 double rt_elem_get(const void *p, IrDType dt, int64_t i);
@@ -164,6 +177,8 @@ bool step_store_consts(const IrFunc *f, StepStoreFn store, void *ctx, char *err,
  * as its dtype where the plan put it. */
 bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bound, StepStoreFn store, void *ctx,
                             char *err, size_t errlen);
+/* Each rng.state's words for micro-batch k (step_rng_words), where the plan put it. */
+bool step_store_rng(const IrFunc *f, int gas, int k, StepStoreFn store, void *ctx, char *err, size_t errlen);
 /* A gradient buffer of a planned function: one per param with a `grad`
  * output, where its (first) `grad` operand is stored. */
 typedef struct StepGradBuf {

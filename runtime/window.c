@@ -372,6 +372,42 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
 
 
 /* ------------------------------------------------------------------ */
+/* Random draws                                                         */
+/* ------------------------------------------------------------------ */
+
+/* The calling thread's draws, as the window in progress is (comm_step.c). */
+static _Thread_local uint64_t draw_seed, draw_step;
+
+void step_set_draws(uint64_t seed, uint64_t step) {
+  draw_seed = seed;
+  draw_step = step;
+}
+
+/* Samples per micro-batch: a batched input's first axis (0 without one:
+ * then no draw is batched, ir_random_batched). */
+static int64_t micro_samples(const IrFunc *f) {
+  for (int i = 0; i < f->nargs; i++) {
+    const IrValue *a = f->args[i];
+    if (a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0) return a->type.shape.dim[0];
+  }
+  return 0;
+}
+
+void step_rng_words(const IrFunc *f, int gas, int k, uint32_t out[IR_RNG_WORDS]) {
+  int64_t first = ((int64_t)step_dp_rank() * gas + k) * micro_samples(f);
+  out[0] = (uint32_t)draw_seed;
+  out[1] = (uint32_t)(draw_seed >> 32);
+  out[2] = (uint32_t)draw_step;
+  out[3] = (uint32_t)first;
+}
+
+bool step_has_rng(const IrFunc *f) {
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->opcode == IR_OP_RNG_STATE) return true;
+  return false;
+}
+
+/* ------------------------------------------------------------------ */
 /* Elements on the host                                                 */
 /* ------------------------------------------------------------------ */
 
@@ -504,6 +540,17 @@ bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bou
   free(wsum);
   free(needed);
   return ok;
+}
+
+bool step_store_rng(const IrFunc *f, int gas, int k, StepStoreFn store, void *ctx, char *err, size_t errlen) {
+  uint32_t w[IR_RNG_WORDS];
+  step_rng_words(f, gas, k, w);
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_RNG_STATE || op->result->storage == IR_STORE_NONE) continue;
+    if (!store(ctx, op->result->offset, w, sizeof w, err, errlen)) return false;
+  }
+  return true;
 }
 
 StepGradBuf *step_grad_bufs(const IrFunc *f, int *n) {

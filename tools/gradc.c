@@ -56,6 +56,7 @@ typedef struct Args {
   const char *params, *inputs, *grads_out;
   const char *outputs_out, *buffers_out; /* run --outputs-out, --buffers-out (language v2) */
   uint64_t seed;
+  uint64_t step; /* run --step N: the optimiser step the random draws are for */
 } Args;
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -93,7 +94,7 @@ static const char *help_text[][2] = {
     {"data", data_text_help},
     {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--threads N]\n"
             "          [--dp N] [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--allow-tf32]\n"
-            "          [--trace FILE.json] [--link-latency-us X] [--link-gbps X]\n"
+            "          [--trace FILE.json] [--link-latency-us X] [--link-gbps X] [--seed S] [--step N]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "          [--outputs-out OUTPUTS.safetensors] [--buffers-out BUFFERS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
@@ -108,7 +109,9 @@ static const char *help_text[][2] = {
             "  sequence); the run is T x N processes.  Gradients are reduced in buckets of --bucket-mb\n"
             "  (default 1) while the backward runs; --no-overlap waits for each collective at once.\n"
             "  --trace writes a Chrome trace (Perfetto) of kernels and collectives per rank and reports\n"
-            "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"},
+            "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"
+            "  --seed S and --step N (default 0 and 0) choose the random draws of dropout, rand_like and\n"
+            "  randn_like, which are the same for every --gas and --dp.\n"},
     {"train", train_help},
     {"bench", bench_help},
     {"convert", convert_help},
@@ -163,6 +166,7 @@ static int parse_args(int argc, char **argv, Args *a) {
       TOOLS_RUN_FLAGS(a),
       {"--cost-report", FLAG_BOOL, .dst = &a->cost_report},
       {"--seed", FLAG_U64, &a->seed, NULL, 0, (double)INT64_MAX, .expects = "a non-negative integer"},
+      {"--step", FLAG_U64, &a->step, NULL, 0, (double)INT64_MAX, .expects = "a non-negative integer"},
       {"--target", FLAG_STRING, .dst = &a->target},
       {"--passes", FLAG_STRING, .dst = &a->passes},
       {"--print-ir-after", FLAG_LIST, .dst = &a->print_after},
@@ -326,6 +330,7 @@ static int cmd_run(const Args *a) {
   gradc_program *p;
   int rc = open_program(a, &p);
   if (rc) return rc;
+  cli_set_draws(p, a->seed, a->step);
   rc = cli_run(p, a->params, a->inputs, a->grads_out, a->outputs_out, a->buffers_out, a->trace, a->allow_tf32);
   gradc_program_free(p);
   return rc;

@@ -67,7 +67,8 @@ const char train_help[] =
     "  a stacked per-layer vector, f32[L, C], is 2-D here: name it).  --init FILE starts from\n"
     "  a params file (every param; with --init-partial a subset, the rest initialised as\n"
     "  declared; a checkpoint's optim.* tensors are skipped).\n"
-    "  --seed S (default 0) seeds the params' init and the data order.\n"
+    "  --seed S (default 0) seeds the params' init, the data order and the random draws (dropout,\n"
+    "  rand_like, randn_like: drawn anew at each optimiser step).\n"
     "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
     "  --checkpoint is written at the end and every --checkpoint-every steps, each time in one atomic\n"
     "  write (a run killed mid-write leaves the previous checkpoint whole, and the next run removes the\n"
@@ -1003,6 +1004,8 @@ static int run_open(Run *r) {
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
+  /* The random draws: --seed at each optimiser step (a checkpoint keeps both). */
+  gradc_session_set_draws(s, a->seed, 0);
   if (a->resume) {
     rc = load_checkpoint(s, a->resume, &r->d);
   } else if (a->init && a->init_partial) { /* the rest as declared */

@@ -64,6 +64,10 @@ const char *cu_math1(CuGen *g, const char *fn, IrDType dt, const char *x);
 /* The expression sum_a coord_a(i) * stride[a] where i (an expression)
  * runs over dims[0..n) row-major; axes of extent 1 or stride 0 are
  * skipped, contiguous runs merged. */
+/* The draw of a `random` op for element e (an expression of its index in
+ * the op's result), state the rng.state pointer: a call of the prelude's
+ * rand_* helpers, in the result's register type. */
+const char *cu_random(CuGen *g, const IrOp *op, const char *state, const char *e);
 const char *cu_index(CuGen *g, const char *i, const int64_t *dims, const int64_t *stride, int n);
 
 /* a + b, dropping a "0" term. */

@@ -7,7 +7,8 @@
  * output), softmax over a leading axis (a thread per row of the axis),
  * embedding_grad (a thread per column and group of rows walking the
  * positions in order, so the sums do not depend on scheduling) and cross_entropy / mse_loss
- * reduced to a scalar (one block).  Every output element is written by
+ * reduced to a scalar (one block); arange, gather, gather_grad and topk
+ * (a thread per element or per line along the axis).  Every output element is written by
  * exactly one thread, accumulated into gradient buffers; sums combine in a
  * fixed order.  The index space is kp_loop_plan's (passes/kernel_loop.c);
  * the launch geometry is this file's.  Semantics follow runtime/interp.c. */
@@ -585,6 +586,101 @@ static void gen_patches_grad(CuGen *g, const KpLoopPlan *p) {
   end_block(g);
 }
 
+/* ------------------------------------------------------------------ */
+/* Language v2: arange, gather, gather_grad, topk                       */
+/* ------------------------------------------------------------------ */
+/* The full operand is [outer, len, inner] around the axis, the index (and
+ * gather's result) [outer, n, inner] (kp_loop_plan).  An index outside
+ * [0, len) reads and writes nothing (gather gives 0); the window's count
+ * phase refuses such an index before any kernel runs. */
+
+static const char *lit(CuGen *g, int64_t v) { return cu_fmt(g, "%lldL", (long long)v); }
+
+static void gen_arange(CuGen *g, const KpLoopPlan *p) {
+  const IrValue *y = p->op->result;
+  IrDType dt = y->type.dtype;
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, p->n, "arange: a thread per element");
+  cu_store(g, dt, false, cu_fmt(g, "%s[i]", yp), dt == IR_DT_I32 ? "(int)i" : cu_convert(g, "i", IR_DT_I32, dt));
+  end_block(g);
+}
+
+/* gather: a thread per result element. */
+static void gen_gather(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrValue *y = op->result;
+  IrDType dt = y->type.dtype;
+  In x = in_of(g, op->args[0], 0), ix = in_of(g, op->args[1], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, ir_numel(&y->type.shape), "gather: a thread per result element");
+  cu_line(g, "const long o = i / %s, c = i %% %s;", lit(g, p->n * p->inner), lit(g, p->inner));
+  cu_line(g, "const long t = %s;", elem_at(g, &ix, "i"));
+  cu_line(g, "const bool ok = t >= 0 && t < %s;", lit(g, p->len));
+  cu_line(g, "const long src = (o * %s + (ok ? t : 0L)) * %s + c;", lit(g, p->len), lit(g, p->inner));
+  cu_store(g, dt, y->storage == IR_STORE_GRAD, cu_fmt(g, "%s[i]", yp),
+           cu_fmt(g, "(ok ? %s : %s)", elem_at(g, &x, "src"), cu_lit(g, dt, 0)));
+  end_block(g);
+}
+
+/* gather_grad: a thread per line (o, c) along the axis, zeroing it (unless
+ * a gradient buffer) and adding dy at the indices, positions in order. */
+static void gen_gather_grad(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrValue *y = op->result;
+  IrDType dt = y->type.dtype;
+  bool grad = y->storage == IR_STORE_GRAD;
+  In ix = in_of(g, op->args[0], 0), dy = in_of(g, op->args[1], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, p->outer * p->inner, "gather_grad: a thread per line along the axis, walking the positions in order");
+  cu_line(g, "const long o = i / %s, c = i %% %s;", lit(g, p->inner), lit(g, p->inner));
+  if (!grad) {
+    cu_line(g, "for (long t = 0; t < %s; t++)", lit(g, p->len));
+    g->indent++;
+    cu_store(g, dt, false, cu_fmt(g, "%s[(o * %s + t) * %s + c]", yp, lit(g, p->len), lit(g, p->inner)),
+             cu_lit(g, dt, 0));
+    g->indent--;
+  }
+  cu_line(g, "for (long j = 0; j < %s; j++) {", lit(g, p->n));
+  g->indent++;
+  cu_line(g, "const long e = (o * %s + j) * %s + c;", lit(g, p->n), lit(g, p->inner));
+  cu_line(g, "const long t = %s;", elem_at(g, &ix, "e"));
+  cu_line(g, "if (t < 0 || t >= %s) continue;", lit(g, p->len));
+  const char *lv = cu_fmt(g, "%s[(o * %s + t) * %s + c]", yp, lit(g, p->len), lit(g, p->inner));
+  const char *v = elem_at(g, &dy, "e");
+  if (grad)
+    cu_store(g, dt, true, lv, v);
+  else
+    cu_store(g, dt, false, lv, cu_round(g, dt, cu_fmt(g, "%s + %s", cu_load(g, dt, false, lv), v)));
+  end_block(g);
+  end_block(g);
+}
+
+/* topk: a thread per line (o, c); selection r is the first element in
+ * topk's order after selection r - 1. */
+static void gen_topk(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrValue *y = op->result;
+  IrDType xt = op->args[0]->type.dtype;
+  const char *T = cu_reg_type(xt);
+  In x = in_of(g, op->args[0], 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, p->outer * p->inner, "topk: a thread per line, k selections along it");
+  cu_line(g, "const long o = i / %s, c = i %% %s;", lit(g, p->inner), lit(g, p->inner));
+  cu_line(g, "%s pv = 0; long pi = -1;", T);
+  cu_line(g, "for (long r = 0; r < %s; r++) {", lit(g, p->n));
+  g->indent++;
+  cu_line(g, "%s bv = 0; long bi = -1;", T);
+  cu_line(g, "for (long t = 0; t < %s; t++) {", lit(g, p->len));
+  g->indent++;
+  cu_line(g, "const %s v = %s;", T, elem_at(g, &x, cu_fmt(g, "(o * %s + t) * %s + c", lit(g, p->len), lit(g, p->inner))));
+  cu_line(g, "if ((pi < 0 || topk_before(pv, pi, v, t)) && (bi < 0 || topk_before(v, t, bv, bi))) { bv = v; bi = t; }");
+  end_block(g);
+  cu_store(g, IR_DT_I32, false, cu_fmt(g, "%s[(o * %s + r) * %s + c]", yp, lit(g, p->n), lit(g, p->inner)), "(int)bi");
+  cu_line(g, "pv = bv; pi = bi;");
+  end_block(g);
+  end_block(g);
+}
+
 void cu_loop_kernel(CuGen *g, const IrOp *op) {
   KpLoopPlan p;
   kp_loop_plan(op, &p);
@@ -601,6 +697,10 @@ void cu_loop_kernel(CuGen *g, const IrOp *op) {
   case KP_LOOP_EMBEDDING_GRAD: gen_embedding_grad(g, &p); break;
   case KP_LOOP_PATCHES: gen_patches(g, &p); break;
   case KP_LOOP_PATCHES_GRAD: gen_patches_grad(g, &p); break;
+  case KP_LOOP_ARANGE: gen_arange(g, &p); break;
+  case KP_LOOP_GATHER: gen_gather(g, &p); break;
+  case KP_LOOP_GATHER_GRAD: gen_gather_grad(g, &p); break;
+  case KP_LOOP_TOPK: gen_topk(g, &p); break;
   case KP_LOOP_NONE: cu_error(g, "no loop-nest code for '%s'", ir_op_info[op->opcode].name); break;
   }
 }

@@ -96,6 +96,27 @@ const char cu_prelude[] =
     "  double poly = 0.7978845608028654 * (1.0 + 0.134145 * (x * x));\n"
     "  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * poly;\n"
     "}\n"
+    "// Language v2 math: softplus (beta 1, threshold 20), gelu's erf form and\n"
+    "// its derivative, Phi(x) = 0.5 erfc(-x / sqrt 2).\n"
+    "__device__ __forceinline__ float softplus(float x) {\n"
+    "  return x > 20.0f ? x : (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));\n"
+    "}\n"
+    "__device__ __forceinline__ double softplus(double x) {\n"
+    "  return x > 20.0 ? x : (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x)));\n"
+    "}\n"
+    "__device__ __forceinline__ float gelu_erf(float x) { return x * (0.5f * erfcf(x * -0.70710678118654752f)); }\n"
+    "__device__ __forceinline__ double gelu_erf(double x) { return x * (0.5 * erfc(x * -0.70710678118654752)); }\n"
+    "__device__ __forceinline__ float gelu_erf_grad(float x) {\n"
+    "  return 0.5f * erfcf(x * -0.70710678118654752f) + x * expf(-0.5f * (x * x)) * 0.39894228040143267f;\n"
+    "}\n"
+    "__device__ __forceinline__ double gelu_erf_grad(double x) {\n"
+    "  return 0.5 * erfc(x * -0.70710678118654752) + x * exp(-0.5 * (x * x)) * 0.39894228040143267;\n"
+    "}\n"
+    "// topk's order: a before b when larger, NaN largest of all, ties by the lower index.\n"
+    "template <typename T> __device__ __forceinline__ bool topk_before(T a, long ia, T b, long ib) {\n"
+    "  bool na = a != a, nb = b != b;\n"
+    "  return (na && !nb) || a > b || ((a == b || (na && nb)) && ia < ib);\n"
+    "}\n"
     "\n"
     "// Sums and maxima over a warp and over a block (whose size is a multiple\n"
     "// of 32; red: 32 elements of shared memory), returned to every thread.\n"
@@ -123,6 +144,49 @@ const char cu_prelude[] =
     "  __syncthreads();\n"
     "  v = (threadIdx.x & 31) < (blockDim.x >> 5) ? red[threadIdx.x & 31] : lowest;\n"
     "  return warp_max(v);\n"
+    "}\n"
+    "\n"
+    "// Counter-based draws (ir/random.c): Philox-4x32-10 of the counter (element\n"
+    "// in the sample, sample in the window, step, op key) under the seed, and\n"
+    "// its bits as floats.  st is a rng.state: seed low, seed high, step, the\n"
+    "// micro-batch's first sample; per the elements of a sample (0: not batched).\n"
+    "__device__ __forceinline__ void philox4x32_10(unsigned c[4], unsigned k0, unsigned k1) {\n"
+    "  for (int r = 0; r < 10; r++) {\n"
+    "    if (r > 0) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;\n"
+    "    unsigned long long p0 = 0xD2511F53ull * c[0], p1 = 0xCD9E8D57ull * c[2];\n"
+    "    unsigned n0 = (unsigned)(p1 >> 32) ^ c[1] ^ k0, n2 = (unsigned)(p0 >> 32) ^ c[3] ^ k1;\n"
+    "    c[0] = n0, c[1] = (unsigned)p1, c[2] = n2, c[3] = (unsigned)p0;\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ void draw_bits(unsigned w[4], const int *st, long long e, long long per, unsigned key) {\n"
+    "  w[0] = per ? (unsigned)(e % per) : (unsigned)e;\n"
+    "  w[1] = per ? (unsigned)st[3] + (unsigned)(e / per) : 0u;\n"
+    "  w[2] = (unsigned)st[2], w[3] = key;\n"
+    "  philox4x32_10(w, (unsigned)st[0], (unsigned)st[1]);\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned long long bits53(unsigned a, unsigned b) {\n"
+    "  return ((unsigned long long)a << 21) | (b >> 11);\n"
+    "}\n"
+    "// uniform [0, 1): the top 24 bits of w[0] (f32), 53 bits of w[0], w[1] (f64)\n"
+    "__device__ __forceinline__ float rand_uniform_f32(const int *st, long long e, long long per, unsigned key) {\n"
+    "  unsigned w[4];\n"
+    "  draw_bits(w, st, e, per, key);\n"
+    "  return (float)(w[0] >> 8) * 5.9604644775390625e-08f; // 2^-24\n"
+    "}\n"
+    "__device__ __forceinline__ double rand_uniform_f64(const int *st, long long e, long long per, unsigned key) {\n"
+    "  unsigned w[4];\n"
+    "  draw_bits(w, st, e, per, key);\n"
+    "  return (double)bits53(w[0], w[1]) * 1.1102230246251565e-16; // 2^-53\n"
+    "}\n"
+    "// standard normal: Box-Muller in f64, u1 in (0, 1], u2 in [0, 1)\n"
+    "__device__ __forceinline__ double rand_normal(const int *st, long long e, long long per, unsigned key) {\n"
+    "  unsigned w[4];\n"
+    "  draw_bits(w, st, e, per, key);\n"
+    "  double u1 = (double)(bits53(w[0], w[1]) + 1ull) * 1.1102230246251565e-16;\n"
+    "  double u2 = (double)bits53(w[2], w[3]) * 1.1102230246251565e-16;\n"
+    "  double r = sqrt(-2.0 * log(u1));\n"
+    "  double c = cos(6.283185307179586 * u2);\n"
+    "  return r * c;\n"
     "}\n";
 
 /* ------------------------------------------------------------------ */
@@ -341,6 +405,25 @@ const char *cu_elementwise(CuGen *g, const IrOp *op, const char *const *x) {
   case IR_OP_SILU: r = cu_fmt(g, "silu(%s)", x[0]); break;
   case IR_OP_ABS: r = fl ? cu_math1(g, "fabs", in, x[0]) : cu_fmt(g, "abs(%s)", x[0]); break;
   case IR_OP_SIGN: r = cu_fmt(g, "sign(%s)", x[0]); break;
+  case IR_OP_CLAMP: { /* torch.clamp: below min -> min, then above max -> max; NaN stays */
+    r = x[0];
+    if (ir_attr_get(op, "min")) {
+      const char *lo = cu_lit(g, d ? IR_DT_F64 : IR_DT_F32, ir_attr_get_float(op, "min", 0));
+      r = cu_fmt(g, "(%s < %s ? %s : %s)", r, lo, lo, r);
+    }
+    if (ir_attr_get(op, "max")) {
+      const char *hi = cu_lit(g, d ? IR_DT_F64 : IR_DT_F32, ir_attr_get_float(op, "max", 0));
+      r = cu_fmt(g, "(%s > %s ? %s : %s)", r, hi, hi, r);
+    }
+    break;
+  }
+  case IR_OP_SIN: r = cu_math1(g, "sin", in, x[0]); break;
+  case IR_OP_COS: r = cu_math1(g, "cos", in, x[0]); break;
+  case IR_OP_LOG1P: r = cu_math1(g, "log1p", in, x[0]); break;
+  case IR_OP_SOFTPLUS: r = cu_fmt(g, "softplus(%s)", x[0]); break;
+  case IR_OP_ERF: r = cu_math1(g, "erf", in, x[0]); break;
+  case IR_OP_GELU_ERF: r = cu_fmt(g, "gelu_erf(%s)", x[0]); break;
+  case IR_OP_GELU_ERF_GRAD: r = cu_fmt(g, "gelu_erf_grad(%s)", x[0]); break;
   case IR_OP_POW: {
     double p = ir_attr_get_float(op, "exponent", 1.0);
     if (p == 1.0)
@@ -394,6 +477,16 @@ const char *cu_add(CuGen *g, const char *a, const char *b) {
 }
 
 static const char *num(CuGen *g, int64_t v) { return cu_fmt(g, "%lld%s", (long long)v, v > INT32_MAX ? "L" : ""); }
+
+const char *cu_random(CuGen *g, const IrOp *op, const char *state, const char *e) {
+  bool normal = strcmp(ir_attr_get_str(op, "dist", "uniform"), "normal") == 0;
+  bool f64 = op->result->type.dtype == IR_DT_F64;
+  long long per = ir_random_batched(op) ? (long long)ir_random_per_sample(op) : 0;
+  unsigned key = (unsigned)ir_attr_get_int(op, "key", 0);
+  const char *fn = normal ? "rand_normal" : f64 ? "rand_uniform_f64" : "rand_uniform_f32";
+  const char *call = cu_fmt(g, "%s(%s, %s, %lldLL, %uu)", fn, state, e, per, key);
+  return normal && !f64 ? cu_fmt(g, "(float)%s", call) : call;
+}
 
 const char *cu_index(CuGen *g, const char *i, const int64_t *dims, const int64_t *stride, int n) {
   int64_t ext[IR_MAX_RANK], st[IR_MAX_RANK];

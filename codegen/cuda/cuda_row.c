@@ -175,7 +175,8 @@ static void plan(Row *R, int k) {
   case KP_ROW_ONEHOT:
   case KP_ROW_EMB:
   case KP_ROW_CMASK:
-  case KP_ROW_UNSLICE: break;
+  case KP_ROW_UNSLICE:
+  case KP_ROW_RAND: break;
   case KP_ROW_NONE: cu_error(g, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name); break;
   }
 }
@@ -322,6 +323,18 @@ static const char *elem(Row *R, int i) {
   case KP_ROW_RMS: {
     const char *w = elem(R, o->x[1]);
     return temp(R, s, i, type, cu_round(g, dt, cu_fmt(g, "%s * %s * %s", x0, o->t[1], w)));
+  }
+  case KP_ROW_RAND: {
+    /* the element's index in the op's own result: its offset over the space */
+    int n = R->l->space.rank;
+    int64_t cst = n ? s->stride[n - 1] : 0;
+    const char *e = cu_fmt(g, "(long long)(%s)", s->rowoff);
+    if (strcmp(s->rowoff, "0") != 0) R->use_row = true;
+    if (cst != 0) {
+      R->use_j |= strcmp(R->col, "j") == 0;
+      e = cu_fmt(g, "%s + (long long)%s * %lld", e, R->col, (long long)cst);
+    }
+    return temp(R, s, i, type, cu_random(g, op, cu_param(g, op->args[0], 0, false), e));
   }
   case KP_ROW_CMASK: {
     int n = R->l->space.rank;
@@ -523,7 +536,8 @@ static void section(Row *R, int k) {
     case KP_ROW_CMASK:
     case KP_ROW_ONEHOT:
     case KP_ROW_EMB:
-    case KP_ROW_UNSLICE: {
+    case KP_ROW_UNSLICE:
+    case KP_ROW_RAND: {
       /* a row of one column: the per-element value at column 0, in a block of its own */
       const char *saved = R->col;
       y->rowvar = cu_fmt(g, "r%d", o->y);

@@ -139,6 +139,10 @@ GenAcc gen_acc(Gen *g, LLVMTypeRef t);
 void gen_acc_set(Gen *g, GenAcc a, LLVMValueRef v);
 LLVMValueRef gen_acc_get(Gen *g, GenAcc a);
 
+/* llvm_random.c: the draw of a `random` op for element e (i64, row-major
+ * in its result), in the result's register type. */
+LLVMValueRef gen_random(Gen *g, const IrOp *op, LLVMValueRef e);
+
 /* llvm_row.c / llvm_loop.c: emit the body of g->fn (positioned at the end
  * of its entry block) for one kernel. */
 void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l);

@@ -1,7 +1,7 @@
 /* llvm_loop.c - kernels of one op that do not fit rows (docs/BACKEND.md):
  * permute, slice, unslice, concat, reductions over leading axes,
- * softmax over a leading axis, embedding_grad, and cross_entropy/mse_loss
- * reduced to a scalar.  Each is a general loop nest whose outer loop
+ * softmax over a leading axis, embedding_grad, cross_entropy/mse_loss
+ * reduced to a scalar, and language v2's arange, gather, gather_grad, topk.  Each is a general loop nest whose outer loop
  * [begin, end) runs over independent pieces of the output (output rows,
  * column blocks, or one piece for a full reduction), so every output
  * element is written by exactly one iteration (accumulated into gradient
@@ -105,6 +105,21 @@ static void loop_extent(const IrOp *op, int64_t *iters, int64_t *cost) {
     *cost = ch * K;
     break;
   }
+  case KP_LOOP_ARANGE: break;
+  case KP_LOOP_GATHER:
+    *iters = p.outer * p.n;
+    *cost = p.inner;
+    break;
+  case KP_LOOP_GATHER_GRAD: {
+    int64_t ch = p.inner < CHUNK ? p.inner : CHUNK;
+    *iters = p.outer * ((p.inner + ch - 1) / ch);
+    *cost = (p.len + p.n) * ch;
+    break;
+  }
+  case KP_LOOP_TOPK:
+    *iters = p.outer * p.inner;
+    *cost = p.n * p.len;
+    break;
   case KP_LOOP_NONE: break;
   }
 }
@@ -625,6 +640,140 @@ static void gen_patches_grad(Gen *g, const KpLoopPlan *p) {
   gen_loop_end(g, &it);
 }
 
+/* Language v2: arange, gather, gather_grad, topk                       */
+/* ------------------------------------------------------------------ */
+/* The full operand is [outer, len, inner] around the axis, the index (and
+ * gather's result) [outer, n, inner] (kp_loop_plan).  An index outside
+ * [0, len) reads and writes nothing (gather gives 0); the window's count
+ * phase refuses such an index before any kernel runs (runtime/window.c). */
+
+/* y[i] = i, in one iteration. */
+static void gen_arange(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  IrDType dt = op->result->type.dtype;
+  GenBuf y = gen_buf_out(g, op->result);
+  GenLoop it, l;
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  gen_loop_begin(g, &l, gen_i64(g, 0), gen_i64(g, p->n), "i");
+  LLVMValueRef v = dt == IR_DT_I32 ? LLVMBuildTrunc(g->b, l.iv, g->t_i32, "")
+                                   : gen_round(g, LLVMBuildSIToFP(g->b, l.iv, gen_reg_type(g, dt), ""), dt);
+  gen_buf_store(g, &y, l.iv, v);
+  gen_loop_end(g, &l);
+  gen_loop_end(g, &it);
+}
+
+/* gather: one result row (o, j) of `inner` elements per iteration. */
+static void gen_gather(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  int64_t len = p->len, n = p->n, inner = p->inner;
+  IrDType dt = op->result->type.dtype;
+  GenBuf x = gen_buf(g, op->args[0]), idx = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
+  GenLoop rl, il;
+  gen_loop_begin(g, &rl, g->begin, g->end, "row");
+  LLVMValueRef xrow = mul(g, LLVMBuildUDiv(g->b, rl.iv, gen_i64(g, n), ""), len * inner);
+  LLVMValueRef yrow = mul(g, rl.iv, inner);
+  gen_loop_begin(g, &il, gen_i64(g, 0), gen_i64(g, inner), "i");
+  LLVMValueRef e = add(g, yrow, il.iv);
+  LLVMValueRef t = LLVMBuildSExt(g->b, gen_buf_load(g, &idx, e), g->t_i64, "");
+  LLVMValueRef ok = in_range(g, t, len);
+  LLVMValueRef safe = LLVMBuildSelect(g->b, ok, t, gen_i64(g, 0), "");
+  LLVMValueRef v = gen_buf_load(g, &x, add(g, add(g, xrow, mul(g, safe, inner)), il.iv));
+  gen_buf_store(g, &y, e, LLVMBuildSelect(g->b, ok, v, gen_const(g, dt, 0.0), ""));
+  gen_loop_end(g, &il);
+  gen_loop_end(g, &rl);
+}
+
+/* gather_grad: per iteration, a block of up to CHUNK columns i of one o:
+ * its result lines zeroed (unless a gradient buffer), then dy added at the
+ * indices, positions j in order. */
+static void gen_gather_grad(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  int64_t len = p->len, n = p->n, inner = p->inner, ch = inner < CHUNK ? inner : CHUNK;
+  int64_t nch = ch ? (inner + ch - 1) / ch : 1;
+  IrDType dt = op->result->type.dtype;
+  GenBuf idx = gen_buf(g, op->args[0]), dy = gen_buf(g, op->args[1]), y = gen_buf_out(g, op->result);
+  GenLoop it, jl, il;
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  LLVMValueRef o = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, nch), "");
+  LLVMValueRef i0 = mul(g, LLVMBuildURem(g->b, it.iv, gen_i64(g, nch), ""), ch);
+  LLVMValueRef left = LLVMBuildSub(g->b, gen_i64(g, inner), i0, "");
+  LLVMValueRef cnt = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, left, gen_i64(g, ch), ""), left, gen_i64(g, ch), "");
+  LLVMValueRef ybase = add(g, mul(g, o, len * inner), i0), ibase = add(g, mul(g, o, n * inner), i0);
+  if (!y.grad) {
+    gen_loop_begin(g, &jl, gen_i64(g, 0), gen_i64(g, len), "zt");
+    gen_loop_begin(g, &il, gen_i64(g, 0), cnt, "zi");
+    gen_buf_store(g, &y, add(g, add(g, ybase, mul(g, jl.iv, inner)), il.iv), gen_const(g, dt, 0.0));
+    gen_loop_end(g, &il);
+    gen_loop_end(g, &jl);
+  }
+  gen_loop_begin(g, &jl, gen_i64(g, 0), gen_i64(g, n), "j");
+  gen_loop_begin(g, &il, gen_i64(g, 0), cnt, "i");
+  LLVMValueRef e = add(g, add(g, ibase, mul(g, jl.iv, inner)), il.iv);
+  LLVMValueRef t = LLVMBuildSExt(g->b, gen_buf_load(g, &idx, e), g->t_i64, "");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "scatter");
+  LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "");
+  LLVMBuildCondBr(g->b, in_range(g, t, len), body, done);
+  LLVMPositionBuilderAtEnd(g->b, body);
+  LLVMValueRef yi = add(g, add(g, ybase, mul(g, t, inner)), il.iv);
+  LLVMValueRef v = gen_buf_load(g, &dy, e);
+  if (y.grad)
+    gen_buf_store(g, &y, yi, v); /* accumulates */
+  else
+    gen_buf_store(g, &y, yi, gen_round(g, LLVMBuildFAdd(g->b, gen_buf_load(g, &y, yi), v, ""), dt));
+  LLVMBuildBr(g->b, done);
+  LLVMPositionBuilderAtEnd(g->b, done);
+  gen_loop_end(g, &il);
+  gen_loop_end(g, &jl);
+  gen_loop_end(g, &it);
+}
+
+/* a comes before b in topk's order: larger, NaN largest of all, ties by the
+ * lower index. */
+static LLVMValueRef topk_before(Gen *g, LLVMValueRef a, LLVMValueRef ia, LLVMValueRef b, LLVMValueRef ib) {
+  LLVMValueRef na = gen_isnan(g, a), nb = gen_isnan(g, b);
+  LLVMValueRef gt = LLVMBuildOr(g->b, LLVMBuildAnd(g->b, na, LLVMBuildNot(g->b, nb, ""), ""),
+                                LLVMBuildFCmp(g->b, LLVMRealOGT, a, b, ""), "");
+  LLVMValueRef eq = LLVMBuildOr(g->b, LLVMBuildAnd(g->b, na, nb, ""), LLVMBuildFCmp(g->b, LLVMRealOEQ, a, b, ""), "");
+  LLVMValueRef lower = LLVMBuildICmp(g->b, LLVMIntSLT, ia, ib, "");
+  return LLVMBuildOr(g->b, gt, LLVMBuildAnd(g->b, eq, lower, ""), "");
+}
+
+/* topk: one line (o, i) of the axis per iteration; selection r is the
+ * first element in topk's order after selection r - 1 (no scratch). */
+static void gen_topk(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  int64_t len = p->len, k = p->n, inner = p->inner;
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  LLVMTypeRef t = gen_reg_type(g, op->args[0]->type.dtype);
+  GenAcc pv = gen_acc(g, t), pi = gen_acc(g, g->t_i64), bv = gen_acc(g, t), bi = gen_acc(g, g->t_i64);
+  GenLoop it, rl, tl;
+  gen_loop_begin(g, &it, g->begin, g->end, "line");
+  LLVMValueRef o = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, inner), "");
+  LLVMValueRef i = LLVMBuildURem(g->b, it.iv, gen_i64(g, inner), "");
+  LLVMValueRef xbase = add(g, mul(g, o, len * inner), i), ybase = add(g, mul(g, o, k * inner), i);
+  gen_acc_set(g, pv, LLVMConstReal(t, 0.0));
+  gen_acc_set(g, pi, gen_i64(g, -1));
+  gen_loop_begin(g, &rl, gen_i64(g, 0), gen_i64(g, k), "r");
+  gen_acc_set(g, bv, LLVMConstReal(t, 0.0));
+  gen_acc_set(g, bi, gen_i64(g, -1));
+  gen_loop_begin(g, &tl, gen_i64(g, 0), gen_i64(g, len), "t");
+  LLVMValueRef v = gen_buf_load(g, &x, add(g, xbase, mul(g, tl.iv, inner)));
+  LLVMValueRef p0 = gen_acc_get(g, pi), b0 = gen_acc_get(g, bi);
+  LLVMValueRef after = LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, p0, gen_i64(g, 0), ""),
+                                   topk_before(g, gen_acc_get(g, pv), p0, v, tl.iv), "");
+  LLVMValueRef better = LLVMBuildOr(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, b0, gen_i64(g, 0), ""),
+                                    topk_before(g, v, tl.iv, gen_acc_get(g, bv), b0), "");
+  LLVMValueRef take = LLVMBuildAnd(g->b, after, better, "");
+  gen_acc_set(g, bv, LLVMBuildSelect(g->b, take, v, gen_acc_get(g, bv), ""));
+  gen_acc_set(g, bi, LLVMBuildSelect(g->b, take, tl.iv, b0, ""));
+  gen_loop_end(g, &tl);
+  gen_buf_store(g, &y, add(g, ybase, mul(g, rl.iv, inner)), LLVMBuildTrunc(g->b, gen_acc_get(g, bi), g->t_i32, ""));
+  gen_acc_set(g, pv, gen_acc_get(g, bv));
+  gen_acc_set(g, pi, gen_acc_get(g, bi));
+  gen_loop_end(g, &rl);
+  gen_loop_end(g, &it);
+}
+
 void gen_loop_kernel(Gen *g, const IrOp *op) {
   KpLoopPlan p;
   kp_loop_plan(op, &p);
@@ -641,6 +790,10 @@ void gen_loop_kernel(Gen *g, const IrOp *op) {
   case KP_LOOP_EMBEDDING_GRAD: gen_embedding_grad(g, &p); break;
   case KP_LOOP_PATCHES: gen_patches(g, &p); break;
   case KP_LOOP_PATCHES_GRAD: gen_patches_grad(g, &p); break;
+  case KP_LOOP_ARANGE: gen_arange(g, &p); break;
+  case KP_LOOP_GATHER: gen_gather(g, &p); break;
+  case KP_LOOP_GATHER_GRAD: gen_gather_grad(g, &p); break;
+  case KP_LOOP_TOPK: gen_topk(g, &p); break;
   case KP_LOOP_NONE: gen_error(g, "kernel k%d: no loop-nest code for '%s'", g->group, ir_op_info[op->opcode].name); break;
   }
   LLVMBuildRetVoid(g->b);

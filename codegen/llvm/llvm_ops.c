@@ -764,6 +764,47 @@ static LLVMValueRef extremum(Gen *g, bool max, LLVMValueRef a, LLVMValueRef b, I
   return LLVMBuildSelect(g->b, nan, LLVMConstReal(LLVMTypeOf(a), NAN), r, "");
 }
 
+/* ---- language v2 elementwise math (ir/scalar.c has the formulas) ---- */
+
+/* torch.clamp: x below min -> min, then above max -> max; NaN stays. */
+static LLVMValueRef clamp_of(Gen *g, const IrOp *op, LLVMValueRef x) {
+  LLVMTypeRef t = LLVMTypeOf(x);
+  if (ir_attr_get(op, "min")) {
+    LLVMValueRef lo = LLVMConstReal(t, ir_attr_get_float(op, "min", 0));
+    x = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOLT, x, lo, ""), lo, x, "");
+  }
+  if (ir_attr_get(op, "max")) {
+    LLVMValueRef hi = LLVMConstReal(t, ir_attr_get_float(op, "max", 0));
+    x = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, x, hi, ""), hi, x, "");
+  }
+  return x;
+}
+
+/* softplus: x above 20, else max(x, 0) + log1p(e^-|x|). */
+static LLVMValueRef softplus_of(Gen *g, LLVMValueRef x) {
+  LLVMTypeRef t = LLVMTypeOf(x);
+  LLVMValueRef e = gen_exp_nonpos(g, LLVMBuildFNeg(g->b, gen_call1(g, "llvm.fabs", x), ""));
+  LLVMValueRef m = LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, x, LLVMConstReal(t, 0), ""), x,
+                                   LLVMConstReal(t, 0), "");
+  LLVMValueRef r = LLVMBuildFAdd(g->b, m, gen_libm1(g, "log1p", e), "");
+  return LLVMBuildSelect(g->b, LLVMBuildFCmp(g->b, LLVMRealOGT, x, LLVMConstReal(t, 20.0), ""), x, r, "");
+}
+
+/* Phi(x) = 0.5 erfc(-x / sqrt 2) */
+static LLVMValueRef normal_cdf(Gen *g, LLVMValueRef x) {
+  LLVMTypeRef t = LLVMTypeOf(x);
+  LLVMValueRef a = LLVMBuildFMul(g->b, x, LLVMConstReal(t, -0.70710678118654752440), "");
+  return LLVMBuildFMul(g->b, LLVMConstReal(t, 0.5), gen_libm1(g, "erfc", a), "");
+}
+
+/* gelu_erf_grad = Phi(x) + x e^(-x^2/2) / sqrt(2 pi) */
+static LLVMValueRef gelu_erf_grad_of(Gen *g, LLVMValueRef x) {
+  LLVMTypeRef t = LLVMTypeOf(x);
+  LLVMValueRef h = LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, x, x, ""), LLVMConstReal(t, -0.5), "");
+  LLVMValueRef d = LLVMBuildFMul(g->b, x, gen_exp_nonpos(g, h), "");
+  return LLVMBuildFAdd(g->b, normal_cdf(g, x), LLVMBuildFMul(g->b, d, LLVMConstReal(t, 0.39894228040143267794), ""), "");
+}
+
 LLVMValueRef gen_elementwise(Gen *g, const IrOp *op, LLVMValueRef *x) {
   IrDType dt = op->result->type.dtype;
   IrDType in = op->nargs ? op->args[0]->type.dtype : dt;
@@ -791,6 +832,14 @@ LLVMValueRef gen_elementwise(Gen *g, const IrOp *op, LLVMValueRef *x) {
                              LLVMBuildSub(g->b, i32c(g, 0), x[0], ""), x[0], "");
     break;
   case IR_OP_SIGN: r = sign_of(g, x[0], in); break;
+  case IR_OP_CLAMP: r = clamp_of(g, op, x[0]); break;
+  case IR_OP_SIN: r = gen_libm1(g, "sin", x[0]); break;
+  case IR_OP_COS: r = gen_libm1(g, "cos", x[0]); break;
+  case IR_OP_LOG1P: r = gen_libm1(g, "log1p", x[0]); break;
+  case IR_OP_SOFTPLUS: r = softplus_of(g, x[0]); break;
+  case IR_OP_ERF: r = gen_libm1(g, "erf", x[0]); break;
+  case IR_OP_GELU_ERF: r = LLVMBuildFMul(g->b, x[0], normal_cdf(g, x[0]), ""); break;
+  case IR_OP_GELU_ERF_GRAD: r = gelu_erf_grad_of(g, x[0]); break;
   case IR_OP_POW: r = pow_of(g, x[0], ir_attr_get_float(op, "exponent", 1.0)); break;
   case IR_OP_CAST: return gen_convert(g, x[0], in, dt);
   case IR_OP_DETACH:

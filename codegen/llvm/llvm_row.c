@@ -191,7 +191,7 @@ static void use_in(Row *R, int i, int k) {
 /* Computed in loop p[0] where its operands are: may sink to a later loop. */
 static bool sinks(const Plan *p) {
   return p->p[0] >= 0 && (p->kind == KP_ROW_EW || p->kind == KP_ROW_ONEHOT || p->kind == KP_ROW_EMB ||
-                          p->kind == KP_ROW_CMASK || p->kind == KP_ROW_UNSLICE);
+                          p->kind == KP_ROW_CMASK || p->kind == KP_ROW_UNSLICE || p->kind == KP_ROW_RAND);
 }
 
 /* Step q of the kernel plan: a per-element elementwise op runs in loop
@@ -205,7 +205,7 @@ static void plan_op(Row *R, Plan *p, const KpRowStep *q) {
   memcpy(p->x, q->x, sizeof p->x);
   p->y = q->y;
   RSlot *y = &R->s[p->y];
-  if (p->kind == KP_ROW_EW && !y->elem) p->fin[0] = p->p[0], p->p[0] = -1;
+  if ((p->kind == KP_ROW_EW || p->kind == KP_ROW_RAND) && !y->elem) p->fin[0] = p->p[0], p->p[0] = -1;
   y->avail = q->at;
   y->in_loop = sinks(p) || p->p[2] >= 0;
 }
@@ -289,6 +289,14 @@ static void row_stats_step(Row *R, Plan *p, int k) {
   if (k == ax1 + 1) p->st[1] = p->share >= 0 ? R->plan[p->share].st[1] : gen_acc_get(g, p->acc[1]);
 }
 
+/* A random op's draw at (r, j): its element's index in its own result
+ * (broadcast axes repeat the draw, as the value repeats). */
+static LLVMValueRef random_elem(Row *R, const Plan *p) {
+  RSlot *y = &R->s[p->y];
+  LLVMValueRef e = LLVMBuildNSWAdd(R->g->b, row_offset(R, y), col_index(R, y), "");
+  return gen_random(R->g, p->op, e);
+}
+
 /* The per-row steps of plan p in section k. */
 static void section_step(Row *R, Plan *p, int k) {
   Gen *g = R->g;
@@ -312,6 +320,7 @@ static void section_step(Row *R, Plan *p, int k) {
     case KP_ROW_EMB:
     case KP_ROW_CMASK:
     case KP_ROW_UNSLICE:
+    case KP_ROW_RAND:
     case KP_ROW_NONE: break;
     }
     if (ai >= 0) {
@@ -402,6 +411,9 @@ static void section_step(Row *R, Plan *p, int k) {
       loss = LLVMBuildSelect(g->b, ignored, LLVMConstReal(g->t_f64, 0.0), loss, "");
       define(R, p->y, gen_narrow(g, loss, dt), -1);
     }
+    break;
+  case KP_ROW_RAND:
+    if (p->fin[0] == k) define(R, p->y, random_elem(R, p), -1);
     break;
   case KP_ROW_ONEHOT:
   case KP_ROW_EMB:
@@ -555,6 +567,9 @@ static void loop_step(Row *R, Plan *p, int k) {
   case KP_ROW_UNSLICE:
     if (p->p[0] == k) define(R, p->y, unslice_elem(R, op), k);
     break;
+  case KP_ROW_RAND:
+    if (p->p[0] == k) define(R, p->y, random_elem(R, p), k);
+    break;
   case KP_ROW_NONE: break;
   }
 }
@@ -696,6 +711,7 @@ static void alloc_state(Row *R) {
     case KP_ROW_EMB:
     case KP_ROW_CMASK:
     case KP_ROW_UNSLICE:
+    case KP_ROW_RAND:
     case KP_ROW_NONE: break;
     }
   }

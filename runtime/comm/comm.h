@@ -239,7 +239,7 @@ void step_dp_begin(StepDp *d);
 bool step_dp_end(StepDp *d, StepResult *r, char *err, size_t n);
 /* Ranks of the thread's data-parallel window (1: none). */
 int step_dp_size(void);
-/* This process's rank among them (0 without a distributed window). */
+/* This process's rank in it (0: none). */
 int step_dp_rank(void);
 /* Point bound[i] of each batched input at this rank's slice. */
 void step_dp_slice(const IrFunc *f, const StTensor **bound);

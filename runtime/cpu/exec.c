@@ -18,7 +18,8 @@
  *   copy     a collective on one rank
  *   loss     add the loss operand into its window loss
  *
- * reshape, const, window.sum and grad need no work during a micro-batch.
+ * reshape, const, window.sum, rng.state and grad need no work during a
+ * micro-batch (rng.state's words are stored before each, step_store_rng).
  *
  * cpu_step_run runs a window: it checks and binds the tensors (window.c,
  * as every executor does), zeroes the gradient buffers but the parts a
@@ -466,7 +467,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   if ((opc == IR_OP_PERMUTE || opc == IR_OP_RESHAPE || opc == IR_OP_SLICE || opc == IR_OP_CONCAT) &&
       kp_view_free_op(&p->views, op))
     return true;
-  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM) {
+  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE) {
     if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
       return rt_op_fail(err, n, op, "must alias its operand (run memplan)");
     return true;
@@ -1257,7 +1258,8 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   for (int k = 0; ok && k < gas; k++) {
     copy_args(p, bound, k, false);
     p->micro = k;
-    ok = run_micro_batch(p, &r, k == 0, k == gas - 1, err, errlen);
+    ok = step_store_rng(f, gas, k, store, p->arena, err, errlen) &&
+         run_micro_batch(p, &r, k == 0, k == gas - 1, err, errlen);
   }
   if (ok && !no_grads) {
     for (int i = 0; i < p->ngrads; i++) {

@@ -262,7 +262,7 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
         return rt_op_fail(err, errlen, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
       continue;
     }
-    if (opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_GRAD) continue;
+    if (opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE || opc == IR_OP_GRAD) continue;
     if (opc == IR_OP_PERMUTE && rt_is_flag_permute(op->result)) continue;
     if (opc == IR_OP_LOSS) {
       const IrValue *v = rt_storage_root(op->args[0]);
@@ -453,7 +453,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
   double t0 = rt_now_ms(), dev = 0;
   ok = ok && copy_args(p, bound, -1, err, errlen) && step_store_window_sums(f, gas, bound, store, p, err, errlen);
   for (int k = 0; ok && k < gas; k++) {
-    ok = copy_args(p, bound, k, err, errlen);
+    ok = copy_args(p, bound, k, err, errlen) && step_store_rng(f, gas, k, store, p, err, errlen);
     double t1 = rt_now_ms();
     ok = ok && run_micro_batch(p, err, errlen) &&
          cuda_check(p->d->StreamSynchronize(p->stream), "running the step", err, errlen);

@@ -27,6 +27,11 @@ static int64_t index_range(const IrFunc *f, const IrValue *v, int depth) {
           r = s->dim[s->rank - 1];
         }
         if (op->opcode == IR_OP_ONE_HOT) r = ir_attr_get_int(op, "depth", 0);
+        if (op->opcode == IR_OP_GATHER && j == 1) {
+          int64_t axis = 0;
+          const IrShape *xs = &op->args[0]->type.shape;
+          if (ir_norm_axis(ir_attr_get_int(op, "axis", 0), xs->rank, &axis)) r = xs->dim[axis];
+        }
         break;
       case IR_KIND_ELEMENTWISE:
       case IR_KIND_CONST:

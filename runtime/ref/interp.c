@@ -126,8 +126,7 @@ static bool map1(Ctx *c, const IrOp *op, double *out) {
   if (numel_of(op->args[0]) != n) return fail(c, "%s: operand and result sizes differ", opname(op));
   IrOpcode k = op->opcode;
   IrDType to = op->result->type.dtype;
-  double p = ir_attr_get_float(op, "exponent", 1.0);
-  for (int64_t i = 0; i < n; i++) out[i] = k == IR_OP_CAST ? ir_scalar_cast(x[i], to) : ir_scalar_unary(k, x[i], p);
+  for (int64_t i = 0; i < n; i++) out[i] = k == IR_OP_CAST ? ir_scalar_cast(x[i], to) : ir_scalar_unary_op(op, x[i]);
   return true;
 }
 
@@ -534,6 +533,86 @@ static bool eval_patches(Ctx *c, const IrOp *op, double *out, bool adjoint) {
   return true;
 }
 
+/* ---- language v2: arange, gather, gather_grad, topk ---- */
+
+static bool eval_arange(Ctx *c, const IrOp *op, double *out) {
+  (void)c;
+  int64_t n = numel_of(op->result);
+  for (int64_t i = 0; i < n; i++) out[i] = (double)i;
+  return true;
+}
+
+/* The element of `full` (contiguous) that element e of `part` addresses when
+ * its coordinate along axis is replaced by t: part and full differ only
+ * along axis. */
+static int64_t gather_offset(const IrShape *part, const IrShape *full, int64_t axis, int64_t e, int64_t t) {
+  int64_t off = 0, stride = 1;
+  for (int d = part->rank - 1; d >= 0; d--) {
+    int64_t cd = e % part->dim[d];
+    e /= part->dim[d];
+    off += (d == axis ? t : cd) * stride;
+    stride *= full->dim[d];
+  }
+  return off;
+}
+
+/* gather (grad false): out[e] = x[.., idx[e], ..]; gather_grad (grad true):
+ * out[.., idx[e], ..] += dy[e].  An index outside [0, dim) is an error. */
+static bool eval_gather(Ctx *c, const IrOp *op, double *out, bool grad) {
+  const IrValue *iv = op->args[grad ? 0 : 1];
+  const IrShape *part = shape_of(iv), *full = grad ? shape_of(op->result) : shape_of(op->args[0]);
+  int64_t axis;
+  if (!ir_norm_axis(ir_attr_get_int(op, "axis", 0), full->rank, &axis)) return fail(c, "%s: bad axis", opname(op));
+  const double *idx = in(c, op, grad ? 0 : 1), *src = in(c, op, grad ? 1 : 0);
+  int64_t n = numel_of(iv), len = full->dim[axis];
+  for (int64_t e = 0; e < n; e++) {
+    if (!index_ok(idx[e], 0, len))
+      return fail(c, "%s: index %lld out of range [0, %lld)", opname(op), (long long)idx[e], (long long)len);
+    int64_t o = gather_offset(part, full, axis, e, (int64_t)idx[e]);
+    if (grad)
+      out[o] += src[e];
+    else
+      out[e] = src[o];
+  }
+  return true;
+}
+
+/* topk's order: larger first, NaN largest of all, ties by the lower index. */
+typedef struct TopkItem {
+  double v;
+  int64_t i;
+} TopkItem;
+
+static int topk_cmp(const void *pa, const void *pb) {
+  const TopkItem *a = pa, *b = pb;
+  bool na = isnan(a->v), nb = isnan(b->v);
+  if (na != nb) return na ? -1 : 1;
+  if (!na && a->v != b->v) return a->v > b->v ? -1 : 1;
+  return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* topk: sort each line along axis, keep the first k indices. */
+static bool eval_topk(Ctx *c, const IrOp *op, double *out) {
+  const IrShape *s = shape_of(op->args[0]);
+  int64_t axis, k = ir_attr_get_int(op, "k", 1);
+  if (!ir_norm_axis(ir_attr_get_int(op, "axis", -1), s->rank, &axis)) return fail(c, "topk: bad axis");
+  int64_t len = s->dim[axis], inner = 1, outer = 1;
+  for (int d = (int)axis + 1; d < s->rank; d++) inner *= s->dim[d];
+  for (int d = 0; d < axis; d++) outer *= s->dim[d];
+  if (k < 1 || k > len) return fail(c, "topk: k = %lld out of range", (long long)k);
+  const double *x = in(c, op, 0);
+  TopkItem *line = calloc((size_t)len, sizeof *line);
+  if (!line) abort();
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t i = 0; i < inner; i++) {
+      for (int64_t t = 0; t < len; t++) line[t] = (TopkItem){x[(o * len + t) * inner + i], t};
+      qsort(line, (size_t)len, sizeof *line, topk_cmp);
+      for (int64_t r = 0; r < k; r++) out[(o * k + r) * inner + i] = (double)line[r].i;
+    }
+  free(line);
+  return true;
+}
+
 typedef enum { RED_NONE, RED_SUM, RED_MEAN } Reduction;
 
 /* *r is set on failure too (RED_MEAN), so that no caller reads it unset. */
@@ -632,6 +711,29 @@ static bool eval_window_sum(Ctx *c, const IrOp *op, double *out) {
   return true;
 }
 
+/* rng.state: the words the step driver set for this micro-batch, as the
+ * i32 an executor's arena holds. */
+static bool eval_rng_state(Ctx *c, const IrOp *op, double *out) {
+  (void)op;
+  for (int i = 0; i < IR_RNG_WORDS; i++) out[i] = (double)(int32_t)c->st->rng[i];
+  return true;
+}
+
+/* random: element e draws Philox's block for its counter (ir/random.c). */
+static bool eval_random(Ctx *c, const IrOp *op, double *out) {
+  const double *s = in(c, op, 0);
+  uint32_t state[IR_RNG_WORDS], w[4];
+  for (int i = 0; i < IR_RNG_WORDS; i++) state[i] = (uint32_t)(int32_t)s[i];
+  bool normal = strcmp(ir_attr_get_str(op, "dist", "uniform"), "normal") == 0;
+  IrDType dt = op->result->type.dtype;
+  int64_t n = numel_of(op->result);
+  for (int64_t e = 0; e < n; e++) {
+    ir_random_bits(op, state, e, w);
+    out[e] = ir_random_value(normal, dt, w);
+  }
+  return true;
+}
+
 static bool eval_grad_seed(Ctx *c, const IrOp *op, double *out) {
   const double *x = in(c, op, 0);
   int64_t n = numel_of(op->result);
@@ -727,8 +829,15 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_MSE_LOSS: return eval_mse_loss(c, op, out);
   case IR_OP_PATCHES: return eval_patches(c, op, out, false);
   case IR_OP_PATCHES_GRAD: return eval_patches(c, op, out, true);
+  case IR_OP_ARANGE: return eval_arange(c, op, out);
+  case IR_OP_GATHER: return eval_gather(c, op, out, false);
+  case IR_OP_GATHER_GRAD: return eval_gather(c, op, out, true);
+  case IR_OP_TOPK: return eval_topk(c, op, out);
   case IR_OP_WINDOW_SUM: return eval_window_sum(c, op, out);
   case IR_OP_GRAD_SEED: return eval_grad_seed(c, op, out);
+  /* Randomness */
+  case IR_OP_RNG_STATE: return eval_rng_state(c, op, out);
+  case IR_OP_RANDOM: return eval_random(c, op, out);
   case IR_OP_LOSS_TERM: return map2(c, op, out, IR_OP_MUL);
   case IR_OP_ALL_REDUCE_START:
   case IR_OP_ALL_GATHER_START:
@@ -758,7 +867,8 @@ void interp_free(InterpState *st) {
 
 int interp_index_operand(const IrOp *op) {
   if (op->opcode == IR_OP_EMBEDDING || op->opcode == IR_OP_EMBEDDING_GRAD || op->opcode == IR_OP_ONE_HOT) return 0;
-  if (op->opcode == IR_OP_CROSS_ENTROPY) return 1;
+  if (op->opcode == IR_OP_CROSS_ENTROPY || op->opcode == IR_OP_GATHER) return 1;
+  if (op->opcode == IR_OP_GATHER_GRAD) return 0;
   return -1;
 }
 
@@ -770,7 +880,12 @@ static bool check_indices(Ctx *c, const IrOp *op, const double *v) {
   if (op->opcode == IR_OP_EMBEDDING) hi = op->args[1]->type.shape.dim[0];
   else if (op->opcode == IR_OP_EMBEDDING_GRAD) hi = ir_attr_get_int(op, "rows", 0);
   else if (op->opcode == IR_OP_ONE_HOT) hi = ir_attr_get_int(op, "depth", 0);
-  else {
+  else if (op->opcode == IR_OP_GATHER || op->opcode == IR_OP_GATHER_GRAD) {
+    const IrShape *fs = op->opcode == IR_OP_GATHER ? &op->args[0]->type.shape : &op->result->type.shape;
+    int64_t axis = 0;
+    ir_norm_axis(ir_attr_get_int(op, "axis", 0), fs->rank, &axis);
+    hi = fs->dim[axis];
+  } else {
     const IrShape *s = &op->args[0]->type.shape;
     hi = s->dim[s->rank - 1];
     what = "target";

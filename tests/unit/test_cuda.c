@@ -235,7 +235,7 @@ static void test_cuda_emulated_models(void **state) {
                                          "reshape_merge_batch", "matmul_vec", "detach", "batch_affine",
                                          "tinygpt_block", "stacked_for", "param_axis0", "dims_values"};
   enum { NT = sizeof torchref / sizeof torchref[0] };
-  Case cs[NT + 12];
+  Case cs[NT + 16];
   int n = 0;
   cs[n++] = model("examples/mlp.gdl", NULL, 86);
   ignore_some_targets(&cs[n - 1]);
@@ -250,7 +250,9 @@ static void test_cuda_emulated_models(void **state) {
   cs[n++] = model("tests/models/lenet.gdl", NULL, 92);
   cs[n++] = model("tests/models/conv_paths.gdl", NULL, 93);
   cs[n++] = model("tests/models/conv_bn.gdl", NULL, 94);
-  cs[n++] = model("tests/cuda/state.gdl", NULL, 95); /* language v2: buffers, updates, outputs, where */
+  cs[n++] = model("tests/models/v2_select.gdl", NULL, 95);
+  cs[n++] = model("tests/cuda/dropout.gdl", NULL, 96);
+  cs[n++] = model("tests/cuda/state.gdl", NULL, 97); /* language v2: buffers, updates, outputs, where */
   for (int i = 0; i < NT; i++) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/torchref/cases/%s.gdl", torchref[i]);
@@ -827,6 +829,9 @@ static void test_cuda_golden_cross_entropy(void **state) {
 static void test_cuda_golden_elementwise(void **state) {
   golden("tests/cuda/elementwise.gdl", "gelu", 0, "tests/cuda/elementwise.cu");
 }
+static void test_cuda_golden_dropout(void **state) {
+  golden("tests/cuda/dropout.gdl", "random", 0, "tests/cuda/dropout.cu");
+}
 static void test_cuda_golden_transpose(void **state) {
   golden("tests/cuda/transpose.gdl", "permute", 0, "tests/cuda/transpose.cu");
 }
@@ -953,6 +958,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_golden_cross_entropy),
       cmocka_unit_test(test_cuda_golden_elementwise),
       cmocka_unit_test(test_cuda_golden_transpose),
+      cmocka_unit_test(test_cuda_golden_dropout),
       cmocka_unit_test(test_cuda_emulated_fused_groups),
       cmocka_unit_test(test_cuda_emulated_models),
       cmocka_unit_test(test_cuda_gemms_as_cublaslt_sees_them),

@@ -361,11 +361,11 @@ static void test_fuse_needs_run_first(void **state) {
   diag_free(&d);
   static const char *const alone[] = {"fuse", "fuse"};
   char *b = banners(m->func, alone, 2);
-  assert_string_equal(b, "weight-grad-gemm;unslice-concat;split-reductions;split-cross-entropy;fuse;fuse;");
+  assert_string_equal(b, "weight-grad-gemm;unslice-concat;split-reductions;split-cross-entropy;split-draws;fuse;fuse;");
   free(b);
   static const char *const named[] = {"split-reductions", "fuse"};
   b = banners(m->func, named, 2);
-  assert_string_equal(b, "split-reductions;weight-grad-gemm;unslice-concat;split-cross-entropy;fuse;");
+  assert_string_equal(b, "split-reductions;weight-grad-gemm;unslice-concat;split-cross-entropy;split-draws;fuse;");
   free(b);
   fe_model_free(m);
   free(src);

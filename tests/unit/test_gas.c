@@ -315,6 +315,60 @@ static void test_gas_refuses_non_decomposable_loss_with_location(void **state) {
   assert_true(e < 1e-12);
 }
 
+/* Language v2 selection (DESIGN.md §2, GAS rule): along a non-batch axis,
+ * or rows of a param by a per-sample index, a term stays a sum over
+ * samples, so K = 2 gives the full-batch losses and gradients ... */
+static void test_gas_v2_selection_per_sample_matches_full_batch(void **state) {
+  (void)state;
+  char *text = tu_read("tests/models/v2_select.gdl");
+  for (char *p = strstr(text, "f32"); p; p = strstr(p, "f32")) p[1] = '6', p[2] = '4'; /* f64: no f32 rounding */
+  for (int k = 2; k <= 4; k += 2) {
+    double e = check_window("v2_select.gdl", text, k, NULL, NULL, NULL, 0, 30 + (uint64_t)k);
+    print_message("tests/models/v2_select.gdl (f64) K=%d: worst relative error %.3g\n", k, e);
+    assert_true(e < 1e-12);
+  }
+  free(text);
+}
+
+/* ... while argmax (topk), gather and index_select across the batch axis
+ * mix samples and are refused at the op under K > 1, with the reason. */
+static const char *select_refuse_text =
+    "model sel {\n"
+    "  batch B = 8\n"
+    "  dim D = 3\n"
+    "  input x : f32[B, D]\n"
+    "  input i : i32[2, D]\n"
+    "  input j : i32[4]\n"
+    "  param W : f32[D, D]\n"
+    "  h = x @ W\n"
+    "  loss am = sum(gather(h, reshape(argmax(h, axis=0), [1, D]), 0))\n"
+    "  loss ga = sum(gather(h, i, 0))\n"
+    "  loss is = sum(index_select(h, j, 0))\n"
+    "  loss ok = sum(gather(h, reshape(argmax(h, axis=1), [B, 1]), 1) * 0) + mean(index_select(h, j[0:2], 1))\n"
+    "}\n";
+
+static void test_gas_v2_refuses_selection_across_batch(void **state) {
+  (void)state;
+  Diag d;
+  FeModel *m = compile_defs("sel.gdl", select_refuse_text, 2, NULL, NULL, 0, &d);
+  if (!m) fail_msg("%s", sb_str(&d.log));
+  PassOptions po = {.gas = 2, .diag = &d, .src = &m->src};
+  Arena scratch;
+  arena_init(&scratch);
+  assert_int_equal(pass_gas_fold(m->func, &po, &scratch), PASS_ERROR);
+  arena_free(&scratch);
+  const char *log = sb_str(&d.log);
+  assert_non_null(strstr(log, "sel.gdl:9:35: error: loss 'am' cannot be split into 2 micro-batches: it selects the "
+                              "largest values across the batch axis (topk, argmax)"));
+  assert_non_null(strstr(log, "sel.gdl:10:17: error: loss 'ga' cannot be split into 2 micro-batches: it gathers "
+                              "across the batch axis"));
+  assert_non_null(strstr(log, "sel.gdl:11:17: error: loss 'is' cannot be split into 2 micro-batches: it gathers "
+                              "across the batch axis"));
+  assert_int_equal(d.nerrors, 3);
+  fe_model_free(m);
+  diag_free(&d);
+}
+
 /* Finite differences of the window loss vs the K = 4 gradient. */
 /* only: the params to probe (NULL-terminated), NULL = all.  Finite
  * differences see through detach, gradients do not: a model with detach
@@ -401,6 +455,8 @@ static void test_gas_gradient_matches_finite_differences(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gas_examples_match_full_batch),
+      cmocka_unit_test(test_gas_v2_selection_per_sample_matches_full_batch),
+      cmocka_unit_test(test_gas_v2_refuses_selection_across_batch),
       cmocka_unit_test(test_gas_ignore_index_uses_window_count),
       cmocka_unit_test(test_gas_empty_micro_batch_and_empty_window),
       cmocka_unit_test(test_gas_shared_subgraph_and_penalty_counted_once),

@@ -123,6 +123,20 @@ static void test_scalar_ops(void **state) {
   assert_true(ir_scalar_cast(-2.7, IR_DT_I32) == -2.0); /* toward zero */
   assert_true(ir_scalar_cast(INFINITY, IR_DT_I32) == 0.0);
   assert_true(ir_scalar_cast(0.25, IR_DT_BOOL) == 1.0);
+  /* language v2, against tabulated values */
+  assert_true(fabs(ir_scalar_unary(IR_OP_ERF, 1.0, 0) - 0.8427007929497149) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF, 1.0, 0) - 0.8413447460685429) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF, -3.0, 0) + 0.0040496940948903) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF, -10.0, 0) + 7.619853024160527e-23) < 1e-36); /* no cancellation */
+  assert_true(ir_scalar_unary(IR_OP_GELU_ERF_GRAD, 0.0, 0) == 0.5);
+  assert_true(fabs(ir_scalar_unary(IR_OP_GELU_ERF_GRAD, 1.0, 0) - 1.0833154705876863) < 1e-15);
+  assert_true(fabs(ir_scalar_unary(IR_OP_SOFTPLUS, 0.0, 0) - 0.6931471805599453) < 1e-15);
+  assert_true(ir_scalar_unary(IR_OP_SOFTPLUS, 25.0, 0) == 25.0); /* past the threshold: x */
+  assert_true(fabs(ir_scalar_unary(IR_OP_SOFTPLUS, -30.0, 0) - 9.357622968839737e-14) < 1e-27); /* e^-30 - e^-60/2 */
+  assert_true(fabs(ir_scalar_unary(IR_OP_LOG1P, 1e-10, 0) - 9.9999999995e-11) < 1e-25);
+  assert_true(fabs(ir_scalar_unary(IR_OP_SIN, 0.5235987755982989, 0) - 0.5) < 1e-15);
+  assert_true(ir_scalar_unary(IR_OP_COS, 0.0, 0) == 1.0);
+  assert_true(ir_scalar_unary(IR_OP_CLAMP, 3.0, 0) == 3.0); /* no bounds without its attributes */
 }
 
 /* ------------------------------------------------------------------ */
@@ -141,7 +155,9 @@ static bool listed(const char *list, const char *name) {
   return false;
 }
 
-#define EW_UNARY "neg exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sign pow gelu_grad cast detach"
+#define EW_UNARY                                                                                           \
+  "neg exp log sqrt rsqrt tanh sigmoid relu gelu silu abs sign pow gelu_grad cast detach "                 \
+  "clamp sin cos log1p softplus erf gelu_erf gelu_erf_grad"
 #define EW_BINARY "add sub mul div maximum minimum"
 #define EW_COMPARE "eq ne lt le gt ge"
 #define EW EW_UNARY " " EW_BINARY " " EW_COMPARE " select"
@@ -159,19 +175,21 @@ static const struct {
     {IR_OPF_UNARY, EW_UNARY},
     {IR_OPF_BINARY, EW_BINARY},
     {IR_OPF_COMPARE, EW_COMPARE},
-    {IR_OPF_FOLD, "neg exp log sqrt rsqrt pow cast add sub mul div maximum minimum"},
-    {IR_OPF_HINT, "const cast"},
+    {IR_OPF_FOLD, "neg exp log sqrt rsqrt pow cast add sub mul div maximum minimum "
+                  "sin cos log1p softplus erf gelu_erf gelu_erf_grad"},
+    {IR_OPF_HINT, "const cast arange random"},
     {IR_OPF_POINT, EW " broadcast mse_loss grad.seed loss.term"},
     {IR_OPF_ROW, EW " broadcast mse_loss grad.seed loss.term sum mean max logsumexp softmax log_softmax "
-                 "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy"},
+                 "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy random"},
     {IR_OPF_RED, "sum mean max logsumexp softmax log_softmax layer_norm rms_norm cross_entropy"},
-    {IR_OPF_EXEC, "const reshape matmul window.sum loss grad output update " COLLECTIVES},
+    {IR_OPF_EXEC, "const reshape matmul window.sum loss grad rng.state output update " COLLECTIVES},
     {IR_OPF_VIEW, "reshape permute slice concat"},
     {IR_OPF_START, "all_reduce.start all_gather.start reduce_scatter.start"},
     {IR_OPF_WAIT, "all_reduce.wait all_gather.wait reduce_scatter.wait"},
     {IR_OPF_RANKCOPY, "tp.scatter rank.slice rank.concat"},
     {IR_OPF_OPAQUE, "window.sum grad.seed loss.term loss grad output update " COLLECTIVES},
-    {IR_OPF_COSTLY, "exp log sqrt rsqrt tanh sigmoid gelu silu pow gelu_grad"},
+    {IR_OPF_COSTLY, "exp log sqrt rsqrt tanh sigmoid gelu silu pow gelu_grad "
+                    "sin cos log1p softplus erf gelu_erf gelu_erf_grad"},
 };
 
 static void test_op_flags_as_listed(void **state) {
@@ -217,7 +235,12 @@ static int case_group(IrOpcode opc) {
   case IR_OP_EMBEDDING_GRAD:
   case IR_OP_CROSS_ENTROPY:
   case IR_OP_ONE_HOT:
-  case IR_OP_MSE_LOSS: return 4;
+  case IR_OP_MSE_LOSS:
+  case IR_OP_ARANGE:
+  case IR_OP_GATHER:
+  case IR_OP_GATHER_GRAD:
+  case IR_OP_TOPK: return 4;
+  case IR_OP_RANDOM: return 4;
   IR_CASES(CONST)
   IR_CASES(REDUCE)
   IR_CASES(MOVEMENT)
@@ -536,6 +559,52 @@ static void test_shape_nn(void **state) {
   IrAttr red = ir_attr_str("reduction", "sum");
   assert_string_equal(infer(IR_OP_MSE_LOSS, "f32[3,2] f32[3,2]", &red, 1, NULL), "f32");
   assert_has(infer(IR_OP_MSE_LOSS, "f32[3,2] f32[2]", &red, 1, NULL), "mismatched types f32[3,2] and f32[2]");
+}
+
+/* Language v2: clamp's optional bounds, arange, gather, gather_grad, topk. */
+static void test_shape_v2_math_and_selection(void **state) {
+  (void)state;
+  assert_string_equal(infer(IR_OP_CLAMP, "f32[2,3]", NULL, 0, NULL), "f32[2,3]");
+  IrAttr lo = ir_attr_float("min", -1.0), hi = ir_attr_str("max", "one");
+  assert_string_equal(infer(IR_OP_CLAMP, "f64[4]", &lo, 1, NULL), "f64[4]");
+  assert_has(infer(IR_OP_CLAMP, "f64[4]", &hi, 1, NULL), "'clamp' attribute 'max' must be a number");
+  assert_has(infer(IR_OP_SIN, "i32[4]", NULL, 0, NULL), "'sin' needs a floating-point operand, got i32[4]");
+  assert_string_equal(infer(IR_OP_GELU_ERF, "bf16[3]", NULL, 0, NULL), "bf16[3]");
+
+  assert_string_equal(infer(IR_OP_ARANGE, "", NULL, 0, "i32[7]"), "i32[7]");
+  assert_string_equal(infer(IR_OP_ARANGE, "", NULL, 0, "f32[3]"), "f32[3]");
+  assert_has(infer(IR_OP_ARANGE, "", NULL, 0, "f32[3,2]"), "rank-1 numeric result type, got f32[3,2]");
+  assert_has(infer(IR_OP_ARANGE, "", NULL, 0, NULL), "needs a result type");
+
+  IrAttr ax = ir_attr_int("axis", 1);
+  assert_string_equal(infer(IR_OP_GATHER, "f32[4,7] i32[4,5]", &ax, 1, NULL), "f32[4,5]");
+  assert_string_equal(infer(IR_OP_GATHER, "f64[4,7,3] i32[4,9,3]", &ax, 1, NULL), "f64[4,9,3]");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] f32[4,5]", &ax, 1, NULL), "the index must be i32, got f32[4,5]");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[3,5]", &ax, 1, NULL),
+             "index i32[3,5] must have the dims of the operand f32[4,7] except along axis 1");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[4]", &ax, 1, NULL), "except along axis 1");
+  IrAttr ax5 = ir_attr_int("axis", 5);
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[4,5]", &ax5, 1, NULL), "axis 5 is out of range for f32[4,7]");
+  assert_has(infer(IR_OP_GATHER, "f32[4,7] i32[4,5]", NULL, 0, NULL), "'gather' needs attribute 'axis'");
+
+  int64_t dims[2] = {4, 7};
+  IrAttr gg[2] = {ir_attr_int("axis", 1), ir_attr_ints("shape", dims, 2)};
+  assert_string_equal(infer(IR_OP_GATHER_GRAD, "i32[4,5] f32[4,5]", gg, 2, NULL), "f32[4,7]");
+  assert_has(infer(IR_OP_GATHER_GRAD, "i32[4,5] f32[4,6]", gg, 2, NULL), "gradient f32[4,6] does not match indices");
+  gg[0] = ir_attr_int("axis", 0);
+  assert_has(infer(IR_OP_GATHER_GRAD, "i32[4,5] f32[4,5]", gg, 2, NULL), "except along axis 0");
+
+  IrAttr tk[2] = {ir_attr_int("k", 3), ir_attr_int("axis", -1)};
+  assert_string_equal(infer(IR_OP_TOPK, "f32[4,7]", tk, 2, NULL), "i32[4,3]");
+  tk[1] = ir_attr_int("axis", 0);
+  assert_string_equal(infer(IR_OP_TOPK, "f64[4,7]", tk, 2, NULL), "i32[3,7]");
+  tk[0] = ir_attr_int("k", 5);
+  assert_has(infer(IR_OP_TOPK, "f32[4,7]", tk, 2, NULL), "k = 5 is out of range [1, 4] for axis 0 of f32[4,7]");
+  tk[0] = ir_attr_int("k", 0);
+  assert_has(infer(IR_OP_TOPK, "f32[4,7]", tk, 2, NULL), "k = 0 is out of range");
+  tk[0] = ir_attr_int("k", 1);
+  assert_has(infer(IR_OP_TOPK, "i32[4,7]", tk, 2, NULL), "'topk' needs a floating-point operand");
+  assert_has(infer(IR_OP_TOPK, "f32", tk, 2, NULL), "rank >= 1");
 }
 
 static void test_shape_window_and_outputs(void **state) {
@@ -989,6 +1058,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shape_concat, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_matmul, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_nn, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_shape_v2_math_and_selection, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_window_and_outputs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_collectives, setup, teardown),
       cmocka_unit_test(test_print_writes_documented_format),
