@@ -61,6 +61,14 @@ const char *gradc_version(void) { return GRADC_VERSION; }
 /* Signature helpers                                                    */
 /* ------------------------------------------------------------------ */
 
+int api_nstate(const gradc_program *p) { return p->nparams + p->nbuffers; }
+
+int api_state_index(const gradc_program *p, const char *name) {
+  for (int i = 0; name && i < api_nstate(p); i++)
+    if (strcmp(p->params[i].name, name) == 0) return i;
+  return -1;
+}
+
 int api_param_index(const gradc_program *p, const char *name) {
   for (int i = 0; name && i < p->nparams; i++)
     if (strcmp(p->params[i].name, name) == 0) return i;
@@ -87,9 +95,10 @@ static uint64_t fingerprint(const gradc_program *p) {
   StrBuf sb;
   sb_init(&sb);
   sb_printf(&sb, "model %s\n", p->model);
-  for (int i = 0; i < p->nparams; i++) {
+  for (int i = 0; i < api_nstate(p); i++) {
     char t[IR_TYPE_STR_MAX];
-    sb_printf(&sb, "param %s %s\n", p->params[i].name, ir_type_str(&p->params[i].type, t, sizeof t));
+    sb_printf(&sb, "%s %s %s\n", i < p->nparams ? "param" : "buffer", p->params[i].name,
+              ir_type_str(&p->params[i].type, t, sizeof t));
   }
   uint64_t h = hash_str(sb_str(&sb));
   sb_free(&sb);
@@ -303,10 +312,11 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
 static void signature_from_model(gradc_program *p, const FeModel *m) {
   p->model = arena_strdup(&p->arena, m->name);
   p->nparams = m->nparams;
-  p->params = ARENA_ARRAY(&p->arena, FeParam, m->nparams + 1);
-  for (int i = 0; i < m->nparams; i++) {
+  p->nbuffers = m->nbuffers;
+  p->params = ARENA_ARRAY(&p->arena, FeParam, m->nparams + m->nbuffers + 1);
+  for (int i = 0; i < m->nparams + m->nbuffers; i++) {
     FeParam *d = &p->params[i];
-    const FeParam *s = &m->params[i];
+    const FeParam *s = i < m->nparams ? &m->params[i] : &m->buffers[i - m->nparams];
     d->name = arena_strdup(&p->arena, s->name);
     d->type = s->type;
     d->init = s->init;
@@ -324,6 +334,9 @@ static void signature_from_model(gradc_program *p, const FeModel *m) {
   p->nlosses = m->nlosses;
   p->losses = ARENA_ARRAY(&p->arena, const char *, m->nlosses + 1);
   for (int i = 0; i < m->nlosses; i++) p->losses[i] = arena_strdup(&p->arena, m->losses[i]);
+  p->noutputs = m->noutputs;
+  p->outputs = ARENA_ARRAY(&p->arena, const char *, m->noutputs + 1);
+  for (int i = 0; i < m->noutputs; i++) p->outputs[i] = arena_strdup(&p->arena, m->outputs[i]);
 }
 
 gradc_status gradc_program_compile_source(const char *name, const char *text, const gradc_compile_options *o,
@@ -351,7 +364,8 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
   Diag d;
   diag_init(&d, NULL);
   d.quiet = true;
-  FeOptions fo = {.def_names = p->def_names, .def_values = p->def_values, .ndefs = p->ndefs, .gas = p->gas, .dp = p->dp};
+  FeOptions fo = {.def_names = p->def_names, .def_values = p->def_values, .ndefs = p->ndefs, .gas = p->gas, .dp = p->dp,
+                  .no_training = o->no_training != 0};
   p->fe = fe_model_compile(&src, &fo, &d);
   if (!p->fe) {
     st = api_fail(GRADC_ERR_USER, "%s", sb_str(&d.log));
@@ -446,6 +460,12 @@ const char *gradc_program_loss_name(const gradc_program *p, int i) {
   return p && i >= 0 && i < p->nlosses ? p->losses[i] : NULL;
 }
 
+int gradc_program_num_outputs(const gradc_program *p) { return p ? p->noutputs : 0; }
+const char *gradc_program_output_name(const gradc_program *p, int i) {
+  return p && i >= 0 && i < p->noutputs ? p->outputs[i] : NULL;
+}
+int gradc_program_num_buffers(const gradc_program *p) { return p ? p->nbuffers : 0; }
+
 static void fill_info(gradc_tensor_info *out, const char *name, const IrType *t, bool batched) {
   memset(out, 0, sizeof *out);
   out->name = name;
@@ -460,6 +480,14 @@ gradc_status gradc_program_param_info(const gradc_program *p, int i, gradc_tenso
   if (i < 0 || i >= p->nparams)
     return api_fail(GRADC_ERR_USER, "gradc: error: param index %d out of range (the model has %d)", i, p->nparams);
   fill_info(out, p->params[i].name, &p->params[i].type, false);
+  return GRADC_OK;
+}
+
+gradc_status gradc_program_buffer_info(const gradc_program *p, int i, gradc_tensor_info *out) {
+  if (!p || !out) return api_fail(GRADC_ERR_USER, "gradc: error: buffer_info: NULL argument");
+  if (i < 0 || i >= p->nbuffers)
+    return api_fail(GRADC_ERR_USER, "gradc: error: buffer index %d out of range (the model has %d)", i, p->nbuffers);
+  fill_info(out, p->params[p->nparams + i].name, &p->params[p->nparams + i].type, false);
   return GRADC_OK;
 }
 
@@ -526,7 +554,8 @@ static char *meta_json(const gradc_program *p) {
 static char *sig_json(const gradc_program *p) {
   cJSON *root = cJSON_CreateObject();
   cJSON *params = cJSON_AddArrayToObject(root, "params");
-  for (int i = 0; i < p->nparams; i++) {
+  cJSON *buffers = cJSON_AddArrayToObject(root, "buffers");
+  for (int i = 0; i < api_nstate(p); i++) {
     const FeParam *q = &p->params[i];
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", q->name);
@@ -539,7 +568,7 @@ static char *sig_json(const gradc_program *p) {
     fmt_double(b, sizeof b, q->b);
     cJSON_AddStringToObject(o, "a", a);
     cJSON_AddStringToObject(o, "b", b);
-    cJSON_AddItemToArray(params, o);
+    cJSON_AddItemToArray(i < p->nparams ? params : buffers, o);
   }
   cJSON *inputs = cJSON_AddArrayToObject(root, "inputs");
   for (int i = 0; i < p->ninputs; i++) {
@@ -553,6 +582,8 @@ static char *sig_json(const gradc_program *p) {
   }
   cJSON *losses = cJSON_AddArrayToObject(root, "losses");
   for (int i = 0; i < p->nlosses; i++) cJSON_AddItemToArray(losses, cJSON_CreateString(p->losses[i]));
+  cJSON *outputs = cJSON_AddArrayToObject(root, "outputs");
+  for (int i = 0; i < p->noutputs; i++) cJSON_AddItemToArray(outputs, cJSON_CreateString(p->outputs[i]));
   char *s = cJSON_PrintUnformatted(root);
   cJSON_Delete(root);
   return s;
@@ -696,17 +727,25 @@ static bool read_sig(gradc_program *p, const ArtSection *s) {
   const cJSON *params = root ? cJSON_GetObjectItemCaseSensitive(root, "params") : NULL;
   const cJSON *inputs = root ? cJSON_GetObjectItemCaseSensitive(root, "inputs") : NULL;
   const cJSON *losses = root ? cJSON_GetObjectItemCaseSensitive(root, "losses") : NULL;
-  bool ok = cJSON_IsArray(params) && cJSON_IsArray(inputs) && cJSON_IsArray(losses);
+  /* Language v2 (absent in older artifacts: none). */
+  const cJSON *buffers = root ? cJSON_GetObjectItemCaseSensitive(root, "buffers") : NULL;
+  const cJSON *outputs = root ? cJSON_GetObjectItemCaseSensitive(root, "outputs") : NULL;
+  bool ok = cJSON_IsArray(params) && cJSON_IsArray(inputs) && cJSON_IsArray(losses) &&
+            (!buffers || cJSON_IsArray(buffers)) && (!outputs || cJSON_IsArray(outputs));
   if (ok) {
     p->nparams = cJSON_GetArraySize(params);
+    p->nbuffers = buffers ? cJSON_GetArraySize(buffers) : 0;
     p->ninputs = cJSON_GetArraySize(inputs);
     p->nlosses = cJSON_GetArraySize(losses);
-    p->params = ARENA_ARRAY(&p->arena, FeParam, p->nparams + 1);
+    p->noutputs = outputs ? cJSON_GetArraySize(outputs) : 0;
+    p->outputs = ARENA_ARRAY(&p->arena, const char *, p->noutputs + 1);
+    p->params = ARENA_ARRAY(&p->arena, FeParam, p->nparams + p->nbuffers + 1);
     p->inputs = ARENA_ARRAY(&p->arena, ApiInput, p->ninputs + 1);
     p->losses = ARENA_ARRAY(&p->arena, const char *, p->nlosses + 1);
   }
-  for (int i = 0; ok && i < p->nparams; i++) {
-    const cJSON *o = cJSON_GetArrayItem(params, i);
+  for (int i = 0; ok && i < p->nparams + p->nbuffers; i++) {
+    bool buf = i >= p->nparams;
+    const cJSON *o = buf ? cJSON_GetArrayItem(buffers, i - p->nparams) : cJSON_GetArrayItem(params, i);
     FeParam *q = &p->params[i];
     const char *name = json_str(o, "name");
     ok = name && json_type(o, &q->type) && init_parse(json_str(o, "init"), &q->init) &&
@@ -715,7 +754,12 @@ static bool read_sig(gradc_program *p, const ArtSection *s) {
     q->name = arena_strdup(&p->arena, name);
     q->split_axis = -1;
     const IrValue *arg = ir_func_find_arg(p->func, name);
-    ok = arg && arg->role == IR_ARG_PARAM && ir_type_eq(&arg->type, &q->type);
+    ok = arg && arg->role == (buf ? IR_ARG_BUFFER : IR_ARG_PARAM) && ir_type_eq(&arg->type, &q->type);
+  }
+  for (int i = 0; ok && i < p->noutputs; i++) {
+    const cJSON *o = cJSON_GetArrayItem(outputs, i);
+    ok = cJSON_IsString(o);
+    if (ok) p->outputs[i] = arena_strdup(&p->arena, o->valuestring);
   }
   for (int i = 0; ok && i < p->ninputs; i++) {
     const cJSON *o = cJSON_GetArrayItem(inputs, i);
@@ -734,7 +778,7 @@ static bool read_sig(gradc_program *p, const ArtSection *s) {
     if (ok) p->losses[i] = arena_strdup(&p->arena, o->valuestring);
   }
   /* Every argument is in the signature. */
-  ok = ok && p->func->nargs == p->nparams + p->ninputs;
+  ok = ok && p->func->nargs == p->nparams + p->nbuffers + p->ninputs;
   cJSON_Delete(root);
   return ok;
 }

@@ -130,6 +130,10 @@ static const Pass *pass_at(int i) {
   return i >= 0 && i < n ? &ps[i] : NULL;
 }
 
+void cli_print_functions(FILE *out) {
+  for (int i = 0; i < fe_builtin_count(); i++) fprintf(out, "  %s\n", fe_builtin_signature(i));
+}
+
 int cli_pass_count(void) {
   int n;
   pass_list(&n);
@@ -286,13 +290,20 @@ int cli_init(const char *path, const gradc_compile_options *o, uint64_t seed, co
   if (!rc) {
     StFile st;
     st_init(&st);
+    /* Params, then buffers (language v2): one generator, params first, so
+     * a model's params draw the same values with or without buffers. */
+    int n = l.model->nparams + l.model->nbuffers;
+    FeParam *all = mem_calloc((size_t)n + 1, sizeof(FeParam));
+    memcpy(all, l.model->params, sizeof(FeParam) * (size_t)l.model->nparams);
+    memcpy(all + l.model->nparams, l.model->buffers, sizeof(FeParam) * (size_t)l.model->nbuffers);
     char err[1024];
-    if (!rt_init_params_fit(l.model->params, l.model->nparams, err, sizeof err)) {
+    if (!rt_init_params_fit(all, n, err, sizeof err)) {
       rc = fail("init: %s", err);
     } else {
-      rt_init_params(l.model->params, l.model->nparams, seed, &st);
+      rt_init_params(all, n, seed, &st);
       rc = write_tensors(out, &st);
     }
+    free(all);
   }
   unload(&l);
   return rc;
@@ -336,6 +347,33 @@ static int write_grads(const char *path, const StepResult *r) {
       float *buf = mem_alloc(sizeof(float) * (size_t)n);
       for (int64_t j = 0; j < n; j++) buf[j] = (float)r->grads[i][j];
       st_add(&st, r->grad_names[i], ST_F32, t->shape.rank, t->shape.dim, buf);
+      free(buf);
+    }
+  }
+  return write_tensors(path, &st);
+}
+
+/* Language v2: the window's outputs (--outputs-out) or updated buffers
+ * (--buffers-out), named as declared: F32 (F64 for f64), I32 for i32 and
+ * bool outputs. */
+static int write_states(const char *path, int n, const char *const *names, const IrType *types,
+                        double *const *values) {
+  StFile st;
+  st_init(&st);
+  for (int i = 0; i < n; i++) {
+    const IrType *t = &types[i];
+    int64_t m = ir_numel(&t->shape);
+    if (t->dtype == IR_DT_F64) {
+      st_add(&st, names[i], ST_F64, t->shape.rank, t->shape.dim, values[i]);
+    } else if (t->dtype == IR_DT_I32 || t->dtype == IR_DT_BOOL) {
+      int32_t *buf = mem_alloc(sizeof(int32_t) * (size_t)(m + 1));
+      for (int64_t j = 0; j < m; j++) buf[j] = (int32_t)values[i][j];
+      st_add(&st, names[i], ST_I32, t->shape.rank, t->shape.dim, buf);
+      free(buf);
+    } else {
+      float *buf = mem_alloc(sizeof(float) * (size_t)(m + 1));
+      for (int64_t j = 0; j < m; j++) buf[j] = (float)values[i][j];
+      st_add(&st, names[i], ST_F32, t->shape.rank, t->shape.dim, buf);
       free(buf);
     }
   }
@@ -389,7 +427,7 @@ static void drop_optim_state(StFile *f) {
 void cli_set_draws(gradc_program *p, uint64_t seed, uint64_t step) { api_set_draws(p, seed, step); }
 
 int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, const char *grads_out,
-            const char *trace_path, bool allow_tf32) {
+            const char *outputs_out, const char *buffers_out, const char *trace_path, bool allow_tf32) {
 #ifdef GRADC_HAVE_CUDA
   if (api_cuda_program(p)) cuda_program_allow_tf32(api_cuda_program(p), allow_tf32);
 #else
@@ -416,6 +454,8 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
     if (api_program_rank(p) == 0) { /* data-parallel: rank 0 prints and writes the window's results */
       print_losses(p, &r);
       if (grads_out) rc = write_grads(grads_out, &r);
+      if (!rc && outputs_out) rc = write_states(outputs_out, r.noutputs, r.output_names, r.output_types, r.outputs);
+      if (!rc && buffers_out) rc = write_states(buffers_out, r.nupdates, r.update_names, r.update_types, r.updates);
     }
     step_result_free(&r);
   }
@@ -528,7 +568,7 @@ int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int thread
       !rt_random_inputs_fit(p->func, p->gas, err, sizeof err))
     return fail("bench: %s", err);
   /* Params from each param's `init` (as `gradc init`): realistic magnitudes. */
-  rt_init_params(p->params, p->nparams, seed, &params);
+  rt_init_params(p->params, api_nstate(p), seed, &params); /* params and buffers */
   rt_random_inputs(p->func, p->gas, seed + 1, &inputs);
   double *ms = mem_calloc((size_t)steps, sizeof(double));
   int rc = run_steps(p, warmup, steps, &params, &inputs, ms);

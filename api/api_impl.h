@@ -52,10 +52,15 @@ struct gradc_program {
    * are set (the rest is zero): what rt_init_params needs. */
   FeParam *params;
   int nparams;
+  int nbuffers;            /* language v2: the buffers follow the params in params[] (nparams + nbuffers
+                              entries), and in a session's params file: read like params, never a
+                              gradient or an optimiser's update */
   ApiInput *inputs;
   int ninputs;
   const char **losses;
   int nlosses;
+  const char **outputs;    /* `output` names, in statement order */
+  int noutputs;
   uint64_t fingerprint;    /* api_fingerprint of the signature */
   /* The compiled function: m->func when compiled from source, else read
    * from an artifact (then owned here). */
@@ -79,7 +84,8 @@ struct gradc_program {
 
 struct gradc_session {
   gradc_program *p;
-  StFile params;           /* master weights: F32 (F64 for f64 params), in signature order */
+  StFile params;           /* master weights: F32 (F64 for f64 params), in signature order, then the
+                              buffers (the window's updates applied after each run) */
   StFile inputs;           /* one window, as set by gradc_session_set_input */
   StepResult res;          /* the last run */
   bool have_res;
@@ -127,6 +133,10 @@ struct CpuProgram *api_cpu_program(const gradc_program *p);
 gradc_status api_fail(gradc_status st, const char *fmt, ...) GRADC_PRINTF(2, 3);
 /* The index of a param / input by name, or -1. */
 int api_param_index(const gradc_program *p, const char *name);
+/* The index of a param or buffer in params[] (and in a session's params), or -1. */
+int api_state_index(const gradc_program *p, const char *name);
+/* Params and buffers: the tensors of a params file. */
+int api_nstate(const gradc_program *p);
 int api_input_index(const gradc_program *p, const char *name);
 /* The window shape of an input (batched ones hold K micro-batches). */
 IrType api_input_window_type(const gradc_program *p, int i);

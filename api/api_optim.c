@@ -452,7 +452,7 @@ int gradc_session_find_nonfinite(const gradc_session *s, char *what, size_t n) {
   const ZeroLayout *z = s->p->zero;
   for (int k = 0; k < nslots; k++) {
     if (!slots[k]) continue;
-    for (int i = 0; i < s->params.n; i++) {
+    for (int i = 0; i < s->p->nparams; i++) { /* buffers have no optimiser state */
       const StTensor *t = &s->params.t[i];
       /* ZeRO-1: this rank's slice of the state. */
       int64_t len = z ? z->len[i] : st_numel(t), lo = z ? z->lo[i] : 0;
@@ -568,7 +568,7 @@ gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const ch
         st = api_fail(GRADC_ERR_USER, "gradc: error: session_save_checkpoint: %s", err);
         break;
       }
-      for (int i = 0; i < s->params.n; i++) {
+      for (int i = 0; i < p->nparams; i++) { /* params only: buffers have no optimiser state */
         const StTensor *t = &s->params.t[i];
         char name[1024];
         snprintf(name, sizeof name, "optim.%s.%s", names[k], t->name);
@@ -754,8 +754,8 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
   if (!check_slots(s, &f, path, have_opt ? &o : NULL, need, &have, err, sizeof err)) goto bad;
 #undef BAD
 
-  /* Everything checked: commit. */
-  for (int i = 0; i < p->nparams; i++) api_copy_tensor(st_find(&f, p->params[i].name), &s->params.t[i]);
+  /* Everything checked: commit (params and buffers). */
+  for (int i = 0; i < api_nstate(p); i++) api_copy_tensor(st_find(&f, p->params[i].name), &s->params.t[i]);
   api_params_changed(s);
   api_optim_free_state(s);
   s->have_opt = have_opt;

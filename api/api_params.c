@@ -26,12 +26,13 @@ bool api_check_params_file(const gradc_program *p, const StFile *f, const char *
   for (int i = 0; i < f->n; i++) {
     const char *name = f->t[i].name;
     if (allow_optim && strncmp(name, "optim.", 6) == 0) continue;
-    if (api_param_index(p, name) < 0) {
-      snprintf(err, errlen, "%s: tensor '%s': not a param of model '%s'", path, name, p->model);
+    if (api_state_index(p, name) < 0) {
+      snprintf(err, errlen, "%s: tensor '%s': not a param%s of model '%s'", path, name,
+               p->nbuffers ? " or buffer" : "", p->model);
       return false;
     }
   }
-  for (int i = 0; i < p->nparams; i++) {
+  for (int i = 0; i < api_nstate(p); i++) {
     const FeParam *q = &p->params[i];
     const StTensor *t = st_find(f, q->name);
     if (!t && partial) continue;

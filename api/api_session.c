@@ -30,7 +30,7 @@ gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
   s->p = (gradc_program *)p;
   st_init(&s->params);
   st_init(&s->inputs);
-  for (int i = 0; i < p->nparams; i++) {
+  for (int i = 0; i < api_nstate(p); i++) { /* params, then buffers */
     const FeParam *q = &p->params[i];
     bool f64 = api_param_f64(q);
     int64_t n = ir_numel(&q->type.shape);
@@ -65,9 +65,9 @@ gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed) {
   if (!s) return null_arg("session_init_params");
   StFile fresh;
   st_init(&fresh);
-  rt_init_params(s->p->params, s->p->nparams, seed, &fresh);
+  rt_init_params(s->p->params, api_nstate(s->p), seed, &fresh); /* params, then buffers (as gradc init) */
   /* Into the session's storage, which gradc_session_param_data hands out. */
-  for (int i = 0; i < s->p->nparams; i++) api_copy_tensor(st_find(&fresh, s->p->params[i].name), &s->params.t[i]);
+  for (int i = 0; i < api_nstate(s->p); i++) api_copy_tensor(st_find(&fresh, s->p->params[i].name), &s->params.t[i]);
   st_free(&fresh);
   api_params_changed(s);
   return GRADC_OK;
@@ -75,10 +75,10 @@ gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed) {
 
 /* The param tensor of name with n elements, or NULL (error recorded). */
 static StTensor *param_tensor(const gradc_session *s, const char *fn, const char *name, size_t n) {
-  int i = api_param_index(s->p, name);
+  int i = api_state_index(s->p, name); /* a buffer is read and set like a param */
   if (i < 0) {
-    api_fail(GRADC_ERR_USER, "gradc: error: %s: '%s' is not a param of model '%s'", fn, name ? name : "(null)",
-             s->p->model);
+    api_fail(GRADC_ERR_USER, "gradc: error: %s: '%s' is not a param%s of model '%s'", fn, name ? name : "(null)",
+             s->p->nbuffers ? " or buffer" : "", s->p->model);
     return NULL;
   }
   StTensor *t = &s->params.t[i];
@@ -132,7 +132,7 @@ static gradc_status load_params(gradc_session *s, const char *path, bool partial
   /* A checkpoint is a params file too: its optim.* tensors are skipped. */
   if (!st_read(path, &f, err, sizeof err) || !api_check_params_file(s->p, &f, path, true, partial, err, sizeof err))
     st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
-  for (int i = 0; !st && i < s->p->nparams; i++) {
+  for (int i = 0; !st && i < api_nstate(s->p); i++) { /* params and buffers */
     const StTensor *t = st_find(&f, s->p->params[i].name);
     if (!t) continue; /* partial: keeps its value */
     api_copy_tensor(t, &s->params.t[i]);
@@ -279,6 +279,72 @@ gradc_status gradc_session_run(gradc_session *s) {
     }
   }
   s->grad_norm = sqrt(ss);
+  /* Language v2: the window's buffer updates become the buffers the next
+   * window reads (every rank got the same values from step_dp_end). */
+  for (int i = 0; i < r.nupdates; i++) {
+    int b = api_state_index(s->p, r.update_names[i]);
+    if (b < s->p->nparams) return api_fail(GRADC_ERR_INTERNAL, "gradc: internal error: update of '%s', not a buffer",
+                                           r.update_names[i]);
+    StTensor *t = &s->params.t[b];
+    int64_t n = st_numel(t);
+    for (int64_t j = 0; j < n; j++) {
+      if (t->dtype == ST_F64) ((double *)t->data)[j] = r.updates[i][j];
+      else ((float *)t->data)[j] = (float)r.updates[i][j];
+    }
+  }
+  return GRADC_OK;
+}
+
+/* ---- outputs (language v2) ---- */
+
+static int output_slot(const gradc_session *s, const char *fn, const char *name) {
+  if (!s->have_res) {
+    api_fail(GRADC_ERR_USER, "gradc: error: %s: no run yet", fn);
+    return -1;
+  }
+  for (int i = 0; name && i < s->res.noutputs; i++)
+    if (strcmp(s->res.output_names[i], name) == 0) return i;
+  api_fail(GRADC_ERR_USER, "gradc: error: %s: '%s' is not an output of model '%s'", fn, name ? name : "(null)",
+           s->p->model);
+  return -1;
+}
+
+static gradc_dtype output_dtype(IrDType dt) {
+  return dt == IR_DT_F64 ? GRADC_F64 : dt == IR_DT_I32 || dt == IR_DT_BOOL ? GRADC_I32 : GRADC_F32;
+}
+
+gradc_status gradc_session_output_info(const gradc_session *s, const char *name, gradc_tensor_info *out) {
+  if (!s || !out) return null_arg("session_output_info");
+  int i = output_slot(s, "session_output_info", name);
+  if (i < 0) return GRADC_ERR_USER;
+  const IrType *t = &s->res.output_types[i];
+  memset(out, 0, sizeof *out);
+  out->name = s->res.output_names[i];
+  out->dtype = output_dtype(t->dtype);
+  out->rank = t->shape.rank;
+  for (int k = 0; k < t->shape.rank; k++) out->shape[k] = t->shape.dim[k];
+  out->batched = strcmp(s->res.output_windows[i], "concat") == 0;
+  return GRADC_OK;
+}
+
+gradc_status gradc_session_get_output(const gradc_session *s, const char *name, void *out, size_t n) {
+  if (!s || (!out && n)) return null_arg("session_get_output");
+  int i = output_slot(s, "session_get_output", name);
+  if (i < 0) return GRADC_ERR_USER;
+  const IrType *t = &s->res.output_types[i];
+  int64_t m = ir_numel(&t->shape);
+  if ((int64_t)n != m) {
+    char ty[IR_TYPE_STR_MAX];
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_get_output: output '%s' (%s) has %lld elements, got %zu",
+                    name, ir_type_str(t, ty, sizeof ty), (long long)m, n);
+  }
+  const double *v = s->res.outputs[i];
+  gradc_dtype dt = output_dtype(t->dtype);
+  for (int64_t j = 0; j < m; j++) {
+    if (dt == GRADC_F64) ((double *)out)[j] = v[j];
+    else if (dt == GRADC_I32) ((int32_t *)out)[j] = (int32_t)v[j];
+    else ((float *)out)[j] = (float)v[j];
+  }
   return GRADC_OK;
 }
 

@@ -54,6 +54,10 @@ size_t cli_dtype_size(gradc_dtype dt);
 /* ------------------------------------------------------------------ */
 /* Passes                                                              */
 /* ------------------------------------------------------------------ */
+/* The language's built-in functions with their signatures, one a line
+ * (`gradc help functions`). */
+void cli_print_functions(FILE *out);
+
 int cli_pass_count(void);
 const char *cli_pass_name(int i);
 const char *cli_pass_what(int i); /* one line for help text */
@@ -93,10 +97,11 @@ int cli_init(const char *path, const gradc_compile_options *o, uint64_t seed, co
 /* `data random`: one window of random inputs for every --dp rank. */
 int cli_data_random(const char *path, const gradc_compile_options *o, uint64_t seed, const char *out);
 /* `run`: one window on params and inputs files: prints `loss NAME VALUE`
- * lines and `loss total` (rank 0), writes the gradients (grads_out) and a
- * Chrome trace (trace), may be NULL. */
-int cli_run(gradc_program *p, const char *params, const char *inputs, const char *grads_out, const char *trace,
-            bool allow_tf32);
+ * lines and `loss total` (rank 0), writes the gradients (grads_out), the
+ * outputs (outputs_out), the updated buffers (buffers_out) and a Chrome
+ * trace (trace); each may be NULL. */
+int cli_run(gradc_program *p, const char *params, const char *inputs, const char *grads_out, const char *outputs_out,
+            const char *buffers_out, const char *trace, bool allow_tf32);
 /* `run --seed S --step N`: the random draws (dropout, rand_like, randn_like) of its window. */
 void cli_set_draws(gradc_program *p, uint64_t seed, uint64_t step);
 

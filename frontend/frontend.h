@@ -46,10 +46,18 @@ typedef struct FeModel {
   int nparams;
   FeInput *inputs;
   int ninputs;
+  FeParam *buffers;     /* `buffer` declarations (split_axis -1), in declaration order */
+  int nbuffers;
   const char **losses;  /* loss names in declaration order */
   int nlosses;
-  IrFunc *func;         /* forward IR: args = inputs and params in declaration
-                           order; one `loss` output op per loss statement */
+  const char **outputs; /* `output` names in statement order */
+  int noutputs;
+  const char **updates; /* buffers with an `update` (training only), in statement order */
+  int nupdates;
+  IrFunc *func;         /* forward IR: args = inputs, params and buffers in
+                           declaration order; one `loss` output op per loss
+                           statement, one `output` / `update` op per output /
+                           update statement */
 } FeModel;
 
 typedef struct FeOptions {
@@ -58,12 +66,20 @@ typedef struct FeOptions {
   int ndefs;
   int gas; /* K >= 1: shapes use the micro-batch size B/K */
   int dp;  /* data-parallel ranks >= 1 */
+  bool no_training; /* the model's flag `training` is false (forward-only commands) and
+                       `update` statements are checked but not emitted; default: training */
 } FeOptions;
 
 /* Parse, check and lower a model.  Errors (all of them, up to d's limit)
  * go to d; returns NULL if there was any. */
 FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d);
 void fe_model_free(FeModel *m);
+
+/* lower.c: the built-in functions' table, for `gradc help functions`:
+ * row i's name and its signature ("sum(x, axis=all, keepdim=false)"). */
+int fe_builtin_count(void);
+const char *fe_builtin_name(int i);
+const char *fe_builtin_signature(int i);
 
 /* lexer.c: exposed for tests. */
 typedef enum {
@@ -73,7 +89,7 @@ typedef enum {
   TK_INT,
   TK_FLOAT,
   TK_STRING,
-  TK_PUNCT, /* operators and punctuation: + - * / @ ** ( ) [ ] { } , : = . .. ... */
+  TK_PUNCT, /* operators and punctuation: + - * / @ ** < <= > >= == != ( ) [ ] { } , : = . .. ... */
 } TokKind;
 
 typedef struct Token {
@@ -111,6 +127,17 @@ typedef enum {
   FE_ND_INDEX,    /* lhs[items] */
   FE_ND_SLICE,    /* start:stop:step inside an index, parts may be NULL */
   FE_ND_ELLIPSIS, /* ... inside an index */
+  /* Language v2: comparisons and conditions. */
+  FE_ND_EQ,       /* lhs == rhs */
+  FE_ND_NE,       /* lhs != rhs */
+  FE_ND_LT,       /* lhs < rhs */
+  FE_ND_LE,       /* lhs <= rhs */
+  FE_ND_GT,       /* lhs > rhs */
+  FE_ND_GE,       /* lhs >= rhs */
+  FE_ND_AND,      /* lhs and rhs */
+  FE_ND_OR,       /* lhs or rhs */
+  FE_ND_NOT,      /* not lhs */
+  FE_ND_TUPLE,    /* items: the several results of `return a, b` */
 } FeNodeKind;
 
 typedef struct FeNode FeNode;
@@ -130,7 +157,20 @@ struct FeNode {
   int depth; /* height of the tree, bounded by the parser */
 };
 
-typedef enum { FE_ST_DIM, FE_ST_INPUT, FE_ST_PARAM, FE_ST_ASSIGN, FE_ST_LOSS, FE_ST_FOR } FeStmtKind;
+typedef enum {
+  FE_ST_DIM,
+  FE_ST_INPUT,
+  FE_ST_PARAM,
+  FE_ST_ASSIGN,
+  FE_ST_LOSS,
+  FE_ST_FOR,
+  /* Language v2 statements. */
+  FE_ST_BUFFER, /* buffer NAME : TYPE [init INIT] */
+  FE_ST_UPDATE, /* update NAME = EXPR */
+  FE_ST_OUTPUT, /* output NAME = EXPR */
+  FE_ST_IF,     /* if COND { body } [else { orelse }] */
+  FE_ST_MULTI,  /* NAME, NAME, ... = EXPR (a call with several results) */
+} FeStmtKind;
 
 typedef struct FeTypeSpec {
   Token *tok; /* the dtype name */
@@ -147,15 +187,19 @@ struct FeStmt {
   Token *name;    /* declared or assigned name, loop variable */
   const char *id; /* name as a C string */
   bool is_batch;  /* DIM declared with `batch` */
-  FeNode *expr;   /* DIM, ASSIGN, LOSS */
-  FeTypeSpec type;         /* INPUT, PARAM */
-  FeInitKind init;         /* PARAM */
-  Token *init_tok;         /* NULL: default zeros */
+  FeNode *expr;   /* DIM, ASSIGN, LOSS, UPDATE, OUTPUT, MULTI; IF: the condition */
+  FeTypeSpec type;         /* INPUT, PARAM, BUFFER */
+  FeInitKind init;         /* PARAM, BUFFER */
+  Token *init_tok;         /* PARAM, BUFFER; NULL: default zeros */
   FeNode *init_args[2];
   FeNode *split;           /* PARAM split(N), or NULL */
   Token *split_tok;
   FeNode *from, *to;       /* FOR */
-  FeStmt *body;            /* FOR */
+  FeStmt *body;            /* FOR, IF (the taken-when-true branch) */
+  FeStmt *orelse;          /* IF: the else branch, or NULL */
+  Token **names;           /* MULTI: the bound names, in order */
+  const char **ids;
+  int nnames;
 };
 
 typedef struct FeFn FeFn;

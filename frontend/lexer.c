@@ -124,8 +124,8 @@ static void lex_number(Lexer *L) {
 }
 
 /* The punctuators, longest first. */
-static const char *const puncts[] = {"...", "..", "**", "+", "-", "*", "/", "@", "(", ")", "[",
-                                     "]",   "{",  "}",  ",", ":", "=", "."};
+static const char *const puncts[] = {"...", "..", "**", "<=", ">=", "==", "!=", "<", ">", "+", "-", "*", "/", "@",
+                                     "(",   ")",  "[",  "]",  "{",  "}",  ",",  ":", "=", "."};
 
 static void lex_run(Lexer *L) {
   while (L->p < L->end) {

@@ -28,7 +28,12 @@
  *   - dims cannot be reassigned; inputs and params can be rebound;
  *   - a model without a `loss` statement is an error;
  *   - without a batch dim, FeModel.batch is NULL and batch_window and
- *     batch_micro are 0.
+ *     batch_micro are 0;
+ *   - language v2 (docs/DECISIONS.md): `if` lowers only its taken branch,
+ *     whose names stay bound after it; conditions are compile-time bools;
+ *     `update` and `output` statements become `update`/`output` ops (no
+ *     `update` when FeOptions.no_training); a statement binding several
+ *     names takes a tuple of as many results.
  *
  * Bounds that keep any input from exhausting time or memory: MAX_* below,
  * plus the parser's nesting limits. */
@@ -49,16 +54,16 @@ enum {
 
 /* ---- values ---- */
 
-typedef enum { V_NONE, V_POISON, V_INT, V_FLOAT, V_BOOL, V_STR, V_LIST, V_TENSOR } ValKind;
+typedef enum { V_NONE, V_POISON, V_INT, V_FLOAT, V_BOOL, V_STR, V_LIST, V_TENSOR, V_DTYPE, V_TUPLE } ValKind;
 
 typedef struct Val Val;
 struct Val {
   ValKind kind; /* V_NONE: unbound (a slot whose name went out of scope) */
-  int64_t i;    /* INT, BOOL */
+  int64_t i;    /* INT, BOOL; DTYPE: the IrDType (a dtype name: `cast(x, f32)`) */
   double f;     /* FLOAT */
   const char *s;
   IrValue *t;
-  Val *items; /* LIST */
+  Val *items; /* LIST; TUPLE: the several results of a call (`v, i = topk(..)`) */
   int n;
 };
 
@@ -66,6 +71,7 @@ static Val vpoison(void) { return (Val){.kind = V_POISON}; }
 static Val vint(int64_t i) { return (Val){.kind = V_INT, .i = i}; }
 static Val vfloat(double f) { return (Val){.kind = V_FLOAT, .f = f}; }
 static Val vtensor(IrValue *t) { return (Val){.kind = V_TENSOR, .t = t}; }
+static Val vbool(bool b) { return (Val){.kind = V_BOOL, .i = b}; }
 static bool is_num(Val v) { return v.kind == V_INT || v.kind == V_FLOAT; }
 static double num(Val v) { return v.kind == V_INT ? (double)v.i : v.f; }
 
@@ -80,6 +86,8 @@ static const char *kind_str(Val v, char *buf, size_t n) {
   case V_STR: return "a string";
   case V_LIST: return "a list";
   case V_TENSOR: return ir_type_str(&v.t->type, buf, n);
+  case V_DTYPE: return "a dtype";
+  case V_TUPLE: snprintf(buf, n, "%d results", v.n); return buf;
   }
   return "?";
 }
@@ -128,6 +136,12 @@ typedef struct Lower {
   const char **losses;
   const Token **loss_toks;
   int nlosses, caplosses;
+  const char **fn_names; /* the file's fns, for "did you mean" */
+  int nfn_names;
+  StrMap outputs; /* name -> the statement's name token (language v2) */
+  StrMap updates; /* buffer name -> the update statement's name token */
+  const char **output_order, **update_order;
+  int noutputs, nupdates;
   const FeStmt *body; /* the model's statements (to name a dim declared later) */
 } Lower;
 
@@ -343,6 +357,8 @@ static Val arith(Lower *L, Arith k, const char *opname, const Token *t, Val a, c
 static const struct Builtin *find_builtin(const char *name);
 
 static Val lookup(Lower *L, const FeNode *n) {
+  /* `training` is a keyword: true for run, train and bench (FeOptions.no_training). */
+  if (strcmp(n->name, "training") == 0) return vbool(!L->opt->no_training);
   Val *v = find_var(L->vars, n->name);
   if (v) return *v;
   Decl *dc = strmap_get(&L->decls, n->name);
@@ -361,6 +377,10 @@ static Val lookup(Lower *L, const FeNode *n) {
              "inputs and params)", n->name, L->frames[L->nframes - 1].fn->id);
   } else if (strmap_get(&L->fns, n->name) || find_builtin(n->name)) {
     error_at(L, n->tok, "'%s' is a function; call it as %s(...)", n->name, n->name);
+  } else if (ir_dtype_parse(n->name, strlen(n->name), &(IrDType){IR_DT_F32})) {
+    IrDType dt;
+    ir_dtype_parse(n->name, strlen(n->name), &dt);
+    return (Val){.kind = V_DTYPE, .i = dt}; /* a dtype as a value: cast(x, f32) */
   } else {
     /* dim A = B; dim B = A: a cycle is a use before the declaration. */
     const FeStmt *later = NULL;
@@ -378,8 +398,26 @@ static Val lookup(Lower *L, const FeNode *n) {
 /* ---- built-in functions ---- */
 
 typedef struct Builtin Builtin;
-/* a[i]: the evaluated argument for parameter i; an[i]: its node, NULL if absent. */
+/* a[i]: the evaluated argument for parameter i; an[i]: its node, NULL if absent.
+ *
+ * A built-in returns one Val.  One with several results (`v, i = topk(x,
+ * k)`) returns them as one tuple, `return vtuple(L, 2, (Val[]){values,
+ * indices});`, each a tensor it built; the statement `a, b = ...` binds
+ * them in order and reports a count mismatch there, and a tuple anywhere
+ * else (an operand, an argument, `x = topk(..)`) is an error.  Nothing else
+ * is needed: the table row is as for any built-in. */
 typedef Val (*BuiltinFn)(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an);
+
+/* Several results (see BuiltinFn), copied into the lowering's arena. */
+static Val vtuple(Lower *L, int n, const Val *vals) {
+  Val v = {.kind = V_TUPLE, .n = n};
+  v.items = ARENA_ARRAY(L->tmp, Val, n);
+  for (int i = 0; i < n; i++) {
+    if (vals[i].kind == V_POISON) return vpoison();
+    v.items[i] = vals[i];
+  }
+  return v;
+}
 
 #define MAX_PARAMS 8
 struct Builtin {
@@ -389,6 +427,7 @@ struct Builtin {
   int nreq;                      /* required arguments */
   const char *params[MAX_PARAMS]; /* argument names, in positional order */
   int shape_arg;                 /* argument evaluated as a shape (batch = micro-batch), or -1 */
+  const char *sig;               /* the signature `gradc help functions` lists: name(args, kw=default) */
 };
 
 static bool arg_tensor(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an) {
@@ -733,6 +772,65 @@ static Val bi_mse_loss(Lower *L, const FeNode *call, const Builtin *b, Val *a, c
   IrValue *args[2] = {a[0].t, a[1].t};
   IrAttr at = ir_attr_str("reduction", red);
   return build(L, IR_OP_MSE_LOSS, args, 2, &at, 1, NULL, call->tok);
+}
+
+/* ---- language v2: where, cast ---- */
+
+/* where(cond, a, b): IR select.  A compile-time condition (a comparison of
+ * dims, `training`) picks a side; a bool tensor selects per element, numbers
+ * taking the other side's type.  The gradient goes to the chosen side. */
+static Val bi_where(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (a[0].kind == V_BOOL) return a[0].i ? a[1] : a[2];
+  char buf[IR_TYPE_STR_MAX];
+  if (a[0].kind != V_TENSOR || a[0].t->type.dtype != IR_DT_BOOL) {
+    error_at(L, an[0]->begin, "argument 'cond' of 'where' must be a bool tensor (a comparison) or a condition "
+             "known at compile time, got %s", kind_str(a[0], buf, sizeof buf));
+    return vpoison();
+  }
+  for (int i = 1; i <= 2; i++)
+    if (!is_num(a[i]) && a[i].kind != V_TENSOR) {
+      error_at(L, an[i]->begin, "argument '%s' of 'where' must be a tensor or a number, got %s", b->params[i],
+               kind_str(a[i], buf, sizeof buf));
+      return vpoison();
+    }
+  if (is_num(a[1]) && is_num(a[2])) {
+    a[1] = materialize(L, a[1], IR_DT_F32, an[1]->tok);
+    a[2] = materialize(L, a[2], IR_DT_F32, an[2]->tok);
+  } else if (is_num(a[1])) {
+    a[1] = materialize(L, a[1], const_dtype(a[2], a[1]), an[1]->tok);
+  } else if (is_num(a[2])) {
+    a[2] = materialize(L, a[2], const_dtype(a[1], a[2]), an[2]->tok);
+  }
+  if (a[1].kind != V_TENSOR || a[2].kind != V_TENSOR) return vpoison();
+  IrValue *args[3] = {a[0].t, a[1].t, a[2].t};
+  return build(L, IR_OP_SELECT, args, 3, NULL, 0, NULL, call->tok);
+}
+
+/* cast(x, dtype): IR cast.  Between float types the gradient passes
+ * through; to or from i32 (or bool) none flows.  A number folds. */
+static Val bi_cast(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  char buf[IR_TYPE_STR_MAX];
+  IrDType named;
+  /* A dtype name may also arrive as the string the constructors' dtype= reads. */
+  if (a[1].kind == V_STR && an[1]->kind == FE_ND_NAME && ir_dtype_parse(a[1].s, strlen(a[1].s), &named))
+    a[1] = (Val){.kind = V_DTYPE, .i = named};
+  if (a[1].kind != V_DTYPE) {
+    error_at(L, an[1]->begin, "argument 'dtype' of 'cast' must be a dtype (f32, f64, bf16, f16, i32 or bool), got %s",
+             kind_str(a[1], buf, sizeof buf));
+    return vpoison();
+  }
+  IrDType dt = (IrDType)a[1].i;
+  if (is_num(a[0])) {
+    double x = ir_scalar_cast(num(a[0]), dt);
+    if (dt == IR_DT_BOOL) return vbool(x != 0);
+    if (dt == IR_DT_I32) return vint((int64_t)x);
+    return vfloat(ir_round_dtype(x, dt));
+  }
+  if (a[0].kind == V_BOOL) a[0] = vint(a[0].i);
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  if (a[0].t->type.dtype == dt) return a[0];
+  IrType ty = {dt, a[0].t->type.shape};
+  return build(L, IR_OP_CAST, &a[0].t, 1, NULL, 0, &ty, call->tok);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1394,70 +1492,129 @@ static Val bi_dropout(Lower *L, const FeNode *call, const Builtin *b, Val *a, co
 }
 
 static const Builtin builtins[] = {
-    {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1},
-    {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1},
-    {"sqrt", bi_unary_math, IR_OP_SQRT, 1, {"x"}, -1},
-    {"rsqrt", bi_unary_math, IR_OP_RSQRT, 1, {"x"}, -1},
-    {"tanh", bi_unary_math, IR_OP_TANH, 1, {"x"}, -1},
-    {"sigmoid", bi_unary_math, IR_OP_SIGMOID, 1, {"x"}, -1},
-    {"relu", bi_unary_math, IR_OP_RELU, 1, {"x"}, -1},
-    {"gelu", bi_gelu, IR_OP_GELU, 1, {"x", "approximate"}, -1},
-    {"silu", bi_unary_math, IR_OP_SILU, 1, {"x"}, -1},
-    {"abs", bi_unary_math, IR_OP_ABS, 1, {"x"}, -1},
-    {"detach", bi_unary, IR_OP_DETACH, 1, {"x"}, -1},
-    {"causal_mask", bi_unary, IR_OP_CAUSAL_MASK, 1, {"x"}, -1},
-    {"maximum", bi_binary, IR_OP_MAXIMUM, 2, {"a", "b"}, -1},
-    {"minimum", bi_binary, IR_OP_MINIMUM, 2, {"a", "b"}, -1},
-    {"matmul", bi_binary, IR_OP_MATMUL, 2, {"a", "b"}, -1},
-    {"transpose", bi_transpose, IR_OP_PERMUTE, 3, {"x", "dim0", "dim1"}, -1},
-    {"permute", bi_permute, IR_OP_PERMUTE, 2, {"x", "dims"}, -1},
-    {"reshape", bi_reshape, IR_OP_RESHAPE, 2, {"x", "shape"}, 1},
-    {"sum", bi_reduce, IR_OP_SUM, 1, {"x", "axis", "keepdim"}, -1},
-    {"mean", bi_reduce, IR_OP_MEAN, 1, {"x", "axis", "keepdim"}, -1},
-    {"max", bi_reduce, IR_OP_MAX, 1, {"x", "axis", "keepdim"}, -1},
-    {"logsumexp", bi_reduce, IR_OP_LOGSUMEXP, 2, {"x", "axis", "keepdim"}, -1},
-    {"softmax", bi_softmax, IR_OP_SOFTMAX, 1, {"x", "axis"}, -1},
-    {"log_softmax", bi_softmax, IR_OP_LOG_SOFTMAX, 1, {"x", "axis"}, -1},
-    {"layer_norm", bi_norm, IR_OP_LAYER_NORM, 3, {"x", "weight", "bias", "eps"}, -1},
-    {"rms_norm", bi_norm, IR_OP_RMS_NORM, 2, {"x", "weight", "eps"}, -1},
-    {"embedding", bi_embedding, IR_OP_EMBEDDING, 2, {"idx", "table"}, -1},
-    {"concat", bi_concat, IR_OP_CONCAT, 1, {"tensors", "axis"}, -1},
-    {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, 2, {"logits", "target", "ignore_index", "reduction"}, -1},
-    {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, 2, {"input", "target", "reduction"}, -1},
+    {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1, "exp(x)"},
+    {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1, "log(x)"},
+    {"sqrt", bi_unary_math, IR_OP_SQRT, 1, {"x"}, -1, "sqrt(x)"},
+    {"rsqrt", bi_unary_math, IR_OP_RSQRT, 1, {"x"}, -1, "rsqrt(x)"},
+    {"tanh", bi_unary_math, IR_OP_TANH, 1, {"x"}, -1, "tanh(x)"},
+    {"sigmoid", bi_unary_math, IR_OP_SIGMOID, 1, {"x"}, -1, "sigmoid(x)"},
+    {"relu", bi_unary_math, IR_OP_RELU, 1, {"x"}, -1, "relu(x)"},
+    {"gelu", bi_gelu, IR_OP_GELU, 1, {"x", "approximate"}, -1, "gelu(x, approximate=\"tanh\")  (or \"none\": erf)"},
+    {"silu", bi_unary_math, IR_OP_SILU, 1, {"x"}, -1, "silu(x)"},
+    {"abs", bi_unary_math, IR_OP_ABS, 1, {"x"}, -1, "abs(x)"},
+    {"detach", bi_unary, IR_OP_DETACH, 1, {"x"}, -1, "detach(x)  (no gradient flows)"},
+    {"causal_mask", bi_unary, IR_OP_CAUSAL_MASK, 1, {"x"}, -1, "causal_mask(x)  (above the diagonal of the last two axes: -inf)"},
+    {"maximum", bi_binary, IR_OP_MAXIMUM, 2, {"a", "b"}, -1, "maximum(a, b)"},
+    {"minimum", bi_binary, IR_OP_MINIMUM, 2, {"a", "b"}, -1, "minimum(a, b)"},
+    {"matmul", bi_binary, IR_OP_MATMUL, 2, {"a", "b"}, -1, "matmul(a, b)  (also a @ b)"},
+    {"transpose", bi_transpose, IR_OP_PERMUTE, 3, {"x", "dim0", "dim1"}, -1, "transpose(x, dim0, dim1)"},
+    {"permute", bi_permute, IR_OP_PERMUTE, 2, {"x", "dims"}, -1, "permute(x, dims)"},
+    {"reshape", bi_reshape, IR_OP_RESHAPE, 2, {"x", "shape"}, 1, "reshape(x, shape)  (one -1 allowed)"},
+    {"sum", bi_reduce, IR_OP_SUM, 1, {"x", "axis", "keepdim"}, -1, "sum(x, axis=all, keepdim=false)"},
+    {"mean", bi_reduce, IR_OP_MEAN, 1, {"x", "axis", "keepdim"}, -1, "mean(x, axis=all, keepdim=false)"},
+    {"max", bi_reduce, IR_OP_MAX, 1, {"x", "axis", "keepdim"}, -1, "max(x, axis=all, keepdim=false)"},
+    {"logsumexp", bi_reduce, IR_OP_LOGSUMEXP, 2, {"x", "axis", "keepdim"}, -1, "logsumexp(x, axis, keepdim=false)"},
+    {"softmax", bi_softmax, IR_OP_SOFTMAX, 1, {"x", "axis"}, -1, "softmax(x, axis=-1)"},
+    {"log_softmax", bi_softmax, IR_OP_LOG_SOFTMAX, 1, {"x", "axis"}, -1, "log_softmax(x, axis=-1)"},
+    {"layer_norm", bi_norm, IR_OP_LAYER_NORM, 3, {"x", "weight", "bias", "eps"}, -1, "layer_norm(x, weight, bias, eps=1e-5)"},
+    {"rms_norm", bi_norm, IR_OP_RMS_NORM, 2, {"x", "weight", "eps"}, -1, "rms_norm(x, weight, eps=1e-6)"},
+    {"embedding", bi_embedding, IR_OP_EMBEDDING, 2, {"idx", "table"}, -1, "embedding(idx, table)"},
+    {"concat", bi_concat, IR_OP_CONCAT, 1, {"tensors", "axis"}, -1, "concat(tensors, axis=0)"},
+    {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, 2, {"logits", "target", "ignore_index", "reduction"}, -1, "cross_entropy(logits, target, ignore_index=-100, reduction=\"mean\")"},
+    {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, 2, {"input", "target", "reduction"}, -1, "mse_loss(input, target, reduction=\"mean\")"},
+    /* Language v2: selection and conversion. */
+    {"where", bi_where, IR_OP_SELECT, 3, {"cond", "a", "b"}, -1, "where(cond, a, b)"},
+    {"cast", bi_cast, IR_OP_CAST, 2, {"x", "dtype"}, -1, "cast(x, dtype)"},
     /* convolution, pooling, pad and batch_norm (language v2) */
-    {"conv1d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1},
-    {"conv2d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1},
-    {"max_pool2d", bi_pool, IR_OP_MAX, 2, {"x", "kernel", "stride", "padding"}, -1},
-    {"avg_pool2d", bi_pool, IR_OP_MEAN, 2, {"x", "kernel", "stride", "padding"}, -1},
-    {"pad", bi_pad, IR_OP_UNSLICE, 2, {"x", "pad", "value"}, -1},
-    {"batch_norm", bi_batch_norm, IR_OP_MEAN, 1, {"x", "weight", "bias", "eps"}, -1},
+    {"conv1d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1,
+     "conv1d(x, w, bias=none, stride=1, padding=0, dilation=1, groups=1)  (NCL, OIK)"},
+    {"conv2d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1,
+     "conv2d(x, w, bias=none, stride=1, padding=0, dilation=1, groups=1)  (NCHW, OIHW)"},
+    {"max_pool2d", bi_pool, IR_OP_MAX, 2, {"x", "kernel", "stride", "padding"}, -1,
+     "max_pool2d(x, kernel, stride=kernel, padding=0)"},
+    {"avg_pool2d", bi_pool, IR_OP_MEAN, 2, {"x", "kernel", "stride", "padding"}, -1,
+     "avg_pool2d(x, kernel, stride=kernel, padding=0)"},
+    {"pad", bi_pad, IR_OP_UNSLICE, 2, {"x", "pad", "value"}, -1, "pad(x, pad, value=0)  (pairs from the last axis)"},
+    {"batch_norm", bi_batch_norm, IR_OP_MEAN, 1, {"x", "weight", "bias", "eps"}, -1,
+     "batch_norm(x, weight=none, bias=none, eps=1e-5)  (over every axis but 1)"},
     /* language v2: elementwise math */
-    {"clamp", bi_clamp, IR_OP_CLAMP, 1, {"x", "min", "max"}, -1},
-    {"sin", bi_unary_math, IR_OP_SIN, 1, {"x"}, -1},
-    {"cos", bi_unary_math, IR_OP_COS, 1, {"x"}, -1},
-    {"log1p", bi_unary_math, IR_OP_LOG1P, 1, {"x"}, -1},
-    {"softplus", bi_unary_math, IR_OP_SOFTPLUS, 1, {"x"}, -1},
-    {"erf", bi_unary_math, IR_OP_ERF, 1, {"x"}, -1},
+    {"clamp", bi_clamp, IR_OP_CLAMP, 1, {"x", "min", "max"}, -1, "clamp(x, min=none, max=none)"},
+    {"sin", bi_unary_math, IR_OP_SIN, 1, {"x"}, -1, "sin(x)"},
+    {"cos", bi_unary_math, IR_OP_COS, 1, {"x"}, -1, "cos(x)"},
+    {"log1p", bi_unary_math, IR_OP_LOG1P, 1, {"x"}, -1, "log1p(x)"},
+    {"softplus", bi_unary_math, IR_OP_SOFTPLUS, 1, {"x"}, -1, "softplus(x)"},
+    {"erf", bi_unary_math, IR_OP_ERF, 1, {"x"}, -1, "erf(x)"},
     /* language v2: constructors (the shape argument is a shape: batch = micro-batch) */
-    {"zeros", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0},
-    {"ones", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0},
-    {"full", bi_fill, IR_OP_CONST, 2, {"shape", "value", "dtype"}, 0},
-    {"arange", bi_arange, IR_OP_ARANGE, 1, {"end", "dtype"}, 0},
-    {"one_hot", bi_one_hot, IR_OP_ONE_HOT, 2, {"idx", "num_classes"}, -1},
+    {"zeros", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0, "zeros(shape, dtype=f32)"},
+    {"ones", bi_fill, IR_OP_CONST, 1, {"shape", "dtype"}, 0, "ones(shape, dtype=f32)"},
+    {"full", bi_fill, IR_OP_CONST, 2, {"shape", "value", "dtype"}, 0, "full(shape, value, dtype=f32)"},
+    {"arange", bi_arange, IR_OP_ARANGE, 1, {"end", "dtype"}, 0, "arange(end, dtype=i32)"},
+    {"one_hot", bi_one_hot, IR_OP_ONE_HOT, 2, {"idx", "num_classes"}, -1, "one_hot(idx, num_classes)"},
     /* language v2: selection */
-    {"gather", bi_gather, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
-    {"index_select", bi_index_select, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1},
-    {"argmax", bi_argmax, IR_OP_TOPK, 2, {"x", "axis"}, -1},
+    {"gather", bi_gather, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1, "gather(x, idx, axis)"},
+    {"index_select", bi_index_select, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1, "index_select(x, idx, axis)"},
+    {"argmax", bi_argmax, IR_OP_TOPK, 2, {"x", "axis"}, -1, "argmax(x, axis)"},
     /* Randomness */
-    {"rand_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1},
-    {"randn_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1},
-    {"dropout", bi_dropout, IR_OP_RANDOM, 2, {"x", "p"}, -1},
+    {"rand_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1, "rand_like(x)  (uniform [0, 1))"},
+    {"randn_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1, "randn_like(x)  (standard normal)"},
+    {"dropout", bi_dropout, IR_OP_RANDOM, 2, {"x", "p"}, -1, "dropout(x, p)  (identity when not training)"},
 };
 
 static const Builtin *find_builtin(const char *name) {
   for (size_t i = 0; i < sizeof builtins / sizeof *builtins; i++)
     if (strcmp(builtins[i].name, name) == 0) return &builtins[i];
   return NULL;
+}
+
+int fe_builtin_count(void) { return (int)(sizeof builtins / sizeof *builtins); }
+const char *fe_builtin_name(int i) { return i >= 0 && i < fe_builtin_count() ? builtins[i].name : NULL; }
+const char *fe_builtin_signature(int i) { return i >= 0 && i < fe_builtin_count() ? builtins[i].sig : NULL; }
+
+/* Edit distance of a and b (insertions, deletions, substitutions and
+ * swaps of two neighbours count one each), or more than `most` once it
+ * exceeds it. */
+static int edit_distance(const char *a, const char *b, int most) {
+  enum { MAXLEN = 64 };
+  int n = (int)strlen(a), m = (int)strlen(b);
+  if (n >= MAXLEN || m >= MAXLEN || abs(n - m) > most) return most + 1;
+  int d[MAXLEN + 1][MAXLEN + 1];
+  for (int i = 0; i <= n; i++) d[i][0] = i;
+  for (int j = 0; j <= m; j++) d[0][j] = j;
+  for (int i = 1; i <= n; i++)
+    for (int j = 1; j <= m; j++) {
+      int c = a[i - 1] != b[j - 1];
+      int v = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+      if (d[i - 1][j - 1] + c < v) v = d[i - 1][j - 1] + c;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+        v = d[i - 2][j - 2] + 1;
+      d[i][j] = v;
+    }
+  return d[n][m];
+}
+
+/* The built-in or fn closest to an unknown name, if one is close (at most
+ * one edit in four letters, at least one), else NULL. */
+static const char *closest_function(Lower *L, const char *name) {
+  int most = (int)strlen(name) / 4;
+  if (most < 1) most = 1;
+  const char *best = NULL;
+  int bestd = most + 1;
+  for (int i = 0; i < fe_builtin_count(); i++) {
+    int d = edit_distance(name, builtins[i].name, most);
+    if (d < bestd) {
+      bestd = d;
+      best = builtins[i].name;
+    }
+  }
+  for (int i = 0; i < L->nfn_names; i++) {
+    int d = edit_distance(name, L->fn_names[i], most);
+    if (d < bestd) {
+      bestd = d;
+      best = L->fn_names[i];
+    }
+  }
+  return best;
 }
 
 static int nparams_of(const Builtin *b) {
@@ -1570,10 +1727,13 @@ static Val call(Lower *L, const FeNode *n) {
   if (fn) return call_fn(L, n, fn);
   const Builtin *b = find_builtin(n->name);
   if (b) return call_builtin(L, n, b);
+  const char *near = NULL;
   if (find_var(L->vars, n->name) || strmap_get(&L->decls, n->name))
     error_at(L, n->tok, "'%s' is not a function", n->name);
+  else if ((near = closest_function(L, n->name)))
+    error_at(L, n->tok, "unknown function '%s'; did you mean '%s'?", n->name, near);
   else
-    error_at(L, n->tok, "unknown function '%s'", n->name);
+    error_at(L, n->tok, "unknown function '%s' (gradc help functions lists the built-ins)", n->name);
   return vpoison();
 }
 
@@ -1741,6 +1901,64 @@ static Val eval_neg(Lower *L, const FeNode *n) {
   return build(L, IR_OP_NEG, &x.t, 1, NULL, 0, NULL, n->tok);
 }
 
+/* ---- comparisons and conditions (language v2) ---- */
+
+static IrOpcode compare_opcode(FeNodeKind k) {
+  return k == FE_ND_EQ ? IR_OP_EQ : k == FE_ND_NE ? IR_OP_NE : k == FE_ND_LT ? IR_OP_LT
+       : k == FE_ND_LE ? IR_OP_LE : k == FE_ND_GT ? IR_OP_GT : IR_OP_GE;
+}
+
+/* a OP b for == != < <= > >=: numbers (and bools, for == and !=) compare at
+ * compile time, exactly for integers; with a tensor it is the IR's
+ * comparison (a bool tensor, broadcasting), numbers taking the tensor's
+ * type. */
+static Val eval_compare(Lower *L, const FeNode *n) {
+  Val a = eval(L, n->lhs), b = eval(L, n->rhs);
+  if (a.kind == V_POISON || b.kind == V_POISON) return vpoison();
+  IrOpcode opc = compare_opcode(n->kind);
+  char op[4];
+  snprintf(op, sizeof op, "%.*s", n->tok->len, n->tok->text);
+  bool eqne = opc == IR_OP_EQ || opc == IR_OP_NE;
+  if (eqne && a.kind == V_BOOL && b.kind == V_BOOL) return vbool((a.i == b.i) == (opc == IR_OP_EQ));
+  if (is_num(a) && is_num(b)) {
+    if (a.kind == V_INT && b.kind == V_INT) {
+      int c = a.i < b.i ? -1 : a.i > b.i;
+      bool r = opc == IR_OP_EQ ? c == 0 : opc == IR_OP_NE ? c != 0 : opc == IR_OP_LT ? c < 0
+             : opc == IR_OP_LE ? c <= 0 : opc == IR_OP_GT ? c > 0 : c >= 0;
+      return vbool(r);
+    }
+    return vbool(ir_scalar_binary(opc, num(a), num(b)) != 0);
+  }
+  if (!operand_ok(L, a, n->lhs, op) || !operand_ok(L, b, n->rhs, op)) return vpoison();
+  if (is_num(a)) a = materialize(L, a, const_dtype(b, a), n->lhs->tok);
+  if (is_num(b)) b = materialize(L, b, const_dtype(a, b), n->rhs->tok);
+  if (a.kind == V_POISON || b.kind == V_POISON) return vpoison();
+  IrValue *args[2] = {a.t, b.t};
+  return build(L, opc, args, 2, NULL, 0, NULL, n->tok);
+}
+
+/* A condition: a bool known at compile time. */
+static bool need_cond(Lower *L, Val v, const FeNode *at, const char *what) {
+  if (v.kind == V_BOOL) return true;
+  char buf[IR_TYPE_STR_MAX];
+  error_at(L, at->begin, "%s needs a condition known at compile time (a comparison of dims or numbers, true, false "
+           "or training), got %s%s", what, kind_str(v, buf, sizeof buf),
+           v.kind == V_TENSOR ? " (for a tensor use where(cond, a, b))" : "");
+  return false;
+}
+
+/* and, or (short-circuit, as Python's), not */
+static Val eval_logic(Lower *L, const FeNode *n) {
+  const char *what = n->kind == FE_ND_AND ? "'and'" : n->kind == FE_ND_OR ? "'or'" : "'not'";
+  Val a = eval(L, n->lhs);
+  if (a.kind == V_POISON || !need_cond(L, a, n->lhs, what)) return vpoison();
+  if (n->kind == FE_ND_NOT) return vbool(!a.i);
+  if ((n->kind == FE_ND_AND && !a.i) || (n->kind == FE_ND_OR && a.i)) return a;
+  Val b = eval(L, n->rhs);
+  if (b.kind == V_POISON || !need_cond(L, b, n->rhs, what)) return vpoison();
+  return b;
+}
+
 static Val eval(Lower *L, const FeNode *n) {
   if (!tick(L, n->tok)) return vpoison();
   switch (n->kind) {
@@ -1776,6 +1994,27 @@ static Val eval(Lower *L, const FeNode *n) {
   case FE_ND_INDEX: return lower_index(L, n);
   case FE_ND_SLICE:
   case FE_ND_ELLIPSIS: error_at(L, n->tok, "a slice is only allowed inside an index"); return vpoison();
+  case FE_ND_EQ:
+  case FE_ND_NE:
+  case FE_ND_LT:
+  case FE_ND_LE:
+  case FE_ND_GT:
+  case FE_ND_GE: return eval_compare(L, n);
+  case FE_ND_AND:
+  case FE_ND_OR:
+  case FE_ND_NOT: return eval_logic(L, n);
+  case FE_ND_TUPLE: {
+    Val *items = ARENA_ARRAY(L->tmp, Val, n->nitems);
+    for (int i = 0; i < n->nitems; i++) {
+      items[i] = eval(L, n->items[i]);
+      if (items[i].kind == V_POISON) return vpoison();
+      if (items[i].kind == V_TUPLE) {
+        error_at(L, n->items[i]->begin, "a result cannot itself be several results");
+        return vpoison();
+      }
+    }
+    return vtuple(L, n->nitems, items);
+  }
   }
   return vpoison();
 }
@@ -1911,11 +2150,11 @@ static bool decl_type(Lower *L, const FeTypeSpec *ty, IrType *out) {
   return true;
 }
 
-/* input NAME : TYPE | param NAME : TYPE init ... split(N) */
+/* input NAME : TYPE | param NAME : TYPE init ... split(N) | buffer NAME : TYPE init ... */
 static void decl_tensor(Lower *L, const FeStmt *s) {
-  bool is_param = s->kind == FE_ST_PARAM;
+  bool is_buffer = s->kind == FE_ST_BUFFER, is_param = s->kind == FE_ST_PARAM || is_buffer;
   if (!new_name_ok(L, s->name, s->id)) return;
-  Decl *dc = add_decl(L, s, is_param ? "param" : "input");
+  Decl *dc = add_decl(L, s, is_buffer ? "buffer" : is_param ? "param" : "input");
   IrType ty;
   if (!decl_type(L, &s->type, &ty)) return;
   FeModel *m = L->m;
@@ -1934,7 +2173,7 @@ static void decl_tensor(Lower *L, const FeStmt *s) {
     return;
   }
   if (!ir_dtype_is_float(ty.dtype)) {
-    error_at(L, s->type.tok, "a param must have a float type, not %s", ir_type_str(&ty, buf, sizeof buf));
+    error_at(L, s->type.tok, "a %s must have a float type, not %s", dc->what, ir_type_str(&ty, buf, sizeof buf));
     return;
   }
   double ab[2] = {0, 0};
@@ -1970,10 +2209,10 @@ static void decl_tensor(Lower *L, const FeStmt *s) {
     }
     if (!axis_of(L, v.i, &ty, s->split->begin, &split)) return;
   }
-  IrValue *v = ir_func_add_arg(L->f, s->id, ty, IR_ARG_PARAM, false);
+  IrValue *v = ir_func_add_arg(L->f, s->id, ty, is_buffer ? IR_ARG_BUFFER : IR_ARG_PARAM, false);
   v->split_axis = (int)split;
   if (s->split) v->split_loc = loc_of(L, s->split->begin);
-  FeParam *p = &m->params[m->nparams++];
+  FeParam *p = is_buffer ? &m->buffers[m->nbuffers++] : &m->params[m->nparams++];
   p->name = arena_strdup(&m->arena, s->id);
   p->type = ty;
   p->init = s->init_tok ? s->init : FE_INIT_ZEROS;
@@ -1994,8 +2233,39 @@ static void assign(Lower *L, const FeStmt *s) {
     return;
   }
   Val v = eval(L, s->expr);
+  if (v.kind == V_TUPLE) {
+    error_at(L, s->name, "the right side gives %d results, but one name is bound (write '%s, ... = ...')", v.n,
+             s->id);
+    v = vpoison();
+  }
   name_value(L, v, s->id);
   bind(L, L->vars, s->id, v);
+}
+
+/* NAME, NAME, ... = EXPR: EXPR gives as many results as there are names.
+ * A built-in with several results returns a V_TUPLE (see the built-in
+ * table); so does a fn that ends in `return a, b`. */
+static void assign_multi(Lower *L, const FeStmt *s) {
+  for (int i = 0; i < s->nnames; i++) {
+    Decl *dc = strmap_get(&L->decls, s->ids[i]);
+    if (dc && dc->is_dim) {
+      error_at(L, s->names[i], "cannot assign to %s '%s'", dc->what, s->ids[i]);
+      return;
+    }
+  }
+  Val v = eval(L, s->expr);
+  if (v.kind != V_POISON && (v.kind != V_TUPLE || v.n != s->nnames)) {
+    if (v.kind == V_TUPLE)
+      error_at(L, s->tok, "the right side gives %d results, but %d names are bound", v.n, s->nnames);
+    else
+      error_at(L, s->tok, "the right side gives one result, but %d names are bound", s->nnames);
+    v = vpoison();
+  }
+  for (int i = 0; i < s->nnames; i++) {
+    Val x = v.kind == V_TUPLE ? v.items[i] : vpoison();
+    name_value(L, x, s->ids[i]);
+    bind(L, L->vars, s->ids[i], x);
+  }
 }
 
 static void loss(Lower *L, const FeStmt *s) {
@@ -2041,6 +2311,122 @@ static void loss(Lower *L, const FeStmt *s) {
   build(L, IR_OP_LOSS, &v.t, 1, &at, 1, NULL, s->tok);
 }
 
+/* ---- language v2 statements ---- */
+
+/* A name's first statement of a kind (update, output): false (reported) if
+ * it has one already. */
+static bool first_of(Lower *L, StrMap *seen, const FeStmt *s, const char *what, const char ***order, int *n) {
+  const Token *prev = strmap_get(seen, s->id);
+  if (prev) {
+    error_at(L, s->name, "duplicate %s '%s' (first at line %d)", what, s->id, prev->line);
+    return false;
+  }
+  strmap_put(seen, s->id, (void *)s->name);
+  const char **grown = ARENA_ARRAY(L->tmp, const char *, *n + 1);
+  if (*n) memcpy(grown, *order, sizeof(char *) * (size_t)*n);
+  grown[(*n)++] = s->id;
+  *order = grown;
+  return true;
+}
+
+/* update NAME = EXPR: the buffer's value after the window (training only:
+ * with no_training the statement is checked but emits nothing).  EXPR
+ * reads the buffers' old values; gas-fold makes its batch reductions
+ * window reductions. */
+static void update_stmt(Lower *L, const FeStmt *s) {
+  Decl *dc = strmap_get(&L->decls, s->id);
+  if (!dc || strcmp(dc->what, "buffer") != 0) {
+    if (dc)
+      error_at(L, s->name, "'%s' is %s %s, not a buffer (only buffers are updated)", s->id,
+               strcmp(dc->what, "input") == 0 ? "an" : "a", dc->what);
+    else
+      error_at(L, s->name, "'%s' is not a buffer (declare it with 'buffer %s : TYPE')", s->id, s->id);
+    return;
+  }
+  if (!first_of(L, &L->updates, s, "update of buffer", &L->update_order, &L->nupdates)) return;
+  Val v = eval(L, s->expr);
+  if (v.kind == V_POISON || dc->v.kind != V_TENSOR) return;
+  const IrType *bt = &dc->v.t->type;
+  if (is_num(v)) v = materialize(L, v, bt->dtype, s->expr->tok);
+  char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
+  IrShape out;
+  if (v.kind != V_TENSOR || v.t->type.dtype != bt->dtype ||
+      !ir_broadcast_shapes(&v.t->type.shape, &bt->shape, &out) || !ir_shape_eq(&out, &bt->shape)) {
+    error_at(L, s->expr->begin, "update of buffer '%s' (%s) gives %s", s->id, ir_type_str(bt, b1, sizeof b1),
+             kind_str(v, b2, sizeof b2));
+    return;
+  }
+  if (!ir_shape_eq(&v.t->type.shape, &bt->shape)) {
+    IrAttr at = ir_attr_ints("shape", bt->shape.dim, bt->shape.rank);
+    v = build(L, IR_OP_BROADCAST, &v.t, 1, &at, 1, NULL, s->expr->tok);
+    if (v.kind != V_TENSOR) return;
+  }
+  if (L->opt->no_training) return;
+  IrAttr at = ir_attr_str("name", s->id);
+  build(L, IR_OP_UPDATE, &v.t, 1, &at, 1, NULL, s->tok);
+}
+
+/* output NAME = EXPR: a tensor the forward computes; NAME is also bound. */
+static void output_stmt(Lower *L, const FeStmt *s) {
+  Decl *dc = strmap_get(&L->decls, s->id);
+  if (dc && dc->is_dim) {
+    error_at(L, s->name, "cannot assign to %s '%s'", dc->what, s->id);
+    return;
+  }
+  if (!first_of(L, &L->outputs, s, "output", &L->output_order, &L->noutputs)) return;
+  Val v = eval(L, s->expr);
+  if (is_num(v)) v = materialize(L, v, IR_DT_F32, s->expr->tok);
+  if (v.kind != V_POISON && v.kind != V_TENSOR) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, s->expr->begin, "output '%s' must be a tensor, got %s", s->id, kind_str(v, buf, sizeof buf));
+    v = vpoison();
+  }
+  name_value(L, v, s->id);
+  bind(L, L->vars, s->id, v);
+  if (v.kind != V_TENSOR) return;
+  IrAttr at = ir_attr_str("name", s->id);
+  build(L, IR_OP_OUTPUT, &v.t, 1, &at, 1, NULL, s->tok);
+}
+
+static void poison_bound(Lower *L, const FeStmt *s);
+
+/* if COND { .. } else { .. }: resolved now; only the taken branch is
+ * lowered (the other is not checked: it may be ill-shaped for these dims).
+ * If the condition is bad, the names either branch binds are poisoned, so
+ * that one mistake gives one message. */
+static void if_stmt(Lower *L, const FeStmt *s) {
+  Val c = eval(L, s->expr);
+  if (c.kind == V_POISON || !need_cond(L, c, s->expr, "'if'")) {
+    poison_bound(L, s->body);
+    poison_bound(L, s->orelse);
+    return;
+  }
+  exec_stmts(L, c.i ? s->body : s->orelse);
+}
+
+static void poison_bound(Lower *L, const FeStmt *s) {
+  for (; s; s = s->next) {
+    switch (s->kind) {
+    case FE_ST_ASSIGN:
+    case FE_ST_LOSS:
+    case FE_ST_OUTPUT: bind(L, L->vars, s->id, vpoison()); break;
+    case FE_ST_MULTI:
+      for (int i = 0; i < s->nnames; i++) bind(L, L->vars, s->ids[i], vpoison());
+      break;
+    case FE_ST_IF:
+      poison_bound(L, s->body);
+      poison_bound(L, s->orelse);
+      break;
+    case FE_ST_FOR: poison_bound(L, s->body); break;
+    case FE_ST_DIM:
+    case FE_ST_INPUT:
+    case FE_ST_PARAM:
+    case FE_ST_BUFFER:
+    case FE_ST_UPDATE: break;
+    }
+  }
+}
+
 static void for_loop(Lower *L, const FeStmt *s) {
   Val from = eval(L, s->from), to = eval(L, s->to);
   if (from.kind == V_POISON || to.kind == V_POISON) return;
@@ -2075,10 +2461,15 @@ static void exec_stmts(Lower *L, const FeStmt *s) {
     switch (s->kind) {
     case FE_ST_DIM: decl_dim(L, s); break;
     case FE_ST_INPUT:
-    case FE_ST_PARAM: decl_tensor(L, s); break;
+    case FE_ST_PARAM:
+    case FE_ST_BUFFER: decl_tensor(L, s); break;
     case FE_ST_ASSIGN: assign(L, s); break;
     case FE_ST_LOSS: loss(L, s); break;
     case FE_ST_FOR: for_loop(L, s); break;
+    case FE_ST_UPDATE: update_stmt(L, s); break;
+    case FE_ST_OUTPUT: output_stmt(L, s); break;
+    case FE_ST_IF: if_stmt(L, s); break;
+    case FE_ST_MULTI: assign_multi(L, s); break;
     }
   }
 }
@@ -2105,7 +2496,9 @@ static void check_defs(Lower *L, const FeProgram *prog) {
 }
 
 static void register_fns(Lower *L, const FeProgram *prog) {
+  L->fn_names = ARENA_ARRAY(L->tmp, const char *, prog->nfns + 1);
   for (const FeFn *fn = prog->fns; fn; fn = fn->next) {
+    if (L->nfn_names < prog->nfns) L->fn_names[L->nfn_names++] = fn->id;
     const FeFn *prev = strmap_get(&L->fns, fn->id);
     if (find_builtin(fn->id))
       error_at(L, fn->name, "'%s' is a built-in function and cannot be redefined", fn->id);
@@ -2148,15 +2541,17 @@ FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d) {
   m->src.name = arena_strdup(&m->arena, src->name ? src->name : "<input>");
   m->name = arena_strdup(&m->arena, prog->id);
   m->func = ir_func_new(prog->id);
-  int ndims = 0, ninputs = 0, nparams = 0;
+  int ndims = 0, ninputs = 0, nparams = 0, nbuffers = 0;
   for (const FeStmt *s = prog->body; s; s = s->next) {
     ndims += s->kind == FE_ST_DIM;
     ninputs += s->kind == FE_ST_INPUT;
     nparams += s->kind == FE_ST_PARAM;
+    nbuffers += s->kind == FE_ST_BUFFER;
   }
   m->dims = ARENA_ARRAY(&m->arena, FeDim, ndims ? ndims : 1);
   m->inputs = ARENA_ARRAY(&m->arena, FeInput, ninputs ? ninputs : 1);
   m->params = ARENA_ARRAY(&m->arena, FeParam, nparams ? nparams : 1);
+  m->buffers = ARENA_ARRAY(&m->arena, FeParam, nbuffers ? nbuffers : 1);
 
   Lower L;
   memset(&L, 0, sizeof L);
@@ -2178,6 +2573,15 @@ FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d) {
   m->losses = ARENA_ARRAY(&m->arena, const char *, L.nlosses ? L.nlosses : 1);
   for (int i = 0; i < L.nlosses; i++) m->losses[i] = arena_strdup(&m->arena, L.losses[i]);
   m->nlosses = L.nlosses;
+  m->outputs = ARENA_ARRAY(&m->arena, const char *, L.noutputs ? L.noutputs : 1);
+  for (int i = 0; i < L.noutputs; i++) m->outputs[i] = arena_strdup(&m->arena, L.output_order[i]);
+  m->noutputs = L.noutputs;
+  /* Updates emitted (none when not training). */
+  m->updates = ARENA_ARRAY(&m->arena, const char *, L.nupdates ? L.nupdates : 1);
+  for (int i = 0; !opt->no_training && i < L.nupdates; i++) m->updates[i] = arena_strdup(&m->arena, L.update_order[i]);
+  m->nupdates = opt->no_training ? 0 : L.nupdates;
+  strmap_free(&L.outputs);
+  strmap_free(&L.updates);
   strmap_free(&L.decls);
   strmap_free(&L.fns);
   strmap_free(&L.reported);

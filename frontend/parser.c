@@ -28,6 +28,7 @@ typedef struct Parser {
   int nerr;     /* errors reported */
   bool in_fn;   /* parsing a fn body */
   int in_loop;  /* for bodies around the current statement */
+  int in_if;    /* if/else branches around the current statement */
   FeFn **fn_tail;
   int nfns;
   FeProgram *prog;
@@ -411,8 +412,8 @@ static FeNode *mul(Parser *P, Token **rest, Token *tok) {
   return n;
 }
 
-/* expr = mul (("+" | "-") mul)* */
-static FeNode *expr(Parser *P, Token **rest, Token *tok) {
+/* add = mul (("+" | "-") mul)* */
+static FeNode *add(Parser *P, Token **rest, Token *tok) {
   FeNode *n = mul(P, &tok, tok);
   while (n) {
     FeNodeKind k;
@@ -431,6 +432,83 @@ static FeNode *expr(Parser *P, Token **rest, Token *tok) {
   return n;
 }
 
+/* Language v2: comparisons bind looser than arithmetic; `not`, `and`, `or`
+ * as in Python (`not` > `and` > `or`). */
+
+static bool cmp_kind(const Token *t, FeNodeKind *k) {
+  static const struct {
+    const char *op;
+    FeNodeKind kind;
+  } ops[] = {{"==", FE_ND_EQ}, {"!=", FE_ND_NE}, {"<", FE_ND_LT}, {"<=", FE_ND_LE}, {">", FE_ND_GT}, {">=", FE_ND_GE}};
+  for (size_t i = 0; i < sizeof ops / sizeof *ops; i++)
+    if (is_punct(t, ops[i].op)) {
+      *k = ops[i].kind;
+      return true;
+    }
+  return false;
+}
+
+/* comparison = add (("==" | "!=" | "<" | "<=" | ">" | ">=") add)?
+ * Python chains `a < b < c`; here a second comparison is an error. */
+static FeNode *comparison(Parser *P, Token **rest, Token *tok) {
+  FeNode *n = add(P, &tok, tok);
+  FeNodeKind k;
+  if (n && cmp_kind(tok, &k)) {
+    Token *op = tok;
+    FeNode *r = add(P, &tok, tok + 1);
+    if (!r) return NULL;
+    n = new_binary(P, k, op, n, r);
+    if (n && cmp_kind(tok, &k)) {
+      error_tok(P, tok, "comparisons cannot be chained (write 'a < b and b < c')");
+      return NULL;
+    }
+  }
+  *rest = tok;
+  return n;
+}
+
+/* not = "not" not | comparison */
+static FeNode *not_expr(Parser *P, Token **rest, Token *tok) {
+  if (!is_kw(tok, "not")) return comparison(P, rest, tok);
+  if (!enter(P, tok)) return NULL;
+  Token *op = tok;
+  FeNode *x = not_expr(P, rest, tok + 1);
+  FeNode *n = NULL;
+  if (x) {
+    n = new_node(P, FE_ND_NOT, op, op);
+    n->lhs = x;
+    if (!grow(P, n, x)) n = NULL;
+  }
+  leave(P);
+  return n;
+}
+
+/* and = not ("and" not)* */
+static FeNode *and_expr(Parser *P, Token **rest, Token *tok) {
+  FeNode *n = not_expr(P, &tok, tok);
+  while (n && is_kw(tok, "and")) {
+    Token *op = tok;
+    FeNode *r = not_expr(P, &tok, tok + 1);
+    if (!r) return NULL;
+    n = new_binary(P, FE_ND_AND, op, n, r);
+  }
+  *rest = tok;
+  return n;
+}
+
+/* expr = and ("or" and)* */
+static FeNode *expr(Parser *P, Token **rest, Token *tok) {
+  FeNode *n = and_expr(P, &tok, tok);
+  while (n && is_kw(tok, "or")) {
+    Token *op = tok;
+    FeNode *r = and_expr(P, &tok, tok + 1);
+    if (!r) return NULL;
+    n = new_binary(P, FE_ND_OR, op, n, r);
+  }
+  *rest = tok;
+  return n;
+}
+
 /* ---- statements ---- */
 
 static FeStmt *new_stmt(Parser *P, FeStmtKind kind, Token *tok) {
@@ -440,8 +518,9 @@ static FeStmt *new_stmt(Parser *P, FeStmtKind kind, Token *tok) {
   return s;
 }
 
-static const char *const reserved[] = {"model", "batch", "dim", "input", "param", "loss",
-                                       "for",   "fn",    "return", "true", "false"};
+static const char *const reserved[] = {"model", "batch", "dim",  "input",  "param",  "loss",  "for",
+                                       "fn",    "return", "true", "false",  "buffer", "update", "output",
+                                       "if",    "else",  "and",  "or",     "not",    "training"};
 
 static bool is_reserved(const Token *t) {
   for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
@@ -583,11 +662,13 @@ static bool init(Parser *P, Token **rest, Token *tok, FeStmt *s) {
   return true;
 }
 
-/* param = "param" IDENT ":" type ("init" init | "split" "(" expr ")")* */
+/* param  = "param" IDENT ":" type ("init" init | "split" "(" expr ")")*
+ * buffer = "buffer" IDENT ":" type ("init" init)? */
 static FeStmt *param_stmt(Parser *P, Token **rest, Token *tok) {
-  FeStmt *s = new_stmt(P, FE_ST_PARAM, tok);
+  bool buffer = is_kw(tok, "buffer");
+  FeStmt *s = new_stmt(P, buffer ? FE_ST_BUFFER : FE_ST_PARAM, tok);
   s->name = tok + 1;
-  if (!name(P, &tok, tok + 1, "param")) return NULL;
+  if (!name(P, &tok, tok + 1, buffer ? "buffer" : "param")) return NULL;
   s->id = tok_str(P, s->name);
   if (!skip(P, &tok, ":")) return NULL;
   if (!type(P, &tok, tok, &s->type)) return NULL;
@@ -599,6 +680,9 @@ static FeStmt *param_stmt(Parser *P, Token **rest, Token *tok) {
       }
       s->init_tok = tok;
       if (!init(P, &tok, tok + 1, s)) return NULL;
+    } else if (is_kw(tok, "split") && buffer) {
+      error_tok(P, tok, "'split' applies to params, not buffers");
+      return NULL;
     } else if (is_kw(tok, "split")) {
       if (s->split_tok) {
         error_tok(P, tok, "duplicate 'split'");
@@ -619,11 +703,16 @@ static FeStmt *param_stmt(Parser *P, Token **rest, Token *tok) {
   return s;
 }
 
-/* loss = "loss" IDENT "=" expr */
+/* loss   = "loss" IDENT "=" expr
+ * update = "update" IDENT "=" expr
+ * output = "output" IDENT "=" expr */
 static FeStmt *loss_stmt(Parser *P, Token **rest, Token *tok) {
-  FeStmt *s = new_stmt(P, FE_ST_LOSS, tok);
+  FeStmtKind kind = is_kw(tok, "update") ? FE_ST_UPDATE : is_kw(tok, "output") ? FE_ST_OUTPUT : FE_ST_LOSS;
+  FeStmt *s = new_stmt(P, kind, tok);
   s->name = tok + 1;
-  if (!name(P, &tok, tok + 1, "loss")) return NULL;
+  char kw[16];
+  snprintf(kw, sizeof kw, "%.*s", tok->len, tok->text);
+  if (!name(P, &tok, tok + 1, kw)) return NULL;
   s->id = tok_str(P, s->name);
   if (!skip(P, &tok, "=")) return NULL;
   s->expr = expr(P, &tok, tok);
@@ -644,6 +733,39 @@ static FeStmt *assign_stmt(Parser *P, Token **rest, Token *tok) {
               describe(tok, buf, sizeof buf));
     return NULL;
   }
+  s->expr = expr(P, &tok, tok + 1);
+  if (!s->expr) return NULL;
+  *rest = tok;
+  return s;
+}
+
+/* multi = IDENT ("," IDENT)+ "=" expr
+ * Binds the several results of a call (`v, i = topk(x, 2)`); lower.c
+ * checks the count. */
+static FeStmt *multi_stmt(Parser *P, Token **rest, Token *tok) {
+  FeStmt *s = new_stmt(P, FE_ST_MULTI, tok);
+  NodeVec names = {0};
+  for (;;) {
+    if (!name(P, &tok, tok, names.n ? "," : "the start of a statement")) return NULL;
+    for (int i = 0; i < names.n; i++)
+      if (names.kw[i]->len == tok[-1].len && memcmp(names.kw[i]->text, tok[-1].text, (size_t)tok[-1].len) == 0) {
+        error_tok(P, tok - 1, "'%.*s' is bound twice in one statement", tok[-1].len, tok[-1].text);
+        return NULL;
+      }
+    vec_push(P, &names, NULL, tok - 1);
+    if (!is_punct(tok, ",")) break;
+    tok++;
+  }
+  if (!is_punct(tok, "=")) {
+    expected(P, tok, "'=' after the names");
+    return NULL;
+  }
+  s->names = names.kw;
+  s->nnames = names.n;
+  s->ids = ARENA_ARRAY(P->a, const char *, names.n);
+  for (int i = 0; i < names.n; i++) s->ids[i] = tok_str(P, names.kw[i]);
+  s->name = names.kw[0];
+  s->id = s->ids[0];
   s->expr = expr(P, &tok, tok + 1);
   if (!s->expr) return NULL;
   *rest = tok;
@@ -690,6 +812,35 @@ static FeStmt *for_stmt(Parser *P, Token **rest, Token *tok) {
   P->in_loop--;
   *rest = tok;
   return ok ? s : NULL;
+}
+
+/* if = "if" expr "{" stmts "}" ("else" (if | "{" stmts "}"))?
+ * Resolved at compile time (lower.c): the condition is over dims, numbers
+ * and the flag `training`.  The branches share the enclosing scope. */
+static FeStmt *if_stmt(Parser *P, Token **rest, Token *tok, FeNode **ret, const FeFn *fn) {
+  FeStmt *s = new_stmt(P, FE_ST_IF, tok);
+  if (!enter(P, tok)) return NULL;
+  FeStmt *out = NULL;
+  s->expr = expr(P, &tok, tok + 1);
+  if (s->expr) {
+    P->in_if++;
+    bool ok;
+    s->body = block(P, &tok, tok, ret, fn, &ok);
+    if (ok && tok->kind == TK_NEWLINE && is_kw(tok + 1, "else")) tok++; /* `}` and `else` on two lines */
+    if (ok && is_kw(tok, "else")) {
+      if (is_kw(tok + 1, "if")) {
+        s->orelse = if_stmt(P, &tok, tok + 1, ret, fn);
+        ok = s->orelse != NULL;
+      } else {
+        s->orelse = block(P, &tok, tok + 1, ret, fn, &ok);
+      }
+    }
+    P->in_if--;
+    if (ok) out = s;
+  }
+  leave(P);
+  *rest = tok;
+  return out;
 }
 
 /* fn = "fn" IDENT "(" (IDENT ("," IDENT)* ","?)? ")" "{" stmts "}"
@@ -772,32 +923,45 @@ static Token *sync(Token *tok) {
   return tok;
 }
 
-/* stmt = dim | input | param | loss | for | fn | "return" expr | assign
+/* stmt = dim | input | param | buffer | loss | update | output | for | if | fn
+ *      | "return" expr ("," expr)* | multi | assign
  * `ret` is where a fn body's return expression goes (NULL outside fns). */
 static FeStmt *stmt(Parser *P, Token **rest, Token *tok, FeNode **ret, const FeFn *fn, bool *failed) {
   *failed = true;
-  bool top = !P->in_fn && !P->in_loop;
-  if (is_kw(tok, "batch") || is_kw(tok, "dim") || is_kw(tok, "input") || is_kw(tok, "param")) {
+  bool top = !P->in_fn && !P->in_loop && !P->in_if;
+  if (is_kw(tok, "batch") || is_kw(tok, "dim") || is_kw(tok, "input") || is_kw(tok, "param") ||
+      is_kw(tok, "buffer")) {
     if (!top) {
       error_tok(P, tok, "'%.*s' is only allowed at the top level of a model", tok->len, tok->text);
       return NULL;
     }
-    FeStmt *s = is_kw(tok, "input") ? input_stmt(P, &tok, tok)
-                : is_kw(tok, "param") ? param_stmt(P, &tok, tok)
-                                      : dim_stmt(P, &tok, tok);
+    FeStmt *s = is_kw(tok, "input")                           ? input_stmt(P, &tok, tok)
+                : is_kw(tok, "param") || is_kw(tok, "buffer") ? param_stmt(P, &tok, tok)
+                                                              : dim_stmt(P, &tok, tok);
     if (!s || !stmt_end(P, rest, tok)) return NULL;
     *failed = false;
     return s;
   }
-  if (is_kw(tok, "loss")) {
+  if (is_kw(tok, "loss") || is_kw(tok, "update") || is_kw(tok, "output")) {
     if (P->in_fn) {
-      error_tok(P, tok, "'loss' is not allowed inside a fn (return the value and write the loss in the model)");
+      error_tok(P, tok, "'%.*s' is not allowed inside a fn (return the value and write the %.*s in the model)",
+                tok->len, tok->text, tok->len, tok->text);
       return NULL;
     }
     FeStmt *s = loss_stmt(P, &tok, tok);
     if (!s || !stmt_end(P, rest, tok)) return NULL;
     *failed = false;
     return s;
+  }
+  if (is_kw(tok, "if")) {
+    FeStmt *s = if_stmt(P, &tok, tok, ret, fn);
+    if (!s || !stmt_end(P, rest, tok)) return NULL;
+    *failed = false;
+    return s;
+  }
+  if (is_kw(tok, "else")) {
+    error_tok(P, tok, "'else' without an 'if' before it");
+    return NULL;
   }
   if (is_kw(tok, "for")) {
     FeStmt *s = for_stmt(P, &tok, tok);
@@ -819,13 +983,30 @@ static FeStmt *stmt(Parser *P, Token **rest, Token *tok, FeNode **ret, const FeF
     return NULL;
   }
   if (is_kw(tok, "return")) {
-    if (!ret || P->in_loop) {
-      error_tok(P, tok, P->in_fn ? "'return' must be the last statement of a fn, not inside a for loop"
-                                 : "'return' outside a fn");
+    if (!ret || P->in_loop || P->in_if) {
+      error_tok(P, tok, !P->in_fn  ? "'return' outside a fn"
+                        : P->in_if ? "'return' must be the last statement of a fn, not inside an if"
+                                   : "'return' must be the last statement of a fn, not inside a for loop");
       return NULL;
     }
     Token *kw = tok;
     FeNode *e = expr(P, &tok, tok + 1);
+    if (e && is_punct(tok, ",")) {
+      /* return a, b: several results (bound with `x, y = f(...)`) */
+      FeNode *t = new_node(P, FE_ND_TUPLE, kw + 1, kw + 1);
+      NodeVec items = {0};
+      vec_push(P, &items, e, NULL);
+      if (!grow(P, t, e)) return NULL;
+      while (e && is_punct(tok, ",")) {
+        e = expr(P, &tok, tok + 1);
+        if (!e) return NULL;
+        vec_push(P, &items, e, NULL);
+        if (!grow(P, t, e)) return NULL;
+      }
+      t->items = items.v;
+      t->nitems = items.n;
+      e = t;
+    }
     if (!e || !stmt_end(P, &tok, tok)) return NULL;
     while (tok->kind == TK_NEWLINE) tok++;
     if (!is_punct(tok, "}")) {
@@ -838,7 +1019,7 @@ static FeStmt *stmt(Parser *P, Token **rest, Token *tok, FeNode **ret, const FeF
     return NULL;
   }
   if (tok->kind == TK_IDENT && !is_reserved(tok)) {
-    FeStmt *s = assign_stmt(P, &tok, tok);
+    FeStmt *s = is_punct(tok + 1, ",") ? multi_stmt(P, &tok, tok) : assign_stmt(P, &tok, tok);
     if (!s || !stmt_end(P, rest, tok)) return NULL;
     *failed = false;
     return s;

@@ -65,6 +65,9 @@ typedef struct gradc_compile_options {
   int zero1;          /* 1: ZeRO-1 (dp > 1): gradients are reduce-scattered over the dp ranks, each rank
                          keeps the optimiser state of and updates its 1/dp of the params, and the params
                          are all-gathered after the step */
+  int no_training;    /* 1: the model's flag `training` is false (`if training { .. } else { .. }` takes
+                         the else branch) and `update` statements are checked but not compiled: for
+                         forward-only use.  0 (the default): training, as run, train and bench */
 } gradc_compile_options;
 
 GRADC_API void gradc_compile_options_init(gradc_compile_options *o);
@@ -94,6 +97,15 @@ GRADC_API int gradc_program_num_losses(const gradc_program *p);
 GRADC_API gradc_status gradc_program_param_info(const gradc_program *p, int i, gradc_tensor_info *out);
 GRADC_API gradc_status gradc_program_input_info(const gradc_program *p, int i, gradc_tensor_info *out);
 GRADC_API const char *gradc_program_loss_name(const gradc_program *p, int i);
+/* Language v2: the model's `output` statements (in order) and its buffers
+ * (non-trainable state, after the params in params files: a session's
+ * buffers are read and set with gradc_session_get_param/set_param, loaded
+ * and saved with the params, kept in checkpoints; never a gradient or an
+ * optimiser update). */
+GRADC_API int gradc_program_num_outputs(const gradc_program *p);
+GRADC_API const char *gradc_program_output_name(const gradc_program *p, int i);
+GRADC_API int gradc_program_num_buffers(const gradc_program *p);
+GRADC_API gradc_status gradc_program_buffer_info(const gradc_program *p, int i, gradc_tensor_info *out);
 GRADC_API int gradc_program_gas(const gradc_program *p);
 GRADC_API int gradc_program_dp(const gradc_program *p);
 GRADC_API int gradc_program_tp(const gradc_program *p);    /* tensor-parallel ranks (1: none) */
@@ -158,8 +170,17 @@ GRADC_API gradc_status gradc_session_save_params(const gradc_session *s, const c
 /* One window of an input: F32/F64 for float inputs, I32/I64 for i32 ones. */
 GRADC_API gradc_status gradc_session_set_input(gradc_session *s, const char *name, gradc_dtype dt, const void *data, size_t n);
 
-/* Run one window: K micro-batches, gradients accumulated in place. */
+/* Run one window: K micro-batches, gradients accumulated in place.  The
+ * buffers' `update` values of the window replace the session's buffers
+ * afterwards (the next run reads them), as PyTorch's running statistics
+ * change in a training forward. */
 GRADC_API gradc_status gradc_session_run(gradc_session *s);
+/* An `output` of the last run, by name: its type (an output with a leading
+ * batch axis holds the whole window's samples, batched = 1; dtype F32, F64
+ * for f64 outputs, I32 for i32 and bool ones) and its n elements in that
+ * dtype. */
+GRADC_API gradc_status gradc_session_output_info(const gradc_session *s, const char *name, gradc_tensor_info *out);
+GRADC_API gradc_status gradc_session_get_output(const gradc_session *s, const char *name, void *out, size_t n);
 /* Window values of the last run: loss i (program order), and their sum. */
 GRADC_API double gradc_session_loss(const gradc_session *s, int i);
 GRADC_API double gradc_session_loss_total(const gradc_session *s);

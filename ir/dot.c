@@ -31,9 +31,11 @@ void ir_write_dot(const IrFunc *f, FILE *out) {
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *v = f->args[i];
     if (!in_table(f, v)) continue;
-    fprintf(out, "  v%d [shape=%s, label=\"", v->id, v->role == IR_ARG_PARAM ? "box" : "invhouse");
+    fprintf(out, "  v%d [shape=%s, label=\"", v->id, v->role == IR_ARG_INPUT ? "invhouse" : "box");
     put_escaped(out, arena_printf(&a, "%%%s\n%s%s", names.name[v->id], ir_type_str(&v->type, ty, sizeof ty),
-                                  v->role == IR_ARG_PARAM ? " param" : " input"));
+                                  v->role == IR_ARG_PARAM    ? " param"
+                                  : v->role == IR_ARG_BUFFER ? " buffer"
+                                                             : " input"));
     fputs("\"];\n", out);
   }
   for (int i = 0; i < f->nops; i++) {

@@ -205,6 +205,7 @@ typedef struct IrLoc {
 typedef enum {
   IR_ARG_INPUT,
   IR_ARG_PARAM,
+  IR_ARG_BUFFER, /* non-trainable state: read like a param, never a gradient (`buffer` statements) */
 } IrArgRole;
 
 typedef struct IrOp IrOp;
@@ -250,7 +251,7 @@ struct IrOp {
 typedef struct IrFunc {
   Arena arena;
   const char *name;
-  IrValue **args; /* inputs and params, in declaration order */
+  IrValue **args; /* inputs, params and buffers, in declaration order */
   int nargs, capargs;
   IrOp **ops;     /* in an order where definitions precede uses */
   int nops, capops;

@@ -298,6 +298,8 @@ void ir_print(const IrFunc *f, StrBuf *out) {
       sb_puts(out, " param");
       if (v->split_axis >= 0) sb_printf(out, " split(%d)", v->split_axis);
       if (v->split_axis >= 0 && v->split_ranks > 1) sb_printf(out, " ranks %d", v->split_ranks);
+    } else if (v->role == IR_ARG_BUFFER) {
+      sb_puts(out, " buffer");
     } else
       sb_puts(out, v->batched ? " input batch" : " input");
   }

@@ -577,7 +577,7 @@ static void parse_op(Reader *r) {
 /* Functions                                                           */
 /* ------------------------------------------------------------------ */
 
-/* arg = "%" NAME ":" type ("input" "batch"? | "param" ("split" "(" INT ")" ("ranks" INT)?)?) */
+/* arg = "%" NAME ":" type ("input" "batch"? | "param" ("split" "(" INT ")" ("ranks" INT)?)? | "buffer") */
 static void parse_arg(Reader *r) {
   if (r->tok.kind != TK_VALUE) error_tok(r, "an argument '%name: type'");
   Tok t = r->tok;
@@ -621,8 +621,11 @@ static void parse_arg(Reader *r) {
         }
       }
     }
+  } else if (is_ident(r, "buffer")) {
+    role = IR_ARG_BUFFER;
+    next(r);
   } else {
-    error_tok(r, "'input' or 'param'");
+    error_tok(r, "'input', 'param' or 'buffer'");
   }
   IrValue *v = ir_func_add_arg(r->f, NULL, type, role, batched);
   v->split_axis = (int)split;

@@ -936,11 +936,17 @@ static bool ir_shape_patches_grad(const IrOp *op, const IrType *hint, IrType *ou
   return true;
 }
 
-/* loss/grad outputs: no result; *out is the operand's type. */
+/* loss/grad/output/update outputs: no result; *out is the operand's type.
+ * An `output` may be of any dtype (indices, masks); the others are float. */
 static bool ir_shape_output(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   const char *name;
   if (!need_str(op, "name", &name, err, n)) return false;
-  if (!need_float_operand(op, 0, err, n)) return false;
+  if (op->opcode != IR_OP_OUTPUT && !need_float_operand(op, 0, err, n)) return false;
+  const char *w = ir_attr_get_str(op, "window", NULL);
+  if (w && strcmp(w, "concat") != 0 && strcmp(w, "sum") != 0 && strcmp(w, "once") != 0)
+    return errf(err, n, "'%s': window must be \"concat\", \"sum\" or \"once\", got \"%s\"", opname(op), w);
+  if (w && strcmp(w, "concat") == 0 && arg(op, 0)->shape.rank == 0)
+    return errf(err, n, "'%s': window=\"concat\" needs a leading batch axis", opname(op));
   if (op->opcode == IR_OP_LOSS && !need_scalar(op, 0, err, n)) return false;
   *out = *arg(op, 0);
   return true;

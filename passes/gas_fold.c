@@ -426,7 +426,9 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_LOSS_TERM:
   IR_CASES(COLLECTIVE)
   case IR_OP_LOSS:
-  case IR_OP_GRAD: return in[0];
+  case IR_OP_GRAD:
+  case IR_OP_OUTPUT:
+  case IR_OP_UPDATE: return in[0];
   }
   return bad(op, "unknown operation");
 }
@@ -681,6 +683,79 @@ static IrValue *weight(Fold *fd, const Term *t, const char *loss) {
   return w;
 }
 
+/* ---- outputs and buffer updates (language v2) ---- */
+
+static void set_window(IrFunc *f, IrOp *op, const char *w) {
+  IrAttr *a = ARENA_ARRAY(&f->arena, IrAttr, op->nattrs + 1);
+  int n = 0;
+  for (int i = 0; i < op->nattrs; i++)
+    if (strcmp(op->attrs[i].key, "window") != 0) a[n++] = op->attrs[i];
+  a[n++] = ir_attr_str("window", w);
+  op->attrs = a;
+  op->nattrs = n;
+}
+
+/* An `output` or `update` over a window of `splits` micro-batches and
+ * ranks.  How its value combines over them is the op's window= attribute:
+ *   - batch-independent: "once" (every micro-batch computes the same value);
+ *   - per-sample with the samples on the leading axis: "concat" (the
+ *     micro-batches' values in sample order, the ranks' gathered);
+ *   - a linear function of sums over samples: "sum", its operand rewritten
+ *     as the terms Σ c·w·S that losses get (a batch mean becomes a micro-
+ *     batch sum over the window's count, a batch-independent part is
+ *     weighted 1/K), so the micro-batches' and ranks' values add up to the
+ *     window's: the `update rm = 0.9 * rm + 0.1 * mean(h, axis=0)` of
+ *     DESIGN.md §2 uses the mean over the whole window;
+ *   - anything else cannot be computed from micro-batches: refused at the
+ *     op that mixed samples, as losses are.
+ * With one micro-batch and one rank the value is the window's: "once". */
+static bool fold_state(Fold *fd, IrOp *op, int splits, Arena *scratch) {
+  IrFunc *f = fd->f;
+  const char *what = op->opcode == IR_OP_UPDATE ? "update of buffer" : "output";
+  const char *name = ir_attr_get_str(op, "name", "?");
+  IrValue *v = op->args[0];
+  Info in = get(fd, v);
+  if (splits == 1 || in.cls == C_INDEP) {
+    set_window(f, op, "once");
+    return true;
+  }
+  if (in.cls == C_SAMPLE && in.axis == 0) {
+    set_window(f, op, "concat");
+    return true;
+  }
+  if (in.cls == C_SAMPLE || in.cls == C_BAD) {
+    IrLoc l = in.cls == C_BAD && in.bad ? in.bad->loc : op->loc;
+    const char *why = in.cls == C_BAD ? in.why : "its batch axis is not the leading one";
+    const SrcFile *src = fd->o->src;
+    diag_at(fd->o->diag, DIAG_ERROR, src && l.file && src->name && strcmp(src->name, l.file) == 0 ? src : NULL,
+            l.line, l.col,
+            "%s '%s' cannot be computed from %d micro-batches and ranks: %s, so it is neither per-sample nor a "
+            "window reduction (use --gas 1, or make it a sum or mean over samples of per-sample values)",
+            what, name, splits, why);
+    return false;
+  }
+  Terms *ts = ARENA_NEW(scratch, Terms);
+  extract(fd, ts, name, v, 1.0, op->loc);
+  if (ts->refused) {
+    if (ts->n == (int)(sizeof ts->t / sizeof ts->t[0]))
+      diag_at(fd->o->diag, DIAG_ERROR, NULL, op->loc.line, op->loc.col, "%s '%s' has too many terms", what, name);
+    return false;
+  }
+  IrValue *total = NULL;
+  for (int t = 0; t < ts->n; t++) {
+    Term *tm = &ts->t[t];
+    IrValue *w = weight(fd, tm, name);
+    IrValue *scale = ir_binary(f, IR_OP_MUL, w, ir_const(f, tm->coef, w->type.dtype, tm->loc), tm->loc);
+    IrValue *term = ir_binary(f, IR_OP_MUL, tm->s, scale, tm->loc);
+    if (!ir_shape_eq(&term->type.shape, &v->type.shape)) term = ir_broadcast(f, term, v->type.shape, tm->loc);
+    total = total ? ir_binary(f, IR_OP_ADD, total, term, op->loc) : term;
+  }
+  if (!total) total = ir_const_shaped(f, 0.0, v->type, op->loc);
+  op->args[0] = total;
+  set_window(f, op, "sum");
+  return true;
+}
+
 PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch) {
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->opcode == IR_OP_LOSS_TERM) return PASS_UNCHANGED;
@@ -728,6 +803,13 @@ PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch) {
     }
     if (!total) total = ir_const(f, 0.0, out->args[0]->type.dtype, out->loc);
     out->args[0] = total;
+  }
+  int splits = o->gas * (o->dp > 1 ? o->dp : 1);
+  for (int i = 0; i < nops; i++) {
+    IrOp *out = fwd[i];
+    if ((out->opcode == IR_OP_OUTPUT || out->opcode == IR_OP_UPDATE) && !ir_attr_get(out, "window") &&
+        !fold_state(&fd, out, splits, scratch))
+      refused = true;
   }
   if (refused) return PASS_ERROR;
   /* New ops were appended after the outputs that now use them. */

@@ -472,6 +472,9 @@ static int activation_buffers(const Plan *p, const int *root, Buf *bufs, int *bu
       const IrOp *u = f->ops[use[k]];
       if (u->opcode == IR_OP_WINDOW_SUM && u->group == 0) continue;
       if (step[use[k]] > bufs[b].t1) bufs[b].t1 = step[use[k]];
+      /* The executors read an output's or update's value after the
+       * micro-batch: it lives to the last step. */
+      if ((u->opcode == IR_OP_OUTPUT || u->opcode == IR_OP_UPDATE) && p->n > 0) bufs[b].t1 = step[p->n - 1];
     }
   }
   /* A collective reads its start's operand until its wait. */

@@ -13,7 +13,9 @@ PlanExec plan_exec_kind(IrOpcode opc) {
   case IR_OP_CONST: return PLAN_EXEC_CONST;
   case IR_OP_WINDOW_SUM:
   case IR_OP_RNG_STATE: return PLAN_EXEC_WSUM; /* (written before each micro-batch) */
-  case IR_OP_LOSS: return PLAN_EXEC_LOSS;
+  case IR_OP_LOSS:
+  case IR_OP_OUTPUT:
+  case IR_OP_UPDATE: return PLAN_EXEC_LOSS;
   case IR_OP_GRAD: return PLAN_EXEC_GRAD;
   IR_CASES(COLLECTIVE) return PLAN_EXEC_COPY;
   case IR_OP_PERMUTE: return PLAN_EXEC_PERMUTE;

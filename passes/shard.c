@@ -618,7 +618,8 @@ static bool rule_loss(Ctx *c, IrOp *op, Shard *out) {
   Shard s = c->st[op->args[0]->id];
   *out = R;
   if (s.k == ST_R) return true;
-  return refuse(c, s.origin, op, "loss '%s' would not be replicated (its value is sharded along axis %d)",
+  return refuse(c, s.origin, op, "%s '%s' would not be replicated (its value is sharded along axis %d)",
+                op->opcode == IR_OP_LOSS ? "loss" : op->opcode == IR_OP_UPDATE ? "update of buffer" : "output",
                 ir_attr_get_str(op, "name", "?"), s.axis);
 }
 
@@ -645,7 +646,9 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   case IR_OP_CAUSAL_MASK: return rule_causal_mask(c, op, out);
   case IR_OP_EMBEDDING: return rule_embedding(c, op, out);
   case IR_OP_CROSS_ENTROPY: return rule_cross_entropy(c, op, out);
-  case IR_OP_LOSS: return rule_loss(c, op, out);
+  case IR_OP_LOSS:
+  case IR_OP_OUTPUT:
+  case IR_OP_UPDATE: return rule_loss(c, op, out);
   /* Backward-only, accumulation and collective ops: replicated operands only. */
   case IR_OP_UNSLICE:
   case IR_OP_EMBEDDING_GRAD:

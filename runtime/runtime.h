@@ -99,6 +99,21 @@ typedef struct StepResult {
   double **grads;          /* accumulated gradients; zeros for params with no `grad` output */
   bool *dp_reduced;        /* per gradient: already summed over the data-parallel ranks by the driver
                               (the CPU executor's bucket all-reduces), so step_dp_end leaves it; NULL: none */
+  /* Language v2: `output` and `update` values of the window (DESIGN.md §2).
+   * An output's type is the window's (a window="concat" output's leading
+   * axis holds all the window's samples, micro-batches in sample order and
+   * data-parallel ranks gathered); an update's is its buffer's.  Values
+   * as doubles, rounded to the output's dtype. */
+  int noutputs;
+  const char **output_names; /* in statement order */
+  const char **output_windows; /* the op's window= ("concat", "sum", "once") */
+  IrType *output_types;
+  double **outputs;
+  int nupdates;
+  const char **update_names; /* the buffers, in statement order */
+  const char **update_windows;
+  IrType *update_types;
+  double **updates;
 } StepResult;
 
 void step_result_free(StepResult *r);
@@ -112,9 +127,10 @@ bool step_bind(const IrFunc *f, int gas, const StFile *params, const char *param
 char *step_tensor_str(const StTensor *t, char *buf, size_t n);
 /* Elements [begin, begin + n) of a bound tensor as doubles. */
 void step_load(const StTensor *t, int64_t begin, int64_t n, double *out);
-/* Check f's outputs (each `grad` names a param of its size) and set up r:
- * loss names, gradient names and types, zeroed gradients, zero losses. */
-bool step_result_init(const IrFunc *f, StepResult *r, char *err, size_t errlen);
+/* Check f's outputs (each `grad` names a param of its size) and set up r
+ * for a window of gas micro-batches: loss names, gradient names and types,
+ * zeroed gradients, zero losses, zeroed outputs and updates. */
+bool step_result_init(const IrFunc *f, int gas, StepResult *r, char *err, size_t errlen);
 /* Index in r->losses of a `loss` op, in r->grads of a `grad` op (-1: none). */
 int step_loss_slot(const StepResult *r, const IrOp *loss);
 int step_grad_slot(const StepResult *r, const IrOp *grad);
@@ -176,6 +192,15 @@ typedef struct StepGradBuf {
 StepGradBuf *step_grad_bufs(const IrFunc *f, int *n);
 /* Add a loss's n stored elements (dtype dt), summed in order, into its window loss. */
 void step_add_loss(StepResult *r, const IrOp *loss, const void *elems, IrDType dt, int64_t n);
+/* An `output` or `update` op's n stored elements (dtype dt) in micro-batch
+ * k of gas, combined into its window value as its window= attribute says
+ * (concat: at the micro-batch's place among this data-parallel rank's
+ * samples; sum: added; once: stored). */
+void step_add_state(StepResult *r, const IrOp *op, int k, int gas, const void *elems, IrDType dt, int64_t n);
+/* Zero the outputs and updates of a result that is filled again. */
+void step_result_zero_state(StepResult *r);
+/* Index of an output / update op's value in r (-1: none). */
+int step_output_slot(const StepResult *r, const IrOp *op);
 
 /* ------------------------------------------------------------------ */
 /* ref/step.c: the reference interpreter's window                       */

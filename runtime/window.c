@@ -128,19 +128,27 @@ static IrType window_type(const IrValue *a, int gas) {
   return t;
 }
 
+/* The file an argument comes from: params and buffers (DESIGN.md §2,
+ * language v2: buffers live in the params file), or inputs. */
+static bool in_file(IrArgRole file, IrArgRole role) {
+  return file == IR_ARG_INPUT ? role == IR_ARG_INPUT : role != IR_ARG_INPUT;
+}
+
 /* Check one file against the arguments of one role; fill bound[arg index]. */
 static bool bind_file(const IrFunc *f, int gas, IrArgRole role, const StFile *file, const char *path,
                       const StTensor **bound, char *err, size_t errlen) {
-  const char *what = role == IR_ARG_PARAM ? "param" : "input";
+  bool buffers = false;
+  for (int i = 0; i < f->nargs; i++) buffers |= f->args[i]->role == IR_ARG_BUFFER;
+  const char *what = role == IR_ARG_INPUT ? "input" : buffers ? "param or buffer" : "param";
   for (int i = 0; i < file->n; i++) {
     const IrValue *a = ir_func_find_arg(f, file->t[i].name);
-    if (!a || a->role != role)
+    if (!a || !in_file(role, a->role))
       return errf(err, errlen, "%s: tensor '%s': not a%s %s of the model", path, file->t[i].name,
                   role == IR_ARG_INPUT ? "n" : "", what);
   }
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
-    if (a->role != role) continue;
+    if (!in_file(role, a->role)) continue;
     const StTensor *t = st_find(file, a->name);
     if (!t) return errf(err, errlen, "%s: missing tensor '%s'", path, a->name);
     IrType want = window_type(a, gas);
@@ -179,12 +187,22 @@ void step_result_free(StepResult *r) {
   free(r->losses);
   free(r->loss_names);
   free(r->dp_reduced);
+  for (int i = 0; i < r->noutputs; i++) free(r->outputs[i]);
+  free(r->outputs);
+  free(r->output_types);
+  free(r->output_names);
+  free(r->output_windows);
+  free(r->update_windows);
+  for (int i = 0; i < r->nupdates; i++) free(r->updates[i]);
+  free(r->updates);
+  free(r->update_types);
+  free(r->update_names);
   memset(r, 0, sizeof *r);
 }
 
 static const char *output_name(const IrOp *op) { return ir_attr_get_str(op, "name", ""); }
 
-bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen) {
+bool step_result_init(const IrFunc *f, int gas, StepResult *out, char *err, size_t errlen) {
   int na = f->nargs;
   StepResult r = {0};
   memset(out, 0, sizeof *out);
@@ -229,7 +247,42 @@ bool step_result_init(const IrFunc *f, StepResult *out, char *err, size_t errlen
     r.grads[r.ngrads] = mem_calloc((size_t)ir_numel(&r.grad_types[r.ngrads].shape), sizeof(double));
     r.ngrads++;
   }
+  /* Language v2: outputs and updates, one value per name, in program order
+   * (the frontend emits them in statement order; passes keep it). */
+  r.output_names = mem_calloc((size_t)f->nops + 1, sizeof(char *));
+  r.output_types = mem_calloc((size_t)f->nops + 1, sizeof(IrType));
+  r.outputs = mem_calloc((size_t)f->nops + 1, sizeof(double *));
+  r.update_names = mem_calloc((size_t)f->nops + 1, sizeof(char *));
+  r.output_windows = mem_calloc((size_t)f->nops + 1, sizeof(char *));
+  r.update_windows = mem_calloc((size_t)f->nops + 1, sizeof(char *));
+  r.update_types = mem_calloc((size_t)f->nops + 1, sizeof(IrType));
+  r.updates = mem_calloc((size_t)f->nops + 1, sizeof(double *));
   bool ok = true;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode != IR_OP_OUTPUT && op->opcode != IR_OP_UPDATE) continue;
+    bool upd = op->opcode == IR_OP_UPDATE;
+    int *n = upd ? &r.nupdates : &r.noutputs;
+    const char **names = upd ? r.update_names : r.output_names;
+    bool seen = false;
+    for (int j = 0; j < *n && !seen; j++) seen = strcmp(names[j], output_name(op)) == 0;
+    if (seen) continue;
+    IrType t = op->args[0]->type;
+    if (upd) {
+      const IrValue *b = ir_func_find_arg(f, output_name(op));
+      if (!b || b->role != IR_ARG_BUFFER || !ir_type_eq(&b->type, &t)) {
+        ok = errf(err, errlen, "update names '%s', which is not a buffer of its type", output_name(op));
+        break;
+      }
+    }
+    if (strcmp(ir_attr_get_str(op, "window", "once"), "concat") == 0)
+      t.shape.dim[0] *= (int64_t)gas * step_dp_size();
+    names[*n] = output_name(op);
+    (upd ? r.update_windows : r.output_windows)[*n] = ir_attr_get_str(op, "window", "once");
+    (upd ? r.update_types : r.output_types)[*n] = t;
+    (upd ? r.updates : r.outputs)[*n] = mem_calloc((size_t)ir_numel(&t.shape) + 1, sizeof(double));
+    (*n)++;
+  }
   for (int i = 0; i < f->nops && ok; i++) {
     const IrOp *op = f->ops[i];
     if (op->opcode == IR_OP_GRAD) {
@@ -523,4 +576,42 @@ void step_add_loss(StepResult *r, const IrOp *loss, const void *elems, IrDType d
   double s = 0;
   for (int64_t e = 0; e < n; e++) s += rt_elem_get(elems, dt, e);
   r->losses[step_loss_slot(r, loss)] += s;
+}
+
+/* ------------------------------------------------------------------ */
+/* Outputs and buffer updates (language v2)                             */
+/* ------------------------------------------------------------------ */
+
+int step_output_slot(const StepResult *r, const IrOp *op) {
+  bool upd = op->opcode == IR_OP_UPDATE;
+  int n = upd ? r->nupdates : r->noutputs;
+  for (int j = 0; j < n; j++)
+    if (strcmp((upd ? r->update_names : r->output_names)[j], output_name(op)) == 0) return j;
+  return -1;
+}
+
+void step_add_state(StepResult *r, const IrOp *op, int k, int gas, const void *elems, IrDType dt, int64_t n) {
+  int j = step_output_slot(r, op);
+  GRADC_ASSERT(j >= 0);
+  bool upd = op->opcode == IR_OP_UPDATE;
+  double *dst = (upd ? r->updates : r->outputs)[j];
+  IrDType odt = (upd ? r->update_types : r->output_types)[j].dtype;
+  const char *w = ir_attr_get_str(op, "window", "once");
+  if (strcmp(w, "concat") == 0) {
+    /* This rank's samples follow the ranks before it; zeros elsewhere, so
+     * step_dp_end's sum over the ranks gathers them. */
+    dst += ((int64_t)step_dp_rank() * gas + k) * n;
+    for (int64_t e = 0; e < n; e++) dst[e] = rt_elem_get(elems, dt, e);
+  } else if (strcmp(w, "sum") == 0) {
+    for (int64_t e = 0; e < n; e++) dst[e] = ir_round_dtype(dst[e] + rt_elem_get(elems, dt, e), odt);
+  } else if (k == gas - 1) {
+    for (int64_t e = 0; e < n; e++) dst[e] = rt_elem_get(elems, dt, e);
+  }
+}
+
+void step_result_zero_state(StepResult *r) {
+  for (int i = 0; i < r->noutputs; i++)
+    memset(r->outputs[i], 0, sizeof(double) * (size_t)ir_numel(&r->output_types[i].shape));
+  for (int i = 0; i < r->nupdates; i++)
+    memset(r->updates[i], 0, sizeof(double) * (size_t)ir_numel(&r->update_types[i].shape));
 }

@@ -54,6 +54,7 @@ typedef struct Args {
   const char *kernels_dir; /* --kernels-dir DIR: one .cu file per kernel */
   bool allow_tf32;         /* --allow-tf32: f32 GEMMs on CUDA may use TF32 */
   const char *params, *inputs, *grads_out;
+  const char *outputs_out, *buffers_out; /* run --outputs-out, --buffers-out (language v2) */
   uint64_t seed;
   uint64_t step; /* run --step N: the optimiser step the random draws are for */
 } Args;
@@ -86,7 +87,7 @@ static const char *help_text[][2] = {
     {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
             "  Read IR text, run passes, print IR text to stdout.\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
-             "  Write initial params (each param's `init`) as safetensors.\n"},
+             "  Write initial params and buffers (each one's `init`) as safetensors.\n"},
     {"data", "gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [-D N=V]...\n"
              "  Write one window of random inputs: floats ~ N(0,1), integers in [0, the size of the\n"
              "  axis they index).\n"},
@@ -95,9 +96,12 @@ static const char *help_text[][2] = {
             "          [--dp N] [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--allow-tf32]\n"
             "          [--trace FILE.json] [--link-latency-us X] [--link-gbps X] [--seed S] [--step N]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
+            "          [--outputs-out OUTPUTS.safetensors] [--buffers-out BUFFERS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
             "  writes one gradient per param (--params may be a checkpoint: its optim.* tensors are\n"
-            "  skipped).  --dp N runs it on N data-parallel processes\n"
+            "  skipped), each `output` for the whole window (--outputs-out; one with a leading batch\n"
+            "  axis holds every sample) and each buffer's value after its `update` (--buffers-out; the\n"
+            "  params file holds the buffers).  --dp N runs it on N data-parallel processes\n"
             "  (mpirun -np N gradc run ... --dp N): each takes B/N samples of the window, and rank 0\n"
             "  prints the losses and writes the gradients of the whole window.  --tp T shards the params\n"
             "  annotated split(N) over T processes (Megatron-style tensor parallelism; with\n"
@@ -111,6 +115,8 @@ static const char *help_text[][2] = {
     {"train", train_help},
     {"bench", bench_help},
     {"convert", convert_help},
+    {"functions", "gradc help functions\n"
+                  "  List the model language's built-in functions with their signatures.\n"},
 };
 
 static void print_help(const char *cmd) {
@@ -124,6 +130,7 @@ static void print_help(const char *cmd) {
           printf("  Passes:\n");
           for (int j = 0; j < cli_pass_count(); j++) printf("    %-10s %s\n", cli_pass_name(j), cli_pass_what(j));
         }
+        if (strcmp(cmd, "functions") == 0) cli_print_functions(stdout);
         found = true;
       }
     if (found) return;
@@ -168,6 +175,8 @@ static int parse_args(int argc, char **argv, Args *a) {
       {"--params", FLAG_STRING, .dst = &a->params},
       {"--inputs", FLAG_STRING, .dst = &a->inputs},
       {"--grads-out", FLAG_STRING, .dst = &a->grads_out},
+      {"--outputs-out", FLAG_STRING, .dst = &a->outputs_out},
+      {"--buffers-out", FLAG_STRING, .dst = &a->buffers_out},
       {"--threads", FLAG_INT, &a->threads, NULL, 0, 1024, .expects = "a count"},
       {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
       {"--print-kernels", FLAG_BOOL, .dst = &a->print_kernels},
@@ -322,7 +331,7 @@ static int cmd_run(const Args *a) {
   int rc = open_program(a, &p);
   if (rc) return rc;
   cli_set_draws(p, a->seed, a->step);
-  rc = cli_run(p, a->params, a->inputs, a->grads_out, a->trace, a->allow_tf32);
+  rc = cli_run(p, a->params, a->inputs, a->grads_out, a->outputs_out, a->buffers_out, a->trace, a->allow_tf32);
   gradc_program_free(p);
   return rc;
 }

@@ -159,6 +159,24 @@ bool step_dp_end(StepDp *d, StepResult *r, char *err, size_t n) {
       }
     }
     free(req);
+    /* Outputs and updates: window sums add over the ranks; concatenated
+     * outputs hold zeros outside each rank's samples, so a sum gathers
+     * them; "once" values are every rank's alike. */
+    for (int u = 0; ok && u < 2; u++) {
+      int nv = u ? r->nupdates : r->noutputs;
+      for (int i = 0; ok && i < nv; i++) {
+        const char *w = (u ? r->update_windows : r->output_windows)[i];
+        if (strcmp(w, "once") == 0) continue;
+        double *v = (u ? r->updates : r->outputs)[i];
+        int64_t m = ir_numel(&(u ? r->update_types : r->output_types)[i].shape);
+        ok = comm_all_reduce(d->g, v, v, m, COMM_F64, COMM_SUM, hash_str((u ? r->update_names : r->output_names)[i]),
+                             why, sizeof why);
+        if (ok && strcmp(w, "sum") == 0) {
+          IrDType dt = (u ? r->update_types : r->output_types)[i].dtype;
+          for (int64_t e = 0; e < m; e++) v[e] = ir_round_dtype(v[e], dt);
+        }
+      }
+    }
     /* A gradient buffer of f32 holds the sum rounded to f32. */
     for (int i = 0; ok && i < r->ngrads; i++) {
       if (r->grad_types[i].dtype == IR_DT_F64) continue;

@@ -74,14 +74,14 @@ typedef struct Gemm {
   int aarg, barg;     /* A (B) read in place from the caller's tensor of this arg (CpuProgram.argbase), or -1 */
 } Gemm;
 
-typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK } InstrKind;
+typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK, I_STATE } InstrKind;
 
 typedef struct Instr {
   InstrKind kind;
   const IrOp *op;
   const CgKernel *kernel;
   Gemm gemm;
-  int64_t src, dst, bytes; /* I_COPY, I_START (send, recv), I_WAIT (dst); I_LOSS: src = offset of the operand */
+  int64_t src, dst, bytes; /* I_COPY, I_START (send, recv), I_WAIT (dst); I_LOSS, I_STATE: src = offset of the operand */
   int slot;                /* I_START, I_WAIT: the StepColl; I_BUCKET_*: the bucket */
   bool f64;                /* I_START: f64 elements (else f32) */
   bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
@@ -112,6 +112,7 @@ struct CpuProgram {
   CgModule *cg;
   Pool *pool;
   int threads;
+  int gas, micro; /* the window running: its micro-batches, and the one running (I_STATE) */
   char *arena;
   Instr *code;
   int ncode;
@@ -488,6 +489,12 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
     const IrValue *v = rt_storage_root(op->args[0]);
     if (v->storage == IR_STORE_NONE) return rt_op_fail(err, n, op, "reads a value without storage (run memplan)");
     emit(p, (Instr){.kind = I_LOSS, .op = op, .src = v->offset});
+    return true;
+  }
+  if (opc == IR_OP_OUTPUT || opc == IR_OP_UPDATE) {
+    const IrValue *v = rt_storage_root(op->args[0]);
+    if (v->storage == IR_STORE_NONE) return rt_op_fail(err, n, op, "reads a value without storage (run memplan)");
+    emit(p, (Instr){.kind = I_STATE, .op = op, .src = v->offset});
     return true;
   }
   if (opc == IR_OP_GRAD) {
@@ -921,8 +928,13 @@ void cpu_program_recycle(CpuProgram *p, StepResult *r) {
 
 /* The result of the window starting: the spare one's arrays with its
  * losses and its gradients that no buffer fills zeroed, else a fresh one. */
-static bool result_begin(CpuProgram *p, StepResult *r, char *err, size_t errlen) {
-  if (!p->have_spare) return step_result_init(p->f, r, err, errlen);
+static bool result_begin(CpuProgram *p, int gas, StepResult *r, char *err, size_t errlen) {
+  if (p->have_spare && (p->spare.noutputs > 0 || p->spare.nupdates > 0)) {
+    /* Their window shapes depend on gas: a fresh result. */
+    step_result_free(&p->spare);
+    p->have_spare = false;
+  }
+  if (!p->have_spare) return step_result_init(p->f, gas, r, err, errlen);
   *r = p->spare;
   p->have_spare = false;
   memset(&p->spare, 0, sizeof p->spare);
@@ -1176,6 +1188,11 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last,
       step_add_loss(r, in->op, p->arena + in->src, v->type.dtype, ir_numel(&v->type.shape));
       break;
     }
+    case I_STATE: {
+      const IrValue *v = in->op->args[0];
+      step_add_state(r, in->op, p->micro, p->gas, p->arena + in->src, v->type.dtype, ir_numel(&v->type.shape));
+      break;
+    }
     case I_START:
       ok = step_coll_start(&p->colls[in->slot], in->op, in->f64, p->arena + in->src, p->arena + in->dst, err, n);
       p->coll_open[in->slot] = ok;
@@ -1220,7 +1237,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   const StTensor **bound = mem_calloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
-            result_begin(p, &r, err, errlen);
+            result_begin(p, gas, &r, err, errlen);
 #ifdef GRADC_HAVE_BLAS
   /* The pool splits GEMMs; the BLAS runs single-threaded inside each piece
    * (others, such as the bench's GEMM floor, may have set it otherwise). */
@@ -1237,8 +1254,10 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
     p->arena_gen = gen;
     ok = step_store_window_sums(f, gas, bound, store, p->arena, err, errlen);
   }
+  p->gas = gas;
   for (int k = 0; ok && k < gas; k++) {
     copy_args(p, bound, k, false);
+    p->micro = k;
     ok = step_store_rng(f, gas, k, store, p->arena, err, errlen) &&
          run_micro_batch(p, &r, k == 0, k == gas - 1, err, errlen);
   }

@@ -72,6 +72,8 @@ struct CudaProgram {
   int ncode;
   Loss *losses;
   int nlosses;
+  Loss *states; /* `output` and `update` operands, read after each micro-batch */
+  int nstates;
   StepGradBuf *grads;
   int ngrads;
   CUgraphExec graph;
@@ -176,6 +178,7 @@ void cuda_program_free(CudaProgram *p) {
   free(p->mods);
   free(p->fns);
   free(p->losses);
+  free(p->states);
   free(p->grads);
   kp_views_free(&p->views);
   cg_cuda_free(p->m);
@@ -219,6 +222,7 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
   const IrFunc *f = p->f;
   p->code = mem_calloc((size_t)f->nops + 1, sizeof(Launch));
   p->losses = mem_calloc((size_t)f->nops + 1, sizeof(Loss));
+  p->states = mem_calloc((size_t)f->nops + 1, sizeof(Loss));
   int gemm = 0;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
@@ -264,6 +268,12 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
       const IrValue *v = rt_storage_root(op->args[0]);
       if (v->storage == IR_STORE_NONE) return rt_op_fail(err, errlen, op, "reads a value without storage (run memplan)");
       p->losses[p->nlosses++] = (Loss){op, v->offset, ir_numel(&v->type.shape), op->args[0]->type.dtype};
+      continue;
+    }
+    if (opc == IR_OP_OUTPUT || opc == IR_OP_UPDATE) { /* memplan keeps the operand to the step's end */
+      const IrValue *v = rt_storage_root(op->args[0]);
+      if (v->storage == IR_STORE_NONE) return rt_op_fail(err, errlen, op, "reads a value without storage (run memplan)");
+      p->states[p->nstates++] = (Loss){op, v->offset, ir_numel(&v->type.shape), op->args[0]->type.dtype};
       continue;
     }
     if (opc == IR_OP_TP_SCATTER || opc == IR_OP_RANK_SLICE || opc == IR_OP_RANK_CONCAT)
@@ -386,6 +396,21 @@ static bool run_micro_batch(CudaProgram *p, char *err, size_t errlen) {
   return enqueue(p, err, errlen);
 }
 
+/* The outputs and updates of micro-batch k of gas. */
+static bool read_states(CudaProgram *p, StepResult *r, int k, int gas, char *err, size_t errlen) {
+  for (int i = 0; i < p->nstates; i++) {
+    const Loss *l = &p->states[i];
+    size_t es = ir_dtype_size(l->dt);
+    char *buf = mem_calloc((size_t)l->numel + 1, es);
+    bool ok = cuda_check(p->d->MemcpyDtoH(buf, p->arena + (CUdeviceptr)l->offset, (size_t)l->numel * es),
+                         "reading an output", err, errlen);
+    if (ok) step_add_state(r, l->op, k, gas, buf, l->dt, l->numel);
+    free(buf);
+    if (!ok) return false;
+  }
+  return true;
+}
+
 static bool read_losses(CudaProgram *p, StepResult *r, char *err, size_t errlen) {
   for (int i = 0; i < p->nlosses; i++) {
     const Loss *l = &p->losses[i];
@@ -420,7 +445,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
   const StTensor **bound = mem_calloc((size_t)f->nargs + 1, sizeof(StTensor *));
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
-            step_result_init(f, &r, err, errlen) && device_setup(p, err, errlen);
+            step_result_init(f, gas, &r, err, errlen) && device_setup(p, err, errlen);
   for (int i = 0; ok && i < p->ngrads; i++)
     ok = cuda_check(p->d->MemsetD8(p->arena + (CUdeviceptr)p->grads[i].offset, 0,
                                    (size_t)p->grads[i].numel * ir_dtype_size(p->grads[i].dt)),
@@ -433,7 +458,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
     ok = ok && run_micro_batch(p, err, errlen) &&
          cuda_check(p->d->StreamSynchronize(p->stream), "running the step", err, errlen);
     dev += rt_now_ms() - t1;
-    ok = ok && read_losses(p, &r, err, errlen);
+    ok = ok && read_losses(p, &r, err, errlen) && read_states(p, &r, k, gas, err, errlen);
   }
   for (int i = 0; ok && i < p->ngrads; i++) {
     const StepGradBuf *g = &p->grads[i];

@@ -850,7 +850,9 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_RANK_SLICE:
   case IR_OP_RANK_CONCAT: return eval_rank_copy(c, op, out);
   case IR_OP_LOSS:
-  case IR_OP_GRAD: return true; /* outputs: the caller reads their operands */
+  case IR_OP_GRAD:
+  case IR_OP_OUTPUT:
+  case IR_OP_UPDATE: return true; /* outputs: the caller reads their operands */
   }
   return fail(c, "unknown opcode %d", (int)op->opcode);
 }

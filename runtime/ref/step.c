@@ -6,7 +6,8 @@
  *   3. step phase: run each micro-batch in full, add every `loss` output
  *      into its window loss and every `grad` output into its param's
  *      persistent gradient buffer, rounded as that buffer's dtype would
- *      be, then drop the micro-batch's activations.
+ *      be, every `output` and `update` into its window value (window.c),
+ *      then drop the micro-batch's activations.
  *
  * Also the interpreter as a back end (backend.h): the "ref" target, and
  * "cpu" in a build without LLVM. */
@@ -31,7 +32,7 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
   InterpState st = {0};
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
-            step_result_init(f, &r, err, errlen);
+            step_result_init(f, gas, &r, err, errlen);
   for (int i = 0; ok && i < na; i++) {
     int64_t n = st_numel(bound[i]);
     data[i] = mem_calloc((size_t)n, sizeof(double));
@@ -53,6 +54,8 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
         int64_t n = ir_numel(&op->args[0]->type.shape);
         int j = step_loss_slot(&r, op);
         for (int64_t e = 0; e < n; e++) r.losses[j] += v[e];
+      } else if (op->opcode == IR_OP_OUTPUT || op->opcode == IR_OP_UPDATE) {
+        step_add_state(&r, op, k, gas, st.val[op->args[0]->id], IR_DT_F64, ir_numel(&op->args[0]->type.shape));
       } else if (op->opcode == IR_OP_GRAD) {
         int g = step_grad_slot(&r, op);
         const double *v = st.val[op->args[0]->id];

@@ -457,5 +457,8 @@ const OpExclusion op_exclusions[] = {
     {IR_OP_TP_SCATTER, "rank-dependent: needs ranks (test_tp_run, test_dp_rank_ops)"},
     {IR_OP_RANK_SLICE, "rank-dependent: needs ranks (test_dp_rank_ops)"},
     {IR_OP_RANK_CONCAT, "rank-dependent: needs ranks (test_dp_rank_ops)"},
+    /* Language v2: outputs and buffer updates. */
+    {IR_OP_OUTPUT, "an output of the step, no result (test_state, every back end)"},
+    {IR_OP_UPDATE, "an output of the step, no result (test_state, every back end)"},
 };
 const int op_nexclusions = (int)(sizeof op_exclusions / sizeof op_exclusions[0]);

@@ -235,7 +235,7 @@ static void test_cuda_emulated_models(void **state) {
                                          "reshape_merge_batch", "matmul_vec", "detach", "batch_affine",
                                          "tinygpt_block", "stacked_for", "param_axis0", "dims_values"};
   enum { NT = sizeof torchref / sizeof torchref[0] };
-  Case cs[NT + 12];
+  Case cs[NT + 16];
   int n = 0;
   cs[n++] = model("examples/mlp.gdl", NULL, 86);
   ignore_some_targets(&cs[n - 1]);
@@ -252,6 +252,7 @@ static void test_cuda_emulated_models(void **state) {
   cs[n++] = model("tests/models/conv_bn.gdl", NULL, 94);
   cs[n++] = model("tests/models/v2_select.gdl", NULL, 95);
   cs[n++] = model("tests/cuda/dropout.gdl", NULL, 96);
+  cs[n++] = model("tests/cuda/state.gdl", NULL, 97); /* language v2: buffers, updates, outputs, where */
   for (int i = 0; i < NT; i++) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/torchref/cases/%s.gdl", torchref[i]);

@@ -95,7 +95,7 @@ static void check_file(const char *name, StrBuf *problems) {
   Diag d;
   diag_init(&d, NULL);
   d.quiet = true;
-  FeOptions opt = {e.def_names, e.def_values, e.ndefs, e.gas, 1};
+  FeOptions opt = {.def_names = e.def_names, .def_values = e.def_values, .ndefs = e.ndefs, .gas = e.gas, .dp = 1};
   FeModel *m = fe_model_compile(&src, &opt, &d);
   const char *log = sb_str(&d.log);
   char got[1024], src_line[1024], caret[1024], want_src[1024];

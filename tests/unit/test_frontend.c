@@ -57,7 +57,7 @@ static FeModel *compile_defs(const char *text, const char **names, const int64_t
   src = (SrcFile){"t.gdl", text, strlen(text)};
   diag_init(d, NULL);
   d->quiet = true;
-  FeOptions opt = {names, values, n, gas, 1};
+  FeOptions opt = {.def_names = names, .def_values = values, .ndefs = n, .gas = gas, .dp = 1};
   return fe_model_compile(&src, &opt, d);
 }
 
