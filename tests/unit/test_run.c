@@ -139,10 +139,77 @@ static void test_run_rejects_out_of_range_indices_on_every_target(void **state) 
   st_free(&bad_y);
 }
 
+/* tests/models/v2_select.gdl (language v2's math, constructors, gather,
+ * index_select, argmax) through the binary: at --gas 1 and 2 the CPU back
+ * end gives the interpreter's losses and gradients; a gather index out of
+ * range is an error naming the op, on both targets, before any loss. */
+static void test_run_v2_selection_targets_agree(void **state) {
+  (void)state;
+  const char *m = tu_path("tests/models/v2_select.gdl");
+  char out[8192], path[256], err[512];
+  assert_int_equal(tu_sh(out, sizeof out, "%s init %s -o %s/v2p.st --seed 5", GRADC_BINARY, m, tmpdir), 0);
+  assert_int_equal(tu_sh(out, sizeof out, "%s data random %s -o %s/v2i.st --seed 6", GRADC_BINARY, m, tmpdir), 0);
+  for (int k = 1; k <= 2; k++) {
+    char ref[4096], cpu[4096];
+    StFile gr, gc;
+    assert_int_equal(tu_sh(ref, sizeof ref, "%s run %s --gas %d --target ref --params %s/v2p.st --inputs %s/v2i.st "
+                           "--grads-out %s/gr.st", GRADC_BINARY, m, k, tmpdir, tmpdir, tmpdir), 0);
+    assert_int_equal(tu_sh(cpu, sizeof cpu, "%s run %s --gas %d --target cpu --params %s/v2p.st --inputs %s/v2i.st "
+                           "--grads-out %s/gc.st", GRADC_BINARY, m, k, tmpdir, tmpdir, tmpdir), 0);
+    const char *names[] = {"sel", "l2", "total"};
+    for (int i = 0; i < 3; i++) {
+      double r = loss_of(ref, names[i]), c = loss_of(cpu, names[i]);
+      if (!(fabs(r - c) <= 1e-5 * fabs(r))) fail_msg("K=%d loss %s: cpu %.9g, ref %.9g", k, names[i], c, r);
+    }
+    snprintf(path, sizeof path, "%s/gr.st", tmpdir);
+    assert_true(st_read(path, &gr, err, sizeof err));
+    snprintf(path, sizeof path, "%s/gc.st", tmpdir);
+    assert_true(st_read(path, &gc, err, sizeof err));
+    assert_int_equal(gr.n, gc.n);
+    double worst = 0;
+    for (int i = 0; i < gr.n; i++) {
+      assert_string_equal(gr.t[i].name, gc.t[i].name);
+      const float *a = gr.t[i].data, *b = gc.t[i].data;
+      size_t n = gr.t[i].nbytes / sizeof(float);
+      double scale = 0;
+      for (size_t j = 0; j < n; j++) scale = fmax(scale, fabs(a[j]));
+      for (size_t j = 0; j < n; j++) worst = fmax(worst, fabs(a[j] - b[j]) / fmax(scale, 1e-30));
+    }
+    print_message("v2_select --gas %d: cpu against ref, worst gradient error %.3g of the largest\n", k, worst);
+    assert_true(worst < 1e-5);
+    st_free(&gr);
+    st_free(&gc);
+  }
+  /* One pick index out of range [0, D = 6). */
+  StFile in, bad;
+  snprintf(path, sizeof path, "%s/v2i.st", tmpdir);
+  assert_true(st_read(path, &in, err, sizeof err));
+  st_init(&bad);
+  for (int i = 0; i < in.n; i++) {
+    StTensor *t = &in.t[i];
+    if (strcmp(t->name, "pick") == 0) ((int32_t *)t->data)[4] = 6;
+    st_add(&bad, t->name, t->dtype, t->rank, t->shape, t->data);
+  }
+  snprintf(path, sizeof path, "%s/v2bad.st", tmpdir);
+  assert_true(st_write(path, &bad, err, sizeof err));
+  const char *targets[] = {"cpu", "ref"};
+  for (int t = 0; t < 2; t++) {
+    assert_int_equal(tu_sh(out, sizeof out, "%s run %s --target %s --params %s/v2p.st --inputs %s/v2bad.st",
+                           GRADC_BINARY, m, targets[t], tmpdir, tmpdir),
+                     1);
+    assert_non_null(strstr(out, "gather at "));
+    assert_non_null(strstr(out, "v2_select.gdl:20:7: index 6 (element 4) out of range [0, 6)"));
+    assert_null(strstr(out, "loss "));
+  }
+  st_free(&in);
+  st_free(&bad);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_run_targets_and_artifact_agree),
       cmocka_unit_test(test_run_rejects_out_of_range_indices_on_every_target),
+      cmocka_unit_test(test_run_v2_selection_targets_agree),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
