@@ -1382,6 +1382,27 @@ static Val topk_indices(Lower *L, const FeNode *call, IrValue *x, int64_t k, int
   return build(L, IR_OP_TOPK, &x, 1, at, 2, NULL, call->tok);
 }
 
+/* v, i = topk(x, k, axis=-1): the k largest along axis, largest first, then
+ * their i32 indices (ties and NaN as the topk op); the values are gathered
+ * at the indices, so their gradient flows to the chosen positions. */
+static Val bi_topk(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int64_t axis, k;
+  if (!arg_x_axis(L, call, b, 2, a, an, &axis) || !arg_int(L, call, b, 1, a, an, &k)) return vpoison();
+  int64_t len = a[0].t->type.shape.dim[axis];
+  if (k < 1 || k > len) {
+    char buf[IR_TYPE_STR_MAX];
+    error_at(L, an[1]->begin, "k = %lld is out of range [1, %lld] for axis %lld of %s", (long long)k, (long long)len,
+             (long long)axis, ir_type_str(&a[0].t->type, buf, sizeof buf));
+    return vpoison();
+  }
+  Val i = topk_indices(L, call, a[0].t, k, axis);
+  if (i.kind != V_TENSOR) return i;
+  IrValue *args[2] = {a[0].t, i.t};
+  IrAttr at = ir_attr_int("axis", axis);
+  Val v = build(L, IR_OP_GATHER, args, 2, &at, 1, NULL, call->tok);
+  return vtuple(L, 2, (Val[]){v, i});
+}
+
 /* argmax(x, axis): i32, the axis dropped; ties and NaN as torch (the first
  * index; NaN counts as the largest): topk with k = 1. */
 static Val bi_argmax(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
@@ -1475,7 +1496,7 @@ static Val bi_dropout(Lower *L, const FeNode *call, const Builtin *b, Val *a, co
     error_at(L, an[1]->begin, "dropout probability must be in [0, 1], got %g", p);
     return vpoison();
   }
-  if (p == 0) return a[0]; /* torch: the identity */
+  if (p == 0 || L->opt->no_training) return a[0]; /* torch: the identity (p = 0, or eval mode) */
   IrValue *x = a[0].t;
   Val u = random_like(L, call, x, false);
   if (u.kind != V_TENSOR) return vpoison();
@@ -1554,6 +1575,7 @@ static const Builtin builtins[] = {
     {"gather", bi_gather, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1, "gather(x, idx, axis)"},
     {"index_select", bi_index_select, IR_OP_GATHER, 3, {"x", "idx", "axis"}, -1, "index_select(x, idx, axis)"},
     {"argmax", bi_argmax, IR_OP_TOPK, 2, {"x", "axis"}, -1, "argmax(x, axis)"},
+    {"topk", bi_topk, IR_OP_TOPK, 2, {"x", "k", "axis"}, -1, "topk(x, k, axis=-1) -> values, i32 indices"},
     /* Randomness */
     {"rand_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1, "rand_like(x)  (uniform [0, 1))"},
     {"randn_like", bi_rand_like, IR_OP_RANDOM, 1, {"x"}, -1, "randn_like(x)  (standard normal)"},

@@ -107,6 +107,38 @@ static void test_state_several_results(void **state) {
   fe_model_free(m);
 }
 
+/* dropout is the identity when `training` is false (DESIGN.md §2), and
+ * draws its mask when true. */
+static void test_state_dropout_follows_training(void **state) {
+  (void)state;
+  const char *text = "model m {\n  input x : f32[4, 3]\n  loss l = sum(dropout(x, 0.5) * x)\n}\n";
+  FeModel *m = compile_text(text, true);
+  assert_int_equal(count_ops(m->func, IR_OP_RANDOM), 1);
+  fe_model_free(m);
+  m = compile_text(text, false);
+  assert_int_equal(count_ops(m->func, IR_OP_RANDOM), 0);
+  assert_int_equal(count_ops(m->func, IR_OP_SELECT), 0);
+  assert_int_equal(count_ops(m->func, IR_OP_MUL), 1); /* x * x only */
+  fe_model_free(m);
+}
+
+/* topk binds its two results: values (a gather at the indices) and i32
+ * indices. */
+static void test_state_topk_binds_values_and_indices(void **state) {
+  (void)state;
+  FeModel *m = compile_text("model m {\n  input x : f32[4, 5]\n  v, i = topk(x, 2, axis=1)\n"
+                            "  loss l = sum(v * cast(i, f32))\n}\n",
+                            true);
+  assert_int_equal(count_ops(m->func, IR_OP_TOPK), 1);
+  assert_int_equal(count_ops(m->func, IR_OP_GATHER), 1);
+  for (int k = 0; k < m->func->nvalues; k++) {
+    const IrValue *v = m->func->values[k];
+    if (v->name && strcmp(v->name, "i") == 0) assert_int_equal(v->type.dtype, IR_DT_I32);
+    if (v->name && strcmp(v->name, "v") == 0) assert_int_equal(v->type.shape.dim[1], 2);
+  }
+  fe_model_free(m);
+}
+
 static void test_state_where_and_cast_lower_to_select_and_cast(void **state) {
   (void)state;
   FeModel *m = compile_text("model m {\n  input x : f32[3]\n  c = x > 0.5\n  y = where(c, x, 0)\n"
@@ -491,6 +523,8 @@ int main(void) {
       cmocka_unit_test(test_state_conditions_have_python_precedence),
       cmocka_unit_test(test_state_names_bound_in_if_stay_visible),
       cmocka_unit_test(test_state_several_results),
+      cmocka_unit_test(test_state_dropout_follows_training),
+      cmocka_unit_test(test_state_topk_binds_values_and_indices),
       cmocka_unit_test(test_state_where_and_cast_lower_to_select_and_cast),
       cmocka_unit_test(test_state_model_lists_buffers_outputs_updates),
       cmocka_unit_test(test_state_run_matches_hand_derived_values),
