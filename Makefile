@@ -1,17 +1,33 @@
 # Thin wrapper over CMake.  `make check` builds and runs the whole test
-# suite; `make demo` builds and runs the main job.
+# suite; `make demo` builds and runs the main job; `make check-release`
+# builds the Release configuration (-O3, -Werror) a packager gets.
+#
+# Configuring first installs the Debian packages the build needs
+# (tools/deps.sh: as root with apt-get, else it prints the command).  It
+# leaves $(BUILD)/.configured only when CMake succeeded; a failed configure
+# removes the cache it wrote, so the next `make` configures afresh rather
+# than building from a half-written tree.
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 
-.PHONY: all build check check-asan demo fuzz clean
+.PHONY: all build configure deps check check-asan check-release demo fuzz clean
 
 all: build
 
-$(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
+deps:
+	@sh tools/deps.sh
 
-build: $(BUILD)/CMakeCache.txt
+$(BUILD)/.configured:
+	@sh tools/deps.sh
+	@rm -f $@
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) || \
+	  { rm -f $(BUILD)/CMakeCache.txt; echo "make: configure failed; the next make configures again" >&2; exit 1; }
+	@touch $@
+
+configure: $(BUILD)/.configured
+
+build: $(BUILD)/.configured
 	cmake --build $(BUILD) -j $(JOBS)
 
 check: build
@@ -22,6 +38,11 @@ check-asan:
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+check-release:
+	@sh tools/deps.sh
+	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build build-release -j $(JOBS)
+
 demo: build
 	@sh tools/demo.sh $(BUILD)
 
@@ -31,4 +52,4 @@ fuzz:
 	@echo "run: build-fuzz/tests/fuzz/fuzz_gdl -max_total_time=60 examples tests/diag"
 
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz
+	rm -rf $(BUILD) build-asan build-fuzz build-release

@@ -361,6 +361,21 @@ static void print_losses(const gradc_program *p, const StepResult *r) {
   fflush(stdout);
 }
 
+/* A checkpoint serves as a params file: drop its optim.* tensors. */
+static void drop_optim_state(StFile *f) {
+  bool any = false;
+  for (int i = 0; i < f->n && !any; i++) any = strncmp(f->t[i].name, "optim.", 6) == 0;
+  if (!any) return;
+  StFile kept;
+  st_init(&kept);
+  for (int i = 0; i < f->n; i++) {
+    const StTensor *t = &f->t[i];
+    if (strncmp(t->name, "optim.", 6) != 0) st_add(&kept, t->name, t->dtype, t->rank, t->shape, t->data);
+  }
+  st_free(f);
+  *f = kept;
+}
+
 int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, const char *grads_out,
             const char *trace_path, bool allow_tf32) {
 #ifdef GRADC_HAVE_CUDA
@@ -383,7 +398,7 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
   StepResult r;
   if (!st_read(params_path, &params, err, sizeof err) || !st_read(inputs_path, &inputs, err, sizeof err)) {
     rc = fail("%s", err);
-  } else if (!api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
+  } else if (drop_optim_state(&params), !api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
     rc = fail("%s", err);
   } else {
     if (api_program_rank(p) == 0) { /* data-parallel: rank 0 prints and writes the window's results */

@@ -85,7 +85,9 @@ struct gradc_session {
   double grad_norm;        /* of res, before clipping */
   /* The optimiser. */
   bool have_opt;
-  gradc_optimizer_options opt;
+  gradc_optimizer_options opt;  /* opt.no_decay is no_decay below */
+  char *no_decay;          /* the session's copy of the patterns (malloc'd), or NULL */
+  bool *decay_off;         /* per param: no weight decay (malloc'd, nparams), or NULL */
   void **slot0;            /* per param: exp_avg (AdamW) or momentum_buffer (SGD), or NULL */
   void **slot1;            /* per param: exp_avg_sq (AdamW), or NULL */
   bool momentum_valid;     /* SGD: the momentum buffers exist (torch creates them on the first step) */
@@ -165,11 +167,12 @@ int64_t api_optim_state_bytes(const gradc_session *s);
 /* The session's params changed (set, loaded, stepped): a new generation,
  * unique in the process, so the CPU back end copies them in again. */
 void api_params_changed(gradc_session *s);
-/* Check a safetensors file holds every param with its shape and a float
- * dtype, and nothing else (but optim.* tensors when allow_optim); the
- * error names the file and the tensor, as `gradc run` does. */
-bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
-                           size_t errlen);
+/* Check a safetensors file holds every param (some, when partial) with
+ * its shape and a float dtype, and nothing else (but optim.* tensors when
+ * allow_optim); the error names the file and the tensor, as `gradc run`
+ * does. */
+bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, bool partial,
+                           char *err, size_t errlen);
 /* Copy src's elements into dst (same count), converting to dst's dtype. */
 void api_copy_tensor(const StTensor *src, StTensor *dst);
 
@@ -177,5 +180,6 @@ void api_copy_tensor(const StTensor *src, StTensor *dst);
 int api_optim_slots(const gradc_optimizer_options *o, const char **names);
 void api_optim_free_state(gradc_session *s);
 void api_optim_free_code(gradc_session *s); /* the session's generated update kernels */
+void api_optim_free_options(gradc_session *s); /* the no-decay patterns and mask */
 
 #endif

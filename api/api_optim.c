@@ -35,13 +35,20 @@
  *
  *   W = warmup_steps, T = total_steps
  *   f(s) = (s + 1) / W                                   s < W
- *        = 1                                             s >= W, T == 0
- *        = (min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2) / lr    otherwise,
+ *        = 1                                             s >= W, constant (or T == 0)
+ *        = (min_lr + (lr - min_lr) * d(p)) / lr          otherwise,
  *          p = min(max(s - W, 0) / max(T - W, 1), 1)
+ *          d(p) = (1 + cos(pi * p)) / 2   cosine;   1 - p   linear
  *
  * so the rate rises linearly to lr over the first W steps (the first step
- * uses lr / W), then follows a half cosine from lr at step W to min_lr at
- * step T, and stays at min_lr.
+ * uses lr / W), then stays (constant) or follows a half cosine or a line
+ * from lr at step W to min_lr at step T, and stays at min_lr.  The schedule
+ * AUTO is cosine when T > 0, else constant.
+ *
+ * Weight decay skips the params the options exclude (no_decay_1d: rank
+ * <= 1; no_decay: fnmatch patterns of names), as a torch param group with
+ * weight_decay 0 would: their update is the same with the decay term
+ * off.
  *
  * set_optimizer with a new kind starts fresh state (zero slots, step 0);
  * with the kind already in use it changes the options and keeps the state
@@ -60,6 +67,7 @@
  * checkpoints gather the slots whole for rank 0 and loading keeps the
  * slices. */
 #include <errno.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +150,7 @@ static gradc_status check_optimizer(const gradc_optimizer_options *o) {
   else if (!(o->weight_decay >= 0)) bad = "weight_decay must be >= 0";
   else if (!(o->clip_norm >= 0)) bad = "clip_norm must be >= 0 (0 = off)";
   else if (o->warmup_steps < 0 || o->total_steps < 0) bad = "warmup_steps and total_steps must be >= 0";
+  else if ((unsigned)o->schedule > GRADC_SCHEDULE_COSINE) bad = "unknown schedule";
   else if (o->kind == GRADC_SGD && !(o->momentum >= 0)) bad = "momentum must be >= 0";
   else if (o->kind == GRADC_SGD && o->nesterov && (o->momentum <= 0 || o->dampening != 0))
     bad = "Nesterov momentum requires a momentum and zero dampening";
@@ -152,13 +161,52 @@ static gradc_status check_optimizer(const gradc_optimizer_options *o) {
   return GRADC_OK;
 }
 
+void api_optim_free_options(gradc_session *s) {
+  free(s->no_decay);
+  free(s->decay_off);
+  s->no_decay = NULL;
+  s->decay_off = NULL;
+  s->opt.no_decay = NULL;
+}
+
+/* Whether name matches one of the comma-separated fnmatch patterns. */
+static bool matches_any(const char *patterns, const char *name) {
+  for (const char *p = patterns; p && *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char pat[256];
+    if (len > 0 && len < sizeof pat) {
+      memcpy(pat, p, len);
+      pat[len] = 0;
+      if (fnmatch(pat, name, 0) == 0) return true;
+    }
+    p += len + (end ? 1 : 0);
+  }
+  return false;
+}
+
+/* s->opt = *o, with the session's own copy of the no-decay patterns and
+ * the per-param mask they give. */
+static void set_options(gradc_session *s, const gradc_optimizer_options *o) {
+  char *copy = o->no_decay && *o->no_decay ? mem_strdup(o->no_decay) : NULL;
+  api_optim_free_options(s);
+  s->opt = *o;
+  s->no_decay = copy;
+  s->opt.no_decay = copy;
+  s->decay_off = mem_calloc((size_t)s->p->nparams + 1, sizeof(bool));
+  for (int i = 0; i < s->p->nparams; i++) {
+    const FeParam *q = &s->p->params[i];
+    s->decay_off[i] = (o->no_decay_1d && q->type.shape.rank <= 1) || matches_any(copy, q->name);
+  }
+}
+
 /* Install options: a new kind starts fresh state. */
 static void install_optimizer(gradc_session *s, const gradc_optimizer_options *o) {
   if (!s->have_opt || s->opt.kind != o->kind) {
     api_optim_free_state(s);
     s->step = 0;
   }
-  s->opt = *o;
+  set_options(s, o);
   s->have_opt = true;
   alloc_slots(s, o);
 }
@@ -178,10 +226,13 @@ gradc_status gradc_session_set_optimizer(gradc_session *s, const gradc_optimizer
 static double lr_factor(const gradc_optimizer_options *o, int64_t step) {
   int64_t w = o->warmup_steps, t = o->total_steps;
   if (w > 0 && step < w) return (double)(step + 1) / (double)w;
-  if (t <= 0 || o->lr == 0) return 1.0;
+  gradc_schedule sched = o->schedule;
+  if (sched == GRADC_SCHEDULE_AUTO) sched = t > 0 ? GRADC_SCHEDULE_COSINE : GRADC_SCHEDULE_CONSTANT;
+  if (sched == GRADC_SCHEDULE_CONSTANT || t <= 0 || o->lr == 0) return 1.0;
   double p = (double)(step > w ? step - w : 0) / (double)(t - w > 1 ? t - w : 1);
   if (p > 1) p = 1;
-  return (o->min_lr + (o->lr - o->min_lr) * 0.5 * (1.0 + cos(M_PI * p))) / o->lr;
+  double shape = sched == GRADC_SCHEDULE_LINEAR ? 1.0 - p : 0.5 * (1.0 + cos(M_PI * p));
+  return (o->min_lr + (o->lr - o->min_lr) * shape) / o->lr;
 }
 
 static double lr_at(const gradc_optimizer_options *o, int64_t step) { return o->lr * lr_factor(o, step); }
@@ -275,8 +326,12 @@ gradc_status gradc_session_step(gradc_session *s) {
   const CgOptim *code;
   gradc_status st = optim_code(s, kind, &code);
   if (st) return st;
-  CgOptimScalars sc;
+  CgOptimScalars sc, sc_nd; /* sc_nd: the same step without weight decay */
   step_scalars(s, &sc);
+  sc_nd = sc;
+  sc_nd.wd_on = 0;
+  sc_nd.wd = 0;
+  sc_nd.decay = 1.0;
   const ZeroLayout *z = s->p->zero;
   api_params_changed(s);
   for (int i = 0; i < s->p->nparams; i++) {
@@ -287,6 +342,7 @@ gradc_status gradc_session_step(gradc_session *s) {
     GRADC_ASSERT(g != NULL);
     void *s0 = s->slot0 ? s->slot0[i] : NULL, *s1 = s->slot1 ? s->slot1[i] : NULL;
     bool f64 = t->dtype == ST_F64;
+    const CgOptimScalars *psc = s->decay_off && s->decay_off[i] ? &sc_nd : &sc;
     /* ZeRO-1: only this rank's slice (the update is element-wise, so a
      * slice updates exactly as it would within the whole tensor). */
     void *data = t->data;
@@ -300,11 +356,11 @@ gradc_status gradc_session_step(gradc_session *s) {
 #ifdef GRADC_HAVE_LLVM
     CgOptimFn fn = code ? cg_optim_kernel(code, kind, f64) : NULL;
     if (fn) {
-      fn(data, g, s0, s1, n, &sc);
+      fn(data, g, s0, s1, n, psc);
       continue;
     }
 #endif
-    cg_optim_update_c(kind, f64, data, g, s0, s1, n, &sc);
+    cg_optim_update_c(kind, f64, data, g, s0, s1, n, psc);
   }
   /* ZeRO-1: every rank gets the whole updated params. */
   char err[2048];
@@ -313,6 +369,99 @@ gradc_status gradc_session_step(gradc_session *s) {
   if (s->opt.kind == GRADC_SGD && s->opt.momentum != 0) s->momentum_valid = true;
   s->step++;
   return GRADC_OK;
+}
+
+gradc_status gradc_session_skip_step(gradc_session *s) {
+  if (!s) return null_arg("session_skip_step");
+  if (!s->have_opt)
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_skip_step: no optimiser (call gradc_session_set_optimizer first)");
+  s->step++;
+  return GRADC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Non-finite values                                                   */
+/* ------------------------------------------------------------------ */
+
+/* The first element of x[0, n) that is an inf or a NaN (all exponent bits
+ * set), or -1.  A branch-free pass over the bits first, so the common case
+ * (all finite) costs one read of the data. */
+static int64_t first_nonfinite(const void *x, StDType dt, int64_t n) {
+  if (dt == ST_F32) {
+    const unsigned char *b = x;
+    uint32_t any = 0;
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t u;
+      memcpy(&u, b + 4 * i, 4);
+      any |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    if (!any) return -1;
+    for (int64_t i = 0; i < n; i++) {
+      float v;
+      memcpy(&v, b + 4 * i, 4);
+      if (!isfinite(v)) return i;
+    }
+  } else if (dt == ST_F64) {
+    const unsigned char *b = x;
+    uint64_t any = 0;
+    for (int64_t i = 0; i < n; i++) {
+      uint64_t u;
+      memcpy(&u, b + 8 * i, 8);
+      any |= (u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    }
+    if (!any) return -1;
+    for (int64_t i = 0; i < n; i++) {
+      double v;
+      memcpy(&v, b + 8 * i, 8);
+      if (!isfinite(v)) return i;
+    }
+  }
+  return -1;
+}
+
+/* "inf at element 3" into buf. */
+static void describe_nonfinite(const void *x, StDType dt, int64_t i, int64_t offset, char *buf, size_t n) {
+  double v = 0;
+  if (dt == ST_F32) {
+    float f;
+    memcpy(&f, (const char *)x + 4 * i, 4);
+    v = f;
+  } else {
+    memcpy(&v, (const char *)x + 8 * i, 8);
+  }
+  snprintf(buf, n, "%s at element %lld", isnan(v) ? "nan" : v > 0 ? "inf" : "-inf", (long long)(i + offset));
+}
+
+int gradc_session_find_nonfinite(const gradc_session *s, char *what, size_t n) {
+  if (!s) return 0;
+  char at[64];
+  for (int i = 0; i < s->params.n; i++) {
+    const StTensor *t = &s->params.t[i];
+    int64_t k = first_nonfinite(t->data, t->dtype, st_numel(t));
+    if (k < 0) continue;
+    describe_nonfinite(t->data, t->dtype, k, 0, at, sizeof at);
+    if (what && n) snprintf(what, n, "param '%s' (%s)", t->name, at);
+    return 1;
+  }
+  if (!s->have_opt) return 0;
+  const char *names[2];
+  int nslots = api_optim_slots(&s->opt, names);
+  void **slots[2] = {s->slot0, s->slot1};
+  const ZeroLayout *z = s->p->zero;
+  for (int k = 0; k < nslots; k++) {
+    if (!slots[k]) continue;
+    for (int i = 0; i < s->params.n; i++) {
+      const StTensor *t = &s->params.t[i];
+      /* ZeRO-1: this rank's slice of the state. */
+      int64_t len = z ? z->len[i] : st_numel(t), lo = z ? z->lo[i] : 0;
+      int64_t e = first_nonfinite(slots[k][i], t->dtype, len);
+      if (e < 0) continue;
+      describe_nonfinite(slots[k][i], t->dtype, e, lo, at, sizeof at);
+      if (what && n) snprintf(what, n, "optimiser state 'optim.%s.%s' (%s)", names[k], t->name, at);
+      return 1;
+    }
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -342,11 +491,24 @@ static void meta_int(StFile *f, const char *key, uint64_t v) {
 }
 
 gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path) {
-  if (!s || !path) return null_arg("session_save_checkpoint");
+  return gradc_session_save_checkpoint_meta(s, path, 0, NULL, NULL);
+}
+
+gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const char *path, int nmeta,
+                                                const char *const *keys, const char *const *values) {
+  if (!s || !path || nmeta < 0 || (nmeta && (!keys || !values))) return null_arg("session_save_checkpoint");
   const gradc_program *p = s->p;
   StFile f;
   st_init(&f);
   char buf[64];
+  /* The caller's keys first, so that the session's own win a clash. */
+  for (int i = 0; i < nmeta; i++) {
+    if (!keys[i] || !values[i]) {
+      st_free(&f);
+      return null_arg("session_save_checkpoint");
+    }
+    st_set_meta(&f, keys[i], values[i]);
+  }
   st_set_meta(&f, "format", CKPT_FORMAT);
   st_set_meta(&f, "gradc_version", GRADC_VERSION);
   st_set_meta(&f, "model", p->model);
@@ -373,6 +535,9 @@ gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *p
     meta_int(&f, "optimizer.warmup_steps", (uint64_t)o->warmup_steps);
     meta_int(&f, "optimizer.total_steps", (uint64_t)o->total_steps);
     meta_double(&f, "optimizer.min_lr", o->min_lr);
+    meta_int(&f, "optimizer.schedule", (uint64_t)o->schedule);
+    meta_int(&f, "optimizer.no_decay_1d", (uint64_t)(o->no_decay_1d != 0));
+    if (o->no_decay) st_set_meta(&f, "optimizer.no_decay", o->no_decay);
   }
   for (int i = 0; i < s->params.n; i++) {
     const StTensor *t = &s->params.t[i];
@@ -407,6 +572,17 @@ gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *p
   }
   /* ZeRO-1: the state was gathered from every rank (collective); rank 0 writes. */
   bool writer = !p->zero || p->comm->rank == 0;
+  /* A checkpoint never holds an inf or a NaN: the file keeps the last
+   * state that was finite. */
+  for (int i = 0; i < f.n && !st && writer; i++) {
+    const StTensor *t = &f.t[i];
+    int64_t k = first_nonfinite(t->data, t->dtype, st_numel(t));
+    if (k < 0) continue;
+    char at[64];
+    describe_nonfinite(t->data, t->dtype, k, 0, at, sizeof at);
+    st = api_fail(GRADC_ERR_USER, "gradc: error: %s: not written: tensor '%s' is not finite (%s); the file keeps its "
+                  "earlier contents", path, t->name, at);
+  }
   if (!st && writer && !st_write(path, &f, err, sizeof err)) st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   st_free(&f);
   return st;
@@ -450,7 +626,14 @@ static bool read_options(const StFile *f, gradc_optimizer_options *o) {
   o->nesterov = (int)nesterov;
   o->warmup_steps = (int64_t)warmup;
   o->total_steps = (int64_t)total;
-  return ok && warmup <= INT64_MAX && total <= INT64_MAX;
+  /* Absent from older checkpoints: AUTO, decay everywhere. */
+  uint64_t sched = 0, nd1 = 0;
+  if (st_get_meta(f, "optimizer.schedule")) ok = ok && parse_u64(st_get_meta(f, "optimizer.schedule"), &sched);
+  if (st_get_meta(f, "optimizer.no_decay_1d")) ok = ok && parse_u64(st_get_meta(f, "optimizer.no_decay_1d"), &nd1);
+  o->schedule = sched <= GRADC_SCHEDULE_COSINE ? (gradc_schedule)sched : GRADC_SCHEDULE_AUTO;
+  o->no_decay_1d = nd1 != 0;
+  o->no_decay = st_get_meta(f, "optimizer.no_decay"); /* f's: set_options copies it */
+  return ok && warmup <= INT64_MAX && total <= INT64_MAX && sched <= GRADC_SCHEDULE_COSINE;
 }
 
 /* Check the optim.* tensors of f against the optimiser o: each names a slot
@@ -518,7 +701,7 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
   if (!format || strcmp(format, CKPT_FORMAT) != 0)
     BAD("%s: not a gradc checkpoint (metadata 'format' is %s%s%s, expected '%s')", path, format ? "'" : "",
         format ? format : "missing", format ? "'" : "", CKPT_FORMAT);
-  if (!api_check_params_file(p, &f, path, true, err, sizeof err)) goto bad;
+  if (!api_check_params_file(p, &f, path, true, false, err, sizeof err)) goto bad;
   /* Names and shapes agree; the fingerprint also covers the declared dtypes and the model's name. */
   char fp[32];
   snprintf(fp, sizeof fp, "%016llx", (unsigned long long)p->fingerprint);
@@ -564,7 +747,7 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
   api_optim_free_state(s);
   s->have_opt = have_opt;
   if (have_opt) {
-    s->opt = o;
+    set_options(s, &o);
     alloc_slots(s, &o);
     const char *names[2];
     int nslots = api_optim_slots(&o, names);

@@ -21,8 +21,8 @@ static bool param_dtype_ok(IrDType dt, StDType sd) {
   return sd == ST_F32 || sd == ST_F64 || (half && (sd == ST_BF16 || sd == ST_F16));
 }
 
-bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, char *err,
-                           size_t errlen) {
+bool api_check_params_file(const gradc_program *p, const StFile *f, const char *path, bool allow_optim, bool partial,
+                           char *err, size_t errlen) {
   for (int i = 0; i < f->n; i++) {
     const char *name = f->t[i].name;
     if (allow_optim && strncmp(name, "optim.", 6) == 0) continue;
@@ -34,6 +34,7 @@ bool api_check_params_file(const gradc_program *p, const StFile *f, const char *
   for (int i = 0; i < p->nparams; i++) {
     const FeParam *q = &p->params[i];
     const StTensor *t = st_find(f, q->name);
+    if (!t && partial) continue;
     if (!t) {
       snprintf(err, errlen, "%s: missing tensor '%s'", path, q->name);
       return false;

@@ -51,6 +51,7 @@ void gradc_session_free(gradc_session *s) {
   if (s->have_res) step_result_free(&s->res);
   api_optim_free_state(s);
   api_optim_free_code(s);
+  api_optim_free_options(s);
   if (s->trace && trace_current() == s->trace) trace_set_current(NULL);
   trace_free(s->trace);
   free(s);
@@ -65,8 +66,9 @@ gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed) {
   StFile fresh;
   st_init(&fresh);
   rt_init_params(s->p->params, s->p->nparams, seed, &fresh);
-  st_free(&s->params);
-  s->params = fresh;
+  /* Into the session's storage, which gradc_session_param_data hands out. */
+  for (int i = 0; i < s->p->nparams; i++) api_copy_tensor(st_find(&fresh, s->p->params[i].name), &s->params.t[i]);
+  st_free(&fresh);
   api_params_changed(s);
   return GRADC_OK;
 }
@@ -106,18 +108,50 @@ gradc_status gradc_session_get_param(const gradc_session *s, const char *name, v
   return GRADC_OK;
 }
 
-gradc_status gradc_session_load_params(gradc_session *s, const char *path) {
-  if (!s || !path) return null_arg("session_load_params");
+gradc_status gradc_session_param_data(gradc_session *s, const char *name, void **data, size_t *n) {
+  if (!s || !data || !n) return null_arg("session_param_data");
+  int i = api_param_index(s->p, name);
+  if (i < 0)
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_param_data: '%s' is not a param of model '%s'",
+                    name ? name : "(null)", s->p->model);
+  *data = s->params.t[i].data;
+  *n = (size_t)st_numel(&s->params.t[i]);
+  return GRADC_OK;
+}
+
+void gradc_session_params_written(gradc_session *s) {
+  if (s) api_params_changed(s);
+}
+
+static gradc_status load_params(gradc_session *s, const char *path, bool partial, int *nloaded) {
   char err[2048];
   StFile f;
   st_init(&f);
   gradc_status st = GRADC_OK;
-  if (!st_read(path, &f, err, sizeof err) || !api_check_params_file(s->p, &f, path, false, err, sizeof err))
+  int n = 0;
+  /* A checkpoint is a params file too: its optim.* tensors are skipped. */
+  if (!st_read(path, &f, err, sizeof err) || !api_check_params_file(s->p, &f, path, true, partial, err, sizeof err))
     st = api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
-  for (int i = 0; !st && i < s->p->nparams; i++) api_copy_tensor(st_find(&f, s->p->params[i].name), &s->params.t[i]);
+  for (int i = 0; !st && i < s->p->nparams; i++) {
+    const StTensor *t = st_find(&f, s->p->params[i].name);
+    if (!t) continue; /* partial: keeps its value */
+    api_copy_tensor(t, &s->params.t[i]);
+    n++;
+  }
   api_params_changed(s);
   st_free(&f);
+  if (nloaded) *nloaded = n;
   return st;
+}
+
+gradc_status gradc_session_load_params(gradc_session *s, const char *path) {
+  if (!s || !path) return null_arg("session_load_params");
+  return load_params(s, path, false, NULL);
+}
+
+gradc_status gradc_session_load_params_partial(gradc_session *s, const char *path, int *nloaded) {
+  if (!s || !path) return null_arg("session_load_params_partial");
+  return load_params(s, path, true, nloaded);
 }
 
 gradc_status gradc_session_save_params(const gradc_session *s, const char *path) {

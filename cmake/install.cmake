@@ -3,9 +3,12 @@
 #   P/bin/gradc                          the command line
 #   P/include/gradc.h                    the public C API
 #   P/lib/libgradc.a                     gradc_core, the whole compiler and runtime
-#   P/lib/cmake/gradc/gradcConfig.cmake  find_package(gradc): the target gradc::gradc
+#   P/lib/libgradc.so*                   the same as a shared library (the public API only)
+#   P/lib/cmake/gradc/gradcConfig.cmake  find_package(gradc): gradc::gradc (shared),
+#                                        gradc::shared, gradc::static
 #   P/lib/cmake/gradc/gradcConfigVersion.cmake
-#   P/lib/pkgconfig/gradc.pc             pkg-config --static --libs gradc
+#   P/lib/pkgconfig/gradc.pc             pkg-config --libs gradc (the shared library)
+#   P/lib/pkgconfig/gradc-static.pc      pkg-config --static --libs gradc-static (libgradc.a)
 #
 # libgradc.a is static, so the package files carry its link dependencies:
 # the CMake package finds them (find_dependency, pkg-config) and the .pc
@@ -57,6 +60,9 @@ string(REGEX REPLACE "/$" "" GRADC_PC_TO_PREFIX "${GRADC_PC_TO_PREFIX}")
 install(TARGETS gradc RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${CMAKE_SOURCE_DIR}/include/gradc.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES $<TARGET_FILE:gradc_core> DESTINATION ${CMAKE_INSTALL_LIBDIR} RENAME libgradc.a)
+install(TARGETS gradc_shared LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+set(GRADC_SHARED_FILE libgradc.so.${PROJECT_VERSION})
+set(GRADC_SHARED_SONAME libgradc.so.${GRADC_SOVERSION})
 
 configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/gradcConfig.cmake.in ${CMAKE_BINARY_DIR}/gradcConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gradc
@@ -66,7 +72,9 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/gradcConfigVersion.cmake
 install(FILES ${CMAKE_BINARY_DIR}/gradcConfig.cmake ${CMAKE_BINARY_DIR}/gradcConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gradc)
 configure_file(${CMAKE_SOURCE_DIR}/gradc.pc.in ${CMAKE_BINARY_DIR}/gradc.pc @ONLY)
-install(FILES ${CMAKE_BINARY_DIR}/gradc.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+configure_file(${CMAKE_SOURCE_DIR}/gradc-static.pc.in ${CMAKE_BINARY_DIR}/gradc-static.pc @ONLY)
+install(FILES ${CMAKE_BINARY_DIR}/gradc.pc ${CMAKE_BINARY_DIR}/gradc-static.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
 # examples/embed.c built in the tree (through gradc.h only), and the same
 # program built against an installed package.

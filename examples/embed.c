@@ -3,7 +3,7 @@
  * synthetic data, printing the loss as it falls.  Uses only the public API
  * (gradc.h).  Exits 0 if the last window's loss is below the first's.
  *
- *   cc embed.c $(pkg-config --cflags gradc) $(pkg-config --static --libs gradc)
+ *   cc embed.c $(pkg-config --cflags gradc) $(pkg-config --libs gradc) -lm
  *
  * or, in CMake: find_package(gradc) and link gradc::gradc. */
 #include <math.h>

@@ -96,6 +96,7 @@ typedef struct Decl {
   const char *what; /* "dim", "batch dim", "input", "param" */
   const Token *tok;
   bool is_dim, is_batch;
+  bool defining; /* dims: its size expression is being evaluated */
   int64_t value; /* dims */
   Val v;         /* dims: V_INT, inputs/params: V_TENSOR; V_POISON after an error */
 } Decl;
@@ -127,6 +128,7 @@ typedef struct Lower {
   const char **losses;
   const Token **loss_toks;
   int nlosses, caplosses;
+  const FeStmt *body; /* the model's statements (to name a dim declared later) */
 } Lower;
 
 static IrLoc loc_of(Lower *L, const Token *t) { return (IrLoc){L->file, t->line, t->col}; }
@@ -345,6 +347,11 @@ static Val lookup(Lower *L, const FeNode *n) {
   if (v) return *v;
   Decl *dc = strmap_get(&L->decls, n->name);
   if (dc) {
+    if (dc->defining) { /* dim D = D * 2: its size is not known yet */
+      error_at(L, n->tok, "'%s' is used in its own size (a %s's size may use only the dims declared before it)",
+               n->name, dc->what);
+      return vpoison();
+    }
     if (dc->is_dim && dc->v.kind == V_INT)
       return vint(dc->is_batch && L->mode == EV_SHAPE ? L->m->batch_micro : dc->value);
     return dc->v;
@@ -355,7 +362,15 @@ static Val lookup(Lower *L, const FeNode *n) {
   } else if (strmap_get(&L->fns, n->name) || find_builtin(n->name)) {
     error_at(L, n->tok, "'%s' is a function; call it as %s(...)", n->name, n->name);
   } else {
-    error_at(L, n->tok, "unknown name '%s'", n->name);
+    /* dim A = B; dim B = A: a cycle is a use before the declaration. */
+    const FeStmt *later = NULL;
+    for (const FeStmt *s = L->body; s && !later; s = s->next)
+      if (s->kind == FE_ST_DIM && strcmp(s->id, n->name) == 0) later = s;
+    if (later && L->mode == EV_DIM)
+      error_at(L, n->tok, "'%s' is declared after this size (line %d); a size may use only the dims declared before it",
+               n->name, later->name->line);
+    else
+      error_at(L, n->tok, "unknown name '%s'", n->name);
   }
   return vpoison();
 }
@@ -366,7 +381,7 @@ typedef struct Builtin Builtin;
 /* a[i]: the evaluated argument for parameter i; an[i]: its node, NULL if absent. */
 typedef Val (*BuiltinFn)(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an);
 
-#define MAX_PARAMS 4
+#define MAX_PARAMS 8
 struct Builtin {
   const char *name;
   BuiltinFn fn;
@@ -719,6 +734,342 @@ static Val bi_mse_loss(Lower *L, const FeNode *call, const Builtin *b, Val *a, c
   return build(L, IR_OP_MSE_LOSS, args, 2, &at, 1, NULL, call->tok);
 }
 
+/* ------------------------------------------------------------------ */
+/* Convolution, pooling, pad and batch_norm (language v2)              */
+/* ------------------------------------------------------------------ */
+/* conv lowers to patches (im2col) and the IR's matmul, batched over the
+ * groups; the pools to patches and the IR's max or mean over the kernel
+ * axes; pad to unslice (and slice for negative pads); batch_norm to its
+ * expansion in mean and var (docs/DECISIONS.md). */
+
+/* The op's result, or NULL after an error (reported at the call). */
+static IrValue *emit_at(Lower *L, const FeNode *call, IrOpcode opc, IrValue *const *args, int nargs,
+                        const IrAttr *attrs, int nattrs) {
+  Val v = build(L, opc, args, nargs, attrs, nattrs, NULL, call->tok);
+  return v.kind == V_TENSOR ? v.t : NULL;
+}
+
+static IrValue *reshape_at(Lower *L, const FeNode *call, IrValue *x, const int64_t *dims, int n) {
+  IrAttr a = ir_attr_ints("shape", dims, n);
+  return x ? emit_at(L, call, IR_OP_RESHAPE, &x, 1, &a, 1) : NULL;
+}
+
+/* An int or a list of d ints (stride=2, padding=[1, 0]), each >= lo;
+ * absent: def (NULL: no default, the argument is required). */
+static bool arg_ints_d(Lower *L, const FeNode *call, const Builtin *b, int i, Val *a, const FeNode **an, int d,
+                       int64_t lo, const int64_t *def, int64_t *out) {
+  if (!an[i]) {
+    for (int k = 0; k < d; k++) out[k] = def ? def[k] : 0;
+    return true;
+  }
+  char buf[IR_TYPE_STR_MAX];
+  const Val *items = &a[i];
+  int n = 1;
+  if (a[i].kind == V_LIST) items = a[i].items, n = a[i].n;
+  bool ok = a[i].kind == V_INT || (a[i].kind == V_LIST && n == d);
+  for (int k = 0; ok && k < n; k++) ok = items[k].kind == V_INT;
+  if (!ok) {
+    error_at(L, an[i]->begin, "argument '%s' of '%s' must be a constant integer or a list of %d, got %s",
+             b->params[i], call->name, d, kind_str(a[i], buf, sizeof buf));
+    return false;
+  }
+  for (int k = 0; k < d; k++) {
+    out[k] = items[n == 1 ? 0 : k].i;
+    if (out[k] < lo || out[k] > MAX_DIM) {
+      error_at(L, an[i]->begin, "argument '%s' of '%s' must be %s, got %lld", b->params[i], call->name,
+               lo == 0 ? "non-negative" : "positive", (long long)out[k]);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* "3x3" (d sizes). */
+static void sizes_str(const int64_t *v, int d, char *buf, size_t n) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < d && k < n; i++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? "x" : "", (long long)v[i]);
+}
+
+/* Checks every kernel fits its padded spatial axis of x (rank lead + d). */
+static bool kernel_fits(Lower *L, const FeNode *call, const IrType *x, int d, const int64_t *k, const int64_t *pad,
+                        const int64_t *dil) {
+  int lead = x->shape.rank - d;
+  int64_t span[IR_MAX_RANK], avail[IR_MAX_RANK];
+  bool ok = true;
+  for (int i = 0; i < d; i++) {
+    span[i] = dil[i] * (k[i] - 1) + 1;
+    avail[i] = x->shape.dim[lead + i] + 2 * pad[i];
+    ok &= span[i] <= avail[i];
+  }
+  if (ok) return true;
+  char b1[IR_TYPE_STR_MAX], b2[64], b3[64], b4[64];
+  sizes_str(k, d, b2, sizeof b2);
+  sizes_str(span, d, b3, sizeof b3);
+  sizes_str(avail, d, b4, sizeof b4);
+  error_at(L, call->tok, "'%s': kernel %s (spanning %s with its dilation) is larger than the input %s with its padding (%s)",
+           call->name, b2, b3, ir_type_str(x, b1, sizeof b1), b4);
+  return false;
+}
+
+static IrValue *patches_at(Lower *L, const FeNode *call, IrValue *x, int d, const int64_t *k, const int64_t *st,
+                           const int64_t *pad, const int64_t *dil, double value) {
+  IrAttr a[5] = {ir_attr_ints("kernel", k, d), ir_attr_ints("stride", st, d), ir_attr_ints("padding", pad, d),
+                 ir_attr_ints("dilation", dil, d), ir_attr_float("value", value)};
+  return emit_at(L, call, IR_OP_PATCHES, &x, 1, a, 5);
+}
+
+/* conv1d / conv2d(x, w, bias, stride=1, padding=0, dilation=1, groups=1):
+ * x [N, C, S...], w [O, C/groups, K...] (d = 1 or 2 spatial axes), as
+ * F.conv1d / F.conv2d.  Lowered to
+ *   P = patches(x)                          [N, C, K..., O...]
+ *   Y = reshape(w, [g, O/g, C/g*prod(K)]) @ reshape(P, [N, g, C/g*prod(K), L])
+ *   y = reshape(Y, [N, O, O...]) + bias     (L = the output positions)
+ * so the GEMMs are the IR's matmul: the input gradient is patches_grad of
+ * the matmul's, the weight gradient the matmul's own. */
+static Val bi_conv(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  int d = strcmp(b->name, "conv1d") == 0 ? 1 : 2;
+  if (!arg_tensor(L, call, b, 0, a, an) || !arg_tensor(L, call, b, 1, a, an)) return vpoison();
+  if (an[2] && !arg_tensor(L, call, b, 2, a, an)) return vpoison();
+  static const int64_t ones[2] = {1, 1}, zeros[2] = {0, 0};
+  int64_t st[2], pad[2], dil[2], groups = 1;
+  if (!arg_ints_d(L, call, b, 3, a, an, d, 1, ones, st) || !arg_ints_d(L, call, b, 4, a, an, d, 0, zeros, pad) ||
+      !arg_ints_d(L, call, b, 5, a, an, d, 1, ones, dil))
+    return vpoison();
+  if (an[6] && !arg_int(L, call, b, 6, a, an, &groups)) return vpoison();
+  IrValue *x = a[0].t, *w = a[1].t, *bias = an[2] ? a[2].t : NULL;
+  const IrType *xt = &x->type, *wt = &w->type;
+  char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
+  const char *layout = d == 1 ? "[N, C, L]" : "[N, C, H, W]", *wlayout = d == 1 ? "[O, C/groups, K]" : "[O, C/groups, KH, KW]";
+  if (xt->shape.rank != d + 2) {
+    error_at(L, an[0]->begin, "'%s' needs an input of rank %d %s, got %s", call->name, d + 2, layout,
+             ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  if (wt->shape.rank != d + 2) {
+    error_at(L, an[1]->begin, "'%s' needs a weight of rank %d %s, got %s", call->name, d + 2, wlayout,
+             ir_type_str(wt, b1, sizeof b1));
+    return vpoison();
+  }
+  int64_t N = xt->shape.dim[0], C = xt->shape.dim[1], O = wt->shape.dim[0], Cg = wt->shape.dim[1];
+  if (groups < 1 || C % groups != 0 || O % groups != 0) {
+    error_at(L, an[6] ? an[6]->begin : call->tok,
+             "'%s': groups=%lld must be positive and divide both the %lld input channels of %s and the %lld output "
+             "channels of %s",
+             call->name, (long long)groups, (long long)C, ir_type_str(xt, b1, sizeof b1), (long long)O,
+             ir_type_str(wt, b2, sizeof b2));
+    return vpoison();
+  }
+  if (Cg * groups != C) {
+    error_at(L, call->tok,
+             "'%s': input %s has %lld channels, but weight %s takes %lld per group (%lld with groups=%lld)", call->name,
+             ir_type_str(xt, b1, sizeof b1), (long long)C, ir_type_str(wt, b2, sizeof b2), (long long)Cg,
+             (long long)(Cg * groups), (long long)groups);
+    return vpoison();
+  }
+  if (bias && (bias->type.shape.rank != 1 || bias->type.shape.dim[0] != O)) {
+    error_at(L, an[2]->begin, "'%s': bias %s does not match the %lld output channels of weight %s", call->name,
+             ir_type_str(&bias->type, b1, sizeof b1), (long long)O, ir_type_str(wt, b2, sizeof b2));
+    return vpoison();
+  }
+  if (xt->dtype != wt->dtype || (bias && bias->type.dtype != xt->dtype)) {
+    error_at(L, call->tok, "'%s': input %s and weight %s must have one dtype%s", call->name,
+             ir_type_str(xt, b1, sizeof b1), ir_type_str(wt, b2, sizeof b2), bias ? " (and the bias)" : "");
+    return vpoison();
+  }
+  if (!kernel_fits(L, call, xt, d, &wt->shape.dim[2], pad, dil)) return vpoison();
+  IrValue *P = patches_at(L, call, x, d, &wt->shape.dim[2], st, pad, dil, 0.0);
+  if (!P) return vpoison();
+  int64_t K = 1, npos = 1, outs[2];
+  for (int i = 0; i < d; i++) {
+    K *= wt->shape.dim[2 + i];
+    outs[i] = P->type.shape.dim[2 + d + i];
+    npos *= outs[i];
+  }
+  IrValue *Y;
+  if (groups == 1) {
+    int64_t pd[3] = {N, C * K, npos}, wd[2] = {O, C * K};
+    IrValue *mm[2] = {reshape_at(L, call, w, wd, 2), reshape_at(L, call, P, pd, 3)};
+    Y = mm[0] && mm[1] ? emit_at(L, call, IR_OP_MATMUL, mm, 2, NULL, 0) : NULL;
+  } else {
+    int64_t pd[4] = {N, groups, Cg * K, npos}, wd[3] = {groups, O / groups, Cg * K};
+    IrValue *mm[2] = {reshape_at(L, call, w, wd, 3), reshape_at(L, call, P, pd, 4)};
+    Y = mm[0] && mm[1] ? emit_at(L, call, IR_OP_MATMUL, mm, 2, NULL, 0) : NULL;
+  }
+  int64_t yd[4] = {N, O, outs[0], d == 2 ? outs[1] : 0};
+  Y = reshape_at(L, call, Y, yd, d + 2);
+  if (Y && bias) {
+    int64_t bd[3] = {O, 1, 1};
+    IrValue *args[2] = {Y, reshape_at(L, call, bias, bd, d + 1)};
+    Y = args[1] ? emit_at(L, call, IR_OP_ADD, args, 2, NULL, 0) : NULL;
+  }
+  return Y ? vtensor(Y) : vpoison();
+}
+
+/* max_pool2d / avg_pool2d(x, kernel, stride=kernel, padding=0) on the last
+ * two axes of x [..., H, W], as F.max_pool2d / F.avg_pool2d: the max
+ * (padding counts as -inf) or the mean (padding counts as 0, divided by the
+ * kernel's size: count_include_pad=True) over the patches' kernel axes.
+ * The max's gradient is split evenly among ties in a window (the IR's
+ * max, torch.amax). */
+static Val bi_pool(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  bool mx = b->op == IR_OP_MAX;
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  IrValue *x = a[0].t;
+  const IrType *xt = &x->type;
+  static const int64_t ones[2] = {1, 1}, zeros[2] = {0, 0};
+  int64_t k[2], st[2], pad[2];
+  if (!arg_ints_d(L, call, b, 1, a, an, 2, 1, NULL, k)) return vpoison();
+  if (!arg_ints_d(L, call, b, 2, a, an, 2, 1, k, st) || !arg_ints_d(L, call, b, 3, a, an, 2, 0, zeros, pad))
+    return vpoison();
+  char b1[IR_TYPE_STR_MAX];
+  if (xt->shape.rank < 3 || !ir_dtype_is_float(xt->dtype)) {
+    error_at(L, an[0]->begin, "'%s' needs a floating-point input [N, C, H, W] or [C, H, W], got %s", call->name,
+             ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  for (int i = 0; i < 2; i++)
+    if (2 * pad[i] > k[i]) {
+      error_at(L, an[3]->begin, "'%s': padding %lld is more than half the kernel %lld (as in F.%s)", call->name,
+               (long long)pad[i], (long long)k[i], call->name);
+      return vpoison();
+    }
+  if (!kernel_fits(L, call, xt, 2, k, pad, ones)) return vpoison();
+  IrValue *P = patches_at(L, call, x, 2, k, st, pad, ones, mx ? -INFINITY : 0.0);
+  if (!P) return vpoison();
+  int lead = xt->shape.rank - 2;
+  int64_t axes[2] = {lead, lead + 1};
+  IrAttr at[2] = {ir_attr_ints("axes", axes, 2), ir_attr_bool("keepdim", false)};
+  return build(L, mx ? IR_OP_MAX : IR_OP_MEAN, &P, 1, at, 2, NULL, call->tok);
+}
+
+/* pad(x, [lo, hi, ...], value=0): pairs from the last axis backwards, as
+ * F.pad in constant mode; a negative pad crops (a slice first).  The
+ * padded tensor is unslice(x) + (value - unslice(value)) with value as
+ * constants: exactly x inside and value outside, and the gradient flows
+ * through the unslice only. */
+static Val bi_pad(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  IrValue *x = a[0].t;
+  const IrType *xt = &x->type;
+  int r = xt->shape.rank;
+  char b1[IR_TYPE_STR_MAX];
+  double value = 0;
+  if (an[2] && !arg_num(L, call, b, 2, a, an, &value)) return vpoison();
+  bool ok = a[1].kind == V_LIST && a[1].n % 2 == 0 && a[1].n <= 2 * r;
+  for (int i = 0; ok && i < a[1].n; i++) ok = a[1].items[i].kind == V_INT;
+  if (!ok) {
+    error_at(L, an[1]->begin,
+             "argument 'pad' of 'pad' must be a list of constant integers [lo, hi, ...], a pair per axis from the "
+             "last, at most %d for %s",
+             2 * r, ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  int64_t lo[IR_MAX_RANK] = {0}, hi[IR_MAX_RANK] = {0};
+  for (int i = 0; i < a[1].n; i++) {
+    int64_t v = a[1].items[i].i;
+    if (v < -MAX_DIM || v > MAX_DIM) {
+      error_at(L, an[1]->begin, "pad %lld is out of range", (long long)v);
+      return vpoison();
+    }
+    (i % 2 == 0 ? lo : hi)[r - 1 - i / 2] = v;
+  }
+  int64_t starts[IR_MAX_RANK], stops[IR_MAX_RANK], steps[IR_MAX_RANK], full[IR_MAX_RANK];
+  bool crop = false;
+  for (int k = 0; k < r; k++) {
+    int64_t dlo = lo[k] < 0 ? -lo[k] : 0, dhi = hi[k] < 0 ? -hi[k] : 0;
+    if (dlo + dhi > xt->shape.dim[k]) {
+      error_at(L, an[1]->begin, "'pad': cropping %lld and %lld from axis %d of %s leaves less than nothing",
+               (long long)dlo, (long long)dhi, k, ir_type_str(xt, b1, sizeof b1));
+      return vpoison();
+    }
+    starts[k] = dlo, stops[k] = xt->shape.dim[k] - dhi, steps[k] = 1;
+    crop |= dlo || dhi;
+  }
+  if (crop) {
+    IrAttr at[3] = {ir_attr_ints("starts", starts, r), ir_attr_ints("stops", stops, r), ir_attr_ints("steps", steps, r)};
+    x = emit_at(L, call, IR_OP_SLICE, &x, 1, at, 3);
+    if (!x) return vpoison();
+  }
+  bool grow = false;
+  for (int k = 0; k < r; k++) {
+    int64_t plo = lo[k] > 0 ? lo[k] : 0, phi = hi[k] > 0 ? hi[k] : 0;
+    starts[k] = plo, stops[k] = plo + x->type.shape.dim[k], full[k] = stops[k] + phi;
+    grow |= plo || phi;
+  }
+  if (!grow) return vtensor(x);
+  IrAttr at[4] = {ir_attr_ints("starts", starts, r), ir_attr_ints("stops", stops, r), ir_attr_ints("steps", steps, r),
+                  ir_attr_ints("shape", full, r)};
+  IrValue *y = emit_at(L, call, IR_OP_UNSLICE, &x, 1, at, 4);
+  if (!y || value == 0) return y ? vtensor(y) : vpoison();
+  IrType ct = y->type;
+  IrValue *cin = ir_const_shaped(L->f, value, x->type, loc_of(L, call->tok));
+  IrValue *cout = ir_const_shaped(L->f, value, ct, loc_of(L, call->tok));
+  IrValue *u = emit_at(L, call, IR_OP_UNSLICE, &cin, 1, at, 4);
+  IrValue *ring[2] = {cout, u};
+  IrValue *rv = u ? emit_at(L, call, IR_OP_SUB, ring, 2, NULL, 0) : NULL;
+  IrValue *sum[2] = {y, rv};
+  y = rv ? emit_at(L, call, IR_OP_ADD, sum, 2, NULL, 0) : NULL;
+  return y ? vtensor(y) : vpoison();
+}
+
+/* batch_norm(x, weight, bias, eps=1e-5): over every axis but 1 (the
+ * channels), train-mode statistics with the biased variance, as
+ * F.batch_norm(training=True); weight and bias [C] may be omitted.  Its
+ * expansion in mean and var (DESIGN.md §2), so gas-fold sees the
+ * batch-mixing centring and refuses it under K > 1 at this call:
+ *   m = mean(x, axes, keepdim)   v = mean((x - m) ** 2, axes, keepdim)
+ *   y = (x - m) * rsqrt(v + eps) * weight + bias */
+static Val bi_batch_norm(Lower *L, const FeNode *call, const Builtin *b, Val *a, const FeNode **an) {
+  if (!arg_tensor(L, call, b, 0, a, an)) return vpoison();
+  for (int i = 1; i < 3; i++)
+    if (an[i] && !arg_tensor(L, call, b, i, a, an)) return vpoison();
+  double eps = 1e-5;
+  if (an[3] && !arg_num(L, call, b, 3, a, an, &eps)) return vpoison();
+  if (!(eps >= 0)) {
+    error_at(L, an[3]->begin, "eps must not be negative");
+    return vpoison();
+  }
+  IrValue *x = a[0].t;
+  const IrType *xt = &x->type;
+  char b1[IR_TYPE_STR_MAX], b2[IR_TYPE_STR_MAX];
+  int r = xt->shape.rank;
+  if (r < 2 || !ir_dtype_is_float(xt->dtype)) {
+    error_at(L, an[0]->begin, "'batch_norm' needs a floating-point input [N, C, ...], got %s",
+             ir_type_str(xt, b1, sizeof b1));
+    return vpoison();
+  }
+  int64_t C = xt->shape.dim[1];
+  for (int i = 1; i < 3; i++) {
+    const IrType *t = an[i] ? &a[i].t->type : NULL;
+    if (t && (t->shape.rank != 1 || t->shape.dim[0] != C || t->dtype != xt->dtype)) {
+      error_at(L, an[i]->begin, "'batch_norm': %s %s does not match the %lld channels (axis 1) of %s", b->params[i],
+               ir_type_str(t, b1, sizeof b1), (long long)C, ir_type_str(xt, b2, sizeof b2));
+      return vpoison();
+    }
+  }
+  IrFunc *f = L->f;
+  IrLoc loc = loc_of(L, call->tok);
+  int64_t axes[IR_MAX_RANK], cd[IR_MAX_RANK];
+  int na = 0;
+  for (int k = 0; k < r; k++) {
+    if (k != 1) axes[na++] = k;
+    cd[k] = k == 1 ? C : 1;
+  }
+  IrAttr at[2] = {ir_attr_ints("axes", axes, na), ir_attr_bool("keepdim", true)};
+  IrValue *m = emit_at(L, call, IR_OP_MEAN, &x, 1, at, 2);
+  if (!m) return vpoison();
+  IrValue *xc = ir_binary(f, IR_OP_SUB, x, m, loc);
+  IrValue *sq = ir_binary(f, IR_OP_MUL, xc, xc, loc);
+  IrValue *v = emit_at(L, call, IR_OP_MEAN, &sq, 1, at, 2);
+  if (!v) return vpoison();
+  IrValue *rs = ir_unary(f, IR_OP_RSQRT, ir_binary(f, IR_OP_ADD, v, ir_const(f, eps, xt->dtype, loc), loc), loc);
+  IrValue *y = ir_binary(f, IR_OP_MUL, xc, rs, loc);
+  if (an[1]) y = ir_binary(f, IR_OP_MUL, y, reshape_at(L, call, a[1].t, cd, r), loc);
+  if (an[2]) y = ir_binary(f, IR_OP_ADD, y, reshape_at(L, call, a[2].t, cd, r), loc);
+  return vtensor(y);
+}
+
 static const Builtin builtins[] = {
     {"exp", bi_unary_math, IR_OP_EXP, 1, {"x"}, -1},
     {"log", bi_unary_math, IR_OP_LOG, 1, {"x"}, -1},
@@ -750,6 +1101,13 @@ static const Builtin builtins[] = {
     {"concat", bi_concat, IR_OP_CONCAT, 1, {"tensors", "axis"}, -1},
     {"cross_entropy", bi_cross_entropy, IR_OP_CROSS_ENTROPY, 2, {"logits", "target", "ignore_index", "reduction"}, -1},
     {"mse_loss", bi_mse_loss, IR_OP_MSE_LOSS, 2, {"input", "target", "reduction"}, -1},
+    /* convolution, pooling, pad and batch_norm (language v2) */
+    {"conv1d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1},
+    {"conv2d", bi_conv, IR_OP_PATCHES, 2, {"x", "w", "bias", "stride", "padding", "dilation", "groups"}, -1},
+    {"max_pool2d", bi_pool, IR_OP_MAX, 2, {"x", "kernel", "stride", "padding"}, -1},
+    {"avg_pool2d", bi_pool, IR_OP_MEAN, 2, {"x", "kernel", "stride", "padding"}, -1},
+    {"pad", bi_pad, IR_OP_UNSLICE, 2, {"x", "pad", "value"}, -1},
+    {"batch_norm", bi_batch_norm, IR_OP_MEAN, 1, {"x", "weight", "bias", "eps"}, -1},
 };
 
 static const Builtin *find_builtin(const char *name) {
@@ -1124,7 +1482,9 @@ static void decl_dim(Lower *L, const FeStmt *s) {
     if (value <= 0) return; /* reported with the other -D checks */
   } else {
     L->mode = EV_DIM;
+    dc->defining = true;
     Val v = eval(L, s->expr);
+    dc->defining = false;
     L->mode = EV_VALUE;
     if (v.kind == V_POISON) return;
     char buf[IR_TYPE_STR_MAX];
@@ -1458,6 +1818,7 @@ FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d) {
   L.m = m;
   L.f = m->func;
   L.vars = &L.model_vars;
+  L.body = prog->body;
   check_defs(&L, prog);
   register_fns(&L, prog);
   exec_stmts(&L, prog->body);

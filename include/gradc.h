@@ -26,13 +26,21 @@ extern "C" {
 
 #define GRADC_API_VERSION 1
 
+/* What libgradc.so exports: the functions declared here and nothing else
+ * (the library is built with -fvisibility=hidden). */
+#if defined(__GNUC__) || defined(__clang__)
+#define GRADC_API __attribute__((visibility("default")))
+#else
+#define GRADC_API
+#endif
+
 typedef enum { GRADC_OK = 0, GRADC_ERR_USER = 1, GRADC_ERR_INTERNAL = 2 } gradc_status;
 
 typedef enum { GRADC_F32, GRADC_F64, GRADC_BF16, GRADC_F16, GRADC_I32, GRADC_I64 } gradc_dtype;
 
 /* The message of the last failure on this thread ("" if none). */
-const char *gradc_last_error(void);
-const char *gradc_version(void);
+GRADC_API const char *gradc_last_error(void);
+GRADC_API const char *gradc_version(void);
 
 /* ---- programs ---- */
 
@@ -59,17 +67,17 @@ typedef struct gradc_compile_options {
                          are all-gathered after the step */
 } gradc_compile_options;
 
-void gradc_compile_options_init(gradc_compile_options *o);
+GRADC_API void gradc_compile_options_init(gradc_compile_options *o);
 
-gradc_status gradc_program_compile_file(const char *path, const gradc_compile_options *o, gradc_program **out);
+GRADC_API gradc_status gradc_program_compile_file(const char *path, const gradc_compile_options *o, gradc_program **out);
 /* name is used in diagnostics ("model.gdl:3:7: error: ..."). */
-gradc_status gradc_program_compile_source(const char *name, const char *text, const gradc_compile_options *o,
+GRADC_API gradc_status gradc_program_compile_source(const char *name, const char *text, const gradc_compile_options *o,
                                           gradc_program **out);
 /* Load an artifact written by gradc_program_save / `gradc compile -o`
  * without recompiling; fails if it was built for another host or version. */
-gradc_status gradc_program_load(const char *artifact_path, gradc_program **out);
-gradc_status gradc_program_save(const gradc_program *p, const char *artifact_path);
-void gradc_program_free(gradc_program *p);
+GRADC_API gradc_status gradc_program_load(const char *artifact_path, gradc_program **out);
+GRADC_API gradc_status gradc_program_save(const gradc_program *p, const char *artifact_path);
+GRADC_API void gradc_program_free(gradc_program *p);
 
 /* The program's signature. */
 typedef struct gradc_tensor_info {
@@ -80,29 +88,29 @@ typedef struct gradc_tensor_info {
   int batched;       /* inputs: 1 if the first axis is the batch axis */
 } gradc_tensor_info;
 
-int gradc_program_num_params(const gradc_program *p);
-int gradc_program_num_inputs(const gradc_program *p);
-int gradc_program_num_losses(const gradc_program *p);
-gradc_status gradc_program_param_info(const gradc_program *p, int i, gradc_tensor_info *out);
-gradc_status gradc_program_input_info(const gradc_program *p, int i, gradc_tensor_info *out);
-const char *gradc_program_loss_name(const gradc_program *p, int i);
-int gradc_program_gas(const gradc_program *p);
-int gradc_program_dp(const gradc_program *p);
-int gradc_program_tp(const gradc_program *p);    /* tensor-parallel ranks (1: none) */
-int gradc_program_zero1(const gradc_program *p); /* 1: ZeRO-1 over its dp ranks (checkpoints are collective) */
+GRADC_API int gradc_program_num_params(const gradc_program *p);
+GRADC_API int gradc_program_num_inputs(const gradc_program *p);
+GRADC_API int gradc_program_num_losses(const gradc_program *p);
+GRADC_API gradc_status gradc_program_param_info(const gradc_program *p, int i, gradc_tensor_info *out);
+GRADC_API gradc_status gradc_program_input_info(const gradc_program *p, int i, gradc_tensor_info *out);
+GRADC_API const char *gradc_program_loss_name(const gradc_program *p, int i);
+GRADC_API int gradc_program_gas(const gradc_program *p);
+GRADC_API int gradc_program_dp(const gradc_program *p);
+GRADC_API int gradc_program_tp(const gradc_program *p);    /* tensor-parallel ranks (1: none) */
+GRADC_API int gradc_program_zero1(const gradc_program *p); /* 1: ZeRO-1 over its dp ranks (checkpoints are collective) */
 
 /* Data parallelism (gradc_compile_options.dp > 1) runs over MPI: a
  * program launched by mpirun calls this once, before its first session,
  * to use the MPI back end (it links libmpi).  Fails in a build without
  * MPI. */
-gradc_status gradc_mpi_enable(void);
+GRADC_API gradc_status gradc_mpi_enable(void);
 
 /* ---- sessions ---- */
 
 typedef struct gradc_session gradc_session;
 
-gradc_status gradc_session_new(const gradc_program *p, gradc_session **out);
-void gradc_session_free(gradc_session *s);
+GRADC_API gradc_status gradc_session_new(const gradc_program *p, gradc_session **out);
+GRADC_API void gradc_session_free(gradc_session *s);
 
 /* Data-parallel sessions (dp > 1) join the run's ranks when created: every
  * rank sets the same params and the same whole window of inputs, and after
@@ -111,8 +119,8 @@ void gradc_session_free(gradc_session *s);
  * rank (rank 0 is the one that prints), and a check that every rank holds
  * the same params and step count (an error names the first that does
  * not); without dp the rank is 0 and the check passes. */
-int gradc_session_rank(const gradc_session *s);
-gradc_status gradc_session_check_replicas(const gradc_session *s);
+GRADC_API int gradc_session_rank(const gradc_session *s);
+GRADC_API gradc_status gradc_session_check_replicas(const gradc_session *s);
 /* Record a Chrome trace (JSON for Perfetto / chrome://tracing) of the
  * session's steps from now on: kernels, GEMMs and copies on a compute lane
  * and collectives on a comm lane, per rank.  gradc_session_trace_write
@@ -120,37 +128,54 @@ gradc_status gradc_session_check_replicas(const gradc_session *s);
  * the one file rank 0 writes).  The figures are this rank's, in
  * milliseconds: time collectives were in flight, the part of it the rank
  * sat waiting for them (exposed), and time in kernels, GEMMs and copies. */
-gradc_status gradc_session_trace(gradc_session *s);
-gradc_status gradc_session_trace_write(gradc_session *s, const char *path);
-gradc_status gradc_session_trace_stats(const gradc_session *s, double *comm_ms, double *exposed_ms,
+GRADC_API gradc_status gradc_session_trace(gradc_session *s);
+GRADC_API gradc_status gradc_session_trace_write(gradc_session *s, const char *path);
+GRADC_API gradc_status gradc_session_trace_stats(const gradc_session *s, double *comm_ms, double *exposed_ms,
                                        double *compute_ms);
 
 /* Params: initialise from the model's `init` specs, or set/get by name.
  * Data is F32 (F64 for f64 params), n elements. */
-gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed);
-gradc_status gradc_session_set_param(gradc_session *s, const char *name, const void *data, size_t n);
-gradc_status gradc_session_get_param(const gradc_session *s, const char *name, void *out, size_t n);
-/* Params from/to a safetensors file (the names of the model's params). */
-gradc_status gradc_session_load_params(gradc_session *s, const char *path);
-gradc_status gradc_session_save_params(const gradc_session *s, const char *path);
+GRADC_API gradc_status gradc_session_init_params(gradc_session *s, uint64_t seed);
+GRADC_API gradc_status gradc_session_set_param(gradc_session *s, const char *name, const void *data, size_t n);
+GRADC_API gradc_status gradc_session_get_param(const gradc_session *s, const char *name, void *out, size_t n);
+/* The session's own storage of a param (F32, F64 for f64 params; *n
+ * elements): it stays at this address until the session is freed, and
+ * init_params, set_param, load_params, checkpoints and the optimiser
+ * write into it.  After writing through it yourself, call
+ * gradc_session_params_written before the next run (the CPU back end
+ * otherwise keeps the copy it holds). */
+GRADC_API gradc_status gradc_session_param_data(gradc_session *s, const char *name, void **data, size_t *n);
+GRADC_API void gradc_session_params_written(gradc_session *s);
+/* Params from/to a safetensors file (the names of the model's params).
+ * Loading skips a checkpoint's optim.* tensors, so a checkpoint serves as
+ * a params file; the _partial form takes a file with some of the params
+ * (the others keep their values; *nloaded, if not NULL, counts those
+ * loaded), and refuses a tensor that is not a param all the same. */
+GRADC_API gradc_status gradc_session_load_params(gradc_session *s, const char *path);
+GRADC_API gradc_status gradc_session_load_params_partial(gradc_session *s, const char *path, int *nloaded);
+GRADC_API gradc_status gradc_session_save_params(const gradc_session *s, const char *path);
 
 /* One window of an input: F32/F64 for float inputs, I32/I64 for i32 ones. */
-gradc_status gradc_session_set_input(gradc_session *s, const char *name, gradc_dtype dt, const void *data, size_t n);
+GRADC_API gradc_status gradc_session_set_input(gradc_session *s, const char *name, gradc_dtype dt, const void *data, size_t n);
 
 /* Run one window: K micro-batches, gradients accumulated in place. */
-gradc_status gradc_session_run(gradc_session *s);
+GRADC_API gradc_status gradc_session_run(gradc_session *s);
 /* Window values of the last run: loss i (program order), and their sum. */
-double gradc_session_loss(const gradc_session *s, int i);
-double gradc_session_loss_total(const gradc_session *s);
+GRADC_API double gradc_session_loss(const gradc_session *s, int i);
+GRADC_API double gradc_session_loss_total(const gradc_session *s);
 /* The gradient of the last run (zeros for a param with no gradient).
  * Under zero1 with an optimiser set, the first of these calls after a run
  * all-gathers the reduce-scattered gradients: every dp rank calls it. */
-gradc_status gradc_session_get_grad(const gradc_session *s, const char *name, void *out, size_t n);
-gradc_status gradc_session_save_grads(const gradc_session *s, const char *path);
+GRADC_API gradc_status gradc_session_get_grad(const gradc_session *s, const char *name, void *out, size_t n);
+GRADC_API gradc_status gradc_session_save_grads(const gradc_session *s, const char *path);
 
 /* ---- optimisers (torch.optim semantics and defaults) ---- */
 
 typedef enum { GRADC_SGD, GRADC_ADAMW } gradc_optimizer_kind;
+
+/* The learning-rate schedule after the linear warm-up (gradc_session_lr):
+ * AUTO is COSINE when total_steps > 0, else CONSTANT. */
+typedef enum { GRADC_SCHEDULE_AUTO, GRADC_SCHEDULE_CONSTANT, GRADC_SCHEDULE_LINEAR, GRADC_SCHEDULE_COSINE } gradc_schedule;
 
 typedef struct gradc_optimizer_options {
   gradc_optimizer_kind kind;
@@ -165,27 +190,49 @@ typedef struct gradc_optimizer_options {
   int64_t warmup_steps; /* linear warm-up from 0 to lr */
   int64_t total_steps;  /* cosine decay to min_lr at total_steps; 0 = constant after warm-up */
   double min_lr;
+  gradc_schedule schedule; /* after warm-up: constant, or a linear or cosine decay to min_lr at total_steps */
+  /* Params that get no weight decay (PyTorch's param groups): with
+   * no_decay_1d those of rank <= 1 (biases, norm weights); and those whose
+   * name matches one of no_decay's comma-separated fnmatch(3) patterns
+   * ("*_b,ln*"; NULL: none; copied by set_optimizer). */
+  int no_decay_1d;
+  const char *no_decay;
 } gradc_optimizer_options;
 
-void gradc_optimizer_options_init(gradc_optimizer_options *o, gradc_optimizer_kind kind);
-gradc_status gradc_session_set_optimizer(gradc_session *s, const gradc_optimizer_options *o);
+GRADC_API void gradc_optimizer_options_init(gradc_optimizer_options *o, gradc_optimizer_kind kind);
+GRADC_API gradc_status gradc_session_set_optimizer(gradc_session *s, const gradc_optimizer_options *o);
 /* Apply one optimiser step with the gradients of the last run. */
-gradc_status gradc_session_step(gradc_session *s);
-int64_t gradc_session_step_count(const gradc_session *s);
-double gradc_session_lr(const gradc_session *s); /* the rate the next step uses */
-double gradc_session_grad_norm(const gradc_session *s); /* of the last run, before clipping */
+GRADC_API gradc_status gradc_session_step(gradc_session *s);
+/* Count a step without applying it (for a window whose loss or gradients
+ * are not finite): the step count advances, and with it the learning-rate
+ * schedule; params and optimiser state stay as they were. */
+GRADC_API gradc_status gradc_session_skip_step(gradc_session *s);
+/* 1 if a param or the optimiser state holds an inf or a NaN (under zero1,
+ * this rank's slice of the state), with "param 'W1' (inf at element 3)"
+ * or "optimiser state 'optim.exp_avg.W1' (...)" in what (n bytes); else 0. */
+GRADC_API int gradc_session_find_nonfinite(const gradc_session *s, char *what, size_t n);
+GRADC_API int64_t gradc_session_step_count(const gradc_session *s);
+GRADC_API double gradc_session_lr(const gradc_session *s); /* the rate the next step uses */
+GRADC_API double gradc_session_grad_norm(const gradc_session *s); /* of the last run, before clipping */
 
 /* Checkpoints: params, optimiser state (optim.<slot>.<param>), step and
  * RNG state, written to a temporary file, fsynced and renamed.  The RNG is
- * the session's data-order generator (gradc_session_rng). */
+ * the session's data-order generator (gradc_session_rng).  A state with
+ * an inf or a NaN is refused (GRADC_ERR_USER) and the file left as it was. */
 /* Under zero1 saving is collective (every rank sends its optimiser
  * slices; rank 0 writes the whole state); loading is not (each rank keeps
  * its slices), and the file is the same as without zero1. */
-gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path);
-gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
+GRADC_API gradc_status gradc_session_save_checkpoint(const gradc_session *s, const char *path);
+/* The same, with nmeta more key/value strings in the file's __metadata__
+ * (the session's own keys, such as "step" or "format", take precedence),
+ * all in the one atomic write: a reader sees the old file or the whole new
+ * one. */
+GRADC_API gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const char *path, int nmeta,
+                                                          const char *const *keys, const char *const *values);
+GRADC_API gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path);
 /* A 64-bit generator saved with the checkpoint (e.g. for shuffling data). */
-uint64_t gradc_session_rng_next(gradc_session *s);
-void gradc_session_rng_seed(gradc_session *s, uint64_t seed);
+GRADC_API uint64_t gradc_session_rng_next(gradc_session *s);
+GRADC_API void gradc_session_rng_seed(gradc_session *s, uint64_t seed);
 
 #ifdef __cplusplus
 }

@@ -334,6 +334,23 @@ bool ir_broadcast_shapes(const IrShape *a, const IrShape *b, IrShape *out);
 /* Normalise a possibly negative axis for rank r; false if out of range. */
 bool ir_norm_axis(int64_t axis, int rank, int64_t *out);
 
+/* The geometry of patches / patches_grad (ops.def): d spatial axes, the
+ * last d of the image, after `lead` others (outer elements in all);
+ * in/out: each spatial axis's size in the image and in the output
+ * positions; cols the patches' shape [lead..., K..., O...]; value the
+ * padding's value (patches).  False with a message naming the shapes when
+ * an attribute is missing or wrong or a kernel is larger than its padded
+ * axis. */
+typedef struct IrPatches {
+  int d, lead;
+  int64_t kernel[IR_MAX_RANK], stride[IR_MAX_RANK], padding[IR_MAX_RANK], dilation[IR_MAX_RANK];
+  int64_t in[IR_MAX_RANK], out[IR_MAX_RANK];
+  int64_t outer;
+  IrShape image, cols;
+  double value;
+} IrPatches;
+bool ir_patches_geom(const IrOp *op, IrPatches *g, char *err, size_t errlen);
+
 /* ------------------------------------------------------------------ */
 /* scalar.c: the elementwise ops on one element, rounding to a dtype   */
 /* ------------------------------------------------------------------ */

@@ -730,6 +730,101 @@ static bool ir_shape_wait(const IrOp *op, const IrType *hint, IrType *out, char 
   return true;
 }
 
+/* ---- convolution and pooling: patches (im2col) and patches_grad ---- */
+
+/* The geometry of a patches or patches_grad op: kernel=[..] names the d
+ * spatial axes (the last d of the image), stride, padding and dilation one
+ * per axis; the image is the operand (patches) or shape=[..]
+ * (patches_grad).  Checks every attribute and that each kernel fits its
+ * padded axis. */
+bool ir_patches_geom(const IrOp *op, IrPatches *g, char *err, size_t n) {
+  memset(g, 0, sizeof *g);
+  const char *keys[4] = {"kernel", "stride", "padding", "dilation"};
+  int64_t *dst[4] = {g->kernel, g->stride, g->padding, g->dilation};
+  for (int j = 0; j < 4; j++) {
+    const int64_t *v;
+    int len;
+    if (!need_ints(op, keys[j], &v, &len, err, n)) return false;
+    if (j == 0) {
+      g->d = len;
+      if (len < 1) return errf(err, n, "'%s' needs at least one spatial axis in 'kernel'", opname(op));
+    } else if (len != g->d) {
+      return errf(err, n, "'%s': '%s' has %d entries, 'kernel' %d", opname(op), keys[j], len, g->d);
+    }
+    for (int i = 0; i < len; i++) {
+      int64_t lo = j == 2 ? 0 : 1;
+      if (v[i] < lo || v[i] >= MAX_DIM)
+        return errf(err, n, "'%s': %s %lld must be %s", opname(op), keys[j], (long long)v[i],
+                    j == 2 ? "non-negative" : "positive");
+      dst[j][i] = v[i];
+    }
+  }
+  IrShape img;
+  if (op->opcode == IR_OP_PATCHES) {
+    img = arg(op, 0)->shape;
+    if (!need_number(op, "value", &g->value, err, n)) return false;
+  } else {
+    if (!need_shape(op, "shape", &img, err, n)) return false;
+  }
+  int r = img.rank;
+  if (r < g->d || r - g->d + 2 * g->d > IR_MAX_RANK) {
+    IrType t = {arg(op, 0)->dtype, img};
+    return errf(err, n, "'%s': %d spatial axes do not fit %s (the result would have rank %d, at most %d)",
+                opname(op), g->d, ts(&t).s, r + g->d, IR_MAX_RANK);
+  }
+  g->lead = r - g->d;
+  g->outer = 1;
+  for (int i = 0; i < g->lead; i++) g->outer *= img.dim[i];
+  g->image = img;
+  for (int i = 0; i < g->d; i++) {
+    int64_t span = g->dilation[i] * (g->kernel[i] - 1) + 1, avail = img.dim[g->lead + i] + 2 * g->padding[i];
+    g->in[i] = img.dim[g->lead + i];
+    if (span > avail) {
+      IrType t = {arg(op, 0)->dtype, img};
+      return errf(err, n,
+                  "'%s': kernel %lld (dilation %lld, spanning %lld) is larger than axis %d of %s padded by %lld "
+                  "(%lld)",
+                  opname(op), (long long)g->kernel[i], (long long)g->dilation[i], (long long)span, g->lead + i,
+                  ts(&t).s, (long long)g->padding[i], (long long)avail);
+    }
+    g->out[i] = (avail - span) / g->stride[i] + 1;
+  }
+  /* the patches' shape: [lead..., K..., O...] */
+  g->cols.rank = g->lead + 2 * g->d;
+  for (int i = 0; i < g->lead; i++) g->cols.dim[i] = img.dim[i];
+  for (int i = 0; i < g->d; i++) {
+    g->cols.dim[g->lead + i] = g->kernel[i];
+    g->cols.dim[g->lead + g->d + i] = g->out[i];
+  }
+  return true;
+}
+
+static bool ir_shape_patches(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  IrPatches g;
+  if (!need_float_operand(op, 0, err, n)) return false;
+  if (!ir_patches_geom(op, &g, err, n)) return false;
+  if (checked_numel(&g.cols) < 0) return errf(err, n, "'patches': result is too large");
+  out->dtype = arg(op, 0)->dtype;
+  out->shape = g.cols;
+  return true;
+}
+
+static bool ir_shape_patches_grad(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  IrPatches g;
+  const IrType *dy = arg(op, 0);
+  if (!need_float_operand(op, 0, err, n)) return false;
+  if (!ir_patches_geom(op, &g, err, n)) return false;
+  if (!ir_shape_eq(&g.cols, &dy->shape)) {
+    IrType t = {dy->dtype, g.cols};
+    return errf(err, n, "'patches_grad': the patches of shape %s are %s, but the operand is %s",
+                shape_text(&g.image).s, ts(&t).s, ts(dy).s);
+  }
+  if (checked_numel(&g.image) < 0) return errf(err, n, "'patches_grad': result is too large");
+  out->dtype = dy->dtype;
+  out->shape = g.image;
+  return true;
+}
+
 /* loss/grad outputs: no result; *out is the operand's type. */
 static bool ir_shape_output(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
   const char *name;

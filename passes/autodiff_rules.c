@@ -656,3 +656,41 @@ void ad_grad_reduce_scatter(AdCtx *ad, IrOp *op, IrValue *dy) {
   if (!ad_needs_grad(ad, op->args[0])) return;
   ad_accum(ad, op->args[0], collective(ad, op, dy, IR_OP_ALL_GATHER_START, IR_OP_ALL_GATHER_WAIT));
 }
+
+/* ------------------------------------------------------------------ */
+/* Convolution and pooling: patches and its adjoint                    */
+/* ------------------------------------------------------------------ */
+
+/* op's geometry attributes (kernel, stride, padding, dilation) into a,
+ * then `extra`; returns the count. */
+static int patches_attrs(IrOp *op, IrAttr *a, IrAttr extra) {
+  static const char *keys[4] = {"kernel", "stride", "padding", "dilation"};
+  int n = 0;
+  for (int j = 0; j < 4; j++) {
+    const IrAttr *at = ir_attr_get(op, keys[j]);
+    GRADC_ASSERT(at);
+    a[n++] = *at;
+  }
+  a[n++] = extra;
+  return n;
+}
+
+/* y = patches(x): dx = patches_grad(dy), the sum over every patch element
+ * that read a position (col2im); the padding gets nothing. */
+void ad_grad_patches(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *x = op->args[0];
+  if (!ad_needs_grad(ad, x)) return;
+  IrAttr a[5];
+  int n = patches_attrs(op, a, ir_attr_ints("shape", x->type.shape.dim, x->type.shape.rank));
+  ad_accum(ad, x, ir_emit(ad_func(ad), IR_OP_PATCHES_GRAD, &dy, 1, a, n, NULL, op->loc));
+}
+
+/* y = patches_grad(x) (linear, the adjoint of patches with padding 0):
+ * dx = patches(dy) with value 0. */
+void ad_grad_patches_grad(AdCtx *ad, IrOp *op, IrValue *dy) {
+  IrValue *x = op->args[0];
+  if (!ad_needs_grad(ad, x)) return;
+  IrAttr a[5];
+  int n = patches_attrs(op, a, ir_attr_float("value", 0.0));
+  ad_accum(ad, x, ir_emit(ad_func(ad), IR_OP_PATCHES, &dy, 1, a, n, NULL, op->loc));
+}

@@ -296,6 +296,23 @@ static Info cls_rowwise(IrOp *op, const Info *in, int n, int r) {
   return in[0];
 }
 
+/* patches, patches_grad (convolution and pooling): copies of each
+ * sample's elements when the batch axis is one of the leading axes, which
+ * they keep; a sum over samples stays one unless a non-zero padding value
+ * would be added once per micro-batch. */
+static Info cls_patches(IrOp *op, Info x) {
+  const int64_t *kernel;
+  int d = ir_attr_get_ints(op, "kernel", &kernel);
+  int lead = op->args[0]->type.shape.rank - (op->opcode == IR_OP_PATCHES ? d : 2 * d);
+  if (x.cls == C_SUM) {
+    if (op->opcode == IR_OP_PATCHES && ir_attr_get_float(op, "value", 0.0) != 0.0)
+      return bad(op, "it pads a reduction over the batch with a non-zero value");
+    return x;
+  }
+  if (x.axis >= lead) return bad(op, "it convolves or pools over the batch axis");
+  return x;
+}
+
 /* cross_entropy, mse_loss: per sample with reduction="none", else a sum
  * over samples whose divisor the reduction gives. */
 static Info cls_loss(IrOp *op, Info *in, int r, int rank_out) {
@@ -373,6 +390,8 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_MSE_LOSS: return cls_loss(op, in, r, rank_out);
   case IR_OP_ONE_HOT: return in[0].cls == C_SAMPLE ? in[0] : bad(op, "it is not a forward operation");
   case IR_OP_EMBEDDING_GRAD: return bad(op, "it is not a forward operation");
+  case IR_OP_PATCHES:
+  case IR_OP_PATCHES_GRAD: return cls_patches(op, in[0]);
   case IR_OP_WINDOW_SUM:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM:

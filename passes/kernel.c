@@ -46,9 +46,12 @@ static const struct {
   [IR_OP_CROSS_ENTROPY]        = {KP_ROW_CE,      KP_LOOP_CE_TOTAL},
   [IR_OP_ONE_HOT]              = {KP_ROW_ONEHOT,  KP_LOOP_NONE},
   [IR_OP_MSE_LOSS]             = {KP_ROW_EW,      KP_LOOP_MSE_TOTAL},
+  /* convolution and pooling */
+  [IR_OP_PATCHES]              = {KP_ROW_NONE,    KP_LOOP_PATCHES},
+  [IR_OP_PATCHES_GRAD]         = {KP_ROW_NONE,    KP_LOOP_PATCHES_GRAD},
 };
 /* A new op in ir/ops.def that is neither POINT nor EXEC needs its row here. */
-_Static_assert(IR_OP_COUNT == 66, "kernel.c's op table knows every op");
+_Static_assert(IR_OP_COUNT == 68, "kernel.c's op table knows every op");
 
 bool kp_op_group0(IrOpcode opc) { return ir_op_is(opc, IR_OPF_EXEC); }
 KpRowKind kp_row_kind(IrOpcode opc) { return ir_op_is(opc, IR_OPF_POINT) ? KP_ROW_EW : op_table[opc].row; }

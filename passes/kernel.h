@@ -38,6 +38,8 @@ typedef enum {
   KP_LOOP_CE_TOTAL,       /* cross_entropy reduced to a scalar */
   KP_LOOP_MSE_TOTAL,      /* mse_loss reduced to a scalar */
   KP_LOOP_EMBEDDING_GRAD, /* scatter-add into the table's rows */
+  KP_LOOP_PATCHES,        /* im2col: a gather of each patch element (or the padding value) */
+  KP_LOOP_PATCHES_GRAD,   /* col2im: each image element sums the patch elements that read it */
 } KpLoopKind;
 
 /* kernel.c's op table: what the kernel model does with each op. */
@@ -66,6 +68,8 @@ KpLoopKind kp_loop_kind(IrOpcode opc);
   case IR_OP_EMBEDDING_GRAD: \
   case IR_OP_CROSS_ENTROPY: \
   case IR_OP_ONE_HOT: \
+  case IR_OP_PATCHES: \
+  case IR_OP_PATCHES_GRAD: \
   case IR_OP_WINDOW_SUM
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a
@@ -259,6 +263,10 @@ typedef struct KpLoopPlan {
   int64_t ignore_index; /* cross_entropy */
   bool mean;            /* cross_entropy, mse_loss: reduction "mean" */
   KpReduce red;
+  /* patches, patches_grad: the geometry (ir_patches_geom); ist the image's
+   * strides (pst), cst the patches' strides */
+  IrPatches pg;
+  int64_t pst[IR_MAX_RANK], cst[IR_MAX_RANK];
 } KpLoopPlan;
 
 void kp_loop_plan(const IrOp *op, KpLoopPlan *p);

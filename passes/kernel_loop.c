@@ -161,6 +161,15 @@ void kp_loop_plan(const IrOp *op, KpLoopPlan *p) {
     p->len = o->dim[1];
     p->n = numel(op->args[0]);
     break;
+  case KP_LOOP_PATCHES:
+  case KP_LOOP_PATCHES_GRAD: {
+    char why[256];
+    bool ok = ir_patches_geom(op, &p->pg, why, sizeof why);
+    GRADC_ASSERT(ok); /* the verifier ran the shape rule */
+    kp_contiguous(&p->pg.image, p->pst);
+    kp_contiguous(&p->pg.cols, p->cst);
+    break;
+  }
   case KP_LOOP_TRANSPOSE:
   case KP_LOOP_NONE: break;
   }

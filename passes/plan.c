@@ -23,6 +23,8 @@ PlanExec plan_exec_kind(IrOpcode opc) {
   case IR_OP_SLICE:
   case IR_OP_UNSLICE:
   case IR_OP_CONCAT:
+  case IR_OP_PATCHES:
+  case IR_OP_PATCHES_GRAD:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM: return PLAN_EXEC_UNFUSED;
   }

@@ -648,6 +648,10 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   case IR_OP_EMBEDDING_GRAD:
   case IR_OP_ONE_HOT:
   case IR_OP_MSE_LOSS:
+  /* convolution and pooling: no tensor-parallel rule yet (a split
+   * channel axis would need one); replicated operands only */
+  case IR_OP_PATCHES:
+  case IR_OP_PATCHES_GRAD:
   case IR_OP_WINDOW_SUM:
   case IR_OP_GRAD_SEED:
   case IR_OP_LOSS_TERM:

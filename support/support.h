@@ -77,14 +77,20 @@ char *mem_strndup(const char *s, size_t n);
 /* Read a whole file into malloc'd memory (NUL-terminated).  Returns NULL
  * and sets *err (static string from strerror) on failure. */
 char *read_file(const char *path, size_t *len, const char **err);
-/* Write the parts, in order, to path atomically: PATH.tmp.XXXXXX next to
- * it, fsync, rename, fsync the directory; the file gets mode 0644.  On
- * failure "PATH: reason" goes to err and path is untouched. */
+/* Write the parts, in order, to path atomically: PATH.tmp.PID.XXXXXX next
+ * to it (PID the writer's process id), fsync, rename, fsync the directory;
+ * the file gets mode 0644.  On failure "PATH: reason" goes to err and path
+ * is untouched.  A writer killed mid-way leaves at most its temporary. */
 typedef struct FilePart {
   const void *data;
   size_t len;
 } FilePart;
 bool write_file_atomic(const char *path, const FilePart *parts, int nparts, char *err, size_t errlen);
+/* Remove the temporaries PATH.tmp.PID.XXXXXX that write_file_atomic left
+ * behind when its process died (PID no longer exists; a live writer's are
+ * kept).  Calls removed(file, pid, ctx) for each (may be NULL); returns
+ * how many were removed. */
+int remove_stale_temps(const char *path, void (*removed)(const char *file, long pid, void *ctx), void *ctx);
 /* mkdir -p: path and its missing parents (0755); false with errno set. */
 bool mkdir_p(const char *path);
 

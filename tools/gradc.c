@@ -95,7 +95,8 @@ static const char *help_text[][2] = {
             "          [--trace FILE.json] [--link-latency-us X] [--link-gbps X]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
-            "  writes one gradient per param.  --dp N runs it on N data-parallel processes\n"
+            "  writes one gradient per param (--params may be a checkpoint: its optim.* tensors are\n"
+            "  skipped).  --dp N runs it on N data-parallel processes\n"
             "  (mpirun -np N gradc run ... --dp N): each takes B/N samples of the window, and rank 0\n"
             "  prints the losses and writes the gradients of the whole window.  --tp T shards the params\n"
             "  annotated split(N) over T processes (Megatron-style tensor parallelism; with\n"
@@ -106,6 +107,7 @@ static const char *help_text[][2] = {
             "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"},
     {"train", train_help},
     {"bench", bench_help},
+    {"convert", convert_help},
 };
 
 static void print_help(const char *cmd) {
@@ -339,6 +341,7 @@ int main(int argc, char **argv) {
   /* train and data text parse their own flags (tools/train.c). */
   if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 1, argv + 1);
   if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 1, argv + 1); /* tools/bench.c */
+  if (strcmp(argv[1], "convert") == 0) return cmd_convert(argc - 1, argv + 1); /* tools/convert.c */
   if (strcmp(argv[1], "data") == 0 && argc > 2 && strcmp(argv[2], "text") == 0) return cmd_data_text(argc - 2, argv + 2);
   Args a;
   if (strcmp(argv[1], "data") == 0) {

@@ -114,6 +114,13 @@ int cmd_bench(int argc, char **argv);
 extern const char bench_help[];
 
 /* ------------------------------------------------------------------ */
+/* convert.c                                                           */
+/* ------------------------------------------------------------------ */
+/* `gradc convert SRC --map MAP -o OUT ...`: argv[0] is "convert". */
+int cmd_convert(int argc, char **argv);
+extern const char convert_help[];
+
+/* ------------------------------------------------------------------ */
 /* plot.c                                                              */
 /* ------------------------------------------------------------------ */
 typedef struct PlotSeries {

@@ -46,21 +46,33 @@ const char train_help[] =
     "gradc train MODEL.gdl|ARTIFACT --data DATA.safetensors [--steps N] [--gas K] [--target cpu|ref|cuda]\n"
     "            [--optimizer sgd|adamw] [--lr X] [--momentum M] [--dampening D] [--nesterov]\n"
     "            [--beta1 B] [--beta2 B] [--eps E] [--weight-decay W] [--clip C]\n"
-    "            [--warmup N] [--cosine] [--min-lr X] [--seed S] [--init PARAMS.safetensors]\n"
+    "            [--warmup N] [--schedule constant|linear|cosine] [--cosine] [--min-lr X]\n"
+    "            [--no-decay PATTERN[,PATTERN]] [--decay-1d] [--seed S] [--init PARAMS.safetensors]\n"
+    "            [--init-partial]\n"
     "            [--params-out PARAMS.safetensors] [--checkpoint FILE] [--checkpoint-every N]\n"
     "            [--resume FILE] [--stop-after N] [--log FILE.csv|FILE.jsonl] [--plot FILE.svg]\n"
     "            [--print-every N] [--threads N] [--no-cache] [--dp N] [--tp T] [--sequence-parallel]\n"
     "            [--no-overlap] [--bucket-mb X] [--zero1] [--trace FILE.json] [--link-latency-us X]\n"
-    "            [--link-gbps X] [-D N=V]...\n"
+    "            [--link-gbps X] [--nan-policy stop|skip] [--max-loss X] [-D N=V]...\n"
     "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
     "  torch's defaults unless given.  --steps N is the run's total (default 100): a resumed run\n"
-    "  continues to it, and --cosine decays the rate to --min-lr (default 0) there, after --warmup\n"
-    "  steps of linear warm-up.  --seed S (default 0) seeds the params' init and the data order.\n"
+    "  continues to it.  The rate rises linearly over --warmup N steps (default 0; the first step\n"
+    "  uses lr/N), then --schedule constant (the default) keeps it, linear or cosine decay it to\n"
+    "  --min-lr (default 0) at step N (transformers' get_linear/cosine_schedule_with_warmup);\n"
+    "  --cosine is --schedule cosine.  Weight decay (--weight-decay: AdamW 0.01, SGD 0) skips\n"
+    "  params of rank <= 1 (biases, norm weights, as GPT recipes' param groups do; --decay-1d\n"
+    "  decays them too) and params whose name matches a --no-decay pattern (fnmatch: '*_b,ln*';\n"
+    "  a stacked per-layer vector, f32[L, C], is 2-D here: name it).  --init FILE starts from\n"
+    "  a params file (every param; with --init-partial a subset, the rest initialised as\n"
+    "  declared; a checkpoint's optim.* tensors are skipped).\n"
+    "  --seed S (default 0) seeds the params' init and the data order.\n"
     "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
-    "  --checkpoint is written at the end and every --checkpoint-every steps; --stop-after N ends\n"
-    "  this run after N steps, as Ctrl-C does after the current one.  Progress goes to stderr: a\n"
+    "  --checkpoint is written at the end and every --checkpoint-every steps, each time in one atomic\n"
+    "  write (a run killed mid-write leaves the previous checkpoint whole, and the next run removes the\n"
+    "  dead run's temporary); --stop-after N ends this run after N steps, as Ctrl-C does after the\n"
+    "  current one.  Progress goes to stderr: a\n"
     "  bar redrawn in place on a terminal, else a line every --print-every steps.  --log writes a\n"
     "  row per step (step, lr, each loss, total, grad_norm, elapsed_s) as CSV or JSON lines;\n"
     "  --plot draws the loss curves as SVG.  stdout stays empty.  --dp N trains on N data-parallel\n"
@@ -68,7 +80,14 @@ const char train_help[] =
     "  the same steps, and rank 0 prints and writes the files.  --tp T shards params annotated split(N)\n"
     "  over T processes (T x N in all); --zero1 shards the optimiser over the --dp ranks (ZeRO-1:\n"
     "  gradients reduce-scattered, each rank updates 1/N of the params, params all-gathered); the\n"
-    "  other distributed flags are those of gradc help run.\n";
+    "  other distributed flags are those of gradc help run.\n"
+    "  A window whose loss or gradient norm is not finite (inf or NaN) ends the run with --nan-policy\n"
+    "  stop (the default): the error names the step and the loss term, the step is not taken, and\n"
+    "  --checkpoint gets the last good state; with --nan-policy skip the step is counted but its\n"
+    "  update is not applied (params and optimiser state stay as they were; the count is reported).\n"
+    "  An update that makes a param or the optimiser state non-finite always stops the run, naming\n"
+    "  the step and the tensor: a checkpoint never holds an inf or a NaN, so the last one written\n"
+    "  stays.  --max-loss X warns when a loss (a term or the total) rises above X.\n";
 
 const char data_text_help[] =
     "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
@@ -265,13 +284,24 @@ typedef struct TrainArgs {
   bool lr_set, momentum_set, dampening_set, nesterov, beta1_set, beta2_set, eps_set, wd_set, min_lr_set;
   int64_t warmup;
   bool cosine;
+  const char *schedule;  /* --schedule constant|linear|cosine (NULL: constant, or cosine with --cosine) */
+  const char *no_decay;  /* --no-decay patterns, comma-separated */
+  bool decay_1d, init_partial;
   uint64_t seed;
   const char *init, *params_out, *checkpoint, *resume, *log, *plot;
   int64_t checkpoint_every;
+  const char *nan_policy; /* --nan-policy stop|skip */
+  bool nan_skip;
+  double max_loss;
+  bool max_loss_set;
   Defines defs;
 } TrainArgs;
 
 static bool is_optimizer(const char *v) { return strcmp(v, "sgd") == 0 || strcmp(v, "adamw") == 0; }
+static bool is_schedule(const char *v) {
+  return strcmp(v, "constant") == 0 || strcmp(v, "linear") == 0 || strcmp(v, "cosine") == 0;
+}
+static bool is_nan_policy(const char *v) { return strcmp(v, "stop") == 0 || strcmp(v, "skip") == 0; }
 
 static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   memset(a, 0, sizeof *a);
@@ -310,7 +340,15 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       {"--plot", FLAG_STRING, .dst = &a->plot},
       {"--nesterov", FLAG_BOOL, .dst = &a->nesterov},
       {"--cosine", FLAG_BOOL, .dst = &a->cosine},
+      {"--schedule", FLAG_STRING, .dst = &a->schedule, .valid = is_schedule,
+       .invalid = "--schedule expects constant, linear or cosine, got '%s'"},
+      {"--no-decay", FLAG_LIST, .dst = &a->no_decay},
+      {"--decay-1d", FLAG_BOOL, .dst = &a->decay_1d},
+      {"--init-partial", FLAG_BOOL, .dst = &a->init_partial},
       {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
+      {"--nan-policy", FLAG_STRING, .dst = &a->nan_policy, .valid = is_nan_policy,
+       .invalid = "--nan-policy expects stop or skip, got '%s'"},
+      {"--max-loss", FLAG_REAL, &a->max_loss, &a->max_loss_set, -HUGE_VAL, HUGE_VAL, .expects = "a number"},
   };
   int npos = 0;
   FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help train)", .see_missing = true,
@@ -318,6 +356,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   int rc = flags_parse(&spec, argc, argv, 1);
   if (rc) return rc;
   a->kind = a->optimizer && strcmp(a->optimizer, "sgd") == 0 ? GRADC_SGD : GRADC_ADAMW;
+  a->nan_skip = a->nan_policy && strcmp(a->nan_policy, "skip") == 0;
   a->bucket_bytes = tools_bucket_bytes(a->bucket_mb);
   if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
   if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
@@ -333,7 +372,12 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
     return error(1, "--nesterov needs --momentum > 0 and no dampening (as torch.optim.SGD)");
   if ((a->beta1_set && a->beta1 >= 1) || (a->beta2_set && a->beta2 >= 1))
     return error(1, "--beta1 and --beta2 must be below 1");
-  if (a->min_lr_set && !a->cosine) return error(1, "--min-lr applies to --cosine");
+  if (a->cosine && a->schedule && strcmp(a->schedule, "cosine") != 0)
+    return error(1, "--cosine and --schedule %s disagree; pass one", a->schedule);
+  if (!a->schedule) a->schedule = a->cosine ? "cosine" : "constant";
+  if (a->min_lr_set && strcmp(a->schedule, "constant") == 0)
+    return error(1, "--min-lr applies to --schedule linear or cosine");
+  if (a->init_partial && !a->init) return error(1, "--init-partial needs --init FILE");
   if (a->warmup > a->steps) return error(1, "--warmup %" PRId64 " is longer than --steps %" PRId64, a->warmup, a->steps);
   if (a->checkpoint_every && !a->checkpoint) return error(1, "--checkpoint-every needs --checkpoint FILE");
   if (a->init && a->resume) return error(1, "--init and --resume both set the params; pass one");
@@ -487,24 +531,31 @@ static int data_feed(Data *d, gradc_session *s, int64_t step) {
 
 /* ---- checkpoints: the C API's file plus the data order ---- */
 
-static int save_checkpoint(gradc_session *s, const char *path, const Data *d, bool lead) {
-  gradc_status st = gradc_session_save_checkpoint(s, path);
-  if (st != GRADC_OK) return cli_report(st);
-  if (!lead) return 0; /* --zero1: the other ranks only send rank 0 their optimiser state */
-  cli_tensors *f = cli_tensors_new();
-  char err[1024], buf[64];
-  bool ok = cli_tensors_read(f, path, err, sizeof err);
-  if (ok) {
-    snprintf(buf, sizeof buf, "%016" PRIx64, d->key);
-    cli_tensors_set_meta(f, "train.epoch_key", buf);
-    snprintf(buf, sizeof buf, "%" PRId64, d->n);
-    cli_tensors_set_meta(f, "train.samples", buf);
-    snprintf(buf, sizeof buf, "%" PRId64, d->b);
-    cli_tensors_set_meta(f, "train.window", buf);
-    ok = cli_tensors_write(f, path, err, sizeof err);
-  }
-  cli_tensors_free(f);
-  return ok ? 0 : error(1, "%s", err);
+/* One atomic write holds everything --resume needs: the API's params,
+ * optimiser state, step and generator, and the data order's keys, so a
+ * reader sees the previous checkpoint or the whole new one. */
+static int save_checkpoint(gradc_session *s, const char *path, const Data *d) {
+  char key[32], samples[32], window[32];
+  snprintf(key, sizeof key, "%016" PRIx64, d->key);
+  snprintf(samples, sizeof samples, "%" PRId64, d->n);
+  snprintf(window, sizeof window, "%" PRId64, d->b);
+  const char *keys[] = {"train.epoch_key", "train.samples", "train.window"};
+  const char *values[] = {key, samples, window};
+  /* --zero1: every rank sends rank 0 its optimiser state; rank 0 writes. */
+  gradc_status st = gradc_session_save_checkpoint_meta(s, path, 3, keys, values);
+  return st == GRADC_OK ? 0 : cli_report(st);
+}
+
+static void removed_temp(const char *file, long pid, void *ctx) {
+  (void)ctx;
+  fprintf(stderr, "removed %s, the temporary of a write that did not finish (process %ld is gone)\n", file, pid);
+}
+
+/* Temporaries that a killed run left beside this run's outputs. */
+static void remove_dead_temps(const TrainArgs *a) {
+  const char *outs[] = {a->checkpoint, a->params_out, a->plot};
+  for (size_t i = 0; i < sizeof outs / sizeof *outs; i++)
+    if (outs[i]) remove_stale_temps(outs[i], removed_temp, NULL);
 }
 
 /* Resume: the API restores params, optimiser state, step and generator;
@@ -782,6 +833,7 @@ typedef struct Progress {
   const char *unit;
   int64_t per_window;
   double drawn; /* when the terminal line was last redrawn */
+  const int64_t *skipped; /* --nan-policy skip: steps skipped so far */
 } Progress;
 
 static void progress(Progress *pr, const gradc_program *p, int64_t step, const double *loss, double lr,
@@ -818,6 +870,7 @@ static void progress(Progress *pr, const gradc_program *p, int64_t step, const d
     sb_puts(&sb, ")");
   }
   if (!pr->tty) sb_printf(&sb, " lr %.3g grad_norm %.3g", lr, grad_norm);
+  if (pr->skipped && *pr->skipped) sb_printf(&sb, " skipped %" PRId64, *pr->skipped);
   sb_printf(&sb, " | %s %s | %s %s", rate, pr->unit, last ? "took" : "ETA", last ? elapsed : eta);
   if (pr->tty) {
     struct winsize ws;
@@ -888,8 +941,13 @@ static int set_optimizer(const TrainArgs *a, gradc_session *s) {
   if (a->wd_set) o.weight_decay = a->weight_decay;
   o.clip_norm = a->clip;
   o.warmup_steps = a->warmup;
-  o.total_steps = a->cosine ? a->steps : 0;
+  o.schedule = strcmp(a->schedule, "linear") == 0   ? GRADC_SCHEDULE_LINEAR
+               : strcmp(a->schedule, "cosine") == 0 ? GRADC_SCHEDULE_COSINE
+                                                    : GRADC_SCHEDULE_CONSTANT;
+  o.total_steps = o.schedule == GRADC_SCHEDULE_CONSTANT ? 0 : a->steps;
   o.min_lr = a->min_lr;
+  o.no_decay_1d = !a->decay_1d;
+  o.no_decay = a->no_decay;
   gradc_status st = gradc_session_set_optimizer(s, &o);
   return st == GRADC_OK ? 0 : cli_report(st);
 }
@@ -916,6 +974,9 @@ typedef struct Run {
   int64_t step0, end, step; /* where this run starts, where it stops, where it is */
   double t0;    /* when the first step started */
   double first_loss, last_loss;
+  int64_t skipped;   /* --nan-policy skip: steps whose update was not applied */
+  int64_t ckpt_step; /* the step of the last checkpoint this run wrote, or -1 */
+  bool above_max;    /* --max-loss: the last step's loss was above it */
 } Run;
 
 /* The program, the dataset, a session with its optimiser and params (from
@@ -936,6 +997,7 @@ static int run_open(Run *r) {
   if (st != GRADC_OK) return cli_report(st);
   gradc_session *s = r->s;
   r->lead = gradc_session_rank(s) == 0;
+  if (r->lead) remove_dead_temps(a);
   if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
   if ((rc = set_optimizer(a, s))) return rc;
   /* The data order's generator is seeded apart from the params' init, so
@@ -943,9 +1005,19 @@ static int run_open(Run *r) {
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
   if (a->resume) {
     rc = load_checkpoint(s, a->resume, &r->d);
+  } else if (a->init && a->init_partial) { /* the rest as declared */
+    int n = 0;
+    st = gradc_session_init_params(s, a->seed);
+    if (st == GRADC_OK) st = gradc_session_load_params_partial(s, a->init, &n);
+    rc = st == GRADC_OK ? 0 : cli_report(st);
+    if (!rc && r->lead)
+      fprintf(stderr, "%s: %d of %d params; the others initialised as declared\n", a->init, n,
+              gradc_program_num_params(p));
   } else if (a->init) {
     st = gradc_session_load_params(s, a->init);
+    bool missing = st != GRADC_OK && strstr(gradc_last_error(), "missing tensor");
     rc = st == GRADC_OK ? 0 : cli_report(st);
+    if (missing) fprintf(stderr, "gradc: note: --init-partial takes a file with some of the params\n");
   } else {
     st = gradc_session_init_params(s, a->seed);
     rc = st == GRADC_OK ? 0 : cli_report(st);
@@ -979,9 +1051,65 @@ static void announce(const Run *r) {
   if (gradc_program_tp(p) > 1) fprintf(stderr, ", %d tensor-parallel ranks", gradc_program_tp(p));
   if (r->zero1) fprintf(stderr, ", ZeRO-1");
   if (a->warmup) fprintf(stderr, ", warm-up %" PRId64, a->warmup);
-  if (a->cosine) fprintf(stderr, ", cosine to %g at step %" PRId64, a->min_lr, a->steps);
+  if (strcmp(a->schedule, "constant") != 0) fprintf(stderr, ", %s to %g at step %" PRId64, a->schedule, a->min_lr, a->steps);
   if (r->step0) fprintf(stderr, "; resuming at step %" PRId64, r->step0);
   fprintf(stderr, "\n");
+}
+
+/* Is the window just run unusable (a loss or the gradient norm not
+ * finite)?  What is wrong, naming the loss terms, into why. */
+static bool nonfinite_window(const Run *r, const double *loss, double grad_norm, char *why, size_t n) {
+  StrBuf sb;
+  sb_init(&sb);
+  int bad = 0;
+  for (int i = 0; i < r->nl; i++)
+    if (!isfinite(loss[i]))
+      sb_printf(&sb, "%sloss '%s' is %s", bad++ ? ", " : "", gradc_program_loss_name(r->p, i),
+                isnan(loss[i]) ? "nan" : loss[i] > 0 ? "inf" : "-inf");
+  if (!bad && !isfinite(loss[r->nl]))
+    sb_printf(&sb, "the total loss is %s", isnan(loss[r->nl]) ? "nan" : "inf"), bad++;
+  if (!bad && !isfinite(grad_norm))
+    sb_printf(&sb, "the gradient norm is %s (loss %g)", isnan(grad_norm) ? "nan" : "inf", loss[r->nl]), bad++;
+  snprintf(why, n, "%s", sb_str(&sb));
+  sb_free(&sb);
+  return bad > 0;
+}
+
+/* --max-loss: warn when a loss rises above the bound (once per excursion). */
+static void check_max_loss(Run *r, const double *loss) {
+  if (!r->a->max_loss_set || !r->lead) return;
+  int over = -1;
+  for (int i = 0; i <= r->nl && over < 0; i++)
+    if (loss[i] > r->a->max_loss) over = i;
+  if (over >= 0 && !r->above_max)
+    warning("step %" PRId64 ": %s%s%s is %g, above --max-loss %g", r->step + 1, over < r->nl ? "loss '" : "the total loss",
+            over < r->nl ? gradc_program_loss_name(r->p, over) : "", over < r->nl ? "'" : "", loss[over], r->a->max_loss);
+  r->above_max = over >= 0;
+}
+
+/* After a non-finite stop: the checkpoint keeps the last good state.  When
+ * the session's state is still finite (the step was not taken), it is
+ * written now; else the checkpoint already on disk is that state. */
+static int keep_last_good(Run *r, bool state_good) {
+  const TrainArgs *a = r->a;
+  if (!a->checkpoint) {
+    if (r->lead) fprintf(stderr, "no checkpoint: --checkpoint was not given\n");
+    return 1;
+  }
+  if (state_good && (r->lead || r->zero1)) {
+    if (save_checkpoint(r->s, a->checkpoint, &r->d)) return 1;
+    if (r->lead) fprintf(stderr, "checkpoint (step %" PRId64 ", the last good state): %s\n", r->step, a->checkpoint);
+    return 1;
+  }
+  if (!r->lead) return 1;
+  if (r->ckpt_step >= 0)
+    fprintf(stderr, "checkpoint: %s keeps step %" PRId64 ", the last good state\n", a->checkpoint, r->ckpt_step);
+  else if (access(a->checkpoint, F_OK) == 0)
+    fprintf(stderr, "checkpoint: %s is left as it was (this run wrote none before step %" PRId64 ")\n",
+            a->checkpoint, r->step + 1);
+  else
+    fprintf(stderr, "no checkpoint: none was due before step %" PRId64 " (see --checkpoint-every)\n", r->step + 1);
+  return 1;
 }
 
 /* The steps, until r->end or Ctrl-C (SIGINT/SIGTERM end the current step
@@ -1000,6 +1128,7 @@ static int run_steps(Run *r) {
   Progress pr = {.tty = r->lead && isatty(STDERR_FILENO) != 0, .first = r->step0, .total = a->steps, .t0 = r->t0,
                  .unit = r->d.unit, .per_window = r->d.tokens_per_window};
   pr.every = a->print_every ? a->print_every : (a->steps - r->step0 + 19) / 20;
+  pr.skipped = &r->skipped;
   if (pr.every < 1) pr.every = 1;
   r->first_loss = r->last_loss = NAN;
   double *loss = r->loss;
@@ -1015,14 +1144,40 @@ static int run_steps(Run *r) {
     for (int i = 0; i < nl; i++) loss[i] = gradc_session_loss(s, i);
     loss[nl] = gradc_session_loss_total(s);
     double grad_norm = gradc_session_grad_norm(s);
-    if (!isfinite(loss[nl])) {
+    char why[512];
+    if (nonfinite_window(r, loss, grad_norm, why, sizeof why)) {
       if (pr.tty) fputc('\n', stderr);
-      rc = error(1, "step %" PRId64 ": the loss is %s; stopping without taking the step (try a lower --lr or --clip)",
-                 r->step + 1, isnan(loss[nl]) ? "nan" : "infinite");
-      break;
+      if (!a->nan_skip) {
+        error(1, "step %" PRId64 ": %s; stopping without taking the step (try a lower --lr, --clip, or "
+                 "--nan-policy skip)", r->step + 1, why);
+        rc = keep_last_good(r, true);
+        break;
+      }
+      if (r->lead) warning("step %" PRId64 ": %s; the step is skipped (--nan-policy skip)", r->step + 1, why);
+      if ((st = gradc_session_skip_step(s)) != GRADC_OK) {
+        rc = cli_report(st);
+        break;
+      }
+      r->skipped++;
+      r->step = gradc_session_step_count(s);
+      log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0);
+      if (r->lead) progress(&pr, r->p, r->step, loss, lr, grad_norm, r->step == r->end);
+      if ((r->lead || r->zero1) && a->checkpoint_every && r->step % a->checkpoint_every == 0 && r->step != r->end &&
+          (rc = save_checkpoint(s, a->checkpoint, &r->d)) == 0)
+        r->ckpt_step = r->step;
+      if (rc) break;
+      continue;
     }
+    check_max_loss(r, loss);
     if ((st = gradc_session_step(s)) != GRADC_OK) {
       rc = cli_report(st);
+      break;
+    }
+    if (gradc_session_find_nonfinite(s, why, sizeof why)) {
+      if (pr.tty) fputc('\n', stderr);
+      error(1, "step %" PRId64 ": after the update, %s is not finite; stopping (try a lower --lr or --momentum, "
+               "or --clip)", r->step + 1, why);
+      rc = keep_last_good(r, false);
       break;
     }
     int64_t step = r->step = gradc_session_step_count(s);
@@ -1033,7 +1188,8 @@ static int run_steps(Run *r) {
     if (r->lead) progress(&pr, r->p, step, loss, lr, grad_norm, step == r->end);
     /* --zero1: saving a checkpoint is collective (the optimiser state is sharded). */
     if ((r->lead || r->zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != r->end) {
-      if ((rc = save_checkpoint(s, a->checkpoint, &r->d, r->lead))) break;
+      if ((rc = save_checkpoint(s, a->checkpoint, &r->d))) break;
+      r->ckpt_step = step;
       if (r->lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) break;
     }
   }
@@ -1063,7 +1219,7 @@ static int run_finish(Run *r) {
     fputc('\n', stderr);
   }
   if (!r->lead) {
-    if (r->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, false))) return rc;
+    if (r->zero1 && a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d))) return rc;
     return interrupted ? 128 + (int)interrupted : 0;
   }
 
@@ -1072,11 +1228,13 @@ static int run_finish(Run *r) {
     char rate[32];
     fmt_rate(rate, sizeof rate,
              (double)(r->step - r->step0) * (double)r->d.tokens_per_window / (took > 0 ? took : 1e-9));
-    fprintf(stderr, "%s %" PRId64 " steps in %.1f s (%s %s): loss %.4f -> %.4f\n",
+    fprintf(stderr, "%s %" PRId64 " steps in %.1f s (%s %s): loss %.4f -> %.4f",
             interrupted ? "interrupted after" : "trained", r->step - r->step0, took, rate, r->d.unit, r->first_loss,
             r->last_loss);
+    if (r->skipped) fprintf(stderr, "; %" PRId64 " skipped (non-finite, --nan-policy skip)", r->skipped);
+    fputc('\n', stderr);
   }
-  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d, true))) return rc;
+  if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d))) return rc;
   if (a->checkpoint) fprintf(stderr, "checkpoint (step %" PRId64 "): %s\n", r->step, a->checkpoint);
   if (a->params_out) {
     if ((st = gradc_session_save_params(s, a->params_out)) != GRADC_OK) return cli_report(st);
@@ -1109,7 +1267,7 @@ static int run_close(Run *r, int rc) {
 }
 
 static int train(const TrainArgs *a) {
-  Run r = {.a = a, .lead = true};
+  Run r = {.a = a, .lead = true, .ckpt_step = -1};
   int rc = run_open(&r);
   if (!rc) {
     if (r.lead) announce(&r);

@@ -503,6 +503,88 @@ static void gen_embedding_grad(CuGen *g, const KpLoopPlan *p) {
   end_block(g);
 }
 
+/* The row-major coordinates of `i` over dims[0..n), as `const long NAMEa`. */
+static void coord_lines(CuGen *g, const char *i, const char *name, const int64_t *dims, int n) {
+  int64_t inner = 1;
+  for (int a = n - 1; a >= 0; a--) {
+    const char *q = inner == 1 ? i : cu_fmt(g, "(%s / %lld)", i, (long long)inner);
+    if (a > 0)
+      cu_line(g, "const long %s%d = %s %% %lld;", name, a, q, (long long)dims[a]);
+    else
+      cu_line(g, "const long %s%d = %s;", name, a, q);
+    inner *= dims[a];
+  }
+}
+
+/* patches (im2col): one thread per patch element [l..., k..., o...],
+ * reading x at o * stride - padding + k * dilation along each spatial
+ * axis, or the padding value outside the image. */
+static void gen_patches(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrPatches *pg = &p->pg;
+  const IrValue *x = op->args[0], *y = op->result;
+  int d = pg->d, lead = pg->lead;
+  IrDType dt = y->type.dtype;
+  In xi = in_of(g, x, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, numel(y), "patches: one thread per patch element, grid-stride");
+  coord_lines(g, "i", "c", pg->cols.dim, pg->cols.rank);
+  StrBuf cond, off;
+  sb_init(&cond);
+  sb_init(&off);
+  sb_puts(&off, "0");
+  for (int a = 0; a < lead; a++) sb_printf(&off, " + c%d * %lld", a, (long long)p->pst[a]);
+  for (int i = 0; i < d; i++) {
+    cu_line(g, "const long s%d = c%d * %lld - %lld + c%d * %lld;", i, lead + d + i, (long long)pg->stride[i],
+            (long long)pg->padding[i], lead + i, (long long)pg->dilation[i]);
+    sb_printf(&cond, "%ss%d >= 0 && s%d < %lld", i ? " && " : "", i, i, (long long)pg->in[i]);
+    sb_printf(&off, " + s%d * %lld", i, (long long)p->pst[lead + i]);
+  }
+  const char *v = elem_at(g, &xi, sb_str(&off));
+  cu_store(g, dt, false, cu_fmt(g, "%s[i]", yp), cu_fmt(g, "(%s) ? %s : %s", sb_str(&cond), v, cu_lit(g, dt, pg->value)));
+  sb_free(&cond);
+  sb_free(&off);
+  end_block(g);
+}
+
+/* patches_grad (col2im): one thread per image element, summing dy over
+ * the kernel positions in order (as the interpreter's scatter-add): for
+ * each, o = (s + padding - k * dilation) / stride when that divides
+ * exactly and is in range.  No atomics, so the sums do not depend on
+ * scheduling. */
+static void gen_patches_grad(CuGen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrPatches *pg = &p->pg;
+  const IrValue *dy = op->args[0], *y = op->result;
+  int d = pg->d, lead = pg->lead;
+  IrDType dt = y->type.dtype;
+  bool grad = y->storage == IR_STORE_GRAD;
+  In di = in_of(g, dy, 0);
+  const char *yp = cu_param(g, y, 0, true);
+  grid_loop(g, numel(y), "patches_grad: one thread per image element, summing over the kernel positions");
+  coord_lines(g, "i", "c", pg->image.dim, pg->image.rank);
+  cu_line(g, "%s acc = %s;", cu_acc_type(dt), cu_lit(g, acc_dtype(dt), 0));
+  StrBuf off;
+  sb_init(&off);
+  sb_puts(&off, "0");
+  for (int a = 0; a < lead; a++) sb_printf(&off, " + c%d * %lld", a, (long long)p->cst[a]);
+  for (int i = 0; i < d; i++) {
+    cu_line(g, "for (long k%d = 0; k%d < %lld; k%d++) {", i, i, (long long)pg->kernel[i], i);
+    g->indent++;
+    cu_line(g, "const long t%d = c%d + %lld - k%d * %lld;", i, lead + i, (long long)pg->padding[i], i,
+            (long long)pg->dilation[i]);
+    cu_line(g, "if (t%d < 0 || t%d %% %lld != 0 || t%d / %lld >= %lld) continue;", i, i, (long long)pg->stride[i], i,
+            (long long)pg->stride[i], (long long)pg->out[i]);
+    sb_printf(&off, " + k%d * %lld + t%d / %lld * %lld", i, (long long)p->cst[lead + i], i, (long long)pg->stride[i],
+              (long long)p->cst[lead + d + i]);
+  }
+  cu_line(g, "acc += %s;", elem_at(g, &di, sb_str(&off)));
+  for (int i = 0; i < d; i++) end_block(g);
+  cu_store(g, dt, grad, cu_fmt(g, "%s[i]", yp), cu_round(g, dt, "acc"));
+  sb_free(&off);
+  end_block(g);
+}
+
 void cu_loop_kernel(CuGen *g, const IrOp *op) {
   KpLoopPlan p;
   kp_loop_plan(op, &p);
@@ -517,6 +599,8 @@ void cu_loop_kernel(CuGen *g, const IrOp *op) {
   case KP_LOOP_CE_TOTAL: gen_ce_total(g, &p); break;
   case KP_LOOP_MSE_TOTAL: gen_mse_total(g, &p); break;
   case KP_LOOP_EMBEDDING_GRAD: gen_embedding_grad(g, &p); break;
+  case KP_LOOP_PATCHES: gen_patches(g, &p); break;
+  case KP_LOOP_PATCHES_GRAD: gen_patches_grad(g, &p); break;
   case KP_LOOP_NONE: cu_error(g, "no loop-nest code for '%s'", ir_op_info[op->opcode].name); break;
   }
 }

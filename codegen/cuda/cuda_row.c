@@ -254,7 +254,9 @@ static const char *unslice_elem(Row *R, const ROp *o, int i) {
   int64_t start[IR_MAX_RANK], step[IR_MAX_RANK], xst[IR_MAX_RANK];
   kp_slice_ranges(op, out, start, step);
   kp_contiguous(xs, xst);
-  const char *x = cu_param(g, op->args[0], 0, false);
+  int xs_slot = slot_of(R, op->args[0]);
+  bool konst = xs_slot >= 0 && R->s[xs_slot].is_const; /* an inline const (pad's value): no storage */
+  const char *x = konst ? NULL : cu_param(g, op->args[0], 0, false);
   IrDType dt = op->result->type.dtype;
   StrBuf cond, off;
   sb_init(&cond);
@@ -278,8 +280,9 @@ static const char *unslice_elem(Row *R, const ROp *o, int i) {
       sb_printf(&off, "d%d / %lld * %lld", a, (long long)step[a], (long long)xst[a]);
     }
   }
-  const char *lv = cu_fmt(g, "%s[%s]", x, off.len ? sb_str(&off) : "0");
-  cu_line(g, "if (%s) e%d = %s;", cond.len ? sb_str(&cond) : "true", i, cu_load(g, dt, false, lv));
+  const char *v = konst ? cu_lit(g, dt, R->s[xs_slot].cval)
+                        : cu_load(g, dt, false, cu_fmt(g, "%s[%s]", x, off.len ? sb_str(&off) : "0"));
+  cu_line(g, "if (%s) e%d = %s;", cond.len ? sb_str(&cond) : "true", i, v);
   g->indent--;
   cu_line(g, "}");
   sb_free(&cond);

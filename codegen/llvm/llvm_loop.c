@@ -20,6 +20,8 @@
  * which touch every page four times; the accumulator, 16 KB of doubles,
  * stays in L1). */
 #define RED_CHUNK 2048
+/* Image columns per iteration of patches_grad (its accumulators). */
+#define PATCH_CHUNK 1024
 
 static int64_t numel(const IrValue *v) { return ir_numel(&v->type.shape); }
 
@@ -92,6 +94,17 @@ static void loop_extent(const IrOp *op, int64_t *iters, int64_t *cost) {
   }
   case KP_LOOP_CE_TOTAL:
   case KP_LOOP_MSE_TOTAL: *cost = 3 * numel(op->args[0]); break;
+  case KP_LOOP_PATCHES:
+    *iters = last ? numel(y) / last : 0;
+    *cost = last;
+    break;
+  case KP_LOOP_PATCHES_GRAD: {
+    int64_t K = 1, ch = last < PATCH_CHUNK ? last : PATCH_CHUNK;
+    for (int i = 0; i < p.pg.d; i++) K *= p.pg.kernel[i];
+    *iters = last ? numel(y) / last * ((last + ch - 1) / ch) : 0;
+    *cost = ch * K;
+    break;
+  }
   case KP_LOOP_NONE: break;
   }
 }
@@ -489,6 +502,129 @@ static void gen_embedding_grad(Gen *g, const KpLoopPlan *p) {
   gen_loop_end(g, &it);
 }
 
+/* ------------------------------------------------------------------ */
+/* Convolution and pooling: patches (im2col) and patches_grad (col2im)  */
+/* ------------------------------------------------------------------ */
+
+/* The row-major coordinates of i over dims[0..n). */
+static void coords(Gen *g, LLVMValueRef i, const int64_t *dims, int n, LLVMValueRef *c) {
+  int64_t inner = 1;
+  for (int a = n - 1; a >= 0; a--) {
+    LLVMValueRef q = inner == 1 ? i : LLVMBuildUDiv(g->b, i, gen_i64(g, inner), "");
+    c[a] = a > 0 ? LLVMBuildURem(g->b, q, gen_i64(g, dims[a]), "") : q;
+    inner *= dims[a];
+  }
+}
+
+static LLVMValueRef and1(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildAnd(g->b, a, b, ""); }
+static LLVMValueRef in_range(Gen *g, LLVMValueRef v, int64_t n) {
+  return and1(g, LLVMBuildICmp(g->b, LLVMIntSGE, v, gen_i64(g, 0), ""), LLVMBuildICmp(g->b, LLVMIntSLT, v, gen_i64(g, n), ""));
+}
+
+/* patches: one row of the last output axis (o_d) per iteration: the
+ * leading, kernel and other output coordinates fix the image row, and each
+ * element reads x at o_d * stride - padding + k_d * dilation, or the
+ * padding value outside the image (the load index is clamped to 0 there). */
+static void gen_patches(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrPatches *pg = &p->pg;
+  int d = pg->d, lead = pg->lead, k = pg->cols.rank;
+  int64_t cols = pg->cols.dim[k - 1];
+  IrDType dt = op->result->type.dtype;
+  GenBuf x = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  GenLoop rl, cl;
+  gen_loop_begin(g, &rl, g->begin, g->end, "row");
+  LLVMValueRef c[IR_MAX_RANK];
+  coords(g, rl.iv, pg->cols.dim, k - 1, c);
+  LLVMValueRef base = gen_i64(g, 0), in = LLVMConstInt(g->t_i1, 1, 0);
+  for (int a = 0; a < lead; a++) base = add(g, base, mul(g, c[a], p->pst[a]));
+  for (int i = 0; i < d - 1; i++) {
+    LLVMValueRef pos = add(g, LLVMBuildSub(g->b, mul(g, c[lead + d + i], pg->stride[i]), gen_i64(g, pg->padding[i]), ""),
+                           mul(g, c[lead + i], pg->dilation[i]));
+    in = and1(g, in, in_range(g, pos, pg->in[i]));
+    base = add(g, base, mul(g, pos, p->pst[lead + i]));
+  }
+  int l = d - 1;
+  LLVMValueRef k0 = LLVMBuildSub(g->b, mul(g, c[lead + l], pg->dilation[l]), gen_i64(g, pg->padding[l]), "");
+  LLVMValueRef yoff = mul(g, rl.iv, cols);
+  LLVMValueRef pad = gen_const(g, dt, pg->value);
+  gen_loop_begin(g, &cl, gen_i64(g, 0), gen_i64(g, cols), "col");
+  LLVMValueRef pos = add(g, k0, mul(g, cl.iv, pg->stride[l]));
+  LLVMValueRef ok = and1(g, in, in_range(g, pos, pg->in[l]));
+  LLVMValueRef xi = LLVMBuildSelect(g->b, ok, add(g, base, pos), gen_i64(g, 0), "");
+  LLVMValueRef v = LLVMBuildSelect(g->b, ok, gen_buf_load(g, &x, xi), pad, "");
+  gen_buf_store(g, &y, add(g, yoff, cl.iv), v);
+  gen_loop_end(g, &cl);
+  gen_loop_end(g, &rl);
+}
+
+/* patches_grad: one block of an image row per iteration.  Each image
+ * element sums, in f64 and in the order of the kernel positions (as the
+ * interpreter's scatter-add), dy at every (k, o) with o * stride - padding
+ * + k * dilation = its position: for each kernel position, o = (s +
+ * padding - k * dilation) / stride when that divides exactly and is in
+ * range. */
+static void gen_patches_grad(Gen *g, const KpLoopPlan *p) {
+  const IrOp *op = p->op;
+  const IrPatches *pg = &p->pg;
+  int d = pg->d, lead = pg->lead, r = pg->image.rank, l = d - 1;
+  int64_t W = pg->image.dim[r - 1], ch = W < PATCH_CHUNK ? W : PATCH_CHUNK, nch = ch ? (W + ch - 1) / ch : 1;
+  IrDType dt = op->result->type.dtype;
+  LLVMTypeRef t = gen_acc_type(g, dt);
+  GenBuf dy = gen_buf(g, op->args[0]), y = gen_buf_out(g, op->result);
+  LLVMValueRef acc = gen_alloca(g, t, ch);
+  GenLoop it, jl, kl[IR_MAX_RANK];
+  gen_loop_begin(g, &it, g->begin, g->end, "it");
+  LLVMValueRef row = LLVMBuildUDiv(g->b, it.iv, gen_i64(g, nch), "");
+  LLVMValueRef j0 = mul(g, LLVMBuildURem(g->b, it.iv, gen_i64(g, nch), ""), ch);
+  LLVMValueRef left = LLVMBuildSub(g->b, gen_i64(g, W), j0, "");
+  LLVMValueRef len = LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSLT, left, gen_i64(g, ch), ""), left, gen_i64(g, ch), "");
+  LLVMValueRef c[IR_MAX_RANK];
+  coords(g, row, pg->image.dim, r - 1, c);
+  LLVMValueRef lbase = gen_i64(g, 0);
+  for (int a = 0; a < lead; a++) lbase = add(g, lbase, mul(g, c[a], p->cst[a]));
+  gen_loop_begin(g, &jl, gen_i64(g, 0), len, "init");
+  LLVMBuildStore(g->b, LLVMConstReal(t, 0.0), LLVMBuildInBoundsGEP2(g->b, t, acc, &jl.iv, 1, ""));
+  gen_loop_end(g, &jl);
+  /* kernel positions along every spatial axis, outermost first */
+  LLVMValueRef base = lbase, in = LLVMConstInt(g->t_i1, 1, 0);
+  for (int i = 0; i < d; i++) {
+    gen_loop_begin(g, &kl[i], gen_i64(g, 0), gen_i64(g, pg->kernel[i]), "k");
+    base = add(g, base, mul(g, kl[i].iv, p->cst[lead + i]));
+    if (i == l) break;
+    LLVMValueRef tt = LLVMBuildSub(g->b, add(g, c[lead + i], gen_i64(g, pg->padding[i])), mul(g, kl[i].iv, pg->dilation[i]), "");
+    LLVMValueRef o = LLVMBuildSDiv(g->b, tt, gen_i64(g, pg->stride[i]), "");
+    LLVMValueRef exact = LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildSRem(g->b, tt, gen_i64(g, pg->stride[i]), ""), gen_i64(g, 0), "");
+    in = and1(g, in, and1(g, exact, and1(g, LLVMBuildICmp(g->b, LLVMIntSGE, tt, gen_i64(g, 0), ""), in_range(g, o, pg->out[i]))));
+    base = add(g, base, mul(g, o, p->cst[lead + d + i]));
+  }
+  /* skip the row when an outer axis reads nothing here */
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "read");
+  LLVMBasicBlockRef skip = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "");
+  LLVMBuildCondBr(g->b, in, body, skip);
+  LLVMPositionBuilderAtEnd(g->b, body);
+  LLVMValueRef t0 = LLVMBuildSub(g->b, add(g, j0, gen_i64(g, pg->padding[l])), mul(g, kl[l].iv, pg->dilation[l]), "");
+  gen_loop_begin(g, &jl, gen_i64(g, 0), len, "j");
+  LLVMValueRef tt = add(g, t0, jl.iv);
+  LLVMValueRef o = LLVMBuildSDiv(g->b, tt, gen_i64(g, pg->stride[l]), "");
+  LLVMValueRef ok = and1(g, LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildSRem(g->b, tt, gen_i64(g, pg->stride[l]), ""), gen_i64(g, 0), ""),
+                         and1(g, LLVMBuildICmp(g->b, LLVMIntSGE, tt, gen_i64(g, 0), ""), in_range(g, o, pg->out[l])));
+  LLVMValueRef di = LLVMBuildSelect(g->b, ok, add(g, base, o), gen_i64(g, 0), "");
+  LLVMValueRef v = LLVMBuildSelect(g->b, ok, gen_widen(g, gen_buf_load(g, &dy, di)), LLVMConstReal(t, 0.0), "");
+  LLVMValueRef ap = LLVMBuildInBoundsGEP2(g->b, t, acc, &jl.iv, 1, "");
+  LLVMBuildStore(g->b, LLVMBuildFAdd(g->b, LLVMBuildLoad2(g->b, t, ap, ""), v, ""), ap);
+  gen_loop_end(g, &jl);
+  LLVMBuildBr(g->b, skip);
+  LLVMPositionBuilderAtEnd(g->b, skip);
+  for (int i = d - 1; i >= 0; i--) gen_loop_end(g, &kl[i]);
+  LLVMValueRef yoff = add(g, mul(g, row, W), j0);
+  gen_loop_begin(g, &jl, gen_i64(g, 0), len, "out");
+  LLVMValueRef sum = LLVMBuildLoad2(g->b, t, LLVMBuildInBoundsGEP2(g->b, t, acc, &jl.iv, 1, ""), "");
+  gen_buf_store(g, &y, add(g, yoff, jl.iv), gen_narrow(g, sum, dt));
+  gen_loop_end(g, &jl);
+  gen_loop_end(g, &it);
+}
+
 void gen_loop_kernel(Gen *g, const IrOp *op) {
   KpLoopPlan p;
   kp_loop_plan(op, &p);
@@ -503,6 +639,8 @@ void gen_loop_kernel(Gen *g, const IrOp *op) {
   case KP_LOOP_CE_TOTAL: gen_ce_total(g, &p); break;
   case KP_LOOP_MSE_TOTAL: gen_mse_total(g, &p); break;
   case KP_LOOP_EMBEDDING_GRAD: gen_embedding_grad(g, &p); break;
+  case KP_LOOP_PATCHES: gen_patches(g, &p); break;
+  case KP_LOOP_PATCHES_GRAD: gen_patches_grad(g, &p); break;
   case KP_LOOP_NONE: gen_error(g, "kernel k%d: no loop-nest code for '%s'", g->group, ir_op_info[op->opcode].name); break;
   }
   LLVMBuildRetVoid(g->b);

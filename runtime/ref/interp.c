@@ -499,6 +499,41 @@ static bool eval_embedding_grad(Ctx *c, const IrOp *op, double *out) {
   return true;
 }
 
+/* patches (im2col): element [l..., k..., o...] is x[l..., o*stride -
+ * padding + k*dilation] along each spatial axis, or value where that
+ * position is outside x.  patches_grad, its adjoint: each element of dy
+ * added to the position it was read from (positions in the padding read
+ * nothing).  Both walk the patches' elements in order. */
+static bool eval_patches(Ctx *c, const IrOp *op, double *out, bool adjoint) {
+  IrPatches g;
+  char why[256];
+  if (!ir_patches_geom(op, &g, why, sizeof why)) return fail(c, "%s", why);
+  const double *x = in(c, op, 0);
+  int64_t ist[IR_MAX_RANK];
+  int64_t m = 1;
+  for (int k = g.image.rank - 1; k >= 0; k--) ist[k] = m, m *= g.image.dim[k];
+  Walk w;
+  walk_init(&w, &g.cols);
+  int64_t n = ir_numel(&g.cols);
+  for (int64_t e = 0; e < n; e++, walk_next(&w)) {
+    int64_t off = 0;
+    bool inside = true;
+    for (int i = 0; i < g.lead; i++) off += w.idx[i] * ist[i];
+    for (int i = 0; i < g.d; i++) {
+      int64_t k = w.idx[g.lead + i], o = w.idx[g.lead + g.d + i];
+      int64_t pos = o * g.stride[i] - g.padding[i] + k * g.dilation[i];
+      if (pos < 0 || pos >= g.in[i]) inside = false;
+      off += pos * ist[g.lead + i];
+    }
+    if (adjoint) {
+      if (inside) out[off] += x[e];
+    } else {
+      out[e] = inside ? x[off] : g.value;
+    }
+  }
+  return true;
+}
+
 typedef enum { RED_NONE, RED_SUM, RED_MEAN } Reduction;
 
 /* *r is set on failure too (RED_MEAN), so that no caller reads it unset. */
@@ -690,6 +725,8 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_CROSS_ENTROPY: return eval_cross_entropy(c, op, out);
   case IR_OP_ONE_HOT: return eval_one_hot(c, op, out);
   case IR_OP_MSE_LOSS: return eval_mse_loss(c, op, out);
+  case IR_OP_PATCHES: return eval_patches(c, op, out, false);
+  case IR_OP_PATCHES_GRAD: return eval_patches(c, op, out, true);
   case IR_OP_WINDOW_SUM: return eval_window_sum(c, op, out);
   case IR_OP_GRAD_SEED: return eval_grad_seed(c, op, out);
   case IR_OP_LOSS_TERM: return map2(c, op, out, IR_OP_MUL);

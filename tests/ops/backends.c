@@ -174,7 +174,7 @@ static int parse_attrs(const char *s, IrAttr *out, int cap, int64_t *ints, char 
       out[na++] = ir_attr_bool(key, *v == 't');
     } else if ((*v >= '0' && *v <= '9') || *v == '-') {
       bool fl = false;
-      for (const char *c = v; c < end; c++) fl |= *c == '.' || *c == 'e';
+      for (const char *c = v; c < end; c++) fl |= *c == '.' || *c == 'e' || *c == 'i'; /* "-inf" */
       out[na++] = fl ? ir_attr_float(key, strtod(v, NULL)) : ir_attr_int(key, strtoll(v, NULL, 10));
     } else {
       char *str = buf;

@@ -235,7 +235,7 @@ static void test_cuda_emulated_models(void **state) {
                                          "reshape_merge_batch", "matmul_vec", "detach", "batch_affine",
                                          "tinygpt_block", "stacked_for", "param_axis0", "dims_values"};
   enum { NT = sizeof torchref / sizeof torchref[0] };
-  Case cs[NT + 8];
+  Case cs[NT + 12];
   int n = 0;
   cs[n++] = model("examples/mlp.gdl", NULL, 86);
   ignore_some_targets(&cs[n - 1]);
@@ -246,6 +246,10 @@ static void test_cuda_emulated_models(void **state) {
   cs[n++] = model("tests/cuda/cross_entropy.gdl", NULL, 90);
   ignore_some_targets(&cs[n - 1]);
   cs[n++] = model("tests/cuda/lowp.gdl", NULL, 91);
+  /* convolution and pooling: patches, patches_grad and the kernels around them */
+  cs[n++] = model("tests/models/lenet.gdl", NULL, 92);
+  cs[n++] = model("tests/models/conv_paths.gdl", NULL, 93);
+  cs[n++] = model("tests/models/conv_bn.gdl", NULL, 94);
   for (int i = 0; i < NT; i++) {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/torchref/cases/%s.gdl", torchref[i]);

@@ -430,6 +430,39 @@ static void test_shape_slice_unslice(void **state) {
   assert_has(infer(IR_OP_UNSLICE, "f32[4,4]", a, 4, NULL), "the slice of f32[4,10] is f32[4,3], but the operand is f32[4,4]");
 }
 
+/* patches (im2col) and patches_grad: [N, C, H, W] -> [N, C, KH, KW, OH, OW]
+ * with OH = (H + 2p - dil*(KH-1) - 1) / stride + 1, as F.unfold. */
+static void test_shape_patches(void **state) {
+  (void)state;
+  int64_t k[] = {3, 2}, s[] = {2, 1}, p[] = {1, 0}, d[] = {1, 2}, one[] = {1, 1}, zero[] = {0, 0}, big[] = {5, 5};
+  IrAttr a[5] = {ir_attr_ints("kernel", k, 2), ir_attr_ints("stride", s, 2), ir_attr_ints("padding", p, 2),
+                 ir_attr_ints("dilation", d, 2), ir_attr_float("value", 0.0)};
+  /* H: (7 + 2 - 2 - 1) / 2 + 1 = 4; W: (6 + 0 - 2 - 1) / 1 + 1 = 4 */
+  assert_string_equal(infer(IR_OP_PATCHES, "f32[2,3,7,6]", a, 5, NULL), "f32[2,3,3,2,4,4]");
+  assert_string_equal(infer(IR_OP_PATCHES, "f64[7,6]", a, 5, NULL), "f64[3,2,4,4]");
+  a[0] = ir_attr_ints("kernel", big, 2);
+  a[1] = a[3] = ir_attr_ints("stride", one, 2);
+  a[3].key = "dilation";
+  a[2] = ir_attr_ints("padding", zero, 2);
+  assert_has(infer(IR_OP_PATCHES, "f32[2,3,4,6]", a, 5, NULL),
+             "kernel 5 (dilation 1, spanning 5) is larger than axis 2 of f32[2,3,4,6] padded by 0 (4)");
+  a[2] = ir_attr_ints("padding", one, 2);
+  assert_string_equal(infer(IR_OP_PATCHES, "f32[2,3,4,6]", a, 5, NULL), "f32[2,3,5,5,2,4]");
+  a[1] = ir_attr_ints("stride", zero, 2);
+  assert_has(infer(IR_OP_PATCHES, "f32[2,3,4,6]", a, 5, NULL), "stride 0 must be positive");
+  a[1] = ir_attr_ints("stride", k, 1);
+  assert_has(infer(IR_OP_PATCHES, "f32[2,3,4,6]", a, 5, NULL), "'stride' has 1 entries, 'kernel' 2");
+  a[1] = ir_attr_ints("stride", one, 2);
+  assert_has(infer(IR_OP_PATCHES, "f32[2,3,4,6]", a, 4, NULL), "'patches' needs attribute 'value'");
+  assert_has(infer(IR_OP_PATCHES, "f32[2,3,4,6,1,1,1]", a, 5, NULL), "the result would have rank 9, at most 8");
+  assert_has(infer(IR_OP_PATCHES, "i32[2,3,4,6]", a, 5, NULL), "floating-point");
+  int64_t img[] = {2, 3, 4, 6};
+  a[4] = ir_attr_ints("shape", img, 4);
+  assert_string_equal(infer(IR_OP_PATCHES_GRAD, "f32[2,3,5,5,2,4]", a, 5, NULL), "f32[2,3,4,6]");
+  assert_has(infer(IR_OP_PATCHES_GRAD, "f32[2,3,5,5,2,5]", a, 5, NULL),
+             "the patches of shape [2,3,4,6] are f32[2,3,5,5,2,4], but the operand is f32[2,3,5,5,2,5]");
+}
+
 static void test_shape_concat(void **state) {
   (void)state;
   IrAttr ax = ir_attr_int("axis", -1);
@@ -952,6 +985,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shape_reduce, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_movement, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_slice_unslice, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_shape_patches, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_concat, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_matmul, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shape_nn, setup, teardown),

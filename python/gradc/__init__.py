@@ -1,0 +1,399 @@
+"""gradc from Python: compile a model, open a session, run windows and
+optimiser steps, with NumPy arrays in and out.
+
+    import gradc
+    prog = gradc.compile("examples/mlp.gdl", defines={"B": 64}, gas=1)
+    sess = prog.session(seed=0)            # params as the model declares them
+    r = sess.run({"x": x, "y": y})         # one window: forward and backward
+    r.losses["total"], r.grads["W1"]
+    sess.step(optimizer="adamw", lr=1e-3)
+
+A thin layer over the C API of include/gradc.h (libgradc.so, through
+ctypes; see _lib.py for how the library is found).  Anything with
+__array__ or __dlpack__ (a PyTorch CPU tensor) is accepted where an array
+is.  Failures raise gradc.Error with the library's diagnostic text.
+"""
+import ctypes
+import json
+import os
+import struct
+
+import numpy as np
+
+from . import _lib
+
+__all__ = ["Error", "Program", "Session", "Result", "compile", "load", "version",
+           "read_safetensors", "write_safetensors"]
+
+
+class Error(Exception):
+    """A failure the library reported; str(e) is its diagnostic text
+    ("mlp.gdl:3:7: error: ..." with the source line and caret, or
+    "gradc: error: ...")."""
+
+    def __init__(self, message, status=1):
+        super().__init__(message)
+        self.message = message
+        self.status = status  # 1: a user error, 2: an internal one
+
+
+def _check(st):
+    if st != 0:
+        raise Error(_lib.last_error().decode("utf-8", "replace"), st)
+
+
+def version():
+    return _lib.version().decode()
+
+
+def _b(s):
+    return os.fsencode(s) if isinstance(s, os.PathLike) else s.encode()
+
+
+_NP = {_lib.F32: np.float32, _lib.F64: np.float64, _lib.I32: np.int32, _lib.I64: np.int64}
+_DTYPE_NAMES = {_lib.F32: "f32", _lib.F64: "f64", _lib.BF16: "bf16", _lib.F16: "f16", _lib.I32: "i32", _lib.I64: "i64"}
+
+
+def _as_array(x):
+    """NumPy's view of x: an ndarray as it is, else through __array__
+    (PyTorch, JAX, lists) or DLPack."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__array__") or not hasattr(x, "__dlpack__"):
+        return np.asarray(x)
+    return np.from_dlpack(x)
+
+
+class TensorInfo:
+    """A param or input of a program's signature."""
+
+    def __init__(self, ti):
+        self.name = ti.name.decode()
+        self.dtype = _DTYPE_NAMES.get(ti.dtype, "?")
+        self.shape = tuple(ti.shape[i] for i in range(ti.rank))
+        self.batched = bool(ti.batched)
+
+    def __repr__(self):
+        return "%s: %s%s" % (self.name, self.dtype, list(self.shape))
+
+
+class Program:
+    """A compiled model (gradc_program): its signature, sessions on it, and
+    artifacts.  Made by gradc.compile or gradc.load."""
+
+    def __init__(self, handle):
+        self._h = handle
+        n = _lib.program_num_params(handle)
+        self.params = []
+        for i in range(n):
+            ti = _lib.TensorInfo()
+            _check(_lib.program_param_info(handle, i, ctypes.byref(ti)))
+            self.params.append(TensorInfo(ti))
+        self.inputs = []
+        for i in range(_lib.program_num_inputs(handle)):
+            ti = _lib.TensorInfo()
+            _check(_lib.program_input_info(handle, i, ctypes.byref(ti)))
+            self.inputs.append(TensorInfo(ti))
+        self.losses = [_lib.program_loss_name(handle, i).decode() for i in range(_lib.program_num_losses(handle))]
+        self.gas = _lib.program_gas(handle)
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.program_free(h)
+
+    def session(self, params=None, seed=0):
+        """A session (gradc_session): params None (the model's declared
+        init, seeded by seed), a safetensors path, or a dict name -> array
+        holding every param."""
+        s = Session(self)
+        if params is None:
+            _check(_lib.session_init_params(s._h, seed))
+        else:
+            s.load_params(params)
+        return s
+
+    def save(self, path):
+        """Write an artifact (gradc compile -o): the planned IR and kernels."""
+        _check(_lib.program_save(self._h, _b(path)))
+
+    def infer(self, params, inputs):
+        """The forward values for one window: a Result with losses and
+        outputs (and grads=None).  The C API has no forward-only program
+        yet, so this runs the training step and drops the gradients."""
+        r = self.session(params).run(inputs)
+        r.grads = None
+        return r
+
+
+def _compile_options(defines, gas, target, threads, no_cache):
+    o = _lib.CompileOptions()
+    _lib.compile_options_init(ctypes.byref(o))
+    o.gas = int(gas)
+    o.threads = int(threads)
+    o.no_cache = 1 if no_cache else 0
+    keep = [target.encode()]
+    o.target = keep[0]
+    if defines:
+        names = (ctypes.c_char_p * len(defines))(*[str(k).encode() for k in defines])
+        values = (ctypes.c_int64 * len(defines))(*[int(v) for v in defines.values()])
+        o.def_names, o.def_values, o.ndefs = names, values, len(defines)
+        keep += [names, values]
+    return o, keep
+
+
+def _is_artifact(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"GRADCART"
+    except OSError:
+        return False
+
+
+def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cache=False, name=None):
+    """Compile a model: a path to a .gdl file (or an artifact, which is
+    loaded), or the model's source text (anything with a newline or a
+    '{'); name is the file name diagnostics give source text (default
+    "<source>.gdl").  defines: -D values {"B": 64}; gas: micro-batches K."""
+    src = os.fspath(path_or_source) if isinstance(path_or_source, os.PathLike) else path_or_source
+    if not isinstance(src, str):
+        raise TypeError("gradc.compile: a path or source text, not %s" % type(src).__name__)
+    o, keep = _compile_options(defines, gas, target, threads, no_cache)
+    h = ctypes.c_void_p()
+    if "\n" in src or "{" in src:
+        _check(_lib.program_compile_source((name or "<source>.gdl").encode(), src.encode(), ctypes.byref(o), ctypes.byref(h)))
+    elif _is_artifact(src):
+        return load(src)
+    else:
+        _check(_lib.program_compile_file(src.encode(), ctypes.byref(o), ctypes.byref(h)))
+    del keep
+    return Program(h.value)
+
+
+def load(path):
+    """Load an artifact (gradc compile -o / Program.save) without compiling."""
+    h = ctypes.c_void_p()
+    _check(_lib.program_load(_b(path), ctypes.byref(h)))
+    return Program(h.value)
+
+
+class _Storage:
+    """Hands NumPy a session's own param storage (__array_interface__),
+    and keeps the session alive while a view of it is."""
+
+    def __init__(self, sess, ptr, shape, typestr):
+        self._sess = sess
+        self.__array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr, "version": 3}
+
+
+class Result:
+    """One window's values: losses (name -> float, "total" included),
+    grads (name -> ndarray, copies) and outputs (name -> ndarray)."""
+
+    def __init__(self, losses, grads, outputs):
+        self.losses, self.grads, self.outputs = losses, grads, outputs
+
+    def __repr__(self):
+        return "Result(losses=%r)" % (self.losses,)
+
+
+_OPTIMIZERS = {"sgd": _lib.SGD, "adamw": _lib.ADAMW}
+
+
+class Session:
+    """Params, one window of inputs, the last run's results and the
+    optimiser state (gradc_session)."""
+
+    def __init__(self, prog):
+        self.program = prog  # freed after the session
+        h = ctypes.c_void_p()
+        _check(_lib.session_new(prog._h, ctypes.byref(h)))
+        self._h = h.value
+        self._info = {p.name: p for p in prog.params}
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.session_free(h)
+
+    # ---- params ----
+    def _view(self, name):
+        ptr, n = ctypes.c_void_p(), ctypes.c_size_t()
+        _check(_lib.session_param_data(self._h, name.encode(), ctypes.byref(ptr), ctypes.byref(n)))
+        f64 = self._info[name].dtype == "f64"
+        return np.asarray(_Storage(self, ptr.value, self._info[name].shape, "<f8" if f64 else "<f4"))
+
+    @property
+    def params(self):
+        """name -> ndarray: views of the session's own storage (F32 master
+        weights, F64 for f64 params), not copies.  They see every later
+        change (steps, loads); writing into them changes the params."""
+        return {p.name: self._view(p.name) for p in self.program.params}
+
+    def set_param(self, name, value):
+        a = np.ascontiguousarray(_as_array(value), dtype=np.float64 if self._info[name].dtype == "f64" else np.float32) \
+            if name in self._info else np.zeros(0, np.float32)
+        _check(_lib.session_set_param(self._h, name.encode(), a.ctypes.data_as(ctypes.c_void_p), a.size))
+
+    def load_params(self, params, partial=False):
+        """Params from a safetensors path (a checkpoint too: its optim.*
+        tensors are skipped), or a dict name -> array, holding every param
+        and nothing else; with partial=True, some of them (the others keep
+        their values).  Returns how many were loaded."""
+        if isinstance(params, (str, os.PathLike)):
+            if not partial:
+                _check(_lib.session_load_params(self._h, _b(params)))
+                return len(self._info)
+            n = ctypes.c_int()
+            _check(_lib.session_load_params_partial(self._h, _b(params), ctypes.byref(n)))
+            return n.value
+        names = set(self._info)
+        extra = sorted(set(params) - names)
+        missing = [p.name for p in self.program.params if p.name not in params]
+        if extra:
+            raise Error("gradc: error: params: '%s' is not a param of the model" % extra[0])
+        if missing and not partial:
+            raise Error("gradc: error: params: missing param '%s'" % missing[0])
+        for k, v in params.items():
+            self.set_param(k, v)
+        return len(params)
+
+    def save_params(self, path):
+        _check(_lib.session_save_params(self._h, _b(path)))
+
+    # ---- running ----
+    def run(self, inputs):
+        """One window (K micro-batches, gradients accumulated): inputs is a
+        dict name -> array holding one window of every input."""
+        for k, v in inputs.items():
+            a = _as_array(v)
+            if a.dtype in (np.float32, np.float64, np.int32, np.int64):
+                a = np.ascontiguousarray(a)
+            elif a.dtype.kind in "iub":
+                a = np.ascontiguousarray(a, dtype=np.int32)
+            else:
+                a = np.ascontiguousarray(a, dtype=np.float32)
+            dt = {np.dtype(np.float32): _lib.F32, np.dtype(np.float64): _lib.F64,
+                  np.dtype(np.int32): _lib.I32, np.dtype(np.int64): _lib.I64}[a.dtype]
+            _check(_lib.session_set_input(self._h, str(k).encode(), dt, a.ctypes.data_as(ctypes.c_void_p), a.size))
+        _lib.session_params_written(self._h)  # the views may have been written
+        _check(_lib.session_run(self._h))
+        losses = {name: _lib.session_loss(self._h, i) for i, name in enumerate(self.program.losses)}
+        losses["total"] = _lib.session_loss_total(self._h)
+        grads = {}
+        for p in self.program.params:
+            g = np.empty(p.shape, np.float64 if p.dtype == "f64" else np.float32)
+            _check(_lib.session_get_grad(self._h, p.name.encode(), g.ctypes.data_as(ctypes.c_void_p), g.size))
+            grads[p.name] = g
+        return Result(losses, grads, {})
+
+    def save_grads(self, path):
+        _check(_lib.session_save_grads(self._h, _b(path)))
+
+    # ---- optimiser ----
+    def step(self, optimizer="adamw", lr=None, **kw):
+        """One optimiser step with the last run's gradients (torch.optim
+        semantics and defaults): optimizer "adamw" or "sgd"; lr; momentum,
+        dampening, nesterov (SGD); betas=(b1, b2), eps (AdamW);
+        weight_decay, clip_norm, warmup_steps, total_steps, min_lr;
+        schedule "constant", "linear" or "cosine" (default: cosine when
+        total_steps is given); no_decay_1d (no weight decay on params of
+        rank <= 1) and no_decay (fnmatch patterns of names, a list or one
+        comma-separated string).  A changed optimizer starts fresh state."""
+        if optimizer not in _OPTIMIZERS:
+            raise Error("gradc: error: step: unknown optimizer '%s' (sgd or adamw)" % optimizer)
+        o = _lib.OptimizerOptions()
+        _lib.optimizer_options_init(ctypes.byref(o), _OPTIMIZERS[optimizer])
+        if lr is not None:
+            o.lr = lr
+        if "betas" in kw:
+            o.beta1, o.beta2 = kw.pop("betas")
+        if "schedule" in kw:
+            sched = kw.pop("schedule")
+            if sched not in _lib.SCHEDULES:
+                raise Error("gradc: error: step: unknown schedule '%s' (constant, linear or cosine)" % sched)
+            o.schedule = _lib.SCHEDULES[sched]
+        keep = None
+        if "no_decay" in kw:
+            pats = kw.pop("no_decay")
+            keep = (pats if isinstance(pats, str) else ",".join(pats)).encode()
+            o.no_decay = keep
+        for k, v in kw.items():
+            if k == "clip":
+                k = "clip_norm"
+            if k not in dict(_lib.OptimizerOptions._fields_) or k.startswith("_") or k in ("kind", "no_decay"):
+                raise TypeError("step() got an unexpected keyword argument '%s'" % k)
+            setattr(o, k, v)
+        _check(_lib.session_set_optimizer(self._h, ctypes.byref(o)))  # copies no_decay
+        del keep
+        _check(_lib.session_step(self._h))
+
+    @property
+    def step_count(self):
+        return _lib.session_step_count(self._h)
+
+    @property
+    def lr(self):
+        """The rate the next step uses (NaN before an optimiser is set)."""
+        return _lib.session_lr(self._h)
+
+    @property
+    def grad_norm(self):
+        return _lib.session_grad_norm(self._h)
+
+    # ---- checkpoints ----
+    def save_checkpoint(self, path):
+        """Params, optimiser state (optim.<slot>.<param>), step and RNG."""
+        _check(_lib.session_save_checkpoint(self._h, _b(path)))
+
+    def load_checkpoint(self, path):
+        _check(_lib.session_load_checkpoint(self._h, _b(path)))
+
+
+# ---- safetensors, in NumPy ----
+_ST = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64, "F16": np.float16,
+       "I8": np.int8, "U8": np.uint8, "I16": np.int16, "BOOL": np.bool_}
+_ST_NAME = {np.dtype(v): k for k, v in _ST.items()}
+
+
+def read_safetensors(path):
+    """A safetensors file as a dict name -> ndarray (and "__metadata__" ->
+    dict when the file has one)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise Error("gradc: error: %s: not a safetensors file" % path)
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        head = json.loads(data[8:8 + n])
+    except ValueError:
+        raise Error("gradc: error: %s: not a safetensors file" % path) from None
+    out = {}
+    for name, t in head.items():
+        if name == "__metadata__":
+            out[name] = t
+            continue
+        if t["dtype"] not in _ST:
+            raise Error("gradc: error: %s: tensor '%s': dtype %s is not read here" % (path, name, t["dtype"]))
+        lo, hi = t["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + lo:8 + n + hi], dtype=_ST[t["dtype"]]).reshape(t["shape"]).copy()
+    return out
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Write a dict name -> array as a safetensors file."""
+    head, blobs, off = {}, [], 0
+    if metadata:
+        head["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, v in tensors.items():
+        a = np.ascontiguousarray(_as_array(v))
+        if a.dtype not in _ST_NAME:
+            raise Error("gradc: error: %s: tensor '%s': dtype %s cannot be written" % (path, name, a.dtype))
+        b = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        head[name] = {"dtype": _ST_NAME[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(head, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
