@@ -13,6 +13,7 @@
 #include "api_impl.h"
 #include "passes/passes.h"
 #include "runtime/comm/trace.h"
+#include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_floor.h"
 #include "runtime/io/artifact.h"
 #ifdef GRADC_HAVE_CUDA
@@ -582,16 +583,24 @@ int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int thread
 
     RtGemm *g;
     int ng = rt_gemm_list(p->func, &g);
+    /* The floor multiplies with the program's provider (the host's
+     * choice for the interpreter, which has none of its own). */
+    char ferr[1024], dir[4096];
+    if (api_cpu_program(p)) fig->gemm_provider = cpu_program_gemm_provider(api_cpu_program(p));
+    else {
+      const CpuGemmProvider *gp = cpu_gemm_select(!p->no_cache && cache_dir(dir, sizeof dir) ? dir : NULL, ferr, sizeof ferr);
+      fig->gemm_provider = gp ? gp->name : "";
+    }
     if (print_gemms) list_gemms(g, ng);
     int reps = steps < 3 ? 3 : steps;
     double *fms = mem_calloc((size_t)reps, sizeof(double));
 #ifdef GRADC_HAVE_CUDA
-    char ferr[1024];
     if (api_cuda_program(p) && !cuda_gemm_floor(api_cuda_program(p), p->gas, reps, fms, ferr, sizeof ferr))
       rc = fail("%s", ferr);
     else if (!api_cuda_program(p))
 #endif
-      rt_gemm_floor(g, ng, p->gas, threads, 1, reps, fms);
+      if (!rt_gemm_floor(g, ng, p->gas, threads, fig->gemm_provider, 1, reps, fms, ferr, sizeof ferr))
+        rc = fail("%s", ferr);
     fig->gemm_floor_ms = ng ? median(fms, reps) : 0;
     free(fms);
     rt_gemm_list_free(g, ng);

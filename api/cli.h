@@ -111,6 +111,7 @@ void cli_set_draws(gradc_program *p, uint64_t seed, uint64_t step);
 typedef struct cli_bench_figures {
   double step_ms_median, step_ms_min, gemm_floor_ms;
   int64_t kernels_per_step, gemms_per_step, peak_bytes, peak_rss_bytes;
+  const char *gemm_provider; /* the CPU's GEMM provider ("onednn", ...); "" on other targets */
 } cli_bench_figures;
 
 /* Time warmup + steps windows of p on its declared init (seed) and random

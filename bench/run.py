@@ -1,31 +1,46 @@
 #!/usr/bin/python3
-"""Run `gradc bench` and its PyTorch twin (bench/torch_models.py) side by
-side, in one run, for tinygpt large, tinygpt small, mlp and mlp2
-(bench/models/mlp2.gdl) at 1 and 2 threads, and print one table of ratios (markdown):
+"""Run `gradc bench` and its peers side by side, in one run, for tinygpt
+large, tinygpt small, mlp and mlp2 (bench/models/mlp2.gdl) at 1 and 2
+threads, and print the tables of bench/RESULTS.md (markdown).
 
-  step/floor     gradc step / gradc GEMM floor (the step's GEMMs alone)
-  vs torch       gradc step / torch step (both medians, same threads, f32)
-  RSS ratio      gradc peak RSS / torch peak RSS (whole processes; torch's
-                 includes ~240 MB for importing torch, shown apart)
-  compile        gradc cold / warm compile (ms)
-  kernels        gradc kernels_per_step vs torch kernels (operators that do
-                 work, forward and backward) and torch.profiler's aten op
-                 count
+Peers: current PyTorch from PyPI, eager and torch.compile
+(bench/torch_models.py), and jax[cpu] jit (bench/jax_models.py), from a
+virtual environment under the build directory that --setup-peers creates
+(pip install torch jax[cpu]: several GB with torch's CUDA wheels, so never
+in CI).  Without it, Debian's torch (/usr/bin/python3) is the only peer.
+Every process of a cell is pinned to the same CPUs (taskset: CPU 0 for one
+thread, 0..N-1 for N) and told the same thread count (gradc --threads,
+torch.set_num_threads, XLA_FLAGS for one thread); f32 throughout.
 
---gemm-lib also measures SGEMM GFLOP/s at each model's GEMM shapes with
-OpenBLAS and BLIS (bench/gemm_lib.c, compiled here against each).
+Step table columns:
+  gradc step     median / min ms of a window (forward + backward)
+  provider       the GEMM provider gradc chose on this host (gemm_provider)
+  floor          gradc's GEMM floor with that provider, and the best
+                 provider's floor (with --gemm-lib; else the same)
+  step/floor     gradc step / best floor (target <= 1.05)
+  eager, compile, jax   the peers' median step ms
+  vs best torch  gradc step / the faster of eager and torch.compile
+                 (targets: tinygpt large 0.8, tinygpt small 0.6, mlp and mlp2 0.8)
+  RSS            peak RSS MB, gradc / torch eager
+  cold compile   ms: gradc (cache bypassed) / torch.compile / jax jit
+
+--gemm-lib also runs gradc under GRADC_GEMM=onednn, openblas and blis and
+reports each provider's step and floor, the host's measured choice, and
+the fused-epilogue measurement (bench/gemm_epilogue.c).
 --results FILE writes the tables into FILE between marker comments, with
-the machine, the command and the date, leaving the rest of FILE as is.
+the machine, the command, the date and the load, leaving the rest as is.
 
-Usage: bench/run.py [--gradc build/gradc] [--steps 10] [--threads 1,2]
-                    [--repeat R] [--quiet-wait S] [--target cpu] [--gemm-lib] [--results bench/RESULTS.md]
+The whole RESULTS table, on a quiet machine:
+  bench/run.py --setup-peers --gemm-lib --repeat 3 --quiet-wait 30 --results bench/RESULTS.md
+
+Usage: bench/run.py [--gradc build/gradc] [--steps 10] [--threads 1,2] [--repeat R]
+                    [--quiet-wait S] [--setup-peers] [--gemm-lib] [--only NAME] [--results FILE]
 """
 import argparse
 import json
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,17 +73,43 @@ def parse():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--target", default="cpu")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="run every cell this many times, in rounds over all cells, gradc and torch alternately, "
+                    help="run every cell this many times, in rounds over all cells, gradc and its peers in turn, "
                          "and keep each one's fastest run (by median step): a shared machine's noise only ever "
                          "slows a run down")
     ap.add_argument("--quiet-wait", type=float, default=0, metavar="SECONDS",
                     help="before each run, wait up to this long for the other processes on the machine to "
                          "leave the CPUs idle (under 0.2 CPUs busy over half a second)")
     ap.add_argument("--only", help="run only configs whose name contains this")
-    ap.add_argument("--gemm-lib", action="store_true")
-    ap.add_argument("--gemm-lib-only", action="store_true", help="only the OpenBLAS/BLIS comparison")
+    ap.add_argument("--setup-peers", action="store_true",
+                    help="create the peers' virtual environment (BUILD/peers-venv: torch, jax[cpu]) if missing")
+    ap.add_argument("--no-peers", action="store_true", help="gradc alone")
+    ap.add_argument("--gemm-lib", action="store_true", help="also every GEMM provider, and the epilogues")
+    ap.add_argument("--gemm-lib-only", action="store_true", help="only the provider comparison")
     ap.add_argument("--results")
     return ap.parse_args()
+
+
+def venv_dir(a):
+    return os.path.join(os.path.dirname(os.path.abspath(a.gradc)), "peers-venv")
+
+
+def setup_peers(a):
+    """BUILD/peers-venv with current torch and jax[cpu] from PyPI (kept once made)."""
+    v = venv_dir(a)
+    py = os.path.join(v, "bin", "python")
+    if os.path.exists(py) and subprocess.run([py, "-c", "import torch, jax"], capture_output=True).returncode == 0:
+        return
+    print(f"run.py: setting up {v} (torch, jax[cpu] from PyPI; a large download)", file=sys.stderr)
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", v], check=True)
+    if subprocess.run([py, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        subprocess.run([py, "-m", "ensurepip", "--upgrade"], check=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", "torch", "jax[cpu]", "numpy"], check=True)
+
+
+def peers_python(a):
+    py = os.path.join(venv_dir(a), "bin", "python")
+    return py if os.path.exists(py) else None
 
 
 def sh(cmd, env=None):
@@ -102,24 +143,53 @@ def fastest(best, run, mins):
     return out
 
 
-def run_gradc(a, model, defs, threads, cache):
-    cmd = [a.gradc, "bench", model_path(model)] + defs_args(defs) + [
+def pin(threads):
+    """taskset prefix: the cell's processes on CPUs 0..threads-1."""
+    return ["taskset", "-c", ",".join(str(c) for c in range(threads))]
+
+
+def last_line(err, rc):
+    return err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
+
+
+def run_gradc(a, model, defs, threads, cache, gemm=None):
+    cmd = pin(threads) + [a.gradc, "bench", model_path(model)] + defs_args(defs) + [
         "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup), "--target", a.target,
         "--json"]
     env = dict(os.environ, GRADC_CACHE_DIR=cache)
+    env.pop("GRADC_GEMM", None)
+    if gemm:
+        env["GRADC_GEMM"] = gemm
     rc, out, err = sh(cmd, env)
     if rc != 0:
-        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
+        return None, last_line(err, rc)
     return json.loads(out), None
 
 
-def run_torch(a, model, defs, threads):
-    cmd = [PY, os.path.join(ROOT, "bench", "torch_models.py"), model] + defs_args(defs) + [
-        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+def run_torch(a, model, defs, threads, compiled=False):
+    py = peers_python(a) or PY
+    cmd = pin(threads) + [py, os.path.join(ROOT, "bench", "torch_models.py"), model] + defs_args(defs) + [
+        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup)] + (
+        ["--compile"] if compiled else [])
     rc, out, err = sh(cmd)
     if rc != 0:
-        return None, err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
-    return json.loads(out), None
+        return None, last_line(err, rc)
+    return json.loads(out.strip().splitlines()[-1]), None
+
+
+def run_jax(a, model, defs, threads):
+    py = peers_python(a)
+    if not py:
+        return None, "no peers venv"
+    env = dict(os.environ)
+    if threads == 1:
+        env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    cmd = pin(threads) + [py, os.path.join(ROOT, "bench", "jax_models.py"), model] + defs_args(defs) + [
+        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    rc, out, err = sh(cmd, env)
+    if rc != 0:
+        return None, last_line(err, rc)
+    return json.loads(out.strip().splitlines()[-1]), None
 
 
 def mb(x):
@@ -130,112 +200,83 @@ def ratio(x, y):
     return f"{x / y:.2f}" if y else "-"
 
 
-def step_table(a, rows):
+TARGET = {"tinygpt large": 0.8, "tinygpt small": 0.6, "mlp": 0.8, "mlp2": 0.8}
+
+
+def step_table(rows, best_floor):
+    """rows: (name, thr, {who: (fig, err)}); best_floor: (name, thr) -> (ms, provider)."""
     lines = [
-        "| model | thr | gradc step ms (med/min) | torch step ms (med/min) | gradc/torch | gradc floor ms "
-        "| step/floor | torch floor ms | torch step/floor | gradc RSS MB | torch RSS MB (Δstep) | RSS ratio "
-        "| compile cold/warm ms | kernels gradc / torch (aten ops) | GEMMs gradc / torch | arena MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | thr | gradc step ms (med/min) | provider | floor ms own / best (provider) | step/best floor "
+        "| torch eager ms | torch.compile ms | jax jit ms | gradc / best torch (target) | RSS MB gradc / torch "
+        "| cold compile ms gradc / torch.compile / jax |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, thr, g, gerr, t, terr in rows:
-        if g is None and t is None:
-            lines.append(f"| {name} | {thr} | failed: {gerr} | failed: {terr} |" + " |" * 14)
+
+    def med(f):
+        return f"{f[0]['step_ms_median']:.2f}" if f and f[0] else (f"failed: {f[1]}" if f else "-")
+
+    for name, thr, r in rows:
+        g = r.get("gradc", (None, None))[0]
+        if not g:
+            lines.append(f"| {name} | {thr} | failed: {r.get('gradc', (None, '?'))[1]} |" + " |" * 10)
             continue
-        gs = f"{g['step_ms_median']:.2f} / {g['step_ms_min']:.2f}" if g else f"failed: {gerr}"
-        ts = f"{t['step_ms_median']:.2f} / {t['step_ms_min']:.2f}" if t else f"failed: {terr}"
-        cells = [name, str(thr), gs, ts]
-        if g and t:
-            cells.append(ratio(g["step_ms_median"], t["step_ms_median"]))
-        else:
-            cells.append("-")
-        if g:
-            cells += [f"{g['gemm_floor_ms']:.2f}", ratio(g["step_ms_median"], g["gemm_floor_ms"])]
-        else:
-            cells += ["-", "-"]
-        if t:
-            cells += [f"{t['gemm_floor_ms']:.2f}", ratio(t["step_ms_median"], t["gemm_floor_ms"])]
-        else:
-            cells += ["-", "-"]
-        cells.append(mb(g["peak_rss_bytes"]) if g else "-")
-        cells.append(f"{mb(t['peak_rss_bytes'])} ({mb(t['peak_rss_bytes'] - t['base_rss_bytes'])})" if t else "-")
-        cells.append(ratio(g["peak_rss_bytes"], t["peak_rss_bytes"]) if g and t else "-")
-        cells.append(f"{g['compile_ms']:.1f} / {g['compile_warm_ms']:.1f}" if g else "-")
-        gk = str(g["kernels_per_step"]) if g else "-"
-        tk = f"{t['kernels']} ({t['aten_ops']})" if t else "-"
-        cells.append(f"{gk} / {tk}")
-        cells.append(f"{g['gemms_per_step'] if g else '-'} / {t['gemms'] if t else '-'}")
-        cells.append(f"{g['peak_bytes'] / 2**20:.1f}" if g else "-")
+        bf, bprov = min(best_floor.get((name, thr), (g["gemm_floor_ms"], g["gemm_provider"])),
+                        (g["gemm_floor_ms"], g["gemm_provider"]))
+        eager, comp, jx = r.get("eager"), r.get("compile"), r.get("jax")
+        torch_best = [f[0]["step_ms_median"] for f in (eager, comp) if f and f[0]]
+        vs = f"{g['step_ms_median'] / min(torch_best):.2f} ({TARGET.get(name, '-')})" if torch_best else "-"
+        rss_t = mb(eager[0]["peak_rss_bytes"]) if eager and eager[0] else "-"
+        cc = [f"{g['compile_ms']:.0f}",
+              f"{comp[0]['compile_ms']:.0f}" if comp and comp[0] else "-",
+              f"{jx[0]['compile_ms']:.0f}" if jx and jx[0] else "-"]
+        lines.append("| " + " | ".join([
+            name, str(thr), f"{g['step_ms_median']:.2f} / {g['step_ms_min']:.2f}", g["gemm_provider"],
+            f"{g['gemm_floor_ms']:.2f} / {bf:.2f} ({bprov})", ratio(g["step_ms_median"], bf),
+            med(eager), med(comp), med(jx), vs, f"{mb(g['peak_rss_bytes'])} / {rss_t}", " / ".join(cc)]) + " |")
+    return "\n".join(lines)
+
+
+PROVIDERS = ["onednn", "openblas", "blis"]
+
+
+def provider_table(prov_rows):
+    """prov_rows: (name, thr, {provider: (fig, err)}, choice)."""
+    lines = ["| model | thr | host's choice | " + " | ".join(f"{p} step / floor ms" for p in PROVIDERS) + " |",
+             "|---|---|---|" + "---|" * len(PROVIDERS)]
+    for name, thr, res, choice in prov_rows:
+        cells = [name, str(thr), choice]
+        for p in PROVIDERS:
+            f, err = res.get(p, (None, "not run"))
+            cells.append(f"{f['step_ms_median']:.2f} / {f['gemm_floor_ms']:.2f}" if f else f"failed: {err}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def gemm_flops(fields):
-    """2*M*N*K*BATCH of one `M N K BATCH TA TB BETA GFLOPS` line of gemm_lib."""
-    M, N, K, B = (int(x) for x in fields[:4])
-    return 2.0 * M * N * K * B
-
-
-def gemm_lib(a, threads_list, tmp):
-    """SGEMM GFLOP/s at each config's GEMM shapes, OpenBLAS vs BLIS."""
-    src = os.path.join(ROOT, "bench", "gemm_lib.c")
-    libs = {
-        "openblas": ["-DLIB_OPENBLAS", "-I/usr/include/x86_64-linux-gnu/openblas-pthread", "-lopenblas"],
-        "blis": ["-DLIB_BLIS", "-I/usr/include/x86_64-linux-gnu/blis-pthread",
-                 "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so", "-lpthread", "-lm"],
-    }
-    exe = {}
-    for lib, flags in libs.items():
-        out = os.path.join(tmp, "gemm_" + lib)
-        cmd = ["cc", "-O2", "-o", out, src] + flags
-        rc, _, err = sh(cmd)
-        if rc != 0:
-            print(f"run.py: cannot build gemm_lib against {lib}: {err.strip()}", file=sys.stderr)
-            continue
-        exe[lib] = out
-    lines = ["| model | thr | GEMMs | " + " | ".join(f"{lib} ms (GFLOP/s)" for lib in exe) + " | " +
-             " | ".join(f"{lib} Σ per-shape ms" for lib in exe) + " | per-shape median GFLOP/s " + " / ".join(exe) + " |",
-             "|---|---|---|" + "---|" * (2 * len(exe)) + "---|"]
-    detail = []
-    for name, model, defs in CONFIGS:
-        if a.only and a.only not in name:
-            continue
-        cmd = [a.gradc, "bench", model_path(model)] + defs_args(defs) + [
-            "--steps", "1", "--warmup", "0", "--target", a.target, "--print-gemms", "--no-cache"]
-        rc, _, err = sh(cmd)
-        shapes = "\n".join(l for l in err.splitlines() if l.startswith("gemm "))
-        if rc != 0 or not shapes:
-            lines.append(f"| {name} | - | failed: {err.strip().splitlines()[-1] if err.strip() else rc} |")
-            continue
-        for thr in threads_list:
-            res = {}
-            for r in range(a.repeat):  # alternate the libraries; keep each one's fastest run
-                for lib, path in exe.items():
-                    wait_quiet(a)
-                    p = subprocess.run([path, str(thr)], input=shapes, capture_output=True, text=True)
-                    per = [l.split() for l in p.stdout.splitlines() if l and l[0].isdigit()]
-                    tot = [l.split() for l in p.stdout.splitlines() if l.startswith("total")]
-                    run = (float(tot[0][1]), float(tot[0][2]), [float(x[-1]) for x in per], per)
-                    if lib not in res or run[0] < res[lib][0]:
-                        res[lib] = run
-            n = len(next(iter(res.values()))[2])
-            cells = [name, str(thr), str(n)]
-            cells += [f"{res[l][0]:.2f} ({res[l][1]:.0f})" for l in exe]
-            # The list's time from each shape's best measurement: steadier on
-            # a shared machine than one timing of the whole list.
-            cells += [f"{sum(gemm_flops(x) / gf / 1e6 for x, gf in zip(res[l][3], res[l][2])):.2f}" for l in exe]
-            cells.append(" / ".join(f"{statistics.median(res[l][2]):.0f}" for l in exe))
-            lines.append("| " + " | ".join(cells) + " |")
-            # One row per distinct shape: how many the step has, median GFLOP/s.
-            by_shape = {}
-            for i in range(n):
-                key = " ".join(res[next(iter(exe))][3][i][:7])
-                by_shape.setdefault(key, []).append(i)
-            for key, idx in by_shape.items():
-                detail.append(f"| {name} | {thr} | {key} | {len(idx)} | " +
-                              " | ".join(f"{statistics.median(res[l][2][i] for i in idx):.0f}" for l in exe) + " |")
-    head = "| model | thr | M N K batch TA TB beta | count | " + " | ".join(f"{l} GFLOP/s" for l in exe) + " |"
-    sep = "|---|---|---|---|" + "---|" * len(exe)
-    return "\n".join(lines), "\n".join([head, sep] + detail)
+def epilogue_table(a, threads_list):
+    """bench/gemm_epilogue.c at each thread count: a fused epilogue against a second pass."""
+    build = os.path.dirname(os.path.abspath(a.gradc))
+    rc, _, err = sh(["cmake", "--build", build, "--target", "gemm_epilogue"])
+    exe = os.path.join(build, "gemm_epilogue")
+    if rc != 0 or not os.path.exists(exe):
+        return f"(gemm_epilogue did not build: {last_line(err, rc)})"
+    lines = ["| thr | provider | M N K | epilogue | GEMM alone ms | fused ms | GEMM + second pass ms "
+             "| fused saves ms |", "|---|---|---|---|---|---|---|---|"]
+    for thr in threads_list:
+        wait_quiet(a)
+        rc, out, err = sh(pin(thr) + [exe, str(thr)])
+        for l in out.splitlines():
+            f = l.split()
+            if l.startswith("#") or len(f) < 8:
+                continue
+            try:
+                saves = f"{float(f[7]) - float(f[6]):.3f}"
+            except ValueError:
+                lines.append(f"| {thr} | {f[0]} | {' '.join(f[1:4])} | {' '.join(f[4:])} | | | | |")
+                continue
+            note = " ".join(f[8:])
+            lines.append(f"| {thr} | {f[0]} | {f[1]} {f[2]} {f[3]} | {f[4]}{' ' + note if note else ''} | {f[5]} "
+                         f"| {f[6]} | {f[7]} | {saves} |")
+    return "\n".join(lines)
 
 
 def machine():
@@ -288,51 +329,84 @@ def replace_section(text, tag, body):
 def main():
     a = parse()
     threads = [int(x) for x in a.threads.split(",")]
-    rows = []
     load0 = load()
     a.gemm_lib = a.gemm_lib or a.gemm_lib_only
+    if a.setup_peers:
+        setup_peers(a)
+    peers = [] if a.no_peers or a.gemm_lib_only else (
+        ["eager", "compile", "jax"] if peers_python(a) else ["eager"])
+    configs = [(name, model, defs) for name, model, defs in CONFIGS if not (a.only and a.only not in name)]
+    cells = [(name, model, defs, thr) for name, model, defs in configs for thr in threads]
+    best = {}       # cell -> who -> (fig, err)
+    prov_best = {}  # cell -> provider -> (fig, err)
     with tempfile.TemporaryDirectory(prefix="gradc-bench-") as tmp:
-        cells = [(name, model, defs, thr) for name, model, defs in CONFIGS for thr in threads
-                 if not a.gemm_lib_only and not (a.only and a.only not in name)]
-        best = {}  # cell index -> [g, gerr, t, terr]
         # Rounds over every cell rather than repeats of one cell in a row: a
         # disturbance of this shared machine lasts minutes, and would spoil
         # every repeat of the one cell it falls on.
         for r in range(a.repeat):
             for i, (name, model, defs, thr) in enumerate(cells):
-                g, gerr, t, terr = best.setdefault(i, [None, None, None, None])
-                # A fresh cache each time: cold, then warm from what the cold run wrote.
-                cache = os.path.join(tmp, f"cache-{model}-{i}-{r}")
-                wait_quiet(a)
-                g1, gerr = run_gradc(a, model, defs, thr, cache)
-                wait_quiet(a)
-                t1, terr = run_torch(a, model, defs, thr)
-                best[i] = [fastest(g, g1, GRADC_MINS), gerr, fastest(t, t1, ("gemm_floor_ms",)), terr]
-                print(f"round {r + 1}: {name} threads={thr}: gradc {g1 or gerr}\n  torch {t1 or terr}", file=sys.stderr)
+                runs = ([] if a.gemm_lib_only else [("gradc", None)]) + [(p, None) for p in peers]
+                if a.gemm_lib:
+                    runs += [("gemm:" + p, p) for p in PROVIDERS]
+                for who, gemm in runs:
+                    wait_quiet(a)
+                    # A fresh cache each time: cold, then warm from what the cold run wrote
+                    # (and the host's GEMM provider measured afresh).
+                    cache = os.path.join(tmp, f"cache-{model}-{i}-{r}-{who}")
+                    if who == "gradc" or gemm:
+                        fig, err = run_gradc(a, model, defs, thr, cache, gemm)
+                        mins = GRADC_MINS
+                    elif who == "jax":
+                        fig, err = run_jax(a, model, defs, thr)
+                        mins = ("compile_ms",)
+                    else:
+                        fig, err = run_torch(a, model, defs, thr, who == "compile")
+                        mins = ("compile_ms",) if who == "compile" else ("gemm_floor_ms",)
+                    table = prov_best.setdefault(i, {}) if gemm else best.setdefault(i, {})
+                    key = gemm or who
+                    old = table.get(key, (None, None))[0]
+                    new = fastest(old, fig, mins) if fig else old
+                    table[key] = (new, None if new else err)
+                    print(f"round {r + 1}: {name} threads={thr} {who}: {fig or err}", file=sys.stderr)
+        rows = [(name, thr, best.get(i, {})) for i, (name, model, defs, thr) in enumerate(cells)]
+        best_floor, prov_rows = {}, []
         for i, (name, model, defs, thr) in enumerate(cells):
-            g, gerr, t, terr = best[i]
-            rows.append((name, thr, g, gerr, t, terr))
-        table = step_table(a, rows) if rows else None
+            res = prov_best.get(i, {})
+            floors = [(f["gemm_floor_ms"], p) for p, (f, _) in res.items() if f]
+            if floors:
+                best_floor[(name, thr)] = min(floors)
+            g = best.get(i, {}).get("gradc", (None, None))[0]
+            if a.gemm_lib:
+                prov_rows.append((name, thr, res, g["gemm_provider"] if g else "-"))
+        table = step_table(rows, best_floor) if not a.gemm_lib_only else None
         if table:
             print(table)
-        lib_table = lib_detail = None
+        lib_table = epi = None
         if a.gemm_lib:
-            lib_table, lib_detail = gemm_lib(a, threads, tmp)
+            lib_table = provider_table(prov_rows)
+            epi = epilogue_table(a, threads)
             print()
             print(lib_table)
             print()
-            print(lib_detail)
+            print(epi)
     if a.results:
         cpu, date = machine()
         cmd = "bench/run.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
         text = open(a.results).read() if os.path.exists(a.results) else "# Benchmarks\n"
+        versions = []
+        for who, field in (("eager", "torch"), ("jax", "jax")):
+            f = next((best[i][who][0] for i in best if best[i].get(who, (None,))[0]), None)
+            if f:
+                versions.append(f"{field} {f[field]}")
         head = (f"Machine: {cpu}.  Date: {date}.  Command: `{cmd}` "
                 f"({a.steps} timed windows after {a.warmup} warm-up, target {a.target}; best of {a.repeat} "
-                f"runs per cell, in rounds over all cells).  Load average before / after: {load0} / {load()}.")
+                f"runs per cell, in rounds over all cells).  Peers: {', '.join(versions) or 'none'}.  "
+                f"Load average before / after: {load0} / {load()}.")
         if table:
             text = replace_section(text, "steps", head + "\n\n" + table)
         if lib_table:
-            text = replace_section(text, "gemm-lib", head + "\n\n" + lib_table + "\n\nPer shape:\n\n" + lib_detail)
+            text = replace_section(text, "gemm-lib", head + "\n\n" + lib_table + "\n\nFused epilogues "
+                                   "(bench/gemm_epilogue.c, tinygpt large's shapes):\n\n" + epi)
         with open(a.results, "w") as f:
             f.write(text)
 

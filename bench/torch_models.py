@@ -27,8 +27,11 @@ Prints one JSON object:
                                out): the kernels a step launches
   gemms                        GEMM operators per step
 
+With --compile the step runs through torch.compile and the object has
+compile_ms (the cold first call) instead of the op counts and the floor.
+
 Usage: torch_models.py tinygpt|mlp|mlp2 [-D NAME=V]... [--threads N] [--steps N]
-       [--warmup N]
+       [--warmup N] [--compile]
 """
 import argparse
 import json
@@ -47,6 +50,10 @@ def parse():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true",
+                    help="run the step through torch.compile(model); compile_ms is the cold first call "
+                         "(tracing, Inductor's code generation and one step), and the op counts and the "
+                         "GEMM floor are left out")
     ap.add_argument("--loss-from", nargs=2, metavar=("PARAMS", "INPUTS"),
                     help="print the loss on these safetensors files (written by gradc init and gradc data "
                          "random) instead of timing: the twin against `gradc run`")
@@ -224,14 +231,22 @@ if args.loss_from:
     sys.exit(0)
 
 
+fwd = torch.compile(model) if args.compile else model
+
+
 def step():
     model.zero_grad(set_to_none=True)
-    loss = model(*inputs)
+    loss = fwd(*inputs)
     loss.backward()
     return loss
 
 
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+compile_ms = None
+if args.compile:
+    t0 = time.perf_counter()
+    step()
+    compile_ms = round((time.perf_counter() - t0) * 1e3, 1)
 for _ in range(args.warmup):
     step()
 times = []
@@ -240,6 +255,11 @@ for _ in range(args.steps):
     step()
     times.append((time.perf_counter() - t0) * 1e3)
 peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+if args.compile:
+    print(json.dumps({"step_ms_median": round(statistics.median(times), 3), "step_ms_min": round(min(times), 3),
+                      "compile_ms": compile_ms, "peak_rss_bytes": peak_rss, "base_rss_bytes": base_rss,
+                      "threads": torch.get_num_threads(), "torch": torch.__version__}))
+    sys.exit(0)
 
 # The ops of one step, twice.  torch.profiler records every aten:: call,
 # composites and the calls kernels make inside themselves (bmm's per-batch

@@ -273,6 +273,7 @@ void step_rank_copy(const IrOp *op, int rank, size_t es, const void *const *src,
 typedef struct CpuOptions {
   int threads;           /* threads for kernels and GEMMs (--threads); 0 = the number of cores */
   const char *cache_dir; /* kernel object-code cache (NULL: none) */
+  const char *gemm;      /* GEMM provider by name (an artifact's); NULL: the host's (runtime/cpu/gemm.h) */
 } CpuOptions;
 
 typedef struct CpuProgram CpuProgram;
@@ -302,6 +303,8 @@ void cpu_program_recycle(CpuProgram *p, StepResult *r);
  * in a fresh result, a recycled one's old values), nor gathers over the tp
  * ranks.  For callers that use only the losses (gradc bench). */
 void cpu_program_skip_grads(CpuProgram *p);
+/* The GEMM provider the program multiplies with ("onednn", "openblas", "blis"). */
+const char *cpu_program_gemm_provider(const CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

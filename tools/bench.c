@@ -19,6 +19,9 @@
  *   peak_bytes       the step's arena (IrFunc.arena_size; 0 on ref)
  *   peak_rss_bytes   the process's peak resident set (getrusage) after the
  *                    compiles and steps, before the floor's own buffers
+ *   gemm_provider    the CPU's GEMM provider that ran the step and the
+ *                    floor (onednn, openblas, blis; runtime/cpu/gemm.h),
+ *                    after the contract's figures
  *
  * Times are milliseconds per window, printed with %.3f.  --json prints the
  * same figures as one JSON object.  Nothing else goes to stdout. */
@@ -40,8 +43,9 @@ const char bench_help[] =
     "  --warmup windows, default 2; --steps timed windows, default 10).  Prints `name: value`\n"
     "  lines, times in ms per window: compile_ms (cold, cache bypassed), compile_warm_ms (from\n"
     "  the object cache), step_ms_median, step_ms_min, gemm_floor_ms (the window's GEMMs alone,\n"
-    "  same BLAS and threads), kernels_per_step (kernel and GEMM launches), gemms_per_step,\n"
-    "  peak_bytes (the step's arena), peak_rss_bytes.  --json prints one JSON object instead;\n"
+    "  same provider and threads), kernels_per_step (kernel and GEMM launches), gemms_per_step,\n"
+    "  peak_bytes (the step's arena), peak_rss_bytes, gemm_provider (GRADC_GEMM=onednn|openblas|blis\n"
+    "  overrides the host's measured choice).  --json prints one JSON object instead;\n"
     "  --print-gemms lists the GEMMs on stderr (`gemm M N K BATCH TA TB BETA`, bench/gemm_lib.c).\n";
 
 typedef struct BenchArgs {
@@ -133,6 +137,7 @@ static void print_figures(const Figures *f, bool json) {
     cJSON_AddNumberToObject(o, "gemms_per_step", (double)g->gemms_per_step);
     cJSON_AddNumberToObject(o, "peak_bytes", (double)g->peak_bytes);
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)g->peak_rss_bytes);
+    cJSON_AddStringToObject(o, "gemm_provider", g->gemm_provider ? g->gemm_provider : "");
     char *s = cJSON_PrintUnformatted(o);
     if (!s) abort();
     printf("%s\n", s);
@@ -148,6 +153,7 @@ static void print_figures(const Figures *f, bool json) {
     printf("gemms_per_step: %lld\n", (long long)g->gemms_per_step);
     printf("peak_bytes: %lld\n", (long long)g->peak_bytes);
     printf("peak_rss_bytes: %lld\n", (long long)g->peak_rss_bytes);
+    printf("gemm_provider: %s\n", g->gemm_provider ? g->gemm_provider : "");
   }
   fflush(stdout);
 }

@@ -49,9 +49,7 @@
 #include "runtime/runtime.h"
 #include "runtime/comm/trace.h"
 
-#ifdef GRADC_HAVE_BLAS
-#include <cblas.h>
-#endif
+#include "runtime/cpu/gemm.h"
 
 /* Kernels smaller than this many element-visits run on the calling thread;
  * larger ones are split in chunks of about this size. */
@@ -72,6 +70,14 @@ typedef struct Gemm {
   int64_t nb;         /* GEMMs in the batch loop */
   int64_t *aoff, *boff, *coff; /* per batch: element offset of its A, B and C matrices */
   int aarg, barg;     /* A (B) read in place from the caller's tensor of this arg (CpuProgram.argbase), or -1 */
+  /* How it runs (gemm_schedule): inline, or a grid of pm x pn pieces of
+   * mblk x nblk per batch matrix on the pool; the provider's plan of
+   * every piece shape and beta (gemm_plan_pieces). */
+  bool inline_run;
+  int threads; /* the provider's threads per call: 1, or all of them (GRADC_GEMM_THREADS=library) */
+  int64_t pm, pn, mblk, nblk;
+  CpuGemm *plans[8];
+  int nplans;
 } Gemm;
 
 typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK, I_STATE } InstrKind;
@@ -113,6 +119,7 @@ struct CpuProgram {
   Pool *pool;
   int threads;
   int gas, micro; /* the window running: its micro-batches, and the one running (I_STATE) */
+  const CpuGemmProvider *gemm; /* who multiplies (gemm.h) */
   char *arena;
   Instr *code;
   int ncode;
@@ -215,53 +222,23 @@ static bool plan_gemm(const KpViews *vs, const IrOp *op, Gemm *g, char *err, siz
   return true;
 }
 
-/* C = A B (+ C): row-major, f32 or f64, C's rows ldc elements apart. */
-static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *a, int64_t lda,
-                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
-#ifdef GRADC_HAVE_BLAS
-  enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
-  if (dbl)
-    cblas_dgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0, a, (blasint)lda, b, (blasint)ldb,
-                beta, c, (blasint)ldc);
-  else
-    cblas_sgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0f, a, (blasint)lda, b, (blasint)ldb,
-                (float)beta, c, (blasint)ldc);
-#else
-  /* No BLAS in this build: a plain loop, accumulated in the operands' type. */
-  for (int64_t i = 0; i < M; i++)
-    for (int64_t j = 0; j < N; j++) {
-      double s = 0;
-      float sf = 0;
-      for (int64_t k = 0; k < K; k++) {
-        int64_t ia = ta ? k * lda + i : i * lda + k, ib = tb ? j * ldb + k : k * ldb + j;
-        if (dbl)
-          s += ((const double *)a)[ia] * ((const double *)b)[ib];
-        else
-          sf += ((const float *)a)[ia] * ((const float *)b)[ib];
-      }
-      if (dbl)
-        ((double *)c)[i * ldc + j] = s + (beta != 0 ? ((double *)c)[i * ldc + j] : 0);
-      else
-        ((float *)c)[i * ldc + j] = sf + (beta != 0 ? ((float *)c)[i * ldc + j] : 0.0f);
-    }
-#endif
-}
-
-/* GEMMs run on the pool like kernels, with the BLAS single-threaded inside
- * each piece: one set of threads.  A threaded BLAS next to the pool
+/* GEMMs run on the pool like kernels, with the provider single-threaded
+ * inside each piece: one set of threads.  A threaded BLAS next to the pool
  * oversubscribes the cores (its threads spin after every call while the
  * pool's run kernels), which made two threads slower than one.  A GEMM is
  * cut into pieces over its batch and over a grid of row and column blocks
  * of C (disjoint, so accumulating into a gradient buffer stays exact); one
  * too small to pay for waking the workers runs on the calling thread.
  *
- * Every piece is a BLAS call of its own, which packs the rows of A and the
- * columns of B it reads: a grid of pm row blocks by pn column blocks packs
- * A pn times and B pm times.  So the grid is as coarse as the threads
+ * Every piece is a provider call of its own, which packs the rows of A and
+ * the columns of B it reads: a grid of pm row blocks by pn column blocks
+ * packs A pn times and B pm times.  So the grid is as coarse as the threads
  * allow, one piece per thread, in the shape that packs least
  * (gemm_grid).  Four column blocks per thread, for balance, packed mlp2's
  * 256x1024 activations eight times per GEMM and cost its step ~4% at two
- * threads. */
+ * threads.  The grid is fixed when the program is built (the pool's size
+ * is), and so is every piece's plan (gemm.h: at most four piece shapes,
+ * twice for a store-first GEMM's two betas). */
 #define GEMM_INLINE_FLOPS 1000000 /* ~10 us of one core */
 #define GEMM_CALL_FLOPS 200000    /* what one BLAS call costs beyond its flops (~2 us) */
 #define GEMM_MIN_PIECE_FLOPS 1000000
@@ -269,15 +246,6 @@ static void gemm_call(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t 
                          * the BLAS's column-major C^T: its 16-wide tiles
                          * run along our rows' length) */
 #define GEMM_COL_UNIT 16
-
-typedef struct GemmRun {
-  const Gemm *g;
-  char *arena;
-  const char *abase, *bbase; /* where A and B lie: the arena's buffers or the caller's tensors */
-  double beta;
-  int64_t pm, pn;     /* row blocks x column blocks of each batch matrix */
-  int64_t mblk, nblk; /* rows and columns per block */
-} GemmRun;
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -290,13 +258,12 @@ static int64_t block_len(int64_t len, int64_t want, int64_t unit) {
 /* Cut each batch matrix of g into about q pieces: the pm x pn grid with
  * pm * pn <= q closest to q, then packing least (pn * M*K + pm * K*N
  * elements packed over the grid). */
-static void gemm_grid(GemmRun *r, int64_t q) {
-  const Gemm *g = r->g;
+static void gemm_grid(Gemm *g, int64_t q) {
   int64_t best_n = 0;
   double best_pack = 0;
-  r->pm = r->pn = 1;
-  r->mblk = g->M;
-  r->nblk = g->N;
+  g->pm = g->pn = 1;
+  g->mblk = g->M;
+  g->nblk = g->N;
   for (int64_t pm = 1; pm <= q; pm++) {
     int64_t mblk = block_len(g->M, pm, GEMM_ROW_UNIT), nblk = block_len(g->N, q / pm, GEMM_COL_UNIT);
     int64_t gm = ceil_div(g->M, mblk), gn = ceil_div(g->N, nblk);
@@ -304,33 +271,116 @@ static void gemm_grid(GemmRun *r, int64_t q) {
     if (gm * gn > best_n || (gm * gn == best_n && pack < best_pack)) {
       best_n = gm * gn;
       best_pack = pack;
-      r->pm = gm;
-      r->pn = gn;
-      r->mblk = mblk;
-      r->nblk = nblk;
+      g->pm = gm;
+      g->pn = gn;
+      g->mblk = mblk;
+      g->nblk = nblk;
     }
   }
 }
 
+/* How g runs on nt threads: inline, or cut into pieces on the pool.  A
+ * batch of tiny GEMMs (attention's heads) is mostly call overhead, which
+ * splits over threads as well as flops do.  q pieces per batch matrix: the
+ * fewest that keep every thread busy to within 1/8 (a batch of 3 on 2
+ * threads is cut in 6), none under GEMM_MIN_PIECE_FLOPS. */
+static void gemm_schedule(Gemm *g, int nt, bool library) {
+  double flops = 2.0 * (double)(g->M * g->N) * (double)g->K;
+  g->pm = g->pn = 1;
+  g->mblk = g->M;
+  g->nblk = g->N;
+  g->threads = 1;
+  g->inline_run = nt == 1 || (flops + GEMM_CALL_FLOPS) * (double)g->nb < GEMM_INLINE_FLOPS;
+  if (library && !g->inline_run) { /* the provider threads each GEMM itself */
+    g->inline_run = true;
+    g->threads = nt;
+  }
+  if (g->inline_run) return;
+  int64_t most = (int64_t)(flops / GEMM_MIN_PIECE_FLOPS), q = 1;
+  while (q < most && 8 * ceil_div(g->nb * q, nt) * nt > 9 * g->nb * q) q++;
+  if (q > 1) gemm_grid(g, q);
+}
+
+/* The provider's descriptor of one m x n piece (a tc GEMM as C^T = B^T A^T). */
+static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
+  CpuGemmDesc d = {.type = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : CPU_GEMM_F32, .accumulate = acc, .K = g->K,
+                   .ldc = g->ldc, .threads = g->threads};
+  if (g->tc) {
+    d.ta = !g->tb, d.tb = !g->ta, d.M = n, d.N = m, d.lda = g->ldb, d.ldb = g->lda;
+  } else {
+    d.ta = g->ta, d.tb = g->tb, d.M = m, d.N = n, d.lda = g->lda, d.ldb = g->ldb;
+  }
+  return d;
+}
+
+/* The plan of an m x n piece (planned by gemm_plan_pieces). */
+static const CpuGemm *piece_plan(const Gemm *g, int64_t m, int64_t n, bool acc) {
+  for (int i = 0; i < g->nplans; i++) {
+    const CpuGemmDesc *d = cpu_gemm_desc(g->plans[i]);
+    if (d->accumulate == acc && (g->tc ? d->N == m && d->M == n : d->M == m && d->N == n)) return g->plans[i];
+  }
+  GRADC_ASSERT(!"a GEMM piece without a plan");
+  return NULL;
+}
+
+static bool add_plan(Gemm *g, const CpuGemmProvider *prov, CpuGemmDesc d, char *err, size_t n) {
+  for (int i = 0; i < g->nplans; i++) {
+    const CpuGemmDesc *e = cpu_gemm_desc(g->plans[i]);
+    if (e->M == d.M && e->N == d.N && e->accumulate == d.accumulate) return true;
+  }
+  GRADC_ASSERT(g->nplans < (int)(sizeof g->plans / sizeof *g->plans));
+  g->plans[g->nplans] = cpu_gemm_plan(prov, &d, err, n);
+  return g->plans[g->nplans++] != NULL;
+}
+
+/* Every plan g's runs need: the grid's (up to) four piece shapes, for
+ * each beta it runs with. */
+static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, size_t n) {
+  if (g->dt != IR_DT_F32 && g->dt != IR_DT_F64) {
+    /* bf16: contiguous bf16 operands into f32 (the gradient buffer, or
+     * scratch rounded back); f16: widened here, multiplied in f32. */
+    CpuGemmDesc d = {.type = g->dt == IR_DT_BF16 ? CPU_GEMM_BF16 : CPU_GEMM_F32, .ta = g->ta, .tb = g->tb,
+                     .accumulate = g->accumulate, .M = g->M, .N = g->N, .K = g->K, .lda = g->lda, .ldb = g->ldb,
+                     .ldc = g->N, .threads = 1};
+    return add_plan(g, prov, d, err, n);
+  }
+  int64_t ms[2] = {g->mblk, g->M - (g->pm - 1) * g->mblk}, ns[2] = {g->nblk, g->N - (g->pn - 1) * g->nblk};
+  for (int b = 0; b < 2; b++) {
+    bool acc = b == 1;
+    if (acc ? !g->accumulate : g->accumulate && !g->store_first) continue;
+    for (int i = 0; i < 2; i++)
+      for (int j = 0; j < 2; j++)
+        if (!add_plan(g, prov, piece_desc(g, ms[i], ns[j], acc), err, n)) return false;
+  }
+  return true;
+}
+
+typedef struct GemmRun {
+  const Gemm *g;
+  char *arena;
+  const char *abase, *bbase; /* where A and B lie: the arena's buffers or the caller's tensors */
+  bool acc;                  /* beta = 1 */
+} GemmRun;
+
 static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   const GemmRun *r = ctx;
   const Gemm *g = r->g;
-  bool dbl = g->dt == IR_DT_F64;
-  size_t es = dbl ? 8 : 4;
-  int64_t per = r->pm * r->pn;
+  size_t es = g->dt == IR_DT_F64 ? 8 : 4;
+  int64_t per = g->pm * g->pn;
   for (int64_t i = begin; i < end; i++) {
-    int64_t t = i / per, qm = i % per / r->pn, qn = i % r->pn;
+    int64_t t = i / per, qm = i % per / g->pn, qn = i % g->pn;
     const char *a = r->abase + g->aoff[t] * (int64_t)es, *b = r->bbase + g->boff[t] * (int64_t)es;
     char *c = r->arena + g->c + g->coff[t] * (int64_t)es;
-    int64_t m0 = qm * r->mblk, n0 = qn * r->nblk;
-    int64_t M = g->M - m0 < r->mblk ? g->M - m0 : r->mblk, N = g->N - n0 < r->nblk ? g->N - n0 : r->nblk;
+    int64_t m0 = qm * g->mblk, n0 = qn * g->nblk;
+    int64_t M = g->M - m0 < g->mblk ? g->M - m0 : g->mblk, N = g->N - n0 < g->nblk ? g->N - n0 : g->nblk;
     a += (g->ta ? m0 : m0 * g->lda) * (int64_t)es;
     b += (g->tb ? n0 * g->ldb : n0) * (int64_t)es;
     c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * (int64_t)es;
+    const CpuGemm *plan = piece_plan(g, M, N, r->acc);
     if (g->tc) /* C^T = B^T A^T, written row by row down C's columns */
-      gemm_call(dbl, !g->tb, !g->ta, N, M, g->K, b, g->ldb, a, g->lda, r->beta, c, g->ldc);
+      cpu_gemm_run(plan, b, a, c, NULL);
     else
-      gemm_call(dbl, g->ta, g->tb, M, N, g->K, a, g->lda, b, g->ldb, r->beta, c, g->ldc);
+      cpu_gemm_run(plan, a, b, c, NULL);
   }
 }
 
@@ -358,47 +408,36 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
 
 /* first: the window's first micro-batch. */
 static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
-  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
+  bool acc = g->accumulate && !(first && g->store_first);
   if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
-    GemmRun r = {g,
-                 p->arena,
-                 g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
-                 g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b,
-                 g->accumulate && !(first && g->store_first) ? 1.0 : 0.0,
-                 1,
-                 1,
-                 g->M,
-                 g->N};
-    int nt = pool_size(p->pool);
-    double flops = 2.0 * (double)mn * (double)g->K;
-    /* A batch of tiny GEMMs (attention's heads) is mostly call overhead,
-     * which splits over threads as well as flops do. */
-    if (nt == 1 || (flops + GEMM_CALL_FLOPS) * (double)g->nb < GEMM_INLINE_FLOPS) {
-      gemm_pieces(&r, 0, g->nb);
-      return;
-    }
-    /* q pieces per batch matrix: the fewest that keep every thread busy
-     * to within 1/8 (a batch of 3 on 2 threads is cut in 6), none under
-     * GEMM_MIN_PIECE_FLOPS. */
-    int64_t most = (int64_t)(flops / GEMM_MIN_PIECE_FLOPS), q = 1;
-    while (q < most && 8 * ceil_div(g->nb * q, nt) * nt > 9 * g->nb * q) q++;
-    if (q > 1) gemm_grid(&r, q);
-    pool_run(p->pool, g->nb * r.pm * r.pn, 1, gemm_pieces, &r);
+    GemmRun r = {g, p->arena, g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
+                 g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, acc};
+    if (g->inline_run) gemm_pieces(&r, 0, g->nb);
+    else pool_run(p->pool, g->nb * g->pm * g->pn, 1, gemm_pieces, &r);
     return;
   }
-  /* bf16 / f16: widen to f32, multiply, and round the result back (or
-   * accumulate it into the f32 gradient buffer). */
+  /* bf16: the provider reads the bf16 matrices (widening them itself or
+   * not) into f32, the gradient buffer or scratch rounded back; f16:
+   * widened to f32 here. */
+  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
   char *arena = p->arena;
-  float *a = mem_calloc((size_t)mk, sizeof(float)), *b = mem_calloc((size_t)kn, sizeof(float));
+  const CpuGemm *plan = g->plans[0];
+  bool bf16 = g->dt == IR_DT_BF16;
+  float *a = bf16 ? NULL : mem_calloc((size_t)mk, sizeof(float)), *b = bf16 ? NULL : mem_calloc((size_t)kn, sizeof(float));
   float *c = g->accumulate ? NULL : mem_calloc((size_t)mn, sizeof(float));
   for (int64_t t = 0; t < g->nb; t++) {
-    for (int64_t i = 0; i < mk; i++) a[i] = (float)rt_elem_get(arena + g->a, g->dt, g->aoff[t] + i);
-    for (int64_t i = 0; i < kn; i++) b[i] = (float)rt_elem_get(arena + g->b, g->dt, g->boff[t] + i);
-    if (g->accumulate) {
-      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 1.0, arena + g->c + (size_t)(t * mn) * 4,
-                g->N);
+    const void *at = a, *bt = b;
+    if (bf16) {
+      at = arena + g->a + g->aoff[t] * 2;
+      bt = arena + g->b + g->boff[t] * 2;
     } else {
-      gemm_call(false, g->ta, g->tb, g->M, g->N, g->K, a, g->lda, b, g->ldb, 0.0, c, g->N);
+      for (int64_t i = 0; i < mk; i++) a[i] = (float)rt_elem_get(arena + g->a, g->dt, g->aoff[t] + i);
+      for (int64_t i = 0; i < kn; i++) b[i] = (float)rt_elem_get(arena + g->b, g->dt, g->boff[t] + i);
+    }
+    if (g->accumulate) {
+      cpu_gemm_run(plan, at, bt, arena + g->c + (size_t)(t * mn) * 4, NULL);
+    } else {
+      cpu_gemm_run(plan, at, bt, c, NULL);
       for (int64_t i = 0; i < mn; i++) rt_elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
     }
   }
@@ -417,6 +456,7 @@ void cpu_program_free(CpuProgram *p) {
     free(p->code[i].gemm.aoff);
     free(p->code[i].gemm.boff);
     free(p->code[i].gemm.coff);
+    for (int k = 0; k < p->code[i].gemm.nplans; k++) cpu_gemm_free(p->code[i].gemm.plans[k]);
   }
   free(p->code);
   free(p->grads);
@@ -809,9 +849,18 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
 #endif
     return NULL;
   }
+  const CpuGemmProvider *gemm = o->gemm ? cpu_gemm_provider_find(o->gemm) : cpu_gemm_select(o->cache_dir, err, errlen);
+  if (!gemm) {
+    if (o->gemm) errf(err, errlen, "GEMM provider '%s' is not in this build", o->gemm);
+#ifdef GRADC_HAVE_LLVM
+    if (cg) cg_module_free(cg);
+#endif
+    return NULL;
+  }
   CpuProgram *p = mem_calloc(1, sizeof *p);
   p->f = f;
   p->cg = cg;
+  p->gemm = gemm;
   p->threads = o->threads > 0 ? o->threads : pool_ncores();
   p->code = mem_calloc((size_t)f->nops + 1, sizeof(Instr));
   kp_views_find(f, in_group0, NULL, &p->views);
@@ -885,6 +934,19 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   }
   plan_zeroing(p);
   plan_direct_args(p);
+  /* GRADC_GEMM_THREADS=library: each GEMM threaded by its provider
+   * rather than cut over the pool (measured in docs/DECISIONS.md). */
+  const char *gt = getenv("GRADC_GEMM_THREADS");
+  bool library = gt && strcmp(gt, "library") == 0;
+  for (int i = 0; i < p->ncode; i++) {
+    if (p->code[i].kind != I_GEMM) continue;
+    gemm_schedule(&p->code[i].gemm, p->threads, library);
+    char e[1024];
+    if (!gemm_plan_pieces(&p->code[i].gemm, p->gemm, e, sizeof e)) {
+      rt_op_fail(err, errlen, p->code[i].op, e);
+      goto error;
+    }
+  }
   p->arena_src = mem_calloc((size_t)f->nargs + 1, sizeof(void *));
   step_store_consts(f, store, p->arena, err, errlen);
   p->pool = pool_new(p->threads);
@@ -902,6 +964,8 @@ CpuProgram *cpu_program_new(IrFunc *f, const CpuOptions *o, char *err, size_t er
 void cpu_program_set_params_gen(CpuProgram *p, uint64_t gen) { p->params_gen = gen; }
 
 void cpu_program_skip_grads(CpuProgram *p) { p->no_grads = true; }
+
+const char *cpu_program_gemm_provider(const CpuProgram *p) { return p->gemm->name; }
 
 void cpu_program_recycle(CpuProgram *p, StepResult *r) {
   /* Keep one, and only a result laid out for this program: its gradients
@@ -1238,11 +1302,6 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
   StepResult r = {0};
   bool ok = step_bind(f, gas, params, params_path, inputs, inputs_path, bound, err, errlen) &&
             result_begin(p, gas, &r, err, errlen);
-#ifdef GRADC_HAVE_BLAS
-  /* The pool splits GEMMs; the BLAS runs single-threaded inside each piece
-   * (others, such as the bench's GEMM floor, may have set it otherwise). */
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-#endif
   if (ok) {
     for (int i = 0; i < p->nzero; i++) bulk(p, BULK_ZERO, p->arena + p->zero[i][0], NULL, p->zero[i][1] - p->zero[i][0]);
     for (int i = 0; i < p->nbuckets; i++) /* with the padding between a bucket's buffers */
@@ -1291,21 +1350,42 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
 /* ------------------------------------------------------------------ */
 
 static void *cpu_compile(IrFunc *f, const BackendOptions *o, char *err, size_t errlen) {
-  CpuOptions co = {o->threads, o->cache_dir};
+  CpuOptions co = {.threads = o->threads, .cache_dir = o->cache_dir};
   return cpu_program_new(f, &co, err, errlen);
 }
 
+/* The kernels' objects, and the GEMM provider (a GEMM section named
+ * after it): an artifact runs its GEMMs with the provider it was built
+ * with, and refuses to load where that provider is missing, as it
+ * refuses another CPU. */
 static bool cpu_save(const void *prog, ArtFile *a, char *err, size_t errlen) {
+  const CpuProgram *p = prog;
+  art_add(a, "GEMM", p->gemm->name, "", 0);
   return cpu_program_save_objects(prog, a, err, errlen);
 }
 
 /* From the artifact's kernel objects; an artifact without any (a program
- * with no kernels) is compiled again. */
+ * with no kernels) is compiled again.  GRADC_GEMM, when set, overrides
+ * the artifact's provider. */
 static void *cpu_load(IrFunc *f, const ArtFile *a, const BackendOptions *o, char *err, size_t errlen) {
-  CpuOptions co = {o->threads, o->cache_dir};
+  CpuOptions co = {.threads = o->threads, .cache_dir = o->cache_dir};
+  const ArtSection *gs = art_find(a, "GEMM", NULL);
+  const char *env = getenv("GRADC_GEMM");
+  if (gs && !(env && *env)) {
+    const CpuGemmProvider *g = cpu_gemm_provider_find(gs->name);
+    char why[512] = "this build of gradc does not have it";
+    if (!g || !g->usable(why, sizeof why)) {
+      errf(err, errlen, "built for GEMM provider '%s', which is missing here (%s); recompile the model", gs->name, why);
+      return NULL;
+    }
+    co.gemm = gs->name;
+  }
   if (!art_find(a, "KOBJ", NULL)) return cpu_program_new(f, &co, err, errlen);
   return cpu_program_load_objects(f, a, &co, err, errlen);
 }
+
+/* GRADC_GEMM names a provider this build has. */
+static bool cpu_usable(char *err, size_t errlen) { return cpu_gemm_check_env(err, errlen); }
 
 static bool cpu_run(void *prog, int gas, const StFile *params, const char *params_path, const StFile *inputs,
                     const char *inputs_path, StepResult *out, char *err, size_t errlen) {
@@ -1320,6 +1400,7 @@ const Backend rt_backend_cpu = {
     .name = "cpu",
     .pipeline = pass_pipeline_cpu,
     .llvm_optim = true,
+    .usable = cpu_usable,
     .compile = cpu_compile,
     .save = cpu_save,
     .load = cpu_load,

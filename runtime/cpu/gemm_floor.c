@@ -8,7 +8,9 @@
  * dims as a loop of calls), a group-0 permute of the last two axes becomes
  * a transpose flag, a left-only batch folds into M, and a result in a
  * gradient buffer accumulates (beta = 1).
- * rt_gemm_floor runs that list on private buffers and times each window. */
+ * rt_gemm_floor runs that list on private buffers through a GEMM provider
+ * (gemm.h: the one the program multiplies with), each GEMM whole, threaded
+ * by the provider itself, and times each window. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +19,7 @@
 #include "gemm_floor.h"
 #include "runtime/gemm_plan.h"
 
-#ifdef GRADC_HAVE_BLAS
-#include <cblas.h>
-#endif
+#include "gemm.h"
 
 double rt_now_ms(void) {
   struct timespec ts;
@@ -100,45 +100,37 @@ static void fill(void *p, bool dbl, int64_t n, uint64_t *seed) {
   }
 }
 
-static void run_one(const RtGemm *g, const Bufs *b) {
+/* One op's calls through the provider's plan of its shape. */
+static void run_one(const RtGemm *g, const CpuGemm *plan, const Bufs *b) {
   int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
   size_t es = g->dbl ? 8 : 4;
-  int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
   for (int64_t t = 0; t < g->nb; t++) {
     const char *a = (const char *)b->a + (size_t)(g->aidx[t] * mk) * es;
     const char *bm = (const char *)b->b + (size_t)(g->bidx[t] * kn) * es;
     char *c = (char *)b->c + (size_t)(t * mn) * es;
-#ifdef GRADC_HAVE_BLAS
-    enum CBLAS_TRANSPOSE TA = g->ta ? CblasTrans : CblasNoTrans, TB = g->tb ? CblasTrans : CblasNoTrans;
-    if (g->dbl)
-      cblas_dgemm(CblasRowMajor, TA, TB, (blasint)g->M, (blasint)g->N, (blasint)g->K, 1.0, (const double *)a,
-                  (blasint)lda, (const double *)bm, (blasint)ldb, g->accumulate ? 1.0 : 0.0, (double *)c, (blasint)g->N);
-    else
-      cblas_sgemm(CblasRowMajor, TA, TB, (blasint)g->M, (blasint)g->N, (blasint)g->K, 1.0f, (const float *)a,
-                  (blasint)lda, (const float *)bm, (blasint)ldb, g->accumulate ? 1.0f : 0.0f, (float *)c, (blasint)g->N);
-#else
-    /* No BLAS in this build: the executor's plain loop. */
-    for (int64_t i = 0; i < g->M; i++)
-      for (int64_t j = 0; j < g->N; j++) {
-        double s = 0;
-        for (int64_t k = 0; k < g->K; k++) {
-          int64_t ia = g->ta ? k * lda + i : i * lda + k, ib = g->tb ? j * ldb + k : k * ldb + j;
-          s += g->dbl ? ((const double *)a)[ia] * ((const double *)bm)[ib]
-                      : (double)(((const float *)a)[ia] * ((const float *)bm)[ib]);
-        }
-        if (g->dbl) ((double *)c)[i * g->N + j] = s + (g->accumulate ? ((double *)c)[i * g->N + j] : 0);
-        else ((float *)c)[i * g->N + j] = (float)s + (g->accumulate ? ((float *)c)[i * g->N + j] : 0.0f);
-      }
-#endif
+    cpu_gemm_run(plan, a, bm, c, NULL);
   }
 }
 
-void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int reps, double *ms) {
-#ifdef GRADC_HAVE_BLAS
-  openblas_set_num_threads(threads > 0 ? threads : pool_ncores());
-#else
-  (void)threads;
-#endif
+bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *provider, int warmup, int reps, double *ms,
+                   char *err, size_t errlen) {
+  const CpuGemmProvider *prov = provider ? cpu_gemm_provider_find(provider) : NULL;
+  if (!prov) return errf(err, errlen, "no GEMM provider '%s' in this build", provider ? provider : "(none)");
+  CpuGemm **plans = mem_calloc((size_t)n + 1, sizeof(CpuGemm *));
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++) {
+    CpuGemmDesc d = {.type = g[i].dbl ? CPU_GEMM_F64 : CPU_GEMM_F32, .ta = g[i].ta, .tb = g[i].tb,
+                     .accumulate = g[i].accumulate, .M = g[i].M, .N = g[i].N, .K = g[i].K,
+                     .lda = g[i].ta ? g[i].M : g[i].K, .ldb = g[i].tb ? g[i].K : g[i].N, .ldc = g[i].N,
+                     .threads = threads > 0 ? threads : pool_ncores()};
+    plans[i] = cpu_gemm_plan(prov, &d, err, errlen);
+    ok = plans[i] != NULL;
+  }
+  if (!ok) {
+    for (int i = 0; i < n; i++) cpu_gemm_free(plans[i]);
+    free(plans);
+    return false;
+  }
   Bufs *b = mem_calloc((size_t)n + 1, sizeof(Bufs));
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   for (int i = 0; i < n; i++) {
@@ -159,7 +151,7 @@ void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int
     /* Results that accumulate (beta = 1) keep growing across windows;
      * with operands in [-0.05, 0.05) they stay far from overflow. */
     for (int k = 0; k < gas; k++)
-      for (int i = 0; i < n; i++) run_one(&g[i], &b[i]);
+      for (int i = 0; i < n; i++) run_one(&g[i], plans[i], &b[i]);
     double t1 = rt_now_ms();
     if (r >= 0) ms[r] = t1 - t0;
   }
@@ -167,6 +159,9 @@ void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int
     free(b[i].a);
     free(b[i].b);
     free(b[i].c);
+    cpu_gemm_free(plans[i]);
   }
   free(b);
+  free(plans);
+  return true;
 }

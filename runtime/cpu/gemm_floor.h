@@ -30,12 +30,15 @@ void rt_gemm_list_free(RtGemm *g, int n);
 /* Floating-point operations of one pass over the list (2*M*N*K per call). */
 double rt_gemm_flops(const RtGemm *g, int n);
 
-/* Time the list alone through the BLAS on `threads` threads (0: one per
- * core): a window runs every GEMM `gas` times, on buffers of the GEMMs'
- * sizes filled with small random values.  After `warmup` windows, `reps`
- * windows are timed; ms gets each window's wall time (reps entries).  The
- * BLAS thread count is left at `threads`. */
-void rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, int warmup, int reps, double *ms);
+/* Time the list alone through GEMM provider `provider` (by name: the
+ * program's, cpu_program_gemm_provider) on `threads` threads (0: one per
+ * core), each GEMM threaded by the provider: a window runs every GEMM
+ * `gas` times, on buffers of the GEMMs' sizes filled with small random
+ * values.  After `warmup` windows, `reps` windows are timed; ms gets each
+ * window's wall time (reps entries).  False with a message (a provider
+ * this build lacks, a shape it cannot plan). */
+bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *provider, int warmup, int reps, double *ms,
+                   char *err, size_t errlen);
 
 /* Wall-clock milliseconds (CLOCK_MONOTONIC). */
 double rt_now_ms(void);

@@ -8,9 +8,9 @@
  *   u32 format version                  ART_FORMAT_VERSION
  *   u32 number of sections
  *   per section:
- *     char tag[4]                       "META", "SRC ", "IR  ", "SIG ", "KOBJ" (space-padded)
+ *     char tag[4]                       "META", "SRC ", "IR  ", "SIG ", "KOBJ", "GEMM" (space-padded)
  *     u32 name length, u64 data length
- *     name bytes, data bytes            (the name is "" except for KOBJ: the kernel's)
+ *     name bytes, data bytes            (the name is "" except for KOBJ: the kernel's; GEMM: the provider's)
  *   u64 checksum                        FNV-1a 64 of every byte before it
  *
  * What the sections of a program hold is gradc_program_save's business

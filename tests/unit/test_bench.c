@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 
 #include "passes/passes.h"
+#include "runtime/cpu/gemm.h"
 #include "runtime/cpu/gemm_floor.h"
 #include "testutil.h"
 
@@ -74,7 +75,11 @@ static cJSON *bench_json(const char *args) {
   if (!o) print_error("not JSON:\n%s\n", out);
   assert_non_null(o);
   assert_true(cJSON_IsObject(o));
-  assert_int_equal(cJSON_GetArraySize(o), NFIGURES);
+  assert_int_equal(cJSON_GetArraySize(o), NFIGURES + 1);
+  /* After the contract's figures, the GEMM provider: one this build has. */
+  const cJSON *gp = cJSON_GetObjectItemCaseSensitive(o, "gemm_provider");
+  assert_true(cJSON_IsString(gp));
+  assert_non_null(cpu_gemm_provider_find(gp->valuestring));
   for (int i = 0; i < NFIGURES; i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, figure_names[i]);
     if (!cJSON_IsNumber(v)) print_error("missing figure %s in\n%s\n", figure_names[i], out);
@@ -126,7 +131,7 @@ static void test_bench_ref_has_no_kernels(void **state) {
 }
 
 /* The text form: exactly the nine `name: value` lines, in order, times
- * with three decimals and counts as integers. */
+ * with three decimals and counts as integers, then `gemm_provider: NAME`. */
 static void test_bench_text_order(void **state) {
   (void)state;
   int status;
@@ -148,6 +153,10 @@ static void test_bench_text_order(void **state) {
     else assert_null(dot);
     line = strtok_r(NULL, "\n", &save);
   }
+  assert_non_null(line);
+  assert_true(strncmp(line, "gemm_provider: ", 15) == 0);
+  assert_non_null(cpu_gemm_provider_find(line + 15));
+  line = strtok_r(NULL, "\n", &save);
   assert_null(line);
   free(out);
 }
@@ -231,7 +240,10 @@ static void test_gemm_list_shapes(void **state) {
 
   /* The floor runs every GEMM and times each window. */
   double ms[3] = {-1, -1, -1};
-  rt_gemm_floor(g, n, 2, 1, 0, 3, ms);
+  const CpuGemmProvider *const *provs;
+  char err[512];
+  assert_true(cpu_gemm_providers(&provs) > 0);
+  assert_true(rt_gemm_floor(g, n, 2, 1, provs[0]->name, 0, 3, ms, err, sizeof err));
   for (int i = 0; i < 3; i++) assert_true(ms[i] >= 0);
   rt_gemm_list_free(g, n);
   ir_func_free(f);

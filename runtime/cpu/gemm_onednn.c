@@ -1,0 +1,278 @@
+/* gemm_onednn.c - the oneDNN GEMM provider (gemm.h): one matmul
+ * primitive per GEMM shape, from a cache keyed by the whole descriptor
+ * (type, transposes, sizes, leading dimensions, batch strides, beta,
+ * epilogue, threads), so a program's pieces of one shape and every
+ * program in the process share one primitive.
+ *
+ * oneDNN dispatches on the ISA itself (brgemm kernels for AVX-512 and
+ * AMX, its jit sgemm for AVX2); the choice of provider measures it rather
+ * than trusting that.  What the matmul primitive does here:
+ *   - operands are strided memory descriptors: a transpose is a pair of
+ *     strides, a batch a leading dimension (stride 0: a broadcast
+ *     operand, dimension 1);
+ *   - beta = 1 is the sum post-op; bias is the matmul's bias argument;
+ *     gelu (tanh) an eltwise post-op; the residual a binary add post-op;
+ *   - bf16 A and B into f32 C where the CPU has bf16 kernels (else
+ *     pd creation fails and gemm.c widens to f32);
+ *   - no f64 matmul on the CPU: f64 plans fail and gemm.c hands them to
+ *     the next provider.
+ * Concurrency: the scratchpad is the caller's (user mode), so one
+ * primitive can run in several threads at once; each call takes a stream
+ * and a scratch buffer from a small free list.  Threads: the library is
+ * built on OpenMP, whose per-thread thread count (omp_set_num_threads
+ * from the calling thread) is what a primitive runs with; a plan records
+ * the count it was built for and a call sets it when it differs. */
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "gemm.h"
+#include "support/support.h"
+
+#if DNNL_CPU_RUNTIME != DNNL_RUNTIME_OMP
+#error "gradc's oneDNN provider sets threads through OpenMP (a oneDNN built with DNNL_CPU_RUNTIME=OMP)"
+#endif
+
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+static dnnl_engine_t engine;
+static dnnl_status_t engine_status;
+
+static void engine_init(void) { engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0); }
+
+static bool usable(char *why, size_t n) {
+  pthread_once(&engine_once, engine_init);
+  if (engine_status != dnnl_success) {
+    snprintf(why, n, "oneDNN cannot create a CPU engine (status %d)", (int)engine_status);
+    return false;
+  }
+  return true;
+}
+
+static void version(char *buf, size_t n) {
+  const dnnl_version_t *v = dnnl_version();
+  snprintf(buf, n, "oneDNN %d.%d.%d (%s)", v->major, v->minor, v->patch, v->hash ? v->hash : "");
+}
+
+/* ------------------------------------------------------------------ */
+/* Streams and scratch for one call                                    */
+/* ------------------------------------------------------------------ */
+
+typedef struct Ctx {
+  dnnl_stream_t stream;
+  void *scratch;
+  size_t cap;
+  struct Ctx *next;
+} Ctx;
+
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static Ctx *ctx_free;
+
+static Ctx *ctx_get(void) {
+  pthread_mutex_lock(&ctx_lock);
+  Ctx *c = ctx_free;
+  if (c) ctx_free = c->next;
+  pthread_mutex_unlock(&ctx_lock);
+  if (c) return c;
+  c = mem_calloc(1, sizeof *c);
+  dnnl_status_t s = dnnl_stream_create(&c->stream, engine, dnnl_stream_default_flags);
+  GRADC_ASSERT(s == dnnl_success);
+  return c;
+}
+
+static void ctx_put(Ctx *c) {
+  pthread_mutex_lock(&ctx_lock);
+  c->next = ctx_free;
+  ctx_free = c;
+  pthread_mutex_unlock(&ctx_lock);
+}
+
+/* ------------------------------------------------------------------ */
+/* Primitives, cached by descriptor                                    */
+/* ------------------------------------------------------------------ */
+
+typedef struct Prim {
+  CpuGemmDesc d;
+  dnnl_primitive_t prim;
+  dnnl_memory_desc_t a, b, c, bias, extra;
+  size_t scratch; /* bytes */
+  char impl[64];  /* oneDNN's implementation name (brg:avx512_core, gemm:jit, ...) */
+  struct Prim *next;
+} Prim;
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+#define NBUCKETS 256
+static Prim *cache[NBUCKETS];
+
+/* The descriptor as a cache key: every field, padding excluded. */
+static uint64_t desc_hash(const CpuGemmDesc *d) {
+  int64_t k[16] = {d->type, d->ta, d->tb, d->accumulate, d->M, d->N, d->K, d->lda, d->ldb, d->ldc,
+                   d->batch, d->stride_a, d->stride_b, d->stride_c, d->threads, d->epilogue * 1000003 + d->ldr};
+  return hash_bytes(k, sizeof k, HASH_SEED);
+}
+
+static bool desc_eq(const CpuGemmDesc *x, const CpuGemmDesc *y) {
+  return x->type == y->type && x->ta == y->ta && x->tb == y->tb && x->accumulate == y->accumulate && x->M == y->M &&
+         x->N == y->N && x->K == y->K && x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc &&
+         x->batch == y->batch && x->stride_a == y->stride_a && x->stride_b == y->stride_b &&
+         x->stride_c == y->stride_c && x->threads == y->threads && x->epilogue == y->epilogue && x->ldr == y->ldr;
+}
+
+/* A matrix rows x cols (logical), stored row-major with leading dimension
+ * ld, transposed when t; with a batch dimension in front when batched
+ * (stride 0: one matrix broadcast over the batch). */
+static dnnl_status_t matrix_md(dnnl_memory_desc_t *md, bool batched, int64_t nb, int64_t stride, int64_t rows,
+                               int64_t cols, int64_t ld, bool t, dnnl_data_type_t dt) {
+  dnnl_dims_t dims, strides;
+  int nd = 0;
+  if (batched) {
+    dims[nd] = stride ? nb : 1;
+    strides[nd++] = stride ? stride : rows * cols;
+  }
+  dims[nd] = rows;
+  strides[nd++] = t ? 1 : ld;
+  dims[nd] = cols;
+  strides[nd++] = t ? ld : 1;
+  return dnnl_memory_desc_init_by_strides(md, nd, dims, dt, strides);
+}
+
+#define CHECK(call)                                                                                                    \
+  do {                                                                                                                 \
+    dnnl_status_t s_ = (call);                                                                                         \
+    if (s_ != dnnl_success) {                                                                                          \
+      snprintf(err, n, "oneDNN: %s failed (status %d)", #call, (int)s_);                                               \
+      goto fail;                                                                                                       \
+    }                                                                                                                  \
+  } while (0)
+
+static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
+  Prim *p = mem_calloc(1, sizeof *p);
+  p->d = *d;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_data_type_t in = d->type == CPU_GEMM_BF16 ? dnnl_bf16 : dnnl_f32;
+  bool batched = d->batch > 1;
+  int64_t nb = d->batch > 1 ? d->batch : 1;
+  CHECK(matrix_md(&p->a, batched, nb, d->stride_a, d->M, d->K, d->lda, d->ta, in));
+  CHECK(matrix_md(&p->b, batched, nb, d->stride_b, d->K, d->N, d->ldb, d->tb, in));
+  CHECK(matrix_md(&p->c, batched, nb, d->stride_c ? d->stride_c : d->M * d->ldc, d->M, d->N, d->ldc, false, dnnl_f32));
+  bool bias = d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU;
+  if (bias) CHECK(matrix_md(&p->bias, batched, 1, 0, 1, d->N, d->N, false, dnnl_f32));
+  dnnl_matmul_desc_t md;
+  CHECK(dnnl_matmul_desc_init(&md, &p->a, &p->b, bias ? &p->bias : NULL, &p->c));
+  CHECK(dnnl_primitive_attr_create(&attr));
+  CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+  CHECK(dnnl_post_ops_create(&po));
+  if (d->epilogue == CPU_EPI_BIAS_GELU) CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0.f, 0.f));
+  if (d->epilogue == CPU_EPI_RESIDUAL) {
+    CHECK(matrix_md(&p->extra, batched, nb, 0, d->M, d->N, d->ldr, false, dnnl_f32));
+    CHECK(dnnl_post_ops_append_binary(po, dnnl_binary_add, &p->extra));
+  }
+  if (d->accumulate) CHECK(dnnl_post_ops_append_sum(po, 1.0f));
+  CHECK(dnnl_primitive_attr_set_post_ops(attr, po));
+  /* Built for the thread count it runs with (a primitive sizes its work
+   * split by the count it sees at creation). */
+  int old = omp_get_max_threads();
+  omp_set_num_threads(d->threads);
+  dnnl_status_t s = dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL);
+  omp_set_num_threads(old);
+  if (s != dnnl_success) {
+    snprintf(err, n, "oneDNN has no matmul for this shape and type (status %d)", (int)s);
+    goto fail;
+  }
+  const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  p->scratch = smd ? dnnl_memory_desc_get_size(smd) : 0;
+  const char *impl = NULL;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+    snprintf(p->impl, sizeof p->impl, "%s", impl);
+  omp_set_num_threads(d->threads);
+  s = dnnl_primitive_create(&p->prim, pd);
+  omp_set_num_threads(old);
+  if (s != dnnl_success) {
+    snprintf(err, n, "oneDNN: cannot create the matmul primitive (status %d)", (int)s);
+    goto fail;
+  }
+  dnnl_primitive_desc_destroy(pd);
+  dnnl_post_ops_destroy(po);
+  dnnl_primitive_attr_destroy(attr);
+  return p;
+fail:
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (po) dnnl_post_ops_destroy(po);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  free(p);
+  return NULL;
+}
+
+static void *plan(const CpuGemmDesc *d, char *err, size_t n) {
+  if (!usable(err, n)) return NULL;
+  if (d->type == CPU_GEMM_F64) {
+    snprintf(err, n, "oneDNN has no f64 matmul on the CPU");
+    return NULL;
+  }
+  uint64_t h = desc_hash(d);
+  pthread_mutex_lock(&cache_lock);
+  Prim *p = cache[h % NBUCKETS];
+  while (p && !desc_eq(&p->d, d)) p = p->next;
+  if (!p) {
+    p = build(d, err, n);
+    if (p) {
+      p->next = cache[h % NBUCKETS];
+      cache[h % NBUCKETS] = p;
+    }
+  }
+  pthread_mutex_unlock(&cache_lock);
+  return p;
+}
+
+static void run(void *plan, const CpuGemmDesc *d, const void *a, const void *b, void *c, const float *extra) {
+  const Prim *p = plan;
+  Ctx *x = ctx_get();
+  if (x->cap < p->scratch) {
+    free(x->scratch);
+    x->scratch = mem_alloc(p->scratch);
+    x->cap = p->scratch;
+  }
+  dnnl_memory_t ma, mb, mc, me = NULL, ms = NULL;
+  dnnl_status_t s = dnnl_memory_create(&ma, &p->a, engine, (void *)a);
+  s |= dnnl_memory_create(&mb, &p->b, engine, (void *)b);
+  s |= dnnl_memory_create(&mc, &p->c, engine, c);
+  dnnl_exec_arg_t args[6] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+  int na = 3;
+  if (p->scratch) {
+    dnnl_memory_desc_t smd;
+    int64_t bytes = (int64_t)p->scratch;
+    s |= dnnl_memory_desc_init_by_tag(&smd, 1, (dnnl_dims_t){bytes}, dnnl_u8, dnnl_a);
+    s |= dnnl_memory_create(&ms, &smd, engine, x->scratch);
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ms};
+  }
+  if (d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU) {
+    s |= dnnl_memory_create(&me, &p->bias, engine, (void *)extra);
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, me};
+  } else if (d->epilogue == CPU_EPI_RESIDUAL) {
+    s |= dnnl_memory_create(&me, &p->extra, engine, (void *)extra);
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, me};
+  }
+  GRADC_ASSERT(s == dnnl_success);
+  if (omp_get_max_threads() != d->threads) omp_set_num_threads(d->threads);
+  s = dnnl_primitive_execute(p->prim, x->stream, na, args);
+  GRADC_ASSERT(s == dnnl_success);
+  s = dnnl_stream_wait(x->stream);
+  GRADC_ASSERT(s == dnnl_success);
+  dnnl_memory_destroy(ma);
+  dnnl_memory_destroy(mb);
+  dnnl_memory_destroy(mc);
+  if (me) dnnl_memory_destroy(me);
+  if (ms) dnnl_memory_destroy(ms);
+  ctx_put(x);
+}
+
+/* Primitives stay in the cache for the process's life. */
+static void plan_free(void *plan) { (void)plan; }
+
+const CpuGemmProvider cpu_gemm_onednn = {"onednn", usable, version, plan, run, plan_free};
+

@@ -1,0 +1,533 @@
+/* test_gemm.c - the CPU back end's GEMM providers (runtime/cpu/gemm.h)
+ * against the reference interpreter, and the choice of provider per host.
+ *
+ * Shapes: every GEMM of every example (at its declared sizes) and of every
+ * bench model (at bench/run.py's sizes), as `gradc bench --print-gemms`
+ * lists them, each with its own transposes, batch and beta and with the
+ * other beta, in f32, f64 and bf16 (f32 accumulation).  The operands are
+ * multiples of 1/16 in [-1/2, 1/2], exact in bf16, whose products and sums
+ * (up to K = 4096) are exact in f32: every provider must then give the
+ * interpreter's result exactly, whatever its blocking.  A second pass on
+ * random operands checks the rounding bound of an f32 dot product
+ * (K * 2^-24 * sum |a b| per element; bf16 operands rounded first).
+ *
+ * A provider this build lacks is skipped with a message. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "irbuild.h"
+#include "passes/passes.h"
+#include "runtime/cpu/gemm_floor.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/io/artifact.h"
+#include "runtime/runtime.h"
+#include "support/support.h"
+#include "testutil.h"
+
+/* ------------------------------------------------------------------ */
+/* Shapes                                                              */
+/* ------------------------------------------------------------------ */
+
+typedef struct Shape {
+  int64_t M, N, K, nb;
+  bool ta, tb, acc;
+} Shape;
+
+static Shape shapes[512];
+static int nshapes;
+
+static void add_shape(Shape s) {
+  for (int i = 0; i < nshapes; i++)
+    if (!memcmp(&shapes[i], &s, sizeof s)) return;
+  assert_true(nshapes < 512);
+  shapes[nshapes++] = s;
+}
+
+/* Shapes with one logical product (M, N, K, batch) next to each other:
+ * they share the operands and the interpreter's result. */
+static bool same_logical(const Shape *x, const Shape *y) {
+  return x->M == y->M && x->N == y->N && x->K == y->K && x->nb == y->nb;
+}
+
+static int cmp_logical(const void *pa, const void *pb) {
+  const Shape *a = pa, *b = pb;
+  int64_t ka[4] = {a->M, a->N, a->K, a->nb}, kb[4] = {b->M, b->N, b->K, b->nb};
+  for (int i = 0; i < 4; i++)
+    if (ka[i] != kb[i]) return ka[i] < kb[i] ? -1 : 1;
+  return 0;
+}
+
+/* The models and sizes: the examples as declared, bench/run.py's configs. */
+static const struct {
+  const char *file;
+  const char *names[8];
+  int64_t values[8];
+} models[] = {
+    {"examples/mlp.gdl", {NULL}, {0}},
+    {"examples/multitask.gdl", {NULL}, {0}},
+    {"examples/tinygpt.gdl", {NULL}, {0}},
+    {"examples/tinygpt.gdl", {"B", "T", "C", "L", "NH", "V"}, {16, 128, 256, 4, 4, 96}},
+    {"examples/tinygpt.gdl", {"B", "T", "C", "L"}, {8, 32, 64, 2}},
+    {"examples/mlp.gdl", {"B", "D", "H"}, {256, 784, 1024}},
+    {"bench/models/mlp2.gdl", {"B", "D", "H"}, {256, 784, 1024}},
+};
+
+/* The GEMMs the CPU executor runs for a model: its matmuls after the CPU
+ * pipeline, as the GEMM floor lists them (gemm_floor.h). */
+static int setup_shapes(void **state) {
+  (void)state;
+  memset(shapes, 0, sizeof shapes);
+  for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+    char *text = tu_read(models[m].file);
+    static SrcFile src;
+    src = (SrcFile){models[m].file, text, strlen(text)};
+    Diag d;
+    diag_init(&d, NULL);
+    d.quiet = true;
+    int nd = 0;
+    while (nd < 8 && models[m].names[nd]) nd++;
+    FeOptions fo = {.def_names = (const char **)models[m].names, .def_values = models[m].values, .ndefs = nd,
+                    .gas = 1, .dp = 1};
+    FeModel *fm = fe_model_compile(&src, &fo, &d);
+    if (!fm) {
+      fprintf(stderr, "%s does not compile\n", models[m].file);
+      return -1;
+    }
+    int np;
+    const char *const *pipe = pass_pipeline_cpu(&np);
+    PassManager pm;
+    pm_init(&pm);
+    PassOptions po = {.gas = 1, .diag = &d};
+    if (pm_run(&pm, fm->func, pipe, np, &po) != 0) {
+      fprintf(stderr, "%s: the CPU pipeline fails\n", models[m].file);
+      return -1;
+    }
+    RtGemm *g;
+    int ng = rt_gemm_list(fm->func, &g);
+    for (int i = 0; i < ng; i++) {
+      Shape sh = {g[i].M, g[i].N, g[i].K, g[i].nb, g[i].ta, g[i].tb, g[i].accumulate};
+      add_shape(sh);
+      sh.acc = !sh.acc; /* and the other beta */
+      add_shape(sh);
+    }
+    rt_gemm_list_free(g, ng);
+    fe_model_free(fm);
+    diag_free(&d);
+    free(text);
+    if (ng == 0 && strstr(models[m].file, "mlp")) {
+      fprintf(stderr, "%s lists no GEMMs\n", models[m].file);
+      return -1;
+    }
+  }
+  /* Every transpose pair, batched and not, on small shapes of odd sizes. */
+  for (int t = 0; t < 4; t++)
+    for (int b = 0; b < 2; b++) {
+      add_shape((Shape){13, 7, 5, b ? 3 : 1, t & 1, t >> 1, b});
+      add_shape((Shape){1, 33, 17, 1, t & 1, t >> 1, !b});
+      add_shape((Shape){40, 1, 9, b ? 2 : 1, t & 1, t >> 1, b});
+    }
+  qsort(shapes, (size_t)nshapes, sizeof *shapes, cmp_logical);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The reference: the interpreter's matmul of the logical matrices      */
+/* ------------------------------------------------------------------ */
+
+/* C[nb, M, N] = A[nb, M, K] @ B[nb, K, N] in exact f64 (no rounding). */
+static double *interp_matmul(const Shape *s, const double *a, const double *b) {
+  IrFunc *f = ir_func_new("gemm");
+  IrType ta = s->nb > 1 ? ty(IR_DT_F64, 3, (int)s->nb, (int)s->M, (int)s->K) : ty(IR_DT_F64, 2, (int)s->M, (int)s->K);
+  IrType tb = s->nb > 1 ? ty(IR_DT_F64, 3, (int)s->nb, (int)s->K, (int)s->N) : ty(IR_DT_F64, 2, (int)s->K, (int)s->N);
+  IrValue *A = param(f, "A", ta), *B = param(f, "B", tb);
+  IrValue *C = bin(f, IR_OP_MATMUL, A, B);
+  double *args[2] = {(double *)a, (double *)b};
+  double **ws = calloc((size_t)f->nvalues + 1, sizeof(double *));
+  InterpState st;
+  memset(&st, 0, sizeof st);
+  InterpOptions opt = {.exact_f64 = true};
+  char err[256];
+  if (!interp_run(&st, f, args, ws, INTERP_STEP, &opt, err, sizeof err)) fail_msg("interp_run: %s", err);
+  size_t n = (size_t)(s->nb * s->M * s->N);
+  double *out = malloc(n * sizeof(double));
+  memcpy(out, st.val[C->id], n * sizeof(double));
+  interp_free(&st);
+  free(ws);
+  ir_func_free(f);
+  return out;
+}
+
+static uint16_t to_bf16(double x) {
+  float f = (float)ir_round_dtype(x, IR_DT_BF16);
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)(u >> 16);
+}
+
+/* A logical rows x cols matrix (per batch) stored as the provider reads
+ * it: transposed when t, rows ld apart, in the type's element size. */
+static void *store(CpuGemmType type, const double *x, int64_t nb, int64_t rows, int64_t cols, bool t, int64_t *ld) {
+  *ld = t ? rows : cols;
+  size_t es = type == CPU_GEMM_F64 ? 8 : type == CPU_GEMM_F32 ? 4 : 2;
+  char *p = calloc((size_t)(nb * rows * cols) + 1, es);
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t i = 0; i < rows; i++)
+      for (int64_t j = 0; j < cols; j++) {
+        double v = x[(b * rows + i) * cols + j];
+        int64_t at = b * rows * cols + (t ? j * rows + i : i * cols + j);
+        if (type == CPU_GEMM_F64) ((double *)p)[at] = v;
+        else if (type == CPU_GEMM_F32) ((float *)p)[at] = (float)v;
+        else ((uint16_t *)p)[at] = to_bf16(v);
+      }
+  return p;
+}
+
+static const char *type_name(CpuGemmType t) { return t == CPU_GEMM_F64 ? "f64" : t == CPU_GEMM_F32 ? "f32" : "bf16"; }
+
+/* Run s on p in type; compare C with c0 + ref (tol: per-element bound, or
+ * NULL for exact).  Returns the number of mismatches (first few printed). */
+static int check(const CpuGemmProvider *p, const Shape *s, CpuGemmType type, const double *a, const double *b,
+                 const double *c0, const double *ref, const double *tol, int threads) {
+  int64_t lda, ldb, ldc = s->N;
+  void *A = store(type, a, s->nb, s->M, s->K, s->ta, &lda), *B = store(type, b, s->nb, s->K, s->N, s->tb, &ldb);
+  CpuGemmType ct = type == CPU_GEMM_F64 ? CPU_GEMM_F64 : CPU_GEMM_F32;
+  void *C = store(ct, c0, s->nb, s->M, s->N, false, &ldc);
+  CpuGemmDesc d = {.type = type, .ta = s->ta, .tb = s->tb, .accumulate = s->acc, .M = s->M, .N = s->N, .K = s->K,
+                   .lda = lda, .ldb = ldb, .ldc = ldc, .batch = s->nb, .stride_a = s->M * s->K,
+                   .stride_b = s->K * s->N, .stride_c = s->M * s->N, .threads = threads};
+  char err[512];
+  CpuGemm *g = cpu_gemm_plan(p, &d, err, sizeof err);
+  if (!g) fail_msg("%s: cannot plan %s %lldx%lldx%lld: %s", p->name, type_name(type), (long long)s->M,
+                   (long long)s->N, (long long)s->K, err);
+  cpu_gemm_run(g, A, B, C, NULL);
+  cpu_gemm_free(g);
+  int bad = 0;
+  double worst = 0;
+  int64_t n = s->nb * s->M * s->N;
+  for (int64_t i = 0; i < n; i++) {
+    double got = ct == CPU_GEMM_F64 ? ((double *)C)[i] : ((float *)C)[i];
+    double want = (s->acc ? c0[i] : 0) + ref[i], e = fabs(got - want), lim = tol ? tol[i] : 0;
+    if (e > worst) worst = e;
+    if (e > lim || isnan(got)) {
+      if (bad < 3)
+        print_error("%s %s M=%lld N=%lld K=%lld nb=%lld t=%c%c beta=%d threads=%d: C[%lld] = %.9g, want %.9g\n",
+                    p->name, type_name(type), (long long)s->M, (long long)s->N, (long long)s->K, (long long)s->nb,
+                    s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->acc, threads, (long long)i, got, want);
+      bad++;
+    }
+  }
+  if (bad) print_error("  %d mismatches, largest error %.3g\n", bad, worst);
+  free(A);
+  free(B);
+  free(C);
+  return bad;
+}
+
+/* Multiples of 1/16 in [-1/2, 1/2]. */
+static void exact_values(double *x, int64_t n, uint64_t seed) {
+  for (int64_t i = 0; i < n; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (double)((int)(seed >> 59) - 8) / 16.0;
+  }
+}
+
+/* The providers of the build by name, and a message for each missing one. */
+static int built(const CpuGemmProvider **out) {
+  const char *names[] = {"onednn", "openblas", "blis", "loops"};
+  int n = 0;
+  for (int i = 0; i < 4; i++) {
+    const CpuGemmProvider *p = cpu_gemm_provider_find(names[i]);
+    if (p) out[n++] = p;
+    else if (i < 3) printf("note: skipped: the GEMM provider %s is not in this build\n", names[i]);
+  }
+  return n;
+}
+
+/* Every shape on every provider: the operands and the interpreter's
+ * product made once per logical shape. */
+static void test_gemm_providers_exact(void **state) {
+  (void)state;
+  const CpuGemmProvider *provs[4];
+  int np = built(provs), bad = 0;
+  double *a = NULL, *b = NULL, *c0 = NULL, *ref = NULL;
+  for (int i = 0; i < nshapes; i++) {
+    const Shape *s = &shapes[i];
+    if (i == 0 || !same_logical(s, &shapes[i - 1])) {
+      free(ref);
+      free(a);
+      free(b);
+      free(c0);
+      int64_t na = s->nb * s->M * s->K, nbb = s->nb * s->K * s->N, nc = s->nb * s->M * s->N;
+      a = malloc(sizeof(double) * (size_t)na);
+      b = malloc(sizeof(double) * (size_t)nbb);
+      c0 = malloc(sizeof(double) * (size_t)nc);
+      exact_values(a, na, 1 + (uint64_t)i);
+      exact_values(b, nbb, 1000 + (uint64_t)i);
+      exact_values(c0, nc, 2000 + (uint64_t)i);
+      ref = interp_matmul(s, a, b);
+    }
+    for (int k = 0; k < np; k++) {
+      CpuGemmType types[3] = {CPU_GEMM_F32, CPU_GEMM_F64, CPU_GEMM_BF16};
+      for (int t = 0; t < 3; t++) bad += check(provs[k], s, types[t], a, b, c0, ref, NULL, 1);
+      /* The provider's own threading too (the GEMM floor's). */
+      bad += check(provs[k], s, CPU_GEMM_F32, a, b, c0, ref, NULL, 2);
+    }
+  }
+  free(ref);
+  free(a);
+  free(b);
+  free(c0);
+  for (int k = 0; k < np; k++)
+    printf("%s: %d GEMM shapes against the interpreter, f32, f64 and bf16\n", provs[k]->name, nshapes);
+  assert_int_equal(bad, 0);
+}
+
+/* Random operands: the rounding bound of an f32 sum of K products. */
+static void provider_rounding(const CpuGemmProvider *p) {
+  Shape list[] = {{96, 80, 300, 1, false, true, false}, {64, 48, 512, 2, true, false, true}};
+  int bad = 0;
+  for (size_t k = 0; k < sizeof list / sizeof *list; k++) {
+    const Shape *s = &list[k];
+    int64_t na = s->nb * s->M * s->K, nbb = s->nb * s->K * s->N, nc = s->nb * s->M * s->N;
+    double *a = malloc(sizeof(double) * (size_t)na), *b = malloc(sizeof(double) * (size_t)nbb);
+    double *c0 = calloc((size_t)nc, sizeof(double)), *tol = malloc(sizeof(double) * (size_t)nc);
+    for (int bf = 0; bf < 2; bf++) {
+      uint64_t seed = 77 + k;
+      for (int64_t i = 0; i < na + nbb; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        double v = ((double)(seed >> 11) / 9007199254740992.0 - 0.5);
+        v = bf ? ir_round_dtype(v, IR_DT_BF16) : (double)(float)v;
+        if (i < na) a[i] = v;
+        else b[i - na] = v;
+      }
+      double *ref = interp_matmul(s, a, b);
+      for (int64_t t = 0; t < s->nb; t++)
+        for (int64_t i = 0; i < s->M; i++)
+          for (int64_t j = 0; j < s->N; j++) {
+            double m = 0;
+            for (int64_t q = 0; q < s->K; q++)
+              m += fabs(a[(t * s->M + i) * s->K + q] * b[(t * s->K + q) * s->N + j]);
+            tol[(t * s->M + i) * s->N + j] = (double)s->K * 0x1p-24 * m + 0x1p-24 * fabs(m);
+          }
+      bad += check(p, s, bf ? CPU_GEMM_BF16 : CPU_GEMM_F32, a, b, c0, ref, tol, 1);
+      free(ref);
+    }
+    free(a);
+    free(b);
+    free(c0);
+    free(tol);
+  }
+  assert_int_equal(bad, 0);
+}
+
+static void test_gemm_providers_rounding(void **state) {
+  (void)state;
+  const CpuGemmProvider *provs[4];
+  int np = built(provs);
+  for (int k = 0; k < np; k++) provider_rounding(provs[k]);
+}
+
+/* ------------------------------------------------------------------ */
+/* The choice per host, and its cache                                   */
+/* ------------------------------------------------------------------ */
+
+static char tmpdir[256];
+
+static int setup_dir(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/gradc-test-gemm-XXXXXX");
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_dir(void **state) {
+  (void)state;
+  tu_rm_rf(tmpdir);
+  return 0;
+}
+
+/* `gradc bench` on a small mlp with this cache directory and environment
+ * prefix; the provider it printed into prov (empty if none). */
+static int bench_provider(const char *env, const char *cache, char *prov, size_t n, char *err, size_t m) {
+  static char out[8192];
+  int st = tu_sh_err(out, sizeof out, err, m,
+                     "env -u GRADC_GEMM %s GRADC_CACHE_DIR='%s' '%s' bench '%s' -D B=8 -D D=16 -D H=8 --steps 1",
+                     env, cache, GRADC_BINARY, tu_path("examples/mlp.gdl"));
+  prov[0] = 0;
+  const char *l = strstr(out, "gemm_provider: ");
+  if (l) sscanf(l + 15, "%63s", prov);
+  (void)n;
+  return st;
+}
+
+/* The one selection entry in dir (its path into path); false if none. */
+static bool entry_path(const char *dir, char *path, size_t n) {
+  snprintf(path, n, "%s/%s-%016llx", dir, CPU_GEMM_CACHE_KIND, (unsigned long long)cpu_gemm_host_key());
+  struct stat sb;
+  return stat(path, &sb) == 0;
+}
+
+static void test_gemm_select_cached(void **state) {
+  (void)state;
+  char cache[512], prov[64], err[8192], path[1024];
+  snprintf(cache, sizeof cache, "%s/cached", tmpdir);
+  /* First sight of the host: measured and written. */
+  assert_int_equal(bench_provider("", cache, prov, sizeof prov, err, sizeof err), 0);
+  assert_non_null(cpu_gemm_provider_find(prov));
+  assert_true(entry_path(cache, path, sizeof path));
+  size_t len;
+  char *e = cache_get(cache, CPU_GEMM_CACHE_KIND, cpu_gemm_host_key(), &len);
+  assert_non_null(e);
+  char want[80];
+  snprintf(want, sizeof want, "choice %s\n", prov);
+  assert_non_null(strstr(e, want));
+  /* The entry is what decides: rewritten to name another provider, the
+   * next run uses that one without measuring. */
+  const CpuGemmProvider *const *all;
+  int np = cpu_gemm_providers(&all);
+  const char *other = NULL;
+  char why[256];
+  for (int i = 0; i < np && !other; i++)
+    if (strcmp(all[i]->name, prov) != 0 && all[i]->usable(why, sizeof why)) other = all[i]->name;
+  if (other) {
+    char *c = strstr(e, "choice ");
+    StrBuf sb;
+    sb_init(&sb);
+    sb_putn(&sb, e, (size_t)(c - e));
+    sb_printf(&sb, "choice %s\n", other);
+    cache_put(cache, CPU_GEMM_CACHE_KIND, cpu_gemm_host_key(), sb_str(&sb), sb.len);
+    sb_free(&sb);
+    assert_int_equal(bench_provider("", cache, prov, sizeof prov, err, sizeof err), 0);
+    assert_string_equal(prov, other);
+  } else {
+    printf("note: one usable GEMM provider here; the cached choice cannot be told from a measured one\n");
+  }
+  free(e);
+}
+
+static void test_gemm_select_corrupt_entry_remeasured(void **state) {
+  (void)state;
+  char cache[512], prov[64], err[8192], path[1024];
+  snprintf(cache, sizeof cache, "%s/corrupt", tmpdir);
+  assert_int_equal(bench_provider("", cache, prov, sizeof prov, err, sizeof err), 0);
+  assert_true(entry_path(cache, path, sizeof path));
+  /* Bytes changed under the checksum: a warning, a new measurement, a new entry. */
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  fseek(f, 30, SEEK_SET);
+  fputs("garbage", f);
+  fclose(f);
+  assert_int_equal(bench_provider("", cache, prov, sizeof prov, err, sizeof err), 0);
+  if (!strstr(err, "warning: ignoring corrupted cache entry")) print_error("stderr:\n%s\n", err);
+  assert_non_null(strstr(err, "warning: ignoring corrupted cache entry"));
+  assert_non_null(cpu_gemm_provider_find(prov));
+  size_t len;
+  char *e = cache_get(cache, CPU_GEMM_CACHE_KIND, cpu_gemm_host_key(), &len);
+  assert_non_null(e);
+  free(e);
+  /* A well-formed entry naming no provider of this build: the same. */
+  const char *bogus = "gradc gemm-provider 1\nchoice nosuch\n";
+  cache_put(cache, CPU_GEMM_CACHE_KIND, cpu_gemm_host_key(), bogus, strlen(bogus));
+  assert_int_equal(bench_provider("", cache, prov, sizeof prov, err, sizeof err), 0);
+  assert_non_null(strstr(err, "warning: ignoring invalid GEMM provider entry"));
+  assert_non_null(cpu_gemm_provider_find(prov));
+  e = cache_get(cache, CPU_GEMM_CACHE_KIND, cpu_gemm_host_key(), &len);
+  assert_non_null(e);
+  assert_null(strstr(e, "nosuch"));
+  free(e);
+}
+
+static void test_gemm_select_env_and_no_cache(void **state) {
+  (void)state;
+  char cache[512], prov[64], err[8192], path[1024], env[128];
+  snprintf(cache, sizeof cache, "%s/env", tmpdir);
+  const CpuGemmProvider *const *all;
+  int np = cpu_gemm_providers(&all);
+  /* GRADC_GEMM is honoured for every provider of the build. */
+  for (int i = 0; i < np; i++) {
+    snprintf(env, sizeof env, "GRADC_GEMM=%s", all[i]->name);
+    assert_int_equal(bench_provider(env, cache, prov, sizeof prov, err, sizeof err), 0);
+    assert_string_equal(prov, all[i]->name);
+  }
+  /* ... and measures nothing, so it writes no entry. */
+  assert_false(entry_path(cache, path, sizeof path));
+  /* A name that is no provider, or one this build lacks: a user error. */
+  assert_int_equal(bench_provider("GRADC_GEMM=mkl", cache, prov, sizeof prov, err, sizeof err), 1);
+  assert_non_null(strstr(err, "gradc: error: GRADC_GEMM=mkl: unknown GEMM provider (this build has: "));
+  const char *libs[] = {"onednn", "openblas", "blis"};
+  for (int i = 0; i < 3; i++) {
+    if (cpu_gemm_provider_find(libs[i])) continue;
+    snprintf(env, sizeof env, "GRADC_GEMM=%s", libs[i]);
+    assert_int_equal(bench_provider(env, cache, prov, sizeof prov, err, sizeof err), 1);
+    assert_non_null(strstr(err, "this build of gradc has no"));
+    printf("note: %s is not in this build: GRADC_GEMM=%s is refused\n", libs[i], libs[i]);
+  }
+  /* --no-cache measures and writes nothing. */
+  static char out[8192];
+  assert_int_equal(tu_sh_err(out, sizeof out, err, sizeof err,
+                             "env -u GRADC_GEMM GRADC_CACHE_DIR='%s' '%s' bench '%s' -D B=8 -D D=16 -D H=8 --steps 1 --no-cache", cache,
+                             GRADC_BINARY, tu_path("examples/mlp.gdl")),
+                   0);
+  assert_false(entry_path(cache, path, sizeof path));
+  assert_non_null(strstr(out, "gemm_provider: "));
+}
+
+/* An artifact records its provider and refuses to load where it is missing. */
+static void test_gemm_artifact_records_provider(void **state) {
+  (void)state;
+#ifndef GRADC_HAVE_LLVM
+  printf("[ SKIPPED  ] no LLVM: no CPU artifacts\n");
+  skip();
+#else
+  char art[512], out[8192], err[8192];
+  snprintf(art, sizeof art, "%s/mlp.gca", tmpdir);
+  const CpuGemmProvider *const *all;
+  cpu_gemm_providers(&all);
+  const char *name = all[0]->name;
+  int st = tu_sh_err(out, sizeof out, err, sizeof err, "GRADC_GEMM=%s '%s' compile '%s' -D B=8 -D D=16 -D H=8 -o '%s'",
+                     name, GRADC_BINARY, tu_path("examples/mlp.gdl"), art);
+  if (st) print_error("%s\n", err);
+  assert_int_equal(st, 0);
+  ArtFile a;
+  char e[1024];
+  assert_true(art_read(art, &a, e, sizeof e));
+  const ArtSection *g = art_find(&a, "GEMM", NULL);
+  assert_non_null(g);
+  assert_string_equal(g->name, name);
+  /* The artifact loads and runs here. */
+  char params[600], inputs[600];
+  snprintf(params, sizeof params, "%s/p.safetensors", tmpdir);
+  snprintf(inputs, sizeof inputs, "%s/x.safetensors", tmpdir);
+  tu_gradc("init '%s' -D B=8 -D D=16 -D H=8 -o '%s'", tu_path("examples/mlp.gdl"), params);
+  tu_gradc("data random '%s' -D B=8 -D D=16 -D H=8 -o '%s'", tu_path("examples/mlp.gdl"), inputs);
+  tu_gradc("run '%s' --params '%s' --inputs '%s'", art, params, inputs);
+  /* Built for a provider this gradc lacks: refused, with the reason. */
+  free(((ArtSection *)g)->name);
+  ((ArtSection *)g)->name = strdup("nosuch");
+  assert_true(art_write(art, &a, e, sizeof e));
+  art_free(&a);
+  st = tu_sh_err(out, sizeof out, err, sizeof err, "'%s' run '%s' --params '%s' --inputs '%s'", GRADC_BINARY, art,
+                 params, inputs);
+  if (st != 1) print_error("exit %d: %s\n", st, err);
+  assert_int_equal(st, 1);
+  assert_non_null(strstr(err, "built for GEMM provider 'nosuch', which is missing here"));
+#endif
+}
+
+int main(void) {
+  const struct CMUnitTest providers[] = {
+      cmocka_unit_test(test_gemm_providers_exact),
+      cmocka_unit_test(test_gemm_providers_rounding),
+  };
+  const struct CMUnitTest choice[] = {
+      cmocka_unit_test(test_gemm_select_cached),
+      cmocka_unit_test(test_gemm_select_corrupt_entry_remeasured),
+      cmocka_unit_test(test_gemm_select_env_and_no_cache),
+      cmocka_unit_test(test_gemm_artifact_records_provider),
+  };
+  int rc = cmocka_run_group_tests(providers, setup_shapes, NULL);
+  return rc | cmocka_run_group_tests(choice, setup_dir, teardown_dir);
+}
