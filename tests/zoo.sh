@@ -25,7 +25,7 @@ agree() {
     END { if (n == 0 || k != n) { print "loss lines differ in number"; bad = 1 }; exit bad }' "$1" "$2"
 }
 
-for spec in lenet:gas2 resnet_block:gas1 llama:gas2 moe:gas2 vae:gas2; do
+for spec in lenet:gas2 resnet_block:gas1 llama:gas2 moe:gas1 vae:gas2; do
   m=${spec%%:*}
   f=$src/examples/$m.gdl
   [ -f "$f" ] || continue
