@@ -59,12 +59,15 @@ static void random_params(const IrFunc *f, uint64_t seed, double scale, StFile *
   st_init(out);
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
-    if (a->role != IR_ARG_PARAM) continue;
+    /* Buffers too (a model with `buffer` reads them like params); they get
+     * positive values, as running variances need. */
+    if (a->role != IR_ARG_PARAM && a->role != IR_ARG_BUFFER) continue;
     int64_t n = ir_numel(&a->type.shape);
     bool dbl = a->type.dtype == IR_DT_F64;
     void *data = calloc((size_t)(n ? n : 1), dbl ? 8 : 4);
     for (int64_t k = 0; k < n; k++) {
       double v = rng_normal(&r) * scale;
+      if (a->role == IR_ARG_BUFFER) v = fabs(v) + 0.5;
       if (dbl)
         ((double *)data)[k] = v;
       else
