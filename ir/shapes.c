@@ -235,6 +235,7 @@ bool ir_norm_axis(int64_t axis, int rank, int64_t *out) {
 /* An axis attribute (key) normalised for rank. */
 static bool need_axis(const IrOp *op, const char *key, int rank, int64_t *axis, char *err, size_t n) {
   int64_t a;
+  *axis = 0; /* set on every path, so no caller reads it uninitialised */
   if (!need_int(op, key, &a, err, n)) return false;
   if (!ir_norm_axis(a, rank, axis))
     return errf(err, n, "'%s': axis %lld is out of range for %s", opname(op), (long long)a, ts(arg(op, 0)).s);
