@@ -16,7 +16,7 @@ set -eu
 # (the GEMM providers, runtime/cpu/gemm.h; oneDNN and BLIS optional); Open MPI (the
 # distributed tests run mpirun); clang (make fuzz); Python 3 with NumPy
 # (the python/ package's tests).
-packages="build-essential cmake pkg-config python3 python3-numpy libcmocka-dev libcjson-dev llvm-19-dev llvm-19-tools libopenblas-dev libdnnl-dev libblis-dev clang libopenmpi-dev openmpi-bin"
+packages="build-essential cmake pkg-config python3 python3-numpy python3-venv python3-setuptools libcmocka-dev libcjson-dev llvm-19-dev llvm-19-tools libopenblas-dev libdnnl-dev libblis-dev clang libopenmpi-dev openmpi-bin"
 
 install() {
   export DEBIAN_FRONTEND=noninteractive
