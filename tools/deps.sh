@@ -14,7 +14,8 @@ set -eu
 # A C compiler, CMake and pkg-config; cJSON; cmocka (unit tests); FileCheck
 # (llvm-19-tools); LLVM 19 (the CPU back end); OpenBLAS, oneDNN and BLIS
 # (the GEMM providers, runtime/cpu/gemm.h; oneDNN and BLIS optional); Open MPI (the
-# distributed tests run mpirun); clang (make fuzz); Python 3 with NumPy
+# distributed tests run mpirun); clang (make fuzz); Python 3 with NumPy, venv
+# and setuptools
 # (the python/ package's tests).
 packages="build-essential cmake pkg-config python3 python3-numpy python3-venv python3-setuptools libcmocka-dev libcjson-dev llvm-19-dev llvm-19-tools libopenblas-dev libdnnl-dev libblis-dev clang libopenmpi-dev openmpi-bin"
 
