@@ -16,6 +16,7 @@
  *
  * Artifacts (runtime/artifact.h) hold, in sections:
  *   META  JSON: gradc version, API version, host id, target, K, threads,
+ *         forward_only (compiled without autodiff),
  *         the -D values, the model's and the source's names
  *   SRC   the model text
  *   IR    the printed function after the target's pipeline (planned for cpu)
@@ -299,6 +300,7 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
   p->no_overlap = o->no_overlap != 0;
   p->bucket_bytes = o->bucket_bytes;
   p->zero1 = o->zero1 != 0 && p->dp > 1;
+  p->forward_only = o->forward_only != 0;
   p->ndefs = o->ndefs;
   p->def_names = ARENA_ARRAY(&p->arena, const char *, o->ndefs + 1);
   p->def_values = ARENA_ARRAY(&p->arena, int64_t, o->ndefs + 1);
@@ -365,7 +367,7 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
   diag_init(&d, NULL);
   d.quiet = true;
   FeOptions fo = {.def_names = p->def_names, .def_values = p->def_values, .ndefs = p->ndefs, .gas = p->gas, .dp = p->dp,
-                  .no_training = o->no_training != 0};
+                  .no_training = o->no_training != 0 || p->forward_only, .no_outputs = o->no_outputs != 0};
   p->fe = fe_model_compile(&src, &fo, &d);
   if (!p->fe) {
     st = api_fail(GRADC_ERR_USER, "%s", sb_str(&d.log));
@@ -377,12 +379,16 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
   int n;
   const char *const *names = p->backend->pipeline(&n);
   /* ZeRO-1: no dp-reduce (its all-reduce buckets); the gradients are
-   * reduce-scattered after the window (api_zero.c). */
+   * reduce-scattered after the window (api_zero.c).  Forward-only: no
+   * autodiff, hence no gradients to reduce either; the gradient rewrites
+   * before memplan find nothing to do.  gas-fold stays: it makes a loss's
+   * batch means window means, which the printed values need. */
   const char *kept[64];
-  if (p->zero1 && n <= 64) {
+  if ((p->zero1 || p->forward_only) && n <= 64) {
     int k = 0;
     for (int i = 0; i < n; i++)
-      if (strcmp(names[i], "dp-reduce") != 0) kept[k++] = names[i];
+      if (strcmp(names[i], "dp-reduce") != 0 && !(p->forward_only && strcmp(names[i], "autodiff") == 0))
+        kept[k++] = names[i];
     names = kept;
     n = k;
   }
@@ -455,6 +461,8 @@ int gradc_program_gas(const gradc_program *p) { return p ? p->gas : 0; }
 int gradc_program_dp(const gradc_program *p) { return p ? p->dp : 0; }
 int gradc_program_tp(const gradc_program *p) { return p ? p->tp : 0; }
 int gradc_program_zero1(const gradc_program *p) { return p && p->zero1 ? 1 : 0; }
+int gradc_program_forward_only(const gradc_program *p) { return p && p->forward_only ? 1 : 0; }
+int64_t gradc_program_arena_bytes(const gradc_program *p) { return p && p->func ? p->func->arena_size : 0; }
 
 const char *gradc_program_loss_name(const gradc_program *p, int i) {
   return p && i >= 0 && i < p->nlosses ? p->losses[i] : NULL;
@@ -535,6 +543,7 @@ static char *meta_json(const gradc_program *p) {
   cJSON_AddBoolToObject(m, "no_overlap", p->no_overlap);
   cJSON_AddNumberToObject(m, "bucket_bytes", (double)p->bucket_bytes);
   cJSON_AddBoolToObject(m, "zero1", p->zero1);
+  cJSON_AddBoolToObject(m, "forward_only", p->forward_only);
   cJSON_AddNumberToObject(m, "threads", p->threads);
   cJSON_AddBoolToObject(m, "no_cache", p->no_cache);
   cJSON *defs = cJSON_AddArrayToObject(m, "defs");
@@ -700,6 +709,7 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   p->sequence_parallel = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "sequence_parallel"));
   p->no_overlap = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_overlap"));
   p->zero1 = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "zero1")) && p->dp > 1;
+  p->forward_only = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "forward_only")); /* absent before: training */
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);

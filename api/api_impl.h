@@ -77,6 +77,7 @@ struct gradc_program {
   int64_t bucket_bytes;
   Comm *comm;
   StepDp stepdp;
+  bool forward_only;       /* compiled without autodiff (gradc_compile_options.forward_only): no gradients */
   bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
   ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
   uint64_t draw_seed, draw_step; /* the random draws of the next windows (api_set_draws) */

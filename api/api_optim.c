@@ -215,6 +215,9 @@ static void install_optimizer(gradc_session *s, const gradc_optimizer_options *o
 
 gradc_status gradc_session_set_optimizer(gradc_session *s, const gradc_optimizer_options *o) {
   if (!s || !o) return null_arg("session_set_optimizer");
+  if (s->p->forward_only)
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_set_optimizer: model '%s' was compiled forward-only: it has "
+                                    "no gradients to step with (compile it without forward_only)", s->p->model);
   gradc_status st = check_optimizer(o);
   if (st) return st;
   install_optimizer(s, o);

@@ -376,6 +376,11 @@ static gradc_status whole_grads(const gradc_session *cs, const char *fn) {
 
 /* The gradient slot of param name in the last result, or -1 (error recorded). */
 static int grad_slot(const gradc_session *s, const char *fn, const char *name) {
+  if (s->p->forward_only) {
+    api_fail(GRADC_ERR_USER, "gradc: error: %s: model '%s' was compiled forward-only: it has no gradients", fn,
+             s->p->model);
+    return -1;
+  }
   if (!s->have_res) {
     api_fail(GRADC_ERR_USER, "gradc: error: %s: no gradients yet (call gradc_session_run first)", fn);
     return -1;
@@ -409,6 +414,9 @@ gradc_status gradc_session_get_grad(const gradc_session *s, const char *name, vo
 
 gradc_status gradc_session_save_grads(const gradc_session *s, const char *path) {
   if (!s || !path) return null_arg("session_save_grads");
+  if (s->p->forward_only)
+    return api_fail(GRADC_ERR_USER, "gradc: error: session_save_grads: model '%s' was compiled forward-only: it has "
+                                    "no gradients", s->p->model);
   if (!s->have_res)
     return api_fail(GRADC_ERR_USER, "gradc: error: session_save_grads: no gradients yet (call gradc_session_run first)");
   gradc_status ws = whole_grads(s, "session_save_grads");

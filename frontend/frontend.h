@@ -68,6 +68,8 @@ typedef struct FeOptions {
   int dp;  /* data-parallel ranks >= 1 */
   bool no_training; /* the model's flag `training` is false (forward-only commands) and
                        `update` statements are checked but not emitted; default: training */
+  bool no_outputs;  /* `output` statements are checked and bind their name, but emit no `output` op
+                       (`gradc eval` runs a whole dataset as one window and reads only losses) */
 } FeOptions;
 
 /* Parse, check and lower a model.  Errors (all of them, up to d's limit)

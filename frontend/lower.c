@@ -32,8 +32,8 @@
  *   - language v2 (docs/DECISIONS.md): `if` lowers only its taken branch,
  *     whose names stay bound after it; conditions are compile-time bools;
  *     `update` and `output` statements become `update`/`output` ops (no
- *     `update` when FeOptions.no_training); a statement binding several
- *     names takes a tuple of as many results.
+ *     `update` when FeOptions.no_training, no `output` when no_outputs); a
+ *     statement binding several names takes a tuple of as many results.
  *
  * Bounds that keep any input from exhausting time or memory: MAX_* below,
  * plus the parser's nesting limits. */
@@ -2405,7 +2405,7 @@ static void output_stmt(Lower *L, const FeStmt *s) {
   }
   name_value(L, v, s->id);
   bind(L, L->vars, s->id, v);
-  if (v.kind != V_TENSOR) return;
+  if (v.kind != V_TENSOR || L->opt->no_outputs) return;
   IrAttr at = ir_attr_str("name", s->id);
   build(L, IR_OP_OUTPUT, &v.t, 1, &at, 1, NULL, s->tok);
 }
@@ -2596,8 +2596,8 @@ FeModel *fe_model_compile(const SrcFile *src, const FeOptions *opt, Diag *d) {
   for (int i = 0; i < L.nlosses; i++) m->losses[i] = arena_strdup(&m->arena, L.losses[i]);
   m->nlosses = L.nlosses;
   m->outputs = ARENA_ARRAY(&m->arena, const char *, L.noutputs ? L.noutputs : 1);
-  for (int i = 0; i < L.noutputs; i++) m->outputs[i] = arena_strdup(&m->arena, L.output_order[i]);
-  m->noutputs = L.noutputs;
+  for (int i = 0; !opt->no_outputs && i < L.noutputs; i++) m->outputs[i] = arena_strdup(&m->arena, L.output_order[i]);
+  m->noutputs = opt->no_outputs ? 0 : L.noutputs;
   /* Updates emitted (none when not training). */
   m->updates = ARENA_ARRAY(&m->arena, const char *, L.nupdates ? L.nupdates : 1);
   for (int i = 0; !opt->no_training && i < L.nupdates; i++) m->updates[i] = arena_strdup(&m->arena, L.update_order[i]);

@@ -68,6 +68,12 @@ typedef struct gradc_compile_options {
   int no_training;    /* 1: the model's flag `training` is false (`if training { .. } else { .. }` takes
                          the else branch) and `update` statements are checked but not compiled: for
                          forward-only use.  0 (the default): training, as run, train and bench */
+  int forward_only;   /* 1: compile the forward alone, as `gradc infer`, `eval` and `generate` do: no_training
+                         (the flag `training` is false, no `update`), no autodiff, so no gradient buffers and
+                         no optimiser; a session's run computes the window's losses and outputs, and asking
+                         it for gradients or an optimiser step is an error.  Artifacts keep the mode */
+  int no_outputs;     /* 1: `output` statements are checked but not compiled (the program has no outputs):
+                         for losses alone over a large window, whose outputs would all be kept */
 } gradc_compile_options;
 
 GRADC_API void gradc_compile_options_init(gradc_compile_options *o);
@@ -110,6 +116,13 @@ GRADC_API int gradc_program_gas(const gradc_program *p);
 GRADC_API int gradc_program_dp(const gradc_program *p);
 GRADC_API int gradc_program_tp(const gradc_program *p);    /* tensor-parallel ranks (1: none) */
 GRADC_API int gradc_program_zero1(const gradc_program *p); /* 1: ZeRO-1 over its dp ranks (checkpoints are collective) */
+/* 1 if p was compiled forward-only (gradc_compile_options.forward_only),
+ * else 0. */
+GRADC_API int gradc_program_forward_only(const gradc_program *p);
+/* The bytes of the program's arena (its memory plan: params, inputs,
+ * gradients and the activations of one micro-batch), or 0 on a target
+ * that plans none (the reference interpreter). */
+GRADC_API int64_t gradc_program_arena_bytes(const gradc_program *p);
 
 /* Data parallelism (gradc_compile_options.dp > 1) runs over MPI: a
  * program launched by mpirun calls this once, before its first session,
