@@ -205,6 +205,78 @@ int cli_compile(const char *path, const gradc_compile_options *o, const cli_dump
 
 const char *cli_program_target(const gradc_program *p) { return p->target; }
 
+void cli_program_source(const gradc_program *p, const char **name, const char **text, gradc_compile_options *o) {
+  *name = p->source_name;
+  *text = p->source;
+  gradc_compile_options_init(o);
+  o->gas = p->gas;
+  o->target = p->target;
+  o->threads = p->threads;
+  o->no_cache = p->no_cache;
+  o->def_names = p->def_names;
+  o->def_values = p->def_values;
+  o->ndefs = p->ndefs;
+}
+
+/* The largest divisor of n that is at most cap (1 <= cap). */
+static int64_t divisor_at_most(int64_t n, int64_t cap) {
+  for (int64_t d = cap < n ? cap : n; d > 1; d--)
+    if (n % d == 0) return d;
+  return 1;
+}
+
+int cli_compile_window(const char *name, const char *text, const gradc_compile_options *o, int64_t window,
+                       bool outputs, gradc_program **out, int64_t *micro) {
+  *out = NULL;
+  /* The model's batch dim and its size under o's -D values: the frontend alone. */
+  SrcFile src = {name, text, strlen(text)};
+  FeOptions fo = {.def_names = (const char **)o->def_names, .def_values = o->def_values, .ndefs = o->ndefs, .gas = 1,
+                  .dp = 1, .no_training = true, .no_outputs = true};
+  FeModel *m = fe_model_compile(&src, &fo, err_out());
+  if (!m) return 1;
+  const char *batch = m->batch ? mem_strdup(m->batch) : NULL;
+  int64_t b0 = m->batch_window;
+  fe_model_free(m);
+  if (!batch) {
+    if (window > 1) return fail("%s: the model has no batch dim (`batch NAME = SIZE`), so it cannot run %lld samples "
+                                "as one window", name, (long long)window);
+    window = 0;
+  }
+  if (window <= 0) window = b0;
+  int64_t mb = batch ? divisor_at_most(window, b0 > 0 ? b0 : 1) : 0;
+  /* o's -D values, but the batch dim's: the window's. */
+  const char **names = mem_calloc((size_t)o->ndefs + 1, sizeof *names);
+  int64_t *values = mem_calloc((size_t)o->ndefs + 1, sizeof *values);
+  int n = 0;
+  for (int i = 0; i < o->ndefs; i++)
+    if (!batch || strcmp(o->def_names[i], batch) != 0) {
+      names[n] = o->def_names[i];
+      values[n++] = o->def_values[i];
+    }
+  if (batch) {
+    names[n] = batch;
+    values[n++] = window;
+  }
+  gradc_compile_options w = *o;
+  w.def_names = names;
+  w.def_values = values;
+  w.ndefs = n;
+  w.gas = batch ? (int)(window / mb) : 1;
+  w.dp = w.tp = 1;
+  w.zero1 = w.sequence_parallel = 0;
+  w.forward_only = 1;
+  w.no_outputs = !outputs;
+  gradc_status st = batch && window / mb > (1 << 30)
+                        ? api_fail(GRADC_ERR_USER, "gradc: error: %s: %lld samples is too large a window", name,
+                                   (long long)window)
+                        : api_program_compile(name, text, &w, NULL, out);
+  free(names);
+  free(values);
+  free((void *)batch);
+  if (micro) *micro = mb;
+  return st ? cli_report(st) : 0;
+}
+
 int cli_write_kernels(const gradc_program *p, bool print, const char *dir) {
 #ifdef GRADC_HAVE_CUDA
   if (api_cuda_program(p)) {

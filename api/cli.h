@@ -79,6 +79,21 @@ int cli_check(const char *path, const gradc_compile_options *o);
 int cli_compile(const char *path, const gradc_compile_options *o, const cli_dumps *d, gradc_program **out);
 /* The target a program was compiled for ("cpu", "ref", "cuda:sm_80"). */
 const char *cli_program_target(const gradc_program *p);
+/* The model source p was compiled from (an artifact keeps it), its name
+ * in diagnostics, and the options it was compiled with (-D values, K,
+ * target, threads, no_cache; the rest as gradc_compile_options_init
+ * sets it).  Everything lives as long as p. */
+void cli_program_source(const gradc_program *p, const char **name, const char **text, gradc_compile_options *o);
+/* Compile model source forward-only (gradc_compile_options.forward_only)
+ * for one window of `window` samples (<= 0: the model's batch as o's -D
+ * values set it): the batch dim is set to window and the window runs as
+ * K micro-batches of *micro samples, the largest divisor of window that
+ * is at most the model's batch, so every sample counts once and batch
+ * means divide by the whole window (DESIGN.md §3).  o gives the other -D
+ * values, target, threads and no_cache (its K and distribution are not
+ * used); `output` statements are compiled only when outputs. */
+int cli_compile_window(const char *name, const char *text, const gradc_compile_options *o, int64_t window,
+                       bool outputs, gradc_program **out, int64_t *micro);
 /* --print-kernels (the CUDA source to stderr) and --kernels-dir DIR (one
  * .cu file per kernel); an error unless p was compiled for CUDA. */
 int cli_write_kernels(const gradc_program *p, bool print, const char *dir);

@@ -5,6 +5,9 @@
  *   gradc opt     FILE.gir --passes=P1,P2,...
  *   gradc init    MODEL.gdl -o PARAMS.safetensors [--seed S]
  *   gradc run     MODEL.gdl --params P --inputs I [--gas K] [--grads-out G] [--dp N]
+ *   gradc infer   MODEL.gdl|ARTIFACT --params P --inputs I [-o OUTPUTS]
+ *   gradc eval        MODEL.gdl|ARTIFACT --params P --data D          (tools/infer.c)
+ *   gradc generate    MODEL.gdl|ARTIFACT --params P --prompt TEXT ... (tools/infer.c)
  *   gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [--gas K]
  *   gradc data text   FILE... -T N -o DATA.safetensors      (tools/train.c)
  *   gradc train       MODEL.gdl|ARTIFACT --data DATA ...     (tools/train.c)
@@ -53,6 +56,7 @@ typedef struct Args {
   bool print_kernels;      /* --print-kernels: the CUDA kernels' source to stderr */
   const char *kernels_dir; /* --kernels-dir DIR: one .cu file per kernel */
   bool allow_tf32;         /* --allow-tf32: f32 GEMMs on CUDA may use TF32 */
+  bool forward_only;       /* compile --forward-only; infer always */
   const char *params, *inputs, *grads_out;
   const char *outputs_out, *buffers_out; /* run --outputs-out, --buffers-out (language v2) */
   uint64_t seed;
@@ -83,7 +87,9 @@ static const char *help_text[][2] = {
                 "  per kernel.  --tp/--dp/--sequence-parallel/--no-overlap/--bucket-mb compile for a\n"
                 "  distributed run (see gradc help run and docs/DISTRIBUTED.md); --cost-report prints the\n"
                 "  schedule pass's cost-model simulation of one step (compute, communication, exposed\n"
-                "  communication with and without overlap) for the link the --link-* flags describe.\n"},
+                "  communication with and without overlap) for the link the --link-* flags describe.\n"
+                "  --forward-only compiles the forward alone (`training` false, no autodiff, no gradient\n"
+                "  buffers): the artifact infer, eval and generate load.\n"},
     {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
             "  Read IR text, run passes, print IR text to stdout.\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
@@ -112,6 +118,15 @@ static const char *help_text[][2] = {
             "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"
             "  --seed S and --step N (default 0 and 0) choose the random draws of dropout, rand_like and\n"
             "  randn_like, which are the same for every --gas and --dp.\n"},
+    {"infer", "gradc infer MODEL.gdl|ARTIFACT --params PARAMS.safetensors --inputs BATCH.safetensors\n"
+              "            [-o OUTPUTS.safetensors] [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]]\n"
+              "            [--threads N] [--no-cache] [--allow-tf32]\n"
+              "  Compute one window forward only: the model is compiled with `training` false (dropout off,\n"
+              "  batch norm on its running statistics, no `update`) and without autodiff, so no gradient\n"
+              "  buffers.  Prints `loss NAME VALUE` per loss and `loss total` as run does, and writes each\n"
+              "  `output` for the whole window to -o.  An artifact must come from compile --forward-only.\n"},
+    {"eval", eval_help},
+    {"generate", generate_help},
     {"train", train_help},
     {"bench", bench_help},
     {"convert", convert_help},
@@ -184,6 +199,7 @@ static int parse_args(int argc, char **argv, Args *a) {
       {"--allow-tf32", FLAG_BOOL, .dst = &a->allow_tf32},
       {"--time-passes", FLAG_BOOL, .dst = &a->time_passes},
       {"--verify", FLAG_BOOL, .dst = &a->verify},
+      {"--forward-only", FLAG_BOOL, .dst = &a->forward_only},
   };
   int npos = 0;
   FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help)", .see_values = true,
@@ -216,6 +232,7 @@ static void compile_options(const Args *a, gradc_compile_options *o) {
   o->no_overlap = a->no_overlap;
   o->bucket_bytes = a->bucket_bytes;
   o->zero1 = a->zero1;
+  o->forward_only = a->forward_only;
   o->def_names = a->defs.name;
   o->def_values = a->defs.value;
   o->ndefs = a->defs.n;
@@ -252,6 +269,13 @@ static int open_program(const Args *a, gradc_program **out) {
       why = (snprintf(buf, sizeof buf, "it was built with --tp %d", gradc_program_tp(p)), buf);
     else if (a->target && strcmp(a->target, cli_program_target(p)) != 0)
       why = (snprintf(buf, sizeof buf, "it was built for --target %s", cli_program_target(p)), buf);
+    else if (a->forward_only && !gradc_program_forward_only(p))
+      why = strcmp(a->cmd, "infer") == 0 ? "it was compiled for training; infer loads an artifact of compile "
+                                           "--forward-only (or give the model source)"
+                                         : "it was compiled for training, not --forward-only";
+    else if (!a->forward_only && gradc_program_forward_only(p) && strcmp(a->cmd, "compile") != 0)
+      why = "it was compiled --forward-only (no gradients); run computes them: use gradc infer, or compile the "
+            "model without --forward-only";
     if (why) {
       fprintf(stderr, "gradc: error: %s: %s\n", a->input, why);
       gradc_program_free(*out);
@@ -336,6 +360,23 @@ static int cmd_run(const Args *a) {
   return rc;
 }
 
+/* `infer`: run's window, forward only (the flags that ask for gradients are refused). */
+static int cmd_infer(const Args *a) {
+  if (!a->params) return usage_error("infer needs --params PARAMS.safetensors%s", "");
+  if (!a->inputs) return usage_error("infer needs --inputs BATCH.safetensors%s", "");
+  if (a->grads_out) return usage_error("infer computes no gradients (--grads-out is run's)%s", "");
+  if (a->buffers_out) return usage_error("infer runs no `update` (--buffers-out is run's)%s", "");
+  if (a->outputs_out) return usage_error("infer writes its outputs to -o OUTPUTS.safetensors%s", "");
+  if (a->dp_set || a->tp_set) return usage_error("infer runs in one process (no --dp or --tp)%s", "");
+  if (cli_is_cuda_target(a->target) && cli_need_device()) return 1;
+  gradc_program *p;
+  int rc = open_program(a, &p);
+  if (rc) return rc;
+  rc = cli_run(p, a->params, a->inputs, NULL, a->output, NULL, a->trace, a->allow_tf32);
+  gradc_program_free(p);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
     print_help(NULL);
@@ -356,6 +397,8 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 1, argv + 1);
   if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 1, argv + 1); /* tools/bench.c */
   if (strcmp(argv[1], "convert") == 0) return cmd_convert(argc - 1, argv + 1); /* tools/convert.c */
+  if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 1, argv + 1);         /* tools/infer.c */
+  if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 1, argv + 1); /* tools/infer.c */
   if (strcmp(argv[1], "data") == 0 && argc > 2 && strcmp(argv[2], "text") == 0) return cmd_data_text(argc - 2, argv + 2);
   Args a;
   if (strcmp(argv[1], "data") == 0) {
@@ -368,12 +411,14 @@ int main(int argc, char **argv) {
   }
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc;
+  if (strcmp(a.cmd, "infer") == 0) a.forward_only = true;
   tools_set_link(a.link_latency_us, a.link_gbps);
   if (strcmp(a.cmd, "check") == 0) rc = cmd_check(&a);
   else if (strcmp(a.cmd, "compile") == 0) rc = cmd_compile(&a);
   else if (strcmp(a.cmd, "opt") == 0) rc = cmd_opt(&a);
   else if (strcmp(a.cmd, "init") == 0) rc = cmd_init(&a);
   else if (strcmp(a.cmd, "run") == 0) rc = cmd_run(&a);
+  else if (strcmp(a.cmd, "infer") == 0) rc = cmd_infer(&a);
   else if (strcmp(a.cmd, "data") == 0) rc = cmd_data(&a);
   else rc = usage_error("unknown command '%s'", a.cmd);
   defines_free(&a.defs);
