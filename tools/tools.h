@@ -106,6 +106,32 @@ extern const char train_help[];
 extern const char data_text_help[];
 
 /* ------------------------------------------------------------------ */
+/* infer.c: eval, generate, and datasets as one forward-only window    */
+/* ------------------------------------------------------------------ */
+int cmd_eval(int argc, char **argv);     /* argv[0] is "eval" */
+int cmd_generate(int argc, char **argv); /* argv[0] is "generate" */
+extern const char eval_help[];
+extern const char generate_help[];
+
+/* A dataset (one tensor per input, as train --data reads it) compiled as
+ * one forward-only window of all its samples (DESIGN.md §3's rule over
+ * the whole dataset; see infer.c), with a session holding it. */
+typedef struct EvalSet EvalSet;
+/* Match the dataset at path to sig's inputs and compile sig's model source
+ * (its -D values; target, if not NULL, instead of sig's) for it.  0, or
+ * the exit status after the error. */
+int eval_open(EvalSet **out, const gradc_program *sig, const char *target, const char *path);
+void eval_free(EvalSet *e);
+int64_t eval_samples(const EvalSet *e);
+int64_t eval_micro(const EvalSet *e); /* samples per micro-batch (0: the model has no batch dim) */
+int eval_gas(const EvalSet *e);       /* micro-batches in the window */
+/* The losses over the dataset (loss[i] in the model's order, loss[nl] the
+ * total) with the params of a file, or those of a session of a program with
+ * the same params and buffers (a training session). */
+int eval_run_params(EvalSet *e, const char *params, double *loss);
+int eval_run_session(EvalSet *e, const gradc_session *from, double *loss);
+
+/* ------------------------------------------------------------------ */
 /* bench.c                                                             */
 /* ------------------------------------------------------------------ */
 /* `gradc bench MODEL ...`: argv[0] is "bench".  Returns the exit status
