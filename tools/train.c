@@ -53,7 +53,8 @@ const char train_help[] =
     "            [--resume FILE] [--stop-after N] [--log FILE.csv|FILE.jsonl] [--plot FILE.svg]\n"
     "            [--print-every N] [--threads N] [--no-cache] [--dp N] [--tp T] [--sequence-parallel]\n"
     "            [--no-overlap] [--bucket-mb X] [--zero1] [--trace FILE.json] [--link-latency-us X]\n"
-    "            [--link-gbps X] [--nan-policy stop|skip] [--max-loss X] [-D N=V]...\n"
+    "            [--link-gbps X] [--nan-policy stop|skip] [--max-loss X] [--val-data DATA.safetensors]\n"
+    "            [--val-every N] [-D N=V]...\n"
     "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
@@ -88,7 +89,10 @@ const char train_help[] =
     "  update is not applied (params and optimiser state stay as they were; the count is reported).\n"
     "  An update that makes a param or the optimiser state non-finite always stops the run, naming\n"
     "  the step and the tensor: a checkpoint never holds an inf or a NaN, so the last one written\n"
-    "  stays.  --max-loss X warns when a loss (a term or the total) rises above X.\n";
+    "  stays.  --max-loss X warns when a loss (a term or the total) rises above X.\n"
+    "  --val-data FILE (a dataset like --data) computes the forward-only losses over all of it, as\n"
+    "  gradc eval does, every --val-every N steps (default: at the end only) and after the last\n"
+    "  step: a `val step N: ...` line on stderr, val_ columns in --log, a val curve in --plot.\n";
 
 const char data_text_help[] =
     "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
@@ -295,6 +299,8 @@ typedef struct TrainArgs {
   bool nan_skip;
   double max_loss;
   bool max_loss_set;
+  const char *val_data; /* --val-data: forward-only losses over this dataset (tools/infer.c) */
+  int64_t val_every;    /* --val-every N (0: after the last step only) */
   Defines defs;
 } TrainArgs;
 
@@ -350,6 +356,8 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       {"--nan-policy", FLAG_STRING, .dst = &a->nan_policy, .valid = is_nan_policy,
        .invalid = "--nan-policy expects stop or skip, got '%s'"},
       {"--max-loss", FLAG_REAL, &a->max_loss, &a->max_loss_set, -HUGE_VAL, HUGE_VAL, .expects = "a number"},
+      {"--val-data", FLAG_STRING, .dst = &a->val_data},
+      {"--val-every", FLAG_I64, &a->val_every, NULL, 1, any, .expects = "an integer >= 1"},
   };
   int npos = 0;
   FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help train)", .see_missing = true,
@@ -382,6 +390,7 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   if (a->warmup > a->steps) return error(1, "--warmup %" PRId64 " is longer than --steps %" PRId64, a->warmup, a->steps);
   if (a->checkpoint_every && !a->checkpoint) return error(1, "--checkpoint-every needs --checkpoint FILE");
   if (a->init && a->resume) return error(1, "--init and --resume both set the params; pass one");
+  if (a->val_every && !a->val_data) return error(1, "--val-every needs --val-data FILE");
   if (a->log && !ends_with(a->log, ".csv") && !ends_with(a->log, ".jsonl"))
     return error(1, "--log: '%s' should end in .csv or .jsonl", a->log);
   return 0;
@@ -620,6 +629,7 @@ static void hist_push(History *h, int64_t step, const double *loss) {
 typedef struct Log {
   FILE *out;
   bool jsonl;
+  bool val;            /* --val-data: val_ columns after elapsed_s (empty in rows without a val run) */
   const char **col;    /* loss column names (CSV) */
   double elapsed0;     /* elapsed_s of the last row kept from a resumed log */
 } Log;
@@ -629,14 +639,39 @@ static bool reserved_column(const char *name) {
          strcmp(name, "elapsed_s") == 0 || strcmp(name, "total") == 0;
 }
 
-static void csv_header(StrBuf *sb, const gradc_program *p, const char **col) {
+static void csv_header(StrBuf *sb, const gradc_program *p, const char **col, bool val) {
   sb_puts(sb, "step,lr");
   for (int i = 0; i < gradc_program_num_losses(p); i++) sb_printf(sb, ",%s", col[i]);
   sb_puts(sb, ",total,grad_norm,elapsed_s");
+  for (int i = 0; val && i < gradc_program_num_losses(p); i++) sb_printf(sb, ",val_%s", col[i]);
+  if (val) sb_puts(sb, ",val_total");
+}
+
+/* A kept row's val figures (nl of them, the total last): *has_val when
+ * the row has them.  CSV: the fields after elapsed_s at q (",v,..." or
+ * ",,..."); JSON lines: the "val" object of j. */
+static void parse_val_csv(const char *q, int nl, double *val, bool *has_val) {
+  *has_val = false;
+  for (int i = 0; i < nl && *q == ','; i++) {
+    char *end;
+    val[i] = strtod(q + 1, &end);
+    if (end == q + 1) return; /* empty: no val run at this step */
+    q = end;
+    *has_val = i == nl - 1;
+  }
+}
+
+static void parse_val_json(const cJSON *j, int nl, double *val, bool *has_val) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "val");
+  *has_val = cJSON_IsObject(v) && cJSON_GetArraySize(v) == nl;
+  int i = 0;
+  for (const cJSON *c = *has_val ? v->child : NULL; c; c = c->next) val[i++] = cJSON_IsNumber(c) ? c->valuedouble : NAN;
 }
 
 /* A kept line of an earlier log: its step and losses, or false. */
-static bool parse_row(const Log *lg, const char *line, int nl, int64_t *step, double *loss, double *elapsed) {
+static bool parse_row(const Log *lg, const char *line, int nl, int64_t *step, double *loss, double *elapsed,
+                      double *val, bool *has_val) {
+  *has_val = false;
   if (lg->jsonl) {
     cJSON *j = cJSON_Parse(line);
     if (!j) return false;
@@ -649,6 +684,7 @@ static bool parse_row(const Log *lg, const char *line, int nl, int64_t *step, do
       for (cJSON *c = ls->child; c; c = c->next) loss[i++] = cJSON_IsNumber(c) ? c->valuedouble : NAN;
       loss[nl - 1] = cJSON_IsNumber(t) ? t->valuedouble : NAN;
       *elapsed = cJSON_IsNumber(e) ? e->valuedouble : 0;
+      if (lg->val) parse_val_json(j, nl, val, has_val);
     }
     cJSON_Delete(j);
     return ok;
@@ -667,14 +703,17 @@ static bool parse_row(const Log *lg, const char *line, int nl, int64_t *step, do
   strtod(end + 1, &end); /* grad_norm */
   if (*end != ',') return false;
   *elapsed = strtod(end + 1, &end);
+  if (lg->val) parse_val_csv(end, nl, val, has_val);
   return true;
 }
 
 /* Open the log.  When resuming, rows up to the checkpoint's step are kept
  * (and go into the history for the plot); later ones are dropped. */
-static int log_open(Log *lg, const char *path, const gradc_program *p, bool resume, int64_t step0, History *h) {
+static int log_open(Log *lg, const char *path, const gradc_program *p, bool resume, int64_t step0, History *h,
+                    bool val, History *vh) {
   memset(lg, 0, sizeof *lg);
   lg->jsonl = ends_with(path, ".jsonl");
+  lg->val = val;
   int nl = gradc_program_num_losses(p);
   lg->col = mem_calloc((size_t)(nl ? nl : 1), sizeof *lg->col);
   for (int i = 0; i < nl; i++) {
@@ -690,12 +729,12 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
   StrBuf header, kept;
   sb_init(&header);
   sb_init(&kept);
-  csv_header(&header, p, lg->col);
+  csv_header(&header, p, lg->col, val);
   if (resume) {
     const char *err;
     char *old = read_file(path, NULL, &err);
     if (old) {
-      double *loss = mem_alloc(sizeof(double) * (size_t)(nl + 1));
+      double *loss = mem_alloc(sizeof(double) * (size_t)(nl + 1)), *vloss = mem_alloc(sizeof(double) * (size_t)(nl + 1));
       char *save = NULL;
       bool first = true, compatible = true;
       for (char *line = strtok_r(old, "\n", &save); line && compatible; line = strtok_r(NULL, "\n", &save), first = false) {
@@ -705,11 +744,13 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
         }
         int64_t step;
         double elapsed;
-        if (!parse_row(lg, line, nl + 1, &step, loss, &elapsed)) {
+        bool has_val;
+        if (!parse_row(lg, line, nl + 1, &step, loss, &elapsed, vloss, &has_val)) {
           compatible = false;
         } else if (step <= step0) {
           sb_printf(&kept, "%s\n", line);
           hist_push(h, step, loss);
+          if (has_val) hist_push(vh, step, vloss);
           lg->elapsed0 = elapsed;
         }
       }
@@ -718,9 +759,11 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
         sb_free(&kept);
         sb_init(&kept);
         h->n = 0;
+        vh->n = 0;
         lg->elapsed0 = 0;
       }
       free(loss);
+      free(vloss);
       free(old);
     }
   }
@@ -748,8 +791,9 @@ static void put_num(FILE *out, double v, bool json) {
   fputs(buf, out);
 }
 
+/* val: the val run's losses and total at this step, or NULL. */
 static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, const double *loss, double grad_norm,
-                    double elapsed) {
+                    double elapsed, const double *val) {
   if (!lg->out) return;
   int nl = gradc_program_num_losses(p);
   FILE *o = lg->out;
@@ -767,6 +811,14 @@ static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, co
     put_num(o, grad_norm, true);
     fputs(",\"elapsed_s\":", o);
     put_num(o, elapsed, true);
+    if (val) {
+      fputs(",\"val\":{", o);
+      for (int i = 0; i <= nl; i++) {
+        fprintf(o, "%s\"%s\":", i ? "," : "", i < nl ? gradc_program_loss_name(p, i) : "total");
+        put_num(o, val[i], true);
+      }
+      fputc('}', o);
+    }
     fputs("}\n", o);
   } else {
     fprintf(o, "%" PRId64 ",", step);
@@ -779,6 +831,10 @@ static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, co
     put_num(o, grad_norm, false);
     fputc(',', o);
     put_num(o, elapsed, false);
+    for (int i = 0; lg->val && i <= nl; i++) {
+      fputc(',', o);
+      if (val) put_num(o, val[i], false);
+    }
     fputc('\n', o);
   }
   fflush(o);
@@ -793,15 +849,18 @@ static int log_close(Log *lg, const char *path, int nl) {
   return rc;
 }
 
-static int write_plot(const char *path, const char *title, const gradc_program *p, const History *h) {
-  int nl = gradc_program_num_losses(p);
-  PlotSeries *s = mem_calloc((size_t)nl + 1, sizeof *s);
+/* vh: the val runs' losses (--val-data), drawn as one more line, or NULL. */
+static int write_plot(const char *path, const char *title, const gradc_program *p, const History *h,
+                      const History *vh) {
+  int nl = gradc_program_num_losses(p), ns = nl + 1;
+  PlotSeries *s = mem_calloc((size_t)nl + 2, sizeof *s);
   for (int i = 0; i <= nl; i++)
     s[i] = (PlotSeries){i < nl ? gradc_program_loss_name(p, i) : "total", h->step, h->loss[i], (int)h->n, i == nl};
+  if (vh && vh->n) s[ns++] = (PlotSeries){"val total", vh->step, vh->loss[nl], (int)vh->n, false};
   char err[1024];
   char head[512];
-  snprintf(head, sizeof head, "%s: training loss", title);
-  int rc = plot_svg(path, head, "step", "loss", s, nl + 1, err, sizeof err) ? 0 : error(1, "%s", err);
+  snprintf(head, sizeof head, "%s: training loss%s", title, vh ? " and val loss" : "");
+  int rc = plot_svg(path, head, "step", "loss", s, ns, err, sizeof err) ? 0 : error(1, "%s", err);
   free(s);
   return rc;
 }
@@ -978,6 +1037,9 @@ typedef struct Run {
   int64_t skipped;   /* --nan-policy skip: steps whose update was not applied */
   int64_t ckpt_step; /* the step of the last checkpoint this run wrote, or -1 */
   bool above_max;    /* --max-loss: the last step's loss was above it */
+  EvalSet *val;      /* --val-data (rank 0): the dataset as one forward-only window, or NULL */
+  History vh;        /* the val runs' losses and totals */
+  double *val_loss;  /* [nl + 1]: the last val run's */
 } Run;
 
 /* The program, the dataset, a session with its optimiser and params (from
@@ -993,6 +1055,9 @@ static int run_open(Run *r) {
   r->h.loss = mem_calloc((size_t)r->h.nl, sizeof *r->h.loss);
   r->loss = mem_calloc((size_t)r->h.nl, sizeof *r->loss);
   if ((rc = data_open(&r->d, a->data, p))) return rc;
+  r->vh.nl = r->h.nl;
+  r->vh.loss = mem_calloc((size_t)r->vh.nl, sizeof *r->vh.loss);
+  r->val_loss = mem_calloc((size_t)r->vh.nl, sizeof *r->val_loss);
 
   gradc_status st = gradc_session_new(p, &r->s);
   if (st != GRADC_OK) return cli_report(st);
@@ -1030,7 +1095,10 @@ static int run_open(Run *r) {
   r->step0 = r->step = gradc_session_step_count(s);
   r->end = a->steps;
   if (a->stop_after && r->step0 + a->stop_after < r->end) r->end = r->step0 + a->stop_after;
-  if (a->log && r->lead) return log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h);
+  /* --val-data: rank 0 alone runs it (the params are the same on every rank). */
+  if (a->val_data && r->lead && (rc = eval_open(&r->val, p, NULL, a->val_data))) return rc;
+  if (a->log && r->lead)
+    return log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h, a->val_data != NULL, &r->vh);
   return 0;
 }
 
@@ -1057,6 +1125,11 @@ static void announce(const Run *r) {
   if (strcmp(a->schedule, "constant") != 0) fprintf(stderr, ", %s to %g at step %" PRId64, a->schedule, a->min_lr, a->steps);
   if (r->step0) fprintf(stderr, "; resuming at step %" PRId64, r->step0);
   fprintf(stderr, "\n");
+  if (r->val)
+    fprintf(stderr, "val %s: %" PRId64 " samples as one forward-only window (%d micro-batches of %" PRId64 "), %s\n",
+            base_name(a->val_data), eval_samples(r->val), eval_gas(r->val), eval_micro(r->val),
+            a->val_every ? "every --val-every steps and after the last" : "after the last step");
+
 }
 
 /* Is the window just run unusable (a loss or the gradient norm not
@@ -1115,6 +1188,26 @@ static int keep_last_good(Run *r, bool state_good) {
   return 1;
 }
 
+/* --val-data after step (every --val-every steps and at the run's last):
+ * the losses over the whole val dataset on stderr and into the history;
+ * *out the figures for the log row, or NULL when none was due. */
+static int val_run(Run *r, int64_t step, bool tty, const double **out) {
+  *out = NULL;
+  if (!r->val || !(step == r->end || (r->a->val_every && step % r->a->val_every == 0))) return 0;
+  int rc = eval_run_session(r->val, r->s, r->val_loss);
+  if (rc) return rc;
+  StrBuf sb;
+  sb_init(&sb);
+  sb_printf(&sb, "val step %" PRId64 ":", step);
+  for (int i = 0; i < r->nl; i++) sb_printf(&sb, " loss %s %.6g", gradc_program_loss_name(r->p, i), r->val_loss[i]);
+  sb_printf(&sb, " loss total %.6g", r->val_loss[r->nl]);
+  fprintf(stderr, "%s%s\n", tty ? "\r\033[K" : "", sb_str(&sb)); /* a progress bar is redrawn below it */
+  sb_free(&sb);
+  hist_push(&r->vh, step, r->val_loss);
+  *out = r->val_loss;
+  return 0;
+}
+
 /* The steps, until r->end or Ctrl-C (SIGINT/SIGTERM end the current step
  * first): feed, run, check the loss, step, log, report, checkpoint. */
 static int run_steps(Run *r) {
@@ -1163,7 +1256,7 @@ static int run_steps(Run *r) {
       }
       r->skipped++;
       r->step = gradc_session_step_count(s);
-      log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0);
+      log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0, NULL);
       if (r->lead) progress(&pr, r->p, r->step, loss, lr, grad_norm, r->step == r->end);
       if ((r->lead || r->zero1) && a->checkpoint_every && r->step % a->checkpoint_every == 0 && r->step != r->end &&
           (rc = save_checkpoint(s, a->checkpoint, &r->d)) == 0)
@@ -1187,13 +1280,16 @@ static int run_steps(Run *r) {
     if (isnan(r->first_loss)) r->first_loss = loss[nl];
     r->last_loss = loss[nl];
     hist_push(&r->h, step, loss);
-    log_row(&r->lg, r->p, step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0);
+    const double *val;
+    if ((rc = val_run(r, step, pr.tty, &val))) break;
+    log_row(&r->lg, r->p, step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0, val);
     if (r->lead) progress(&pr, r->p, step, loss, lr, grad_norm, step == r->end);
     /* --zero1: saving a checkpoint is collective (the optimiser state is sharded). */
     if ((r->lead || r->zero1) && a->checkpoint_every && step % a->checkpoint_every == 0 && step != r->end) {
       if ((rc = save_checkpoint(s, a->checkpoint, &r->d))) break;
       r->ckpt_step = step;
-      if (r->lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) break;
+      if (r->lead && a->plot && (rc = write_plot(a->plot, base_name(a->model), r->p, &r->h, r->val ? &r->vh : NULL)))
+        break;
     }
   }
   if (interrupted && pr.tty) fputc('\n', stderr);
@@ -1245,7 +1341,7 @@ static int run_finish(Run *r) {
   }
   if (a->log) fprintf(stderr, "log: %s\n", a->log);
   if (a->plot) {
-    if ((rc = write_plot(a->plot, base_name(a->model), r->p, &r->h))) return rc;
+    if ((rc = write_plot(a->plot, base_name(a->model), r->p, &r->h, r->val ? &r->vh : NULL))) return rc;
     fprintf(stderr, "plot: %s\n", a->plot);
   }
   return interrupted ? 128 + (int)interrupted : 0;
@@ -1262,6 +1358,11 @@ static int run_close(Run *r, int rc) {
   for (int i = 0; i < r->h.nl && r->h.loss; i++) free(r->h.loss[i]);
   free(r->h.loss);
   free(r->h.step);
+  for (int i = 0; i < r->vh.nl && r->vh.loss; i++) free(r->vh.loss[i]);
+  free(r->vh.loss);
+  free(r->vh.step);
+  free(r->val_loss);
+  eval_free(r->val);
   free(r->loss);
   data_free(&r->d);
   gradc_session_free(r->s);
