@@ -505,30 +505,28 @@ static int generate(const GenArgs *a) {
   if (rc) return rc;
   size_t plen = strlen(a->prompt);
   if (plen == 0) return error("--prompt is empty: generate continues a text of at least one token");
+  int64_t cap = (int64_t)plen + a->max_tokens, n = 0;
+  int32_t *ids = mem_alloc(sizeof(int32_t) * (size_t)cap), *window = NULL;
+  for (size_t i = 0; i < plen && !rc; i++) {
+    unsigned char c = (unsigned char)a->prompt[i];
+    if (voc.id[c] < 0)
+      rc = error("--prompt: byte %u ('%c') at offset %zu is not in the vocabulary of %s", c, c >= 32 && c < 127 ? c : '?',
+                 i, a->vocab);
+    ids[n++] = voc.id[c];
+  }
   gradc_program *p = NULL;
   gradc_session *s = NULL;
   gradc_tensor_info tok = {0};
   gradc_status st;
-  if ((rc = gen_program(a, &p)) || (rc = token_input(a, p, &tok)) || (rc = has_logits(a, p))) goto done;
+  if (rc || (rc = gen_program(a, &p)) || (rc = token_input(a, p, &tok)) || (rc = has_logits(a, p))) goto done;
   if ((st = gradc_session_new(p, &s)) != GRADC_OK || (st = gradc_session_load_params(s, a->m.params)) != GRADC_OK) {
     rc = cli_report(st);
     goto done;
   }
   if ((rc = zero_inputs(s, p, tok.name))) goto done;
   int64_t B = tok.shape[0], T = tok.shape[1];
-  int64_t cap = (int64_t)plen + a->max_tokens;
-  int32_t *ids = mem_alloc(sizeof(int32_t) * (size_t)cap), *window = mem_calloc((size_t)(B * T), sizeof(int32_t));
-  int64_t n = 0;
-  for (size_t i = 0; i < plen; i++) {
-    unsigned char c = (unsigned char)a->prompt[i];
-    if (voc.id[c] < 0) {
-      rc = error("--prompt: byte %u ('%c') at offset %zu is not in the vocabulary of %s", c, c >= 32 && c < 127 ? c : '?',
-                 i, a->vocab);
-      break;
-    }
-    ids[n++] = voc.id[c];
-  }
-  fwrite(a->prompt, 1, rc ? 0 : plen, stdout);
+  window = mem_calloc((size_t)(B * T), sizeof(int32_t));
+  fwrite(a->prompt, 1, plen, stdout);
   fflush(stdout);
   float *logits = NULL;
   Cand *cand = NULL;
@@ -588,11 +586,11 @@ static int generate(const GenArgs *a) {
   }
   if (!rc) putchar('\n');
   fflush(stdout);
-  free(ids);
-  free(window);
   free(logits);
   free(cand);
 done:
+  free(ids);
+  free(window);
   gradc_session_free(s);
   gradc_program_free(p);
   return rc;
