@@ -5,8 +5,9 @@ optimiser steps, with NumPy arrays in and out.
     prog = gradc.compile("examples/mlp.gdl", defines={"B": 64}, gas=1)
     sess = prog.session(seed=0)            # params as the model declares them
     r = sess.run({"x": x, "y": y})         # one window: forward and backward
-    r.losses["total"], r.grads["W1"]
+    r.losses["total"], r.grads["W1"], r.outputs   # outputs: the model's `output`s
     sess.step(optimizer="adamw", lr=1e-3)
+    prog.infer(sess.params, {"x": x, "y": y})     # forward only: losses and outputs
 
 A thin layer over the C API of include/gradc.h (libgradc.so, through
 ctypes; see _lib.py for how the library is found).  Anything with
@@ -95,7 +96,12 @@ class Program:
             _check(_lib.program_input_info(handle, i, ctypes.byref(ti)))
             self.inputs.append(TensorInfo(ti))
         self.losses = [_lib.program_loss_name(handle, i).decode() for i in range(_lib.program_num_losses(handle))]
+        self.outputs = [_lib.program_output_name(handle, i).decode() for i in range(_lib.program_num_outputs(handle))]
         self.gas = _lib.program_gas(handle)
+        self.forward_only = bool(_lib.program_forward_only(handle))
+        self.arena_bytes = _lib.program_arena_bytes(handle)  # the memory plan's bytes (0 on target "ref")
+        self._recompile = None  # how to compile this model forward-only (infer), when known
+        self._forward = None
 
     def __del__(self):
         h, self._h = getattr(self, "_h", None), None
@@ -118,18 +124,27 @@ class Program:
         _check(_lib.program_save(self._h, _b(path)))
 
     def infer(self, params, inputs):
-        """The forward values for one window: a Result with losses and
-        outputs (and grads=None).  The C API has no forward-only program
-        yet, so this runs the training step and drops the gradients."""
-        r = self.session(params).run(inputs)
-        r.grads = None
-        return r
+        """The forward values for one window, as `gradc infer`: a Result
+        with losses and outputs (grads=None), computed by the model compiled
+        forward-only (`training` false, no autodiff, no gradient buffers):
+        this program if it is one, else its forward-only twin, compiled
+        once with the same sizes, K and target.  params: as session()."""
+        fwd = self
+        if not self.forward_only:
+            if self._forward is None:
+                if self._recompile is None:
+                    raise Error("gradc: error: infer: this program was loaded from an artifact compiled for "
+                                "training; load one of `gradc compile --forward-only`, or compile the source")
+                self._forward = self._recompile()
+            fwd = self._forward
+        return fwd.session(params).run(inputs)
 
 
-def _compile_options(defines, gas, target, threads, no_cache):
+def _compile_options(defines, gas, target, threads, no_cache, forward_only=False):
     o = _lib.CompileOptions()
     _lib.compile_options_init(ctypes.byref(o))
     o.gas = int(gas)
+    o.forward_only = 1 if forward_only else 0
     o.threads = int(threads)
     o.no_cache = 1 if no_cache else 0
     keep = [target.encode()]
@@ -150,15 +165,18 @@ def _is_artifact(path):
         return False
 
 
-def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cache=False, name=None):
+def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cache=False, name=None,
+            forward_only=False):
     """Compile a model: a path to a .gdl file (or an artifact, which is
     loaded), or the model's source text (anything with a newline or a
     '{'); name is the file name diagnostics give source text (default
-    "<source>.gdl").  defines: -D values {"B": 64}; gas: micro-batches K."""
+    "<source>.gdl").  defines: -D values {"B": 64}; gas: micro-batches K;
+    forward_only: the forward alone (as `gradc infer`: no gradients, no
+    optimiser steps)."""
     src = os.fspath(path_or_source) if isinstance(path_or_source, os.PathLike) else path_or_source
     if not isinstance(src, str):
         raise TypeError("gradc.compile: a path or source text, not %s" % type(src).__name__)
-    o, keep = _compile_options(defines, gas, target, threads, no_cache)
+    o, keep = _compile_options(defines, gas, target, threads, no_cache, forward_only)
     h = ctypes.c_void_p()
     if "\n" in src or "{" in src:
         _check(_lib.program_compile_source((name or "<source>.gdl").encode(), src.encode(), ctypes.byref(o), ctypes.byref(h)))
@@ -167,7 +185,10 @@ def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cac
     else:
         _check(_lib.program_compile_file(src.encode(), ctypes.byref(o), ctypes.byref(h)))
     del keep
-    return Program(h.value)
+    prog = Program(h.value)
+    if not forward_only:
+        prog._recompile = lambda: compile(path_or_source, defines, gas, target, threads, no_cache, name, True)
+    return prog
 
 
 def load(path):
@@ -188,7 +209,8 @@ class _Storage:
 
 class Result:
     """One window's values: losses (name -> float, "total" included),
-    grads (name -> ndarray, copies) and outputs (name -> ndarray)."""
+    grads (name -> ndarray, copies; None from a forward-only program) and
+    outputs (name -> ndarray, the model's `output` statements)."""
 
     def __init__(self, losses, grads, outputs):
         self.losses, self.grads, self.outputs = losses, grads, outputs
@@ -280,12 +302,28 @@ class Session:
         _check(_lib.session_run(self._h))
         losses = {name: _lib.session_loss(self._h, i) for i, name in enumerate(self.program.losses)}
         losses["total"] = _lib.session_loss_total(self._h)
-        grads = {}
-        for p in self.program.params:
-            g = np.empty(p.shape, np.float64 if p.dtype == "f64" else np.float32)
-            _check(_lib.session_get_grad(self._h, p.name.encode(), g.ctypes.data_as(ctypes.c_void_p), g.size))
-            grads[p.name] = g
-        return Result(losses, grads, {})
+        grads = None  # a forward-only program has none
+        if not self.program.forward_only:
+            grads = {}
+            for p in self.program.params:
+                g = np.empty(p.shape, np.float64 if p.dtype == "f64" else np.float32)
+                _check(_lib.session_get_grad(self._h, p.name.encode(), g.ctypes.data_as(ctypes.c_void_p), g.size))
+                grads[p.name] = g
+        return Result(losses, grads, self._outputs())
+
+    def _outputs(self):
+        """name -> ndarray of every `output` of the last run (one with a
+        leading batch axis holds the whole window): float32 (float64 for
+        f64 outputs), int32 for i32 and bool ones."""
+        out = {}
+        for name in self.program.outputs:
+            ti = _lib.TensorInfo()
+            _check(_lib.session_output_info(self._h, name.encode(), ctypes.byref(ti)))
+            shape = tuple(ti.shape[i] for i in range(ti.rank))
+            a = np.empty(shape, _NP[ti.dtype])
+            _check(_lib.session_get_output(self._h, name.encode(), a.ctypes.data_as(ctypes.c_void_p), a.size))
+            out[name] = a
+        return out
 
     def save_grads(self, path):
         _check(_lib.session_save_grads(self._h, _b(path)))

@@ -79,6 +79,9 @@ class CompileOptions(ctypes.Structure):
         ("no_overlap", c_int),
         ("bucket_bytes", c_int64),
         ("zero1", c_int),
+        ("no_training", c_int),
+        ("forward_only", c_int),
+        ("no_outputs", c_int),
     ] + _SPARE
 
 
@@ -136,6 +139,10 @@ program_param_info = _fn("gradc_program_param_info", c_int, P, c_int, POINTER(Te
 program_input_info = _fn("gradc_program_input_info", c_int, P, c_int, POINTER(TensorInfo))
 program_loss_name = _fn("gradc_program_loss_name", c_char_p, P, c_int)
 program_gas = _fn("gradc_program_gas", c_int, P)
+program_num_outputs = _fn("gradc_program_num_outputs", c_int, P)
+program_output_name = _fn("gradc_program_output_name", c_char_p, P, c_int)
+program_forward_only = _fn("gradc_program_forward_only", c_int, P)
+program_arena_bytes = _fn("gradc_program_arena_bytes", c_int64, P)
 session_new = _fn("gradc_session_new", c_int, P, POINTER(P))
 session_free = _fn("gradc_session_free", None, P)
 session_init_params = _fn("gradc_session_init_params", c_int, P, c_uint64)
@@ -150,6 +157,8 @@ session_set_input = _fn("gradc_session_set_input", c_int, P, c_char_p, c_int, c_
 session_run = _fn("gradc_session_run", c_int, P)
 session_loss = _fn("gradc_session_loss", c_double, P, c_int)
 session_loss_total = _fn("gradc_session_loss_total", c_double, P)
+session_output_info = _fn("gradc_session_output_info", c_int, P, c_char_p, POINTER(TensorInfo))
+session_get_output = _fn("gradc_session_get_output", c_int, P, c_char_p, c_void_p, c_size_t)
 session_get_grad = _fn("gradc_session_get_grad", c_int, P, c_char_p, c_void_p, c_size_t)
 session_save_grads = _fn("gradc_session_save_grads", c_int, P, c_char_p)
 optimizer_options_init = _fn("gradc_optimizer_options_init", None, POINTER(OptimizerOptions), c_int)
