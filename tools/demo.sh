@@ -4,7 +4,8 @@
 # tokens) on the CPU, with the progress bar and the loss falling; then
 # leave in demo/ the loss curve (loss.svg), the per-step log (train.csv),
 # the IR of the compiled training step (step.gir), a checkpoint and the
-# trained params.
+# trained params; end with a short sample of text from the trained model
+# (gradc generate).
 #
 # The model is tinygpt widened a little (-D below: 3 layers of width 96,
 # context 64; 366k params).  The CPU back end runs 2500 steps (one to two
@@ -18,7 +19,8 @@ gradc="$build/gradc"
 out=demo
 model=examples/tinygpt.gdl
 # Byte-level tokens need a 256-entry vocabulary; K=2 micro-batches of 4 per window of 8.
-flags="-D V=256 -D T=64 -D C=96 -D L=3 --gas 2"
+dims="-D V=256 -D T=64 -D C=96 -D L=3"
+flags="$dims --gas 2"
 mkdir -p "$out"
 
 echo "== corpus: README.md docs/*.md -> $out/corpus.txt"
@@ -55,3 +57,8 @@ echo "   per-step log         $out/train.csv   (step,lr,ce,total,grad_norm,elaps
 echo "   training-step IR     $out/step.gir"
 echo "   checkpoint           $out/tinygpt.ckpt.safetensors   (continue: gradc train ... --resume it)"
 echo "   trained params       $out/tinygpt.params.safetensors"
+
+echo
+echo "== gradc generate: the trained model continues a prompt (temperature 0.8, top-k 20, seed 1)"
+"$gradc" generate $model $dims --threads 1 --params "$out/tinygpt.params.safetensors" \
+  --prompt "gradc compiles " --max-tokens 160 --temperature 0.8 --top-k 20 --seed 1
