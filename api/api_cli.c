@@ -274,7 +274,12 @@ int cli_compile_window(const char *name, const char *text, const gradc_compile_o
   free(values);
   free((void *)batch);
   if (micro) *micro = mb;
-  return st ? cli_report(st) : 0;
+  int rc = st ? cli_report(st) : 0;
+  if (st == GRADC_ERR_USER && w.gas > 1)
+    fprintf(stderr, "gradc: note: the %lld samples run as one window of %d micro-batches of %lld (the largest divisor "
+                    "of %lld that is at most the model's batch)\n",
+            (long long)window, w.gas, (long long)mb, (long long)window);
+  return rc;
 }
 
 int cli_write_kernels(const gradc_program *p, bool print, const char *dir) {
