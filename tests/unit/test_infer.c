@@ -217,6 +217,10 @@ static void test_eval_equals_one_batch(void **state) {
   /* The whole dataset as one batch. */
   ok(gradc("run " TG " -D V=256 -D B=%d --params %s/p.st --inputs %s/d.st", NSAMPLES, dir, dir));
   close_to(ev, loss_of(out, "ce"), 1e-5, "eval vs run -D B=45");
+  /* An artifact's model source, -D values and target give the same program. */
+  ok(gradc("compile " TG " -D V=256 -o %s/ev.gca", dir));
+  ok(gradc("eval %s/ev.gca --params %s/p.st --data %s/d.st", dir, dir, dir));
+  assert_true(loss_of(out, "ce") == ev);
 }
 
 /* Samples [lo, hi) of every tensor of f. */
