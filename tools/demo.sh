@@ -4,8 +4,10 @@
 # tokens) on the CPU, with the progress bar and the loss falling; then
 # leave in demo/ the loss curve (loss.svg), the per-step log (train.csv),
 # the IR of the compiled training step (step.gir), a checkpoint and the
-# trained params; end with a short sample of text from the trained model
-# (gradc generate).
+# trained params.  python/README.md, which the corpus leaves out, is held
+# out as validation text (train --val-data: its loss every 500 steps).  The
+# demo ends with a short sample of text from the trained model (gradc
+# generate).
 #
 # The model is tinygpt widened a little (-D below: 3 layers of width 96,
 # context 64; 366k params).  The CPU back end runs 2500 steps (one to two
@@ -26,6 +28,7 @@ mkdir -p "$out"
 echo "== corpus: README.md docs/*.md -> $out/corpus.txt"
 cat README.md docs/*.md > "$out/corpus.txt"
 "$gradc" data text "$out/corpus.txt" -T 64 --stride 16 -o "$out/corpus.safetensors"
+"$gradc" data text python/README.md -T 64 -o "$out/val.safetensors"
 
 echo
 echo "== the training step of $model, compiled: $out/step.gir"
@@ -47,13 +50,14 @@ echo "== gradc train $model: AdamW, warm-up and cosine decay, gradient clipping"
 rm -f "$out/train.csv"
 "$gradc" train $model $flags --threads 1 --data "$out/corpus.safetensors" --steps "$steps" \
   --lr 3e-3 --warmup 100 --cosine --min-lr 3e-4 --clip 1 --seed 1 \
+  --val-data "$out/val.safetensors" --val-every 500 \
   --log "$out/train.csv" --plot "$out/loss.svg" \
   --checkpoint "$out/tinygpt.ckpt.safetensors" --params-out "$out/tinygpt.params.safetensors"
 
 echo
 awk -F, 'NR == 2 { first = $4 } END { printf "== loss %.4f at step 1, %.4f at step %d\n", first, $4, $1 }' "$out/train.csv"
 echo "   loss curve           $out/loss.svg"
-echo "   per-step log         $out/train.csv   (step,lr,ce,total,grad_norm,elapsed_s)"
+echo "   per-step log         $out/train.csv   (step,lr,ce,total,grad_norm,elapsed_s,val_ce,val_total)"
 echo "   training-step IR     $out/step.gir"
 echo "   checkpoint           $out/tinygpt.ckpt.safetensors   (continue: gradc train ... --resume it)"
 echo "   trained params       $out/tinygpt.params.safetensors"
