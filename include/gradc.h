@@ -4,8 +4,9 @@
  * artifact) into a program, open a session on it, bind params and one
  * window of inputs, run the step (forward + backward + in-place
  * accumulation over K micro-batches), read losses and gradients, and apply
- * an optimiser.  Programs JIT-compile at start-up; nothing here calls
- * exit().
+ * an optimiser; or compile the forward alone (forward_only) and read a
+ * window's losses and outputs.  Programs JIT-compile at start-up; nothing
+ * here calls exit().
  *
  * Errors: every function that can fail returns a gradc_status; the message
  * of the last failure on the calling thread is gradc_last_error().  User
