@@ -150,6 +150,11 @@ class TestGenerate(Tmp):
             r = prog.infer(params, {"idx": idx, "targets": np.zeros((1, 16), np.int32)})
             ctx.append(int(np.argmax(r.outputs["logits"][0, len(ctx) - 1])))
         self.assertEqual(text[:-1], "".join(map(chr, ctx)))
+        # --top-k 1 leaves only the argmax to draw, whatever the seed and temperature.
+        for seed in (1, 2):
+            k1 = cli("generate", TINYGPT, *flags(defs), "--params", params, "--prompt", prompt,
+                     "--max-tokens", n, "--top-k", 1, "--temperature", 2, "--seed", seed)
+            self.assertEqual(k1, text)
         # Seeded sampling repeats itself.
         a = cli("generate", TINYGPT, *flags(defs), "--params", params, "--prompt", prompt, "--seed", 11, "--top-k", 5)
         b = cli("generate", TINYGPT, *flags(defs), "--params", params, "--prompt", prompt, "--seed", 11, "--top-k", 5)
