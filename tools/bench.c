@@ -24,7 +24,9 @@
  *                    after the contract's figures
  *
  * Times are milliseconds per window, printed with %.3f.  --json prints the
- * same figures as one JSON object.  Nothing else goes to stdout. */
+ * same figures as one JSON object.  Nothing else goes to stdout.
+ * --forward-only measures the forward alone, compiled as `gradc infer`
+ * compiles it (no autodiff, no gradient buffers). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +40,7 @@
 const char bench_help[] =
     "gradc bench MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--allow-tf32]\n"
     "            [--threads N] [--steps N]\n"
-    "            [--warmup N] [--seed S] [--no-cache] [--json] [--print-gemms]\n"
+    "            [--warmup N] [--seed S] [--no-cache] [--json] [--print-gemms] [--forward-only]\n"
     "  Compile a model and time forward+backward windows on random inputs and params (after\n"
     "  --warmup windows, default 2; --steps timed windows, default 10).  Prints `name: value`\n"
     "  lines, times in ms per window: compile_ms (cold, cache bypassed), compile_warm_ms (from\n"
@@ -46,7 +48,9 @@ const char bench_help[] =
     "  same provider and threads), kernels_per_step (kernel and GEMM launches), gemms_per_step,\n"
     "  peak_bytes (the step's arena), peak_rss_bytes, gemm_provider (GRADC_GEMM=onednn|openblas|blis\n"
     "  overrides the host's measured choice).  --json prints one JSON object instead;\n"
-    "  --print-gemms lists the GEMMs on stderr (`gemm M N K BATCH TA TB BETA`, bench/gemm_lib.c).\n";
+    "  --print-gemms lists the GEMMs on stderr (`gemm M N K BATCH TA TB BETA`, bench/gemm_lib.c).\n"
+    "  --forward-only times the forward alone, compiled as infer compiles it (no autodiff, no\n"
+    "  gradient buffers: compare its compile_ms and peak_bytes with the training step's).\n";
 
 typedef struct BenchArgs {
   const char *input;
@@ -60,6 +64,7 @@ typedef struct BenchArgs {
   uint64_t seed;
   bool json, no_cache;
   bool print_gemms; /* --print-gemms: the GEMM list to stderr */
+  bool forward_only; /* --forward-only: the forward alone (gradc_compile_options.forward_only) */
 } BenchArgs;
 
 typedef struct Figures {
@@ -86,6 +91,7 @@ static int parse_args(int argc, char **argv, BenchArgs *a) {
       {"--json", FLAG_BOOL, .dst = &a->json},
       {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
       {"--print-gemms", FLAG_BOOL, .dst = &a->print_gemms},
+      {"--forward-only", FLAG_BOOL, .dst = &a->forward_only},
   };
   int npos = 0;
   FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help bench)", .see_values = true,
@@ -112,6 +118,7 @@ static int compile(const BenchArgs *a, bool cached, gradc_program **p, double *m
   if (a->target) o.target = a->target;
   o.threads = a->threads;
   o.no_cache = !cached;
+  o.forward_only = a->forward_only;
   o.def_names = a->defs.name;
   o.def_values = a->defs.value;
   o.ndefs = a->defs.n;

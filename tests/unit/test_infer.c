@@ -185,6 +185,10 @@ static void test_infer_forward_only_has_no_gradients(void **state) {
   ok(gradc("compile " TG " -D V=256 --forward-only"));
   assert_null(strstr(out, "@grad "));
   assert_non_null(strstr(out, " arena "));
+  long long arena = strtoll(strstr(out, "// arena: ") + strlen("// arena: "), NULL, 10);
+  /* bench --forward-only times that program. */
+  ok(gradc("bench " TG " -D V=256 --forward-only --steps 1 --warmup 0"));
+  assert_int_equal(strtoll(strstr(out, "peak_bytes: ") + strlen("peak_bytes: "), NULL, 10), arena);
   ok(gradc("compile " TG " -D V=256"));
   assert_non_null(strstr(out, "@grad "));
 
