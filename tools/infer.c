@@ -526,8 +526,7 @@ static int generate(const GenArgs *a) {
   if ((rc = zero_inputs(s, p, tok.name))) goto done;
   int64_t B = tok.shape[0], T = tok.shape[1];
   window = mem_calloc((size_t)(B * T), sizeof(int32_t));
-  fwrite(a->prompt, 1, plen, stdout);
-  fflush(stdout);
+  bool shown = false; /* the prompt, on stdout once the first run has checked the logits */
   float *logits = NULL;
   Cand *cand = NULL;
   Rng rng;
@@ -581,9 +580,12 @@ static int generate(const GenArgs *a) {
     int nv = (int)(V < voc.n ? V : voc.n);
     int next = sample_token(logits + (len - 1) * V, nv, a->temperature, a->top_k, &rng, cand);
     ids[n++] = next;
+    if (!shown) fwrite(a->prompt, 1, plen, stdout);
+    shown = true;
     putchar(voc.byte[next]);
     fflush(stdout);
   }
+  if (!rc && !shown) fwrite(a->prompt, 1, plen, stdout);
   if (!rc) putchar('\n');
   fflush(stdout);
   free(logits);
