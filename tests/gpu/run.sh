@@ -9,8 +9,9 @@
 #      references) at each --gas of its manifest: gradc run --target cuda;
 #   3. the examples and tests/cuda models against the reference interpreter
 #      (gradc run --target ref) at --gas 1 and 2; then tinygpt as a CUDA
-#      artifact, without CUDA graphs, with TF32, and a short training run
-#      next to the interpreter's;
+#      artifact, without CUDA graphs, with TF32, a short training run
+#      next to the interpreter's, and the forward-only commands (infer,
+#      eval, generate) next to the interpreter's;
 #   4. benchmarks: gradc bench --target cuda (mlp, tinygpt small and large,
 #      a GPT-2 124M configuration) with the device-only window time
 #      (GRADC_CUDA_TIMING=1), and PyTorch's step time at the same sizes
@@ -239,6 +240,33 @@ if [ $dry = 0 ]; then
   b=$(last "$dir/train-cuda.csv" 2>/dev/null)
   ok=$(awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; print (a != "" && b != "" && d <= 1e-3 * (a < 0 ? -a : a)) ? 0 : 1 }')
   record "train tinygpt 10 steps" "$ok" "loss ref $a cuda $b"
+fi
+
+# forward only (no autodiff): infer, eval over a dataset of 14 samples (one
+# window of 7 micro-batches of 2) and greedy generate, next to the interpreter
+fwd=$out/forward
+mkdir -p "$fwd"
+small=(-D B=4 -D T=16 -D C=32 -D L=1 -D NH=2 -D V=256)
+run "$gradc" init "$tg" "${small[@]}" -o "$fwd/params.safetensors" --seed 5
+run "$gradc" data random "$tg" "${small[@]}" -o "$fwd/inputs.safetensors" --seed 6
+run "$gradc" data random "$tg" "${small[@]}" -D B=14 -o "$fwd/data.safetensors" --seed 7
+for t in ref cuda; do
+  p=(--target $t --params "$fwd/params.safetensors")
+  run_sh "$(printf '%q ' "$gradc" infer "$tg" "${small[@]}" "${p[@]}" --inputs "$fwd/inputs.safetensors") >$fwd/infer-$t.txt 2>&1"
+  run_sh "$(printf '%q ' "$gradc" eval "$tg" "${small[@]}" "${p[@]}" --data "$fwd/data.safetensors") >$fwd/eval-$t.txt 2>&1"
+  run_sh "$(printf '%q ' "$gradc" generate "$tg" "${small[@]}" "${p[@]}" --prompt "the " --max-tokens 8 --temperature 0) >$fwd/generate-$t.txt 2>&1"
+done
+if [ $dry = 0 ]; then
+  total() { awk '$1 == "loss" && $2 == "total" { print $3 }' "$1"; }
+  close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; print (a != "" && b != "" && d <= 1e-4 * (a < 0 ? -a : a)) ? 0 : 1 }'; }
+  for c in infer eval; do
+    a=$(total "$fwd/$c-ref.txt")
+    b=$(total "$fwd/$c-cuda.txt")
+    record "$c tinygpt (forward only)" "$(close "$a" "$b")" "loss ref $a cuda $b"
+  done
+  same=1
+  [ "$(head -c 4 "$fwd/generate-cuda.txt")" = "the " ] && cmp -s "$fwd/generate-ref.txt" "$fwd/generate-cuda.txt" && same=0
+  record "generate tinygpt --temperature 0" $same "$(head -c 40 "$fwd/generate-cuda.txt" | tr -c '[:print:]' '.')"
 fi
 
 # ---------------------------------------------------------------------
