@@ -1,0 +1,211 @@
+"""gradc against Hugging Face's GPT2LMHeadModel (ctest: hf_gpt2).
+
+The references in this folder come from transformers and torch (make_ref.py,
+run by hand; see README.md); this test needs only NumPy and the gradc
+binary.  It converts the Hugging Face checkpoint model/model.safetensors with
+examples/gpt2.map (`gradc convert --model examples/gpt2.gdl`, the dims read
+from model/config.json as a user would), runs examples/gpt2.gdl on
+inputs.safetensors at --gas 1 and 4 on the cpu and ref targets, and compares
+the logits (`output logits`), the loss and every gradient with
+ref.safetensors.
+
+Relative error of a tensor: max|gradc - hf| / max|hf| over its elements
+(for the loss, |gradc - hf| / |hf|).  The reference gradients are under
+Hugging Face's names; this test stacks them per layer by reading the map
+itself (not through gradc convert), so a converter bug cannot cancel out.
+Tolerances: 1e-4 for examples/gpt2.gdl (f32 against Hugging Face run in
+float64), and 1e-6 for the same model with every param made f64 (the
+references are stored as F32, a rounding of 6e-8; f64 shows that what is left
+at f32 is rounding, not a different formula).
+
+Then mutants: the same model with one plausible misreading of Hugging Face's
+GPT-2 (erf gelu, no attention scaling, the other causal mask, ...) must miss
+the tolerance, so the test can tell each of them apart.
+
+    GRADC_BIN=build/gradc GRADC_SOURCE_DIR=. python3 tests/hf/check.py
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SRC = os.environ.get("GRADC_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(SRC, "python"))
+import gradc  # noqa: E402  (read_safetensors only)
+
+GRADC = os.environ.get("GRADC_BIN", os.path.join(SRC, "build", "gradc"))
+HERE = os.path.join(SRC, "tests", "hf")
+GDL = os.path.join(SRC, "examples", "gpt2.gdl")
+MAP = os.path.join(SRC, "examples", "gpt2.map")
+TOL = {"f32": 1e-4, "f64": 1e-6}
+
+# (name, what it misreads, text replaced in examples/gpt2.gdl, replacement)
+MUTANTS = [
+    ("gelu_erf", "gelu without the tanh approximation (HF's gelu_new is tanh)",
+     "gelu(x @ fc_w[l] + fc_b[l])", 'gelu(x @ fc_w[l] + fc_b[l], approximate="none")'),
+    ("no_scale", "attention scores not scaled by 1/sqrt(head width)", " * rsqrt(HD)", ""),
+    ("qkv_order", "c_attn split as k, q, v", "q = heads(qkv[..., 0:C])\n    k = heads(qkv[..., C:2*C])",
+     "k = heads(qkv[..., 0:C])\n    q = heads(qkv[..., C:2*C])"),
+    ("post_norm", "the last layer's MLP reads its input without ln_2",
+     "x = x + mlp(layer_norm(x, ln2_w[l], ln2_b[l]), l)",
+     "if l == L - 1 { x = x + mlp(x, l) } else { x = x + mlp(layer_norm(x, ln2_w[l], ln2_b[l]), l) }"),
+    ("ln_eps", "layer_norm eps 1e-3 instead of 1e-5 at ln_f", "layer_norm(x, lnf_w, lnf_b)",
+     "layer_norm(x, lnf_w, lnf_b, eps=1e-3)"),
+]
+# The same for examples/gpt2.map: square weights pass convert's shape check
+# either way round, so only the numbers tell a wrong `transpose`.
+MAP_MUTANTS = [
+    ("proj_T", "attn.c_proj read as torch.nn.Linear's [out, in]", "attn.c_proj.weight", "attn.c_proj.weight transpose"),
+]
+
+
+def cli(*args):
+    p = subprocess.run([GRADC] + [str(a) for a in args], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("hf_gpt2: gradc %s: exit %d\n%s%s" % (" ".join(map(str, args)), p.returncode, p.stdout, p.stderr))
+    return p.stdout
+
+
+def load(path):
+    d = gradc.read_safetensors(path)
+    d.pop("__metadata__", None)
+    return d
+
+
+def read_map(path):
+    """(dest, source) per line of the map, as tools/convert.c reads it."""
+    lines = []
+    for text in open(path):
+        tok = text.split("#")[0].split()
+        if tok:
+            assert len(tok) == 3 and tok[1] == "<-", "the test reads `DEST <- SOURCE` lines only: %r" % text
+            lines.append((tok[0], tok[2]))
+    return lines
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+class Ref:
+    def __init__(self):
+        cfg = json.load(open(os.path.join(HERE, "model", "config.json")))
+        self.defs = {"V": cfg["vocab_size"], "P": cfg["n_positions"], "C": cfg["n_embd"], "NH": cfg["n_head"],
+                     "L": cfg["n_layer"]}
+        # What examples/gpt2.gdl spells out (F = 4 * C, eps 1e-5, tanh gelu, 1/sqrt(HD), tied head).
+        want = {"activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "scale_attn_weights": True,
+                "scale_attn_by_inverse_layer_idx": False, "tie_word_embeddings": True}
+        assert all(cfg.get(k) == v for k, v in want.items()) and cfg.get("n_inner") in (None, 4 * cfg["n_embd"]), cfg
+        ref = load(os.path.join(HERE, "ref.safetensors"))
+        inputs = load(os.path.join(HERE, "inputs.safetensors"))
+        self.defs["B"], self.defs["T"] = inputs["tokens"].shape
+        self.logits, self.loss = ref.pop("logits"), float(ref.pop("loss"))
+        # Every Hugging Face parameter is named by exactly one map line (a
+        # layer's once per l); the gradients stacked as the map stacks them.
+        hf = {k[len("grad."):]: v for k, v in ref.items()}
+        self.grads, used = {}, set()
+        for dest, src in read_map(MAP):
+            if "{l}" in src:
+                names = [src.replace("{l}", str(l)) for l in range(self.defs["L"])]
+                self.grads[dest] = np.stack([hf[n] for n in names])
+            else:
+                names = [src]
+                self.grads[dest] = hf[src]
+            assert not used & set(names), "mapped twice: %s" % (used & set(names))
+            used |= set(names)
+        assert used == set(hf), "Hugging Face parameters no map line names: %s" % sorted(set(hf) - used)
+        for name, g in self.grads.items():
+            assert np.max(np.abs(g)) > 0, "reference gradient %s is zero" % name
+        # The ignored targets matter at --gas 4 (one sample a micro-batch):
+        # the loss is the mean over the window's scored positions, which the
+        # mean of the per-sample means misses by far more than the tolerance.
+        t = inputs["targets"]
+        z = self.logits.astype(np.float64)
+        lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+        nll = lse - np.take_along_axis(z, np.maximum(t, 0)[..., None], -1)[..., 0]
+        scored = t != -100
+        assert abs((nll * scored).sum() / scored.sum() - self.loss) < 1e-6 * self.loss, "the references disagree"
+        per_sample = ((nll * scored).sum(1) / scored.sum(1)).mean()
+        assert abs(per_sample - self.loss) > 1e-3 * self.loss, "the ignored targets do not tell the two means apart"
+
+    def dflags(self):
+        return ["-D%s=%d" % kv for kv in sorted(self.defs.items())]
+
+
+def errors(ref, tmp, gdl, gas, target, map_path=MAP):
+    """{class: max relative error} and {param: relative error} of one run."""
+    params = os.path.join(tmp, "params.%s.%s.safetensors" % (os.path.basename(gdl), os.path.basename(map_path)))
+    if not os.path.exists(params):
+        cli("convert", os.path.join(HERE, "model", "model.safetensors"), "--map", map_path, "-o", params,
+            "--model", gdl, *ref.dflags())
+    grads, outs = os.path.join(tmp, "grads.safetensors"), os.path.join(tmp, "outputs.safetensors")
+    stdout = cli("run", gdl, *ref.dflags(), "--gas", gas, "--target", target, "--params", params,
+                 "--inputs", os.path.join(HERE, "inputs.safetensors"), "--grads-out", grads, "--outputs-out", outs)
+    loss = float(re.search(r"^loss ce (\S+)$", stdout, re.M).group(1))
+    g, o = load(grads), load(outs)
+    assert sorted(g) == sorted(ref.grads), "gradients: %s, expected %s" % (sorted(g), sorted(ref.grads))
+    assert list(o) == ["logits"] and o["logits"].shape == ref.logits.shape, {k: v.shape for k, v in o.items()}
+    per = {k: rel(g[k], ref.grads[k]) for k in sorted(ref.grads)}
+    cls = {"logits": rel(o["logits"], ref.logits), "loss": abs(loss - ref.loss) / abs(ref.loss), "grads": max(per.values())}
+    return cls, per
+
+
+def main():
+    ref = Ref()
+    failed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        f64 = os.path.join(tmp, "gpt2_f64.gdl")
+        text = open(GDL).read()
+        with open(f64, "w") as f:
+            f.write(re.sub(r"(param\s+\w+\s*:\s*)f32\[", r"\1f64[", text))
+        print("gradc against Hugging Face GPT2LMHeadModel (%s); relative error max|gradc - hf| / max|hf|"
+              % ", ".join("%s=%d" % kv for kv in sorted(ref.defs.items())))
+        print("%-5s %-3s %-3s %-10s %-10s %-10s %s" % ("model", "tgt", "K", "logits", "loss", "grads", "worst gradient"))
+        for prec, gdl in (("f32", GDL), ("f64", f64)):
+            for target in ("cpu", "ref"):
+                for gas in (1, 4):
+                    cls, per = errors(ref, tmp, gdl, gas, target)
+                    worst = max(per, key=per.get)
+                    bad = [k for k, v in list(cls.items()) + list(per.items()) if not v <= TOL[prec]]
+                    print("%-5s %-3s %-3d %-10.2e %-10.2e %-10.2e %s %s" % (prec, target, gas, cls["logits"], cls["loss"],
+                                                                    cls["grads"], worst, "FAIL " + ",".join(bad) if bad else ""))
+                    if prec == "f32" and target == "cpu":
+                        print("      " + " ".join("%s %.1e" % kv for kv in per.items()))
+                    if bad:
+                        failed.append("%s %s --gas %d: %s over %g" % (prec, target, gas, ", ".join(bad), TOL[prec]))
+        # Each mutant must miss the f32 tolerance somewhere (--gas 1, cpu).
+        for name, what, old, new in MUTANTS:
+            assert text.count(old) == 1, "mutant %s: %r is not in examples/gpt2.gdl once" % (name, old)
+            path = os.path.join(tmp, "gpt2_%s.gdl" % name)
+            with open(path, "w") as f:
+                f.write(text.replace(old, new))
+            cls, per = errors(ref, tmp, path, 1, "cpu")
+            worst = max(cls["logits"], cls["loss"], cls["grads"])
+            print("mutant %-10s logits %.1e loss %.1e grads %.1e  (%s)%s" % (name, cls["logits"], cls["loss"], cls["grads"],
+                                                                         what, "" if worst > TOL["f32"] else "  FAIL: not detected"))
+            if not worst > TOL["f32"]:
+                failed.append("mutant %s (%s) is within the tolerance" % (name, what))
+        maptext = open(MAP).read()
+        for name, what, old, new in MAP_MUTANTS:
+            assert maptext.count(old) == 1, "mutant %s: %r is not in examples/gpt2.map once" % (name, old)
+            path = os.path.join(tmp, "gpt2_%s.map" % name)
+            with open(path, "w") as f:
+                f.write(maptext.replace(old, new))
+            cls, per = errors(ref, tmp, GDL, 1, "cpu", path)
+            worst = max(cls["logits"], cls["loss"], cls["grads"])
+            print("mutant %-10s logits %.1e loss %.1e grads %.1e  (%s)%s" % (name, cls["logits"], cls["loss"], cls["grads"],
+                                                                         what, "" if worst > TOL["f32"] else "  FAIL: not detected"))
+            if not worst > TOL["f32"]:
+                failed.append("mutant %s (%s) is within the tolerance" % (name, what))
+    if failed:
+        sys.exit("hf_gpt2: FAILED\n  " + "\n  ".join(failed))
+    print("hf_gpt2: ok")
+
+
+if __name__ == "__main__":
+    main()
