@@ -18,6 +18,10 @@ float64), and 1e-6 for the same model with every param made f64 (the
 references are stored as F32, a rounding of 6e-8; f64 shows that what is left
 at f32 is rounding, not a different formula).
 
+A file saved from GPT2Model (the hub's checkpoints: no "transformer."
+prefix, attn.bias buffers) converts once the map drops the prefix, as its
+header says, and convert's error names the prefix.
+
 Then mutants: the same model with one plausible misreading of Hugging Face's
 GPT-2 (erf gelu, no attention scaling, the other causal mask, ...) must miss
 the tolerance, so the test can tell each of them apart.
@@ -155,6 +159,30 @@ def errors(ref, tmp, gdl, gas, target, map_path=MAP):
     return cls, per
 
 
+def hub_checkpoint(ref, tmp):
+    """A GPT2Model file (the hub's gpt2 checkpoints): no "transformer."
+    prefix, and the attn.bias mask buffers.  gpt2.map names what to edit;
+    edited as its header says, it gives the same params."""
+    src = load(os.path.join(HERE, "model", "model.safetensors"))
+    hub = {k[len("transformer."):]: v for k, v in src.items()}
+    for l in range(ref.defs["L"]):
+        hub["h.%d.attn.bias" % l] = np.tril(np.ones((1, 1, ref.defs["P"], ref.defs["P"]), np.float32))
+    path, out = os.path.join(tmp, "hub.safetensors"), os.path.join(tmp, "hub.params.safetensors")
+    gradc.write_safetensors(path, hub, {"format": "pt"})
+    p = subprocess.run([GRADC, "convert", path, "--map", MAP, "-o", out, "--model", GDL] + ref.dflags(),
+                       capture_output=True, text=True)
+    want = "not in the file; the file has 'wte.weight' (drop the prefix 'transformer.' from the map's sources?)"
+    assert p.returncode == 1 and want in p.stderr, p.stderr
+    hub_map = os.path.join(tmp, "hub.map")
+    with open(hub_map, "w") as f:
+        f.write(open(MAP).read().replace("<- transformer.", "<- "))
+    cli("convert", path, "--map", hub_map, "-o", out, "--model", GDL, *ref.dflags())
+    ours = os.path.join(tmp, "params.%s.%s.safetensors" % (os.path.basename(GDL), os.path.basename(MAP)))
+    a, b = load(out), load(ours)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a), "the hub file converts differently"
+    print("hub-style GPT2Model file: gpt2.map names the prefix to drop; without it, the same params")
+
+
 def main():
     ref = Ref()
     failed = []
@@ -178,6 +206,7 @@ def main():
                         print("      " + " ".join("%s %.1e" % kv for kv in per.items()))
                     if bad:
                         failed.append("%s %s --gas %d: %s over %g" % (prec, target, gas, ", ".join(bad), TOL[prec]))
+        hub_checkpoint(ref, tmp)
         # Each mutant must miss the f32 tolerance somewhere (--gas 1, cpu).
         for name, what, old, new in MUTANTS:
             assert text.count(old) == 1, "mutant %s: %r is not in examples/gpt2.gdl once" % (name, old)
