@@ -18,7 +18,9 @@ float64), and 1e-6 for the same model with every param made f64 (the
 references are stored as F32, a rounding of 6e-8; f64 shows that what is left
 at f32 is rounding, not a different formula).
 
-A file saved from GPT2Model (the hub's checkpoints: no "transformer."
+Also: a window shorter than the positions (T = 16 < P = 32) against
+Hugging Face's first 16 positions, and --dp 2 under mpirun where there is
+one.  A file saved from GPT2Model (the hub's checkpoints: no "transformer."
 prefix, attn.bias buffers) converts once the map drops the prefix, as its
 header says, and convert's error names the prefix.
 
@@ -31,6 +33,7 @@ the tolerance, so the test can tell each of them apart.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,8 +70,8 @@ MAP_MUTANTS = [
 ]
 
 
-def cli(*args):
-    p = subprocess.run([GRADC] + [str(a) for a in args], capture_output=True, text=True)
+def cli(*args, launch=()):
+    p = subprocess.run(list(launch) + [GRADC] + [str(a) for a in args], capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit("hf_gpt2: gradc %s: exit %d\n%s%s" % (" ".join(map(str, args)), p.returncode, p.stdout, p.stderr))
     return p.stdout
@@ -141,15 +144,17 @@ class Ref:
         return ["-D%s=%d" % kv for kv in sorted(self.defs.items())]
 
 
-def errors(ref, tmp, gdl, gas, target, map_path=MAP):
-    """{class: max relative error} and {param: relative error} of one run."""
+def errors(ref, tmp, gdl, gas, target, map_path=MAP, launch=(), extra=()):
+    """{class: max relative error} and {param: relative error} of one run
+    (launch: a prefix such as mpirun, extra: more run flags)."""
     params = os.path.join(tmp, "params.%s.%s.safetensors" % (os.path.basename(gdl), os.path.basename(map_path)))
     if not os.path.exists(params):
         cli("convert", os.path.join(HERE, "model", "model.safetensors"), "--map", map_path, "-o", params,
             "--model", gdl, *ref.dflags())
     grads, outs = os.path.join(tmp, "grads.safetensors"), os.path.join(tmp, "outputs.safetensors")
-    stdout = cli("run", gdl, *ref.dflags(), "--gas", gas, "--target", target, "--params", params,
-                 "--inputs", os.path.join(HERE, "inputs.safetensors"), "--grads-out", grads, "--outputs-out", outs)
+    stdout = cli("run", gdl, *ref.dflags(), "--gas", gas, "--target", target, "--params", params, *extra,
+                 "--inputs", os.path.join(HERE, "inputs.safetensors"), "--grads-out", grads, "--outputs-out", outs,
+                 launch=launch)
     loss = float(re.search(r"^loss ce (\S+)$", stdout, re.M).group(1))
     g, o = load(grads), load(outs)
     assert sorted(g) == sorted(ref.grads), "gradients: %s, expected %s" % (sorted(g), sorted(ref.grads))
@@ -157,6 +162,51 @@ def errors(ref, tmp, gdl, gas, target, map_path=MAP):
     per = {k: rel(g[k], ref.grads[k]) for k in sorted(ref.grads)}
     cls = {"logits": rel(o["logits"], ref.logits), "loss": abs(loss - ref.loss) / abs(ref.loss), "grads": max(per.values())}
     return cls, per
+
+
+def shorter_window(ref, tmp):
+    """T = 16 < P = 32 (wpe[0:T]): attention is causal, so the logits are
+    Hugging Face's first 16 positions, and the loss is their mean
+    cross-entropy over the scored targets (from the reference logits, in
+    float64); wpe's rows from T on get no gradient."""
+    inputs = load(os.path.join(HERE, "inputs.safetensors"))
+    short = os.path.join(tmp, "inputs16.safetensors")
+    gradc.write_safetensors(short, {k: v[:, :16].copy() for k, v in inputs.items()})
+    defs = ["-D%s=%d" % kv for kv in sorted(dict(ref.defs, T=16).items())]
+    params = os.path.join(tmp, "params.%s.%s.safetensors" % (os.path.basename(GDL), os.path.basename(MAP)))
+    grads, outs = os.path.join(tmp, "grads16.safetensors"), os.path.join(tmp, "outputs16.safetensors")
+    worst = 0.0
+    for gas in (1, 4):
+        stdout = cli("run", GDL, *defs, "--gas", gas, "--params", params, "--inputs", short,
+                     "--grads-out", grads, "--outputs-out", outs)
+        loss = float(re.search(r"^loss ce (\S+)$", stdout, re.M).group(1))
+        z, t = ref.logits[:, :16].astype(np.float64), inputs["targets"][:, :16]
+        lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+        nll = lse - np.take_along_axis(z, np.maximum(t, 0)[..., None], -1)[..., 0]
+        want = float((nll * (t != -100)).sum() / (t != -100).sum())
+        g = load(grads)
+        assert np.all(g["wpe"][16:] == 0), "wpe rows from T on have a gradient"
+        worst = max(worst, rel(load(outs)["logits"], ref.logits[:, :16]), abs(loss - want) / want)
+    print("T=16 < P: logits and loss %.2e against Hugging Face's first 16 positions; wpe[16:] no gradient" % worst)
+    return worst <= TOL["f32"]
+
+
+def data_parallel(ref, tmp):
+    """--dp 2 --gas 2 (two ranks of two micro-batches) against Hugging Face,
+    where mpirun is installed and the build has MPI."""
+    if not shutil.which("mpirun"):
+        print("--dp 2: skipped: mpirun is not installed (Debian: openmpi-bin)")
+        return True
+    launch = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", "2"]
+    params = os.path.join(tmp, "params.%s.%s.safetensors" % (os.path.basename(GDL), os.path.basename(MAP)))
+    p = subprocess.run(launch + [GRADC, "run", GDL, *ref.dflags(), "--dp", "2", "--params", params,
+                                 "--inputs", os.path.join(HERE, "inputs.safetensors")], capture_output=True, text=True)
+    if p.returncode != 0 and "this build has no MPI" in p.stdout + p.stderr:
+        print("--dp 2: skipped: this build has no MPI (GRADC_MPI=OFF)")
+        return True
+    cls, per = errors(ref, tmp, GDL, 2, "cpu", launch=launch, extra=["--dp", "2"])
+    print("--dp 2 --gas 2: logits %.2e loss %.2e grads %.2e" % (cls["logits"], cls["loss"], cls["grads"]))
+    return max(cls.values()) <= TOL["f32"]
 
 
 def hub_checkpoint(ref, tmp):
@@ -206,6 +256,10 @@ def main():
                         print("      " + " ".join("%s %.1e" % kv for kv in per.items()))
                     if bad:
                         failed.append("%s %s --gas %d: %s over %g" % (prec, target, gas, ", ".join(bad), TOL[prec]))
+        if not shorter_window(ref, tmp):
+            failed.append("T=16 over %g" % TOL["f32"])
+        if not data_parallel(ref, tmp):
+            failed.append("--dp 2 over %g" % TOL["f32"])
         hub_checkpoint(ref, tmp)
         # Each mutant must miss the f32 tolerance somewhere (--gas 1, cpu).
         for name, what, old, new in MUTANTS:
