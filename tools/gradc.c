@@ -121,9 +121,9 @@ static const char *help_text[][2] = {
     {"infer", "gradc infer MODEL.gdl|ARTIFACT --params PARAMS.safetensors --inputs BATCH.safetensors\n"
               "            [-o OUTPUTS.safetensors] [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]]\n"
               "            [--threads N] [--no-cache] [--allow-tf32]\n"
-              "  Compute one window forward only: the model is compiled with `training` false (dropout off,\n"
-              "  batch norm on its running statistics, no `update`) and without autodiff, so no gradient\n"
-              "  buffers.  Prints `loss NAME VALUE` per loss and `loss total` as run does, and writes each\n"
+              "  Compute one window forward only: the model is compiled with `training` false (dropout is\n"
+              "  the identity, `if training` takes its else branch, no `update`) and without autodiff, so no\n"
+              "  gradient buffers.  Prints `loss NAME VALUE` per loss and `loss total` as run does, and writes each\n"
               "  `output` for the whole window to -o.  An artifact must come from compile --forward-only.\n"},
     {"eval", eval_help},
     {"generate", generate_help},
