@@ -11,7 +11,7 @@
  *     strides, a batch a leading dimension (stride 0: a broadcast
  *     operand, dimension 1);
  *   - beta = 1 is the sum post-op; bias is the matmul's bias argument;
- *     gelu (tanh) an eltwise post-op; the residual a binary add post-op;
+ *     gelu (tanh) and relu eltwise post-ops; the residual a binary add post-op;
  *   - bf16 A and B into f32 C where the CPU has bf16 kernels (else
  *     pd creation fails and gemm.c widens to f32);
  *   - no f64 matmul on the CPU: f64 plans fail and gemm.c hands them to
@@ -160,7 +160,7 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   CHECK(matrix_md(&p->a, batched, nb, d->stride_a, d->M, d->K, d->lda, d->ta, in));
   CHECK(matrix_md(&p->b, batched, nb, d->stride_b, d->K, d->N, d->ldb, d->tb, in));
   CHECK(matrix_md(&p->c, batched, nb, d->stride_c ? d->stride_c : d->M * d->ldc, d->M, d->N, d->ldc, false, dnnl_f32));
-  bool bias = d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU;
+  bool bias = d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU || d->epilogue == CPU_EPI_BIAS_RELU;
   if (bias) CHECK(matrix_md(&p->bias, batched, 1, 0, 1, d->N, d->N, false, dnnl_f32));
   dnnl_matmul_desc_t md;
   CHECK(dnnl_matmul_desc_init(&md, &p->a, &p->b, bias ? &p->bias : NULL, &p->c));
@@ -168,6 +168,7 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
   CHECK(dnnl_post_ops_create(&po));
   if (d->epilogue == CPU_EPI_BIAS_GELU) CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0.f, 0.f));
+  if (d->epilogue == CPU_EPI_BIAS_RELU) CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.f, 0.f));
   if (d->epilogue == CPU_EPI_RESIDUAL) {
     CHECK(matrix_md(&p->extra, batched, nb, 0, d->M, d->N, d->ldr, false, dnnl_f32));
     CHECK(dnnl_post_ops_append_binary(po, dnnl_binary_add, &p->extra));
@@ -250,7 +251,7 @@ static void run(void *plan, const CpuGemmDesc *d, const void *a, const void *b, 
     s |= dnnl_memory_create(&ms, &smd, engine, x->scratch);
     args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ms};
   }
-  if (d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU) {
+  if (d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU || d->epilogue == CPU_EPI_BIAS_RELU) {
     s |= dnnl_memory_create(&me, &p->bias, engine, (void *)extra);
     args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, me};
   } else if (d->epilogue == CPU_EPI_RESIDUAL) {
