@@ -26,7 +26,8 @@ typedef enum { CPU_GEMM_F32, CPU_GEMM_F64, CPU_GEMM_BF16 } CpuGemmType;
  *   BIAS_GELU  C = gelu_tanh(AB + bias[j])
  *   BIAS_RELU  C = relu(AB + bias[j])                  (NaN stays NaN)
  *   RESIDUAL   C = AB + R[i, j]                        (R: ldr apart, f32)
- * Accumulation (beta = 1, CpuGemmDesc.accumulate) comes before them. */
+ * Accumulation (beta = 1, CpuGemmDesc.accumulate) adds C's old value to
+ * the epilogue's result: C += epilogue(AB) (oneDNN's sum post-op last). */
 typedef enum { CPU_EPI_NONE, CPU_EPI_BIAS, CPU_EPI_BIAS_GELU, CPU_EPI_BIAS_RELU, CPU_EPI_RESIDUAL } CpuGemmEpilogue;
 
 /* C[t] (+)= op(A[t]) op(B[t]) for t < batch, row-major: element (i, j)
