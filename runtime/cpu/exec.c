@@ -870,7 +870,10 @@ static void plan_direct_args(CpuProgram *p) {
  * that overlaps the bias or residual it reads, stay as they were.
  * Whether the provider fuses the epilogue is only known from its plans:
  * program_new undoes the ones it would run as a loop (gemm.c) unless
- * GRADC_GEMM_EPILOGUES=all; =off fuses none. */
+ * GRADC_GEMM_EPILOGUES=all; =off fuses none.  RESIDUAL is taken only with
+ * =all: oneDNN 2.6's binary-add post-op cost more than the kernel's pass
+ * it saves (tinygpt large's 2048x256x1024 projection: 16.0 vs 15.3 ms,
+ * bench/gemm_epilogue, docs/DECISIONS.md), the others win. */
 static bool bias_operand(const IrValue *x, const IrValue *c, int64_t N) {
   const IrShape *s = &x->type.shape;
   if (x->type.dtype != IR_DT_F32 || s->rank < 1 || s->rank > c->type.shape.rank || s->dim[s->rank - 1] != N ||
@@ -915,6 +918,7 @@ static void plan_epilogues(CpuProgram *p) {
   const IrFunc *f = p->f;
   const char *env = getenv("GRADC_GEMM_EPILOGUES");
   if (env && strcmp(env, "off") == 0) return;
+  bool all = env && strcmp(env, "all") == 0;
   int *uses = mem_calloc((size_t)f->nvalues + 1, sizeof(int));
   for (int k = 0; k < f->nops; k++)
     for (int j = 0; j < f->ops[k]->nargs; j++) uses[f->ops[k]->args[j]->id]++;
@@ -931,7 +935,7 @@ static void plan_epilogues(CpuProgram *p) {
     if (opi == f->nops) break;
     const IrValue *extra, *out;
     CpuGemmEpilogue e = match_epilogue(f, opi, c, g->N, &extra, &out);
-    if (e == CPU_EPI_NONE) continue;
+    if (e == CPU_EPI_NONE || (e == CPU_EPI_RESIDUAL && !all)) continue;
     int64_t lo = 0, hi = 0, a0, a1;
     value_bytes(out, &lo, &hi);
     if ((value_bytes(g->aroot, &a0, &a1) && overlaps(lo, hi, a0, a1)) ||
