@@ -14,7 +14,9 @@
  *            values: kp_views_find's group-0 transposes as flags, q read
  *            out of qkv, heads written into [B, T, C]), beta = 1 when the
  *            result is a gradient buffer; split over the pool, the BLAS
- *            single-threaded in each piece
+ *            single-threaded in each piece; the kernel after it as its
+ *            epilogue where it is only a bias, bias + relu/gelu or
+ *            residual add and the provider fuses it (plan_epilogues)
  *   copy     a collective on one rank
  *   loss     add the loss operand into its window loss
  *
