@@ -100,6 +100,8 @@ int cli_need_device(void) {
 
 int cli_launch_size(void) { return comm_launch_size(); }
 
+int cli_launch_rank(void) { return comm_launch_rank(); }
+
 void cli_abort_ranks(int rc) { comm_abort(rc); }
 
 int cli_check_ranks(const gradc_program *p) {

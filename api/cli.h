@@ -38,6 +38,8 @@ bool cli_is_artifact(const char *path);
 int cli_need_device(void);
 /* Processes the launcher started (mpirun -np N), 1 without one. */
 int cli_launch_size(void);
+/* This process's rank among them, 0 without a launcher. */
+int cli_launch_rank(void);
 /* A distributed run failed with rc: end the other ranks too (no-op alone). */
 void cli_abort_ranks(int rc);
 /* The launcher started as many processes as p has ranks (tp x dp): 0,

@@ -72,8 +72,9 @@ const char train_help[] =
     "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
     "  --checkpoint is written at the end and every --checkpoint-every steps, each time in one atomic\n"
     "  write (a run killed mid-write leaves the previous checkpoint whole, and the next run removes the\n"
-    "  dead run's temporary); --stop-after N ends this run after N steps, as Ctrl-C does after the\n"
-    "  current one.  Progress goes to stderr: a\n"
+    "  dead run's temporary); --stop-after N ends this run after N steps, as Ctrl-C (SIGINT, SIGTERM,\n"
+    "  SIGHUP) does after the current one.  Every output is checked before the first step: one that\n"
+    "  cannot be written, is not a regular file, or is an input's file is an error at once.  Progress goes to stderr: a\n"
     "  bar redrawn in place on a terminal, else a line every --print-every steps.  --log writes a\n"
     "  row per step (step, lr, each loss, total, grad_norm, elapsed_s) as CSV or JSON lines;\n"
     "  --plot draws the loss curves as SVG.  stdout stays empty.  --dp N trains on N data-parallel\n"
@@ -163,6 +164,12 @@ int cmd_data_text(int argc, char **argv) {
   if (!T) return error(1, "data text needs -T N, the context length (see gradc help data)");
   if (!output) return error(1, "data text needs -o DATA.safetensors (see gradc help data)");
   if (!stride) stride = T;
+  {
+    ToolsPath in[256];
+    for (int i = 0; i < nfiles; i++) in[i] = (ToolsPath){"a text file", files[i], NULL};
+    const ToolsPath out = {"-o", output, NULL};
+    if ((rc = tools_check_paths(in, nfiles, &out, 1))) return rc;
+  }
 
   char idx_name[256] = "idx", tgt_name[256] = "targets";
   if (names) {
@@ -1115,17 +1122,18 @@ static int keep_last_good(Run *r, bool state_good) {
   return 1;
 }
 
-/* The steps, until r->end or Ctrl-C (SIGINT/SIGTERM end the current step
- * first): feed, run, check the loss, step, log, report, checkpoint. */
+/* The steps, until r->end or Ctrl-C (SIGINT, SIGTERM and SIGHUP, which a
+ * closed terminal or ssh session sends, end the current step first): feed, run, check the loss, step, log, report, checkpoint. */
 static int run_steps(Run *r) {
   const TrainArgs *a = r->a;
   gradc_session *s = r->s;
-  struct sigaction sa, old_int, old_term;
+  struct sigaction sa, old_int, old_term, old_hup;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
 
   r->t0 = now_s();
   Progress pr = {.tty = r->lead && isatty(STDERR_FILENO) != 0, .first = r->step0, .total = a->steps, .t0 = r->t0,
@@ -1199,6 +1207,7 @@ static int run_steps(Run *r) {
   if (interrupted && pr.tty) fputc('\n', stderr);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
+  sigaction(SIGHUP, &old_hup, NULL);
   return rc;
 }
 
@@ -1269,9 +1278,32 @@ static int run_close(Run *r, int rc) {
   return rc;
 }
 
+/* Before compiling: every output can be written and none replaces an
+ * input (rank 0, which writes them, checks; its failure ends the run).
+ * --checkpoint may be --resume's file and --params-out --init's: they
+ * carry the same state on. */
+static int check_paths(const TrainArgs *a) {
+  if (cli_launch_rank() != 0) return 0;
+  const ToolsPath in[] = {{"the model", a->model, NULL},
+                          {"--data", a->data, NULL},
+                          {"--init", a->init, NULL},
+                          {"--resume", a->resume, NULL}};
+  const ToolsPath out[] = {{"--checkpoint", a->checkpoint, "--resume"},
+                           {"--params-out", a->params_out, "--init"},
+                           {"--log", a->log, NULL},
+                           {"--plot", a->plot, NULL},
+                           {"--trace", a->trace, NULL}};
+  return tools_check_paths(in, 4, out, 5);
+}
+
 static int train(const TrainArgs *a) {
+  int rc = check_paths(a);
+  if (rc) {
+    cli_abort_ranks(rc);
+    return rc;
+  }
   Run r = {.a = a, .lead = true, .ckpt_step = -1};
-  int rc = run_open(&r);
+  rc = run_open(&r);
   if (!rc) {
     if (r.lead) announce(&r);
     if (r.step0 >= a->steps) {
