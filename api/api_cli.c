@@ -636,6 +636,35 @@ void cli_tensors_free(cli_tensors *f) {
   free(f);
 }
 
+int cli_check_dataset_indices(const gradc_program *p, const cli_tensors *data, const char *path) {
+  const IrFunc *f = p->func;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    InterpIndexRange r;
+    if (!interp_index_range(op, &r)) continue;
+    const IrValue *x = op->args[interp_index_operand(op)];
+    if (x->def || x->role != IR_ARG_INPUT) continue; /* computed indices: the window's check */
+    const StTensor *t = st_find(&data->st, x->name);
+    if (!t || (t->dtype != ST_I32 && t->dtype != ST_I64)) continue;
+    int64_t n = st_numel(t), row = x->batched && t->rank > 0 && t->shape[0] > 0 ? n / t->shape[0] : 0;
+    for (int64_t k = 0; k < n; k++) {
+      int64_t v = t->dtype == ST_I32 ? ((const int32_t *)t->data)[k] : ((const int64_t *)t->data)[k];
+      if ((r.ignorable && v == r.ignore) || (v >= 0 && v < r.hi)) continue;
+      char at[64] = "", where[512] = "";
+      if (row) {
+        int m = snprintf(at, sizeof at, ", sample %lld", (long long)(k / row));
+        if (row > 1) snprintf(at + m, sizeof at - (size_t)m, " (element %lld of it)", (long long)(k % row));
+      } else {
+        snprintf(at, sizeof at, ", element %lld", (long long)k);
+      }
+      if (op->loc.file) snprintf(where, sizeof where, " at %s:%d:%d", op->loc.file, op->loc.line, op->loc.col);
+      return fail("%s: tensor '%s'%s: %s %lld out of range [0, %lld) (%s%s)", path, t->name, at, r.what, (long long)v,
+                  (long long)r.hi, ir_op_info[op->opcode].name, where);
+    }
+  }
+  return 0;
+}
+
 bool cli_tensors_read(cli_tensors *f, const char *path, char *err, size_t errlen) {
   st_free(&f->st);
   st_init(&f->st);

@@ -149,6 +149,13 @@ int cli_tensors_find(const cli_tensors *f, const char *name); /* its index, or -
 void cli_tensors_add(cli_tensors *f, const char *name, gradc_dtype dt, int rank, const int64_t *shape,
                      const void *data);
 const char *cli_tensors_meta(const cli_tensors *f, const char *key); /* NULL if absent */
+/* Every value of a dataset tensor that p takes as indices directly (an
+ * input that is cross_entropy's targets, embedding's rows) is in range,
+ * so that training refuses a bad one at once, naming its sample in the
+ * dataset rather than an element of some window: 0, else
+ * `gradc: error: PATH: tensor 'y', sample 37: target 7 out of range [0, 3)
+ * (cross_entropy at m.gdl:10:13)` and 1. */
+int cli_check_dataset_indices(const gradc_program *p, const cli_tensors *data, const char *path);
 void cli_tensors_set_meta(cli_tensors *f, const char *key, const char *value);
 
 #endif

@@ -27,6 +27,7 @@ typedef struct StFile {
   /* __metadata__: string -> string pairs */
   char **meta_key, **meta_val;
   int nmeta;
+  char *path; /* the file st_read read (malloc'd), for messages; NULL when built in memory */
 } StFile;
 
 void st_init(StFile *f);
@@ -85,6 +86,16 @@ void interp_free(InterpState *st);
  * before any micro-batch runs, so every back end rejects a bad index with
  * the same message instead of computing with it. */
 int interp_index_operand(const IrOp *op);
+/* The range an op's indices must lie in: [0, hi), and whether the
+ * ignore_index value is let through; what names them ("target" for
+ * cross_entropy's, else "index").  False for an op without indices. */
+typedef struct InterpIndexRange {
+  int64_t hi;
+  bool ignorable;
+  int64_t ignore;
+  const char *what;
+} InterpIndexRange;
+bool interp_index_range(const IrOp *op, InterpIndexRange *r);
 
 /* ------------------------------------------------------------------ */
 /* window.c: what every executor does the same way in a window          */

@@ -1000,6 +1000,8 @@ static int run_open(Run *r) {
   r->h.loss = mem_calloc((size_t)r->h.nl, sizeof *r->h.loss);
   r->loss = mem_calloc((size_t)r->h.nl, sizeof *r->loss);
   if ((rc = data_open(&r->d, a->data, p))) return rc;
+  /* A target out of range is named by its sample in --data, before the first step. */
+  if ((rc = cli_check_dataset_indices(p, r->d.st, a->data))) return rc;
 
   gradc_status st = gradc_session_new(p, &r->s);
   if (st != GRADC_OK) return cli_report(st);

@@ -72,6 +72,7 @@ void st_free(StFile *f) {
   }
   free(f->meta_key);
   free(f->meta_val);
+  free(f->path);
   st_init(f);
 }
 
@@ -398,6 +399,7 @@ bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   if (!buf) return errf(err, errlen, "%s: %s", path, why);
   bool ok = parse_file(path, buf, len, out, err, errlen);
   free(buf);
+  if (ok) out->path = mem_strdup(path);
   return ok;
 }
 

@@ -21,7 +21,9 @@
  *     that is an input's file (through links) is refused, and one that
  *     cannot be written is an error before the first step;
  *   - SIGHUP ends `train` after the current step, with its checkpoint, as
- *     SIGINT and SIGTERM do. */
+ *     SIGINT and SIGTERM do;
+ *   - messages name files: a params or inputs file that does not fit the
+ *     model, and a target out of range by its sample in the dataset. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -819,6 +821,39 @@ static void test_sighup_ends_the_run_with_its_checkpoint(void **state) {
   assert_int_equal(count_temps(), 0);
 }
 
+/* ---- messages name the file ---- */
+
+static void test_messages_name_the_file(void **state) {
+  (void)state;
+  writer_inputs();
+  fails_with("run tiny.gdl --params w.safetensors --inputs w.safetensors",
+             "gradc: error: w.safetensors: tensor 'x': not a param of the model");
+  fails_with("run tiny.gdl --params p.safetensors --inputs p.safetensors",
+             "gradc: error: p.safetensors: tensor 'W1': not an input of the model");
+  gradc_ok("data random tiny.gdl -D B=8 -o w8.safetensors");
+  fails_with("run tiny.gdl --params p.safetensors --inputs w8.safetensors",
+             "gradc: error: w8.safetensors: tensor 'x': expected f32[4,6], got f32[8,6]");
+
+  /* Sample 37 of 64 has target 7 of 3 classes: the error names it, in
+   * the dataset, before the first step (not element 1 of step 10's window). */
+  StFile f;
+  char err[1024];
+  if (!st_read(in_dir("data.safetensors"), &f, err, sizeof err)) fail_msg("%s", err);
+  StTensor *y = (StTensor *)st_find(&f, "y");
+  assert_non_null(y);
+  assert_int_equal(y->dtype, ST_I32);
+  ((int32_t *)y->data)[37] = 7;
+  assert_true(st_write(in_dir("bad.safetensors"), &f, err, sizeof err));
+  st_free(&f);
+  char *out;
+  assert_int_equal(gradc("train tiny.gdl --data bad.safetensors --steps 40 --gas 2", &out), 1);
+  if (!strstr(out, "gradc: error: bad.safetensors: tensor 'y', sample 37: target 7 out of range [0, 3) "
+                   "(cross_entropy at tiny.gdl:10:13)") ||
+      strstr(out, "step "))
+    fail_msg("%s", out);
+  free(out);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stale_temps_of_dead_writers_only),
@@ -834,6 +869,7 @@ int main(void) {
       cmocka_unit_test(test_outputs_never_replace_inputs),
       cmocka_unit_test(test_unwritable_outputs_fail_before_the_first_step),
       cmocka_unit_test(test_sighup_ends_the_run_with_its_checkpoint),
+      cmocka_unit_test(test_messages_name_the_file),
       cmocka_unit_test(test_checkpoint_survives_kill_9),
   };
   /* GRADC_TEST_FILTER=test_outputs* runs the tests matching a pattern. */

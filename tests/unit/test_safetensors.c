@@ -88,7 +88,7 @@ static void test_safetensors_round_trips_every_dtype(void **state) {
   int64_t s23[2] = {2, 3}, s4[1] = {4}, s22[2] = {2, 2}, s3[1] = {3}, s2[1] = {2}, s03[2] = {0, 3};
   st_add(&f, "w.f32", ST_F32, 2, s23, f32);
   st_add(&f, "scalar", ST_F64, 0, NULL, &f64);
-  st_add(&f, "b\"f\\16\n", ST_BF16, 1, s4, bf16); /* a name that needs JSON escapes */
+  st_add(&f, "b\"f\\16", ST_BF16, 1, s4, bf16); /* a name that needs JSON escapes (control characters are refused) */
   st_add(&f, "h", ST_F16, 2, s22, f16);
   st_add(&f, "i", ST_I32, 1, s3, i32);
   st_add(&f, "targets", ST_I64, 1, s2, i64);
