@@ -115,6 +115,90 @@ int cli_check_ranks(const gradc_program *p) {
               launched, launched, p->tp, p->dp, ranks, launched);
 }
 
+/* One collective answer: whether every rank holds v; rank 0's value and
+ * the first other rank's into *v0, *vd (that rank into *rank). */
+static bool agree_one(Comm *c, uint64_t v, int *rank, uint64_t *v0, uint64_t *vd, bool *same) {
+  char err[1024];
+  if (!comm_agree(&c->world, v, rank, v0, vd, err, sizeof err)) return fail("%s", err), false;
+  *same = *rank < 0;
+  return true;
+}
+
+static void show_item(const cli_agree_item *it, uint64_t v, char *buf, size_t n) {
+  double d;
+  switch (it->kind) {
+  case CLI_AGREE_INT: snprintf(buf, n, "%lld", (long long)v); break;
+  case CLI_AGREE_REAL:
+    memcpy(&d, &v, sizeof d);
+    if (isnan(d)) snprintf(buf, n, "the default"); /* not given */
+    else fmt_double(buf, n, d);
+    break;
+  case CLI_AGREE_FLAG: snprintf(buf, n, "%s", v ? "on" : "off"); break;
+  case CLI_AGREE_HASH: snprintf(buf, n, "hash %016llx", (unsigned long long)v); break;
+  }
+}
+
+static uint64_t tensor_hash(const StTensor *t, uint64_t h) {
+  h = hash_bytes(t->name, strlen(t->name) + 1, h);
+  h = hash_bytes(&t->dtype, sizeof t->dtype, h);
+  h = hash_bytes(t->shape, sizeof(int64_t) * (size_t)t->rank, h);
+  return hash_bytes(t->data, t->nbytes, h);
+}
+
+int cli_agree(gradc_session *s, const cli_agree_item *items, int n, bool params) {
+  Comm *c = s->p->comm;
+  if (!c || c->size <= 1) return 0;
+  bool lead = c->rank == 0, same;
+  int rank;
+  uint64_t v0, vd;
+  /* One collective when all is well; one per item to name what differs. */
+  uint64_t all = hash_bytes(&n, sizeof n, HASH_SEED);
+  for (int i = 0; i < n; i++) all = hash_bytes(&items[i].v, sizeof items[i].v, hash_str(items[i].what) ^ all);
+  if (params) {
+    all = hash_bytes(&s->step, sizeof s->step, all);
+    for (int i = 0; i < s->params.n; i++) all = tensor_hash(&s->params.t[i], all);
+  }
+  if (!agree_one(c, all, &rank, &v0, &vd, &same)) return 1;
+  if (same) return 0;
+  for (int i = 0; i < n; i++) {
+    if (!agree_one(c, items[i].v, &rank, &v0, &vd, &same)) return 1;
+    if (same) continue;
+    if (lead) {
+      char a[64], b[64];
+      show_item(&items[i], vd, a, sizeof a);
+      show_item(&items[i], v0, b, sizeof b);
+      fail("ranks disagree on %s: rank %d: %s, rank 0: %s; every rank must be started with the same "
+           "model, flags and files", items[i].what, rank, a, b);
+    }
+    return 1;
+  }
+  if (params) {
+    if (!agree_one(c, (uint64_t)s->step, &rank, &v0, &vd, &same)) return 1;
+    if (!same) {
+      if (lead)
+        fail("ranks disagree on the step they start at (--resume): rank %d is at step %lld, rank 0 at %lld", rank,
+             (long long)vd, (long long)v0);
+      return 1;
+    }
+    for (int i = 0; i < s->params.n; i++) {
+      if (!agree_one(c, tensor_hash(&s->params.t[i], HASH_SEED), &rank, &v0, &vd, &same)) return 1;
+      if (same) continue;
+      if (lead)
+        fail("ranks disagree on the initial value of param '%s': rank %d's differs from rank 0's (hash %016llx, "
+             "rank 0 %016llx); give every rank the same --init, --resume and --seed", s->params.t[i].name, rank,
+             (unsigned long long)vd, (unsigned long long)v0);
+      return 1;
+    }
+  }
+  if (lead) fail("ranks disagree (rank %d), on what this rank cannot tell", rank);
+  return 1;
+}
+
+uint64_t cli_program_hash(const gradc_program *p) {
+  uint64_t h = hash_str(p->source ? p->source : "");
+  return hash_str(p->ir_text ? p->ir_text : "") ^ (h * 0x100000001b3ull);
+}
+
 /* ------------------------------------------------------------------ */
 /* dtypes                                                              */
 /* ------------------------------------------------------------------ */
@@ -634,6 +718,12 @@ void cli_tensors_free(cli_tensors *f) {
   if (!f) return;
   st_free(&f->st);
   free(f);
+}
+
+uint64_t cli_tensors_hash(const cli_tensors *f) {
+  uint64_t h = HASH_SEED;
+  for (int i = 0; i < f->st.n; i++) h = tensor_hash(&f->st.t[i], h);
+  return h;
 }
 
 int cli_check_dataset_indices(const gradc_program *p, const cli_tensors *data, const char *path) {

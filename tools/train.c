@@ -987,6 +987,52 @@ typedef struct Run {
   bool above_max;    /* --max-loss: the last step's loss was above it */
 } Run;
 
+static uint64_t real_bits(double d) {
+  uint64_t v;
+  memcpy(&v, &d, sizeof v);
+  return v;
+}
+
+static uint64_t str_hash(const char *s) { return s ? hash_str(s) : 0; }
+
+/* A distributed run: every rank was started with rank 0's model, flags and
+ * dataset (before any other collective, so that ranks that differ stop
+ * with a message instead of waiting for each other), and, once the params
+ * are set, holds rank 0's step and params. */
+static int agree_ranks(Run *r, bool params) {
+  const TrainArgs *a = r->a;
+  const gradc_program *p = r->p;
+  const cli_agree_item items[] = {
+      {"--steps", CLI_AGREE_INT, (uint64_t)a->steps},
+      {"--stop-after", CLI_AGREE_INT, (uint64_t)a->stop_after},
+      {"--zero1", CLI_AGREE_FLAG, r->zero1},
+      {"--bucket-mb", CLI_AGREE_INT, (uint64_t)a->bucket_bytes},
+      {"--gas", CLI_AGREE_INT, (uint64_t)gradc_program_gas(p)},
+      {"--target", CLI_AGREE_HASH, str_hash(cli_program_target(p))},
+      {"the model (its text, -D sizes, --dp, --tp)", CLI_AGREE_HASH, cli_program_hash(p)},
+      {"--data (the dataset's tensors)", CLI_AGREE_HASH, cli_tensors_hash(r->d.st)},
+      {"--seed", CLI_AGREE_INT, a->seed},
+      {"--optimizer", CLI_AGREE_INT, (uint64_t)a->kind},
+      {"--lr", CLI_AGREE_REAL, real_bits(a->lr_set ? a->lr : NAN)},
+      {"--momentum", CLI_AGREE_REAL, real_bits(a->momentum)},
+      {"--dampening", CLI_AGREE_REAL, real_bits(a->dampening)},
+      {"--nesterov", CLI_AGREE_FLAG, a->nesterov},
+      {"--beta1", CLI_AGREE_REAL, real_bits(a->beta1_set ? a->beta1 : NAN)},
+      {"--beta2", CLI_AGREE_REAL, real_bits(a->beta2_set ? a->beta2 : NAN)},
+      {"--eps", CLI_AGREE_REAL, real_bits(a->eps_set ? a->eps : NAN)},
+      {"--weight-decay", CLI_AGREE_REAL, real_bits(a->wd_set ? a->weight_decay : NAN)},
+      {"--clip", CLI_AGREE_REAL, real_bits(a->clip)},
+      {"--warmup", CLI_AGREE_INT, (uint64_t)a->warmup},
+      {"--schedule", CLI_AGREE_HASH, str_hash(a->schedule)},
+      {"--min-lr", CLI_AGREE_REAL, real_bits(a->min_lr)},
+      {"--no-decay", CLI_AGREE_HASH, str_hash(a->no_decay)},
+      {"--decay-1d", CLI_AGREE_FLAG, a->decay_1d},
+      {"--checkpoint-every", CLI_AGREE_INT, (uint64_t)a->checkpoint_every},
+      {"--nan-policy", CLI_AGREE_FLAG, a->nan_skip},
+  };
+  return cli_agree(r->s, items, (int)(sizeof items / sizeof *items), params);
+}
+
 /* The program, the dataset, a session with its optimiser and params (from
  * --resume, --init or the declared init), and the log. */
 static int run_open(Run *r) {
@@ -1007,6 +1053,7 @@ static int run_open(Run *r) {
   if (st != GRADC_OK) return cli_report(st);
   gradc_session *s = r->s;
   r->lead = gradc_session_rank(s) == 0;
+  if ((rc = agree_ranks(r, false))) return rc;
   if (r->lead) remove_dead_temps(a);
   if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
   if ((rc = set_optimizer(a, s))) return rc;
@@ -1034,7 +1081,7 @@ static int run_open(Run *r) {
     st = gradc_session_init_params(s, a->seed);
     rc = st == GRADC_OK ? 0 : cli_report(st);
   }
-  if (rc) return rc;
+  if (rc || (rc = agree_ranks(r, true))) return rc;
 
   r->step0 = r->step = gradc_session_step_count(s);
   r->end = a->steps;
