@@ -39,6 +39,8 @@ size_t st_dtype_size(StDType dt);
  * non-overlapping, sizes match shapes).  On failure writes "FILE: reason"
  * to err and returns false. */
 bool st_read(const char *path, StFile *out, char *err, size_t errlen);
+/* st_read of a file already in memory; name stands for its path. */
+bool st_parse(const char *name, const void *buf, size_t size, StFile *out, char *err, size_t errlen);
 /* Write atomically: a temporary file in the same directory, fsync, rename. */
 bool st_write(const char *path, const StFile *f, char *err, size_t errlen);
 /* Add a tensor (data copied). */

@@ -391,6 +391,13 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
   return true;
 }
 
+bool st_parse(const char *name, const void *buf, size_t size, StFile *out, char *err, size_t errlen) {
+  st_init(out);
+  bool ok = parse_file(name, buf, size, out, err, errlen);
+  if (ok) out->path = mem_strdup(name);
+  return ok;
+}
+
 bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   st_init(out);
   const char *why;

@@ -23,7 +23,11 @@
  *   - SIGHUP ends `train` after the current step, with its checkpoint, as
  *     SIGINT and SIGTERM do;
  *   - messages name files: a params or inputs file that does not fit the
- *     model, and a target out of range by its sample in the dataset. */
+ *     model, and a target out of range by its sample in the dataset;
+ *   - malformed files (tests/fuzz/malformed: bad safetensors headers,
+ *     artifacts and checkpoints, some behind a valid checksum; and every
+ *     truncation and byte flip of an artifact) are errors, exit 1, never a
+ *     crash. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -854,6 +858,71 @@ static void test_messages_name_the_file(void **state) {
   free(out);
 }
 
+/* ---- malformed files ---- */
+
+/* gradc ARGS on a malformed file: exit 1 and an error naming it (a file
+ * cut before the artifact magic reads as model source: FILE:1:1: error). */
+static void refused(const char *args, const char *file) {
+  char *err;
+  int rc = gradc(args, &err);
+  if (rc != 1 || !strstr(err, "error: ") || !strstr(err, file))
+    fail_msg("gradc %s: exit %d (wanted 1, an error naming %s):\n%s", args, rc, file, err);
+  free(err);
+}
+
+static void test_malformed_files_are_errors(void **state) {
+  (void)state;
+  writer_inputs();
+  const char *mdir = tu_path("tests/fuzz/malformed");
+  DIR *d = opendir(mdir);
+  assert_non_null(d);
+  char args[2048], file[1024];
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *name = e->d_name;
+    size_t len = strlen(name);
+    if (name[0] == '.') continue;
+    snprintf(file, sizeof file, "%s/%s", mdir, name);
+    if (len > 4 && strcmp(name + len - 4, ".gca") == 0) {
+      snprintf(args, sizeof args, "run '%s' --params p.safetensors --inputs w.safetensors", file);
+      refused(args, name);
+    } else if (strncmp(name, "ck-", 3) == 0) {
+      snprintf(args, sizeof args, "train tiny.gdl --data data.safetensors --steps 3 --resume '%s'", file);
+      refused(args, name);
+    } else {
+      snprintf(args, sizeof args, "run tiny.gdl --params '%s' --inputs w.safetensors", file);
+      refused(args, name);
+      snprintf(args, sizeof args, "run tiny.gdl --params p.safetensors --inputs '%s'", file);
+      refused(args, name);
+      snprintf(args, sizeof args, "train tiny.gdl --data '%s' --steps 1", file);
+      refused(args, name);
+    }
+    n++;
+  }
+  closedir(d);
+  assert_true(n >= 30);
+
+  /* Every 61st truncation and byte flip of an artifact: the checksum
+   * catches each one. */
+  gradc_ok("compile tiny.gdl --target ref -o good.gca");
+  size_t len;
+  const char *why;
+  char *good = read_file(in_dir("good.gca"), &len, &why);
+  assert_non_null(good);
+  for (size_t at = 0; at < len; at += 61) {
+    for (int flip = 0; flip < 2; flip++) {
+      FILE *f = fopen(in_dir("bad.gca"), "wb");
+      assert_non_null(f);
+      if (flip) good[at] ^= 0x20;
+      assert_int_equal(fwrite(good, 1, flip ? len : at, f), flip ? len : at);
+      if (flip) good[at] ^= 0x20;
+      assert_int_equal(fclose(f), 0);
+      refused("run bad.gca --params p.safetensors --inputs w.safetensors", "bad.gca");
+    }
+  }
+  free(good);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stale_temps_of_dead_writers_only),
@@ -870,6 +939,7 @@ int main(void) {
       cmocka_unit_test(test_unwritable_outputs_fail_before_the_first_step),
       cmocka_unit_test(test_sighup_ends_the_run_with_its_checkpoint),
       cmocka_unit_test(test_messages_name_the_file),
+      cmocka_unit_test(test_malformed_files_are_errors),
       cmocka_unit_test(test_checkpoint_survives_kill_9),
   };
   /* GRADC_TEST_FILTER=test_outputs* runs the tests matching a pattern. */
