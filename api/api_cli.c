@@ -145,8 +145,11 @@ static uint64_t tensor_hash(const StTensor *t, uint64_t h) {
   return hash_bytes(t->data, t->nbytes, h);
 }
 
-int cli_agree(gradc_session *s, const cli_agree_item *items, int n, bool params) {
-  Comm *c = s->p->comm;
+/* cli_agree over c, for a state of step `step` and tensors st (NULL: the
+ * items only); `state` names the tensors in messages ("param", "tensor of
+ * --params"). */
+static int agree(Comm *c, const cli_agree_item *items, int n, const int64_t *step, const StFile *st,
+                 const char *state) {
   if (!c || c->size <= 1) return 0;
   bool lead = c->rank == 0, same;
   int rank;
@@ -154,10 +157,8 @@ int cli_agree(gradc_session *s, const cli_agree_item *items, int n, bool params)
   /* One collective when all is well; one per item to name what differs. */
   uint64_t all = hash_bytes(&n, sizeof n, HASH_SEED);
   for (int i = 0; i < n; i++) all = hash_bytes(&items[i].v, sizeof items[i].v, hash_str(items[i].what) ^ all);
-  if (params) {
-    all = hash_bytes(&s->step, sizeof s->step, all);
-    for (int i = 0; i < s->params.n; i++) all = tensor_hash(&s->params.t[i], all);
-  }
+  if (step) all = hash_bytes(step, sizeof *step, all);
+  for (int i = 0; st && i < st->n; i++) all = tensor_hash(&st->t[i], all);
   if (!agree_one(c, all, &rank, &v0, &vd, &same)) return 1;
   if (same) return 0;
   for (int i = 0; i < n; i++) {
@@ -172,26 +173,31 @@ int cli_agree(gradc_session *s, const cli_agree_item *items, int n, bool params)
     }
     return 1;
   }
-  if (params) {
-    if (!agree_one(c, (uint64_t)s->step, &rank, &v0, &vd, &same)) return 1;
+  if (step) {
+    if (!agree_one(c, (uint64_t)*step, &rank, &v0, &vd, &same)) return 1;
     if (!same) {
       if (lead)
         fail("ranks disagree on the step they start at (--resume): rank %d is at step %lld, rank 0 at %lld", rank,
              (long long)vd, (long long)v0);
       return 1;
     }
-    for (int i = 0; i < s->params.n; i++) {
-      if (!agree_one(c, tensor_hash(&s->params.t[i], HASH_SEED), &rank, &v0, &vd, &same)) return 1;
-      if (same) continue;
-      if (lead)
-        fail("ranks disagree on the initial value of param '%s': rank %d's differs from rank 0's (hash %016llx, "
-             "rank 0 %016llx); give every rank the same --init, --resume and --seed", s->params.t[i].name, rank,
-             (unsigned long long)vd, (unsigned long long)v0);
-      return 1;
-    }
+  }
+  /* Every rank holds the same tensors (the items agreed on the model). */
+  for (int i = 0; st && i < st->n; i++) {
+    if (!agree_one(c, tensor_hash(&st->t[i], HASH_SEED), &rank, &v0, &vd, &same)) return 1;
+    if (same) continue;
+    if (lead)
+      fail("ranks disagree on the %s '%s': rank %d's differs from rank 0's (hash %016llx, rank 0 %016llx)%s",
+           state, st->t[i].name, rank, (unsigned long long)vd, (unsigned long long)v0,
+           step ? "; give every rank the same --init, --resume and --seed" : "");
+    return 1;
   }
   if (lead) fail("ranks disagree (rank %d), on what this rank cannot tell", rank);
   return 1;
+}
+
+int cli_agree(gradc_session *s, const cli_agree_item *items, int n, bool params) {
+  return agree(s->p->comm, items, n, params ? &s->step : NULL, params ? &s->params : NULL, "initial value of param");
 }
 
 uint64_t cli_program_hash(const gradc_program *p) {
@@ -513,6 +519,21 @@ static void drop_optim_state(StFile *f) {
 
 void cli_set_draws(gradc_program *p, uint64_t seed, uint64_t step) { api_set_draws(p, seed, step); }
 
+/* A distributed run: every rank has rank 0's model and files (before the
+ * window's collectives, which ranks that differ would wait in). */
+static int agree_files(gradc_program *p, const StFile *params, const StFile *inputs) {
+  uint64_t hi = HASH_SEED;
+  for (int i = 0; i < inputs->n; i++) hi = tensor_hash(&inputs->t[i], hi);
+  const cli_agree_item items[] = {
+      {"the model (its text, -D sizes, --gas, --dp, --tp)", CLI_AGREE_HASH, cli_program_hash(p)},
+      {"--target", CLI_AGREE_HASH, hash_str(p->target)},
+      {"--seed and --step (the random draws)", CLI_AGREE_HASH,
+       hash_bytes(&p->draw_step, sizeof p->draw_step, hash_bytes(&p->draw_seed, sizeof p->draw_seed, HASH_SEED))},
+      {"--inputs (the window's tensors)", CLI_AGREE_HASH, hi},
+  };
+  return agree(p->comm, items, (int)(sizeof items / sizeof *items), NULL, params, "tensor of --params");
+}
+
 int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, const char *grads_out,
             const char *outputs_out, const char *buffers_out, const char *trace_path, bool allow_tf32) {
 #ifdef GRADC_HAVE_CUDA
@@ -535,6 +556,10 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
   StepResult r;
   if (!st_read(params_path, &params, err, sizeof err) || !st_read(inputs_path, &inputs, err, sizeof err)) {
     rc = fail("%s", err);
+  } else if ((int64_t)p->dp * p->tp > 1 && !api_dist_start(p, err, sizeof err)) {
+    rc = fail("%s", err);
+  } else if ((rc = agree_files(p, &params, &inputs))) {
+    /* ranks given different files: said on rank 0 */
   } else if (drop_optim_state(&params), !api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
     rc = fail("%s", err);
   } else {

@@ -135,6 +135,13 @@ static void test_dp_cli_ranks_that_disagree_stop(void **state) {
   disagree(RUN, "mlp.gdl --data other.i.st --steps 3", "gradc: error: ranks disagree on --data (the dataset's tensors)");
   disagree(RUN, "mlp2.gdl --data mlp.i.st --steps 3", "gradc: error: ranks disagree on the model");
 #undef RUN
+  /* gradc run: the same files on every rank. */
+  const char *run = "run mlp.gdl " MLP_DEFS " --dp 2 --threads 1 --inputs mlp.i.st";
+  int rc = tu_sh(out, sizeof out, "cd %s && timeout 120 env " MPIRUN " -np 1 %s %s --params mlp.p.st : -np 1 %s %s "
+                 "--params other.p.st", tmpdir, GRADC_BINARY, run, GRADC_BINARY, run);
+  if (rc == 0 || rc == 124 || !strstr(out, "gradc: error: ranks disagree on the tensor of --params 'W1': rank 1's "
+                                           "differs from rank 0's"))
+    fail_msg("run with two params files: exit %d\n%s", rc, out);
 }
 
 int main(void) {
