@@ -223,7 +223,10 @@ bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inp
   bool dist = p->comm != NULL, ok;
   if (dist) step_dp_begin(&p->stepdp);
   step_set_draws(p->draw_seed, p->draw_step); /* the executors' rng.state (window.c) */
-  ok = p->backend->run(p->prog, p->gas, params, "params", inputs, "inputs", r, err, errlen);
+  /* Messages name the files the tensors came from (gradc run's), else
+   * what they are (a session's, built in memory). */
+  ok = p->backend->run(p->prog, p->gas, params, params->path ? params->path : "the session's params", inputs,
+                       inputs->path ? inputs->path : "the session's inputs", r, err, errlen);
   if (ok && p->zero) {
     if (!r->dp_reduced) r->dp_reduced = calloc((size_t)r->ngrads + 1, sizeof(bool));
     if (!r->dp_reduced) abort();

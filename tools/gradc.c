@@ -360,6 +360,17 @@ static int cmd_run(const Args *a) {
   return rc;
 }
 
+/* Before any work: the outputs can be written and none replaces an input
+ * (rank 0 of a distributed run writes them, and checks). */
+static int check_paths(const Args *a) {
+  if (cli_launch_rank() != 0) return 0;
+  const ToolsPath in[] = {{"the model", a->input, NULL}, {"--params", a->params, NULL}, {"--inputs", a->inputs, NULL}};
+  const ToolsPath out[] = {{"-o", a->output, NULL},           {"--grads-out", a->grads_out, NULL},
+                           {"--outputs-out", a->outputs_out, NULL}, {"--buffers-out", a->buffers_out, NULL},
+                           {"--trace", a->trace, NULL},       {"--dot", a->dot, NULL}};
+  return tools_check_paths(in, 3, out, 6);
+}
+
 /* `infer`: run's window, forward only (the flags that ask for gradients are refused). */
 static int cmd_infer(const Args *a) {
   if (!a->params) return usage_error("infer needs --params PARAMS.safetensors%s", "");
@@ -410,7 +421,11 @@ int main(int argc, char **argv) {
     argc--;
   }
   int rc = parse_args(argc, argv, &a);
-  if (rc) return rc;
+  if (!rc) rc = check_paths(&a);
+  if (rc) {
+    defines_free(&a.defs);
+    return rc;
+  }
   if (strcmp(a.cmd, "infer") == 0) a.forward_only = true;
   tools_set_link(a.link_latency_us, a.link_gbps);
   if (strcmp(a.cmd, "check") == 0) rc = cmd_check(&a);
