@@ -267,6 +267,9 @@ static gradc_status check_options(const gradc_compile_options *o) {
     return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: %s)", o->target,
                     rt_backend_targets(targets, sizeof targets));
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
+  if (o->precision && strcmp(o->precision, "f32") != 0 && strcmp(o->precision, "bf16") != 0 &&
+      strcmp(o->precision, "f16") != 0)
+    return api_fail(GRADC_ERR_USER, "gradc: error: unknown precision '%s' (expected f32, bf16 or f16)", o->precision);
   if (o->dp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: dp must be at least 1 (got %d)", o->dp);
   if (o->tp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: tp must be at least 1 (got %d)", o->tp);
   if (o->bucket_bytes < 0)
@@ -299,6 +302,10 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
   p->no_overlap = o->no_overlap != 0;
   p->bucket_bytes = o->bucket_bytes;
   p->zero1 = o->zero1 != 0 && p->dp > 1;
+  p->precision = !o->precision ? IR_DT_F32
+                 : strcmp(o->precision, "bf16") == 0 ? IR_DT_BF16
+                 : strcmp(o->precision, "f16") == 0  ? IR_DT_F16
+                                                     : IR_DT_F32;
   p->ndefs = o->ndefs;
   p->def_names = ARENA_ARRAY(&p->arena, const char *, o->ndefs + 1);
   p->def_values = ARENA_ARRAY(&p->arena, int64_t, o->ndefs + 1);
@@ -399,7 +406,8 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
                     .no_overlap = p->no_overlap,
                     .bucket_bytes = p->bucket_bytes,
                     .zero1 = p->zero1,
-                    .no_inplace = p->backend->no_inplace};
+                    .no_inplace = p->backend->no_inplace,
+                    .precision = p->precision};
   int rc = pm_run(&pm, p->func, names, n, &po);
   if (pmo) *pmo = pm; /* the caller reads the per-pass times */
   if (rc == 1) {
@@ -535,6 +543,7 @@ static char *meta_json(const gradc_program *p) {
   cJSON_AddBoolToObject(m, "no_overlap", p->no_overlap);
   cJSON_AddNumberToObject(m, "bucket_bytes", (double)p->bucket_bytes);
   cJSON_AddBoolToObject(m, "zero1", p->zero1);
+  cJSON_AddStringToObject(m, "precision", ir_dtype_name(p->precision));
   cJSON_AddNumberToObject(m, "threads", p->threads);
   cJSON_AddBoolToObject(m, "no_cache", p->no_cache);
   cJSON *defs = cJSON_AddArrayToObject(m, "defs");
@@ -700,6 +709,9 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   p->sequence_parallel = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "sequence_parallel"));
   p->no_overlap = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_overlap"));
   p->zero1 = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "zero1")) && p->dp > 1;
+  const cJSON *prec = cJSON_GetObjectItemCaseSensitive(m, "precision"); /* absent before mixed precision: f32 */
+  p->precision = IR_DT_F32;
+  if (cJSON_IsString(prec) && !ir_dtype_parse(prec->valuestring, strlen(prec->valuestring), &p->precision)) goto done;
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);

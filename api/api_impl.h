@@ -78,6 +78,7 @@ struct gradc_program {
   Comm *comm;
   StepDp stepdp;
   bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
+  IrDType precision;       /* --precision: IR_DT_F32, IR_DT_BF16 or IR_DT_F16 (f16: dynamic loss scaling) */
   ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
   uint64_t draw_seed, draw_step; /* the random draws of the next windows (api_set_draws) */
 };

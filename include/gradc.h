@@ -68,6 +68,11 @@ typedef struct gradc_compile_options {
   int no_training;    /* 1: the model's flag `training` is false (`if training { .. } else { .. }` takes
                          the else branch) and `update` statements are checked but not compiled: for
                          forward-only use.  0 (the default): training, as run, train and bench */
+  const char *precision; /* mixed precision, as PyTorch's autocast: "bf16" or "f16" runs the f32 model's
+                            GEMMs (matmul, convolution) in that type with f32 accumulation, everything else
+                            (reductions, norms, softmax, losses, the optimiser) in f32, with f32 master
+                            weights and gradients; "f16" also scales the loss dynamically (the session's
+                            loss scale, gradc_session_loss_scale).  NULL or "f32" (the default): f32 */
 } gradc_compile_options;
 
 GRADC_API void gradc_compile_options_init(gradc_compile_options *o);

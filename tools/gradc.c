@@ -38,6 +38,7 @@ typedef struct Args {
   double bucket_mb;         /* --bucket-mb X */
   int64_t bucket_bytes;     /* ... in bytes */
   const char *trace;        /* --trace FILE.json */
+  const char *precision;    /* --precision f32|bf16|f16 */
   double link_latency_us;   /* --link-latency-us X (a simulated slow link) */
   double link_gbps;         /* --link-gbps X */
   bool cost_report;         /* --cost-report: the schedule's simulated step on stderr */
@@ -216,6 +217,7 @@ static void compile_options(const Args *a, gradc_compile_options *o) {
   o->no_overlap = a->no_overlap;
   o->bucket_bytes = a->bucket_bytes;
   o->zero1 = a->zero1;
+  o->precision = a->precision;
   o->def_names = a->defs.name;
   o->def_values = a->defs.value;
   o->ndefs = a->defs.n;

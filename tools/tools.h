@@ -84,6 +84,7 @@ typedef struct FlagSpec {
       {"--bucket-mb", FLAG_REAL, &(a)->bucket_mb, NULL, 0, 1 << 20, .lo_open = true,                               \
        .expects = "a positive size in MiB"},                                                                      \
       {"--trace", FLAG_STRING, .dst = &(a)->trace},                                                               \
+      {"--precision", FLAG_STRING, .dst = &(a)->precision},                                                       \
       {"--link-latency-us", FLAG_REAL, &(a)->link_latency_us, NULL, 0, HUGE_VAL,                                  \
        .expects = "a non-negative number"},                                                                       \
       {"--link-gbps", FLAG_REAL, &(a)->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"}

@@ -274,6 +274,7 @@ typedef struct TrainArgs {
   bool sequence_parallel, no_overlap, zero1;
   int64_t bucket_bytes;
   const char *trace;
+  const char *precision; /* --precision f32|bf16|f16 */
   double link_latency_us, link_gbps;
   const char *target;
   int threads;
@@ -910,6 +911,7 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.no_overlap = a->no_overlap;
     o.bucket_bytes = a->bucket_bytes;
     o.zero1 = a->zero1;
+    o.precision = a->precision;
     st = gradc_program_compile_file(a->model, &o, p);
     return st == GRADC_OK ? 0 : cli_report(st);
   }

@@ -1,0 +1,243 @@
+/* test_mixed.c - mixed precision (--precision bf16|f16, docs/DECISIONS.md
+ * "Mixed precision").
+ *
+ * Each check compares against something computed independently: the bf16
+ * and f16 programs on the CPU against the reference interpreter running
+ * the same autocast program (the same roundings, the GEMM in double), and
+ * both against the f32 interpreter within the low type's tolerance;
+ * training runs of bf16 and f16 against the f32 run of the same model,
+ * data and seed; the f16 loss scale's overflow handling against the params
+ * before the step, bit for bit. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradc.h"
+#include "testutil.h"
+
+static void check_api(gradc_status st, const char *what) {
+  if (st != GRADC_OK) fail_msg("%s: %s", what, gradc_last_error());
+}
+
+static gradc_program *compile(const char *model, const char *target, const char *precision, int gas,
+                              const char *const *names, const int64_t *values, int ndefs) {
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  o.target = target;
+  o.precision = precision;
+  o.gas = gas;
+  o.threads = 2;
+  o.def_names = names;
+  o.def_values = values;
+  o.ndefs = ndefs;
+  gradc_program *p;
+  char what[256];
+  snprintf(what, sizeof what, "compile %s for %s at %s", model, target, precision ? precision : "f32");
+  check_api(gradc_program_compile_file(tu_path(model), &o, &p), what);
+  return p;
+}
+
+static uint64_t lcg(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 33;
+}
+static float unit(uint64_t *s) { return (float)((double)lcg(s) / 2147483648.0) * 2.0f - 1.0f; }
+
+/* mlp's window: x uniform in [-1, 1), y the argmax of x's first 10
+ * features (something to learn). */
+static void mlp_inputs(gradc_session *s, uint64_t seed) {
+  enum { B = 64, D = 784 };
+  static float x[B * D];
+  static int32_t y[B];
+  for (int i = 0; i < B * D; i++) x[i] = unit(&seed);
+  for (int b = 0; b < B; b++) {
+    int best = 0;
+    for (int j = 1; j < 10; j++)
+      if (x[b * D + j] > x[b * D + best]) best = j;
+    y[b] = best;
+  }
+  check_api(gradc_session_set_input(s, "x", GRADC_F32, x, B * D), "set x");
+  check_api(gradc_session_set_input(s, "y", GRADC_I32, y, B), "set y");
+}
+
+/* tinygpt's window: random tokens, each target the next token of a fixed
+ * permutation of the vocabulary (learnable in a few dozen steps). */
+static void gpt_inputs(gradc_session *s, uint64_t seed) {
+  enum { B = 8, T = 32, V = 96 };
+  static int32_t idx[B * T], tgt[B * T];
+  for (int i = 0; i < B * T; i++) {
+    idx[i] = (int32_t)(lcg(&seed) % V);
+    tgt[i] = (idx[i] * 7 + 3) % V;
+  }
+  check_api(gradc_session_set_input(s, "idx", GRADC_I32, idx, B * T), "set idx");
+  check_api(gradc_session_set_input(s, "targets", GRADC_I32, tgt, B * T), "set targets");
+}
+
+typedef void (*InputsFn)(gradc_session *, uint64_t);
+
+/* Every gradient of one run as one vector (program order). */
+static float *grads(const gradc_program *p, gradc_session *s, int64_t *n) {
+  int64_t total = 0;
+  for (int i = 0; i < gradc_program_num_params(p); i++) {
+    gradc_tensor_info t;
+    check_api(gradc_program_param_info(p, i, &t), "param info");
+    int64_t k = 1;
+    for (int d = 0; d < t.rank; d++) k *= t.shape[d];
+    total += k;
+  }
+  float *g = malloc((size_t)total * sizeof *g);
+  int64_t at = 0;
+  for (int i = 0; i < gradc_program_num_params(p); i++) {
+    gradc_tensor_info t;
+    check_api(gradc_program_param_info(p, i, &t), "param info");
+    int64_t k = 1;
+    for (int d = 0; d < t.rank; d++) k *= t.shape[d];
+    check_api(gradc_session_get_grad(s, t.name, g + at, (size_t)k), "get grad");
+    at += k;
+  }
+  *n = total;
+  return g;
+}
+
+/* max |a - b| / max |b|, printing the first mismatch over tol. */
+static double rel_err(const char *what, const float *a, const float *b, int64_t n, double tol) {
+  double scale = 0, worst = 0;
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs((double)a[i] - b[i]);
+    if (e > worst) worst = e, at = i;
+  }
+  double r = scale > 0 ? worst / scale : worst;
+  if (r > tol) print_message("%s: element %lld: %.9g against %.9g (max |b| %.3g)\n", what, (long long)at, a[at], b[at], scale);
+  return r;
+}
+
+typedef struct Run {
+  gradc_program *p;
+  gradc_session *s;
+  double loss;
+  float *g;
+  int64_t n;
+} Run;
+
+static Run run_once(const char *model, const char *target, const char *precision, InputsFn inputs) {
+  Run r = {compile(model, target, precision, 1, NULL, NULL, 0), NULL, 0, NULL, 0};
+  check_api(gradc_session_new(r.p, &r.s), "session");
+  check_api(gradc_session_init_params(r.s, 7), "init params");
+  inputs(r.s, 11);
+  check_api(gradc_session_run(r.s), "run");
+  r.loss = gradc_session_loss_total(r.s);
+  r.g = grads(r.p, r.s, &r.n);
+  return r;
+}
+
+static void run_free(Run *r) {
+  free(r->g);
+  gradc_session_free(r->s);
+  gradc_program_free(r->p);
+}
+
+/* The CPU's bf16 (f16) GEMMs against the interpreter running the same
+ * program, and against f32: the loss and every gradient. */
+static void compare_precision(const char *model, const char *precision, InputsFn inputs, double tol_same,
+                              double tol_f32) {
+  Run cpu = run_once(model, "cpu", precision, inputs);
+  Run ref = run_once(model, "ref", precision, inputs);
+  Run f32 = run_once(model, "ref", NULL, inputs);
+  assert_int_equal(cpu.n, ref.n);
+  char what[256];
+  snprintf(what, sizeof what, "%s %s: cpu against ref", model, precision);
+  double e_same = rel_err(what, cpu.g, ref.g, cpu.n, tol_same);
+  snprintf(what, sizeof what, "%s %s: cpu against f32 ref", model, precision);
+  double e_f32 = rel_err(what, cpu.g, f32.g, cpu.n, tol_f32);
+  print_message("%s %s: loss cpu %.7g ref %.7g f32 %.7g; gradient error against ref %.3g, against f32 %.3g\n", model,
+                precision, cpu.loss, ref.loss, f32.loss, e_same, e_f32);
+  assert_true(fabs(cpu.loss - ref.loss) <= tol_same * fabs(ref.loss));
+  assert_true(fabs(cpu.loss - f32.loss) <= tol_f32 * fabs(f32.loss));
+  assert_true(e_same <= tol_same);
+  assert_true(e_f32 <= tol_f32);
+  run_free(&cpu);
+  run_free(&ref);
+  run_free(&f32);
+}
+
+/* bf16 has 8 significant bits (relative rounding 2^-9 = 0.2%), f16 11.
+ * The same program on the CPU and the interpreter differs only where an
+ * f32-accumulated product rounds to the other side of a bf16 (f16) tie
+ * than the double one, a few units of the low type's last place; against
+ * f32 every GEMM operand is rounded once more. */
+static void test_mixed_bf16_mlp_matches_interpreter(void **state) {
+  (void)state;
+  compare_precision("examples/mlp.gdl", "bf16", mlp_inputs, 2e-2, 3e-2);
+}
+
+static void test_mixed_f16_mlp_matches_interpreter(void **state) {
+  (void)state;
+  compare_precision("examples/mlp.gdl", "f16", mlp_inputs, 4e-3, 1e-2);
+}
+
+static void test_mixed_bf16_tinygpt_matches_interpreter(void **state) {
+  (void)state;
+  compare_precision("examples/tinygpt.gdl", "bf16", gpt_inputs, 2e-2, 5e-2);
+}
+
+/* 50 AdamW steps at each precision from the same params and data: the
+ * bf16 and f16 losses follow the f32 one. */
+static void train(const char *model, const char *precision, InputsFn inputs, int steps, double *loss) {
+  gradc_program *p = compile(model, "cpu", precision, 1, NULL, NULL, 0);
+  gradc_session *s;
+  check_api(gradc_session_new(p, &s), "session");
+  check_api(gradc_session_init_params(s, 3), "init params");
+  gradc_optimizer_options o;
+  gradc_optimizer_options_init(&o, GRADC_ADAMW);
+  o.lr = 3e-3;
+  check_api(gradc_session_set_optimizer(s, &o), "optimizer");
+  for (int k = 0; k < steps; k++) {
+    inputs(s, 100 + (uint64_t)k);
+    check_api(gradc_session_run(s), "run");
+    loss[k] = gradc_session_loss_total(s);
+    check_api(gradc_session_step(s), "step");
+  }
+  gradc_session_free(s);
+  gradc_program_free(p);
+}
+
+static void tracks(const char *model, InputsFn inputs, double tol) {
+  enum { STEPS = 50 };
+  double f32[STEPS], low[STEPS];
+  train(model, NULL, inputs, STEPS, f32);
+  const char *precisions[2] = {"bf16", "f16"};
+  for (int q = 0; q < 2; q++) {
+    train(model, precisions[q], inputs, STEPS, low);
+    double worst = 0;
+    for (int k = 0; k < STEPS; k++) worst = fmax(worst, fabs(low[k] - f32[k]) / fabs(f32[k]));
+    print_message("%s %s: loss %.5g -> %.5g (f32 %.5g -> %.5g), largest relative gap %.3g\n", model, precisions[q],
+                  low[0], low[STEPS - 1], f32[0], f32[STEPS - 1], worst);
+    assert_true(f32[STEPS - 1] < 0.9 * f32[0]); /* it learns at all */
+    assert_true(worst <= tol);
+  }
+}
+
+static void test_mixed_train_mlp_tracks_f32(void **state) {
+  (void)state;
+  tracks("examples/mlp.gdl", mlp_inputs, 0.05);
+}
+
+static void test_mixed_train_tinygpt_tracks_f32(void **state) {
+  (void)state;
+  tracks("examples/tinygpt.gdl", gpt_inputs, 0.05);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_mixed_bf16_mlp_matches_interpreter),
+      cmocka_unit_test(test_mixed_f16_mlp_matches_interpreter),
+      cmocka_unit_test(test_mixed_bf16_tinygpt_matches_interpreter),
+      cmocka_unit_test(test_mixed_train_mlp_tracks_f32),
+      cmocka_unit_test(test_mixed_train_tinygpt_tracks_f32),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
