@@ -27,6 +27,7 @@
  * Loading checks the container (magic, version, checksum), the gradc
  * version, and for the cpu target the host, then reads the IR back with
  * ir_read and the signature from SIG: no frontend, no passes. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -222,7 +223,10 @@ bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inp
   bool dist = p->comm != NULL, ok;
   if (dist) step_dp_begin(&p->stepdp);
   step_set_draws(p->draw_seed, p->draw_step); /* the executors' rng.state (window.c) */
+  step_set_loss_scale(p->loss_scale > 0 ? p->loss_scale : 1.0); /* loss.scale (f16) */
   ok = p->backend->run(p->prog, p->gas, params, "params", inputs, "inputs", r, err, errlen);
+  if (ok && r->ngrads > 0 && ir_numel(&r->grad_types[0].shape) > 0 && step_inject_inf())
+    r->grads[0][0] = INFINITY; /* the test hook: an overflow on this rank */
   if (ok && p->zero) {
     if (!r->dp_reduced) r->dp_reduced = calloc((size_t)r->ngrads + 1, sizeof(bool));
     if (!r->dp_reduced) abort();
@@ -267,6 +271,9 @@ static gradc_status check_options(const gradc_compile_options *o) {
     return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: %s)", o->target,
                     rt_backend_targets(targets, sizeof targets));
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
+  if (o->precision && strcmp(o->precision, "f16") == 0 && o->zero1 && o->dp > 1)
+    return api_fail(GRADC_ERR_USER, "gradc: error: --precision f16 does not work with --zero1 yet (its loss scale "
+                                    "needs the whole gradients; use bf16, or no --zero1)");
   if (o->precision && strcmp(o->precision, "f32") != 0 && strcmp(o->precision, "bf16") != 0 &&
       strcmp(o->precision, "f16") != 0)
     return api_fail(GRADC_ERR_USER, "gradc: error: unknown precision '%s' (expected f32, bf16 or f16)", o->precision);

@@ -79,6 +79,7 @@ struct gradc_program {
   StepDp stepdp;
   bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
   IrDType precision;       /* --precision: IR_DT_F32, IR_DT_BF16 or IR_DT_F16 (f16: dynamic loss scaling) */
+  double loss_scale;       /* f16: what loss.scale gives the next windows (api_run_window_ex; 0 reads as 1) */
   ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
   uint64_t draw_seed, draw_step; /* the random draws of the next windows (api_set_draws) */
 };
@@ -107,6 +108,14 @@ struct gradc_session {
   uint64_t params_gen;     /* taken anew at every change to params (api_params_changed) */
   uint64_t draw_seed;      /* gradc_session_set_draws: the seed of the random draws */
   int64_t draw_offset;     /* their step is the optimiser step count plus this */
+  /* f16 loss scaling (gradc_session_set_loss_scaling): the options, S, the
+   * clean steps since S last changed, the overflows in a row left before
+   * S halves, whether the last run overflowed, the steps skipped. */
+  gradc_loss_scale_options ls;
+  double loss_scale;
+  int clean_steps, overflows_left;
+  bool overflow;
+  int64_t skipped;
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,

@@ -318,12 +318,40 @@ void api_optim_free_code(gradc_session *s) {
   s->optim_code = NULL;
 }
 
+/* f16 (DESIGN.md §3 rule 7): after a window that overflowed, skip the step
+ * (true: params and optimiser state untouched, the step counted), zero
+ * the gradients and halve S once `hysteresis` overflows came in a row;
+ * after a clean one, count it towards doubling S (false: step). */
+static bool loss_scale_skip(gradc_session *s) {
+  if (!s->overflow) {
+    s->overflows_left = s->ls.hysteresis;
+    if (++s->clean_steps >= s->ls.window) {
+      s->loss_scale *= 2;
+      s->clean_steps = 0;
+    }
+    return false;
+  }
+  for (int i = 0; i < s->res.ngrads; i++)
+    memset(s->res.grads[i], 0, (size_t)ir_numel(&s->res.grad_types[i].shape) * sizeof(double));
+  s->grad_norm = 0;
+  s->clean_steps = 0;
+  if (--s->overflows_left <= 0) {
+    s->loss_scale = s->loss_scale / 2 >= s->ls.min_scale ? s->loss_scale / 2 : s->ls.min_scale;
+    s->overflows_left = s->ls.hysteresis;
+  }
+  s->skipped++;
+  s->step++;
+  s->overflow = false; /* the step is done with (a second call steps on zero gradients) */
+  return true;
+}
+
 gradc_status gradc_session_step(gradc_session *s) {
   if (!s) return null_arg("session_step");
   if (!s->have_opt)
     return api_fail(GRADC_ERR_USER, "gradc: error: session_step: no optimiser (call gradc_session_set_optimizer first)");
   if (!s->have_res)
     return api_fail(GRADC_ERR_USER, "gradc: error: session_step: no gradients (call gradc_session_run first)");
+  if (s->p->precision == IR_DT_F16 && loss_scale_skip(s)) return GRADC_OK;
   CgOptimKind kind = s->opt.kind == GRADC_SGD ? CG_OPTIM_SGD : CG_OPTIM_ADAMW;
   const CgOptim *code;
   gradc_status st = optim_code(s, kind, &code);

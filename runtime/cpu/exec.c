@@ -579,7 +579,8 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   if ((opc == IR_OP_PERMUTE || opc == IR_OP_RESHAPE || opc == IR_OP_SLICE || opc == IR_OP_CONCAT) &&
       kp_view_free_op(&p->views, op))
     return true;
-  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE) {
+  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE ||
+      opc == IR_OP_LOSS_SCALE) {
     if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
       return rt_op_fail(err, n, op, "must alias its operand (run memplan)");
     return true;

@@ -231,6 +231,69 @@ static void test_mixed_train_tinygpt_tracks_f32(void **state) {
   tracks("examples/tinygpt.gdl", gpt_inputs, 0.05);
 }
 
+/* f16 loss scaling: an overflow injected into step 3's window (the
+ * GRADC_TEST_INF_STEP hook) skips exactly that step: the params after it
+ * are the params before it, bit for bit, S halves, the step is counted;
+ * the steps around it train as usual, and after `window` clean steps S
+ * doubles. */
+static void test_mixed_f16_overflow_skips_the_step(void **state) {
+  (void)state;
+  gradc_program *p = compile("examples/mlp.gdl", "cpu", "f16", 2, NULL, NULL, 0);
+  gradc_session *s;
+  check_api(gradc_session_new(p, &s), "session");
+  check_api(gradc_session_init_params(s, 3), "init params");
+  gradc_optimizer_options o;
+  gradc_optimizer_options_init(&o, GRADC_ADAMW);
+  o.lr = 1e-3;
+  check_api(gradc_session_set_optimizer(s, &o), "optimizer");
+  gradc_loss_scale_options ls;
+  gradc_loss_scale_options_init(&ls);
+  assert_true(ls.init_scale == 65536.0);
+  ls.window = 4;
+  check_api(gradc_session_set_loss_scaling(s, &ls), "loss scaling");
+  enum { N = 784 * 256 + 256 + 256 * 10 };
+  static float before[N], after[N];
+  const char *names[3] = {"W1", "b1", "W2"};
+  const size_t sizes[3] = {784 * 256, 256, 256 * 10};
+  setenv("GRADC_TEST_INF_STEP", "3", 1);
+  double scale_before = 0;
+  for (int k = 0; k < 9; k++) {
+    mlp_inputs(s, 100 + (uint64_t)k);
+    check_api(gradc_session_run(s), "run");
+    assert_true(isfinite(gradc_session_loss_total(s))); /* the losses are unscaled and finite all along */
+    assert_int_equal(gradc_session_overflow(s), k == 3);
+    size_t at = 0;
+    for (int i = 0; i < 3; i++, at += sizes[i - 1])
+      check_api(gradc_session_get_param(s, names[i], before + at, sizes[i]), "get param");
+    scale_before = gradc_session_loss_scale(s);
+    check_api(gradc_session_step(s), "step");
+    at = 0;
+    for (int i = 0; i < 3; i++, at += sizes[i - 1])
+      check_api(gradc_session_get_param(s, names[i], after + at, sizes[i]), "get param");
+    bool same = memcmp(before, after, sizeof before) == 0;
+    double scale = gradc_session_loss_scale(s);
+    print_message("step %d: overflow %d, params %s, S %g -> %g, skipped %lld\n", k, k == 3,
+                  same ? "unchanged" : "updated", scale_before, scale, (long long)gradc_session_skipped_steps(s));
+    assert_int_equal(same, k == 3);
+    assert_int_equal(gradc_session_step_count(s), k + 1);
+    assert_int_equal(gradc_session_skipped_steps(s), k >= 3 ? 1 : 0);
+    /* 65536 for steps 0-2; the overflow halves it; 4 clean steps (4-7) double it. */
+    double want = k < 3 ? 65536.0 : k < 7 ? 32768.0 : 65536.0;
+    assert_true(scale == want);
+  }
+  unsetenv("GRADC_TEST_INF_STEP");
+  /* bf16 uses no scale, and refuses loss-scaling options. */
+  gradc_program *pb = compile("examples/mlp.gdl", "cpu", "bf16", 1, NULL, NULL, 0);
+  gradc_session *sb;
+  check_api(gradc_session_new(pb, &sb), "session");
+  assert_true(gradc_session_loss_scale(sb) == 1.0);
+  assert_int_equal(gradc_session_set_loss_scaling(sb, &ls), GRADC_ERR_USER);
+  gradc_session_free(sb);
+  gradc_program_free(pb);
+  gradc_session_free(s);
+  gradc_program_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mixed_bf16_mlp_matches_interpreter),
@@ -238,6 +301,7 @@ int main(void) {
       cmocka_unit_test(test_mixed_bf16_tinygpt_matches_interpreter),
       cmocka_unit_test(test_mixed_train_mlp_tracks_f32),
       cmocka_unit_test(test_mixed_train_tinygpt_tracks_f32),
+      cmocka_unit_test(test_mixed_f16_overflow_skips_the_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
