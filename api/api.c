@@ -470,6 +470,7 @@ int gradc_program_gas(const gradc_program *p) { return p ? p->gas : 0; }
 int gradc_program_dp(const gradc_program *p) { return p ? p->dp : 0; }
 int gradc_program_tp(const gradc_program *p) { return p ? p->tp : 0; }
 int gradc_program_zero1(const gradc_program *p) { return p && p->zero1 ? 1 : 0; }
+const char *gradc_program_precision(const gradc_program *p) { return ir_dtype_name(p ? p->precision : IR_DT_F32); }
 
 const char *gradc_program_loss_name(const gradc_program *p, int i) {
   return p && i >= 0 && i < p->nlosses ? p->losses[i] : NULL;

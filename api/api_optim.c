@@ -553,6 +553,12 @@ gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const ch
   meta_int(&f, "step", (uint64_t)s->step);
   meta_int(&f, "draws.seed", s->draw_seed);
   meta_int(&f, "draws.offset", (uint64_t)s->draw_offset);
+  if (p->precision == IR_DT_F16) { /* the loss scaler, so a resumed run scales as an uninterrupted one */
+    meta_double(&f, "loss_scale", s->loss_scale);
+    meta_int(&f, "loss_scale.clean_steps", (uint64_t)s->clean_steps);
+    meta_int(&f, "loss_scale.overflows_left", (uint64_t)s->overflows_left);
+    meta_int(&f, "loss_scale.skipped", (uint64_t)s->skipped);
+  }
   for (int k = 0; k < 4; k++) {
     char key[16];
     snprintf(key, sizeof key, "rng.s%d", k);
@@ -757,6 +763,17 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
     snprintf(key, sizeof key, "rng.s%d", k);
     if (!parse_u64(st_get_meta(&f, key), &words[k])) BAD("%s: bad or missing metadata '%s'", path, key);
   }
+  /* f16: the loss scaler's state (absent: a checkpoint of another precision, the session's own stays). */
+  double scale = s->loss_scale;
+  uint64_t clean = (uint64_t)s->clean_steps, left = (uint64_t)s->overflows_left, skipped = (uint64_t)s->skipped;
+  if (p->precision == IR_DT_F16 && st_get_meta(&f, "loss_scale")) {
+    char *end;
+    scale = strtod(st_get_meta(&f, "loss_scale"), &end);
+    if (*end || !(scale > 0) || !isfinite(scale) || !parse_u64(st_get_meta(&f, "loss_scale.clean_steps"), &clean) ||
+        !parse_u64(st_get_meta(&f, "loss_scale.overflows_left"), &left) ||
+        !parse_u64(st_get_meta(&f, "loss_scale.skipped"), &skipped) || clean > INT32_MAX || left > INT32_MAX)
+      BAD("%s: bad loss_scale metadata", path);
+  }
   /* The optimiser: the checkpoint's, unless the session has one of the same kind. */
   const char *kind = st_get_meta(&f, "optimizer");
   if (!kind || (strcmp(kind, "sgd") != 0 && strcmp(kind, "adamw") != 0 && strcmp(kind, "none") != 0))
@@ -807,6 +824,10 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
     s->momentum_valid = o.kind == GRADC_SGD && have;
   }
   s->step = (int64_t)step;
+  s->loss_scale = scale;
+  s->clean_steps = (int)clean;
+  s->overflows_left = (int)left;
+  s->skipped = (int64_t)skipped;
   s->draw_seed = draw_seed;
   s->draw_offset = (int64_t)draw_offset;
   for (int k = 0; k < 4; k++) s->rng.s[k] = words[k];

@@ -115,6 +115,8 @@ GRADC_API int gradc_program_gas(const gradc_program *p);
 GRADC_API int gradc_program_dp(const gradc_program *p);
 GRADC_API int gradc_program_tp(const gradc_program *p);    /* tensor-parallel ranks (1: none) */
 GRADC_API int gradc_program_zero1(const gradc_program *p); /* 1: ZeRO-1 over its dp ranks (checkpoints are collective) */
+/* gradc_compile_options.precision as compiled: "f32", "bf16" or "f16". */
+GRADC_API const char *gradc_program_precision(const gradc_program *p);
 
 /* Data parallelism (gradc_compile_options.dp > 1) runs over MPI: a
  * program launched by mpirun calls this once, before its first session,

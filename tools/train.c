@@ -54,6 +54,7 @@ const char train_help[] =
     "            [--print-every N] [--threads N] [--no-cache] [--dp N] [--tp T] [--sequence-parallel]\n"
     "            [--no-overlap] [--bucket-mb X] [--zero1] [--trace FILE.json] [--link-latency-us X]\n"
     "            [--link-gbps X] [--nan-policy stop|skip] [--max-loss X] [-D N=V]...\n"
+    "            [--precision f32|bf16|f16] [--init-scale S] [--scale-window N] [--scale-hysteresis N]\n"
     "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
@@ -88,7 +89,15 @@ const char train_help[] =
     "  update is not applied (params and optimiser state stay as they were; the count is reported).\n"
     "  An update that makes a param or the optimiser state non-finite always stops the run, naming\n"
     "  the step and the tensor: a checkpoint never holds an inf or a NaN, so the last one written\n"
-    "  stays.  --max-loss X warns when a loss (a term or the total) rises above X.\n";
+    "  stays.  --max-loss X warns when a loss (a term or the total) rises above X.\n"
+    "  --precision bf16|f16 trains an f32 model in mixed precision, as PyTorch's autocast: GEMMs\n"
+    "  (matmul, convolution) in the low type with f32 accumulation, everything else in f32, f32\n"
+    "  master weights, gradients and optimiser state.  f16 scales the loss dynamically: the scale\n"
+    "  (--init-scale, default 65536) is fixed for a window; a window whose gradients overflow skips\n"
+    "  its step on every rank (params and optimiser state unchanged, the step counted) and halves\n"
+    "  the scale (after --scale-hysteresis overflows in a row, default 1); --scale-window clean\n"
+    "  steps (default 2000) double it.  The progress line, the log (loss_scale and skipped columns)\n"
+    "  and the final line count the skipped steps; checkpoints keep the scale.  bf16 needs no scale.\n";
 
 const char data_text_help[] =
     "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
@@ -275,6 +284,8 @@ typedef struct TrainArgs {
   int64_t bucket_bytes;
   const char *trace;
   const char *precision; /* --precision f32|bf16|f16 */
+  double init_scale;     /* --init-scale: f16's first loss scale (0: the API's 65536) */
+  int scale_window, scale_hysteresis; /* --scale-window, --scale-hysteresis (0: the API's 2000, 1) */
   double link_latency_us, link_gbps;
   const char *target;
   int threads;
@@ -351,6 +362,10 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       {"--nan-policy", FLAG_STRING, .dst = &a->nan_policy, .valid = is_nan_policy,
        .invalid = "--nan-policy expects stop or skip, got '%s'"},
       {"--max-loss", FLAG_REAL, &a->max_loss, &a->max_loss_set, -HUGE_VAL, HUGE_VAL, .expects = "a number"},
+      {"--init-scale", FLAG_REAL, &a->init_scale, NULL, 0, HUGE_VAL, .lo_open = true,
+       .expects = "a positive power of two"},
+      {"--scale-window", FLAG_INT, &a->scale_window, NULL, 1, INT32_MAX, .expects = "a positive integer"},
+      {"--scale-hysteresis", FLAG_INT, &a->scale_hysteresis, NULL, 1, INT32_MAX, .expects = "a positive integer"},
   };
   int npos = 0;
   FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help train)", .see_missing = true,
@@ -623,17 +638,20 @@ typedef struct Log {
   bool jsonl;
   const char **col;    /* loss column names (CSV) */
   double elapsed0;     /* elapsed_s of the last row kept from a resumed log */
+  const gradc_session *scaler; /* --precision f16: loss_scale and skipped columns from it */
 } Log;
 
 static bool reserved_column(const char *name) {
   return strcmp(name, "step") == 0 || strcmp(name, "lr") == 0 || strcmp(name, "grad_norm") == 0 ||
-         strcmp(name, "elapsed_s") == 0 || strcmp(name, "total") == 0;
+         strcmp(name, "elapsed_s") == 0 || strcmp(name, "total") == 0 || strcmp(name, "loss_scale") == 0 ||
+         strcmp(name, "skipped") == 0;
 }
 
 static void csv_header(StrBuf *sb, const gradc_program *p, const char **col) {
   sb_puts(sb, "step,lr");
   for (int i = 0; i < gradc_program_num_losses(p); i++) sb_printf(sb, ",%s", col[i]);
   sb_puts(sb, ",total,grad_norm,elapsed_s");
+  if (strcmp(gradc_program_precision(p), "f16") == 0) sb_puts(sb, ",loss_scale,skipped");
 }
 
 /* A kept line of an earlier log: its step and losses, or false. */
@@ -768,6 +786,11 @@ static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, co
     put_num(o, grad_norm, true);
     fputs(",\"elapsed_s\":", o);
     put_num(o, elapsed, true);
+    if (lg->scaler) {
+      fputs(",\"loss_scale\":", o);
+      put_num(o, gradc_session_loss_scale(lg->scaler), true);
+      fprintf(o, ",\"skipped\":%" PRId64, gradc_session_skipped_steps(lg->scaler));
+    }
     fputs("}\n", o);
   } else {
     fprintf(o, "%" PRId64 ",", step);
@@ -780,6 +803,11 @@ static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, co
     put_num(o, grad_norm, false);
     fputc(',', o);
     put_num(o, elapsed, false);
+    if (lg->scaler) {
+      fputc(',', o);
+      put_num(o, gradc_session_loss_scale(lg->scaler), false);
+      fprintf(o, ",%" PRId64, gradc_session_skipped_steps(lg->scaler));
+    }
     fputc('\n', o);
   }
   fflush(o);
@@ -836,6 +864,7 @@ typedef struct Progress {
   int64_t per_window;
   double drawn; /* when the terminal line was last redrawn */
   const int64_t *skipped; /* --nan-policy skip: steps skipped so far */
+  gradc_session *scaler;  /* --precision f16: the session whose loss scale and overflow skips are shown */
 } Progress;
 
 static void progress(Progress *pr, const gradc_program *p, int64_t step, const double *loss, double lr,
@@ -873,6 +902,11 @@ static void progress(Progress *pr, const gradc_program *p, int64_t step, const d
   }
   if (!pr->tty) sb_printf(&sb, " lr %.3g grad_norm %.3g", lr, grad_norm);
   if (pr->skipped && *pr->skipped) sb_printf(&sb, " skipped %" PRId64, *pr->skipped);
+  if (pr->scaler) {
+    if (!pr->tty) sb_printf(&sb, " loss_scale %g", gradc_session_loss_scale(pr->scaler));
+    int64_t n = gradc_session_skipped_steps(pr->scaler);
+    if (n) sb_printf(&sb, " overflow-skipped %" PRId64, n);
+  }
   sb_printf(&sb, " | %s %s | %s %s", rate, pr->unit, last ? "took" : "ETA", last ? elapsed : eta);
   if (pr->tty) {
     struct winsize ws;
@@ -978,6 +1012,7 @@ typedef struct Run {
   double t0;    /* when the first step started */
   double first_loss, last_loss;
   int64_t skipped;   /* --nan-policy skip: steps whose update was not applied */
+  bool f16;          /* --precision f16: a loss scale, and steps skipped for its overflows */
   int64_t ckpt_step; /* the step of the last checkpoint this run wrote, or -1 */
   bool above_max;    /* --max-loss: the last step's loss was above it */
 } Run;
@@ -1003,6 +1038,17 @@ static int run_open(Run *r) {
   if (r->lead) remove_dead_temps(a);
   if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
   if ((rc = set_optimizer(a, s))) return rc;
+  r->f16 = strcmp(gradc_program_precision(p), "f16") == 0;
+  if (!r->f16 && (a->init_scale || a->scale_window || a->scale_hysteresis))
+    return error(1, "--init-scale, --scale-window and --scale-hysteresis are options of --precision f16");
+  if (r->f16) {
+    gradc_loss_scale_options ls;
+    gradc_loss_scale_options_init(&ls);
+    if (a->init_scale) ls.init_scale = a->init_scale;
+    if (a->scale_window) ls.window = a->scale_window;
+    if (a->scale_hysteresis) ls.hysteresis = a->scale_hysteresis;
+    if ((st = gradc_session_set_loss_scaling(s, &ls)) != GRADC_OK) return cli_report(st);
+  }
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
@@ -1032,7 +1078,11 @@ static int run_open(Run *r) {
   r->step0 = r->step = gradc_session_step_count(s);
   r->end = a->steps;
   if (a->stop_after && r->step0 + a->stop_after < r->end) r->end = r->step0 + a->stop_after;
-  if (a->log && r->lead) return log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h);
+  if (a->log && r->lead) {
+    rc = log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h);
+    if (r->f16) r->lg.scaler = s;
+    return rc;
+  }
   return 0;
 }
 
@@ -1134,6 +1184,7 @@ static int run_steps(Run *r) {
                  .unit = r->d.unit, .per_window = r->d.tokens_per_window};
   pr.every = a->print_every ? a->print_every : (a->steps - r->step0 + 19) / 20;
   pr.skipped = &r->skipped;
+  if (r->f16) pr.scaler = s;
   if (pr.every < 1) pr.every = 1;
   r->first_loss = r->last_loss = NAN;
   double *loss = r->loss;
@@ -1150,6 +1201,25 @@ static int run_steps(Run *r) {
     loss[nl] = gradc_session_loss_total(s);
     double grad_norm = gradc_session_grad_norm(s);
     char why[512];
+    /* f16: gradients that overflowed the loss scale (the losses are
+     * finite) are the scaler's to handle: the step skips itself, on every
+     * rank, and the scale halves. */
+    bool finite_loss = true;
+    for (int i = 0; i <= nl; i++) finite_loss &= isfinite(loss[i]) != 0;
+    if (r->f16 && finite_loss && gradc_session_overflow(s)) {
+      if ((st = gradc_session_step(s)) != GRADC_OK) {
+        rc = cli_report(st);
+        break;
+      }
+      r->step = gradc_session_step_count(s);
+      log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0);
+      if (r->lead) progress(&pr, r->p, r->step, loss, lr, grad_norm, r->step == r->end);
+      if ((r->lead || r->zero1) && a->checkpoint_every && r->step % a->checkpoint_every == 0 && r->step != r->end &&
+          (rc = save_checkpoint(s, a->checkpoint, &r->d)) == 0)
+        r->ckpt_step = r->step;
+      if (rc) break;
+      continue;
+    }
     if (nonfinite_window(r, loss, grad_norm, why, sizeof why)) {
       if (pr.tty) fputc('\n', stderr);
       if (!a->nan_skip) {
@@ -1237,6 +1307,9 @@ static int run_finish(Run *r) {
             interrupted ? "interrupted after" : "trained", r->step - r->step0, took, rate, r->d.unit, r->first_loss,
             r->last_loss);
     if (r->skipped) fprintf(stderr, "; %" PRId64 " skipped (non-finite, --nan-policy skip)", r->skipped);
+    if (r->f16)
+      fprintf(stderr, "; loss scale %g, %" PRId64 " skipped for an f16 overflow", gradc_session_loss_scale(s),
+              gradc_session_skipped_steps(s));
     fputc('\n', stderr);
   }
   if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d))) return rc;
