@@ -268,6 +268,7 @@ int cli_opt(const char *path, const char *const *passes, int npasses, const grad
                       .no_overlap = o->no_overlap,
                       .bucket_bytes = o->bucket_bytes,
                       .zero1 = o->zero1};
+    if (o->precision && !ir_dtype_parse(o->precision, strlen(o->precision), &po.precision)) po.precision = IR_DT_F32;
     rc = pm_run(&pm, f, passes, npasses, &po);
     if (!rc && dot) rc = write_dot(dot, f);
     if (!rc) ir_print_file(f, stdout);

@@ -74,7 +74,7 @@ static const char *help_text[][2] = {
                 "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
                 "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache] [--dp N]\n"
                 "              [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--cost-report]\n"
-                "              [--link-latency-us X] [--link-gbps X]\n"
+                "              [--link-latency-us X] [--link-gbps X] [--precision f32|bf16|f16]\n"
                 "              [--print-kernels] [--kernels-dir DIR]\n"
                 "  Lower, differentiate and optimise a model for the target (cpu: fused kernels compiled\n"
                 "  with LLVM; ref: the reference interpreter; cuda: CUDA C kernels compiled with NVRTC for\n"
@@ -84,9 +84,15 @@ static const char *help_text[][2] = {
                 "  per kernel.  --tp/--dp/--sequence-parallel/--no-overlap/--bucket-mb compile for a\n"
                 "  distributed run (see gradc help run and docs/DISTRIBUTED.md); --cost-report prints the\n"
                 "  schedule pass's cost-model simulation of one step (compute, communication, exposed\n"
-                "  communication with and without overlap) for the link the --link-* flags describe.\n"},
-    {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
-            "  Read IR text, run passes, print IR text to stdout.\n"},
+                "  communication with and without overlap) for the link the --link-* flags describe.\n"
+                "  --precision bf16|f16 compiles an f32 model in mixed precision, as PyTorch's autocast:\n"
+                "  GEMMs (matmul, convolution) in the low type with f32 accumulation; reductions, norms,\n"
+                "  softmax, losses and the optimiser in f32; f32 master weights and gradients.  f16 also\n"
+                "  seeds the backward with a loss scale (see gradc help train); the default is f32.\n"},
+    {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--precision f32|bf16|f16] [--print-ir-after=..]\n"
+            "          [--verify]\n"
+            "  Read IR text, run passes, print IR text to stdout (--precision: what autocast and gas-fold\n"
+            "  compile for).\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
              "  Write initial params and buffers (each one's `init`) as safetensors.\n"},
     {"data", "gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [-D N=V]...\n"
@@ -96,6 +102,7 @@ static const char *help_text[][2] = {
     {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--threads N]\n"
             "          [--dp N] [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--allow-tf32]\n"
             "          [--trace FILE.json] [--link-latency-us X] [--link-gbps X] [--seed S] [--step N]\n"
+            "          [--precision f32|bf16|f16]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "          [--outputs-out OUTPUTS.safetensors] [--buffers-out BUFFERS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
@@ -112,7 +119,8 @@ static const char *help_text[][2] = {
             "  --trace writes a Chrome trace (Perfetto) of kernels and collectives per rank and reports\n"
             "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"
             "  --seed S and --step N (default 0 and 0) choose the random draws of dropout, rand_like and\n"
-            "  randn_like, which are the same for every --gas and --dp.\n"},
+            "  randn_like, which are the same for every --gas and --dp.  --precision bf16|f16 runs the\n"
+            "  window in mixed precision (see gradc help compile); run uses no loss scale (1).\n"},
     {"train", train_help},
     {"bench", bench_help},
     {"convert", convert_help},
@@ -254,6 +262,8 @@ static int open_program(const Args *a, gradc_program **out) {
       why = (snprintf(buf, sizeof buf, "it was built with --tp %d", gradc_program_tp(p)), buf);
     else if (a->target && strcmp(a->target, cli_program_target(p)) != 0)
       why = (snprintf(buf, sizeof buf, "it was built for --target %s", cli_program_target(p)), buf);
+    else if (a->precision && strcmp(a->precision, gradc_program_precision(p)) != 0)
+      why = (snprintf(buf, sizeof buf, "it was built with --precision %s", gradc_program_precision(p)), buf);
     if (why) {
       fprintf(stderr, "gradc: error: %s: %s\n", a->input, why);
       gradc_program_free(*out);

@@ -955,6 +955,9 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
   if (st != GRADC_OK) return cli_report(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
     return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
+  if (a->precision && strcmp(a->precision, gradc_program_precision(*p)) != 0)
+    return error(1, "%s: the artifact was compiled for --precision %s, not %s", a->model, gradc_program_precision(*p),
+                 a->precision);
   if (a->dp_set && a->dp != gradc_program_dp(*p))
     return error(1, "%s: the artifact was compiled for --dp %d, not %d", a->model, gradc_program_dp(*p), a->dp);
   if (a->tp_set && a->tp != gradc_program_tp(*p))

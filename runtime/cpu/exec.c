@@ -78,6 +78,7 @@ typedef struct Gemm {
   int64_t pm, pn, mblk, nblk;
   CpuGemm *plans[8];
   int nplans;
+  bool widen; /* bf16/f16 A and B widened to f32 scratch first (f16 always; bf16 where f32 is faster) */
 } Gemm;
 
 typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK, I_STATE } InstrKind;
@@ -310,7 +311,7 @@ static void gemm_schedule(Gemm *g, int nt, bool library) {
 
 /* The provider's descriptor of one m x n piece (a tc GEMM as C^T = B^T A^T). */
 static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
-  CpuGemmType t = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : g->dt == IR_DT_BF16 ? CPU_GEMM_BF16 : CPU_GEMM_F32;
+  CpuGemmType t = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : g->dt == IR_DT_BF16 && !g->widen ? CPU_GEMM_BF16 : CPU_GEMM_F32;
   CpuGemmDesc d = {.type = t, .accumulate = acc, .K = g->K,
                    .ldc = g->ldc, .threads = g->threads};
   if (g->tc) {
@@ -344,6 +345,7 @@ static bool add_plan(Gemm *g, const CpuGemmProvider *prov, CpuGemmDesc d, char *
 /* Every plan g's runs need: the grid's (up to) four piece shapes, for
  * each beta it runs with. */
 static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, size_t n) {
+  g->widen = g->dt == IR_DT_F16 || (g->dt == IR_DT_BF16 && cpu_gemm_bf16_widen(prov));
   int64_t ms[2] = {g->mblk, g->M - (g->pm - 1) * g->mblk}, ns[2] = {g->nblk, g->N - (g->pn - 1) * g->nblk};
   for (int b = 0; b < 2; b++) {
     bool acc = b == 1;
@@ -367,7 +369,7 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   const Gemm *g = r->g;
   /* Bytes per element: A and B as the provider reads them (bf16 stays
    * bf16, f16 was widened), C as it writes it (f32 for bf16/f16). */
-  int64_t es = g->dt == IR_DT_F64 ? 8 : g->dt == IR_DT_BF16 ? 2 : 4, esc = g->dt == IR_DT_F64 ? 8 : 4;
+  int64_t es = g->dt == IR_DT_F64 ? 8 : g->dt == IR_DT_BF16 && !g->widen ? 2 : 4, esc = g->dt == IR_DT_F64 ? 8 : 4;
   int64_t per = g->pm * g->pn;
   for (int64_t i = begin; i < end; i++) {
     int64_t t = i / per, qm = i % per / g->pn, qn = i % g->pn;
@@ -448,12 +450,16 @@ typedef struct LowCopy {
   const void *src;
   void *dst;
   IrDType dt; /* the bf16/f16 side */
-  bool widen; /* src f16 -> dst f32; else src f32 -> dst dt */
+  bool widen; /* src dt -> dst f32; else src f32 -> dst dt */
 } LowCopy;
 
 static void low_copy(void *ctx, int64_t begin, int64_t end) {
   const LowCopy *c = ctx;
-  if (c->widen) {
+  if (c->widen && c->dt == IR_DT_BF16) {
+    const uint16_t *s = c->src;
+    float *d = c->dst;
+    for (int64_t i = begin; i < end; i++) d[i] = bits_f32((uint32_t)s[i] << 16);
+  } else if (c->widen) {
     const uint16_t *s = c->src;
     float *d = c->dst;
     for (int64_t i = begin; i < end; i++) d[i] = f16_to_f32(s[i]);
@@ -487,7 +493,7 @@ static int64_t low_extent(const int64_t *off, int64_t nb, int64_t per) {
 static int64_t low_scratch(const Gemm *g) {
   if (g->dt != IR_DT_BF16 && g->dt != IR_DT_F16) return 0;
   int64_t n = g->cdt == IR_DT_F32 ? 0 : low_extent(g->coff, g->nb, g->M * g->N);
-  if (g->dt == IR_DT_F16) n += low_extent(g->aoff, g->nb, g->M * g->K) + low_extent(g->boff, g->nb, g->K * g->N);
+  if (g->widen) n += low_extent(g->aoff, g->nb, g->M * g->K) + low_extent(g->boff, g->nb, g->K * g->N);
   return n;
 }
 
@@ -504,10 +510,10 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
       r.cbase = (char *)s;
       s += nc;
     }
-    if (g->dt == IR_DT_F16) {
+    if (g->widen) {
       int64_t na = low_extent(g->aoff, g->nb, g->M * g->K), nbb = low_extent(g->boff, g->nb, g->K * g->N);
-      low_copy_run(p, r.abase, s, na, IR_DT_F16, true);
-      low_copy_run(p, r.bbase, s + na, nbb, IR_DT_F16, true);
+      low_copy_run(p, r.abase, s, na, g->dt, true);
+      low_copy_run(p, r.bbase, s + na, nbb, g->dt, true);
       r.abase = (const char *)s;
       r.bbase = (const char *)(s + na);
     }
@@ -1014,13 +1020,13 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   for (int i = 0; i < p->ncode; i++) {
     if (p->code[i].kind != I_GEMM) continue;
     gemm_schedule(&p->code[i].gemm, p->threads, library);
-    int64_t nlow = low_scratch(&p->code[i].gemm);
-    if (nlow > p->nlow) p->nlow = nlow;
     char e[1024];
     if (!gemm_plan_pieces(&p->code[i].gemm, p->gemm, e, sizeof e)) {
       rt_op_fail(err, errlen, p->code[i].op, e);
       goto error;
     }
+    int64_t nlow = low_scratch(&p->code[i].gemm);
+    if (nlow > p->nlow) p->nlow = nlow;
   }
   if (p->nlow) p->low = mem_alloc((size_t)p->nlow * sizeof(float));
   p->arena_src = mem_calloc((size_t)f->nargs + 1, sizeof(void *));
