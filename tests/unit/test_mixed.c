@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "gradc.h"
+#include "test_dp.h"
 #include "testutil.h"
 
 static void check_api(gradc_status st, const char *what) {
@@ -294,6 +295,70 @@ static void test_mixed_f16_overflow_skips_the_step(void **state) {
   gradc_program_free(p);
 }
 
+/* The same on 2 data-parallel ranks through `gradc train`: an overflow on
+ * rank 1 alone (after the gradients were reduced) skips the step on both,
+ * and the run ends with the params, scale and log of a one-process run
+ * that overflowed at the same step. */
+static void test_mixed_f16_overflow_on_one_rank_skips_on_every_rank(void **state) {
+  (void)state;
+  if (!dp_have_mpirun()) return;
+  char dir[] = "/tmp/gradc-mixed-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  tu_gradc("data random %s -D D=24 -D H=12 -D B=48 -o %s/data.st --seed 31", tu_path("examples/mlp.gdl"), dir);
+  char args[2048], one[4096], two[4096], err1[16384], err2[16384];
+  snprintf(args, sizeof args,
+           "train %s -D D=24 -D H=12 -D B=16 --gas 2 --data %s/data.st --steps 7 --seed 3 --threads 1 "
+           "--precision f16 --scale-window 2 --print-every 1",
+           tu_path("examples/mlp.gdl"), dir);
+  if (tu_sh_err(one, sizeof one, err1, sizeof err1, "GRADC_TEST_INF_STEP=3 %s %s --params-out %s/p1.st --log %s/l1.csv",
+                GRADC_BINARY, args, dir, dir) != 0)
+    fail_msg("one process: %s", err1);
+  if (tu_sh_err(two, sizeof two, err2, sizeof err2,
+                "GRADC_TEST_INF_STEP=3:1 " MPIRUN " -np 2 %s %s --dp 2 --params-out %s/p2.st --log %s/l2.csv",
+                GRADC_BINARY, args, dir, dir) != 0)
+    fail_msg("two ranks: %s%s", two, err2);
+  assert_int_equal(dp_count(err1, "1 skipped for an f16 overflow"), 1);
+  assert_int_equal(dp_count(err2, "1 skipped for an f16 overflow"), 1);
+  char p1[512], p2[512];
+  snprintf(p1, sizeof p1, "%s/p1.st", dir);
+  snprintf(p2, sizeof p2, "%s/p2.st", dir);
+  /* f16 rounds each rank's smaller micro-batch products on their own
+   * (2^-11 relative), so the two runs agree to f16's precision, not
+   * f32's; a step taken on one rank and not the other would move W1 by
+   * about lr / |W1| (5e-2) apart. */
+  double e = dp_file_rel(p2, p1, "f16 params, 2 ranks vs 1", 2e-3, NULL);
+  print_message("f16 params, 2 ranks vs 1: relative error %.3g\n", e);
+  /* Row 4 (the window of step 3) skipped with the scale halved, in both
+   * logs: 65536 doubles after steps 1-2, halves at 4, doubles again
+   * after 5-6. */
+  const char *logs[2] = {"l1.csv", "l2.csv"};
+  for (int k = 0; k < 2; k++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, logs[k]);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[1024];
+    double want[8] = {0, 65536, 131072, 131072, 65536, 65536, 131072, 131072};
+    int row = 0;
+    while (fgets(line, sizeof line, f)) {
+      if (row++ == 0) {
+        assert_non_null(strstr(line, ",loss_scale,skipped"));
+        continue;
+      }
+      char *last = strrchr(line, ','), *prev;
+      *last = 0;
+      prev = strrchr(line, ',');
+      double scale = strtod(prev + 1, NULL);
+      long skipped = strtol(last + 1, NULL, 10);
+      assert_true(scale == want[row - 1]);
+      assert_int_equal(skipped, row - 1 >= 4 ? 1 : 0);
+    }
+    fclose(f);
+    assert_int_equal(row, 8);
+  }
+  tu_rm_rf(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mixed_bf16_mlp_matches_interpreter),
@@ -302,6 +367,7 @@ int main(void) {
       cmocka_unit_test(test_mixed_train_mlp_tracks_f32),
       cmocka_unit_test(test_mixed_train_tinygpt_tracks_f32),
       cmocka_unit_test(test_mixed_f16_overflow_skips_the_step),
+      cmocka_unit_test(test_mixed_f16_overflow_on_one_rank_skips_on_every_rank),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
