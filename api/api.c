@@ -174,6 +174,22 @@ void api_set_draws(gradc_program *p, uint64_t seed, uint64_t step) {
   p->draw_step = step;
 }
 
+double api_program_loss_scale(const gradc_program *p) { return p->loss_scale > 0 ? p->loss_scale : 1.0; }
+
+double api_unscale_norm2(StepResult *r, double scale) {
+  double inv = 1.0 / scale, ss = 0;
+  for (int i = 0; i < r->nlosses; i++) r->losses[i] *= inv;
+  for (int i = 0; i < r->ngrads; i++) {
+    int64_t n = ir_numel(&r->grad_types[i].shape);
+    double *g = r->grads[i];
+    for (int64_t j = 0; j < n; j++) {
+      g[j] *= inv;
+      ss += g[j] * g[j];
+    }
+  }
+  return ss;
+}
+
 void api_set_params_gen(gradc_program *p, uint64_t gen) {
   if (p->backend->set_params_gen) p->backend->set_params_gen(p->prog, gen);
 }
@@ -313,6 +329,7 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
                  : strcmp(o->precision, "bf16") == 0 ? IR_DT_BF16
                  : strcmp(o->precision, "f16") == 0  ? IR_DT_F16
                                                      : IR_DT_F32;
+  p->loss_scale = p->precision == IR_DT_F16 ? API_LOSS_SCALE_INIT : 1.0;
   p->ndefs = o->ndefs;
   p->def_names = ARENA_ARRAY(&p->arena, const char *, o->ndefs + 1);
   p->def_values = ARENA_ARRAY(&p->arena, int64_t, o->ndefs + 1);
@@ -720,6 +737,7 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   const cJSON *prec = cJSON_GetObjectItemCaseSensitive(m, "precision"); /* absent before mixed precision: f32 */
   p->precision = IR_DT_F32;
   if (cJSON_IsString(prec) && !ir_dtype_parse(prec->valuestring, strlen(prec->valuestring), &p->precision)) goto done;
+  p->loss_scale = p->precision == IR_DT_F16 ? API_LOSS_SCALE_INIT : 1.0;
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);

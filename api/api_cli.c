@@ -453,6 +453,7 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
   } else if (drop_optim_state(&params), !api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
     rc = fail("%s", err);
   } else {
+    if (api_program_loss_scale(p) != 1.0) (void)api_unscale_norm2(&r, api_program_loss_scale(p)); /* f16 */
     if (api_program_rank(p) == 0) { /* data-parallel: rank 0 prints and writes the window's results */
       print_losses(p, &r);
       if (grads_out) rc = write_grads(grads_out, &r);

@@ -283,19 +283,7 @@ gradc_status gradc_session_run(gradc_session *s) {
   if (sharded) {
     if (!api_zero_norm2(s->p, &r, &ss, err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   } else if (s->loss_scale != 1.0) {
-    /* f16 (DESIGN.md §3 rule 7): one pass unscales, takes the norm and,
-     * through it, finds an inf or a NaN (their squares stay non-finite).
-     * S is a power of two, so unscaling is exact. */
-    double inv = 1.0 / s->loss_scale;
-    for (int i = 0; i < r.nlosses; i++) r.losses[i] *= inv;
-    for (int i = 0; i < r.ngrads; i++) {
-      int64_t n = ir_numel(&r.grad_types[i].shape);
-      double *g = r.grads[i];
-      for (int64_t j = 0; j < n; j++) {
-        g[j] *= inv;
-        ss += g[j] * g[j];
-      }
-    }
+    ss = api_unscale_norm2(&s->res, s->loss_scale);
   } else {
     for (int i = 0; i < r.ngrads; i++) {
       int64_t n = ir_numel(&r.grad_types[i].shape);
@@ -333,7 +321,7 @@ gradc_status gradc_session_run(gradc_session *s) {
 
 void gradc_loss_scale_options_init(gradc_loss_scale_options *o) {
   if (!o) return;
-  o->init_scale = 65536.0;
+  o->init_scale = API_LOSS_SCALE_INIT;
   o->window = 2000;
   o->hysteresis = 1;
   o->min_scale = 1.0;

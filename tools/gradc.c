@@ -120,7 +120,8 @@ static const char *help_text[][2] = {
             "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"
             "  --seed S and --step N (default 0 and 0) choose the random draws of dropout, rand_like and\n"
             "  randn_like, which are the same for every --gas and --dp.  --precision bf16|f16 runs the\n"
-            "  window in mixed precision (see gradc help compile); run uses no loss scale (1).\n"},
+            "  window in mixed precision (see gradc help compile); with f16 the window is scaled by the\n"
+            "  loss scale a training run starts with (65536) and unscaled after it, as its first step is.\n"},
     {"train", train_help},
     {"bench", bench_help},
     {"convert", convert_help},

@@ -126,7 +126,7 @@ class Program:
         return r
 
 
-def _compile_options(defines, gas, target, threads, no_cache):
+def _compile_options(defines, gas, target, threads, no_cache, precision=None):
     o = _lib.CompileOptions()
     _lib.compile_options_init(ctypes.byref(o))
     o.gas = int(gas)
@@ -134,6 +134,9 @@ def _compile_options(defines, gas, target, threads, no_cache):
     o.no_cache = 1 if no_cache else 0
     keep = [target.encode()]
     o.target = keep[0]
+    if precision is not None:
+        keep.append(str(precision).encode())
+        o.precision = keep[-1]
     if defines:
         names = (ctypes.c_char_p * len(defines))(*[str(k).encode() for k in defines])
         values = (ctypes.c_int64 * len(defines))(*[int(v) for v in defines.values()])
@@ -150,15 +153,19 @@ def _is_artifact(path):
         return False
 
 
-def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cache=False, name=None):
+def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cache=False, name=None,
+            precision=None):
     """Compile a model: a path to a .gdl file (or an artifact, which is
     loaded), or the model's source text (anything with a newline or a
     '{'); name is the file name diagnostics give source text (default
-    "<source>.gdl").  defines: -D values {"B": 64}; gas: micro-batches K."""
+    "<source>.gdl").  defines: -D values {"B": 64}; gas: micro-batches K;
+    precision: "bf16" or "f16" for mixed precision (PyTorch autocast's
+    split: GEMMs in the low type, the rest and the params f32), None or
+    "f32" for f32."""
     src = os.fspath(path_or_source) if isinstance(path_or_source, os.PathLike) else path_or_source
     if not isinstance(src, str):
         raise TypeError("gradc.compile: a path or source text, not %s" % type(src).__name__)
-    o, keep = _compile_options(defines, gas, target, threads, no_cache)
+    o, keep = _compile_options(defines, gas, target, threads, no_cache, precision)
     h = ctypes.c_void_p()
     if "\n" in src or "{" in src:
         _check(_lib.program_compile_source((name or "<source>.gdl").encode(), src.encode(), ctypes.byref(o), ctypes.byref(h)))

@@ -79,6 +79,8 @@ class CompileOptions(ctypes.Structure):
         ("no_overlap", c_int),
         ("bucket_bytes", c_int64),
         ("zero1", c_int),
+        ("no_training", c_int),
+        ("precision", c_char_p),
     ] + _SPARE
 
 
