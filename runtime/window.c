@@ -492,6 +492,17 @@ void rt_tensor_convert(const StTensor *t, int64_t begin, int64_t n, IrDType dt, 
     memcpy(dst, (const char *)t->data + es * begin, (size_t)(es * n));
     return;
   }
+  /* The master weights of a bf16/f16 model, every window: f32 to the
+   * low type in one loop (the same bits as through double, for f32). */
+  if (t->dtype == ST_F32 && (dt == IR_DT_BF16 || dt == IR_DT_F16)) {
+    const float *s = (const float *)t->data + begin;
+    uint16_t *d = dst;
+    if (dt == IR_DT_BF16)
+      for (int64_t i = 0; i < n; i++) d[i] = ir_f32_to_bf16(s[i]);
+    else
+      for (int64_t i = 0; i < n; i++) d[i] = ir_f32_to_f16(s[i]);
+    return;
+  }
   double buf[1024];
   for (int64_t k = 0; k < n; k += 1024) {
     int64_t m = n - k < 1024 ? n - k : 1024;

@@ -410,42 +410,8 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
   pool_run(p->pool, k->iters, grain > 0 ? grain : 1, kernel_chunk, &run);
 }
 
-/* bf16 and f16 elements (round to nearest even; NaN stays a quiet NaN):
- * the executor's own, inline, for the widening and rounding loops of the
- * low-precision GEMMs (the kernels' conversions are generated). */
-static inline uint32_t f32_bits(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-static inline float bits_f32(uint32_t u) {
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
-static inline uint16_t f32_to_bf16(float x) {
-  uint32_t u = f32_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-static inline float f16_to_f32(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  if (e == 0x1f) return bits_f32(sign | 0x7f800000u | (m << 13));
-  if (e == 0) return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f; /* zero and subnormals, exact */
-  return bits_f32(sign | ((e + 112) << 23) | (m << 13));
-}
-static inline uint16_t f32_to_f16(float x) {
-  uint32_t u = f32_bits(x), sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);
-  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to 65536 or more: inf */
-  if (a < 0x38800000u) {                                   /* below 2^-14: a subnormal (or zero) */
-    float f = bits_f32(a) * 0x1p24f;                       /* exact; the f32 add below rounds to even */
-    return (uint16_t)(sign | (uint32_t)(f + 0x1p23f - 0x1p23f));
-  }
-  uint32_t r = a + 0xfffu + ((a >> 13) & 1); /* to nearest even at bit 13 */
-  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
-}
-
+/* The widening and rounding loops of the low-precision GEMMs (ir.h's
+ * bit codecs; the kernels' conversions are generated). */
 typedef struct LowCopy {
   const void *src;
   void *dst;
@@ -458,19 +424,19 @@ static void low_copy(void *ctx, int64_t begin, int64_t end) {
   if (c->widen && c->dt == IR_DT_BF16) {
     const uint16_t *s = c->src;
     float *d = c->dst;
-    for (int64_t i = begin; i < end; i++) d[i] = bits_f32((uint32_t)s[i] << 16);
+    for (int64_t i = begin; i < end; i++) d[i] = ir_bf16_to_f32(s[i]);
   } else if (c->widen) {
     const uint16_t *s = c->src;
     float *d = c->dst;
-    for (int64_t i = begin; i < end; i++) d[i] = f16_to_f32(s[i]);
+    for (int64_t i = begin; i < end; i++) d[i] = ir_f16_to_f32(s[i]);
   } else if (c->dt == IR_DT_BF16) {
     const float *s = c->src;
     uint16_t *d = c->dst;
-    for (int64_t i = begin; i < end; i++) d[i] = f32_to_bf16(s[i]);
+    for (int64_t i = begin; i < end; i++) d[i] = ir_f32_to_bf16(s[i]);
   } else {
     const float *s = c->src;
     uint16_t *d = c->dst;
-    for (int64_t i = begin; i < end; i++) d[i] = f32_to_f16(s[i]);
+    for (int64_t i = begin; i < end; i++) d[i] = ir_f32_to_f16(s[i]);
   }
 }
 

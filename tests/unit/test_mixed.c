@@ -76,6 +76,18 @@ static void gpt_inputs(gradc_session *s, uint64_t seed) {
   check_api(gradc_session_set_input(s, "targets", GRADC_I32, tgt, B * T), "set targets");
 }
 
+/* lenet's window: images uniform in [-1, 1), labels from the sign of
+ * their corners' sum. */
+static void lenet_inputs(gradc_session *s, uint64_t seed) {
+  enum { B = 8, P = 16 * 16 };
+  static float x[B * P];
+  static int32_t y[B];
+  for (int i = 0; i < B * P; i++) x[i] = unit(&seed);
+  for (int b = 0; b < B; b++) y[b] = (int32_t)(lcg(&seed) % 10);
+  check_api(gradc_session_set_input(s, "x", GRADC_F32, x, B * P), "set x");
+  check_api(gradc_session_set_input(s, "y", GRADC_I32, y, B), "set y");
+}
+
 typedef void (*InputsFn)(gradc_session *, uint64_t);
 
 /* Every gradient of one run as one vector (program order). */
@@ -165,6 +177,37 @@ static void compare_precision(const char *model, const char *precision, InputsFn
   run_free(&f32);
 }
 
+/* ir.h's bit codecs (the executor's GEMM loops, params into an arena)
+ * against ir_round_dtype, the interpreter's rounding: every f32 whose top
+ * 16 bits and low bits take a spread of values, ties and the f16
+ * overflow and subnormal edges among them. */
+static void test_mixed_codecs_match_ir_round_dtype(void **state) {
+  (void)state;
+  uint64_t seed = 5;
+  int64_t checked = 0;
+  for (uint32_t hi = 0; hi < 0x10000; hi++) {
+    uint32_t lows[6] = {0, 0x8000, 0x7fff, 0x8001, 0xffff, (uint32_t)(lcg(&seed) & 0xffff)};
+    for (int k = 0; k < 6; k++) {
+      float x = ir_bits_f32(hi << 16 | lows[k]);
+      const IrDType dts[2] = {IR_DT_BF16, IR_DT_F16};
+      for (int d = 0; d < 2; d++) {
+        double want = ir_round_dtype(x, dts[d]);
+        float got = d == 0 ? ir_bf16_to_f32(ir_f32_to_bf16(x)) : ir_f16_to_f32(ir_f32_to_f16(x));
+        bool sign_differs = !signbit(got) != !signbit(want);
+        if (isnan(want) ? !isnan(got) : (double)got != want || sign_differs)
+          fail_msg("%s(%a = 0x%08x): %a, ir_round_dtype %a", d ? "f16" : "bf16", x, ir_f32_bits(x), got, want);
+        checked++;
+      }
+    }
+  }
+  const float edges[] = {65504.0f, 65519.996f, 65520.0f, 0x1p-14f, 0x1p-24f, 0x1.8p-25f, 0x1p-25f, 0x1.0p-26f, -0.0f};
+  for (size_t i = 0; i < sizeof edges / sizeof *edges; i++) {
+    double want = ir_round_dtype(edges[i], IR_DT_F16);
+    assert_true((double)ir_f16_to_f32(ir_f32_to_f16(edges[i])) == want);
+  }
+  print_message("%lld conversions agree with ir_round_dtype\n", (long long)checked);
+}
+
 /* bf16 has 8 significant bits (relative rounding 2^-9 = 0.2%), f16 11.
  * The same program on the CPU and the interpreter differs only where an
  * f32-accumulated product rounds to the other side of a bf16 (f16) tie
@@ -183,6 +226,13 @@ static void test_mixed_f16_mlp_matches_interpreter(void **state) {
 static void test_mixed_bf16_tinygpt_matches_interpreter(void **state) {
   (void)state;
   compare_precision("examples/tinygpt.gdl", "bf16", gpt_inputs, 2e-2, 5e-2);
+}
+
+/* Convolutions: autocast reaches the GEMMs conv2d lowers to (im2col's
+ * matmul, and the backward's). */
+static void test_mixed_bf16_lenet_matches_interpreter(void **state) {
+  (void)state;
+  compare_precision("examples/lenet.gdl", "bf16", lenet_inputs, 2e-2, 5e-2);
 }
 
 /* 50 AdamW steps at each precision from the same params and data: the
@@ -361,9 +411,11 @@ static void test_mixed_f16_overflow_on_one_rank_skips_on_every_rank(void **state
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_mixed_codecs_match_ir_round_dtype),
       cmocka_unit_test(test_mixed_bf16_mlp_matches_interpreter),
       cmocka_unit_test(test_mixed_f16_mlp_matches_interpreter),
       cmocka_unit_test(test_mixed_bf16_tinygpt_matches_interpreter),
+      cmocka_unit_test(test_mixed_bf16_lenet_matches_interpreter),
       cmocka_unit_test(test_mixed_train_mlp_tracks_f32),
       cmocka_unit_test(test_mixed_train_tinygpt_tracks_f32),
       cmocka_unit_test(test_mixed_f16_overflow_skips_the_step),
