@@ -42,8 +42,9 @@ void *cache_get(const char *dir, const char *kind, uint64_t key, size_t *len) {
   memcpy(&want_len, data + 8, 8);
   memcpy(&want_sum, data + 16, 8);
   if (want_len != n - 24 || hash_bytes(data + 24, n - 24, HASH_SEED) != want_sum) goto corrupt;
-  void *out = mem_alloc(n - 24 ? n - 24 : 1);
+  char *out = mem_alloc(n - 24 + 1);
   memcpy(out, data + 24, n - 24);
+  out[n - 24] = 0; /* text entries can be read as strings */
   free(data);
   *len = n - 24;
   return out;

@@ -200,8 +200,9 @@ void pool_free(Pool *p);
 /* The cache directory ($GRADC_CACHE_DIR, $XDG_CACHE_HOME/gradc,
  * ~/.cache/gradc) into buf; false if none can be named. */
 bool cache_dir(char *buf, size_t n);
-/* The entry of `kind` (e.g. "obj") under key, malloc'd, or NULL on a miss;
- * a corrupted entry is a warning and a miss. */
+/* The entry of `kind` (e.g. "obj") under key, malloc'd with a NUL after
+ * its *len bytes (a text entry reads as a string), or NULL on a miss; a
+ * corrupted entry is a warning and a miss. */
 void *cache_get(const char *dir, const char *kind, uint64_t key, size_t *len);
 /* Store an entry atomically; failures are warnings. */
 void cache_put(const char *dir, const char *kind, uint64_t key, const void *data, size_t len);

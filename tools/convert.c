@@ -139,6 +139,27 @@ static double load(const cli_tensor *t, int64_t j) {
   return 0;
 }
 
+/* A hint for a SOURCE name the file lacks: a tensor of the file that is the
+ * same name with a dotted prefix more or less (a Hugging Face GPT2Model
+ * checkpoint names `wte.weight` what GPT2LMHeadModel's names
+ * `transformer.wte.weight`).  Empty if there is none. */
+static void missing_hint(const cli_tensors *src, const char *name, char *out, size_t n) {
+  out[0] = 0;
+  size_t ln = strlen(name);
+  for (int i = 0; i < cli_tensors_count(src); i++) {
+    const char *t = cli_tensors_at(src, i).name;
+    size_t lt = strlen(t);
+    if (lt < ln && name[ln - lt - 1] == '.' && strcmp(name + ln - lt, t) == 0) {
+      snprintf(out, n, "; the file has '%s' (drop the prefix '%.*s' from the map's sources?)", t, (int)(ln - lt), name);
+      return;
+    }
+    if (lt > ln && t[lt - ln - 1] == '.' && strcmp(t + lt - ln, name) == 0) {
+      snprintf(out, n, "; the file has '%s' (add the prefix '%.*s' to the map's sources?)", t, (int)(lt - ln), t);
+      return;
+    }
+  }
+}
+
 static int64_t numel(int rank, const int64_t *shape) {
   int64_t n = 1;
   for (int k = 0; k < rank; k++) n *= shape[k];
@@ -213,7 +234,11 @@ static int convert_line(const ConvertArgs *a, const cli_tensors *src, const MapL
     else
       snprintf(name, sizeof name, "%s", m->src);
     int i = cli_tensors_find(src, name);
-    if (i < 0) return error("%s: tensor '%s' (%s:%d): not in the file", a->src, name, a->map, m->line);
+    if (i < 0) {
+      char hint[1200];
+      missing_hint(src, name, hint, sizeof hint);
+      return error("%s: tensor '%s' (%s:%d): not in the file%s", a->src, name, a->map, m->line, hint);
+    }
     cli_tensor t = cli_tensors_at(src, i);
     if (t.dtype == GRADC_I32 || t.dtype == GRADC_I64)
       return error("%s: tensor '%s' (%s:%d): %s is not a float dtype", a->src, name, a->map, m->line,
@@ -231,7 +256,9 @@ static int convert_line(const ConvertArgs *a, const cli_tensors *src, const MapL
   }
   if (layers == 0) {
     layer_name(m->src, 0, name, sizeof name);
-    return error("%s: tensor '%s' (%s:%d): not in the file", a->src, name, a->map, m->line);
+    char hint[1200];
+    missing_hint(src, name, hint, sizeof hint);
+    return error("%s: tensor '%s' (%s:%d): not in the file%s", a->src, name, a->map, m->line, hint);
   }
   /* The destination's shape: [layers] + the (transposed) source's. */
   int64_t shape[9];

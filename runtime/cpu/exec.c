@@ -1422,7 +1422,7 @@ static void *cpu_load(IrFunc *f, const ArtFile *a, const BackendOptions *o, char
   if (gs && !(env && *env)) {
     const CpuGemmProvider *g = cpu_gemm_provider_find(gs->name);
     char why[512] = "this build of gradc does not have it";
-    if (!g || !g->usable(why, sizeof why)) {
+    if (!g || !cpu_gemm_runnable(g, why, sizeof why)) {
       errf(err, errlen, "built for GEMM provider '%s', which is missing here (%s); recompile the model", gs->name, why);
       return NULL;
     }

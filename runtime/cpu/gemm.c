@@ -462,6 +462,19 @@ int cpu_gemm_measure(double *ms, char (*why)[256], int nmax) {
 /* The choice                                                          */
 /* ------------------------------------------------------------------ */
 
+/* The provider chosen when none is usable: the first of the build, which
+ * is correct if slow (OpenBLAS's generic kernels, say), rather than none. */
+static const CpuGemmProvider *last_resort(void) {
+  char why[256];
+  for (int i = 0; i < NPROVIDERS; i++)
+    if (registry[i]->usable(why, sizeof why)) return NULL;
+  return registry[0];
+}
+
+bool cpu_gemm_runnable(const CpuGemmProvider *p, char *why, size_t n) {
+  return p->usable(why, n) || p == last_resort();
+}
+
 static pthread_mutex_t select_lock = PTHREAD_MUTEX_INITIALIZER;
 static const CpuGemmProvider *chosen;
 static char chosen_dir[4096];
@@ -484,7 +497,7 @@ static const CpuGemmProvider *parse_entry(const char *text, size_t len, const ch
   name[nl] = 0;
   const CpuGemmProvider *p = cpu_gemm_provider_find(name);
   char why[256];
-  return p && p->usable(why, sizeof why) ? p : NULL;
+  return p && cpu_gemm_runnable(p, why, sizeof why) ? p : NULL;
 }
 
 static const CpuGemmProvider *choose(const char *dir) {
@@ -507,6 +520,11 @@ static const CpuGemmProvider *choose(const char *dir) {
     char why[16][256];
     int best = cpu_gemm_measure(ms, why, 16);
     p = best >= 0 ? registry[best] : registry[0];
+    if (best < 0)
+      fprintf(stderr,
+              "gradc: warning: no GEMM provider of this build runs at full speed on this CPU (%s: %s); using it "
+              "anyway (a build with oneDNN or BLIS avoids this)\n",
+              p->name, why[0]);
     /* Another process that measured this host meanwhile wrote first: its
      * choice stands, so that processes started together agree. */
     char *again = dir ? cache_get(dir, CPU_GEMM_CACHE_KIND, key, &len) : NULL;
@@ -559,7 +577,7 @@ const CpuGemmProvider *cpu_gemm_select(const char *cache_dir, char *err, size_t 
       cpu_gemm_check_env(err, n);
       return NULL;
     }
-    if (!p->usable(why, sizeof why)) {
+    if (!cpu_gemm_runnable(p, why, sizeof why)) {
       static bool warned;
       pthread_mutex_lock(&select_lock);
       if (!warned) fprintf(stderr, "gradc: warning: GRADC_GEMM=%s: %s\n", env, why);

@@ -69,6 +69,10 @@ typedef struct CpuGemmProvider {
  * onednn, openblas, blis (as built), or the plain loops of a build
  * without any of them ("loops"). */
 int cpu_gemm_providers(const CpuGemmProvider *const **out);
+/* Whether p can run here: it is usable, or no provider of the build is
+ * and p is the one chosen as the last resort (the first; a warning says
+ * so when the host is measured). */
+bool cpu_gemm_runnable(const CpuGemmProvider *p, char *why, size_t n);
 /* By name, or NULL. */
 const CpuGemmProvider *cpu_gemm_provider_find(const char *name);
 
