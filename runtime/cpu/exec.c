@@ -155,7 +155,7 @@ struct CpuProgram {
   StepResult spare;
   bool have_spare;
   /* bf16 and f16 GEMMs (low_scratch): their f32 products before they are
-   * rounded into a bf16/f16 result, and f16 operands widened to f32. */
+   * rounded into a bf16/f16 result, and their operands widened to f32. */
   float *low;
   int64_t nlow; /* floats */
 };
@@ -186,9 +186,10 @@ static bool in_group0(const IrOp *op, void *ctx) {
  * strided views (codegen/kernel.c: a stored value whole, q read out of
  * qkv, heads written into [B, T, C]); bf16 and f16 contiguous (transposes
  * as flags): bf16 A and B straight into the provider's bf16 GEMM (f32
- * accumulation), f16 widened to f32 first (oneDNN 2.6 has no f16 matmul
- * on the CPU); the f32 product rounded into a bf16/f16 result, or
- * accumulated into an f32 gradient buffer as it is. */
+ * accumulation), or widened to f32 first where the host measured that
+ * faster (cpu_gemm_bf16_widen), f16 always widened (oneDNN 2.6 has no
+ * f16 matmul on the CPU); the f32 product rounded into a bf16/f16
+ * result, or accumulated into an f32 gradient buffer as it is. */
 static bool plan_gemm(const KpViews *vs, const IrOp *op, Gemm *g, char *err, size_t n) {
   const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
   memset(g, 0, sizeof *g);
@@ -359,7 +360,7 @@ static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, si
 
 typedef struct GemmRun {
   const Gemm *g;
-  const char *abase, *bbase; /* where A and B lie: the arena's buffers, the caller's tensors, widened f16 */
+  const char *abase, *bbase; /* where A and B lie: the arena's buffers, the caller's tensors, or widened to f32 */
   char *cbase;               /* where C lies: the arena, or f32 scratch for a bf16/f16 result */
   bool acc;                  /* beta = 1 */
 } GemmRun;
@@ -367,8 +368,8 @@ typedef struct GemmRun {
 static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   const GemmRun *r = ctx;
   const Gemm *g = r->g;
-  /* Bytes per element: A and B as the provider reads them (bf16 stays
-   * bf16, f16 was widened), C as it writes it (f32 for bf16/f16). */
+  /* Bytes per element: A and B as the provider reads them (bf16 unless
+   * widened, f16 widened), C as it writes it (f32 for bf16/f16). */
   int64_t es = g->dt == IR_DT_F64 ? 8 : g->dt == IR_DT_BF16 && !g->widen ? 2 : 4, esc = g->dt == IR_DT_F64 ? 8 : 4;
   int64_t per = g->pm * g->pn;
   for (int64_t i = begin; i < end; i++) {
@@ -455,7 +456,7 @@ static int64_t low_extent(const int64_t *off, int64_t nb, int64_t per) {
 }
 
 /* The f32 scratch g needs (CpuProgram.low): its product when the result is
- * bf16/f16, and its widened operands when they are f16. */
+ * bf16/f16, and its operands when they are widened. */
 static int64_t low_scratch(const Gemm *g) {
   if (g->dt != IR_DT_BF16 && g->dt != IR_DT_F16) return 0;
   int64_t n = g->cdt == IR_DT_F32 ? 0 : low_extent(g->coff, g->nb, g->M * g->N);
