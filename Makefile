@@ -48,8 +48,9 @@ demo: build
 
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADC_FUZZ=ON -DGRADC_TESTS=OFF -DGRADC_WERROR=OFF -DGRADC_LLVM=OFF -DGRADC_BLAS=OFF
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_gdl fuzz_gir
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_gdl fuzz_gir fuzz_safetensors fuzz_artifact fuzz_checkpoint
 	@echo "run: build-fuzz/tests/fuzz/fuzz_gdl -max_total_time=60 examples tests/diag"
+	@echo "     build-fuzz/tests/fuzz/fuzz_safetensors -max_total_time=60 tests/fuzz/corpus/safetensors (artifact, checkpoint alike)"
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-release

@@ -240,7 +240,10 @@ bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inp
   if (dist) step_dp_begin(&p->stepdp);
   step_set_draws(p->draw_seed, p->draw_step); /* the executors' rng.state (window.c) */
   step_set_loss_scale(p->loss_scale > 0 ? p->loss_scale : 1.0); /* loss.scale (f16) */
-  ok = p->backend->run(p->prog, p->gas, params, "params", inputs, "inputs", r, err, errlen);
+  /* Messages name the files the tensors came from (gradc run's), else
+   * what they are (a session's, built in memory). */
+  ok = p->backend->run(p->prog, p->gas, params, params->path ? params->path : "the session's params", inputs,
+                       inputs->path ? inputs->path : "the session's inputs", r, err, errlen);
   if (ok && r->ngrads > 0 && ir_numel(&r->grad_types[0].shape) > 0 && step_inject_inf())
     r->grads[0][0] = INFINITY; /* the test hook: an overflow on this rank */
   if (ok && p->zero) {

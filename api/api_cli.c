@@ -100,6 +100,8 @@ int cli_need_device(void) {
 
 int cli_launch_size(void) { return comm_launch_size(); }
 
+int cli_launch_rank(void) { return comm_launch_rank(); }
+
 void cli_abort_ranks(int rc) { comm_abort(rc); }
 
 int cli_check_ranks(const gradc_program *p) {
@@ -111,6 +113,96 @@ int cli_check_ranks(const gradc_program *p) {
                 p->dp == 1 ? "no --dp" : "a different --dp", launched);
   return fail("this run has %d ranks (mpirun -np %d) but --tp %d x --dp %d = %d; pass --tp and --dp whose product is %d",
               launched, launched, p->tp, p->dp, ranks, launched);
+}
+
+/* One collective answer: whether every rank holds v; rank 0's value and
+ * the first other rank's into *v0, *vd (that rank into *rank). */
+static bool agree_one(Comm *c, uint64_t v, int *rank, uint64_t *v0, uint64_t *vd, bool *same) {
+  char err[1024];
+  if (!comm_agree(&c->world, v, rank, v0, vd, err, sizeof err)) return fail("%s", err), false;
+  *same = *rank < 0;
+  return true;
+}
+
+static void show_item(const cli_agree_item *it, uint64_t v, char *buf, size_t n) {
+  double d;
+  switch (it->kind) {
+  case CLI_AGREE_INT: snprintf(buf, n, "%lld", (long long)v); break;
+  case CLI_AGREE_REAL:
+    memcpy(&d, &v, sizeof d);
+    if (isnan(d)) snprintf(buf, n, "the default"); /* not given */
+    else fmt_double(buf, n, d);
+    break;
+  case CLI_AGREE_FLAG: snprintf(buf, n, "%s", v ? "on" : "off"); break;
+  case CLI_AGREE_HASH: snprintf(buf, n, "hash %016llx", (unsigned long long)v); break;
+  }
+}
+
+static uint64_t tensor_hash(const StTensor *t, uint64_t h) {
+  h = hash_bytes(t->name, strlen(t->name) + 1, h);
+  h = hash_bytes(&t->dtype, sizeof t->dtype, h);
+  h = hash_bytes(t->shape, sizeof(int64_t) * (size_t)t->rank, h);
+  return hash_bytes(t->data, t->nbytes, h);
+}
+
+/* cli_agree over c, for a state of step `step` and tensors st (NULL: the
+ * items only); `state` names the tensors in messages ("param", "tensor of
+ * --params"). */
+static int agree(Comm *c, const cli_agree_item *items, int n, const int64_t *step, const StFile *st,
+                 const char *state) {
+  if (!c || c->size <= 1) return 0;
+  bool lead = c->rank == 0, same;
+  int rank;
+  uint64_t v0, vd;
+  /* One collective when all is well; one per item to name what differs. */
+  uint64_t all = hash_bytes(&n, sizeof n, HASH_SEED);
+  for (int i = 0; i < n; i++) all = hash_bytes(&items[i].v, sizeof items[i].v, hash_str(items[i].what) ^ all);
+  if (step) all = hash_bytes(step, sizeof *step, all);
+  for (int i = 0; st && i < st->n; i++) all = tensor_hash(&st->t[i], all);
+  if (!agree_one(c, all, &rank, &v0, &vd, &same)) return 1;
+  if (same) return 0;
+  for (int i = 0; i < n; i++) {
+    if (!agree_one(c, items[i].v, &rank, &v0, &vd, &same)) return 1;
+    if (same) continue;
+    if (lead) {
+      char a[64], b[64];
+      show_item(&items[i], vd, a, sizeof a);
+      show_item(&items[i], v0, b, sizeof b);
+      fail("ranks disagree on %s: rank %d: %s, rank 0: %s; every rank must be started with the same "
+           "model, flags and files", items[i].what, rank, a, b);
+    }
+    return 1;
+  }
+  if (step) {
+    if (!agree_one(c, (uint64_t)*step, &rank, &v0, &vd, &same)) return 1;
+    if (!same) {
+      if (lead)
+        fail("ranks disagree on the step they start at (--resume): rank %d is at step %lld, rank 0 at %lld", rank,
+             (long long)vd, (long long)v0);
+      return 1;
+    }
+  }
+  /* Every rank holds the same tensors (the items agreed on the model). */
+  for (int i = 0; st && i < st->n; i++) {
+    if (!agree_one(c, tensor_hash(&st->t[i], HASH_SEED), &rank, &v0, &vd, &same)) return 1;
+    if (same) continue;
+    if (lead)
+      fail("ranks disagree on the %s '%s': rank %d's differs from rank 0's (hash %016llx, rank 0 %016llx)%s",
+           state, st->t[i].name, rank, (unsigned long long)vd, (unsigned long long)v0,
+           step ? "; give every rank the same --init, --resume and --seed" : "");
+    return 1;
+  }
+  if (lead) fail("ranks disagree (rank %d), on what this rank cannot tell", rank);
+  return 1;
+}
+
+int cli_agree(gradc_session *s, const cli_agree_item *items, int n, bool params) {
+  return agree(s->p->comm, items, n, params ? &s->step : NULL, params ? &s->params : NULL, "initial value of param");
+}
+
+uint64_t cli_program_hash(const gradc_program *p) {
+  uint64_t h = hash_str(p->source ? p->source : "");
+  return hash_str(p->ir_text ? p->ir_text : "") ^ (h * 0x100000001b3ull);
 }
 
 /* ------------------------------------------------------------------ */
@@ -428,6 +520,21 @@ static void drop_optim_state(StFile *f) {
 
 void cli_set_draws(gradc_program *p, uint64_t seed, uint64_t step) { api_set_draws(p, seed, step); }
 
+/* A distributed run: every rank has rank 0's model and files (before the
+ * window's collectives, which ranks that differ would wait in). */
+static int agree_files(gradc_program *p, const StFile *params, const StFile *inputs) {
+  uint64_t hi = HASH_SEED;
+  for (int i = 0; i < inputs->n; i++) hi = tensor_hash(&inputs->t[i], hi);
+  const cli_agree_item items[] = {
+      {"the model (its text, -D sizes, --gas, --dp, --tp)", CLI_AGREE_HASH, cli_program_hash(p)},
+      {"--target", CLI_AGREE_HASH, hash_str(p->target)},
+      {"--seed and --step (the random draws)", CLI_AGREE_HASH,
+       hash_bytes(&p->draw_step, sizeof p->draw_step, hash_bytes(&p->draw_seed, sizeof p->draw_seed, HASH_SEED))},
+      {"--inputs (the window's tensors)", CLI_AGREE_HASH, hi},
+  };
+  return agree(p->comm, items, (int)(sizeof items / sizeof *items), NULL, params, "tensor of --params");
+}
+
 int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, const char *grads_out,
             const char *outputs_out, const char *buffers_out, const char *trace_path, bool allow_tf32) {
 #ifdef GRADC_HAVE_CUDA
@@ -450,6 +557,10 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
   StepResult r;
   if (!st_read(params_path, &params, err, sizeof err) || !st_read(inputs_path, &inputs, err, sizeof err)) {
     rc = fail("%s", err);
+  } else if ((int64_t)p->dp * p->tp > 1 && !api_dist_start(p, err, sizeof err)) {
+    rc = fail("%s", err);
+  } else if ((rc = agree_files(p, &params, &inputs))) {
+    /* ranks given different files: said on rank 0 */
   } else if (drop_optim_state(&params), !api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
     rc = fail("%s", err);
   } else {
@@ -634,6 +745,41 @@ void cli_tensors_free(cli_tensors *f) {
   if (!f) return;
   st_free(&f->st);
   free(f);
+}
+
+uint64_t cli_tensors_hash(const cli_tensors *f) {
+  uint64_t h = HASH_SEED;
+  for (int i = 0; i < f->st.n; i++) h = tensor_hash(&f->st.t[i], h);
+  return h;
+}
+
+int cli_check_dataset_indices(const gradc_program *p, const cli_tensors *data, const char *path) {
+  const IrFunc *f = p->func;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    InterpIndexRange r;
+    if (!interp_index_range(op, &r)) continue;
+    const IrValue *x = op->args[interp_index_operand(op)];
+    if (x->def || x->role != IR_ARG_INPUT) continue; /* computed indices: the window's check */
+    const StTensor *t = st_find(&data->st, x->name);
+    if (!t || (t->dtype != ST_I32 && t->dtype != ST_I64)) continue;
+    int64_t n = st_numel(t), row = x->batched && t->rank > 0 && t->shape[0] > 0 ? n / t->shape[0] : 0;
+    for (int64_t k = 0; k < n; k++) {
+      int64_t v = t->dtype == ST_I32 ? ((const int32_t *)t->data)[k] : ((const int64_t *)t->data)[k];
+      if ((r.ignorable && v == r.ignore) || (v >= 0 && v < r.hi)) continue;
+      char at[64] = "", where[512] = "";
+      if (row) {
+        int m = snprintf(at, sizeof at, ", sample %lld", (long long)(k / row));
+        if (row > 1) snprintf(at + m, sizeof at - (size_t)m, " (element %lld of it)", (long long)(k % row));
+      } else {
+        snprintf(at, sizeof at, ", element %lld", (long long)k);
+      }
+      if (op->loc.file) snprintf(where, sizeof where, " at %s:%d:%d", op->loc.file, op->loc.line, op->loc.col);
+      return fail("%s: tensor '%s'%s: %s %lld out of range [0, %lld) (%s%s)", path, t->name, at, r.what, (long long)v,
+                  (long long)r.hi, ir_op_info[op->opcode].name, where);
+    }
+  }
+  return 0;
 }
 
 bool cli_tensors_read(cli_tensors *f, const char *path, char *err, size_t errlen) {

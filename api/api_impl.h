@@ -164,8 +164,9 @@ IrType api_input_window_type(const gradc_program *p, int i);
 bool api_param_f64(const FeParam *p);
 
 
-/* Run one window on the program's back end (Backend.run);
- * errors name the tensors as "params: ..." / "inputs: ...". */
+/* Run one window on the program's back end (Backend.run); errors name
+ * the file each StFile was read from (StFile.path), or "the session's
+ * params" / "the session's inputs" for tensors built in memory. */
 bool api_run_window(gradc_program *p, const StFile *params, const StFile *inputs, StepResult *r, char *err,
                     size_t errlen);
 

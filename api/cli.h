@@ -38,11 +38,32 @@ bool cli_is_artifact(const char *path);
 int cli_need_device(void);
 /* Processes the launcher started (mpirun -np N), 1 without one. */
 int cli_launch_size(void);
+/* This process's rank among them, 0 without a launcher. */
+int cli_launch_rank(void);
 /* A distributed run failed with rc: end the other ranks too (no-op alone). */
 void cli_abort_ranks(int rc);
 /* The launcher started as many processes as p has ranks (tp x dp): 0,
  * else the error and 1. */
 int cli_check_ranks(const gradc_program *p);
+/* One thing every rank of a distributed run must hold alike: a flag's
+ * value (INT, REAL as its bits, FLAG), or a hash of what cannot travel
+ * (a file, the model, a name). */
+typedef enum { CLI_AGREE_INT, CLI_AGREE_REAL, CLI_AGREE_FLAG, CLI_AGREE_HASH } cli_agree_kind;
+typedef struct cli_agree_item {
+  const char *what; /* "--steps", "the model" */
+  cli_agree_kind kind;
+  uint64_t v;
+} cli_agree_item;
+/* Collective over s's ranks (a no-op alone): every rank holds rank 0's
+ * items and, with params, rank 0's step count and params (tensor by
+ * tensor).  0, else 1 on every rank, and rank 0 writes `gradc: error:
+ * ranks disagree: ...` naming the first item or tensor that differs and
+ * the rank.  Call it before any other collective, with the same items on
+ * every rank, so that ranks that disagree stop instead of waiting. */
+int cli_agree(gradc_session *s, const cli_agree_item *items, int n, bool params);
+/* A hash of the program: its model text and its compiled IR (sizes, K,
+ * dp, tp, passes). */
+uint64_t cli_program_hash(const gradc_program *p);
 
 /* ------------------------------------------------------------------ */
 /* dtypes: include/gradc.h's, named from runtime/io's one table        */
@@ -147,6 +168,15 @@ int cli_tensors_find(const cli_tensors *f, const char *name); /* its index, or -
 void cli_tensors_add(cli_tensors *f, const char *name, gradc_dtype dt, int rank, const int64_t *shape,
                      const void *data);
 const char *cli_tensors_meta(const cli_tensors *f, const char *key); /* NULL if absent */
+/* A hash of the tensors' names, dtypes, shapes and data. */
+uint64_t cli_tensors_hash(const cli_tensors *f);
+/* Every value of a dataset tensor that p takes as indices directly (an
+ * input that is cross_entropy's targets, embedding's rows) is in range,
+ * so that training refuses a bad one at once, naming its sample in the
+ * dataset rather than an element of some window: 0, else
+ * `gradc: error: PATH: tensor 'y', sample 37: target 7 out of range [0, 3)
+ * (cross_entropy at m.gdl:10:13)` and 1. */
+int cli_check_dataset_indices(const gradc_program *p, const cli_tensors *data, const char *path);
 void cli_tensors_set_meta(cli_tensors *f, const char *key, const char *value);
 
 #endif

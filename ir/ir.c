@@ -42,6 +42,15 @@ _Static_assert(IR_OPF_NFLAGS <= 31, "IrOpFlag: the flags fit an int");
 
 bool ir_op_is(IrOpcode opc, unsigned flags) { return (ir_op_info[opc].flags & flags) != 0; }
 
+bool ir_attr_known(const char *key) {
+#define KEY(k) #k,
+  static const char *const keys[] = {IR_ATTR_KEYS(KEY)};
+#undef KEY
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+    if (strcmp(keys[i], key) == 0) return true;
+  return false;
+}
+
 bool ir_opcode_parse(const char *s, size_t n, IrOpcode *out) {
   for (int i = 0; i < IR_OP_COUNT; i++) {
     const char *name = ir_op_info[i].name;

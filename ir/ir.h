@@ -273,6 +273,8 @@ IrValue *ir_func_add_arg(IrFunc *f, const char *name, IrType type, IrArgRole rol
 IrValue *ir_func_find_arg(const IrFunc *f, const char *name);
 
 const IrAttr *ir_attr_get(const IrOp *op, const char *key);
+/* Whether key is an attribute of the IR (ops.def's IR_ATTR_KEYS). */
+bool ir_attr_known(const char *key);
 int64_t ir_attr_get_int(const IrOp *op, const char *key, int64_t def); /* INT or BOOL */
 double ir_attr_get_float(const IrOp *op, const char *key, double def); /* FLOAT or INT */
 const char *ir_attr_get_str(const IrOp *op, const char *key, const char *def);

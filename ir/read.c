@@ -447,6 +447,7 @@ static void parse_attr(Reader *r) {
   const char *k = arena_strndup(&r->f->arena, key.s, key.n);
   for (int i = 0; i < r->nattrs; i++)
     if (strcmp(r->attrs[i].key, k) == 0) error_at(r, key.line, key.col, "duplicate attribute '%s'", k);
+  if (!ir_attr_known(k)) error_at(r, key.line, key.col, "unknown attribute '%s' (docs/IR.md lists them)", k);
   next(r);
   expect_punct(r, '=');
   IrAttr a;

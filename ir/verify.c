@@ -8,7 +8,8 @@
  *      the result of an earlier op: SSA dominance), result->def == op,
  *      outputs have no result and other ops one, and the shape rule,
  *      re-run, gives the stored result type (this also checks attributes
- *      and that each *.wait consumes its *.start).
+ *      and that each *.wait consumes its *.start); every attribute key is
+ *      one of the IR's (IR_ATTR_KEYS), and none appears twice.
  * The first problem is written to err, naming the op as it prints. */
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,11 @@ static bool check_ops(const IrFunc *f, const IrNames *names, bool *defined, char
           info->arity < 0 ? 1 : info->arity, info->arity == 1 || info->arity < 0 ? "" : "s", op->nargs);
     for (int j = 0; j < op->nargs; j++)
       if (!defined[op->args[j]->id]) BAD("operand %%%s is used before it is defined", names->name[op->args[j]->id]);
+    for (int j = 0; j < op->nattrs; j++) {
+      if (!ir_attr_known(op->attrs[j].key)) BAD("unknown attribute '%s'", op->attrs[j].key);
+      for (int k = 0; k < j; k++)
+        if (strcmp(op->attrs[k].key, op->attrs[j].key) == 0) BAD("attribute '%s' appears twice", op->attrs[j].key);
+    }
     bool output = info->kind == IR_KIND_OUTPUT;
     if (output && op->result) BAD("'%s' must have no result", info->name);
     if (!output && !op->result) BAD("'%s' has no result", info->name);

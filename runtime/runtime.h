@@ -27,6 +27,7 @@ typedef struct StFile {
   /* __metadata__: string -> string pairs */
   char **meta_key, **meta_val;
   int nmeta;
+  char *path; /* the file st_read read (malloc'd), for messages; NULL when built in memory */
 } StFile;
 
 void st_init(StFile *f);
@@ -38,6 +39,8 @@ size_t st_dtype_size(StDType dt);
  * non-overlapping, sizes match shapes).  On failure writes "FILE: reason"
  * to err and returns false. */
 bool st_read(const char *path, StFile *out, char *err, size_t errlen);
+/* st_read of a file already in memory; name stands for its path. */
+bool st_parse(const char *name, const void *buf, size_t size, StFile *out, char *err, size_t errlen);
 /* Write atomically: a temporary file in the same directory, fsync, rename. */
 bool st_write(const char *path, const StFile *f, char *err, size_t errlen);
 /* Add a tensor (data copied). */
@@ -86,6 +89,16 @@ void interp_free(InterpState *st);
  * before any micro-batch runs, so every back end rejects a bad index with
  * the same message instead of computing with it. */
 int interp_index_operand(const IrOp *op);
+/* The range an op's indices must lie in: [0, hi), and whether the
+ * ignore_index value is let through; what names them ("target" for
+ * cross_entropy's, else "index").  False for an op without indices. */
+typedef struct InterpIndexRange {
+  int64_t hi;
+  bool ignorable;
+  int64_t ignore;
+  const char *what;
+} InterpIndexRange;
+bool interp_index_range(const IrOp *op, InterpIndexRange *r);
 
 /* ------------------------------------------------------------------ */
 /* window.c: what every executor does the same way in a window          */

@@ -1,8 +1,11 @@
 /* file.c - whole files in and out: read_file, and write_file_atomic (a
  * temporary file next to the target, fsync, rename, fsync the directory),
- * which artifacts, safetensors files and plots write through;
- * remove_stale_temps for the temporaries of writers that died; mkdir_p for
- * the directories they go to. */
+ * which artifacts, safetensors files and plots write through, through
+ * symlinks to their targets and never over a device or fifo;
+ * file_check_output, which asks the same of an output before a command
+ * starts its work, and file_same, which tells an output that would replace
+ * an input; remove_stale_temps for the temporaries of writers that died;
+ * mkdir_p for the directories they go to. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -116,17 +119,94 @@ static void test_pause(void) {
 
 #define TMP_MARK ".tmp."
 
+/* The file a write to path replaces: path, or where the chain of symlinks
+ * that path is ends (a link's relative target is relative to the link's
+ * directory), whether or not that file exists yet.  Renaming onto the
+ * target keeps the links.  False with errno ELOOP or ENAMETOOLONG. */
+static bool link_target(const char *path, char *out, size_t n) {
+  if (snprintf(out, n, "%s", path) >= (int)n) {
+    errno = ENAMETOOLONG;
+    return false;
+  }
+  for (int hops = 0; hops < 40; hops++) {
+    struct stat sb;
+    if (lstat(out, &sb) != 0 || !S_ISLNK(sb.st_mode)) return true;
+    char to[4096];
+    ssize_t k = readlink(out, to, sizeof to - 1);
+    if (k < 0) return true; /* the write reports what is wrong */
+    to[k] = 0;
+    char *slash = strrchr(out, '/');
+    if (to[0] == '/' || !slash) {
+      if ((size_t)k >= n) break;
+      memcpy(out, to, (size_t)k + 1);
+    } else {
+      size_t dir = (size_t)(slash - out) + 1;
+      if (dir + (size_t)k >= n) break;
+      memcpy(out + dir, to, (size_t)k + 1);
+    }
+  }
+  errno = ELOOP;
+  return false;
+}
+
+/* path's target (link_target) into real, refusing one that exists and is
+ * not a regular file: a rename would replace a device node or a fifo
+ * itself, not write into it. */
+static bool output_target(const char *path, char *real, size_t n, char *err, size_t errlen) {
+  if (!link_target(path, real, n)) return errf(err, errlen, "%s: %s", path, strerror(errno));
+  struct stat sb;
+  if (stat(real, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return errf(err, errlen, "%s: %s; not written", path,
+                S_ISDIR(sb.st_mode) ? "is a directory, not a file" : "not a regular file (a device, fifo or socket)");
+  return true;
+}
+
+/* Why a temporary could not be created beside real (path as given). */
+static bool temp_error(const char *path, const char *real, int e, char *err, size_t errlen) {
+  const char *slash = strrchr(real, '/');
+  char dir[4096] = ".";
+  if (slash) snprintf(dir, sizeof dir, "%.*s", slash == real ? 1 : (int)(slash - real), real);
+  struct stat sb;
+  int se = stat(dir, &sb) == 0 ? 0 : errno;
+  if (se == ENOENT) return errf(err, errlen, "%s: cannot be written: the directory '%s' does not exist", path, dir);
+  if (se == ENOTDIR || (se == 0 && !S_ISDIR(sb.st_mode)))
+    return errf(err, errlen, "%s: cannot be written: '%s' is not a directory", path, dir);
+  return errf(err, errlen, "%s: cannot be written: no new file can be made in '%s': %s", path, dir, strerror(e));
+}
+
+bool file_check_output(const char *path, char *err, size_t errlen) {
+  char real[4096];
+  if (!output_target(path, real, sizeof real, err, errlen)) return false;
+  /* The one test that answers for root, read-only mounts and /proc alike:
+   * create the temporary a write would create, and remove it. */
+  char tmp[4096 + 48];
+  snprintf(tmp, sizeof tmp, "%s" TMP_MARK "%ld.XXXXXX", real, (long)getpid());
+  int fd = mkstemp(tmp);
+  if (fd < 0) return temp_error(path, real, errno, err, errlen);
+  close(fd);
+  unlink(tmp);
+  return true;
+}
+
+bool file_same(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 bool write_file_atomic(const char *path, const FilePart *parts, int nparts, char *err, size_t errlen) {
-  /* PATH.tmp.PID.XXXXXX in the same directory, so that rename is atomic
-   * and remove_stale_temps can tell a dead writer's file from a live one's. */
-  size_t plen = strlen(path);
+  char real[4096];
+  if (!output_target(path, real, sizeof real, err, errlen)) return false;
+  /* REAL.tmp.PID.XXXXXX in the target's directory, so that rename is
+   * atomic and remove_stale_temps can tell a dead writer's file from a
+   * live one's. */
+  size_t plen = strlen(real);
   char *tmp = mem_alloc(plen + 48);
-  snprintf(tmp, plen + 48, "%s" TMP_MARK "%ld.XXXXXX", path, (long)getpid());
+  snprintf(tmp, plen + 48, "%s" TMP_MARK "%ld.XXXXXX", real, (long)getpid());
   int fd = mkstemp(tmp);
   if (fd < 0) {
     int e = errno;
     free(tmp);
-    return errf(err, errlen, "%s: cannot create a temporary file: %s", path, strerror(e));
+    return temp_error(path, real, e, err, errlen);
   }
   test_pause();
   bool ok = true;
@@ -148,13 +228,13 @@ bool write_file_atomic(const char *path, const FilePart *parts, int nparts, char
     e = errno;
   }
   if (ok) test_pause();
-  if (ok && rename(tmp, path) != 0) {
+  if (ok && rename(tmp, real) != 0) {
     ok = false;
     e = errno;
   }
   if (ok) {
     test_pause();
-    sync_dir(path);
+    sync_dir(real);
   }
   if (!ok) {
     unlink(tmp);
@@ -175,7 +255,9 @@ static long temp_pid(const char *name, const char *base) {
   return pid;
 }
 
-int remove_stale_temps(const char *path, void (*removed)(const char *file, long pid, void *ctx), void *ctx) {
+int remove_stale_temps(const char *given, void (*removed)(const char *file, long pid, void *ctx), void *ctx) {
+  char path[4096]; /* the temporaries lie beside the symlinks' target */
+  if (!link_target(given, path, sizeof path)) return 0;
   const char *slash = strrchr(path, '/');
   char dir[4096] = ".";
   const char *base = slash ? slash + 1 : path;

@@ -89,13 +89,26 @@ bool mem_fits(const char *what, uint64_t bytes, char *err, size_t errlen);
 char *read_file(const char *path, size_t *len, const char **err);
 /* Write the parts, in order, to path atomically: PATH.tmp.PID.XXXXXX next
  * to it (PID the writer's process id), fsync, rename, fsync the directory;
- * the file gets mode 0644.  On failure "PATH: reason" goes to err and path
- * is untouched.  A writer killed mid-way leaves at most its temporary. */
+ * the file gets mode 0644.  A symlink is written through: its target (at
+ * the end of the chain) gets the new contents, the link stays.  A path
+ * that exists and is not a regular file (a directory, device, fifo) is
+ * refused.  On failure "PATH: reason" goes to err and path is untouched.
+ * A writer killed mid-way leaves at most its temporary. */
 typedef struct FilePart {
   const void *data;
   size_t len;
 } FilePart;
 bool write_file_atomic(const char *path, const FilePart *parts, int nparts, char *err, size_t errlen);
+/* Whether write_file_atomic could write path now (before a command does
+ * its work, so that an unwritable output fails at once and not after
+ * hours of training): path is, or links to, a regular file or nothing, and
+ * a temporary can be created beside it (created and removed: this answers
+ * for root, read-only mounts and missing directories alike).  Else false
+ * with "PATH: reason" in err. */
+bool file_check_output(const char *path, char *err, size_t errlen);
+/* Whether a and b name one existing file (device and inode, through
+ * symlinks and hard links). */
+bool file_same(const char *a, const char *b);
 /* Remove the temporaries PATH.tmp.PID.XXXXXX that write_file_atomic left
  * behind when its process died (PID no longer exists; a live writer's are
  * kept).  Calls removed(file, pid, ctx) for each (may be NULL); returns

@@ -366,6 +366,11 @@ int cmd_convert(int argc, char **argv) {
   if (!rc && !a.map) rc = error("convert needs --map MAP.txt (see gradc help convert)");
   if (!rc && !a.out) rc = error("convert needs -o PARAMS.safetensors (see gradc help convert)");
   if (!rc && a.defs.n && !a.model) rc = error("convert: -D applies to --model");
+  if (!rc) {
+    const ToolsPath in[] = {{"the source", a.src, NULL}, {"--map", a.map, NULL}, {"--model", a.model, NULL}};
+    const ToolsPath out = {"-o", a.out, NULL};
+    rc = tools_check_paths(in, 3, &out, 1);
+  }
   if (!rc) rc = convert(&a);
   defines_free(&a.defs);
   return rc;

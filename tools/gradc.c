@@ -349,6 +349,17 @@ static int cmd_run(const Args *a) {
   return rc;
 }
 
+/* Before any work: the outputs can be written and none replaces an input
+ * (rank 0 of a distributed run writes them, and checks). */
+static int check_paths(const Args *a) {
+  if (cli_launch_rank() != 0) return 0;
+  const ToolsPath in[] = {{"the model", a->input, NULL}, {"--params", a->params, NULL}, {"--inputs", a->inputs, NULL}};
+  const ToolsPath out[] = {{"-o", a->output, NULL},           {"--grads-out", a->grads_out, NULL},
+                           {"--outputs-out", a->outputs_out, NULL}, {"--buffers-out", a->buffers_out, NULL},
+                           {"--trace", a->trace, NULL},       {"--dot", a->dot, NULL}};
+  return tools_check_paths(in, 3, out, 6);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
     print_help(NULL);
@@ -380,7 +391,11 @@ int main(int argc, char **argv) {
     argc--;
   }
   int rc = parse_args(argc, argv, &a);
-  if (rc) return rc;
+  if (!rc) rc = check_paths(&a);
+  if (rc) {
+    defines_free(&a.defs);
+    return rc;
+  }
   tools_set_link(a.link_latency_us, a.link_gbps);
   if (strcmp(a.cmd, "check") == 0) rc = cmd_check(&a);
   else if (strcmp(a.cmd, "compile") == 0) rc = cmd_compile(&a);

@@ -24,6 +24,18 @@ bool tools_parse_f64(const char *s, double *out);  /* the whole string, finite *
 void tools_set_link(double latency_us, double gbps);
 /* Wall-clock milliseconds (CLOCK_MONOTONIC). */
 double tools_now_ms(void);
+/* A file a command reads or writes, as its flag names it. */
+typedef struct ToolsPath {
+  const char *flag;   /* "--checkpoint", "-o", "the model" */
+  const char *path;   /* NULL: not given */
+  const char *update; /* an output that may be this input's file (--checkpoint: "--resume"), or NULL */
+} ToolsPath;
+/* Before a command does its work: every output can be written
+ * (file_check_output: a regular file or none, in a directory that takes a
+ * new file), none is the file of an input (device and inode, through
+ * symlinks; but an output may be the input its `update` names) and no two
+ * outputs are one file.  0, else `gradc: error: FILE: reason` and 1. */
+int tools_check_paths(const ToolsPath *in, int nin, const ToolsPath *out, int nout);
 
 /* ------------------------------------------------------------------ */
 /* flags.c: the one flag parser, driven by a table per command         */

@@ -73,8 +73,9 @@ const char train_help[] =
     "  --resume continues a checkpoint bit-identically (same data order, same optimiser state);\n"
     "  --checkpoint is written at the end and every --checkpoint-every steps, each time in one atomic\n"
     "  write (a run killed mid-write leaves the previous checkpoint whole, and the next run removes the\n"
-    "  dead run's temporary); --stop-after N ends this run after N steps, as Ctrl-C does after the\n"
-    "  current one.  Progress goes to stderr: a\n"
+    "  dead run's temporary); --stop-after N ends this run after N steps, as Ctrl-C (SIGINT, SIGTERM,\n"
+    "  SIGHUP) does after the current one.  Every output is checked before the first step: one that\n"
+    "  cannot be written, is not a regular file, or is an input's file is an error at once.  Progress goes to stderr: a\n"
     "  bar redrawn in place on a terminal, else a line every --print-every steps.  --log writes a\n"
     "  row per step (step, lr, each loss, total, grad_norm, elapsed_s) as CSV or JSON lines;\n"
     "  --plot draws the loss curves as SVG.  stdout stays empty.  --dp N trains on N data-parallel\n"
@@ -172,6 +173,12 @@ int cmd_data_text(int argc, char **argv) {
   if (!T) return error(1, "data text needs -T N, the context length (see gradc help data)");
   if (!output) return error(1, "data text needs -o DATA.safetensors (see gradc help data)");
   if (!stride) stride = T;
+  {
+    ToolsPath in[256];
+    for (int i = 0; i < nfiles; i++) in[i] = (ToolsPath){"a text file", files[i], NULL};
+    const ToolsPath out = {"-o", output, NULL};
+    if ((rc = tools_check_paths(in, nfiles, &out, 1))) return rc;
+  }
 
   char idx_name[256] = "idx", tgt_name[256] = "targets";
   if (names) {
@@ -1020,6 +1027,52 @@ typedef struct Run {
   bool above_max;    /* --max-loss: the last step's loss was above it */
 } Run;
 
+static uint64_t real_bits(double d) {
+  uint64_t v;
+  memcpy(&v, &d, sizeof v);
+  return v;
+}
+
+static uint64_t str_hash(const char *s) { return s ? hash_str(s) : 0; }
+
+/* A distributed run: every rank was started with rank 0's model, flags and
+ * dataset (before any other collective, so that ranks that differ stop
+ * with a message instead of waiting for each other), and, once the params
+ * are set, holds rank 0's step and params. */
+static int agree_ranks(Run *r, bool params) {
+  const TrainArgs *a = r->a;
+  const gradc_program *p = r->p;
+  const cli_agree_item items[] = {
+      {"--steps", CLI_AGREE_INT, (uint64_t)a->steps},
+      {"--stop-after", CLI_AGREE_INT, (uint64_t)a->stop_after},
+      {"--zero1", CLI_AGREE_FLAG, r->zero1},
+      {"--bucket-mb", CLI_AGREE_INT, (uint64_t)a->bucket_bytes},
+      {"--gas", CLI_AGREE_INT, (uint64_t)gradc_program_gas(p)},
+      {"--target", CLI_AGREE_HASH, str_hash(cli_program_target(p))},
+      {"the model (its text, -D sizes, --dp, --tp)", CLI_AGREE_HASH, cli_program_hash(p)},
+      {"--data (the dataset's tensors)", CLI_AGREE_HASH, cli_tensors_hash(r->d.st)},
+      {"--seed", CLI_AGREE_INT, a->seed},
+      {"--optimizer", CLI_AGREE_INT, (uint64_t)a->kind},
+      {"--lr", CLI_AGREE_REAL, real_bits(a->lr_set ? a->lr : NAN)},
+      {"--momentum", CLI_AGREE_REAL, real_bits(a->momentum)},
+      {"--dampening", CLI_AGREE_REAL, real_bits(a->dampening)},
+      {"--nesterov", CLI_AGREE_FLAG, a->nesterov},
+      {"--beta1", CLI_AGREE_REAL, real_bits(a->beta1_set ? a->beta1 : NAN)},
+      {"--beta2", CLI_AGREE_REAL, real_bits(a->beta2_set ? a->beta2 : NAN)},
+      {"--eps", CLI_AGREE_REAL, real_bits(a->eps_set ? a->eps : NAN)},
+      {"--weight-decay", CLI_AGREE_REAL, real_bits(a->wd_set ? a->weight_decay : NAN)},
+      {"--clip", CLI_AGREE_REAL, real_bits(a->clip)},
+      {"--warmup", CLI_AGREE_INT, (uint64_t)a->warmup},
+      {"--schedule", CLI_AGREE_HASH, str_hash(a->schedule)},
+      {"--min-lr", CLI_AGREE_REAL, real_bits(a->min_lr)},
+      {"--no-decay", CLI_AGREE_HASH, str_hash(a->no_decay)},
+      {"--decay-1d", CLI_AGREE_FLAG, a->decay_1d},
+      {"--checkpoint-every", CLI_AGREE_INT, (uint64_t)a->checkpoint_every},
+      {"--nan-policy", CLI_AGREE_FLAG, a->nan_skip},
+  };
+  return cli_agree(r->s, items, (int)(sizeof items / sizeof *items), params);
+}
+
 /* The program, the dataset, a session with its optimiser and params (from
  * --resume, --init or the declared init), and the log. */
 static int run_open(Run *r) {
@@ -1033,11 +1086,14 @@ static int run_open(Run *r) {
   r->h.loss = mem_calloc((size_t)r->h.nl, sizeof *r->h.loss);
   r->loss = mem_calloc((size_t)r->h.nl, sizeof *r->loss);
   if ((rc = data_open(&r->d, a->data, p))) return rc;
+  /* A target out of range is named by its sample in --data, before the first step. */
+  if ((rc = cli_check_dataset_indices(p, r->d.st, a->data))) return rc;
 
   gradc_status st = gradc_session_new(p, &r->s);
   if (st != GRADC_OK) return cli_report(st);
   gradc_session *s = r->s;
   r->lead = gradc_session_rank(s) == 0;
+  if ((rc = agree_ranks(r, false))) return rc;
   if (r->lead) remove_dead_temps(a);
   if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
   if ((rc = set_optimizer(a, s))) return rc;
@@ -1076,7 +1132,7 @@ static int run_open(Run *r) {
     st = gradc_session_init_params(s, a->seed);
     rc = st == GRADC_OK ? 0 : cli_report(st);
   }
-  if (rc) return rc;
+  if (rc || (rc = agree_ranks(r, true))) return rc;
 
   r->step0 = r->step = gradc_session_step_count(s);
   r->end = a->steps;
@@ -1170,17 +1226,18 @@ static int keep_last_good(Run *r, bool state_good) {
   return 1;
 }
 
-/* The steps, until r->end or Ctrl-C (SIGINT/SIGTERM end the current step
- * first): feed, run, check the loss, step, log, report, checkpoint. */
+/* The steps, until r->end or Ctrl-C (SIGINT, SIGTERM and SIGHUP, which a
+ * closed terminal or ssh session sends, end the current step first): feed, run, check the loss, step, log, report, checkpoint. */
 static int run_steps(Run *r) {
   const TrainArgs *a = r->a;
   gradc_session *s = r->s;
-  struct sigaction sa, old_int, old_term;
+  struct sigaction sa, old_int, old_term, old_hup;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_interrupt;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
 
   r->t0 = now_s();
   Progress pr = {.tty = r->lead && isatty(STDERR_FILENO) != 0, .first = r->step0, .total = a->steps, .t0 = r->t0,
@@ -1274,6 +1331,7 @@ static int run_steps(Run *r) {
   if (interrupted && pr.tty) fputc('\n', stderr);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
+  sigaction(SIGHUP, &old_hup, NULL);
   return rc;
 }
 
@@ -1347,9 +1405,32 @@ static int run_close(Run *r, int rc) {
   return rc;
 }
 
+/* Before compiling: every output can be written and none replaces an
+ * input (rank 0, which writes them, checks; its failure ends the run).
+ * --checkpoint may be --resume's file and --params-out --init's: they
+ * carry the same state on. */
+static int check_paths(const TrainArgs *a) {
+  if (cli_launch_rank() != 0) return 0;
+  const ToolsPath in[] = {{"the model", a->model, NULL},
+                          {"--data", a->data, NULL},
+                          {"--init", a->init, NULL},
+                          {"--resume", a->resume, NULL}};
+  const ToolsPath out[] = {{"--checkpoint", a->checkpoint, "--resume"},
+                           {"--params-out", a->params_out, "--init"},
+                           {"--log", a->log, NULL},
+                           {"--plot", a->plot, NULL},
+                           {"--trace", a->trace, NULL}};
+  return tools_check_paths(in, 4, out, 5);
+}
+
 static int train(const TrainArgs *a) {
+  int rc = check_paths(a);
+  if (rc) {
+    cli_abort_ranks(rc);
+    return rc;
+  }
   Run r = {.a = a, .lead = true, .ckpt_step = -1};
-  int rc = run_open(&r);
+  rc = run_open(&r);
   if (!rc) {
     if (r.lead) announce(&r);
     if (r.step0 >= a->steps) {

@@ -91,6 +91,18 @@ int comm_launch_size(void) {
   return 1;
 }
 
+int comm_launch_rank(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) {
+      long n = strtol(v, NULL, 10);
+      if (n >= 0) return (int)n;
+    }
+  }
+  return 0;
+}
+
 const char *comm_dtype_name(CommDType dt) {
   switch (dt) {
   case COMM_F32: return "f32";

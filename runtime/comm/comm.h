@@ -125,6 +125,9 @@ void comm_register(const CommBackend *be);
 /* Ranks the launcher started, from its environment (mpirun's
  * OMPI_COMM_WORLD_SIZE, PMI_SIZE); 1 when started alone.  Needs no init. */
 int comm_launch_size(void);
+/* This process's rank among them (OMPI_COMM_WORLD_RANK, PMI_RANK), 0 when
+ * started alone.  Needs no init. */
+int comm_launch_rank(void);
 /* Open the layout tp × dp over the run's ranks: the single back end when
  * tp * dp == 1, else the registered one; its world must have exactly
  * tp * dp ranks.  Collective over the world (every rank opens the same

@@ -72,6 +72,7 @@ void st_free(StFile *f) {
   }
   free(f->meta_key);
   free(f->meta_val);
+  free(f->path);
   st_init(f);
 }
 
@@ -221,6 +222,45 @@ static uint64_t get_le64(const unsigned char *p) {
 }
 
 /* The header and the tensors, given the whole file in memory. */
+/* Names (tensors', metadata keys') are printed in messages and matched
+ * against the model's: a control character in one could forge a line of
+ * output or hide a difference.  The first such byte's index, or -1. */
+static int control_char(const char *name) {
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    if (*p < 0x20 || *p == 0x7f) return (int)(p - (const unsigned char *)name);
+  return -1;
+}
+
+/* name with its control bytes as \xNN, for a message. */
+static const char *printable(const char *name, char *buf, size_t n) {
+  size_t k = 0;
+  for (const unsigned char *p = (const unsigned char *)name; *p && k + 5 < n; p++) {
+    if (*p < 0x20 || *p == 0x7f) k += (size_t)snprintf(buf + k, n - k, "\\x%02x", *p);
+    else buf[k++] = (char)*p;
+  }
+  buf[k] = 0;
+  return buf;
+}
+
+static bool name_error(const char *path, const char *kind, const char *name, char *err, size_t errlen) {
+  char shown[256];
+  int at = control_char(name);
+  return errf(err, errlen, "%s: %s '%s': the name holds a control character (byte 0x%02x)", path, kind,
+              printable(name, shown, sizeof shown), (unsigned char)name[at]);
+}
+
+/* Whether the JSON text holds the escape \u0000 (in a string: a backslash
+ * escapes the character after it).  cJSON would end the C string there,
+ * so "W1\u0000hidden" would read as W1. */
+static bool escaped_nul(const char *s, size_t n) {
+  for (size_t i = 0; i + 1 < n; i++)
+    if (s[i] == '\\') {
+      if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0) return true;
+      i++;
+    }
+  return false;
+}
+
 static bool parse_file(const char *path, const unsigned char *buf, size_t size, StFile *out, char *err,
                        size_t errlen) {
   if (size < 8) return errf(err, errlen, "%s: file too short for a safetensors header (%zu bytes)", path, size);
@@ -232,6 +272,8 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
   if (n < 2) return errf(err, errlen, "%s: header is not a JSON object", path);
   const char *hdr = (const char *)buf + 8;
   if (memchr(hdr, 0, n)) return errf(err, errlen, "%s: header contains a NUL byte", path);
+  if (escaped_nul(hdr, (size_t)n))
+    return errf(err, errlen, "%s: the header holds an escaped NUL (\\u0000), which no name or value may hold", path);
   const char *end = NULL;
   cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &end, 0);
   if (!root) {
@@ -262,6 +304,10 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
   const cJSON *j;
   cJSON_ArrayForEach(j, root) {
     const char *name = j->string ? j->string : "";
+    if (control_char(name) >= 0) {
+      ok = name_error(path, "tensor", name, err, errlen);
+      break;
+    }
     if (strmap_get(&names, name) || (strcmp(name, "__metadata__") == 0 && seen_meta)) {
       ok = errf(err, errlen, "%s: tensor '%s': duplicate name in the header", path, name);
       break;
@@ -274,6 +320,10 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
       }
       const cJSON *m;
       cJSON_ArrayForEach(m, j) {
+        if (m->string && control_char(m->string) >= 0) {
+          ok = name_error(path, "\"__metadata__\" key", m->string, err, errlen);
+          break;
+        }
         if (!cJSON_IsString(m) || !m->valuestring) {
           ok = errf(err, errlen, "%s: \"__metadata__\" value for '%s' is not a string", path,
                     m->string ? m->string : "");
@@ -341,6 +391,13 @@ static bool parse_file(const char *path, const unsigned char *buf, size_t size, 
   return true;
 }
 
+bool st_parse(const char *name, const void *buf, size_t size, StFile *out, char *err, size_t errlen) {
+  st_init(out);
+  bool ok = parse_file(name, buf, size, out, err, errlen);
+  if (ok) out->path = mem_strdup(name);
+  return ok;
+}
+
 bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   st_init(out);
   const char *why;
@@ -349,6 +406,7 @@ bool st_read(const char *path, StFile *out, char *err, size_t errlen) {
   if (!buf) return errf(err, errlen, "%s: %s", path, why);
   bool ok = parse_file(path, buf, len, out, err, errlen);
   free(buf);
+  if (ok) out->path = mem_strdup(path);
   return ok;
 }
 
@@ -382,6 +440,7 @@ bool st_write(const char *path, const StFile *f, char *err, size_t errlen) {
     const StTensor *t = &f->t[i];
     if (strcmp(t->name, "__metadata__") == 0)
       return errf(err, errlen, "%s: tensor '%s': reserved name", path, t->name);
+    if (control_char(t->name) >= 0) return name_error(path, "tensor", t->name, err, errlen);
     if (t->rank < 0 || t->rank > IR_MAX_RANK) return errf(err, errlen, "%s: tensor '%s': bad rank", path, t->name);
     if ((size_t)st_numel(t) * st_dtype_size(t->dtype) != t->nbytes)
       return errf(err, errlen, "%s: tensor '%s': %zu bytes of data do not match its shape", path, t->name, t->nbytes);

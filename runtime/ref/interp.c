@@ -873,25 +873,34 @@ int interp_index_operand(const IrOp *op) {
   return -1;
 }
 
-/* Every index of op's index operand in its range (or the ignore_index). */
-static bool check_indices(Ctx *c, const IrOp *op, const double *v) {
-  int64_t hi;
-  bool ignorable = op->opcode == IR_OP_CROSS_ENTROPY || op->opcode == IR_OP_ONE_HOT;
-  const char *what = "index";
-  if (op->opcode == IR_OP_EMBEDDING) hi = op->args[1]->type.shape.dim[0];
-  else if (op->opcode == IR_OP_EMBEDDING_GRAD) hi = ir_attr_get_int(op, "rows", 0);
-  else if (op->opcode == IR_OP_ONE_HOT) hi = ir_attr_get_int(op, "depth", 0);
+bool interp_index_range(const IrOp *op, InterpIndexRange *r) {
+  if (interp_index_operand(op) < 0) return false;
+  r->ignorable = op->opcode == IR_OP_CROSS_ENTROPY || op->opcode == IR_OP_ONE_HOT;
+  r->what = "index";
+  if (op->opcode == IR_OP_EMBEDDING) r->hi = op->args[1]->type.shape.dim[0];
+  else if (op->opcode == IR_OP_EMBEDDING_GRAD) r->hi = ir_attr_get_int(op, "rows", 0);
+  else if (op->opcode == IR_OP_ONE_HOT) r->hi = ir_attr_get_int(op, "depth", 0);
   else if (op->opcode == IR_OP_GATHER || op->opcode == IR_OP_GATHER_GRAD) {
     const IrShape *fs = op->opcode == IR_OP_GATHER ? &op->args[0]->type.shape : &op->result->type.shape;
     int64_t axis = 0;
     ir_norm_axis(ir_attr_get_int(op, "axis", 0), fs->rank, &axis);
-    hi = fs->dim[axis];
+    r->hi = fs->dim[axis];
   } else {
     const IrShape *s = &op->args[0]->type.shape;
-    hi = s->dim[s->rank - 1];
-    what = "target";
+    r->hi = s->dim[s->rank - 1];
+    r->what = "target";
   }
-  int64_t ignore = ir_attr_get_int(op, "ignore_index", -100);
+  r->ignore = ir_attr_get_int(op, "ignore_index", -100);
+  return true;
+}
+
+/* Every index of op's index operand in its range (or the ignore_index). */
+static bool check_indices(Ctx *c, const IrOp *op, const double *v) {
+  InterpIndexRange ir;
+  interp_index_range(op, &ir);
+  int64_t hi = ir.hi, ignore = ir.ignore;
+  bool ignorable = ir.ignorable;
+  const char *what = ir.what;
   const IrValue *x = op->args[interp_index_operand(op)];
   int64_t n = numel_of(x);
   for (int64_t k = 0; k < n; k++) {

@@ -1,5 +1,6 @@
 /* smoke.c - a main() for the fuzz targets when libFuzzer is not used: runs
- * every seed file given (files or directories), then mutates the seeds at
+ * every seed file given (files or directories: their files whose name ends
+ * in EXT, or all of them for EXT "-"), then mutates the seeds at
  * random (bit flips, byte edits, truncation, duplication, splicing) for a
  * fixed number of seconds with a fixed seed.  `make check` runs this as a
  * short smoke test; `make fuzz` builds the real libFuzzer targets. */
@@ -46,7 +47,8 @@ static void add_path(const char *path, const char *ext) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     size_t n = strlen(e->d_name), m = strlen(ext);
-    if (n > m && strcmp(e->d_name + n - m, ext) == 0) {
+    bool any = strcmp(ext, "-") == 0 && e->d_name[0] != '.';
+    if (any || (n > m && strcmp(e->d_name + n - m, ext) == 0)) {
       char buf[4096];
       snprintf(buf, sizeof buf, "%s/%s", path, e->d_name);
       add_file(buf);

@@ -2,8 +2,12 @@
  * --dp 2 runs on 2 ranks as the model does on one process and refuses
  * another --dp; a rank count that does not match --dp (one process, or
  * mpirun without --dp or with another) and a window that does not split
- * are errors with messages that say what to do.  Skipped with a message
+ * are errors with messages that say what to do; ranks started with
+ * different flags, files or params (mpirun's rank 0 : rank 1 form) stop at
+ * once, naming what differs, instead of waiting for each other.  Skipped with a message
  * when the build has no MPI or mpirun is absent. */
+#include <time.h>
+
 #include "test_dp.h"
 
 static char tmpdir[] = "/tmp/gradc-dp-cli-XXXXXX";
@@ -76,10 +80,75 @@ static void test_dp_cli_rank_count_errors(void **state) {
   if (!strstr(out, "batch size 16 is not divisible by --gas 4 times --dp 3")) fail_msg("%s", out);
 }
 
+/* `mpirun -np 1 gradc train ARGS0 : -np 1 gradc train ARGS1`, stopped
+ * after 120 s: its exit status and output. */
+static int train_two(char *out, size_t n, const char *args0, const char *args1) {
+  char common[1024];
+  snprintf(common, sizeof common, "train " MLP_DEFS " --dp 2 --threads 1 --print-every 100");
+  time_t t = time(NULL);
+  int rc = tu_sh(out, n, "cd %s && timeout 120 env " MPIRUN " -np 1 %s %s %s : -np 1 %s %s %s", tmpdir, GRADC_BINARY,
+                 common, args0, GRADC_BINARY, common, args1);
+  if (rc == 124 || time(NULL) - t > 100) fail_msg("ranks %s | %s: hung (exit %d)\n%s", args0, args1, rc, out);
+  return rc;
+}
+
+static void disagree(const char *args0, const char *args1, const char *want) {
+  char out[32768];
+  int rc = train_two(out, sizeof out, args0, args1);
+  if (rc == 0 || !strstr(out, want)) fail_msg("ranks '%s' | '%s': exit %d, wanted '%s' in:\n%s", args0, args1, rc, want, out);
+}
+
+static void test_dp_cli_ranks_that_disagree_stop(void **state) {
+  (void)state;
+  if (!dp_have_mpirun()) return;
+  char out[32768];
+  /* The model, a copy with another text, another params file and dataset. */
+  char *mlp = tu_read("examples/mlp.gdl");
+  char path[512];
+  snprintf(path, sizeof path, "%s/mlp.gdl", tmpdir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(mlp, f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/mlp2.gdl", tmpdir);
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "# the same model, another text\n%s", mlp);
+  fclose(f);
+  free(mlp);
+  tu_gradc("init %s " MLP_DEFS " -o %s/other.p.st --seed 12", tu_path("examples/mlp.gdl"), tmpdir);
+  tu_gradc("data random %s " MLP_DEFS " -o %s/other.i.st --seed 13", tu_path("examples/mlp.gdl"), tmpdir);
+#define RUN "mlp.gdl --data mlp.i.st --steps 3 "
+  /* The same flags in the two-part form train. */
+  if (train_two(out, sizeof out, RUN, RUN) != 0) fail_msg("%s", out);
+  assert_non_null(strstr(out, "trained 3 steps"));
+  /* A different --steps used to leave rank 1 waiting for ever. */
+  disagree(RUN, "mlp.gdl --data mlp.i.st --steps 5",
+           "gradc: error: ranks disagree on --steps: rank 1: 5, rank 0: 3; every rank must be started with the same "
+           "model, flags and files");
+  disagree(RUN "--zero1", RUN, "gradc: error: ranks disagree on --zero1: rank 1: off, rank 0: on");
+  disagree(RUN, RUN "--zero1", "gradc: error: ranks disagree on --zero1: rank 1: on, rank 0: off");
+  disagree(RUN "--lr 0.1", RUN "--lr 0.2", "gradc: error: ranks disagree on --lr: rank 1: 0.2, rank 0: 0.1");
+  disagree(RUN "--seed 1", RUN "--seed 2", "gradc: error: ranks disagree on --seed: rank 1: 2, rank 0: 1");
+  disagree(RUN "--init mlp.p.st", RUN "--init other.p.st",
+           "gradc: error: ranks disagree on the initial value of param 'W1': rank 1's differs from rank 0's");
+  disagree(RUN, "mlp.gdl --data other.i.st --steps 3", "gradc: error: ranks disagree on --data (the dataset's tensors)");
+  disagree(RUN, "mlp2.gdl --data mlp.i.st --steps 3", "gradc: error: ranks disagree on the model");
+#undef RUN
+  /* gradc run: the same files on every rank. */
+  const char *run = "run mlp.gdl " MLP_DEFS " --dp 2 --threads 1 --inputs mlp.i.st";
+  int rc = tu_sh(out, sizeof out, "cd %s && timeout 120 env " MPIRUN " -np 1 %s %s --params mlp.p.st : -np 1 %s %s "
+                 "--params other.p.st", tmpdir, GRADC_BINARY, run, GRADC_BINARY, run);
+  if (rc == 0 || rc == 124 || !strstr(out, "gradc: error: ranks disagree on the tensor of --params 'W1': rank 1's "
+                                           "differs from rank 0's"))
+    fail_msg("run with two params files: exit %d\n%s", rc, out);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp_cli_artifact_keeps_dp),
       cmocka_unit_test(test_dp_cli_rank_count_errors),
+      cmocka_unit_test(test_dp_cli_ranks_that_disagree_stop),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,7 +14,20 @@
  *   - sizes: params, inputs and arenas that cannot fit in any machine's
  *     memory are errors naming them and their byte count (exit 1, not an
  *     abort), and inputs that are not regular files (/dev/zero, a fifo, a
- *     directory) are refused at once instead of read without end. */
+ *     directory) are refused at once instead of read without end;
+ *   - outputs: one that exists and is not a regular file (a fifo, a device
+ *     node, a directory) is refused by every writer, a symlink is written
+ *     through (the link stays, its target gets the contents), an output
+ *     that is an input's file (through links) is refused, and one that
+ *     cannot be written is an error before the first step;
+ *   - SIGHUP ends `train` after the current step, with its checkpoint, as
+ *     SIGINT and SIGTERM do;
+ *   - messages name files: a params or inputs file that does not fit the
+ *     model, and a target out of range by its sample in the dataset;
+ *   - malformed files (tests/fuzz/malformed: bad safetensors headers,
+ *     artifacts and checkpoints, some behind a valid checksum; and every
+ *     truncation and byte flip of an artifact) are errors, exit 1, never a
+ *     crash. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -23,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -600,6 +614,315 @@ static void test_inputs_must_be_regular_files(void **state) {
   unlink(in_dir("fifo"));
 }
 
+
+/* ---- outputs ---- */
+
+/* Every command that writes a file, its output named OUT (replaced). */
+static const char *const writers[] = {
+    "train tiny.gdl --data data.safetensors --steps 2 --checkpoint OUT",
+    "train tiny.gdl --data data.safetensors --steps 2 --params-out OUT",
+    "run tiny.gdl --params p.safetensors --inputs w.safetensors --grads-out OUT",
+    "init tiny.gdl -o OUT",
+    "data random tiny.gdl -o OUT",
+    "data text text.txt -T 4 -o OUT",
+    "compile tiny.gdl -o OUT",
+    "convert p.safetensors --map map.txt -o OUT",
+};
+
+static void writer_args(char *buf, size_t n, const char *cmd, const char *out) {
+  const char *at = strstr(cmd, "OUT");
+  snprintf(buf, n, "%.*s%s%s", (int)(at - cmd), cmd, out, at + 3);
+}
+
+static void writer_inputs(void) {
+  gradc_ok("init tiny.gdl -o p.safetensors --seed 1");
+  gradc_ok("data random tiny.gdl -o w.safetensors");
+  write_text("text.txt", "the cat sat on the mat and the dog sat on the log\n");
+  write_text("map.txt", "W1 <- W1\nb1 <- b1\nW2 <- W2\n");
+}
+
+static void test_outputs_that_are_not_regular_files_are_refused(void **state) {
+  (void)state;
+  writer_inputs();
+  assert_int_equal(mkfifo(in_dir("out.fifo"), 0644), 0);
+  assert_int_equal(mkdir(in_dir("out.dir"), 0755), 0);
+  /* A device node of our own (the null device's numbers): writing must not
+   * replace it.  Only where this process may make one. */
+  bool dev = mknod(in_dir("out.dev"), S_IFCHR | 0666, makedev(1, 3)) == 0;
+  char args[1024];
+  for (size_t i = 0; i < sizeof writers / sizeof *writers; i++) {
+    writer_args(args, sizeof args, writers[i], "out.fifo");
+    fails_with(args, "gradc: error: out.fifo: not a regular file (a device, fifo or socket)");
+    writer_args(args, sizeof args, writers[i], "out.dir");
+    fails_with(args, "gradc: error: out.dir: is a directory, not a file");
+    if (dev) {
+      writer_args(args, sizeof args, writers[i], "out.dev");
+      fails_with(args, "gradc: error: out.dev: not a regular file");
+    }
+  }
+  struct stat sb;
+  assert_int_equal(lstat(in_dir("out.fifo"), &sb), 0);
+  assert_true(S_ISFIFO(sb.st_mode));
+  if (dev) {
+    assert_int_equal(lstat(in_dir("out.dev"), &sb), 0);
+    assert_true(S_ISCHR(sb.st_mode));
+    unlink(in_dir("out.dev"));
+  }
+  /* The writer itself refuses too (the C API has no command line). */
+  char err[1024];
+  assert_false(write_file_atomic(in_dir("out.fifo"), &(FilePart){"x", 1}, 1, err, sizeof err));
+  assert_non_null(strstr(err, "not a regular file"));
+  assert_int_equal(lstat(in_dir("out.fifo"), &sb), 0);
+  assert_true(S_ISFIFO(sb.st_mode));
+  assert_int_equal(count_temps(), 0);
+  unlink(in_dir("out.fifo"));
+  rmdir(in_dir("out.dir"));
+}
+
+static void test_symlinked_outputs_are_written_through(void **state) {
+  (void)state;
+  writer_inputs();
+  assert_int_equal(mkdir(in_dir("sub"), 0755), 0);
+  char args[1024];
+  for (size_t i = 0; i < sizeof writers / sizeof *writers; i++) {
+    /* link.out -> sub/chain -> target (relative to sub/), the target
+     * existing or not yet. */
+    for (int exists = 0; exists < 2; exists++) {
+      unlink(in_dir("link.out"));
+      unlink(in_dir("sub/chain"));
+      unlink(in_dir("sub/target"));
+      if (exists) write_text("sub/target", "old contents");
+      assert_int_equal(symlink("target", in_dir("sub/chain")), 0);
+      assert_int_equal(symlink("sub/chain", in_dir("link.out")), 0);
+      writer_args(args, sizeof args, writers[i], "link.out");
+      gradc_ok(args);
+      struct stat sb;
+      assert_int_equal(lstat(in_dir("link.out"), &sb), 0);
+      if (!S_ISLNK(sb.st_mode)) fail_msg("gradc %s replaced the symlink", args);
+      assert_int_equal(lstat(in_dir("sub/chain"), &sb), 0);
+      assert_true(S_ISLNK(sb.st_mode));
+      assert_int_equal(lstat(in_dir("sub/target"), &sb), 0);
+      assert_true(S_ISREG(sb.st_mode));
+      if (sb.st_size <= 12) fail_msg("gradc %s: the target was not written", args);
+      assert_int_equal(count_temps(), 0);
+    }
+  }
+  /* The target got one atomic write: its temporary was beside it. */
+  char *a = read_text("sub/target");
+  assert_null(strstr(a, "old contents"));
+  free(a);
+  unlink(in_dir("link.out"));
+  unlink(in_dir("sub/chain"));
+  unlink(in_dir("sub/target"));
+  rmdir(in_dir("sub"));
+}
+
+static void test_outputs_never_replace_inputs(void **state) {
+  (void)state;
+  writer_inputs();
+  assert_int_equal(symlink("data.safetensors", in_dir("data.link")), 0);
+  assert_int_equal(link(in_dir("p.safetensors"), in_dir("p.hard")), 0);
+  char *before = read_text("data.safetensors");
+  fails_with("train tiny.gdl --data data.safetensors --steps 2 --checkpoint data.safetensors",
+             "gradc: error: data.safetensors: --checkpoint would overwrite --data, which this command reads");
+  fails_with("train tiny.gdl --data data.safetensors --steps 2 --checkpoint data.link",
+             "gradc: error: data.link: --checkpoint would overwrite --data, which this command reads (as "
+             "data.safetensors)");
+  fails_with("train tiny.gdl --data data.safetensors --steps 2 --params-out tiny.gdl",
+             "gradc: error: tiny.gdl: --params-out would overwrite the model");
+  fails_with("train tiny.gdl --data data.safetensors --steps 2 --init p.safetensors --plot p.hard",
+             "gradc: error: p.hard: --plot would overwrite --init");
+  fails_with("train tiny.gdl --data data.safetensors --steps 2 --checkpoint c.safetensors --params-out c.safetensors",
+             "gradc: error: c.safetensors: both --checkpoint and --params-out would write it");
+  fails_with("run tiny.gdl --params p.safetensors --inputs w.safetensors --grads-out p.safetensors",
+             "gradc: error: p.safetensors: --grads-out would overwrite --params, which this command reads");
+  fails_with("run tiny.gdl --params p.hard --inputs w.safetensors --outputs-out w.safetensors",
+             "gradc: error: w.safetensors: --outputs-out would overwrite --inputs");
+  fails_with("data text text.txt -T 4 -o text.txt", "gradc: error: text.txt: -o would overwrite a text file");
+  fails_with("convert p.safetensors --map map.txt -o p.hard", "gradc: error: p.hard: -o would overwrite the source");
+  fails_with("compile tiny.gdl -o tiny.gdl", "gradc: error: tiny.gdl: -o would overwrite the model");
+  char *after = read_text("data.safetensors");
+  assert_string_equal(before, after);
+  free(before);
+  free(after);
+  char *model = read_text("tiny.gdl");
+  assert_string_equal(model, model_text);
+  free(model);
+  /* The file a run carries on: --resume into --checkpoint, --init into --params-out. */
+  gradc_ok("train tiny.gdl --data data.safetensors --steps 2 --checkpoint ck2.safetensors");
+  gradc_ok("train tiny.gdl --data data.safetensors --steps 4 --resume ck2.safetensors --checkpoint ck2.safetensors");
+  assert_int_equal(finite_checkpoint("ck2.safetensors"), 4);
+  gradc_ok("train tiny.gdl --data data.safetensors --steps 2 --init p.safetensors --params-out p.safetensors");
+  unlink(in_dir("data.link"));
+  unlink(in_dir("p.hard"));
+}
+
+/* Outputs that cannot be written fail before the first step, for root
+ * too: a directory that does not exist, a "directory" that is a file, and
+ * /proc, which takes no new files. */
+static void test_unwritable_outputs_fail_before_the_first_step(void **state) {
+  (void)state;
+  writer_inputs();
+  write_text("plain", "a file, not a directory");
+  static const struct {
+    const char *flag, *path, *why;
+  } bad[] = {
+      {"--checkpoint", "nodir/ck.safetensors", "nodir/ck.safetensors: cannot be written: the directory 'nodir' does not exist"},
+      {"--checkpoint", "plain/ck.safetensors", "plain/ck.safetensors: cannot be written: 'plain' is not a directory"},
+      {"--checkpoint", "/proc/ck.safetensors", "/proc/ck.safetensors: cannot be written: no new file can be made in '/proc'"},
+      {"--params-out", "/proc/self/p.safetensors", "/proc/self/p.safetensors: cannot be written"},
+      {"--log", "nodir/log.csv", "nodir/log.csv: cannot be written: the directory 'nodir' does not exist"},
+      {"--plot", "plain/loss.svg", "plain/loss.svg: cannot be written: 'plain' is not a directory"},
+      {"--trace", "/proc/trace.json", "/proc/trace.json: cannot be written"},
+  };
+  char args[1024], want[512];
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    /* A million steps: only a check before the first step fails at once. */
+    snprintf(args, sizeof args, "train tiny.gdl --data data.safetensors --steps 1000000 %s %s", bad[i].flag,
+             bad[i].path);
+    snprintf(want, sizeof want, "gradc: error: %s", bad[i].why);
+    char *err;
+    double t = now_ms();
+    int rc = gradc(args, &err);
+    if (rc != 1 || !strstr(err, want) || strstr(err, "training "))
+      fail_msg("gradc %s: exit %d, wanted 1 and '%s' before training in:\n%s", args, rc, want, err);
+    if (now_ms() - t > 20000) fail_msg("gradc %s took %.0f ms", args, now_ms() - t);
+    free(err);
+  }
+  fails_with("run tiny.gdl --params p.safetensors --inputs w.safetensors --grads-out nodir/g.safetensors",
+             "gradc: error: nodir/g.safetensors: cannot be written: the directory 'nodir' does not exist");
+  fails_with("data text text.txt -T 4 -o plain/d.safetensors", "gradc: error: plain/d.safetensors: cannot be written");
+  fails_with("compile tiny.gdl -o /proc/tiny.gca", "gradc: error: /proc/tiny.gca: cannot be written");
+  fails_with("convert p.safetensors --map map.txt -o nodir/c.safetensors", "gradc: error: nodir/c.safetensors: cannot");
+  assert_int_equal(count_temps(), 0);
+  unlink(in_dir("plain"));
+}
+
+/* SIGHUP (a closed terminal) ends the run after the current step, with its
+ * checkpoint, as SIGINT and SIGTERM do. */
+static void test_sighup_ends_the_run_with_its_checkpoint(void **state) {
+  (void)state;
+  const int sigs[] = {SIGHUP, SIGINT, SIGTERM};
+  for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+    unlink(in_dir("hup.safetensors"));
+    const char *args[] = {TRAIN_ARGS, "--checkpoint", "hup.safetensors", "--checkpoint-every", "1"};
+    pid_t pid = spawn_train(args, (int)(sizeof args / sizeof *args));
+    struct stat sb;
+    /* The first checkpoint comes after step 1: the handlers are in place. */
+    for (double t = now_ms(); stat(in_dir("hup.safetensors"), &sb) != 0 && now_ms() - t < 20000;) sleep_ms(1);
+    assert_int_equal(kill(pid, sigs[i]), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    char *err = read_text("killed.stderr");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 128 + sigs[i])
+      fail_msg("signal %d: %s %d (wanted exit %d)\n%s", sigs[i], WIFEXITED(status) ? "exit" : "killed by signal",
+               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), 128 + sigs[i], err);
+    if (!strstr(err, "interrupted after ") || !strstr(err, "checkpoint (step ")) fail_msg("%s", err);
+    free(err);
+    int64_t step = finite_checkpoint("hup.safetensors");
+    assert_true(step >= 1 && step < NSTEPS);
+  }
+  assert_int_equal(count_temps(), 0);
+}
+
+/* ---- messages name the file ---- */
+
+static void test_messages_name_the_file(void **state) {
+  (void)state;
+  writer_inputs();
+  fails_with("run tiny.gdl --params w.safetensors --inputs w.safetensors",
+             "gradc: error: w.safetensors: tensor 'x': not a param of the model");
+  fails_with("run tiny.gdl --params p.safetensors --inputs p.safetensors",
+             "gradc: error: p.safetensors: tensor 'W1': not an input of the model");
+  gradc_ok("data random tiny.gdl -D B=8 -o w8.safetensors");
+  fails_with("run tiny.gdl --params p.safetensors --inputs w8.safetensors",
+             "gradc: error: w8.safetensors: tensor 'x': expected f32[4,6], got f32[8,6]");
+
+  /* Sample 37 of 64 has target 7 of 3 classes: the error names it, in
+   * the dataset, before the first step (not element 1 of step 10's window). */
+  StFile f;
+  char err[1024];
+  if (!st_read(in_dir("data.safetensors"), &f, err, sizeof err)) fail_msg("%s", err);
+  StTensor *y = (StTensor *)st_find(&f, "y");
+  assert_non_null(y);
+  assert_int_equal(y->dtype, ST_I32);
+  ((int32_t *)y->data)[37] = 7;
+  assert_true(st_write(in_dir("bad.safetensors"), &f, err, sizeof err));
+  st_free(&f);
+  char *out;
+  assert_int_equal(gradc("train tiny.gdl --data bad.safetensors --steps 40 --gas 2", &out), 1);
+  if (!strstr(out, "gradc: error: bad.safetensors: tensor 'y', sample 37: target 7 out of range [0, 3) "
+                   "(cross_entropy at tiny.gdl:10:13)") ||
+      strstr(out, "step "))
+    fail_msg("%s", out);
+  free(out);
+}
+
+/* ---- malformed files ---- */
+
+/* gradc ARGS on a malformed file: exit 1 and an error naming it (a file
+ * cut before the artifact magic reads as model source: FILE:1:1: error). */
+static void refused(const char *args, const char *file) {
+  char *err;
+  int rc = gradc(args, &err);
+  if (rc != 1 || !strstr(err, "error: ") || !strstr(err, file))
+    fail_msg("gradc %s: exit %d (wanted 1, an error naming %s):\n%s", args, rc, file, err);
+  free(err);
+}
+
+static void test_malformed_files_are_errors(void **state) {
+  (void)state;
+  writer_inputs();
+  const char *mdir = tu_path("tests/fuzz/malformed");
+  DIR *d = opendir(mdir);
+  assert_non_null(d);
+  char args[2048], file[1024];
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *name = e->d_name;
+    size_t len = strlen(name);
+    if (name[0] == '.') continue;
+    snprintf(file, sizeof file, "%s/%s", mdir, name);
+    if (len > 4 && strcmp(name + len - 4, ".gca") == 0) {
+      snprintf(args, sizeof args, "run '%s' --params p.safetensors --inputs w.safetensors", file);
+      refused(args, name);
+    } else if (strncmp(name, "ck-", 3) == 0) {
+      snprintf(args, sizeof args, "train tiny.gdl --data data.safetensors --steps 3 --resume '%s'", file);
+      refused(args, name);
+    } else {
+      snprintf(args, sizeof args, "run tiny.gdl --params '%s' --inputs w.safetensors", file);
+      refused(args, name);
+      snprintf(args, sizeof args, "run tiny.gdl --params p.safetensors --inputs '%s'", file);
+      refused(args, name);
+      snprintf(args, sizeof args, "train tiny.gdl --data '%s' --steps 1", file);
+      refused(args, name);
+    }
+    n++;
+  }
+  closedir(d);
+  assert_true(n >= 30);
+
+  /* Every 61st truncation and byte flip of an artifact: the checksum
+   * catches each one. */
+  gradc_ok("compile tiny.gdl --target ref -o good.gca");
+  size_t len;
+  const char *why;
+  char *good = read_file(in_dir("good.gca"), &len, &why);
+  assert_non_null(good);
+  for (size_t at = 0; at < len; at += 61) {
+    for (int flip = 0; flip < 2; flip++) {
+      FILE *f = fopen(in_dir("bad.gca"), "wb");
+      assert_non_null(f);
+      if (flip) good[at] ^= 0x20;
+      assert_int_equal(fwrite(good, 1, flip ? len : at, f), flip ? len : at);
+      if (flip) good[at] ^= 0x20;
+      assert_int_equal(fclose(f), 0);
+      refused("run bad.gca --params p.safetensors --inputs w.safetensors", "bad.gca");
+    }
+  }
+  free(good);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stale_temps_of_dead_writers_only),
@@ -610,7 +933,16 @@ int main(void) {
       cmocka_unit_test(test_nan_gradient_stops_before_the_update),
       cmocka_unit_test(test_sizes_are_checked_before_allocating),
       cmocka_unit_test(test_inputs_must_be_regular_files),
+      cmocka_unit_test(test_outputs_that_are_not_regular_files_are_refused),
+      cmocka_unit_test(test_symlinked_outputs_are_written_through),
+      cmocka_unit_test(test_outputs_never_replace_inputs),
+      cmocka_unit_test(test_unwritable_outputs_fail_before_the_first_step),
+      cmocka_unit_test(test_sighup_ends_the_run_with_its_checkpoint),
+      cmocka_unit_test(test_messages_name_the_file),
+      cmocka_unit_test(test_malformed_files_are_errors),
       cmocka_unit_test(test_checkpoint_survives_kill_9),
   };
+  /* GRADC_TEST_FILTER=test_outputs* runs the tests matching a pattern. */
+  if (getenv("GRADC_TEST_FILTER")) cmocka_set_test_filter(getenv("GRADC_TEST_FILTER"));
   return cmocka_run_group_tests(tests, setup, teardown);
 }

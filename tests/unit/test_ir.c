@@ -829,6 +829,11 @@ static void test_read_error_positions(void **state) {
       {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=[0], axes=[0]} : f32\n}\n",
        "t.gir:2:26: error: duplicate attribute 'axes'\n"},
       {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=*} : f32\n}\n", "t.gir:2:21: error: unexpected character '*'\n"},
+      /* A misspelt attribute would be ignored and its default taken. */
+      {"func @f(%x: f32[3] input) {\n  %0 = exp %x {bogus=[1,2]} : f32[3]\n}\n",
+       "t.gir:2:16: error: unknown attribute 'bogus' (docs/IR.md lists them)\n"},
+      {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=[0], keepdims=false} : f32\n}\n",
+       "t.gir:2:26: error: unknown attribute 'keepdims' (docs/IR.md lists them)\n"},
       {"func @f(%x: f32[3] input) {\n  %0 = sum %x {axes=x} : f32\n}\n",
        "t.gir:2:21: error: expected an attribute value, got 'x'\n"},
       {"func @f(%x: f32[99999999999999999999] input) {\n}\n", "t.gir:1:17: error: integer out of range\n"},
@@ -970,6 +975,22 @@ static void test_verify_wrong_arity(void **state) {
   ir_func_free(f);
 }
 
+/* IR built without the reader (a pass, the C API) gets the same check. */
+static void test_verify_unknown_attributes(void **state) {
+  (void)state;
+  IrFunc *f = small();
+  IrOp *sum = f->ops[4];
+  IrAttr *a = arena_alloc(&f->arena, sizeof(IrAttr) * 3);
+  memcpy(a, sum->attrs, sizeof(IrAttr) * 2);
+  a[2] = ir_attr_ints("bogus", (const int64_t[]){1, 2}, 2);
+  sum->attrs = a;
+  sum->nattrs = 3;
+  expect_verify_error(f, "'%l = sum %t {axes=[], keepdim=false, bogus=[1,2]} : f32  loc(unknown)': unknown attribute 'bogus'");
+  a[2] = a[0];
+  expect_verify_error(f, "attribute 'axes' appears twice");
+  ir_func_free(f);
+}
+
 static void test_verify_wait_without_start(void **state) {
   (void)state;
   IrFunc *f = small();
@@ -1071,6 +1092,7 @@ int main(void) {
       cmocka_unit_test(test_verify_use_before_def),
       cmocka_unit_test(test_verify_wrong_arity),
       cmocka_unit_test(test_verify_wait_without_start),
+      cmocka_unit_test(test_verify_unknown_attributes),
       cmocka_unit_test(test_verify_structure),
       cmocka_unit_test(test_dot_lists_nodes_and_edges),
   };

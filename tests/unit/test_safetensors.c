@@ -88,7 +88,7 @@ static void test_safetensors_round_trips_every_dtype(void **state) {
   int64_t s23[2] = {2, 3}, s4[1] = {4}, s22[2] = {2, 2}, s3[1] = {3}, s2[1] = {2}, s03[2] = {0, 3};
   st_add(&f, "w.f32", ST_F32, 2, s23, f32);
   st_add(&f, "scalar", ST_F64, 0, NULL, &f64);
-  st_add(&f, "b\"f\\16\n", ST_BF16, 1, s4, bf16); /* a name that needs JSON escapes */
+  st_add(&f, "b\"f\\16", ST_BF16, 1, s4, bf16); /* a name that needs JSON escapes (control characters are refused) */
   st_add(&f, "h", ST_F16, 2, s22, f16);
   st_add(&f, "i", ST_I32, 1, s3, i32);
   st_add(&f, "targets", ST_I64, 1, s2, i64);
@@ -260,6 +260,46 @@ static void test_safetensors_rejects_malformed_files(void **state) {
   tmp_done(&t);
 }
 
+/* A name with a control character is refused: an escaped NUL would cut
+ * "W1\u0000hidden" to W1 (and shadow the real W1), a newline or an escape
+ * sequence would forge lines in messages and logs.  The writer refuses
+ * them too. */
+static void test_safetensors_rejects_control_characters_in_names(void **state) {
+  (void)state;
+  TmpDir t;
+  tmp_init(&t);
+  const char *p = tmp_file(&t, "names.safetensors");
+  unsigned char blob[8] = {0};
+  write_raw(p, "{\"W1\\u0000hidden\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", blob, 4, -1);
+  expect_reject(p, "names.safetensors: the header holds an escaped NUL (\\u0000)");
+  write_raw(p, "{\"W1\\nW2\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", blob, 4, -1);
+  expect_reject(p, "names.safetensors: tensor 'W1\\x0aW2': the name holds a control character (byte 0x0a)");
+  write_raw(p, "{\"a\\u001b[2J\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", blob, 4, -1);
+  expect_reject(p, "tensor 'a\\x1b[2J': the name holds a control character (byte 0x1b)");
+  write_raw(p, "{\"__metadata__\":{\"k\\u007f\":\"v\"}}", NULL, 0, -1);
+  expect_reject(p, "\"__metadata__\" key 'k\\x7f': the name holds a control character (byte 0x7f)");
+  /* A literal backslash before u0000 is no escape: the name is W1\u0000x. */
+  write_raw(p, "{\"W1\\\\u0000x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", blob, 4, -1);
+  StFile f;
+  char err[512];
+  if (!st_read(p, &f, err, sizeof err)) fail_msg("%s", err);
+  assert_string_equal(f.t[0].name, "W1\\u0000x");
+  st_free(&f);
+  /* Metadata values may hold newlines. */
+  write_raw(p, "{\"__metadata__\":{\"k\":\"two\\nlines\"}}", NULL, 0, -1);
+  if (!st_read(p, &f, err, sizeof err)) fail_msg("%s", err);
+  assert_string_equal(st_get_meta(&f, "k"), "two\nlines");
+  st_free(&f);
+
+  st_init(&f);
+  float x = 1;
+  st_add(&f, "bad\tname", ST_F32, 1, (int64_t[]){1}, &x);
+  assert_false(st_write(tmp_file(&t, "out.safetensors"), &f, err, sizeof err));
+  assert_non_null(strstr(err, "tensor 'bad\\x09name': the name holds a control character (byte 0x09)"));
+  st_free(&f);
+  tmp_done(&t);
+}
+
 static void test_safetensors_write_is_atomic(void **state) {
   (void)state;
   TmpDir t;
@@ -355,6 +395,7 @@ int main(void) {
       cmocka_unit_test(test_safetensors_round_trips_every_dtype),
       cmocka_unit_test(test_safetensors_reads_hand_written_file),
       cmocka_unit_test(test_safetensors_rejects_malformed_files),
+      cmocka_unit_test(test_safetensors_rejects_control_characters_in_names),
       cmocka_unit_test(test_safetensors_write_is_atomic),
       cmocka_unit_test(test_safetensors_survives_corruption),
   };
