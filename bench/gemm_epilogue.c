@@ -55,6 +55,9 @@ static void separate(CpuGemmEpilogue e, bool acc, float *c, const float *scratch
     case CPU_EPI_BIAS_GELU:
       for (int64_t j = 0; j < N; j++) row[j] = gelu(row[j] + extra[j]);
       break;
+    case CPU_EPI_BIAS_RELU:
+      for (int64_t j = 0; j < N; j++) row[j] = row[j] + extra[j] > 0 ? row[j] + extra[j] : 0.0f;
+      break;
     case CPU_EPI_RESIDUAL:
       for (int64_t j = 0; j < N; j++) row[j] += extra[i * N + j];
       break;
@@ -72,9 +75,11 @@ typedef struct Case {
 
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 1;
-  /* tinygpt large: qkv + bias, fc + bias + gelu, proj + residual, dW accumulate. */
+  /* tinygpt large: qkv + bias, fc + bias + gelu, proj + residual, dW
+   * accumulate; mlp2's first layer + bias + relu. */
   const Case cases[] = {
       {2048, 768, 256, false, CPU_EPI_BIAS, false, "bias"},
+      {256, 1024, 784, false, CPU_EPI_BIAS_RELU, false, "bias_relu"},
       {2048, 1024, 256, false, CPU_EPI_BIAS_GELU, false, "bias_gelu"},
       {2048, 256, 1024, false, CPU_EPI_RESIDUAL, false, "residual"},
       {256, 1024, 2048, true, CPU_EPI_NONE, true, "acc"},

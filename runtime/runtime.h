@@ -331,6 +331,9 @@ void cpu_program_recycle(CpuProgram *p, StepResult *r);
 void cpu_program_skip_grads(CpuProgram *p);
 /* The GEMM provider the program multiplies with ("onednn", "openblas", "blis"). */
 const char *cpu_program_gemm_provider(const CpuProgram *p);
+/* Kernels its GEMMs run as epilogues (exec.c plan_epilogues): launches
+ * the program does not make. */
+int cpu_program_absorbed_kernels(const CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

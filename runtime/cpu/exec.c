@@ -14,7 +14,9 @@
  *            values: kp_views_find's group-0 transposes as flags, q read
  *            out of qkv, heads written into [B, T, C]), beta = 1 when the
  *            result is a gradient buffer; split over the pool, the BLAS
- *            single-threaded in each piece
+ *            single-threaded in each piece; the kernel after it as its
+ *            epilogue where it is only a bias, bias + relu/gelu or
+ *            residual add and the provider fuses it (plan_epilogues)
  *   copy     a collective on one rank
  *   loss     add the loss operand into its window loss
  *
@@ -79,6 +81,14 @@ typedef struct Gemm {
   CpuGemm *plans[8];
   int nplans;
   bool widen; /* bf16/f16 A and B widened to f32 scratch first (f16 always; bf16 where f32 is faster) */
+  const IrValue *aroot, *broot; /* the stored values A and B are read from (plan_epilogues' overlap checks) */
+  /* The kernel after it that the provider runs as it writes C
+   * (plan_epilogues): the epilogue, the byte offset of its bias or
+   * residual in the arena, the residual's leading dimension, and the
+   * kernel's instruction (-1: none). */
+  CpuGemmEpilogue epi;
+  int64_t extra, ldr;
+  int absorbs;
 } Gemm;
 
 typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK, I_STATE } InstrKind;
@@ -92,6 +102,7 @@ typedef struct Instr {
   int slot;                /* I_START, I_WAIT: the StepColl; I_BUCKET_*: the bucket */
   bool f64;                /* I_START: f64 elements (else f32) */
   bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
+  bool absorbed;           /* I_KERNEL: its GEMM runs it as an epilogue (plan_epilogues): nothing to do */
 } Instr;
 
 /* A data-parallel gradient bucket (dp-reduce's last=true all-reduces): in
@@ -228,6 +239,8 @@ static bool plan_gemm(const KpViews *vs, const IrOp *op, Gemm *g, char *err, siz
   g->nb = s.nb;
   g->aoff = s.aoff, g->boff = s.boff, g->coff = s.coff; /* g owns them now */
   g->aarg = g->barg = -1;                               /* plan_direct_args */
+  g->aroot = s.a, g->broot = s.b;
+  g->absorbs = -1;
   return true;
 }
 
@@ -314,7 +327,7 @@ static void gemm_schedule(Gemm *g, int nt, bool library) {
 static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
   CpuGemmType t = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : g->dt == IR_DT_BF16 && !g->widen ? CPU_GEMM_BF16 : CPU_GEMM_F32;
   CpuGemmDesc d = {.type = t, .accumulate = acc, .K = g->K,
-                   .ldc = g->ldc, .threads = g->threads};
+                   .ldc = g->ldc, .threads = g->threads, .epilogue = g->epi, .ldr = g->ldr};
   if (g->tc) {
     d.ta = !g->tb, d.tb = !g->ta, d.M = n, d.N = m, d.lda = g->ldb, d.ldb = g->lda;
   } else {
@@ -363,6 +376,7 @@ typedef struct GemmRun {
   const char *abase, *bbase; /* where A and B lie: the arena's buffers, the caller's tensors, or widened to f32 */
   char *cbase;               /* where C lies: the arena, or f32 scratch for a bf16/f16 result */
   bool acc;                  /* beta = 1 */
+  char *arena;               /* the arena (an epilogue's bias or residual lies in it) */
 } GemmRun;
 
 static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
@@ -382,10 +396,14 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
     b += (g->tb ? n0 * g->ldb : n0) * es;
     c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * esc;
     const CpuGemm *plan = piece_plan(g, M, N, r->acc);
+    /* The piece's part of the bias (columns n0...) or residual (rows m0...). */
+    const float *extra = NULL;
+    if (g->epi == CPU_EPI_RESIDUAL) extra = (const float *)(r->arena + g->extra) + m0 * g->ldr + n0;
+    else if (g->epi != CPU_EPI_NONE) extra = (const float *)(r->arena + g->extra) + n0;
     if (g->tc) /* C^T = B^T A^T, written row by row down C's columns */
       cpu_gemm_run(plan, b, a, c, NULL);
     else
-      cpu_gemm_run(plan, a, b, c, NULL);
+      cpu_gemm_run(plan, a, b, c, extra);
   }
 }
 
@@ -468,7 +486,7 @@ static int64_t low_scratch(const Gemm *g) {
 static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   bool acc = g->accumulate && !(first && g->store_first);
   GemmRun r = {g, g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
-               g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, p->arena + g->c, acc};
+               g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, p->arena + g->c, acc, p->arena};
   bool low = g->dt == IR_DT_BF16 || g->dt == IR_DT_F16, round = low && g->cdt != IR_DT_F32;
   int64_t nc = round ? low_extent(g->coff, g->nb, g->M * g->N) : 0;
   if (low) {
@@ -881,6 +899,125 @@ static void plan_direct_args(CpuProgram *p) {
   }
 }
 
+/* ------------------------------------------------------------------ */
+/* Epilogues                                                           */
+/* ------------------------------------------------------------------ */
+
+/* A GEMM's epilogue instead of the kernel after it (docs/BACKEND.md "GEMM
+ * epilogues").  A kernel that is nothing but
+ *   add(C, bias)              BIAS        bias: [N] (or [1, .., N]), broadcast over C's rows
+ *   relu(add(C, bias))        BIAS_RELU
+ *   gelu(add(C, bias))        BIAS_GELU   (gelu's tanh form, as ir/scalar.c)
+ *   add(C, R)                 RESIDUAL    R: C's shape, contiguous
+ * where C is the result of the f32 GEMM just before it (one matrix, M
+ * folded, stored whole) and read by nothing else, and whose one output
+ * is a stored f32 value of C's shape, is run by the GEMM: it writes the
+ * kernel's output (the provider's post-ops, gemm.h), and the kernel does
+ * nothing.  The two run back to back (no instruction between them), so the
+ * output's bytes are free when the GEMM writes them unless they are A's
+ * or B's (a value whose last reader is the GEMM): those, and an output
+ * that overlaps the bias or residual it reads, stay as they were.
+ * Whether the provider fuses the epilogue is only known from its plans:
+ * program_new undoes the ones it would run as a loop (gemm.c) unless
+ * GRADC_GEMM_EPILOGUES=all; =off fuses none.  RESIDUAL is taken only with
+ * =all: oneDNN 2.6's binary-add post-op cost more than the kernel's pass
+ * it saves (tinygpt large's 2048x256x1024 projection: 16.0 vs 15.3 ms,
+ * bench/gemm_epilogue, docs/DECISIONS.md), the others win. */
+static bool bias_operand(const IrValue *x, const IrValue *c, int64_t N) {
+  const IrShape *s = &x->type.shape;
+  if (x->type.dtype != IR_DT_F32 || s->rank < 1 || s->rank > c->type.shape.rank || s->dim[s->rank - 1] != N ||
+      ir_numel(s) != N)
+    return false;
+  return x->storage == IR_STORE_ARENA || x->storage == IR_STORE_ALIAS;
+}
+
+static bool residual_operand(const IrValue *x, const IrValue *c) {
+  return x->type.dtype == IR_DT_F32 && ir_shape_eq(&x->type.shape, &c->type.shape) &&
+         (x->storage == IR_STORE_ARENA || x->storage == IR_STORE_ALIAS);
+}
+
+/* The epilogue kernel ops[first..] computes on c (N columns): its output
+ * and bias or residual in *out and *extra, or CPU_EPI_NONE. */
+static CpuGemmEpilogue match_epilogue(const IrFunc *f, int first, const IrValue *c, int64_t N, const IrValue **extra,
+                                      const IrValue **out) {
+  int nk = 1;
+  while (first + nk < f->nops && f->ops[first + nk]->group == f->ops[first]->group) nk++;
+  const IrOp *o0 = f->ops[first];
+  if (nk > 2 || o0->opcode != IR_OP_ADD || o0->nargs != 2 || o0->args[0] == o0->args[1]) return CPU_EPI_NONE;
+  if (o0->args[0] != c && o0->args[1] != c) return CPU_EPI_NONE;
+  const IrValue *x = o0->args[0] == c ? o0->args[1] : o0->args[0];
+  CpuGemmEpilogue e = bias_operand(x, c, N) ? CPU_EPI_BIAS : residual_operand(x, c) ? CPU_EPI_RESIDUAL : CPU_EPI_NONE;
+  const IrValue *last = o0->result;
+  if (e != CPU_EPI_NONE && nk == 2) {
+    const IrOp *o1 = f->ops[first + 1];
+    if (e != CPU_EPI_BIAS || o1->nargs != 1 || o1->args[0] != o0->result || o0->result->storage != IR_STORE_NONE)
+      return CPU_EPI_NONE;
+    e = o1->opcode == IR_OP_RELU ? CPU_EPI_BIAS_RELU : o1->opcode == IR_OP_GELU ? CPU_EPI_BIAS_GELU : CPU_EPI_NONE;
+    last = o1->result;
+  }
+  if (e == CPU_EPI_NONE || last->storage != IR_STORE_ARENA || last->type.dtype != IR_DT_F32 ||
+      !ir_shape_eq(&last->type.shape, &c->type.shape))
+    return CPU_EPI_NONE;
+  *extra = x;
+  *out = last;
+  return e;
+}
+
+static void plan_epilogues(CpuProgram *p) {
+  const IrFunc *f = p->f;
+  const char *env = getenv("GRADC_GEMM_EPILOGUES");
+  if (env && strcmp(env, "off") == 0) return;
+  bool all = env && strcmp(env, "all") == 0;
+  int *uses = mem_calloc((size_t)f->nvalues + 1, sizeof(int));
+  for (int k = 0; k < f->nops; k++)
+    for (int j = 0; j < f->ops[k]->nargs; j++) uses[f->ops[k]->args[j]->id]++;
+  int opi = 0;
+  for (int i = 0; i + 1 < p->ncode; i++) {
+    Gemm *g = &p->code[i].gemm;
+    const Instr *next = &p->code[i + 1];
+    if (p->code[i].kind != I_GEMM || next->kind != I_KERNEL) continue;
+    const IrValue *c = p->code[i].op->result;
+    if (g->dt != IR_DT_F32 || g->accumulate || g->nb != 1 || g->tc || g->ldc != g->N || g->coff[0] != 0 ||
+        c->storage != IR_STORE_ARENA || g->c != c->offset || uses[c->id] != 1)
+      continue;
+    while (opi < f->nops && f->ops[opi] != next->op) opi++;
+    if (opi == f->nops) break;
+    const IrValue *extra, *out;
+    CpuGemmEpilogue e = match_epilogue(f, opi, c, g->N, &extra, &out);
+    if (e == CPU_EPI_NONE || (e == CPU_EPI_RESIDUAL && !all)) continue;
+    int64_t lo = 0, hi = 0, a0, a1;
+    value_bytes(out, &lo, &hi);
+    if ((value_bytes(g->aroot, &a0, &a1) && overlaps(lo, hi, a0, a1)) ||
+        (value_bytes(g->broot, &a0, &a1) && overlaps(lo, hi, a0, a1)) ||
+        (value_bytes(extra, &a0, &a1) && overlaps(lo, hi, a0, a1)))
+      continue;
+    g->epi = e;
+    g->extra = extra->offset;
+    g->ldr = g->N;
+    g->c = out->offset;
+    g->absorbs = i + 1;
+    p->code[i + 1].absorbed = true;
+  }
+  free(uses);
+}
+
+/* Undo g's epilogue: the kernel runs after it again. */
+static void unfuse_epilogue(CpuProgram *p, Gemm *g) {
+  p->code[g->absorbs].absorbed = false;
+  g->c = p->code[g->absorbs - 1].op->result->offset;
+  g->epi = CPU_EPI_NONE;
+  g->extra = g->ldr = 0;
+  g->absorbs = -1;
+  for (int k = 0; k < g->nplans; k++) cpu_gemm_free(g->plans[k]);
+  g->nplans = 0;
+}
+
+int cpu_program_absorbed_kernels(const CpuProgram *p) {
+  int n = 0;
+  for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_KERNEL && p->code[i].absorbed;
+  return n;
+}
+
 /* cpu_program_new, or with cg != NULL a program around kernels already
  * loaded (cpu_program_load_objects; the program owns cg, even on failure). */
 static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, char *err, size_t errlen) {
@@ -978,17 +1115,26 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     errf(err, errlen, "cannot allocate the %lld-byte arena", (long long)f->arena_size);
     goto error;
   }
+  plan_epilogues(p);
   plan_zeroing(p);
   plan_direct_args(p);
   /* GRADC_GEMM_THREADS=library: each GEMM threaded by its provider
    * rather than cut over the pool (measured in docs/DECISIONS.md). */
-  const char *gt = getenv("GRADC_GEMM_THREADS");
-  bool library = gt && strcmp(gt, "library") == 0;
+  const char *gt = getenv("GRADC_GEMM_THREADS"), *ge = getenv("GRADC_GEMM_EPILOGUES");
+  bool library = gt && strcmp(gt, "library") == 0, loops = ge && strcmp(ge, "all") == 0;
   for (int i = 0; i < p->ncode; i++) {
+    Gemm *g = &p->code[i].gemm;
     if (p->code[i].kind != I_GEMM) continue;
-    gemm_schedule(&p->code[i].gemm, p->threads, library);
+    gemm_schedule(g, p->threads, library);
     char e[1024];
-    if (!gemm_plan_pieces(&p->code[i].gemm, p->gemm, e, sizeof e)) {
+    bool ok = gemm_plan_pieces(g, p->gemm, e, sizeof e);
+    bool fused = true;
+    for (int k = 0; ok && k < g->nplans; k++) fused &= cpu_gemm_fused(g->plans[k]);
+    if (ok && g->epi != CPU_EPI_NONE && !fused && !loops) {
+      unfuse_epilogue(p, g);
+      ok = gemm_plan_pieces(g, p->gemm, e, sizeof e);
+    }
+    if (!ok) {
       rt_op_fail(err, errlen, p->code[i].op, e);
       goto error;
     }
@@ -1293,7 +1439,10 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last,
     const Instr *in = &p->code[i];
     double t0 = t && in->kind <= I_COPY ? trace_now_us(t) : 0;
     switch (in->kind) {
-    case I_KERNEL: run_kernel(p, in->kernel); break;
+    case I_KERNEL:
+      if (in->absorbed) continue;
+      run_kernel(p, in->kernel);
+      break;
     case I_GEMM: run_gemm(p, &in->gemm, first); break;
     case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
     case I_LOSS: {

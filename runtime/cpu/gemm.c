@@ -202,6 +202,7 @@ static float epilogue(CpuGemmEpilogue e, float x, const float *extra, int64_t i,
   case CPU_EPI_NONE: return x;
   case CPU_EPI_BIAS: return x + extra[j];
   case CPU_EPI_BIAS_GELU: return (float)ir_scalar_unary(IR_OP_GELU, (double)(x + extra[j]), 0);
+  case CPU_EPI_BIAS_RELU: return (float)ir_scalar_unary(IR_OP_RELU, (double)(x + extra[j]), 0);
   case CPU_EPI_RESIDUAL: return x + extra[i * ldr + j];
   }
   return x;

@@ -24,9 +24,11 @@ typedef enum { CPU_GEMM_F32, CPU_GEMM_F64, CPU_GEMM_BF16 } CpuGemmType;
  * the other providers run it as a loop over the finished block):
  *   BIAS       C = AB + bias[j]                        (bias: N f32)
  *   BIAS_GELU  C = gelu_tanh(AB + bias[j])
+ *   BIAS_RELU  C = relu(AB + bias[j])                  (NaN stays NaN)
  *   RESIDUAL   C = AB + R[i, j]                        (R: ldr apart, f32)
- * Accumulation (beta = 1, CpuGemmDesc.accumulate) comes before them. */
-typedef enum { CPU_EPI_NONE, CPU_EPI_BIAS, CPU_EPI_BIAS_GELU, CPU_EPI_RESIDUAL } CpuGemmEpilogue;
+ * Accumulation (beta = 1, CpuGemmDesc.accumulate) adds C's old value to
+ * the epilogue's result: C += epilogue(AB) (oneDNN's sum post-op last). */
+typedef enum { CPU_EPI_NONE, CPU_EPI_BIAS, CPU_EPI_BIAS_GELU, CPU_EPI_BIAS_RELU, CPU_EPI_RESIDUAL } CpuGemmEpilogue;
 
 /* C[t] (+)= op(A[t]) op(B[t]) for t < batch, row-major: element (i, j)
  * of a matrix X with leading dimension ldx is at i*ldx + j, and op(X) is

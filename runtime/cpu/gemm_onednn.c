@@ -11,14 +11,17 @@
  *     strides, a batch a leading dimension (stride 0: a broadcast
  *     operand, dimension 1);
  *   - beta = 1 is the sum post-op; bias is the matmul's bias argument;
- *     gelu (tanh) an eltwise post-op; the residual a binary add post-op;
+ *     gelu (tanh) and relu eltwise post-ops; the residual a binary add post-op;
  *   - bf16 A and B into f32 C where the CPU has bf16 kernels (else
  *     pd creation fails and gemm.c widens to f32);
  *   - no f64 matmul on the CPU: f64 plans fail and gemm.c hands them to
  *     the next provider.
  * Concurrency: the scratchpad is the caller's (user mode), so one
- * primitive can run in several threads at once; each call takes a stream
- * and a scratch buffer from a small free list.  Threads: the library is
+ * primitive can run in several threads at once; each call takes a stream,
+ * a scratch buffer and the memory objects of its arguments from a small
+ * free list of contexts (the objects are made once per context and
+ * primitive and pointed at each call's buffers: creating and destroying
+ * five per call was ~15% of tinygpt small's step, in malloc and free).  Threads: the library is
  * built on OpenMP, whose per-thread thread count (omp_set_num_threads
  * from the calling thread) is what a primitive runs with; a plan records
  * the count it was built for and a call sets it when it differs. */
@@ -61,10 +64,21 @@ static void version(char *buf, size_t n) {
 /* Streams and scratch for one call                                    */
 /* ------------------------------------------------------------------ */
 
+/* A context's memory objects for one primitive: src, weights, dst, the
+ * bias or binary operand, the scratchpad (NULL where it has none). */
+#define NARGS 5
+typedef struct Args {
+  const struct Prim *prim;
+  dnnl_memory_t m[NARGS];
+} Args;
+
+#define NSLOTS 128 /* primitives whose objects a context keeps, by Prim.id */
+
 typedef struct Ctx {
   dnnl_stream_t stream;
   void *scratch;
   size_t cap;
+  Args slot[NSLOTS];
   struct Ctx *next;
 } Ctx;
 
@@ -96,6 +110,7 @@ static void ctx_put(Ctx *c) {
 
 typedef struct Prim {
   CpuGemmDesc d;
+  int id; /* in order of building: its slot in a context (Ctx.slot) */
   dnnl_primitive_t prim;
   dnnl_memory_desc_t a, b, c, bias, extra;
   size_t scratch; /* bytes */
@@ -106,6 +121,7 @@ typedef struct Prim {
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 #define NBUCKETS 256
 static Prim *cache[NBUCKETS];
+static int nprims;
 
 /* The descriptor as a cache key: every field, padding excluded. */
 static uint64_t desc_hash(const CpuGemmDesc *d) {
@@ -160,7 +176,7 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   CHECK(matrix_md(&p->a, batched, nb, d->stride_a, d->M, d->K, d->lda, d->ta, in));
   CHECK(matrix_md(&p->b, batched, nb, d->stride_b, d->K, d->N, d->ldb, d->tb, in));
   CHECK(matrix_md(&p->c, batched, nb, d->stride_c ? d->stride_c : d->M * d->ldc, d->M, d->N, d->ldc, false, dnnl_f32));
-  bool bias = d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU;
+  bool bias = d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU || d->epilogue == CPU_EPI_BIAS_RELU;
   if (bias) CHECK(matrix_md(&p->bias, batched, 1, 0, 1, d->N, d->N, false, dnnl_f32));
   dnnl_matmul_desc_t md;
   CHECK(dnnl_matmul_desc_init(&md, &p->a, &p->b, bias ? &p->bias : NULL, &p->c));
@@ -168,6 +184,7 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
   CHECK(dnnl_post_ops_create(&po));
   if (d->epilogue == CPU_EPI_BIAS_GELU) CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0.f, 0.f));
+  if (d->epilogue == CPU_EPI_BIAS_RELU) CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.f, 0.f));
   if (d->epilogue == CPU_EPI_RESIDUAL) {
     CHECK(matrix_md(&p->extra, batched, nb, 0, d->M, d->N, d->ldr, false, dnnl_f32));
     CHECK(dnnl_post_ops_append_binary(po, dnnl_binary_add, &p->extra));
@@ -221,12 +238,47 @@ static void *plan(const CpuGemmDesc *d, char *err, size_t n) {
   if (!p) {
     p = build(d, err, n);
     if (p) {
+      p->id = nprims++;
       p->next = cache[h % NBUCKETS];
       cache[h % NBUCKETS] = p;
     }
   }
   pthread_mutex_unlock(&cache_lock);
   return p;
+}
+
+/* x's memory objects for p (made on first use, or when another
+ * primitive held the slot), pointed at this call's buffers. */
+static dnnl_memory_t *args_for(Ctx *x, const Prim *p, const void *a, const void *b, void *c, const float *extra) {
+  Args *s = &x->slot[p->id % NSLOTS];
+  const dnnl_memory_desc_t *mds[NARGS] = {&p->a, &p->b, &p->c, NULL, NULL};
+  if (p->d.epilogue == CPU_EPI_RESIDUAL) mds[3] = &p->extra;
+  else if (p->d.epilogue != CPU_EPI_NONE) mds[3] = &p->bias;
+  dnnl_memory_desc_t smd;
+  if (p->scratch) {
+    dnnl_status_t st = dnnl_memory_desc_init_by_tag(&smd, 1, (dnnl_dims_t){(int64_t)p->scratch}, dnnl_u8, dnnl_a);
+    GRADC_ASSERT(st == dnnl_success);
+    mds[4] = &smd;
+  }
+  void *ptr[NARGS] = {(void *)a, (void *)b, c, (void *)extra, x->scratch};
+  if (s->prim != p) {
+    for (int k = 0; k < NARGS; k++) {
+      if (s->m[k]) dnnl_memory_destroy(s->m[k]);
+      s->m[k] = NULL;
+      if (mds[k]) {
+        dnnl_status_t st = dnnl_memory_create(&s->m[k], mds[k], engine, ptr[k]);
+        GRADC_ASSERT(st == dnnl_success);
+      }
+    }
+    s->prim = p;
+    return s->m;
+  }
+  for (int k = 0; k < NARGS; k++)
+    if (s->m[k]) {
+      dnnl_status_t st = dnnl_memory_set_data_handle(s->m[k], ptr[k]);
+      GRADC_ASSERT(st == dnnl_success);
+    }
+  return s->m;
 }
 
 static void run(void *plan, const CpuGemmDesc *d, const void *a, const void *b, void *c, const float *extra) {
@@ -237,37 +289,17 @@ static void run(void *plan, const CpuGemmDesc *d, const void *a, const void *b, 
     x->scratch = mem_alloc(p->scratch);
     x->cap = p->scratch;
   }
-  dnnl_memory_t ma, mb, mc, me = NULL, ms = NULL;
-  dnnl_status_t s = dnnl_memory_create(&ma, &p->a, engine, (void *)a);
-  s |= dnnl_memory_create(&mb, &p->b, engine, (void *)b);
-  s |= dnnl_memory_create(&mc, &p->c, engine, c);
-  dnnl_exec_arg_t args[6] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+  dnnl_memory_t *m = args_for(x, p, a, b, c, extra);
+  dnnl_exec_arg_t args[NARGS] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]}, {DNNL_ARG_DST, m[2]}};
   int na = 3;
-  if (p->scratch) {
-    dnnl_memory_desc_t smd;
-    int64_t bytes = (int64_t)p->scratch;
-    s |= dnnl_memory_desc_init_by_tag(&smd, 1, (dnnl_dims_t){bytes}, dnnl_u8, dnnl_a);
-    s |= dnnl_memory_create(&ms, &smd, engine, x->scratch);
-    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ms};
-  }
-  if (d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU) {
-    s |= dnnl_memory_create(&me, &p->bias, engine, (void *)extra);
-    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, me};
-  } else if (d->epilogue == CPU_EPI_RESIDUAL) {
-    s |= dnnl_memory_create(&me, &p->extra, engine, (void *)extra);
-    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, me};
-  }
-  GRADC_ASSERT(s == dnnl_success);
+  if (m[4]) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, m[4]};
+  if (d->epilogue == CPU_EPI_RESIDUAL) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, m[3]};
+  else if (d->epilogue != CPU_EPI_NONE) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, m[3]};
   if (omp_get_max_threads() != d->threads) omp_set_num_threads(d->threads);
-  s = dnnl_primitive_execute(p->prim, x->stream, na, args);
+  dnnl_status_t s = dnnl_primitive_execute(p->prim, x->stream, na, args);
   GRADC_ASSERT(s == dnnl_success);
   s = dnnl_stream_wait(x->stream);
   GRADC_ASSERT(s == dnnl_success);
-  dnnl_memory_destroy(ma);
-  dnnl_memory_destroy(mb);
-  dnnl_memory_destroy(mc);
-  if (me) dnnl_memory_destroy(me);
-  if (ms) dnnl_memory_destroy(ms);
   ctx_put(x);
 }
 

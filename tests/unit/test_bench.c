@@ -121,6 +121,31 @@ static void test_bench_gas_counts_per_window(void **state) {
   cJSON_Delete(two);
 }
 
+/* With oneDNN, mlp's relu(x @ W1 + b1) runs as the first GEMM's epilogue
+ * (bias and relu post-ops): one kernel fewer a micro-batch than with
+ * GRADC_GEMM_EPILOGUES=off, at K = 1 and 2. */
+static void test_bench_epilogue_drops_a_kernel(void **state) {
+  (void)state;
+  if (!HAVE_CPU || !cpu_gemm_provider_find("onednn")) {
+    print_message("note: skipped: needs the CPU target and oneDNN\n");
+    return;
+  }
+  for (int K = 1; K <= 2; K++) {
+    char args[256];
+    snprintf(args, sizeof args, "--json --steps 1 --warmup 0 --gas %d " MLP_DEFS " --target cpu", K);
+    setenv("GRADC_GEMM", "onednn", 1);
+    setenv("GRADC_GEMM_EPILOGUES", "off", 1);
+    cJSON *off = bench_json(args);
+    unsetenv("GRADC_GEMM_EPILOGUES");
+    cJSON *on = bench_json(args);
+    unsetenv("GRADC_GEMM");
+    assert_int_equal((int)fig(on, "kernels_per_step"), (int)fig(off, "kernels_per_step") - K);
+    assert_int_equal((int)fig(on, "gemms_per_step"), 5 * K);
+    cJSON_Delete(off);
+    cJSON_Delete(on);
+  }
+}
+
 static void test_bench_ref_has_no_kernels(void **state) {
   (void)state;
   cJSON *o = bench_json("--json --steps 1 " MLP_DEFS " --target ref");
@@ -287,7 +312,8 @@ static void test_gemm_list_tinygpt(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bench_json_figures),   cmocka_unit_test(test_bench_gas_counts_per_window),
-      cmocka_unit_test(test_bench_ref_has_no_kernels), cmocka_unit_test(test_bench_text_order),
+      cmocka_unit_test(test_bench_ref_has_no_kernels),
+      cmocka_unit_test(test_bench_epilogue_drops_a_kernel), cmocka_unit_test(test_bench_text_order),
       cmocka_unit_test(test_bench_usage_errors),   cmocka_unit_test(test_gemm_list_shapes),
       cmocka_unit_test(test_gemm_list_tinygpt),
   };

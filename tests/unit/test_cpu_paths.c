@@ -508,6 +508,88 @@ static void test_cpu_direct_args(void **state) {
   ir_func_free(f);
 }
 
+/* ------------------------------------------------------------------ */
+/* GEMM epilogues                                                      */
+/* ------------------------------------------------------------------ */
+
+/* Kernels that are nothing but a GEMM's epilogue (exec.c plan_epilogues):
+ * bias + relu, bias alone, a residual input, and bias + gelu (an input
+ * weight, so the backward needs no pre-activation and the kernel has one
+ * output).  By default oneDNN runs all but the residual as post-ops and
+ * the other providers none; GRADC_GEMM_EPILOGUES=all takes all four
+ * (post-ops, or gemm.c's loop), =off none.  Sizes make the GEMMs split into
+ * pieces at 2 and 3 threads (each piece reads its part of the bias or
+ * residual). */
+static const char epilogue_src[] =
+    "model epi {\n"
+    "  batch B = 96\n"
+    "  dim D = 128\n"
+    "  dim H = 160\n"
+    "  input x : f32[B, D]\n"
+    "  input r : f32[B, H]\n"
+    "  input Wg : f32[D, H]\n"
+    "  input bg : f32[H]\n"
+    "  input y : i32[B]\n"
+    "  param W1 : f32[D, H] init normal(0, 0.1)\n"
+    "  param b1 : f32[H]\n"
+    "  param W2 : f32[H, H] init normal(0, 0.1)\n"
+    "  param b2 : f32[H]\n"
+    "  param W3 : f32[H, H] init normal(0, 0.1)\n"
+    "  param W4 : f32[H, 10] init normal(0, 0.1)\n"
+    "  param W5 : f32[H, 10] init normal(0, 0.1)\n"
+    "  h1 = relu(x @ W1 + b1)\n"
+    "  h2 = h1 @ W2 + b2\n"
+    "  h3 = r + h2 @ W3\n"
+    "  g = gelu(x @ Wg + bg)\n"
+    "  logits = h3 @ W4 + g @ W5\n"
+    "  loss ce = cross_entropy(logits, y)\n"
+    "}\n";
+
+static int absorbed_kernels(IrFunc *f) {
+  char err[1024];
+  CpuOptions o = {.threads = 1, .cache_dir = getenv("GRADC_CACHE_DIR")};
+  CpuProgram *p = cpu_program_new(f, &o, err, sizeof err);
+  if (!p) fail_msg("cpu_program_new: %s", err);
+  int n = cpu_program_absorbed_kernels(p);
+  cpu_program_free(p);
+  return n;
+}
+
+static void test_cpu_gemm_epilogues(void **state) {
+  (void)state;
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  const char *prov = getenv("GRADC_GEMM");
+  const char *modes[] = {"fused", "all", "off"};
+  for (int mode = 0; mode < 3; mode++) {
+    setenv("GRADC_GEMM_EPILOGUES", modes[mode], 1);
+    for (int K = 1; K <= 3; K += 2) {
+      Diag d;
+      FeModel *m = tu_compile("epi.gdl", epilogue_src, K, &d);
+      if (!m) fail_msg("epi.gdl: %s", sb_str(&d.log));
+      diag_free(&d);
+      IrFunc *f = m->func;
+      run_pipeline(f, pipe, n, K);
+      /* bias + relu, bias, residual, bias + gelu (the logits' sum joins
+       * cross_entropy's kernel); by default not the residual, and only
+       * where the provider has post-ops. */
+      int fused = absorbed_kernels(f);
+      bool onednn = prov && strcmp(prov, "onednn") == 0;
+      if (mode == 1) assert_int_equal(fused, 4);
+      else if (mode == 0 && onednn) assert_int_equal(fused, 3);
+      else if (mode == 2) assert_int_equal(fused, 0);
+      for (int threads = 1; threads <= 3; threads++) {
+        char label[64];
+        snprintf(label, sizeof label, "epilogues %s threads=%d K=%d", modes[mode], threads, K);
+        double e = run_both(f, K, threads, 31 + (uint64_t)K, 1e-5, label);
+        print_message("  %-34s %d fused, worst relative error %.3g\n", label, fused, e);
+      }
+      fe_model_free(m);
+    }
+  }
+  unsetenv("GRADC_GEMM_EPILOGUES");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_gemm_pieces),
@@ -516,6 +598,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_unslice_fallback),
       cmocka_unit_test(test_cpu_write_over),
       cmocka_unit_test(test_cpu_direct_args),
+      cmocka_unit_test(test_cpu_gemm_epilogues),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

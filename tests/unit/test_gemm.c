@@ -331,6 +331,59 @@ static void test_gemm_providers_rounding(void **state) {
   for (int k = 0; k < np; k++) provider_rounding(provs[k]);
 }
 
+/* Every epilogue on every provider (a post-op or gemm.c's loop), with and
+ * without beta = 1, against the same arithmetic in double: C = C0*beta +
+ * epilogue(AB), AB exact (multiples of 1/16), so only the epilogue's own
+ * rounding (gelu's tanh in f32) is left: 1e-6 relative. */
+static void test_gemm_providers_epilogues(void **state) {
+  (void)state;
+  const CpuGemmProvider *provs[4];
+  int np = built(provs), bad = 0;
+  const int64_t M = 72, N = 56, K = 40;
+  double a[72 * 40], b[40 * 56], c0[72 * 56], extra[72 * 56];
+  exact_values(a, M * K, 7);
+  exact_values(b, K * N, 8);
+  exact_values(c0, M * N, 9);
+  exact_values(extra, M * N, 10);
+  const CpuGemmEpilogue epis[] = {CPU_EPI_BIAS, CPU_EPI_BIAS_GELU, CPU_EPI_BIAS_RELU, CPU_EPI_RESIDUAL};
+  float A[72 * 40], B[40 * 56], C[72 * 56], E[72 * 56];
+  for (int64_t i = 0; i < M * K; i++) A[i] = (float)a[i];
+  for (int64_t i = 0; i < K * N; i++) B[i] = (float)b[i];
+  for (int64_t i = 0; i < M * N; i++) E[i] = (float)extra[i];
+  for (int k = 0; k < np; k++)
+    for (int e = 0; e < 4; e++)
+      for (int acc = 0; acc < 2; acc++)
+        for (int threads = 1; threads <= 2; threads++) {
+          CpuGemmDesc d = {.type = CPU_GEMM_F32, .accumulate = acc, .M = M, .N = N, .K = K, .lda = K, .ldb = N,
+                           .ldc = N, .threads = threads, .epilogue = epis[e], .ldr = N};
+          char err[512];
+          CpuGemm *g = cpu_gemm_plan(provs[k], &d, err, sizeof err);
+          if (!g) fail_msg("%s: cannot plan epilogue %d: %s", provs[k]->name, (int)epis[e], err);
+          for (int64_t i = 0; i < M * N; i++) C[i] = (float)c0[i];
+          cpu_gemm_run(g, A, B, C, E);
+          int nbad = 0;
+          for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+              double s = 0;
+              for (int64_t q = 0; q < K; q++) s += a[i * K + q] * b[q * N + j];
+              double x = epis[e] == CPU_EPI_RESIDUAL ? s + extra[i * N + j] : s + extra[j];
+              if (epis[e] == CPU_EPI_BIAS_GELU) x = ir_scalar_unary(IR_OP_GELU, x, 0);
+              if (epis[e] == CPU_EPI_BIAS_RELU) x = ir_scalar_unary(IR_OP_RELU, x, 0);
+              double want = (acc ? c0[i * N + j] : 0) + x, got = C[i * N + j];
+              if (fabs(got - want) > 1e-6 * (1 + fabs(want)) || isnan(got)) {
+                if (nbad++ < 3)
+                  print_error("%s epilogue %d beta=%d threads=%d: C[%lld,%lld] = %.9g, want %.9g\n", provs[k]->name,
+                              (int)epis[e], acc, threads, (long long)i, (long long)j, got, want);
+              }
+            }
+          printf("%s epilogue %d beta=%d threads=%d: %s, %d mismatches\n", provs[k]->name, (int)epis[e], acc,
+                 threads, cpu_gemm_fused(g) ? "fused" : "loop", nbad);
+          bad += nbad;
+          cpu_gemm_free(g);
+        }
+  assert_int_equal(bad, 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* The choice per host, and its cache                                   */
 /* ------------------------------------------------------------------ */
@@ -521,6 +574,7 @@ int main(void) {
   const struct CMUnitTest providers[] = {
       cmocka_unit_test(test_gemm_providers_exact),
       cmocka_unit_test(test_gemm_providers_rounding),
+      cmocka_unit_test(test_gemm_providers_epilogues),
   };
   const struct CMUnitTest choice[] = {
       cmocka_unit_test(test_gemm_select_cached),
