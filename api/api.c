@@ -28,6 +28,7 @@
  * Loading checks the container (magic, version, checksum), the gradc
  * version, and for the cpu target the host, then reads the IR back with
  * ir_read and the signature from SIG: no frontend, no passes. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,6 +175,22 @@ void api_set_draws(gradc_program *p, uint64_t seed, uint64_t step) {
   p->draw_step = step;
 }
 
+double api_program_loss_scale(const gradc_program *p) { return p->loss_scale > 0 ? p->loss_scale : 1.0; }
+
+double api_unscale_norm2(StepResult *r, double scale) {
+  double inv = 1.0 / scale, ss = 0;
+  for (int i = 0; i < r->nlosses; i++) r->losses[i] *= inv;
+  for (int i = 0; i < r->ngrads; i++) {
+    int64_t n = ir_numel(&r->grad_types[i].shape);
+    double *g = r->grads[i];
+    for (int64_t j = 0; j < n; j++) {
+      g[j] *= inv;
+      ss += g[j] * g[j];
+    }
+  }
+  return ss;
+}
+
 void api_set_params_gen(gradc_program *p, uint64_t gen) {
   if (p->backend->set_params_gen) p->backend->set_params_gen(p->prog, gen);
 }
@@ -223,10 +240,13 @@ bool api_run_window_ex(gradc_program *p, const StFile *params, const StFile *inp
   bool dist = p->comm != NULL, ok;
   if (dist) step_dp_begin(&p->stepdp);
   step_set_draws(p->draw_seed, p->draw_step); /* the executors' rng.state (window.c) */
+  step_set_loss_scale(p->loss_scale > 0 ? p->loss_scale : 1.0); /* loss.scale (f16) */
   /* Messages name the files the tensors came from (gradc run's), else
    * what they are (a session's, built in memory). */
   ok = p->backend->run(p->prog, p->gas, params, params->path ? params->path : "the session's params", inputs,
                        inputs->path ? inputs->path : "the session's inputs", r, err, errlen);
+  if (ok && r->ngrads > 0 && ir_numel(&r->grad_types[0].shape) > 0 && step_inject_inf())
+    r->grads[0][0] = INFINITY; /* the test hook: an overflow on this rank */
   if (ok && p->zero) {
     if (!r->dp_reduced) r->dp_reduced = calloc((size_t)r->ngrads + 1, sizeof(bool));
     if (!r->dp_reduced) abort();
@@ -271,6 +291,12 @@ static gradc_status check_options(const gradc_compile_options *o) {
     return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: %s)", o->target,
                     rt_backend_targets(targets, sizeof targets));
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
+  if (o->precision && strcmp(o->precision, "f16") == 0 && o->zero1 && o->dp > 1)
+    return api_fail(GRADC_ERR_USER, "gradc: error: --precision f16 does not work with --zero1 yet (its loss scale "
+                                    "needs the whole gradients; use bf16, or no --zero1)");
+  if (o->precision && strcmp(o->precision, "f32") != 0 && strcmp(o->precision, "bf16") != 0 &&
+      strcmp(o->precision, "f16") != 0)
+    return api_fail(GRADC_ERR_USER, "gradc: error: unknown precision '%s' (expected f32, bf16 or f16)", o->precision);
   if (o->dp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: dp must be at least 1 (got %d)", o->dp);
   if (o->tp < 0) return api_fail(GRADC_ERR_USER, "gradc: error: tp must be at least 1 (got %d)", o->tp);
   if (o->bucket_bytes < 0)
@@ -304,6 +330,11 @@ static void set_options(gradc_program *p, const gradc_compile_options *o) {
   p->bucket_bytes = o->bucket_bytes;
   p->zero1 = o->zero1 != 0 && p->dp > 1;
   p->forward_only = o->forward_only != 0;
+  p->precision = !o->precision ? IR_DT_F32
+                 : strcmp(o->precision, "bf16") == 0 ? IR_DT_BF16
+                 : strcmp(o->precision, "f16") == 0  ? IR_DT_F16
+                                                     : IR_DT_F32;
+  p->loss_scale = p->precision == IR_DT_F16 ? API_LOSS_SCALE_INIT : 1.0;
   p->ndefs = o->ndefs;
   p->def_names = ARENA_ARRAY(&p->arena, const char *, o->ndefs + 1);
   p->def_values = ARENA_ARRAY(&p->arena, int64_t, o->ndefs + 1);
@@ -408,7 +439,8 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
                     .no_overlap = p->no_overlap,
                     .bucket_bytes = p->bucket_bytes,
                     .zero1 = p->zero1,
-                    .no_inplace = p->backend->no_inplace};
+                    .no_inplace = p->backend->no_inplace,
+                    .precision = p->precision};
   int rc = pm_run(&pm, p->func, names, n, &po);
   if (pmo) *pmo = pm; /* the caller reads the per-pass times */
   if (rc == 1) {
@@ -466,6 +498,7 @@ int gradc_program_tp(const gradc_program *p) { return p ? p->tp : 0; }
 int gradc_program_zero1(const gradc_program *p) { return p && p->zero1 ? 1 : 0; }
 int gradc_program_forward_only(const gradc_program *p) { return p && p->forward_only ? 1 : 0; }
 int64_t gradc_program_arena_bytes(const gradc_program *p) { return p && p->func ? p->func->arena_size : 0; }
+const char *gradc_program_precision(const gradc_program *p) { return ir_dtype_name(p ? p->precision : IR_DT_F32); }
 
 const char *gradc_program_loss_name(const gradc_program *p, int i) {
   return p && i >= 0 && i < p->nlosses ? p->losses[i] : NULL;
@@ -547,6 +580,7 @@ static char *meta_json(const gradc_program *p) {
   cJSON_AddNumberToObject(m, "bucket_bytes", (double)p->bucket_bytes);
   cJSON_AddBoolToObject(m, "zero1", p->zero1);
   cJSON_AddBoolToObject(m, "forward_only", p->forward_only);
+  cJSON_AddStringToObject(m, "precision", ir_dtype_name(p->precision));
   cJSON_AddNumberToObject(m, "threads", p->threads);
   cJSON_AddBoolToObject(m, "no_cache", p->no_cache);
   cJSON *defs = cJSON_AddArrayToObject(m, "defs");
@@ -713,6 +747,10 @@ static const char *read_meta(gradc_program *p, const char *path, const ArtSectio
   p->no_overlap = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_overlap"));
   p->zero1 = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "zero1")) && p->dp > 1;
   p->forward_only = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "forward_only")); /* absent before: training */
+  const cJSON *prec = cJSON_GetObjectItemCaseSensitive(m, "precision"); /* absent before mixed precision: f32 */
+  p->precision = IR_DT_F32;
+  if (cJSON_IsString(prec) && !ir_dtype_parse(prec->valuestring, strlen(prec->valuestring), &p->precision)) goto done;
+  p->loss_scale = p->precision == IR_DT_F16 ? API_LOSS_SCALE_INIT : 1.0;
   p->threads = (int)threads;
   p->no_cache = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "no_cache"));
   p->target = arena_strdup(&p->arena, target);

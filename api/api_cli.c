@@ -438,6 +438,7 @@ int cli_opt(const char *path, const char *const *passes, int npasses, const grad
                       .no_overlap = o->no_overlap,
                       .bucket_bytes = o->bucket_bytes,
                       .zero1 = o->zero1};
+    if (o->precision && !ir_dtype_parse(o->precision, strlen(o->precision), &po.precision)) po.precision = IR_DT_F32;
     rc = pm_run(&pm, f, passes, npasses, &po);
     if (!rc && dot) rc = write_dot(dot, f);
     if (!rc) ir_print_file(f, stdout);
@@ -641,6 +642,7 @@ int cli_run(gradc_program *p, const char *params_path, const char *inputs_path, 
   } else if (drop_optim_state(&params), !api_run_window(p, &params, &inputs, &r, err, sizeof err)) {
     rc = fail("%s", err);
   } else {
+    if (api_program_loss_scale(p) != 1.0) (void)api_unscale_norm2(&r, api_program_loss_scale(p)); /* f16 */
     if (api_program_rank(p) == 0) { /* data-parallel: rank 0 prints and writes the window's results */
       print_losses(p, &r);
       if (grads_out) rc = write_grads(grads_out, &r);

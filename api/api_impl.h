@@ -79,6 +79,9 @@ struct gradc_program {
   StepDp stepdp;
   bool forward_only;       /* compiled without autodiff (gradc_compile_options.forward_only): no gradients */
   bool zero1;              /* ZeRO-1 asked for (and dp > 1) */
+  IrDType precision;       /* --precision: IR_DT_F32, IR_DT_BF16 or IR_DT_F16 (f16: dynamic loss scaling) */
+  double loss_scale;       /* f16: what loss.scale gives the next windows (api_run_window_ex; 0 reads as 1):
+                              API_LOSS_SCALE_INIT until a session sets its own */
   ZeroLayout *zero;        /* its layout on this rank, set when the run's ranks are joined (NULL: none) */
   uint64_t draw_seed, draw_step; /* the random draws of the next windows (api_set_draws) */
 };
@@ -107,6 +110,14 @@ struct gradc_session {
   uint64_t params_gen;     /* taken anew at every change to params (api_params_changed) */
   uint64_t draw_seed;      /* gradc_session_set_draws: the seed of the random draws */
   int64_t draw_offset;     /* their step is the optimiser step count plus this */
+  /* f16 loss scaling (gradc_session_set_loss_scaling): the options, S, the
+   * clean steps since S last changed, the overflows in a row left before
+   * S halves, whether the last run overflowed, the steps skipped. */
+  gradc_loss_scale_options ls;
+  double loss_scale;
+  int clean_steps, overflows_left;
+  bool overflow;
+  int64_t skipped;
 };
 
 /* gradc_program_compile_source with the caller's pass manager (dumps,
@@ -116,6 +127,15 @@ struct PassManager;
 gradc_status api_program_compile(const char *name, const char *text, const gradc_compile_options *o,
                                  struct PassManager *pm, gradc_program **out);
 
+/* f16's first loss scale (gradc_loss_scale_options_init), 2^16 as
+ * torch.cuda.amp.GradScaler's. */
+#define API_LOSS_SCALE_INIT 65536.0
+/* f16 (DESIGN.md §3 rule 7): the one pass after a window that divides the
+ * loss scale out of r's losses and gradients (exactly: a power of two)
+ * and sums the gradients' squares (the global norm's; not finite: the
+ * window overflowed). */
+double api_unscale_norm2(StepResult *r, double scale);
+double api_program_loss_scale(const gradc_program *p); /* what the next api_run_window* scales by */
 /* The seed and step of the random draws (dropout, rand_like, randn_like)
  * of the next api_run_window* windows (0 and 0 until set). */
 void api_set_draws(gradc_program *p, uint64_t seed, uint64_t step);

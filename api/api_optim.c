@@ -321,12 +321,40 @@ void api_optim_free_code(gradc_session *s) {
   s->optim_code = NULL;
 }
 
+/* f16 (DESIGN.md §3 rule 7): after a window that overflowed, skip the step
+ * (true: params and optimiser state untouched, the step counted), zero
+ * the gradients and halve S once `hysteresis` overflows came in a row;
+ * after a clean one, count it towards doubling S (false: step). */
+static bool loss_scale_skip(gradc_session *s) {
+  if (!s->overflow) {
+    s->overflows_left = s->ls.hysteresis;
+    if (++s->clean_steps >= s->ls.window) {
+      s->loss_scale *= 2;
+      s->clean_steps = 0;
+    }
+    return false;
+  }
+  for (int i = 0; i < s->res.ngrads; i++)
+    memset(s->res.grads[i], 0, (size_t)ir_numel(&s->res.grad_types[i].shape) * sizeof(double));
+  s->grad_norm = 0;
+  s->clean_steps = 0;
+  if (--s->overflows_left <= 0) {
+    s->loss_scale = s->loss_scale / 2 >= s->ls.min_scale ? s->loss_scale / 2 : s->ls.min_scale;
+    s->overflows_left = s->ls.hysteresis;
+  }
+  s->skipped++;
+  s->step++;
+  s->overflow = false; /* the step is done with (a second call steps on zero gradients) */
+  return true;
+}
+
 gradc_status gradc_session_step(gradc_session *s) {
   if (!s) return null_arg("session_step");
   if (!s->have_opt)
     return api_fail(GRADC_ERR_USER, "gradc: error: session_step: no optimiser (call gradc_session_set_optimizer first)");
   if (!s->have_res)
     return api_fail(GRADC_ERR_USER, "gradc: error: session_step: no gradients (call gradc_session_run first)");
+  if (s->p->precision == IR_DT_F16 && loss_scale_skip(s)) return GRADC_OK;
   CgOptimKind kind = s->opt.kind == GRADC_SGD ? CG_OPTIM_SGD : CG_OPTIM_ADAMW;
   const CgOptim *code;
   gradc_status st = optim_code(s, kind, &code);
@@ -528,6 +556,12 @@ gradc_status gradc_session_save_checkpoint_meta(const gradc_session *s, const ch
   meta_int(&f, "step", (uint64_t)s->step);
   meta_int(&f, "draws.seed", s->draw_seed);
   meta_int(&f, "draws.offset", (uint64_t)s->draw_offset);
+  if (p->precision == IR_DT_F16) { /* the loss scaler, so a resumed run scales as an uninterrupted one */
+    meta_double(&f, "loss_scale", s->loss_scale);
+    meta_int(&f, "loss_scale.clean_steps", (uint64_t)s->clean_steps);
+    meta_int(&f, "loss_scale.overflows_left", (uint64_t)s->overflows_left);
+    meta_int(&f, "loss_scale.skipped", (uint64_t)s->skipped);
+  }
   for (int k = 0; k < 4; k++) {
     char key[16];
     snprintf(key, sizeof key, "rng.s%d", k);
@@ -732,6 +766,17 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
     snprintf(key, sizeof key, "rng.s%d", k);
     if (!parse_u64(st_get_meta(&f, key), &words[k])) BAD("%s: bad or missing metadata '%s'", path, key);
   }
+  /* f16: the loss scaler's state (absent: a checkpoint of another precision, the session's own stays). */
+  double scale = s->loss_scale;
+  uint64_t clean = (uint64_t)s->clean_steps, left = (uint64_t)s->overflows_left, skipped = (uint64_t)s->skipped;
+  if (p->precision == IR_DT_F16 && st_get_meta(&f, "loss_scale")) {
+    char *end;
+    scale = strtod(st_get_meta(&f, "loss_scale"), &end);
+    if (*end || !(scale > 0) || !isfinite(scale) || !parse_u64(st_get_meta(&f, "loss_scale.clean_steps"), &clean) ||
+        !parse_u64(st_get_meta(&f, "loss_scale.overflows_left"), &left) ||
+        !parse_u64(st_get_meta(&f, "loss_scale.skipped"), &skipped) || clean > INT32_MAX || left > INT32_MAX)
+      BAD("%s: bad loss_scale metadata", path);
+  }
   /* The optimiser: the checkpoint's, unless the session has one of the same kind. */
   const char *kind = st_get_meta(&f, "optimizer");
   if (!kind || (strcmp(kind, "sgd") != 0 && strcmp(kind, "adamw") != 0 && strcmp(kind, "none") != 0))
@@ -782,6 +827,10 @@ gradc_status gradc_session_load_checkpoint(gradc_session *s, const char *path) {
     s->momentum_valid = o.kind == GRADC_SGD && have;
   }
   s->step = (int64_t)step;
+  s->loss_scale = scale;
+  s->clean_steps = (int)clean;
+  s->overflows_left = (int)left;
+  s->skipped = (int64_t)skipped;
   s->draw_seed = draw_seed;
   s->draw_offset = (int64_t)draw_offset;
   for (int k = 0; k < 4; k++) s->rng.s[k] = words[k];

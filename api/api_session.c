@@ -39,6 +39,9 @@ gradc_status gradc_session_new(const gradc_program *p, gradc_session **out) {
     free(zero);
   }
   rng_seed(&s->rng, 0);
+  gradc_loss_scale_options_init(&s->ls);
+  s->loss_scale = p->precision == IR_DT_F16 ? s->ls.init_scale : 1.0;
+  s->overflows_left = s->ls.hysteresis;
   api_params_changed(s);
   *out = s;
   return GRADC_OK;
@@ -244,6 +247,12 @@ gradc_status gradc_session_set_input(gradc_session *s, const char *name, gradc_d
 /* Running                                                             */
 /* ------------------------------------------------------------------ */
 
+/* *flag summed over every rank of the run (tensor- and data-parallel). */
+static bool api_agree_any(gradc_program *p, double *flag, char *err, size_t errlen) {
+  return comm_all_reduce(&p->comm->world, flag, flag, 1, COMM_F64, COMM_SUM, hash_str("loss_scale.overflow"), err,
+                         errlen);
+}
+
 gradc_status gradc_session_run(gradc_session *s) {
   if (!s) return null_arg("session_run");
   char err[2048];
@@ -257,6 +266,7 @@ gradc_status gradc_session_run(gradc_session *s) {
   bool sharded = false;
   api_set_params_gen(s->p, s->params_gen);
   api_set_draws(s->p, s->draw_seed, (uint64_t)(s->step + s->draw_offset));
+  s->p->loss_scale = s->loss_scale;
   bool ok = api_run_window_ex(s->p, &s->params, &s->inputs, &r, s->have_opt, &sharded, err, sizeof err);
   if (s->trace) {
     trace_span(s->trace, TRACE_STEP, "step", t0, trace_now_us(s->trace));
@@ -272,6 +282,8 @@ gradc_status gradc_session_run(gradc_session *s) {
   double ss = 0;
   if (sharded) {
     if (!api_zero_norm2(s->p, &r, &ss, err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+  } else if (s->loss_scale != 1.0) {
+    ss = api_unscale_norm2(&s->res, s->loss_scale);
   } else {
     for (int i = 0; i < r.ngrads; i++) {
       int64_t n = ir_numel(&r.grad_types[i].shape);
@@ -279,6 +291,16 @@ gradc_status gradc_session_run(gradc_session *s) {
     }
   }
   s->grad_norm = sqrt(ss);
+  s->overflow = false;
+  if (s->p->precision == IR_DT_F16) {
+    /* Every rank skips or steps alike: a rank's own overflow (its
+     * gradients after the reduction are everyone's, but not every
+     * reduction is in place) counts for all. */
+    double bad = isfinite(ss) ? 0.0 : 1.0;
+    if (s->p->comm && !api_agree_any(s->p, &bad, err, sizeof err))
+      return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+    s->overflow = bad != 0;
+  }
   /* Language v2: the window's buffer updates become the buffers the next
    * window reads (every rank got the same values from step_dp_end). */
   for (int i = 0; i < r.nupdates; i++) {
@@ -294,6 +316,39 @@ gradc_status gradc_session_run(gradc_session *s) {
   }
   return GRADC_OK;
 }
+
+/* ---- loss scaling (f16) ---- */
+
+void gradc_loss_scale_options_init(gradc_loss_scale_options *o) {
+  if (!o) return;
+  o->init_scale = API_LOSS_SCALE_INIT;
+  o->window = 2000;
+  o->hysteresis = 1;
+  o->min_scale = 1.0;
+}
+
+gradc_status gradc_session_set_loss_scaling(gradc_session *s, const gradc_loss_scale_options *o) {
+  if (!s || !o) return null_arg("session_set_loss_scaling");
+  if (s->p->precision != IR_DT_F16)
+    return api_fail(GRADC_ERR_USER, "gradc: error: loss scaling needs a program compiled with precision f16 (this one "
+                                    "is %s, which uses no loss scale)", ir_dtype_name(s->p->precision));
+  int e;
+  if (!(o->init_scale > 0) || !isfinite(o->init_scale) || frexp(o->init_scale, &e) != 0.5)
+    return api_fail(GRADC_ERR_USER, "gradc: error: the initial loss scale must be a positive power of two (got %g)",
+                    o->init_scale);
+  if (o->window < 1 || o->hysteresis < 1 || !(o->min_scale > 0) || frexp(o->min_scale, &e) != 0.5)
+    return api_fail(GRADC_ERR_USER, "gradc: error: loss scaling needs window >= 1, hysteresis >= 1 and a positive "
+                                    "power-of-two min_scale (got %d, %d, %g)", o->window, o->hysteresis, o->min_scale);
+  s->ls = *o;
+  s->loss_scale = o->init_scale;
+  s->clean_steps = 0;
+  s->overflows_left = o->hysteresis;
+  return GRADC_OK;
+}
+
+double gradc_session_loss_scale(const gradc_session *s) { return s ? s->loss_scale : 1.0; }
+int gradc_session_overflow(const gradc_session *s) { return s && s->overflow ? 1 : 0; }
+int64_t gradc_session_skipped_steps(const gradc_session *s) { return s ? s->skipped : 0; }
 
 /* ---- outputs (language v2) ---- */
 

@@ -27,6 +27,10 @@ Step table columns:
 --gemm-lib also runs gradc under GRADC_GEMM=onednn, openblas and blis and
 reports each provider's step and floor, the host's measured choice, and
 the fused-epilogue measurement (bench/gemm_epilogue.c).
+--precision f32,bf16 also runs gradc at each precision after f32 (`gradc
+bench --precision P`: autocast-style mixed precision, docs/DECISIONS.md)
+and prints gradc P's step against gradc f32's (target for bf16 on a CPU
+with AMX or AVX512-BF16: <= 0.5); the peers stay f32.
 --results FILE writes the tables into FILE between marker comments, with
 the machine, the command, the date and the load, leaving the rest as is.
 
@@ -34,7 +38,8 @@ The whole RESULTS table, on a quiet machine:
   bench/run.py --setup-peers --gemm-lib --repeat 3 --quiet-wait 30 --results bench/RESULTS.md
 
 Usage: bench/run.py [--gradc build/gradc] [--steps 10] [--threads 1,2] [--repeat R]
-                    [--quiet-wait S] [--setup-peers] [--gemm-lib] [--only NAME] [--results FILE]
+                    [--quiet-wait S] [--setup-peers] [--gemm-lib] [--only NAME] [--precision f32,bf16]
+                    [--results FILE]
 """
 import argparse
 import json
@@ -85,6 +90,9 @@ def parse():
     ap.add_argument("--no-peers", action="store_true", help="gradc alone")
     ap.add_argument("--gemm-lib", action="store_true", help="also every GEMM provider, and the epilogues")
     ap.add_argument("--gemm-lib-only", action="store_true", help="only the provider comparison")
+    ap.add_argument("--precision", default="f32",
+                    help="gradc's precisions, comma-separated (f32, bf16, f16): each beyond f32 is a gradc run "
+                         "of its own, compared with gradc f32 in a table of its own")
     ap.add_argument("--results")
     return ap.parse_args()
 
@@ -152,10 +160,10 @@ def last_line(err, rc):
     return err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
 
 
-def run_gradc(a, model, defs, threads, cache, gemm=None):
+def run_gradc(a, model, defs, threads, cache, gemm=None, precision=None):
     cmd = pin(threads) + [a.gradc, "bench", model_path(model)] + defs_args(defs) + [
         "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup), "--target", a.target,
-        "--json"]
+        "--json"] + (["--precision", precision] if precision else [])
     env = dict(os.environ, GRADC_CACHE_DIR=cache)
     env.pop("GRADC_GEMM", None)
     if gemm:
@@ -279,6 +287,21 @@ def epilogue_table(a, threads_list):
     return "\n".join(lines)
 
 
+def precision_table(rows, precisions):
+    """gradc at each precision against gradc f32: median (min) ms and the ratio of medians."""
+    head = "| config | threads | gradc f32 | " + " | ".join(f"gradc {p} | {p} / f32" for p in precisions) + " |"
+    out = [head, "|" + " --- |" * (3 + 2 * len(precisions))]
+    for name, thr, res in rows:
+        f32 = res.get("gradc", (None, None))[0]
+        cells = [name, str(thr), f"{f32['step_ms_median']:.1f} ({f32['step_ms_min']:.1f})" if f32 else "-"]
+        for p in precisions:
+            f = res.get("gradc-" + p, (None, None))[0]
+            cells.append(f"{f['step_ms_median']:.1f} ({f['step_ms_min']:.1f})" if f else "-")
+            cells.append(ratio(f["step_ms_median"], f32["step_ms_median"]) if f and f32 else "-")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def machine():
     rc, out, _ = sh(["lscpu"])
     model = re.search(r"Model name:\s*(.*)", out)
@@ -335,6 +358,7 @@ def main():
         setup_peers(a)
     peers = [] if a.no_peers or a.gemm_lib_only else (
         ["eager", "compile", "jax"] if peers_python(a) else ["eager"])
+    low = [p for p in a.precision.split(",") if p and p != "f32"]
     configs = [(name, model, defs) for name, model, defs in CONFIGS if not (a.only and a.only not in name)]
     cells = [(name, model, defs, thr) for name, model, defs in configs for thr in threads]
     best = {}       # cell -> who -> (fig, err)
@@ -345,7 +369,8 @@ def main():
         # every repeat of the one cell it falls on.
         for r in range(a.repeat):
             for i, (name, model, defs, thr) in enumerate(cells):
-                runs = ([] if a.gemm_lib_only else [("gradc", None)]) + [(p, None) for p in peers]
+                runs = ([] if a.gemm_lib_only else [("gradc", None)] + [("gradc-" + p, None) for p in low]) + [
+                    (p, None) for p in peers]
                 if a.gemm_lib:
                     runs += [("gemm:" + p, p) for p in PROVIDERS]
                 for who, gemm in runs:
@@ -355,6 +380,9 @@ def main():
                     cache = os.path.join(tmp, f"cache-{model}-{i}-{r}-{who}")
                     if who == "gradc" or gemm:
                         fig, err = run_gradc(a, model, defs, thr, cache, gemm)
+                        mins = GRADC_MINS
+                    elif who.startswith("gradc-"):
+                        fig, err = run_gradc(a, model, defs, thr, cache, None, who[len("gradc-"):])
                         mins = GRADC_MINS
                     elif who == "jax":
                         fig, err = run_jax(a, model, defs, thr)
@@ -381,6 +409,10 @@ def main():
         table = step_table(rows, best_floor) if not a.gemm_lib_only else None
         if table:
             print(table)
+        prec_table = precision_table(rows, low) if low and not a.gemm_lib_only else None
+        if prec_table:
+            print()
+            print(prec_table)
         lib_table = epi = None
         if a.gemm_lib:
             lib_table = provider_table(prov_rows)
@@ -404,6 +436,8 @@ def main():
                 f"Load average before / after: {load0} / {load()}.")
         if table:
             text = replace_section(text, "steps", head + "\n\n" + table)
+        if prec_table:
+            text = replace_section(text, "precision", head + "\n\n" + prec_table)
         if lib_table:
             text = replace_section(text, "gemm-lib", head + "\n\n" + lib_table + "\n\nFused epilogues "
                                    "(bench/gemm_epilogue.c, tinygpt large's shapes):\n\n" + epi)

@@ -75,6 +75,11 @@ typedef struct gradc_compile_options {
                          it for gradients or an optimiser step is an error.  Artifacts keep the mode */
   int no_outputs;     /* 1: `output` statements are checked but not compiled (the program has no outputs):
                          for losses alone over a large window, whose outputs would all be kept */
+  const char *precision; /* mixed precision, as PyTorch's autocast: "bf16" or "f16" runs the f32 model's
+                            GEMMs (matmul, convolution) in that type with f32 accumulation, everything else
+                            (reductions, norms, softmax, losses, the optimiser) in f32, with f32 master
+                            weights and gradients; "f16" also scales the loss dynamically (the session's
+                            loss scale, gradc_session_loss_scale).  NULL or "f32" (the default): f32 */
 } gradc_compile_options;
 
 GRADC_API void gradc_compile_options_init(gradc_compile_options *o);
@@ -124,6 +129,8 @@ GRADC_API int gradc_program_forward_only(const gradc_program *p);
  * gradients and the activations of one micro-batch), or 0 on a target
  * that plans none (the reference interpreter). */
 GRADC_API int64_t gradc_program_arena_bytes(const gradc_program *p);
+/* gradc_compile_options.precision as compiled: "f32", "bf16" or "f16". */
+GRADC_API const char *gradc_program_precision(const gradc_program *p);
 
 /* Data parallelism (gradc_compile_options.dp > 1) runs over MPI: a
  * program launched by mpirun calls this once, before its first session,
@@ -247,6 +254,30 @@ GRADC_API gradc_status gradc_session_skip_step(gradc_session *s);
  * or "optimiser state 'optim.exp_avg.W1' (...)" in what (n bytes); else 0. */
 GRADC_API int gradc_session_find_nonfinite(const gradc_session *s, char *what, size_t n);
 GRADC_API int64_t gradc_session_step_count(const gradc_session *s);
+
+/* Dynamic loss scaling (gradc_compile_options.precision "f16"; DESIGN.md
+ * §3 rule 7).  The session's runs seed the backward with the loss scale S
+ * (fixed for the window) and, once the window is done, divide it out of
+ * the gradients in the one pass that takes their global norm and finds an
+ * inf or a NaN (agreed by every data-parallel rank); the losses are
+ * reported unscaled.  A step after a window that overflowed is skipped
+ * (as gradc_session_skip_step: the step count and the schedule advance,
+ * params and optimiser state stay bit for bit), the gradients are zeroed
+ * and S halves (after `hysteresis` overflowing steps in a row); after
+ * `window` clean steps S doubles.  bf16 and f32 programs use no scale (S
+ * reads 1). */
+typedef struct gradc_loss_scale_options {
+  double init_scale; /* S at the start: 65536 (2^16, torch.cuda.amp.GradScaler's) */
+  int window;        /* clean steps after which S doubles: 2000 (GradScaler's growth_interval) */
+  int hysteresis;    /* overflowing steps in a row before S halves: 1 (GradScaler; Megatron uses 2) */
+  double min_scale;  /* S never halves below this: 1 */
+} gradc_loss_scale_options;
+GRADC_API void gradc_loss_scale_options_init(gradc_loss_scale_options *o);
+/* A user error on a program that is not f16. */
+GRADC_API gradc_status gradc_session_set_loss_scaling(gradc_session *s, const gradc_loss_scale_options *o);
+GRADC_API double gradc_session_loss_scale(const gradc_session *s);    /* S for the next run */
+GRADC_API int gradc_session_overflow(const gradc_session *s);         /* 1: the last run's gradients overflowed */
+GRADC_API int64_t gradc_session_skipped_steps(const gradc_session *s); /* steps skipped for an overflow */
 GRADC_API double gradc_session_lr(const gradc_session *s); /* the rate the next step uses */
 GRADC_API double gradc_session_grad_norm(const gradc_session *s); /* of the last run, before clipping */
 

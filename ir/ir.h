@@ -8,6 +8,8 @@
 #ifndef GRADC_IR_H
 #define GRADC_IR_H
 
+#include <string.h>
+
 #include "support/support.h"
 
 /* ------------------------------------------------------------------ */
@@ -373,6 +375,45 @@ double ir_scalar_cast(double x, IrDType to);
 /* x rounded to dt: f32 by a C cast, bf16/f16 to nearest even with
  * subnormals and overflow to infinity, i32 toward zero, bool to 1 or 0. */
 double ir_round_dtype(double x, IrDType dt);
+
+/* The same roundings on f32 values, as bits, for the runtime's bulk loops
+ * (the executor's low-precision GEMMs, params and inputs converted into an
+ * arena): bf16/f16 bits of an f32, to nearest even (NaN quiet, overflow to
+ * infinity, f16 subnormals), and back, exactly.  For an f32 x they give
+ * ir_round_dtype's value: test_mixed and test_ir check them against it. */
+static inline uint32_t ir_f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+static inline float ir_bits_f32(uint32_t u) {
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+static inline uint16_t ir_f32_to_bf16(float x) {
+  uint32_t u = ir_f32_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static inline float ir_bf16_to_f32(uint16_t h) { return ir_bits_f32((uint32_t)h << 16); }
+static inline float ir_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  if (e == 0x1f) return ir_bits_f32(sign | 0x7f800000u | (m << 13));
+  if (e == 0) return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f; /* zero and subnormals, exact */
+  return ir_bits_f32(sign | ((e + 112) << 23) | (m << 13));
+}
+static inline uint16_t ir_f32_to_f16(float x) {
+  uint32_t u = ir_f32_bits(x), sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to 65536 or more: inf */
+  if (a < 0x38800000u) {                                   /* below 2^-14: a subnormal (or zero) */
+    float f = ir_bits_f32(a) * 0x1p24f;                    /* exact; the f32 add below rounds to even */
+    return (uint16_t)(sign | (uint32_t)(f + 0x1p23f - 0x1p23f));
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1); /* to nearest even at bit 13 */
+  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
 
 /* ------------------------------------------------------------------ */
 /* random.c: counter-based random draws (Philox-4x32-10)               */

@@ -713,6 +713,14 @@ static bool ir_shape_rng_state(const IrOp *op, const IrType *hint, IrType *out, 
   return true;
 }
 
+/* loss.scale: the window's loss scale, an f32 scalar. */
+static bool ir_shape_loss_scale(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {
+  (void)op, (void)hint, (void)err, (void)n;
+  out->dtype = IR_DT_F32;
+  out->shape = ir_shape_scalar();
+  return true;
+}
+
 /* random %state {dist, key, batched}: f32 or f64 draws of the given type;
  * Philox's counter word for the element in the sample has 32 bits. */
 static bool ir_shape_random(const IrOp *op, const IrType *hint, IrType *out, char *err, size_t n) {

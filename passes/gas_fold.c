@@ -15,7 +15,11 @@
  *                                          on the batch (counted once),
  *     1                                    for a plain sum over samples.
  * The seed `grad.seed %w {coef=c}` is the only place any scale lives;
- * autodiff seeds S_t with it, so no term is scaled twice or missed.
+ * autodiff seeds S_t with it, so no term is scaled twice or missed.  With
+ * --precision f16 the window's loss scale joins it there and nowhere
+ * else: `grad.seed (w * %loss_scale)`, %loss_scale = loss.scale, a value
+ * the runtime writes (DESIGN.md §3 rule 7; the session divides the
+ * reported losses and the gradients by it).
  * Summing every micro-batch's terms gives the full-batch value and gradient.
  *
  * To find the terms, every value is classified by how it depends on the
@@ -386,6 +390,7 @@ static Info classify(Fold *fd, IrOp *op) {
   case IR_OP_CONST: return indep();
   /* Randomness */
   case IR_OP_RNG_STATE:
+  case IR_OP_LOSS_SCALE:
   case IR_OP_RANDOM: return indep(); /* (a batched draw returned above) */
   case IR_OP_SUM:
   case IR_OP_MEAN:
@@ -775,6 +780,7 @@ PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch) {
     if (fwd[i]->result) fd.info[fwd[i]->result->id] = classify(&fd, fwd[i]);
 
   bool refused = false;
+  IrValue *scale = NULL; /* f16: the window's loss scale (loss.scale) */
   for (int i = 0; i < nops; i++) {
     IrOp *out = fwd[i];
     if (out->opcode != IR_OP_LOSS) continue;
@@ -791,6 +797,14 @@ PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch) {
     for (int t = 0; t < ts->n; t++) {
       Term *tm = &ts->t[t];
       IrValue *w = weight(&fd, tm, loss);
+      if (o->precision == IR_DT_F16) { /* S rides on every seed; the runtime divides the losses by it */
+        if (!scale) {
+          scale = ir_emit(f, IR_OP_LOSS_SCALE, NULL, 0, NULL, 0, NULL, tm->loc);
+          scale->name = "loss_scale";
+        }
+        IrValue *sw = w->type.dtype == scale->type.dtype ? scale : ir_cast(f, scale, w->type.dtype, tm->loc);
+        w = ir_binary(f, IR_OP_MUL, w, sw, tm->loc);
+      }
       IrAttr coef = ir_attr_float("coef", tm->coef);
       IrValue *seed = ir_emit(f, IR_OP_GRAD_SEED, &w, 1, &coef, 1, NULL, tm->loc);
       IrValue *args[2] = {tm->s, seed};

@@ -58,7 +58,7 @@ static const struct {
   [IR_OP_RANDOM]               = {KP_ROW_RAND,    KP_LOOP_NONE},
 };
 /* A new op in ir/ops.def that is neither POINT nor EXEC needs its row here. */
-_Static_assert(IR_OP_COUNT == 84, "kernel.c's op table knows every op");
+_Static_assert(IR_OP_COUNT == 85, "kernel.c's op table knows every op");
 
 bool kp_op_group0(IrOpcode opc) { return ir_op_is(opc, IR_OPF_EXEC); }
 KpRowKind kp_row_kind(IrOpcode opc) { return ir_op_is(opc, IR_OPF_POINT) ? KP_ROW_EW : op_table[opc].row; }

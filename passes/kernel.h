@@ -80,6 +80,7 @@ KpLoopKind kp_loop_kind(IrOpcode opc);
   case IR_OP_GATHER_GRAD: \
   case IR_OP_TOPK: \
   case IR_OP_WINDOW_SUM: \
+  case IR_OP_LOSS_SCALE: \
   case IR_OP_RANDOM
 /* Ops the executor runs itself (docs/BACKEND.md): matmul, reshape, const,
  * window.sum, loss, grad and the collectives.  Every other op is in a

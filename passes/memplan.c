@@ -432,7 +432,9 @@ static bool place_persistent(Plan *p, const PassOptions *o, Arena *scratch, int6
   for (int i = 0; i < p->n; i++) {
     IrOp *op = f->ops[i];
     if (op->group != 0 || !op->result || !p->need[op->result->id]) continue;
-    if (op->opcode != IR_OP_CONST && op->opcode != IR_OP_WINDOW_SUM && op->opcode != IR_OP_RNG_STATE) continue;
+    if (op->opcode != IR_OP_CONST && op->opcode != IR_OP_WINDOW_SUM && op->opcode != IR_OP_RNG_STATE &&
+        op->opcode != IR_OP_LOSS_SCALE)
+      continue;
     op->result->storage = IR_STORE_ARENA;
     op->result->offset = top;
     top = align_up(top + value_bytes(op->result));

@@ -25,6 +25,8 @@ typedef struct PassOptions {
                              so dp-reduce inserts no all-reduces */
   bool no_inplace;        /* memplan: no kernel writes an output over a dying operand (the CUDA
                              generator's kernels do not order their loads for it) */
+  IrDType precision;      /* --precision: IR_DT_BF16 or IR_DT_F16 casts f32 GEMMs down (autocast, gas-fold's
+                             loss scale for f16); zero or IR_DT_F32: f32 throughout */
 } PassOptions;
 
 typedef PassResult (*PassFn)(IrFunc *f, const PassOptions *o, Arena *scratch);
@@ -68,6 +70,8 @@ PassResult pass_dce(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_cse(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_gas_fold(IrFunc *f, const PassOptions *o, Arena *scratch);
+/* autocast.c: --precision bf16|f16: f32 matmuls in the low type, everything else f32. */
+PassResult pass_autocast(IrFunc *f, const PassOptions *o, Arena *scratch);
 PassResult pass_autodiff(IrFunc *f, const PassOptions *o, Arena *scratch);
 /* The rewrites before fuse (fuse needs them: the shapes its grouping is made for). */
 PassResult pass_weight_grad_gemm(IrFunc *f, const PassOptions *o, Arena *scratch);     /* weight_grad_gemm.c */

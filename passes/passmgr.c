@@ -15,6 +15,7 @@
 #define MEMPLAN_NEEDS "ungroup-dp-slices,split-grad-sums,grad-unslices,grad-copies,movement-kernels"
 static const Pass passes[] = {
     {"shard", pass_shard, NULL, "shard split(N) params over the --tp ranks and insert the collectives"},
+    {"autocast", pass_autocast, NULL, "--precision bf16|f16: f32 matmuls run in the low type, everything else in f32"},
     {"gas-fold", pass_gas_fold, NULL, "fold gradient-accumulation scaling into the objective root (DESIGN.md §3)"},
     {"autodiff", pass_autodiff, NULL, "derive the backward graph by reverse-mode differentiation"},
     {"simplify", pass_simplify, NULL, "constant folding and algebraic identities"},
@@ -37,11 +38,11 @@ static const Pass passes[] = {
 };
 #define NPASSES ((int)(sizeof passes / sizeof passes[0]))
 
-static const char *const pipeline[] = {"shard", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce", "schedule"};
+static const char *const pipeline[] = {"shard", "autocast", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce", "schedule"};
 
 /* The CPU back end (docs/BACKEND.md). */
 static const char *const pipeline_cpu[] = {
-    "shard", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce",
+    "shard", "autocast", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce",
     "weight-grad-gemm", "unslice-concat", "split-reductions", "split-cross-entropy", "split-draws", "fuse",
     "schedule",
     "ungroup-dp-slices", "split-grad-sums", "grad-unslices", "grad-copies", "movement-kernels", "memplan",

@@ -12,7 +12,8 @@ PlanExec plan_exec_kind(IrOpcode opc) {
   case IR_OP_RESHAPE: return PLAN_EXEC_ALIAS;
   case IR_OP_CONST: return PLAN_EXEC_CONST;
   case IR_OP_WINDOW_SUM:
-  case IR_OP_RNG_STATE: return PLAN_EXEC_WSUM; /* (written before each micro-batch) */
+  case IR_OP_RNG_STATE:
+  case IR_OP_LOSS_SCALE: return PLAN_EXEC_WSUM; /* (written before each micro-batch) */
   case IR_OP_LOSS:
   case IR_OP_OUTPUT:
   case IR_OP_UPDATE: return PLAN_EXEC_LOSS;

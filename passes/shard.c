@@ -628,7 +628,8 @@ static bool lower(Ctx *c, IrOp *op, Shard *out, double *scale) {
   IR_CASES(ELEMENTWISE) return rule_elementwise(c, op, out);
   case IR_OP_CONST: return *out = R, true;
   /* Randomness: the draws are replicated (every tp rank draws the same). */
-  case IR_OP_RNG_STATE: return *out = R, true;
+  case IR_OP_RNG_STATE:
+  case IR_OP_LOSS_SCALE: return *out = R, true;
   case IR_OP_RANDOM: return rule_replicated(c, op, out);
   case IR_OP_SUM:
   case IR_OP_MEAN:

@@ -72,6 +72,7 @@ typedef struct InterpState {
   const IrFunc *f;
   double **val; /* by value id; NULL if not computed (malloc'd) */
   uint32_t rng[IR_RNG_WORDS]; /* what rng.state gives this micro-batch (the step driver sets it) */
+  double loss_scale;          /* what loss.scale gives this micro-batch (step_loss_scale; 0 reads as 1) */
 } InterpState;
 
 /* Evaluate f.  args[i] holds f->args[i] (numel doubles).  In INTERP_COUNT
@@ -170,6 +171,17 @@ void step_set_draws(uint64_t seed, uint64_t step);
 void step_rng_words(const IrFunc *f, int gas, int k, uint32_t out[IR_RNG_WORDS]);
 /* Whether f has rng.state ops (executors store their words per micro-batch). */
 bool step_has_rng(const IrFunc *f);
+/* The f16 loss scale S (DESIGN.md §3 rule 7) that loss.scale gives in the
+ * windows the calling thread runs from now on (the API sets it before
+ * each window; 1 until then). */
+void step_set_loss_scale(double s);
+double step_loss_scale(void);
+/* A test hook, GRADC_TEST_INF_STEP: whether this window's gradients
+ * overflow, as an f16 backward can (the API then makes the first element
+ * of the first gradient +inf before the ranks combine their windows).
+ * "N" names the window of optimiser step N (the draws' step) on every
+ * rank, "N:R" only on data-parallel rank R. */
+bool step_inject_inf(void);
 
 /* Elements of IR dtype dt in host memory (an arena's bytes): element i as
  * a double, x rounded to dt (ir_round_dtype) and stored. */
@@ -190,7 +202,8 @@ bool step_store_consts(const IrFunc *f, StepStoreFn store, void *ctx, char *err,
  * as its dtype where the plan put it. */
 bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bound, StepStoreFn store, void *ctx,
                             char *err, size_t errlen);
-/* Each rng.state's words for micro-batch k (step_rng_words), where the plan put it. */
+/* Each rng.state's words for micro-batch k (step_rng_words), and each
+ * loss.scale's f32 value (step_loss_scale), where the plan put them. */
 bool step_store_rng(const IrFunc *f, int gas, int k, StepStoreFn store, void *ctx, char *err, size_t errlen);
 /* A gradient buffer of a planned function: one per param with a `grad`
  * output, where its (first) `grad` operand is stored. */

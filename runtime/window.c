@@ -22,6 +22,7 @@
  * and are split into K contiguous micro-batches; other inputs and params
  * are passed whole to every micro-batch. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -401,6 +402,20 @@ void step_rng_words(const IrFunc *f, int gas, int k, uint32_t out[IR_RNG_WORDS])
   out[3] = (uint32_t)first;
 }
 
+static _Thread_local double loss_scale = 1.0;
+
+void step_set_loss_scale(double s) { loss_scale = s; }
+
+double step_loss_scale(void) { return loss_scale; }
+
+bool step_inject_inf(void) {
+  const char *e = getenv("GRADC_TEST_INF_STEP");
+  if (!e || !*e) return false;
+  long long n = -1, rank = -1;
+  int got = sscanf(e, "%lld:%lld", &n, &rank);
+  return got >= 1 && n >= 0 && (uint64_t)n == draw_step && (got < 2 || rank == step_dp_rank());
+}
+
 bool step_has_rng(const IrFunc *f) {
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->opcode == IR_OP_RNG_STATE) return true;
@@ -477,6 +492,17 @@ void rt_tensor_convert(const StTensor *t, int64_t begin, int64_t n, IrDType dt, 
     memcpy(dst, (const char *)t->data + es * begin, (size_t)(es * n));
     return;
   }
+  /* The master weights of a bf16/f16 model, every window: f32 to the
+   * low type in one loop (the same bits as through double, for f32). */
+  if (t->dtype == ST_F32 && (dt == IR_DT_BF16 || dt == IR_DT_F16)) {
+    const float *s = (const float *)t->data + begin;
+    uint16_t *d = dst;
+    if (dt == IR_DT_BF16)
+      for (int64_t i = 0; i < n; i++) d[i] = ir_f32_to_bf16(s[i]);
+    else
+      for (int64_t i = 0; i < n; i++) d[i] = ir_f32_to_f16(s[i]);
+    return;
+  }
   double buf[1024];
   for (int64_t k = 0; k < n; k += 1024) {
     int64_t m = n - k < 1024 ? n - k : 1024;
@@ -545,8 +571,13 @@ bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bou
 bool step_store_rng(const IrFunc *f, int gas, int k, StepStoreFn store, void *ctx, char *err, size_t errlen) {
   uint32_t w[IR_RNG_WORDS];
   step_rng_words(f, gas, k, w);
+  float s = (float)loss_scale;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
+    if (op->opcode == IR_OP_LOSS_SCALE && op->result->storage != IR_STORE_NONE) {
+      if (!store(ctx, op->result->offset, &s, sizeof s, err, errlen)) return false;
+      continue;
+    }
     if (op->opcode != IR_OP_RNG_STATE || op->result->storage == IR_STORE_NONE) continue;
     if (!store(ctx, op->result->offset, w, sizeof w, err, errlen)) return false;
   }

@@ -39,7 +39,7 @@
 
 const char bench_help[] =
     "gradc bench MODEL.gdl [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--allow-tf32]\n"
-    "            [--threads N] [--steps N]\n"
+    "            [--precision f32|bf16|f16] [--threads N] [--steps N]\n"
     "            [--warmup N] [--seed S] [--no-cache] [--json] [--print-gemms] [--forward-only]\n"
     "  Compile a model and time forward+backward windows on random inputs and params (after\n"
     "  --warmup windows, default 2; --steps timed windows, default 10).  Prints `name: value`\n"
@@ -59,6 +59,7 @@ typedef struct BenchArgs {
   const char *target; /* --target: cpu (NULL), ref or cuda[:sm_XX] */
   bool ref;           /* --target ref */
   bool allow_tf32;  /* --allow-tf32 (CUDA f32 GEMMs) */
+  const char *precision; /* --precision f32|bf16|f16 */
   int threads;
   int steps, warmup;
   uint64_t seed;
@@ -88,6 +89,8 @@ static int parse_args(int argc, char **argv, BenchArgs *a) {
       {"--target", FLAG_STRING, .dst = &a->target, .valid = is_target,
        .invalid = "unsupported --target '%s' (bench has: cpu, ref, cuda)"},
       {"--allow-tf32", FLAG_BOOL, .dst = &a->allow_tf32},
+      {"--precision", FLAG_STRING, .dst = &a->precision, .valid = tools_is_precision,
+       .invalid = "--precision expects f32, bf16 or f16, got '%s'"},
       {"--json", FLAG_BOOL, .dst = &a->json},
       {"--no-cache", FLAG_BOOL, .dst = &a->no_cache},
       {"--print-gemms", FLAG_BOOL, .dst = &a->print_gemms},
@@ -119,6 +122,7 @@ static int compile(const BenchArgs *a, bool cached, gradc_program **p, double *m
   o.threads = a->threads;
   o.no_cache = !cached;
   o.forward_only = a->forward_only;
+  o.precision = a->precision;
   o.def_names = a->defs.name;
   o.def_values = a->defs.value;
   o.ndefs = a->defs.n;

@@ -128,6 +128,8 @@ void defines_free(Defines *d) {
   d->n = 0;
 }
 
+bool tools_is_precision(const char *v) { return strcmp(v, "f32") == 0 || strcmp(v, "bf16") == 0 || strcmp(v, "f16") == 0; }
+
 int64_t tools_bucket_bytes(double mb) {
   if (!(mb > 0)) return 0;
   int64_t b = (int64_t)(mb * (1 << 20));

@@ -41,6 +41,7 @@ typedef struct Args {
   double bucket_mb;         /* --bucket-mb X */
   int64_t bucket_bytes;     /* ... in bytes */
   const char *trace;        /* --trace FILE.json */
+  const char *precision;    /* --precision f32|bf16|f16 */
   double link_latency_us;   /* --link-latency-us X (a simulated slow link) */
   double link_gbps;         /* --link-gbps X */
   bool cost_report;         /* --cost-report: the schedule's simulated step on stderr */
@@ -77,7 +78,7 @@ static const char *help_text[][2] = {
                 "              [-o ARTIFACT] [--print-ir-after=PASS|all] [--print-ir-before=PASS|all]\n"
                 "              [--dot FILE.dot] [--time-passes] [--verify] [--threads N] [--no-cache] [--dp N]\n"
                 "              [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--cost-report]\n"
-                "              [--link-latency-us X] [--link-gbps X]\n"
+                "              [--link-latency-us X] [--link-gbps X] [--precision f32|bf16|f16]\n"
                 "              [--print-kernels] [--kernels-dir DIR]\n"
                 "  Lower, differentiate and optimise a model for the target (cpu: fused kernels compiled\n"
                 "  with LLVM; ref: the reference interpreter; cuda: CUDA C kernels compiled with NVRTC for\n"
@@ -89,9 +90,15 @@ static const char *help_text[][2] = {
                 "  schedule pass's cost-model simulation of one step (compute, communication, exposed\n"
                 "  communication with and without overlap) for the link the --link-* flags describe.\n"
                 "  --forward-only compiles the forward alone (`training` false, no autodiff, no gradient\n"
-                "  buffers): the artifact infer, eval and generate load.\n"},
-    {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--print-ir-after=..] [--verify]\n"
-            "  Read IR text, run passes, print IR text to stdout.\n"},
+                "  buffers): the artifact infer, eval and generate load.\n"
+                "  --precision bf16|f16 compiles an f32 model in mixed precision, as PyTorch's autocast:\n"
+                "  GEMMs (matmul, convolution) in the low type with f32 accumulation; reductions, norms,\n"
+                "  softmax, losses and the optimiser in f32; f32 master weights and gradients.  f16 also\n"
+                "  seeds the backward with a loss scale (see gradc help train); the default is f32.\n"},
+    {"opt", "gradc opt FILE.gir --passes=P1,P2,... [--gas K] [--precision f32|bf16|f16] [--print-ir-after=..]\n"
+            "          [--verify]\n"
+            "  Read IR text, run passes, print IR text to stdout (--precision: what autocast and gas-fold\n"
+            "  compile for).\n"},
     {"init", "gradc init MODEL.gdl -o PARAMS.safetensors [--seed S] [-D N=V]...\n"
              "  Write initial params and buffers (each one's `init`) as safetensors.\n"},
     {"data", "gradc data random MODEL.gdl -o BATCH.safetensors [--seed S] [-D N=V]...\n"
@@ -101,6 +108,7 @@ static const char *help_text[][2] = {
     {"run", "gradc run MODEL.gdl|ARTIFACT [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]] [--threads N]\n"
             "          [--dp N] [--tp T] [--sequence-parallel] [--no-overlap] [--bucket-mb X] [--allow-tf32]\n"
             "          [--trace FILE.json] [--link-latency-us X] [--link-gbps X] [--seed S] [--step N]\n"
+            "          [--precision f32|bf16|f16]\n"
             "          --params PARAMS.safetensors --inputs BATCH.safetensors [--grads-out GRADS.safetensors]\n"
             "          [--outputs-out OUTPUTS.safetensors] [--buffers-out BUFFERS.safetensors]\n"
             "  Compute one window of K micro-batches: prints `loss NAME VALUE` per loss and `loss total`,\n"
@@ -117,7 +125,9 @@ static const char *help_text[][2] = {
             "  --trace writes a Chrome trace (Perfetto) of kernels and collectives per rank and reports\n"
             "  the exposed communication; --link-latency-us and --link-gbps simulate a slow link.\n"
             "  --seed S and --step N (default 0 and 0) choose the random draws of dropout, rand_like and\n"
-            "  randn_like, which are the same for every --gas and --dp.\n"},
+            "  randn_like, which are the same for every --gas and --dp.  --precision bf16|f16 runs the\n"
+            "  window in mixed precision (see gradc help compile); with f16 the window is scaled by the\n"
+            "  loss scale a training run starts with (65536) and unscaled after it, as its first step is.\n"},
     {"infer", "gradc infer MODEL.gdl|ARTIFACT --params PARAMS.safetensors --inputs BATCH.safetensors\n"
               "            [-o OUTPUTS.safetensors] [-D N=V]... [--gas K] [--target cpu|ref|cuda[:sm_XX]]\n"
               "            [--threads N] [--no-cache] [--allow-tf32]\n"
@@ -233,6 +243,7 @@ static void compile_options(const Args *a, gradc_compile_options *o) {
   o->bucket_bytes = a->bucket_bytes;
   o->zero1 = a->zero1;
   o->forward_only = a->forward_only;
+  o->precision = a->precision;
   o->def_names = a->defs.name;
   o->def_values = a->defs.value;
   o->ndefs = a->defs.n;
@@ -276,6 +287,8 @@ static int open_program(const Args *a, gradc_program **out) {
     else if (!a->forward_only && gradc_program_forward_only(p) && strcmp(a->cmd, "compile") != 0)
       why = "it was compiled --forward-only (no gradients); run computes them: use gradc infer, or compile the "
             "model without --forward-only";
+    else if (a->precision && strcmp(a->precision, gradc_program_precision(p)) != 0)
+      why = (snprintf(buf, sizeof buf, "it was built with --precision %s", gradc_program_precision(p)), buf);
     if (why) {
       fprintf(stderr, "gradc: error: %s: %s\n", a->input, why);
       gradc_program_free(*out);

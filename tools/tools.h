@@ -96,9 +96,13 @@ typedef struct FlagSpec {
       {"--bucket-mb", FLAG_REAL, &(a)->bucket_mb, NULL, 0, 1 << 20, .lo_open = true,                               \
        .expects = "a positive size in MiB"},                                                                      \
       {"--trace", FLAG_STRING, .dst = &(a)->trace},                                                               \
+      {"--precision", FLAG_STRING, .dst = &(a)->precision, .valid = tools_is_precision,                            \
+       .invalid = "--precision expects f32, bf16 or f16, got '%s'"},                                              \
       {"--link-latency-us", FLAG_REAL, &(a)->link_latency_us, NULL, 0, HUGE_VAL,                                  \
        .expects = "a non-negative number"},                                                                       \
       {"--link-gbps", FLAG_REAL, &(a)->link_gbps, NULL, 0, HUGE_VAL, .lo_open = true, .expects = "a positive number"}
+/* --precision's values: f32, bf16, f16. */
+bool tools_is_precision(const char *v);
 /* --bucket-mb's MiB in bytes (at least 1); 0 when it was not given. */
 int64_t tools_bucket_bytes(double mb);
 

@@ -55,6 +55,7 @@ const char train_help[] =
     "            [--no-overlap] [--bucket-mb X] [--zero1] [--trace FILE.json] [--link-latency-us X]\n"
     "            [--link-gbps X] [--nan-policy stop|skip] [--max-loss X] [--val-data DATA.safetensors]\n"
     "            [--val-every N] [-D N=V]...\n"
+    "            [--precision f32|bf16|f16] [--init-scale S] [--scale-window N] [--scale-hysteresis N]\n"
     "  Train on a dataset (one tensor per input, samples along the first axis; see gradc data).\n"
     "  Each step takes one window of B samples of a seeded per-epoch shuffle, runs K micro-batches\n"
     "  and an optimiser step: torch.optim semantics, AdamW unless --optimizer sgd, --lr 1e-3 and\n"
@@ -93,7 +94,15 @@ const char train_help[] =
     "  stays.  --max-loss X warns when a loss (a term or the total) rises above X.\n"
     "  --val-data FILE (a dataset like --data) computes the forward-only losses over all of it, as\n"
     "  gradc eval does, every --val-every N steps (default: at the end only) and after the last\n"
-    "  step: a `val step N: ...` line on stderr, val_ columns in --log, a val curve in --plot.\n";
+    "  step: a `val step N: ...` line on stderr, val_ columns in --log, a val curve in --plot.\n"
+    "  --precision bf16|f16 trains an f32 model in mixed precision, as PyTorch's autocast: GEMMs\n"
+    "  (matmul, convolution) in the low type with f32 accumulation, everything else in f32, f32\n"
+    "  master weights, gradients and optimiser state.  f16 scales the loss dynamically: the scale\n"
+    "  (--init-scale, default 65536) is fixed for a window; a window whose gradients overflow skips\n"
+    "  its step on every rank (params and optimiser state unchanged, the step counted) and halves\n"
+    "  the scale (after --scale-hysteresis overflows in a row, default 1); --scale-window clean\n"
+    "  steps (default 2000) double it.  The progress line, the log (loss_scale and skipped columns)\n"
+    "  and the final line count the skipped steps; checkpoints keep the scale.  bf16 needs no scale.\n";
 
 const char data_text_help[] =
     "gradc data text FILE... -T N -o DATA.safetensors [--stride S] [--names IDX,TARGETS] [--compact]\n"
@@ -285,6 +294,9 @@ typedef struct TrainArgs {
   bool sequence_parallel, no_overlap, zero1;
   int64_t bucket_bytes;
   const char *trace;
+  const char *precision; /* --precision f32|bf16|f16 */
+  double init_scale;     /* --init-scale: f16's first loss scale (0: the API's 65536) */
+  int scale_window, scale_hysteresis; /* --scale-window, --scale-hysteresis (0: the API's 2000, 1) */
   double link_latency_us, link_gbps;
   const char *target;
   int threads;
@@ -365,6 +377,10 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
       {"--max-loss", FLAG_REAL, &a->max_loss, &a->max_loss_set, -HUGE_VAL, HUGE_VAL, .expects = "a number"},
       {"--val-data", FLAG_STRING, .dst = &a->val_data},
       {"--val-every", FLAG_I64, &a->val_every, NULL, 1, any, .expects = "an integer >= 1"},
+      {"--init-scale", FLAG_REAL, &a->init_scale, NULL, 0, HUGE_VAL, .lo_open = true,
+       .expects = "a positive power of two"},
+      {"--scale-window", FLAG_INT, &a->scale_window, NULL, 1, INT32_MAX, .expects = "a positive integer"},
+      {"--scale-hysteresis", FLAG_INT, &a->scale_hysteresis, NULL, 1, INT32_MAX, .expects = "a positive integer"},
   };
   int npos = 0;
   FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help train)", .see_missing = true,
@@ -639,11 +655,13 @@ typedef struct Log {
   bool val;            /* --val-data: val_ columns after elapsed_s (empty in rows without a val run) */
   const char **col;    /* loss column names (CSV) */
   double elapsed0;     /* elapsed_s of the last row kept from a resumed log */
+  const gradc_session *scaler; /* --precision f16: loss_scale and skipped columns from it */
 } Log;
 
 static bool reserved_column(const char *name) {
   return strcmp(name, "step") == 0 || strcmp(name, "lr") == 0 || strcmp(name, "grad_norm") == 0 ||
-         strcmp(name, "elapsed_s") == 0 || strcmp(name, "total") == 0;
+         strcmp(name, "elapsed_s") == 0 || strcmp(name, "total") == 0 || strcmp(name, "loss_scale") == 0 ||
+         strcmp(name, "skipped") == 0;
 }
 
 static void csv_header(StrBuf *sb, const gradc_program *p, const char **col, bool val) {
@@ -652,6 +670,7 @@ static void csv_header(StrBuf *sb, const gradc_program *p, const char **col, boo
   sb_puts(sb, ",total,grad_norm,elapsed_s");
   for (int i = 0; val && i < gradc_program_num_losses(p); i++) sb_printf(sb, ",val_%s", col[i]);
   if (val) sb_puts(sb, ",val_total");
+  if (strcmp(gradc_program_precision(p), "f16") == 0) sb_puts(sb, ",loss_scale,skipped");
 }
 
 /* A kept row's val figures (nl of them, the total last): *has_val when
@@ -826,6 +845,11 @@ static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, co
       }
       fputc('}', o);
     }
+    if (lg->scaler) {
+      fputs(",\"loss_scale\":", o);
+      put_num(o, gradc_session_loss_scale(lg->scaler), true);
+      fprintf(o, ",\"skipped\":%" PRId64, gradc_session_skipped_steps(lg->scaler));
+    }
     fputs("}\n", o);
   } else {
     fprintf(o, "%" PRId64 ",", step);
@@ -841,6 +865,11 @@ static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, co
     for (int i = 0; lg->val && i <= nl; i++) {
       fputc(',', o);
       if (val) put_num(o, val[i], false);
+    }
+    if (lg->scaler) {
+      fputc(',', o);
+      put_num(o, gradc_session_loss_scale(lg->scaler), false);
+      fprintf(o, ",%" PRId64, gradc_session_skipped_steps(lg->scaler));
     }
     fputc('\n', o);
   }
@@ -901,6 +930,7 @@ typedef struct Progress {
   int64_t per_window;
   double drawn; /* when the terminal line was last redrawn */
   const int64_t *skipped; /* --nan-policy skip: steps skipped so far */
+  gradc_session *scaler;  /* --precision f16: the session whose loss scale and overflow skips are shown */
 } Progress;
 
 static void progress(Progress *pr, const gradc_program *p, int64_t step, const double *loss, double lr,
@@ -938,6 +968,11 @@ static void progress(Progress *pr, const gradc_program *p, int64_t step, const d
   }
   if (!pr->tty) sb_printf(&sb, " lr %.3g grad_norm %.3g", lr, grad_norm);
   if (pr->skipped && *pr->skipped) sb_printf(&sb, " skipped %" PRId64, *pr->skipped);
+  if (pr->scaler) {
+    if (!pr->tty) sb_printf(&sb, " loss_scale %g", gradc_session_loss_scale(pr->scaler));
+    int64_t n = gradc_session_skipped_steps(pr->scaler);
+    if (n) sb_printf(&sb, " overflow-skipped %" PRId64, n);
+  }
   sb_printf(&sb, " | %s %s | %s %s", rate, pr->unit, last ? "took" : "ETA", last ? elapsed : eta);
   if (pr->tty) {
     struct winsize ws;
@@ -976,6 +1011,7 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.no_overlap = a->no_overlap;
     o.bucket_bytes = a->bucket_bytes;
     o.zero1 = a->zero1;
+    o.precision = a->precision;
     st = gradc_program_compile_file(a->model, &o, p);
     return st == GRADC_OK ? 0 : cli_report(st);
   }
@@ -985,6 +1021,9 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
   if (st != GRADC_OK) return cli_report(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
     return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
+  if (a->precision && strcmp(a->precision, gradc_program_precision(*p)) != 0)
+    return error(1, "%s: the artifact was compiled for --precision %s, not %s", a->model, gradc_program_precision(*p),
+                 a->precision);
   if (a->dp_set && a->dp != gradc_program_dp(*p))
     return error(1, "%s: the artifact was compiled for --dp %d, not %d", a->model, gradc_program_dp(*p), a->dp);
   if (a->tp_set && a->tp != gradc_program_tp(*p))
@@ -1042,6 +1081,7 @@ typedef struct Run {
   double t0;    /* when the first step started */
   double first_loss, last_loss;
   int64_t skipped;   /* --nan-policy skip: steps whose update was not applied */
+  bool f16;          /* --precision f16: a loss scale, and steps skipped for its overflows */
   int64_t ckpt_step; /* the step of the last checkpoint this run wrote, or -1 */
   bool above_max;    /* --max-loss: the last step's loss was above it */
   EvalSet *val;      /* --val-data (rank 0): the dataset as one forward-only window, or NULL */
@@ -1122,6 +1162,17 @@ static int run_open(Run *r) {
   if (r->lead) remove_dead_temps(a);
   if (a->trace && (st = gradc_session_trace(s)) != GRADC_OK) return cli_report(st);
   if ((rc = set_optimizer(a, s))) return rc;
+  r->f16 = strcmp(gradc_program_precision(p), "f16") == 0;
+  if (!r->f16 && (a->init_scale || a->scale_window || a->scale_hysteresis))
+    return error(1, "--init-scale, --scale-window and --scale-hysteresis are options of --precision f16");
+  if (r->f16) {
+    gradc_loss_scale_options ls;
+    gradc_loss_scale_options_init(&ls);
+    if (a->init_scale) ls.init_scale = a->init_scale;
+    if (a->scale_window) ls.window = a->scale_window;
+    if (a->scale_hysteresis) ls.hysteresis = a->scale_hysteresis;
+    if ((st = gradc_session_set_loss_scaling(s, &ls)) != GRADC_OK) return cli_report(st);
+  }
   /* The data order's generator is seeded apart from the params' init, so
    * the two draw different streams from one --seed. */
   gradc_session_rng_seed(s, a->seed ^ 0x5851f42d4c957f2dull);
@@ -1153,8 +1204,11 @@ static int run_open(Run *r) {
   if (a->stop_after && r->step0 + a->stop_after < r->end) r->end = r->step0 + a->stop_after;
   /* --val-data: rank 0 alone runs it (the params are the same on every rank). */
   if (a->val_data && r->lead && (rc = eval_open(&r->val, p, NULL, a->val_data))) return rc;
-  if (a->log && r->lead)
-    return log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h, a->val_data != NULL, &r->vh);
+  if (a->log && r->lead) {
+    rc = log_open(&r->lg, a->log, p, a->resume != NULL, r->step0, &r->h, a->val_data != NULL, &r->vh);
+    if (r->f16) r->lg.scaler = s;
+    return rc;
+  }
   return 0;
 }
 
@@ -1282,6 +1336,7 @@ static int run_steps(Run *r) {
                  .unit = r->d.unit, .per_window = r->d.tokens_per_window};
   pr.every = a->print_every ? a->print_every : (a->steps - r->step0 + 19) / 20;
   pr.skipped = &r->skipped;
+  if (r->f16) pr.scaler = s;
   if (pr.every < 1) pr.every = 1;
   r->first_loss = r->last_loss = NAN;
   double *loss = r->loss;
@@ -1298,6 +1353,25 @@ static int run_steps(Run *r) {
     loss[nl] = gradc_session_loss_total(s);
     double grad_norm = gradc_session_grad_norm(s);
     char why[512];
+    /* f16: gradients that overflowed the loss scale (the losses are
+     * finite) are the scaler's to handle: the step skips itself, on every
+     * rank, and the scale halves. */
+    bool finite_loss = true;
+    for (int i = 0; i <= nl; i++) finite_loss &= isfinite(loss[i]) != 0;
+    if (r->f16 && finite_loss && gradc_session_overflow(s)) {
+      if ((st = gradc_session_step(s)) != GRADC_OK) {
+        rc = cli_report(st);
+        break;
+      }
+      r->step = gradc_session_step_count(s);
+      log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0, NULL);
+      if (r->lead) progress(&pr, r->p, r->step, loss, lr, grad_norm, r->step == r->end);
+      if ((r->lead || r->zero1) && a->checkpoint_every && r->step % a->checkpoint_every == 0 && r->step != r->end &&
+          (rc = save_checkpoint(s, a->checkpoint, &r->d)) == 0)
+        r->ckpt_step = r->step;
+      if (rc) break;
+      continue;
+    }
     if (nonfinite_window(r, loss, grad_norm, why, sizeof why)) {
       if (pr.tty) fputc('\n', stderr);
       if (!a->nan_skip) {
@@ -1389,6 +1463,9 @@ static int run_finish(Run *r) {
             interrupted ? "interrupted after" : "trained", r->step - r->step0, took, rate, r->d.unit, r->first_loss,
             r->last_loss);
     if (r->skipped) fprintf(stderr, "; %" PRId64 " skipped (non-finite, --nan-policy skip)", r->skipped);
+    if (r->f16)
+      fprintf(stderr, "; loss scale %g, %" PRId64 " skipped for an f16 overflow", gradc_session_loss_scale(s),
+              gradc_session_skipped_steps(s));
     fputc('\n', stderr);
   }
   if (a->checkpoint && (rc = save_checkpoint(s, a->checkpoint, &r->d))) return rc;

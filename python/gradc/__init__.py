@@ -140,7 +140,7 @@ class Program:
         return fwd.session(params).run(inputs)
 
 
-def _compile_options(defines, gas, target, threads, no_cache, forward_only=False):
+def _compile_options(defines, gas, target, threads, no_cache, forward_only=False, precision=None):
     o = _lib.CompileOptions()
     _lib.compile_options_init(ctypes.byref(o))
     o.gas = int(gas)
@@ -149,6 +149,9 @@ def _compile_options(defines, gas, target, threads, no_cache, forward_only=False
     o.no_cache = 1 if no_cache else 0
     keep = [target.encode()]
     o.target = keep[0]
+    if precision is not None:
+        keep.append(str(precision).encode())
+        o.precision = keep[-1]
     if defines:
         names = (ctypes.c_char_p * len(defines))(*[str(k).encode() for k in defines])
         values = (ctypes.c_int64 * len(defines))(*[int(v) for v in defines.values()])
@@ -166,17 +169,20 @@ def _is_artifact(path):
 
 
 def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cache=False, name=None,
-            forward_only=False):
+            forward_only=False, precision=None):
     """Compile a model: a path to a .gdl file (or an artifact, which is
     loaded), or the model's source text (anything with a newline or a
     '{'); name is the file name diagnostics give source text (default
     "<source>.gdl").  defines: -D values {"B": 64}; gas: micro-batches K;
     forward_only: the forward alone (as `gradc infer`: no gradients, no
-    optimiser steps)."""
+    optimiser steps);
+    precision: "bf16" or "f16" for mixed precision (PyTorch autocast's
+    split: GEMMs in the low type, the rest and the params f32), None or
+    "f32" for f32."""
     src = os.fspath(path_or_source) if isinstance(path_or_source, os.PathLike) else path_or_source
     if not isinstance(src, str):
         raise TypeError("gradc.compile: a path or source text, not %s" % type(src).__name__)
-    o, keep = _compile_options(defines, gas, target, threads, no_cache, forward_only)
+    o, keep = _compile_options(defines, gas, target, threads, no_cache, forward_only, precision)
     h = ctypes.c_void_p()
     if "\n" in src or "{" in src:
         _check(_lib.program_compile_source((name or "<source>.gdl").encode(), src.encode(), ctypes.byref(o), ctypes.byref(h)))
@@ -187,7 +193,7 @@ def compile(path_or_source, defines=None, gas=1, target="cpu", threads=0, no_cac
     del keep
     prog = Program(h.value)
     if not forward_only:
-        prog._recompile = lambda: compile(path_or_source, defines, gas, target, threads, no_cache, name, True)
+        prog._recompile = lambda: compile(path_or_source, defines, gas, target, threads, no_cache, name, True, precision)
     return prog
 
 

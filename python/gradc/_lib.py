@@ -82,6 +82,7 @@ class CompileOptions(ctypes.Structure):
         ("no_training", c_int),
         ("forward_only", c_int),
         ("no_outputs", c_int),
+        ("precision", c_char_p),
     ] + _SPARE
 
 

@@ -80,6 +80,7 @@ typedef struct Gemm {
   int64_t pm, pn, mblk, nblk;
   CpuGemm *plans[8];
   int nplans;
+  bool widen; /* bf16/f16 A and B widened to f32 scratch first (f16 always; bf16 where f32 is faster) */
   const IrValue *aroot, *broot; /* the stored values A and B are read from (plan_epilogues' overlap checks) */
   /* The kernel after it that the provider runs as it writes C
    * (plan_epilogues): the epilogue, the byte offset of its bias or
@@ -164,6 +165,10 @@ struct CpuProgram {
    * ones (no allocation, zeroing or page faults per window). */
   StepResult spare;
   bool have_spare;
+  /* bf16 and f16 GEMMs (low_scratch): their f32 products before they are
+   * rounded into a bf16/f16 result, and their operands widened to f32. */
+  float *low;
+  int64_t nlow; /* floats */
 };
 
 /* The arena is not zeroed: every byte a step reads is written first in
@@ -191,7 +196,11 @@ static bool in_group0(const IrOp *op, void *ctx) {
 /* A matmul op as the executor runs it (gemm_plan.h): f32 and f64 through
  * strided views (codegen/kernel.c: a stored value whole, q read out of
  * qkv, heads written into [B, T, C]); bf16 and f16 contiguous (transposes
- * as flags), widened to f32 matrix by matrix. */
+ * as flags): bf16 A and B straight into the provider's bf16 GEMM (f32
+ * accumulation), or widened to f32 first where the host measured that
+ * faster (cpu_gemm_bf16_widen), f16 always widened (oneDNN 2.6 has no
+ * f16 matmul on the CPU); the f32 product rounded into a bf16/f16
+ * result, or accumulated into an f32 gradient buffer as it is. */
 static bool plan_gemm(const KpViews *vs, const IrOp *op, Gemm *g, char *err, size_t n) {
   const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
   memset(g, 0, sizeof *g);
@@ -316,7 +325,8 @@ static void gemm_schedule(Gemm *g, int nt, bool library) {
 
 /* The provider's descriptor of one m x n piece (a tc GEMM as C^T = B^T A^T). */
 static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
-  CpuGemmDesc d = {.type = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : CPU_GEMM_F32, .accumulate = acc, .K = g->K,
+  CpuGemmType t = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : g->dt == IR_DT_BF16 && !g->widen ? CPU_GEMM_BF16 : CPU_GEMM_F32;
+  CpuGemmDesc d = {.type = t, .accumulate = acc, .K = g->K,
                    .ldc = g->ldc, .threads = g->threads, .epilogue = g->epi, .ldr = g->ldr};
   if (g->tc) {
     d.ta = !g->tb, d.tb = !g->ta, d.M = n, d.N = m, d.lda = g->ldb, d.ldb = g->lda;
@@ -349,14 +359,7 @@ static bool add_plan(Gemm *g, const CpuGemmProvider *prov, CpuGemmDesc d, char *
 /* Every plan g's runs need: the grid's (up to) four piece shapes, for
  * each beta it runs with. */
 static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, size_t n) {
-  if (g->dt != IR_DT_F32 && g->dt != IR_DT_F64) {
-    /* bf16: contiguous bf16 operands into f32 (the gradient buffer, or
-     * scratch rounded back); f16: widened here, multiplied in f32. */
-    CpuGemmDesc d = {.type = g->dt == IR_DT_BF16 ? CPU_GEMM_BF16 : CPU_GEMM_F32, .ta = g->ta, .tb = g->tb,
-                     .accumulate = g->accumulate, .M = g->M, .N = g->N, .K = g->K, .lda = g->lda, .ldb = g->ldb,
-                     .ldc = g->N, .threads = 1};
-    return add_plan(g, prov, d, err, n);
-  }
+  g->widen = g->dt == IR_DT_F16 || (g->dt == IR_DT_BF16 && cpu_gemm_bf16_widen(prov));
   int64_t ms[2] = {g->mblk, g->M - (g->pm - 1) * g->mblk}, ns[2] = {g->nblk, g->N - (g->pn - 1) * g->nblk};
   for (int b = 0; b < 2; b++) {
     bool acc = b == 1;
@@ -370,25 +373,28 @@ static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, si
 
 typedef struct GemmRun {
   const Gemm *g;
-  char *arena;
-  const char *abase, *bbase; /* where A and B lie: the arena's buffers or the caller's tensors */
+  const char *abase, *bbase; /* where A and B lie: the arena's buffers, the caller's tensors, or widened to f32 */
+  char *cbase;               /* where C lies: the arena, or f32 scratch for a bf16/f16 result */
   bool acc;                  /* beta = 1 */
+  char *arena;               /* the arena (an epilogue's bias or residual lies in it) */
 } GemmRun;
 
 static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   const GemmRun *r = ctx;
   const Gemm *g = r->g;
-  size_t es = g->dt == IR_DT_F64 ? 8 : 4;
+  /* Bytes per element: A and B as the provider reads them (bf16 unless
+   * widened, f16 widened), C as it writes it (f32 for bf16/f16). */
+  int64_t es = g->dt == IR_DT_F64 ? 8 : g->dt == IR_DT_BF16 && !g->widen ? 2 : 4, esc = g->dt == IR_DT_F64 ? 8 : 4;
   int64_t per = g->pm * g->pn;
   for (int64_t i = begin; i < end; i++) {
     int64_t t = i / per, qm = i % per / g->pn, qn = i % g->pn;
-    const char *a = r->abase + g->aoff[t] * (int64_t)es, *b = r->bbase + g->boff[t] * (int64_t)es;
-    char *c = r->arena + g->c + g->coff[t] * (int64_t)es;
+    const char *a = r->abase + g->aoff[t] * es, *b = r->bbase + g->boff[t] * es;
+    char *c = r->cbase + g->coff[t] * esc;
     int64_t m0 = qm * g->mblk, n0 = qn * g->nblk;
     int64_t M = g->M - m0 < g->mblk ? g->M - m0 : g->mblk, N = g->N - n0 < g->nblk ? g->N - n0 : g->nblk;
-    a += (g->ta ? m0 : m0 * g->lda) * (int64_t)es;
-    b += (g->tb ? n0 * g->ldb : n0) * (int64_t)es;
-    c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * (int64_t)es;
+    a += (g->ta ? m0 : m0 * g->lda) * es;
+    b += (g->tb ? n0 * g->ldb : n0) * es;
+    c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * esc;
     const CpuGemm *plan = piece_plan(g, M, N, r->acc);
     /* The piece's part of the bias (columns n0...) or residual (rows m0...). */
     const float *extra = NULL;
@@ -423,44 +429,83 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
   pool_run(p->pool, k->iters, grain > 0 ? grain : 1, kernel_chunk, &run);
 }
 
+/* The widening and rounding loops of the low-precision GEMMs (ir.h's
+ * bit codecs; the kernels' conversions are generated). */
+typedef struct LowCopy {
+  const void *src;
+  void *dst;
+  IrDType dt; /* the bf16/f16 side */
+  bool widen; /* src dt -> dst f32; else src f32 -> dst dt */
+} LowCopy;
+
+static void low_copy(void *ctx, int64_t begin, int64_t end) {
+  const LowCopy *c = ctx;
+  if (c->widen && c->dt == IR_DT_BF16) {
+    const uint16_t *s = c->src;
+    float *d = c->dst;
+    for (int64_t i = begin; i < end; i++) d[i] = ir_bf16_to_f32(s[i]);
+  } else if (c->widen) {
+    const uint16_t *s = c->src;
+    float *d = c->dst;
+    for (int64_t i = begin; i < end; i++) d[i] = ir_f16_to_f32(s[i]);
+  } else if (c->dt == IR_DT_BF16) {
+    const float *s = c->src;
+    uint16_t *d = c->dst;
+    for (int64_t i = begin; i < end; i++) d[i] = ir_f32_to_bf16(s[i]);
+  } else {
+    const float *s = c->src;
+    uint16_t *d = c->dst;
+    for (int64_t i = begin; i < end; i++) d[i] = ir_f32_to_f16(s[i]);
+  }
+}
+
+static void low_copy_run(CpuProgram *p, const void *src, void *dst, int64_t n, IrDType dt, bool widen) {
+  LowCopy c = {src, dst, dt, widen};
+  if (n < INLINE_WORK || pool_size(p->pool) == 1) low_copy(&c, 0, n);
+  else pool_run(p->pool, n, INLINE_WORK, low_copy, &c);
+}
+
+/* Elements a contiguous low-precision GEMM reads of A (B) and writes of C
+ * over its batch: up to the last matrix's end. */
+static int64_t low_extent(const int64_t *off, int64_t nb, int64_t per) {
+  int64_t hi = 0;
+  for (int64_t t = 0; t < nb; t++) hi = off[t] + per > hi ? off[t] + per : hi;
+  return hi;
+}
+
+/* The f32 scratch g needs (CpuProgram.low): its product when the result is
+ * bf16/f16, and its operands when they are widened. */
+static int64_t low_scratch(const Gemm *g) {
+  if (g->dt != IR_DT_BF16 && g->dt != IR_DT_F16) return 0;
+  int64_t n = g->cdt == IR_DT_F32 ? 0 : low_extent(g->coff, g->nb, g->M * g->N);
+  if (g->widen) n += low_extent(g->aoff, g->nb, g->M * g->K) + low_extent(g->boff, g->nb, g->K * g->N);
+  return n;
+}
+
 /* first: the window's first micro-batch. */
 static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   bool acc = g->accumulate && !(first && g->store_first);
-  if (g->dt == IR_DT_F32 || g->dt == IR_DT_F64) {
-    GemmRun r = {g, p->arena, g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
-                 g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, acc};
-    if (g->inline_run) gemm_pieces(&r, 0, g->nb);
-    else pool_run(p->pool, g->nb * g->pm * g->pn, 1, gemm_pieces, &r);
-    return;
-  }
-  /* bf16: the provider reads the bf16 matrices (widening them itself or
-   * not) into f32, the gradient buffer or scratch rounded back; f16:
-   * widened to f32 here. */
-  int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
-  char *arena = p->arena;
-  const CpuGemm *plan = g->plans[0];
-  bool bf16 = g->dt == IR_DT_BF16;
-  float *a = bf16 ? NULL : mem_calloc((size_t)mk, sizeof(float)), *b = bf16 ? NULL : mem_calloc((size_t)kn, sizeof(float));
-  float *c = g->accumulate ? NULL : mem_calloc((size_t)mn, sizeof(float));
-  for (int64_t t = 0; t < g->nb; t++) {
-    const void *at = a, *bt = b;
-    if (bf16) {
-      at = arena + g->a + g->aoff[t] * 2;
-      bt = arena + g->b + g->boff[t] * 2;
-    } else {
-      for (int64_t i = 0; i < mk; i++) a[i] = (float)rt_elem_get(arena + g->a, g->dt, g->aoff[t] + i);
-      for (int64_t i = 0; i < kn; i++) b[i] = (float)rt_elem_get(arena + g->b, g->dt, g->boff[t] + i);
+  GemmRun r = {g, g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
+               g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, p->arena + g->c, acc, p->arena};
+  bool low = g->dt == IR_DT_BF16 || g->dt == IR_DT_F16, round = low && g->cdt != IR_DT_F32;
+  int64_t nc = round ? low_extent(g->coff, g->nb, g->M * g->N) : 0;
+  if (low) {
+    float *s = p->low;
+    if (round) { /* the f32 product, rounded into C below (beta = 0: a bf16/f16 C is never a gradient buffer) */
+      r.cbase = (char *)s;
+      s += nc;
     }
-    if (g->accumulate) {
-      cpu_gemm_run(plan, at, bt, arena + g->c + (size_t)(t * mn) * 4, NULL);
-    } else {
-      cpu_gemm_run(plan, at, bt, c, NULL);
-      for (int64_t i = 0; i < mn; i++) rt_elem_set(arena + g->c, g->cdt, t * mn + i, c[i]);
+    if (g->widen) {
+      int64_t na = low_extent(g->aoff, g->nb, g->M * g->K), nbb = low_extent(g->boff, g->nb, g->K * g->N);
+      low_copy_run(p, r.abase, s, na, g->dt, true);
+      low_copy_run(p, r.bbase, s + na, nbb, g->dt, true);
+      r.abase = (const char *)s;
+      r.bbase = (const char *)(s + na);
     }
   }
-  free(a);
-  free(b);
-  free(c);
+  if (g->inline_run) gemm_pieces(&r, 0, g->nb * g->pm * g->pn);
+  else pool_run(p->pool, g->nb * g->pm * g->pn, 1, gemm_pieces, &r);
+  if (round) low_copy_run(p, p->low, p->arena + g->c, nc, g->cdt, false);
 }
 
 /* ------------------------------------------------------------------ */
@@ -476,6 +521,7 @@ void cpu_program_free(CpuProgram *p) {
     for (int k = 0; k < p->code[i].gemm.nplans; k++) cpu_gemm_free(p->code[i].gemm.plans[k]);
   }
   free(p->code);
+  free(p->low);
   free(p->grads);
   free(p->reduced);
   free(p->zero);
@@ -524,7 +570,8 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   if ((opc == IR_OP_PERMUTE || opc == IR_OP_RESHAPE || opc == IR_OP_SLICE || opc == IR_OP_CONCAT) &&
       kp_view_free_op(&p->views, op))
     return true;
-  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE) {
+  if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE ||
+      opc == IR_OP_LOSS_SCALE) {
     if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
       return rt_op_fail(err, n, op, "must alias its operand (run memplan)");
     return true;
@@ -1091,7 +1138,10 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
       rt_op_fail(err, errlen, p->code[i].op, e);
       goto error;
     }
+    int64_t nlow = low_scratch(&p->code[i].gemm);
+    if (nlow > p->nlow) p->nlow = nlow;
   }
+  if (p->nlow) p->low = mem_alloc((size_t)p->nlow * sizeof(float));
   p->arena_src = mem_calloc((size_t)f->nargs + 1, sizeof(void *));
   step_store_consts(f, store, p->arena, err, errlen);
   p->pool = pool_new(p->threads);

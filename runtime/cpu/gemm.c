@@ -355,6 +355,83 @@ static double measure_one(const CpuGemmProvider *p, float *a, float *b, float *c
   return total;
 }
 
+/* bf16: the provider's own kernels against f32 ones on the operands
+ * widened once (what the executor does then), over the same shapes, one
+ * thread.  oneDNN 2.6.3's AVX512-BF16 brgemm ran at 35-78 GFLOP/s where
+ * its f32 one ran at 63-139 on the Xeon these were first measured on
+ * (VDPBF16PS at a quarter of VFMADD's rate there): the widened f32
+ * product, exact in f32 as the bf16 one is, is the faster bf16 GEMM. */
+typedef struct Bf16Choice {
+  const CpuGemmProvider *p;
+  bool widen;
+} Bf16Choice;
+static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+static Bf16Choice bf16_choice[8];
+static int nbf16_choice;
+
+static double measure_bf16(const CpuGemmProvider *p, bool native, const uint16_t *a16, const uint16_t *b16, float *a,
+                           float *b, float *c) {
+  double total = 0;
+  for (int s = 0; s < NSHAPES; s++) {
+    CpuGemmDesc d = {.type = native ? CPU_GEMM_BF16 : CPU_GEMM_F32, .ta = shapes[s].ta, .tb = shapes[s].tb,
+                     .accumulate = shapes[s].acc, .M = shapes[s].M, .N = shapes[s].N, .K = shapes[s].K, .threads = 1};
+    d.lda = d.ta ? d.M : d.K;
+    d.ldb = d.tb ? d.K : d.N;
+    d.ldc = d.N;
+    char err[512];
+    CpuGemm *g = cpu_gemm_plan(p, &d, err, sizeof err);
+    if (!g) return INFINITY;
+    if (native && g->widen) { /* the provider widens per call itself: the executor's widening is no slower */
+      cpu_gemm_free(g);
+      return INFINITY;
+    }
+    int64_t na = d.M * d.K, nb = d.K * d.N;
+    double best = INFINITY;
+    for (int r = 0; r < 4; r++) {
+      double t0 = now_ms();
+      if (native) {
+        cpu_gemm_run(g, a16, b16, c, NULL);
+      } else {
+        for (int64_t i = 0; i < na; i++) a[i] = bf16_to_f32(a16[i]);
+        for (int64_t i = 0; i < nb; i++) b[i] = bf16_to_f32(b16[i]);
+        cpu_gemm_run(g, a, b, c, NULL);
+      }
+      double t = now_ms() - t0;
+      if (r > 0 && t < best) best = t;
+    }
+    cpu_gemm_free(g);
+    total += best;
+  }
+  return total;
+}
+
+bool cpu_gemm_bf16_widen(const CpuGemmProvider *p) {
+  const char *e = getenv("GRADC_GEMM_BF16");
+  if (e && strcmp(e, "native") == 0) return false;
+  if (e && strcmp(e, "widen") == 0) return true;
+  pthread_mutex_lock(&bf16_lock);
+  for (int i = 0; i < nbf16_choice; i++)
+    if (bf16_choice[i].p == p) {
+      bool w = bf16_choice[i].widen;
+      pthread_mutex_unlock(&bf16_lock);
+      return w;
+    }
+  size_t most = 0;
+  for (int s = 0; s < NSHAPES; s++) {
+    size_t x = (size_t)(shapes[s].M * shapes[s].K + shapes[s].K * shapes[s].N);
+    most = x > most ? x : most;
+  }
+  uint16_t *a16 = mem_calloc(most, 2), *b16 = mem_calloc(most, 2);
+  float *a = mem_calloc(most, 4), *b = mem_calloc(most, 4), *c = mem_calloc(most, 4);
+  for (size_t i = 0; i < most; i++) a16[i] = b16[i] = (uint16_t)(0x3f80 + (i * 2654435761u >> 25)); /* in [1, 2) */
+  double native = measure_bf16(p, true, a16, b16, a, b, c), widened = measure_bf16(p, false, a16, b16, a, b, c);
+  free(a16), free(b16), free(a), free(b), free(c);
+  bool w = !(native < widened);
+  if (nbf16_choice < (int)(sizeof bf16_choice / sizeof *bf16_choice)) bf16_choice[nbf16_choice++] = (Bf16Choice){p, w};
+  pthread_mutex_unlock(&bf16_lock);
+  return w;
+}
+
 int cpu_gemm_measure(double *ms, char (*why)[256], int nmax) {
   size_t most = 0;
   for (int s = 0; s < NSHAPES; s++) {

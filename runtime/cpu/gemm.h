@@ -110,6 +110,12 @@ uint64_t cpu_gemm_host_key(void);
  * brand and the vector features that matter ("AuthenticAMD 25/1/1 AMD
  * EPYC; avx2 fma"). */
 void cpu_gemm_cpu_id(char *buf, size_t n);
+/* Whether bf16 GEMMs on p are faster as f32 GEMMs of operands widened
+ * once by the caller than as p's own bf16 products (measured once per
+ * process and provider over the selection's shapes; GRADC_GEMM_BF16=
+ * native or widen decides instead).  The results agree: bf16 products
+ * are exact in f32 and both accumulate in f32. */
+bool cpu_gemm_bf16_widen(const CpuGemmProvider *p);
 /* Whether this CPU has AVX2 (cpuid), for the providers' own checks. */
 bool cpu_gemm_has_avx2(void);
 

@@ -262,7 +262,9 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
         return rt_op_fail(err, errlen, op, "is not in a kernel and not a range of a gradient buffer (run memplan)");
       continue;
     }
-    if (opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE || opc == IR_OP_GRAD) continue;
+    if (opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE || opc == IR_OP_LOSS_SCALE ||
+        opc == IR_OP_GRAD)
+      continue;
     if (opc == IR_OP_PERMUTE && rt_is_flag_permute(op->result)) continue;
     if (opc == IR_OP_LOSS) {
       const IrValue *v = rt_storage_root(op->args[0]);

@@ -837,6 +837,7 @@ static bool eval(Ctx *c, const IrOp *op, double *out) {
   case IR_OP_GRAD_SEED: return eval_grad_seed(c, op, out);
   /* Randomness */
   case IR_OP_RNG_STATE: return eval_rng_state(c, op, out);
+  case IR_OP_LOSS_SCALE: return out[0] = c->st->loss_scale != 0 ? c->st->loss_scale : 1.0, true;
   case IR_OP_RANDOM: return eval_random(c, op, out);
   case IR_OP_LOSS_TERM: return map2(c, op, out, IR_OP_MUL);
   case IR_OP_ALL_REDUCE_START:

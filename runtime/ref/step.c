@@ -46,6 +46,7 @@ bool step_run_ref(const IrFunc *f, int gas, const StFile *params, const char *pa
   for (int k = 0; ok && k < gas; k++) {
     step_micro_args(f, k, data, args);
     step_rng_words(f, gas, k, st.rng);
+    st.loss_scale = step_loss_scale();
     ok = interp_run(&st, f, args, wsum, INTERP_STEP, opt, err, errlen);
     for (int i = 0; ok && i < f->nops; i++) {
       const IrOp *op = f->ops[i];

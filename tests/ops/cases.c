@@ -445,6 +445,7 @@ const OpExclusion op_exclusions[] = {
                    "test_cuda_gemms_as_cublaslt_sees_them; its derivative has rows"},
     {IR_OP_WINDOW_SUM, "its value comes from the window's count phase (runtime/ref/step.c, test_gas)"},
     {IR_OP_RNG_STATE, "written by the executor before each micro-batch (step_store_rng; test_random)"},
+    {IR_OP_LOSS_SCALE, "written by the executor before each micro-batch (step_store_rng; test_mixed)"},
     {IR_OP_LOSS, "an output of the step, no result (test_exec, test_step)"},
     {IR_OP_GRAD, "an output of the step, no result (test_codegen_grad_buffers_accumulate)"},
     {IR_OP_ALL_REDUCE_START, "a collective: needs ranks (test_dp_*, test_tp_run)"},

@@ -58,16 +58,16 @@ class Tmp(unittest.TestCase):
 class TestAgainstRun(Tmp):
     """Python's losses and gradients are `gradc run`'s, bit for bit."""
 
-    def check_model(self, model, defines, gas):
+    def check_model(self, model, defines, gas, precision=None):
         params, batch, grads = self.path("p.safetensors"), self.path("b.safetensors"), self.path("g.safetensors")
-        flags = defs_flags(defines) + ["--gas", gas]
+        flags = defs_flags(defines) + ["--gas", gas] + (["--precision", precision] if precision else [])
         cli("init", model, *defs_flags(defines), "-o", params, "--seed", 3)
         cli("data", "random", model, *defs_flags(defines), "-o", batch, "--seed", 4)
         out = cli("run", model, *flags, "--params", params, "--inputs", batch, "--grads-out", grads)
         want = dict(re.findall(r"^loss (\S+) (\S+)$", out, re.M))
         self.assertIn("total", want)
 
-        prog = gradc.compile(model, defines=defines, gas=gas)
+        prog = gradc.compile(model, defines=defines, gas=gas, precision=precision)
         inputs = gradc.read_safetensors(batch)
         for how, sess in (("a params file", prog.session(params)),
                           ("a dict", prog.session(gradc.read_safetensors(params))),
@@ -88,6 +88,11 @@ class TestAgainstRun(Tmp):
 
     def test_tinygpt(self):
         self.check_model(TINYGPT, {"B": 4, "T": 16, "C": 32, "L": 2}, 1)
+
+    def test_mixed_precision(self):
+        # bf16 and f16 (mixed precision) as the command line runs them.
+        self.check_model(MLP, {"B": 16, "H": 32}, 2, "bf16")
+        self.check_model(TINYGPT, {"B": 4, "T": 16, "C": 32, "L": 2}, 1, "f16")
 
     def test_infer_is_run_without_grads(self):
         prog = gradc.compile(MLP, defines={"B": 8})

@@ -182,12 +182,12 @@ static const struct {
     {IR_OPF_ROW, EW " broadcast mse_loss grad.seed loss.term sum mean max logsumexp softmax log_softmax "
                  "layer_norm rms_norm causal_mask one_hot embedding unslice cross_entropy random"},
     {IR_OPF_RED, "sum mean max logsumexp softmax log_softmax layer_norm rms_norm cross_entropy"},
-    {IR_OPF_EXEC, "const reshape matmul window.sum loss grad rng.state output update " COLLECTIVES},
+    {IR_OPF_EXEC, "const reshape matmul window.sum loss.scale loss grad rng.state output update " COLLECTIVES},
     {IR_OPF_VIEW, "reshape permute slice concat"},
     {IR_OPF_START, "all_reduce.start all_gather.start reduce_scatter.start"},
     {IR_OPF_WAIT, "all_reduce.wait all_gather.wait reduce_scatter.wait"},
     {IR_OPF_RANKCOPY, "tp.scatter rank.slice rank.concat"},
-    {IR_OPF_OPAQUE, "window.sum grad.seed loss.term loss grad output update " COLLECTIVES},
+    {IR_OPF_OPAQUE, "window.sum loss.scale grad.seed loss.term loss grad output update " COLLECTIVES},
     {IR_OPF_COSTLY, "exp log sqrt rsqrt tanh sigmoid gelu silu pow gelu_grad "
                     "sin cos log1p softplus erf gelu_erf gelu_erf_grad"},
 };
