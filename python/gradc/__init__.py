@@ -139,6 +139,74 @@ class Program:
             fwd = self._forward
         return fwd.session(params).run(inputs)
 
+    def generate(self, params, prompt, max_tokens=64, temperature=1.0, top_k=0, seed=0, vocab=None, input=None):
+        """Continue a text, as `gradc generate`: the model needs an i32[B, T]
+        input (the tokens: the first such input, or `input`) and an `output
+        logits` [B, T, V].  Each token is one forward (the forward-only
+        program, as infer) over the last T tokens, zeros after them and in
+        the other inputs; the next token is the argmax at temperature 0 (the
+        same as the command line's), else a draw from softmax(logits /
+        temperature) over the top_k largest (0: all) from NumPy's generator
+        seeded by seed (deterministic for a seed, though not the command
+        line's draws).  prompt: str or bytes; vocab: None (byte tokens) or
+        the bytes of each token id (a `data text --compact` dataset's
+        __metadata__ "vocab", read by read_safetensors).  Returns the prompt
+        and the sampled text as bytes."""
+        fwd = self
+        if not self.forward_only:
+            if self._forward is None:
+                if self._recompile is None:
+                    raise Error("gradc: error: generate: this program was loaded from an artifact compiled for "
+                                "training; load one of `gradc compile --forward-only`, or compile the source")
+                self._forward = self._recompile()
+            fwd = self._forward
+        if temperature < 0:
+            raise Error("gradc: error: generate: temperature must be >= 0, not %g" % temperature)
+        if "logits" not in fwd.outputs:
+            raise Error("gradc: error: generate needs an `output logits` of shape [B, T, V]; the model has %s"
+                        % (", ".join(fwd.outputs) or "no outputs"))
+        toks = [t for t in fwd.inputs if t.dtype == "i32" and len(t.shape) == 2 and (input is None or t.name == input)]
+        if not toks:
+            raise Error("gradc: error: generate needs an i32[B, T] input (the tokens)%s"
+                        % ("" if input is None else "; '%s' is not one" % input))
+        tok = toks[0]
+        B, T = tok.shape
+        text = prompt.encode() if isinstance(prompt, str) else bytes(prompt)
+        if not text:
+            raise Error("gradc: error: generate: the prompt is empty")
+        if isinstance(vocab, str):
+            vocab = json.loads(vocab)
+        byte_of = list(range(256)) if vocab is None else [int(b) for b in vocab]
+        id_of = {b: i for i, b in enumerate(byte_of)}
+        for i, c in enumerate(text):
+            if c not in id_of:
+                raise Error("gradc: error: generate: prompt byte %d at offset %d is not in the vocabulary" % (c, i))
+        ids = [id_of[c] for c in text]
+        sess = fwd.session(params)
+        feeds = {t.name: np.zeros(t.shape, np.int32 if t.dtype == "i32" else
+                                  (np.int64 if t.dtype == "i64" else (np.float64 if t.dtype == "f64" else np.float32)))
+                 for t in fwd.inputs}
+        rng = np.random.default_rng(seed)
+        out = bytearray(text)
+        for _ in range(max_tokens):
+            ctx = ids[-T:]
+            w = np.zeros((B, T), np.int32)
+            w[:, :len(ctx)] = ctx
+            feeds[tok.name] = w
+            logits = sess.run(feeds).outputs["logits"]
+            row = np.asarray(logits[0, len(ctx) - 1], np.float64)[:len(byte_of)]
+            if temperature == 0:
+                nxt = int(np.argmax(row))
+            else:
+                order = np.lexsort((np.arange(row.size), -row))  # by logit, ties by the lower id
+                k = top_k if 0 < top_k < row.size else row.size
+                top = order[:k]
+                wts = np.exp((row[top] - row[top[0]]) / temperature)
+                nxt = int(top[rng.choice(k, p=wts / wts.sum())])
+            ids.append(nxt)
+            out.append(byte_of[nxt])
+        return bytes(out)
+
 
 def _compile_options(defines, gas, target, threads, no_cache, forward_only=False, precision=None):
     o = _lib.CompileOptions()

@@ -160,6 +160,31 @@ class TestGenerate(Tmp):
         b = cli("generate", TINYGPT, *flags(defs), "--params", params, "--prompt", prompt, "--seed", 11, "--top-k", 5)
         self.assertEqual(a, b)
 
+    def test_python_generate(self):
+        defs = dict(SMALL, V=256)
+        params = self.path("p.safetensors")
+        cli("init", TINYGPT, *flags(defs), "-o", params, "--seed", 7)
+        prompt, n = "hello", 6
+        greedy = cli("generate", TINYGPT, *flags(defs), "--params", params, "--prompt", prompt,
+                     "--max-tokens", n, "--temperature", 0)
+        prog = gradc.compile(TINYGPT, defines=defs)  # a training program: generate uses its forward-only twin
+        # Temperature 0 makes the command line's choices (every row of B holds the context).
+        self.assertEqual(prog.generate(params, prompt, max_tokens=n, temperature=0).decode(), greedy[:-1])
+        # A seed repeats itself; top_k=1 is the argmax whatever the seed.
+        a = prog.generate(params, prompt, max_tokens=n, seed=3, top_k=5)
+        self.assertEqual(a, prog.generate(params, prompt, max_tokens=n, seed=3, top_k=5))
+        self.assertEqual(len(a), len(prompt) + n)
+        self.assertEqual(prog.generate(params, prompt, max_tokens=n, temperature=2, top_k=1, seed=9).decode(),
+                         greedy[:-1])
+        # A vocabulary that cannot spell the prompt, and a model without logits.
+        with self.assertRaises(gradc.Error) as e:
+            prog.generate(params, "hi", vocab=[ord("h")])
+        self.assertIn("not in the vocabulary", str(e.exception))
+        mlp = gradc.compile(os.path.join(SRC, "examples", "mlp.gdl"), defines={"B": 4, "D": 3, "H": 5})
+        with self.assertRaises(gradc.Error) as e:
+            mlp.generate(None, "hi")
+        self.assertIn("output logits", str(e.exception))
+
 
 if __name__ == "__main__":
     unittest.main()
