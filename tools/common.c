@@ -2,6 +2,7 @@
  * handing a simulated link to the comm layer, the wall clock, checking
  * their files before they start. */
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,16 @@ void tools_set_link(double latency_us, double gbps) {
     snprintf(buf, sizeof buf, "%.17g", gbps);
     setenv("GRADC_COMM_GBPS", buf, 1);
   }
+}
+
+int tools_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("gradc: error: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return 1;
 }
 
 double tools_now_ms(void) {

@@ -35,16 +35,6 @@ const char convert_help[] =
     "  no line names are left out.  --model (with its -D values) checks that every param is covered\n"
     "  with its declared shape and names what is missing.  Output is F32 (F64 for f64 params).\n";
 
-static int error(const char *fmt, ...) GRADC_PRINTF(1, 2);
-static int error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fputs("gradc: error: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  return 1;
-}
 
 /* One map line. */
 typedef struct MapLine {
@@ -69,7 +59,7 @@ static void map_free(Map *m) {
 /* map = { line }; line = DEST "<-" SOURCE ["transpose"] | "" (after # comments). */
 static int map_read(const char *path, Map *m) {
   FILE *f = fopen(path, "r");
-  if (!f) return error("%s: cannot open the map", path);
+  if (!f) return tools_error("%s: cannot open the map", path);
   char buf[4096];
   int lineno = 0, rc = 0;
   while (!rc && fgets(buf, sizeof buf, f)) {
@@ -81,20 +71,20 @@ static int map_read(const char *path, Map *m) {
     for (char *t = strtok(buf, " \t\r\n"); t && nt < 5; t = strtok(NULL, " \t\r\n")) tok[nt++] = t;
     if (nt == 0) continue;
     if (nt < 3 || nt > 4 || strcmp(tok[1], "<-") != 0 || (nt == 4 && strcmp(tok[3], "transpose") != 0)) {
-      rc = error("%s:%d: expected `DEST <- SOURCE [transpose]`", path, lineno);
+      rc = tools_error("%s:%d: expected `DEST <- SOURCE [transpose]`", path, lineno);
       break;
     }
     for (int i = 0; i < m->n; i++)
       if (strcmp(m->l[i].dest, tok[0]) == 0)
-        rc = error("%s:%d: '%s' is mapped twice (first at line %d)", path, lineno, tok[0], m->l[i].line);
+        rc = tools_error("%s:%d: '%s' is mapped twice (first at line %d)", path, lineno, tok[0], m->l[i].line);
     if (rc) break;
     m->l = realloc(m->l, (size_t)(m->n + 1) * sizeof *m->l);
     if (!m->l) abort();
     m->l[m->n++] = (MapLine){strdup(tok[0]), strdup(tok[2]), nt == 4, lineno};
   }
-  if (!rc && ferror(f)) rc = error("%s: cannot read the map", path);
+  if (!rc && ferror(f)) rc = tools_error("%s: cannot read the map", path);
   fclose(f);
-  if (!rc && m->n == 0) rc = error("%s: the map has no lines", path);
+  if (!rc && m->n == 0) rc = tools_error("%s: the map has no lines", path);
   return rc;
 }
 
@@ -217,7 +207,7 @@ static int convert_line(const ConvertArgs *a, const cli_tensors *src, const MapL
   int64_t layers = 1;
   char name[1024];
   if (stacked) {
-    if (want && want->rank < 1) return error("%s:%d: '%s' is a scalar; {l} stacks along a first axis", a->map, m->line, m->dest);
+    if (want && want->rank < 1) return tools_error("%s:%d: '%s' is a scalar; {l} stacks along a first axis", a->map, m->line, m->dest);
     if (want) {
       layers = want->shape[0];
     } else {
@@ -237,34 +227,34 @@ static int convert_line(const ConvertArgs *a, const cli_tensors *src, const MapL
     if (i < 0) {
       char hint[1200];
       missing_hint(src, name, hint, sizeof hint);
-      return error("%s: tensor '%s' (%s:%d): not in the file%s", a->src, name, a->map, m->line, hint);
+      return tools_error("%s: tensor '%s' (%s:%d): not in the file%s", a->src, name, a->map, m->line, hint);
     }
     cli_tensor t = cli_tensors_at(src, i);
     if (t.dtype == GRADC_I32 || t.dtype == GRADC_I64)
-      return error("%s: tensor '%s' (%s:%d): %s is not a float dtype", a->src, name, a->map, m->line,
+      return tools_error("%s: tensor '%s' (%s:%d): %s is not a float dtype", a->src, name, a->map, m->line,
                    cli_dtype_name(t.dtype));
     if (m->transpose && t.rank < 2)
-      return error("%s:%d: '%s' has %d axes; transpose needs at least 2", a->map, m->line, name, t.rank);
+      return tools_error("%s:%d: '%s' has %d axes; transpose needs at least 2", a->map, m->line, name, t.rank);
     if (l == 0) {
       first = t;
     } else if (t.rank != first.rank || memcmp(t.shape, first.shape, (size_t)t.rank * sizeof *t.shape) != 0) {
       char s0[128], s1[128];
       shape_str(first.dtype, first.rank, first.shape, s0, sizeof s0);
       shape_str(t.dtype, t.rank, t.shape, s1, sizeof s1);
-      return error("%s: tensor '%s' (%s:%d) is %s, layer 0's is %s", a->src, name, a->map, m->line, s1, s0);
+      return tools_error("%s: tensor '%s' (%s:%d) is %s, layer 0's is %s", a->src, name, a->map, m->line, s1, s0);
     }
   }
   if (layers == 0) {
     layer_name(m->src, 0, name, sizeof name);
     char hint[1200];
     missing_hint(src, name, hint, sizeof hint);
-    return error("%s: tensor '%s' (%s:%d): not in the file%s", a->src, name, a->map, m->line, hint);
+    return tools_error("%s: tensor '%s' (%s:%d): not in the file%s", a->src, name, a->map, m->line, hint);
   }
   /* The destination's shape: [layers] + the (transposed) source's. */
   int64_t shape[9];
   int rank = 0;
   if (stacked) shape[rank++] = layers;
-  if (first.rank > 8 - (stacked ? 1 : 0)) return error("%s:%d: too many axes", a->map, m->line);
+  if (first.rank > 8 - (stacked ? 1 : 0)) return tools_error("%s:%d: too many axes", a->map, m->line);
   for (int k = 0; k < first.rank; k++) shape[rank++] = first.shape[k];
   if (m->transpose) {
     int64_t x = shape[rank - 1];
@@ -277,7 +267,7 @@ static int convert_line(const ConvertArgs *a, const cli_tensors *src, const MapL
     char w[128], g[128];
     shape_str(want->dtype, want->rank, want->shape, w, sizeof w);
     shape_str(dt, rank, shape, g, sizeof g);
-    return error("%s:%d: '%s' <- '%s': the model declares %s, the map gives %s%s", a->map, m->line, m->dest, m->src, w,
+    return tools_error("%s:%d: '%s' <- '%s': the model declares %s, the map gives %s%s", a->map, m->line, m->dest, m->src, w,
                  g, !m->transpose && rank >= 2 ? " (transpose?)" : "");
   }
   int64_t per = numel(first.rank, first.shape);
@@ -304,7 +294,7 @@ static int convert(const ConvertArgs *a) {
   if (!rc && a->model) rc = open_model(a, &p);
   cli_tensors *src = cli_tensors_new(), *out = cli_tensors_new();
   char err[2048];
-  if (!rc && !cli_tensors_read(src, a->src, err, sizeof err)) rc = error("%s", err);
+  if (!rc && !cli_tensors_read(src, a->src, err, sizeof err)) rc = tools_error("%s", err);
   int np = p ? gradc_program_num_params(p) : 0;
   bool *covered = calloc((size_t)np + 1, sizeof *covered);
   for (int i = 0; !rc && i < m.n; i++) {
@@ -314,7 +304,7 @@ static int convert(const ConvertArgs *a) {
       for (; k < np; k++)
         if (gradc_program_param_info(p, k, &info) == GRADC_OK && strcmp(info.name, m.l[i].dest) == 0) break;
       if (k == np) {
-        rc = error("%s:%d: '%s' is not a param of %s", a->map, m.l[i].line, m.l[i].dest, a->model);
+        rc = tools_error("%s:%d: '%s' is not a param of %s", a->map, m.l[i].line, m.l[i].dest, a->model);
         break;
       }
       covered[k] = true;
@@ -333,12 +323,12 @@ static int convert(const ConvertArgs *a) {
       nmiss++;
     }
     if (nmiss)
-      rc = error("%s: %s of %s %s no line (train --init-partial initialises uncovered params as declared)", a->map,
+      rc = tools_error("%s: %s of %s %s no line (train --init-partial initialises uncovered params as declared)", a->map,
                  missing, a->model, nmiss == 1 ? "has" : "have");
   }
   if (!rc) {
     cli_tensors_set_meta(out, "converted_from", a->src);
-    if (!cli_tensors_write(out, a->out, err, sizeof err)) rc = error("%s", err);
+    if (!cli_tensors_write(out, a->out, err, sizeof err)) rc = tools_error("%s", err);
   }
   if (!rc)
     fprintf(stderr, "%s: %d tensors from %s (%s)\n", a->out, cli_tensors_count(out), a->src, a->map);
@@ -362,10 +352,10 @@ int cmd_convert(int argc, char **argv) {
   FlagSpec spec = {flags, (int)(sizeof flags / sizeof *flags), " (see gradc help convert)", .see_missing = true,
                    .defines = &a.defs, .positional = &a.src, .max_positional = 1, .npositional = &npos};
   int rc = flags_parse(&spec, argc, argv, 1);
-  if (!rc && !a.src) rc = error("convert needs a SRC.safetensors file (see gradc help convert)");
-  if (!rc && !a.map) rc = error("convert needs --map MAP.txt (see gradc help convert)");
-  if (!rc && !a.out) rc = error("convert needs -o PARAMS.safetensors (see gradc help convert)");
-  if (!rc && a.defs.n && !a.model) rc = error("convert: -D applies to --model");
+  if (!rc && !a.src) rc = tools_error("convert needs a SRC.safetensors file (see gradc help convert)");
+  if (!rc && !a.map) rc = tools_error("convert needs --map MAP.txt (see gradc help convert)");
+  if (!rc && !a.out) rc = tools_error("convert needs -o PARAMS.safetensors (see gradc help convert)");
+  if (!rc && a.defs.n && !a.model) rc = tools_error("convert: -D applies to --model");
   if (!rc) {
     const ToolsPath in[] = {{"the source", a.src, NULL}, {"--map", a.map, NULL}, {"--model", a.model, NULL}};
     const ToolsPath out = {"-o", a.out, NULL};

@@ -63,16 +63,6 @@ const char generate_help[] =
     "  bytes, or with --vocab the vocabulary a dataset of data text --compact records.  Other inputs\n"
     "  (targets) are fed zeros.  The prompt and the sampled text go to stdout.\n";
 
-static int error(const char *fmt, ...) GRADC_PRINTF(1, 2);
-static int error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fputs("gradc: error: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  return 1;
-}
 
 static int64_t numel(const int64_t *shape, int rank, int from) {
   int64_t n = 1;
@@ -129,7 +119,7 @@ static int match_inputs(const cli_tensors *st, const char *path, const gradc_pro
     shape_str(want, sizeof want, in.shape, in.rank, batched ? 1 : 0);
     int k = cli_tensors_find(st, in.name);
     if (k < 0)
-      return error("%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
+      return tools_error("%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
                    cli_dtype_name(in.dtype), batched ? "[N]+" : "", want);
     cli_tensor t = cli_tensors_at(st, k);
     bool is_int = in.dtype == GRADC_I32 || in.dtype == GRADC_I64;
@@ -138,13 +128,13 @@ static int match_inputs(const cli_tensors *st, const char *path, const gradc_pro
     for (int d = batched ? 1 : 0; ok && d < in.rank; d++) ok = t.shape[d] == in.shape[d];
     if (!ok) {
       shape_str(got, sizeof got, t.shape, t.rank, 0);
-      return error("%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name, is_int ? "I32 or I64" : "F32 or F64",
+      return tools_error("%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name, is_int ? "I32 or I64" : "F32 or F64",
                    batched ? "[N]+" : "", want, batched ? "samples along the first axis" : "the input as it is",
                    cli_dtype_file_name(t.dtype), got);
     }
     if (!batched) continue;
     if (first && t.shape[0] != *n)
-      return error("%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t.shape[0], first, *n);
+      return tools_error("%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t.shape[0], first, *n);
     if (!first) {
       first = in.name;
       *n = t.shape[0];
@@ -157,9 +147,9 @@ static int match_inputs(const cli_tensors *st, const char *path, const gradc_pro
       gradc_tensor_info in;
       used = gradc_program_input_info(sig, j, &in) == GRADC_OK && strcmp(in.name, name) == 0;
     }
-    if (!used) return error("%s: tensor '%s' is not an input of the model", path, name);
+    if (!used) return tools_error("%s: tensor '%s' is not an input of the model", path, name);
   }
-  if (first && *n < 1) return error("%s: the dataset has no samples", path);
+  if (first && *n < 1) return tools_error("%s: the dataset has no samples", path);
   return 0;
 }
 
@@ -169,7 +159,7 @@ int eval_open(EvalSet **out, const gradc_program *sig, const char *target, const
   e->st = cli_tensors_new();
   char err[1024];
   int rc = 0;
-  if (!cli_tensors_read(e->st, path, err, sizeof err)) rc = error("%s", err);
+  if (!cli_tensors_read(e->st, path, err, sizeof err)) rc = tools_error("%s", err);
   if (!rc) rc = match_inputs(e->st, path, sig, &e->n);
   if (!rc) {
     const char *name, *text;
@@ -253,13 +243,13 @@ typedef struct ModelArgs { /* what eval and generate share */
       {"--no-cache", FLAG_BOOL, .dst = &(a)->no_cache}
 
 static int check_model_args(const ModelArgs *a, const char *cmd) {
-  if (!a->model) return error("%s needs a model file or an artifact (see gradc help %s)", cmd, cmd);
-  if (!a->params) return error("%s needs --params PARAMS.safetensors (see gradc help %s)", cmd, cmd);
+  if (!a->model) return tools_error("%s needs a model file or an artifact (see gradc help %s)", cmd, cmd);
+  if (!a->params) return tools_error("%s needs --params PARAMS.safetensors (see gradc help %s)", cmd, cmd);
   if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cli_is_cuda_target(a->target))
-    return error("unsupported --target '%s' (this build has: cpu, ref%s)", a->target, cli_cuda_targets());
+    return tools_error("unsupported --target '%s' (this build has: cpu, ref%s)", a->target, cli_cuda_targets());
   if (cli_is_cuda_target(a->target) && cli_need_device()) return 1;
   if (cli_is_artifact(a->model) && (a->defs.n || a->target))
-    return error("%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
+    return tools_error("%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
   return 0;
 }
 
@@ -282,7 +272,7 @@ int cmd_eval(int argc, char **argv) {
                    .defines = &a.defs, .positional = &a.model, .max_positional = 1, .npositional = &npos};
   int rc = flags_parse(&spec, argc, argv, 1);
   if (!rc) rc = check_model_args(&a, "eval");
-  if (!rc && !data) rc = error("eval needs --data DATA.safetensors (see gradc help eval)");
+  if (!rc && !data) rc = tools_error("eval needs --data DATA.safetensors (see gradc help eval)");
   /* The signature the dataset is matched against: the artifact, or the
    * model compiled for the interpreter (the frontend and passes only; the
    * dataset's own window is compiled for the target). */
@@ -378,9 +368,9 @@ static int vocab_read(Vocab *v, const char *path) {
   char err[1024];
   int rc = 0;
   const char *s = NULL;
-  if (!cli_tensors_read(f, path, err, sizeof err)) rc = error("%s", err);
+  if (!cli_tensors_read(f, path, err, sizeof err)) rc = tools_error("%s", err);
   else if (!(s = cli_tensors_meta(f, "vocab")))
-    rc = error("%s: no vocabulary in __metadata__ (a dataset written by gradc data text has one)", path);
+    rc = tools_error("%s: no vocabulary in __metadata__ (a dataset written by gradc data text has one)", path);
   else if (strcmp(s, "bytes") != 0) {
     for (int b = 0; b < 256; b++) v->id[b] = -1;
     v->n = 0;
@@ -396,7 +386,7 @@ static int vocab_read(Vocab *v, const char *path) {
       q = end;
       if (*q == ',') q++;
     }
-    if (!ok || *q != ']' || v->n == 0) rc = error("%s: __metadata__ vocab is not a list of distinct bytes: '%.60s'", path, s);
+    if (!ok || *q != ']' || v->n == 0) rc = tools_error("%s: __metadata__ vocab is not a list of distinct bytes: '%.60s'", path, s);
   }
   cli_tensors_free(f);
   return rc;
@@ -418,14 +408,14 @@ static int gen_program(const GenArgs *a, gradc_program **p) {
     gradc_status st = gradc_program_load(a->m.model, p);
     if (st != GRADC_OK) return cli_report(st);
     if (!gradc_program_forward_only(*p))
-      return error("%s: it was compiled for training; generate loads an artifact of compile --forward-only (or give "
+      return tools_error("%s: it was compiled for training; generate loads an artifact of compile --forward-only (or give "
                    "the model source)", a->m.model);
     return 0;
   }
   const char *why;
   size_t len;
   char *text = read_file(a->m.model, &len, &why);
-  if (!text) return error("%s: %s", a->m.model, why);
+  if (!text) return tools_error("%s: %s", a->m.model, why);
   gradc_compile_options o;
   model_options(&a->m, &o);
   int rc = cli_compile_window(a->m.model, text, &o, 1, true, p, NULL);
@@ -447,7 +437,7 @@ static int token_input(const GenArgs *a, const gradc_program *p, gradc_tensor_in
     bool fits = in.dtype == GRADC_I32 && in.rank == 2 && in.batched;
     if (a->input ? strcmp(in.name, a->input) == 0 : fits) {
       if (!fits) {
-        rc = error("%s: --input %s is %s%s; generate needs an i32[B, T] input (the tokens)", a->m.model, in.name,
+        rc = tools_error("%s: --input %s is %s%s; generate needs an i32[B, T] input (the tokens)", a->m.model, in.name,
                    cli_dtype_name(in.dtype), sh);
         sb_free(&have);
         return rc;
@@ -458,9 +448,9 @@ static int token_input(const GenArgs *a, const gradc_program *p, gradc_tensor_in
     }
   }
   if (a->input)
-    rc = error("%s: --input %s: the model has no such input (its inputs: %s)", a->m.model, a->input, sb_str(&have));
+    rc = tools_error("%s: --input %s: the model has no such input (its inputs: %s)", a->m.model, a->input, sb_str(&have));
   else
-    rc = error("%s: generate needs an i32[B, T] input (the tokens); the model's inputs are %s", a->m.model,
+    rc = tools_error("%s: generate needs an i32[B, T] input (the tokens); the model's inputs are %s", a->m.model,
                have.len ? sb_str(&have) : "none");
   sb_free(&have);
   return rc;
@@ -476,7 +466,7 @@ static int has_logits(const GenArgs *a, const gradc_program *p) {
     }
     sb_printf(&names, "%s%s", i ? ", " : "", gradc_program_output_name(p, i));
   }
-  int rc = error("%s: generate needs an `output logits` of shape [B, T, V]; the model has %s%s", a->m.model,
+  int rc = tools_error("%s: generate needs an `output logits` of shape [B, T, V]; the model has %s%s", a->m.model,
                  names.len ? "the outputs " : "no `output` statement", sb_str(&names));
   sb_free(&names);
   return rc;
@@ -504,13 +494,13 @@ static int generate(const GenArgs *a) {
   int rc = vocab_read(&voc, a->vocab);
   if (rc) return rc;
   size_t plen = strlen(a->prompt);
-  if (plen == 0) return error("--prompt is empty: generate continues a text of at least one token");
+  if (plen == 0) return tools_error("--prompt is empty: generate continues a text of at least one token");
   int64_t cap = (int64_t)plen + a->max_tokens, n = 0;
   int32_t *ids = mem_alloc(sizeof(int32_t) * (size_t)cap), *window = NULL;
   for (size_t i = 0; i < plen && !rc; i++) {
     unsigned char c = (unsigned char)a->prompt[i];
     if (voc.id[c] < 0)
-      rc = error("--prompt: byte %u ('%c') at offset %zu is not in the vocabulary of %s", c, c >= 32 && c < 127 ? c : '?',
+      rc = tools_error("--prompt: byte %u ('%c') at offset %zu is not in the vocabulary of %s", c, c >= 32 && c < 127 ? c : '?',
                  i, a->vocab);
     ids[n++] = voc.id[c];
   }
@@ -549,7 +539,7 @@ static int generate(const GenArgs *a) {
     if (lo.rank != 3 || lo.shape[0] != B || lo.shape[1] != T || lo.dtype == GRADC_I32) {
       char sh[160];
       shape_str(sh, sizeof sh, lo.shape, lo.rank, 0);
-      rc = error("%s: generate needs `output logits` of shape [B, T, V] = [%" PRId64 ", %" PRId64 ", V] (floats); it is "
+      rc = tools_error("%s: generate needs `output logits` of shape [B, T, V] = [%" PRId64 ", %" PRId64 ", V] (floats); it is "
                  "%s%s", a->m.model, B, T, cli_dtype_name(lo.dtype), sh);
       break;
     }
@@ -559,7 +549,7 @@ static int generate(const GenArgs *a) {
       cand = mem_alloc(sizeof(Cand) * (size_t)V);
       for (int64_t i = 0; i < n && !rc; i++)
         if (ids[i] >= V)
-          rc = error("--prompt: token %d is outside the model's %" PRId64 " logits (vocabulary of %s)", ids[i], V,
+          rc = tools_error("--prompt: token %d is outside the model's %" PRId64 " logits (vocabulary of %s)", ids[i], V,
                      a->vocab ? a->vocab : "bytes");
       if (rc) break;
     }
@@ -615,7 +605,7 @@ int cmd_generate(int argc, char **argv) {
                    .defines = &a.m.defs, .positional = &a.m.model, .max_positional = 1, .npositional = &npos};
   int rc = flags_parse(&spec, argc, argv, 1);
   if (!rc) rc = check_model_args(&a.m, "generate");
-  if (!rc && !a.prompt) rc = error("generate needs --prompt TEXT (see gradc help generate)");
+  if (!rc && !a.prompt) rc = tools_error("generate needs --prompt TEXT (see gradc help generate)");
   if (!rc) rc = generate(&a);
   defines_free(&a.m.defs);
   return rc;

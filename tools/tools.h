@@ -24,6 +24,8 @@ bool tools_parse_f64(const char *s, double *out);  /* the whole string, finite *
 void tools_set_link(double latency_us, double gbps);
 /* Wall-clock milliseconds (CLOCK_MONOTONIC). */
 double tools_now_ms(void);
+/* "gradc: error: " and the message on stderr; returns 1 (the user-error exit status). */
+int tools_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A file a command reads or writes, as its flag names it. */
 typedef struct ToolsPath {
   const char *flag;   /* "--checkpoint", "-o", "the model" */

@@ -1318,6 +1318,22 @@ static int val_run(Run *r, int64_t step, bool tty, const double **out) {
   return 0;
 }
 
+/* A step that was counted without its update (an f16 overflow, or
+ * --nan-policy skip): logged, reported and checkpointed as any other,
+ * without a val run. */
+static int after_skipped_step(Run *r, Progress *pr, double lr, const double *loss, double grad_norm) {
+  const TrainArgs *a = r->a;
+  r->step = gradc_session_step_count(r->s);
+  log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0, NULL);
+  if (r->lead) progress(pr, r->p, r->step, loss, lr, grad_norm, r->step == r->end);
+  if ((r->lead || r->zero1) && a->checkpoint_every && r->step % a->checkpoint_every == 0 && r->step != r->end) {
+    int rc = save_checkpoint(r->s, a->checkpoint, &r->d);
+    if (rc) return rc;
+    r->ckpt_step = r->step;
+  }
+  return 0;
+}
+
 /* The steps, until r->end or Ctrl-C (SIGINT, SIGTERM and SIGHUP, which a
  * closed terminal or ssh session sends, end the current step first): feed, run, check the loss, step, log, report, checkpoint. */
 static int run_steps(Run *r) {
@@ -1363,13 +1379,7 @@ static int run_steps(Run *r) {
         rc = cli_report(st);
         break;
       }
-      r->step = gradc_session_step_count(s);
-      log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0, NULL);
-      if (r->lead) progress(&pr, r->p, r->step, loss, lr, grad_norm, r->step == r->end);
-      if ((r->lead || r->zero1) && a->checkpoint_every && r->step % a->checkpoint_every == 0 && r->step != r->end &&
-          (rc = save_checkpoint(s, a->checkpoint, &r->d)) == 0)
-        r->ckpt_step = r->step;
-      if (rc) break;
+      if ((rc = after_skipped_step(r, &pr, lr, loss, grad_norm))) break;
       continue;
     }
     if (nonfinite_window(r, loss, grad_norm, why, sizeof why)) {
@@ -1386,13 +1396,7 @@ static int run_steps(Run *r) {
         break;
       }
       r->skipped++;
-      r->step = gradc_session_step_count(s);
-      log_row(&r->lg, r->p, r->step, lr, loss, grad_norm, r->lg.elapsed0 + now_s() - r->t0, NULL);
-      if (r->lead) progress(&pr, r->p, r->step, loss, lr, grad_norm, r->step == r->end);
-      if ((r->lead || r->zero1) && a->checkpoint_every && r->step % a->checkpoint_every == 0 && r->step != r->end &&
-          (rc = save_checkpoint(s, a->checkpoint, &r->d)) == 0)
-        r->ckpt_step = r->step;
-      if (rc) break;
+      if ((rc = after_skipped_step(r, &pr, lr, loss, grad_norm))) break;
       continue;
     }
     check_max_loss(r, loss);
