@@ -123,21 +123,25 @@ class Program:
         """Write an artifact (gradc compile -o): the planned IR and kernels."""
         _check(_lib.program_save(self._h, _b(path)))
 
+    def _forward_program(self, what):
+        """This program if it is forward-only, else its forward-only twin
+        (compiled once, with the same sizes, K and target)."""
+        if self.forward_only:
+            return self
+        if self._forward is None:
+            if self._recompile is None:
+                raise Error("gradc: error: %s: this program was loaded from an artifact compiled for "
+                            "training; load one of `gradc compile --forward-only`, or compile the source" % what)
+            self._forward = self._recompile()
+        return self._forward
+
     def infer(self, params, inputs):
         """The forward values for one window, as `gradc infer`: a Result
         with losses and outputs (grads=None), computed by the model compiled
         forward-only (`training` false, no autodiff, no gradient buffers):
         this program if it is one, else its forward-only twin, compiled
         once with the same sizes, K and target.  params: as session()."""
-        fwd = self
-        if not self.forward_only:
-            if self._forward is None:
-                if self._recompile is None:
-                    raise Error("gradc: error: infer: this program was loaded from an artifact compiled for "
-                                "training; load one of `gradc compile --forward-only`, or compile the source")
-                self._forward = self._recompile()
-            fwd = self._forward
-        return fwd.session(params).run(inputs)
+        return self._forward_program("infer").session(params).run(inputs)
 
     def generate(self, params, prompt, max_tokens=64, temperature=1.0, top_k=0, seed=0, vocab=None, input=None):
         """Continue a text, as `gradc generate`: the model needs an i32[B, T]
@@ -152,14 +156,7 @@ class Program:
         the bytes of each token id (a `data text --compact` dataset's
         __metadata__ "vocab", read by read_safetensors).  Returns the prompt
         and the sampled text as bytes."""
-        fwd = self
-        if not self.forward_only:
-            if self._forward is None:
-                if self._recompile is None:
-                    raise Error("gradc: error: generate: this program was loaded from an artifact compiled for "
-                                "training; load one of `gradc compile --forward-only`, or compile the source")
-                self._forward = self._recompile()
-            fwd = self._forward
+        fwd = self._forward_program("generate")
         if temperature < 0:
             raise Error("gradc: error: generate: temperature must be >= 0, not %g" % temperature)
         if "logits" not in fwd.outputs:
