@@ -200,7 +200,8 @@ static bool in_group0(const IrOp *op, void *ctx) {
  * accumulation), or widened to f32 first where the host measured that
  * faster (cpu_gemm_bf16_widen), f16 always widened (oneDNN 2.6 has no
  * f16 matmul on the CPU); the f32 product rounded into a bf16/f16
- * result, or accumulated into an f32 gradient buffer as it is. */
+ * result (by the provider itself where it multiplies bf16: one pass over
+ * C instead of three), or accumulated into an f32 gradient buffer as it is. */
 static bool plan_gemm(const KpViews *vs, const IrOp *op, Gemm *g, char *err, size_t n) {
   const IrValue *A = op->args[0], *B = op->args[1], *C = op->result;
   memset(g, 0, sizeof *g);
@@ -323,10 +324,16 @@ static void gemm_schedule(Gemm *g, int nt, bool library) {
   if (q > 1) gemm_grid(g, q);
 }
 
+/* Whether g's provider writes its bf16 result itself (rounding its f32
+ * accumulator as the cast after it would): a bf16 GEMM that is not
+ * widened, into a bf16 buffer.  Otherwise a bf16/f16 result is the f32
+ * product rounded by low_copy. */
+static bool gemm_writes_low(const Gemm *g) { return g->dt == IR_DT_BF16 && !g->widen && g->cdt == IR_DT_BF16; }
+
 /* The provider's descriptor of one m x n piece (a tc GEMM as C^T = B^T A^T). */
 static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
   CpuGemmType t = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : g->dt == IR_DT_BF16 && !g->widen ? CPU_GEMM_BF16 : CPU_GEMM_F32;
-  CpuGemmDesc d = {.type = t, .accumulate = acc, .K = g->K,
+  CpuGemmDesc d = {.type = t, .accumulate = acc, .c_bf16 = gemm_writes_low(g), .K = g->K,
                    .ldc = g->ldc, .threads = g->threads, .epilogue = g->epi, .ldr = g->ldr};
   if (g->tc) {
     d.ta = !g->tb, d.tb = !g->ta, d.M = n, d.N = m, d.lda = g->ldb, d.ldb = g->lda;
@@ -383,8 +390,10 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
   const GemmRun *r = ctx;
   const Gemm *g = r->g;
   /* Bytes per element: A and B as the provider reads them (bf16 unless
-   * widened, f16 widened), C as it writes it (f32 for bf16/f16). */
-  int64_t es = g->dt == IR_DT_F64 ? 8 : g->dt == IR_DT_BF16 && !g->widen ? 2 : 4, esc = g->dt == IR_DT_F64 ? 8 : 4;
+   * widened, f16 widened), C as it writes it (f32 for bf16/f16 unless
+   * the provider writes bf16). */
+  int64_t es = g->dt == IR_DT_F64 ? 8 : g->dt == IR_DT_BF16 && !g->widen ? 2 : 4;
+  int64_t esc = g->dt == IR_DT_F64 ? 8 : gemm_writes_low(g) ? 2 : 4;
   int64_t per = g->pm * g->pn;
   for (int64_t i = begin; i < end; i++) {
     int64_t t = i / per, qm = i % per / g->pn, qn = i % g->pn;
@@ -477,7 +486,7 @@ static int64_t low_extent(const int64_t *off, int64_t nb, int64_t per) {
  * bf16/f16, and its operands when they are widened. */
 static int64_t low_scratch(const Gemm *g) {
   if (g->dt != IR_DT_BF16 && g->dt != IR_DT_F16) return 0;
-  int64_t n = g->cdt == IR_DT_F32 ? 0 : low_extent(g->coff, g->nb, g->M * g->N);
+  int64_t n = g->cdt == IR_DT_F32 || gemm_writes_low(g) ? 0 : low_extent(g->coff, g->nb, g->M * g->N);
   if (g->widen) n += low_extent(g->aoff, g->nb, g->M * g->K) + low_extent(g->boff, g->nb, g->K * g->N);
   return n;
 }
@@ -487,7 +496,7 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   bool acc = g->accumulate && !(first && g->store_first);
   GemmRun r = {g, g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
                g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, p->arena + g->c, acc, p->arena};
-  bool low = g->dt == IR_DT_BF16 || g->dt == IR_DT_F16, round = low && g->cdt != IR_DT_F32;
+  bool low = g->dt == IR_DT_BF16 || g->dt == IR_DT_F16, round = low && g->cdt != IR_DT_F32 && !gemm_writes_low(g);
   int64_t nc = round ? low_extent(g->coff, g->nb, g->M * g->N) : 0;
   if (low) {
     float *s = p->low;

@@ -125,6 +125,7 @@ struct CpuGemm {
   bool widen;                  /* bf16 A and B widened to contiguous f32 per call */
   bool epi_loop;               /* the epilogue runs as a loop after the product */
   bool scratch_c;              /* the product goes to scratch first (an accumulating looped epilogue) */
+  bool round_c;                /* a bf16 C: the f32 product goes to scratch, then is rounded into C */
 };
 
 const CpuGemmDesc *cpu_gemm_desc(const CpuGemm *g) { return &g->d; }
@@ -141,9 +142,18 @@ CpuGemm *cpu_gemm_plan(const CpuGemmProvider *p, const CpuGemmDesc *d, char *err
   char why[512] = "";
   g->impl = p->plan(&g->pd, why, sizeof why);
   if (g->impl) return g;
-  /* What the provider cannot run itself: bf16 as widened f32, an
-   * epilogue as a loop, f64 on the next provider that has it. */
-  if (d->type == CPU_GEMM_BF16) {
+  /* What the provider cannot run itself: a bf16 C as an f32 product
+   * rounded after, bf16 as widened f32, an epilogue as a loop, f64 on
+   * the next provider that has it. */
+  if (d->c_bf16) {
+    GRADC_ASSERT(d->type == CPU_GEMM_BF16 && !d->accumulate && d->epilogue == CPU_EPI_NONE);
+    g->round_c = true;
+    g->pd.c_bf16 = false;
+    g->pd.ldc = d->N;
+    g->pd.stride_c = d->M * d->N;
+    g->impl = p->plan(&g->pd, why, sizeof why);
+  }
+  if (!g->impl && d->type == CPU_GEMM_BF16) {
     g->widen = true;
     g->pd.type = CPU_GEMM_F32;
     g->pd.lda = d->ta ? d->M : d->K;
@@ -223,8 +233,15 @@ void cpu_gemm_run(const CpuGemm *g, const void *a, const void *b, void *c, const
     b = wb;
   }
   void *out = c;
-  if (g->scratch_c) out = sc = mem_alloc(sizeof(float) * (size_t)(nb * d->M * d->N + 1));
+  if (g->scratch_c || g->round_c) out = sc = mem_alloc(sizeof(float) * (size_t)(nb * d->M * d->N + 1));
   g->p->run(g->impl, &g->pd, a, b, out, extra);
+  if (g->round_c)
+    for (int64_t t = 0; t < nb; t++)
+      for (int64_t i = 0; i < d->M; i++) {
+        uint16_t *row = (uint16_t *)c + t * d->stride_c + i * d->ldc;
+        const float *src = sc + (t * d->M + i) * d->N;
+        for (int64_t j = 0; j < d->N; j++) row[j] = ir_f32_to_bf16(src[j]);
+      }
   if (g->epi_loop) { /* f32 results only: epilogues are for f32 and bf16 GEMMs */
     for (int64_t t = 0; t < nb; t++)
       for (int64_t i = 0; i < d->M; i++) {

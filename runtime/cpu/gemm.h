@@ -17,7 +17,9 @@
 #include <stdint.h>
 
 /* Operand types: f32 and f64 multiply in their type; bf16 multiplies
- * bf16 A and B (raw uint16_t bits) into an f32 C, accumulating in f32. */
+ * bf16 A and B (raw uint16_t bits) into an f32 C, accumulating in f32,
+ * or into a bf16 C (CpuGemmDesc.c_bf16: the f32 sum rounded to nearest
+ * even, as a cast would round it). */
 typedef enum { CPU_GEMM_F32, CPU_GEMM_F64, CPU_GEMM_BF16 } CpuGemmType;
 
 /* What runs after the product, on each element of C (oneDNN post-ops;
@@ -38,6 +40,7 @@ typedef struct CpuGemmDesc {
   CpuGemmType type;
   bool ta, tb;
   bool accumulate; /* beta = 1 */
+  bool c_bf16;     /* bf16 only: C holds bf16, written once (no accumulate, no epilogue) */
   int64_t M, N, K;
   int64_t lda, ldb, ldc;
   int64_t batch, stride_a, stride_b, stride_c; /* batch 0 means 1 */

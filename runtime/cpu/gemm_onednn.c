@@ -12,8 +12,9 @@
  *     operand, dimension 1);
  *   - beta = 1 is the sum post-op; bias is the matmul's bias argument;
  *     gelu (tanh) and relu eltwise post-ops; the residual a binary add post-op;
- *   - bf16 A and B into f32 C where the CPU has bf16 kernels (else
- *     pd creation fails and gemm.c widens to f32);
+ *   - bf16 A and B into f32 C, or into bf16 C (the primitive rounds its
+ *     f32 accumulator), where the CPU has bf16 kernels (else pd creation
+ *     fails and gemm.c widens to f32 and rounds);
  *   - no f64 matmul on the CPU: f64 plans fail and gemm.c hands them to
  *     the next provider.
  * Concurrency: the scratchpad is the caller's (user mode), so one
@@ -126,7 +127,7 @@ static int nprims;
 /* The descriptor as a cache key: every field, padding excluded. */
 static uint64_t desc_hash(const CpuGemmDesc *d) {
   int64_t k[16] = {d->type, d->ta, d->tb, d->accumulate, d->M, d->N, d->K, d->lda, d->ldb, d->ldc,
-                   d->batch, d->stride_a, d->stride_b, d->stride_c, d->threads, d->epilogue * 1000003 + d->ldr};
+                   d->batch, d->stride_a, d->stride_b, d->stride_c, d->threads, (d->epilogue * 1000003 + d->ldr) * 2 + d->c_bf16};
   return hash_bytes(k, sizeof k, HASH_SEED);
 }
 
@@ -134,7 +135,8 @@ static bool desc_eq(const CpuGemmDesc *x, const CpuGemmDesc *y) {
   return x->type == y->type && x->ta == y->ta && x->tb == y->tb && x->accumulate == y->accumulate && x->M == y->M &&
          x->N == y->N && x->K == y->K && x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc &&
          x->batch == y->batch && x->stride_a == y->stride_a && x->stride_b == y->stride_b &&
-         x->stride_c == y->stride_c && x->threads == y->threads && x->epilogue == y->epilogue && x->ldr == y->ldr;
+         x->stride_c == y->stride_c && x->threads == y->threads && x->epilogue == y->epilogue && x->ldr == y->ldr &&
+         x->c_bf16 == y->c_bf16;
 }
 
 /* A matrix rows x cols (logical), stored row-major with leading dimension
@@ -175,7 +177,8 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   int64_t nb = d->batch > 1 ? d->batch : 1;
   CHECK(matrix_md(&p->a, batched, nb, d->stride_a, d->M, d->K, d->lda, d->ta, in));
   CHECK(matrix_md(&p->b, batched, nb, d->stride_b, d->K, d->N, d->ldb, d->tb, in));
-  CHECK(matrix_md(&p->c, batched, nb, d->stride_c ? d->stride_c : d->M * d->ldc, d->M, d->N, d->ldc, false, dnnl_f32));
+  CHECK(matrix_md(&p->c, batched, nb, d->stride_c ? d->stride_c : d->M * d->ldc, d->M, d->N, d->ldc, false,
+                   d->c_bf16 ? dnnl_bf16 : dnnl_f32));
   bool bias = d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU || d->epilogue == CPU_EPI_BIAS_RELU;
   if (bias) CHECK(matrix_md(&p->bias, batched, 1, 0, 1, d->N, d->N, false, dnnl_f32));
   dnnl_matmul_desc_t md;

@@ -4,7 +4,8 @@
  * Shapes: every GEMM of every example (at its declared sizes) and of every
  * bench model (at bench/run.py's sizes), as `gradc bench --print-gemms`
  * lists them, each with its own transposes, batch and beta and with the
- * other beta, in f32, f64 and bf16 (f32 accumulation).  The operands are
+ * other beta, in f32, f64 and bf16 (f32 accumulation; with beta = 0 also
+ * into a bf16 C, rounded once to nearest even).  The operands are
  * multiples of 1/16 in [-1/2, 1/2], exact in bf16, whose products and sums
  * (up to K = 4096) are exact in f32: every provider must then give the
  * interpreter's result exactly, whatever its blocking.  A second pass on
@@ -227,6 +228,39 @@ static int check(const CpuGemmProvider *p, const Shape *s, CpuGemmType type, con
   return bad;
 }
 
+/* s (beta = 0) with a bf16 C (CpuGemmDesc.c_bf16) on p: every element the
+ * f32 sum rounded to nearest even once, as the interpreter's cast rounds
+ * ref (exact in f32 here).  Returns the number of mismatches. */
+static int check_bf16_c(const CpuGemmProvider *p, const Shape *s, const double *a, const double *b, const double *ref) {
+  int64_t lda, ldb, n = s->nb * s->M * s->N;
+  void *A = store(CPU_GEMM_BF16, a, s->nb, s->M, s->K, s->ta, &lda), *B = store(CPU_GEMM_BF16, b, s->nb, s->K, s->N, s->tb, &ldb);
+  uint16_t *C = calloc((size_t)n + 1, sizeof *C);
+  CpuGemmDesc d = {.type = CPU_GEMM_BF16, .ta = s->ta, .tb = s->tb, .c_bf16 = true, .M = s->M, .N = s->N, .K = s->K,
+                   .lda = lda, .ldb = ldb, .ldc = s->N, .batch = s->nb, .stride_a = s->M * s->K,
+                   .stride_b = s->K * s->N, .stride_c = s->M * s->N, .threads = 1};
+  char err[512];
+  CpuGemm *g = cpu_gemm_plan(p, &d, err, sizeof err);
+  if (!g) fail_msg("%s: cannot plan a bf16-result %lldx%lldx%lld: %s", p->name, (long long)s->M, (long long)s->N,
+                   (long long)s->K, err);
+  cpu_gemm_run(g, A, B, C, NULL);
+  cpu_gemm_free(g);
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double got = ir_bf16_to_f32(C[i]), want = ir_round_dtype(ref[i], IR_DT_BF16);
+    if (got != want) {
+      if (bad < 3)
+        print_error("%s bf16 result M=%lld N=%lld K=%lld nb=%lld t=%c%c: C[%lld] = %.9g, want %.9g\n", p->name,
+                    (long long)s->M, (long long)s->N, (long long)s->K, (long long)s->nb, s->ta ? 'T' : 'N',
+                    s->tb ? 'T' : 'N', (long long)i, got, want);
+      bad++;
+    }
+  }
+  free(A);
+  free(B);
+  free(C);
+  return bad;
+}
+
 /* Multiples of 1/16 in [-1/2, 1/2]. */
 static void exact_values(double *x, int64_t n, uint64_t seed) {
   for (int64_t i = 0; i < n; i++) {
@@ -273,6 +307,7 @@ static void test_gemm_providers_exact(void **state) {
     for (int k = 0; k < np; k++) {
       CpuGemmType types[3] = {CPU_GEMM_F32, CPU_GEMM_F64, CPU_GEMM_BF16};
       for (int t = 0; t < 3; t++) bad += check(provs[k], s, types[t], a, b, c0, ref, NULL, 1);
+      if (!s->acc) bad += check_bf16_c(provs[k], s, a, b, ref);
       /* The provider's own threading too (the GEMM floor's). */
       bad += check(provs[k], s, CPU_GEMM_F32, a, b, c0, ref, NULL, 2);
     }
@@ -282,7 +317,8 @@ static void test_gemm_providers_exact(void **state) {
   free(b);
   free(c0);
   for (int k = 0; k < np; k++)
-    printf("%s: %d GEMM shapes against the interpreter, f32, f64 and bf16\n", provs[k]->name, nshapes);
+    printf("%s: %d GEMM shapes against the interpreter, f32, f64 and bf16 (f32 and bf16 results)\n", provs[k]->name,
+           nshapes);
   assert_int_equal(bad, 0);
 }
 
