@@ -228,6 +228,13 @@ static void test_mixed_bf16_tinygpt_matches_interpreter(void **state) {
   compare_precision("examples/tinygpt.gdl", "bf16", gpt_inputs, 2e-2, 5e-2);
 }
 
+/* f16 through attention's heads: the GEMM operands autocast casts where
+ * their movement starts (slices and permutes in f16). */
+static void test_mixed_f16_tinygpt_matches_interpreter(void **state) {
+  (void)state;
+  compare_precision("examples/tinygpt.gdl", "f16", gpt_inputs, 4e-3, 1e-2);
+}
+
 /* Convolutions: autocast reaches the GEMMs conv2d lowers to (im2col's
  * matmul, and the backward's). */
 static void test_mixed_bf16_lenet_matches_interpreter(void **state) {
@@ -415,6 +422,7 @@ int main(void) {
       cmocka_unit_test(test_mixed_bf16_mlp_matches_interpreter),
       cmocka_unit_test(test_mixed_f16_mlp_matches_interpreter),
       cmocka_unit_test(test_mixed_bf16_tinygpt_matches_interpreter),
+      cmocka_unit_test(test_mixed_f16_tinygpt_matches_interpreter),
       cmocka_unit_test(test_mixed_bf16_lenet_matches_interpreter),
       cmocka_unit_test(test_mixed_train_mlp_tracks_f32),
       cmocka_unit_test(test_mixed_train_tinygpt_tracks_f32),
