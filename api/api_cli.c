@@ -728,12 +728,12 @@ static int run_steps(gradc_program *p, int warmup, int steps, const StFile *para
 }
 
 /* One line per GEMM, as bench/gemm_lib.c reads them:
- * `gemm M N K BATCH TA TB BETA [f64]  # file:line:col` (the matmul's source). */
+ * `gemm M N K BATCH TA TB BETA [f64|bf16]  # file:line:col` (the matmul's source). */
 static void list_gemms(const RtGemm *g, int n) {
   for (int i = 0; i < n; i++) {
     fprintf(stderr, "gemm %lld %lld %lld %lld %c %c %d%s", (long long)g[i].M, (long long)g[i].N, (long long)g[i].K,
             (long long)g[i].nb, g[i].ta ? 'T' : 'N', g[i].tb ? 'T' : 'N', g[i].accumulate ? 1 : 0,
-            g[i].dbl ? " f64" : "");
+            g[i].dbl ? " f64" : g[i].bf16 ? " bf16" : "");
     if (g[i].op->loc.file)
       fprintf(stderr, "  # %s:%d:%d", g[i].op->loc.file, g[i].op->loc.line, g[i].op->loc.col);
     fputc('\n', stderr);

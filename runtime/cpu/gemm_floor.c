@@ -10,7 +10,9 @@
  * gradient buffer accumulates (beta = 1).
  * rt_gemm_floor runs that list on private buffers through a GEMM provider
  * (gemm.h: the one the program multiplies with), each GEMM whole, threaded
- * by the provider itself, and times each window. */
+ * by the provider itself, and times each window.  bf16 GEMMs run as the
+ * executor runs them: the provider's bf16 products (a bf16 result where
+ * the op's is) unless the host measured widened f32 faster. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,9 +42,11 @@ static bool plan(const IrOp *op, RtGemm *g) {
   if (!rt_gemm_plan_ir(op, false, &s, NULL, 0)) return false;
   g->op = op;
   g->dbl = A->type.dtype == IR_DT_F64;
+  g->bf16 = A->type.dtype == IR_DT_BF16;
+  g->accumulate = s.c->storage == IR_STORE_GRAD;
+  g->c_bf16 = g->bf16 && !g->accumulate && op->result->type.dtype == IR_DT_BF16;
   g->ta = s.ta;
   g->tb = s.tb;
-  g->accumulate = s.c->storage == IR_STORE_GRAD;
   g->M = s.M;
   g->N = s.N;
   g->K = s.K;
@@ -91,23 +95,28 @@ typedef struct Bufs {
   void *a, *b, *c;
 } Bufs;
 
-static void fill(void *p, bool dbl, int64_t n, uint64_t *seed) {
+/* Element sizes as the provider reads A and B and writes C. */
+static size_t es_ab(const RtGemm *g, bool native) { return g->dbl ? 8 : g->bf16 && native ? 2 : 4; }
+static size_t es_c(const RtGemm *g, bool native) { return g->dbl ? 8 : g->c_bf16 && native ? 2 : 4; }
+
+static void fill(void *p, size_t es, int64_t n, uint64_t *seed) {
   for (int64_t i = 0; i < n; i++) {
     *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
     double x = ((double)(*seed >> 11) / 9007199254740992.0 - 0.5) * 0.1; /* [-0.05, 0.05) */
-    if (dbl) ((double *)p)[i] = x;
-    else ((float *)p)[i] = (float)x;
+    if (es == 8) ((double *)p)[i] = x;
+    else if (es == 4) ((float *)p)[i] = (float)x;
+    else ((uint16_t *)p)[i] = ir_f32_to_bf16((float)x);
   }
 }
 
 /* One op's calls through the provider's plan of its shape. */
-static void run_one(const RtGemm *g, const CpuGemm *plan, const Bufs *b) {
+static void run_one(const RtGemm *g, const CpuGemm *plan, const Bufs *b, bool native) {
   int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
-  size_t es = g->dbl ? 8 : 4;
+  size_t es = es_ab(g, native), esc = es_c(g, native);
   for (int64_t t = 0; t < g->nb; t++) {
     const char *a = (const char *)b->a + (size_t)(g->aidx[t] * mk) * es;
     const char *bm = (const char *)b->b + (size_t)(g->bidx[t] * kn) * es;
-    char *c = (char *)b->c + (size_t)(t * mn) * es;
+    char *c = (char *)b->c + (size_t)(t * mn) * esc;
     cpu_gemm_run(plan, a, bm, c, NULL);
   }
 }
@@ -117,9 +126,11 @@ bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *pro
   const CpuGemmProvider *prov = provider ? cpu_gemm_provider_find(provider) : NULL;
   if (!prov) return errf(err, errlen, "no GEMM provider '%s' in this build", provider ? provider : "(none)");
   CpuGemm **plans = mem_calloc((size_t)n + 1, sizeof(CpuGemm *));
-  bool ok = true;
+  bool ok = true, native = false; /* bf16 GEMMs as the provider's own, as the executor runs them */
+  for (int i = 0; i < n && !native; i++) native = g[i].bf16 && !cpu_gemm_bf16_widen(prov);
   for (int i = 0; i < n && ok; i++) {
-    CpuGemmDesc d = {.type = g[i].dbl ? CPU_GEMM_F64 : CPU_GEMM_F32, .ta = g[i].ta, .tb = g[i].tb,
+    CpuGemmType t = g[i].dbl ? CPU_GEMM_F64 : g[i].bf16 && native ? CPU_GEMM_BF16 : CPU_GEMM_F32;
+    CpuGemmDesc d = {.type = t, .ta = g[i].ta, .tb = g[i].tb, .c_bf16 = g[i].c_bf16 && native,
                      .accumulate = g[i].accumulate, .M = g[i].M, .N = g[i].N, .K = g[i].K,
                      .lda = g[i].ta ? g[i].M : g[i].K, .ldb = g[i].tb ? g[i].K : g[i].N, .ldc = g[i].N,
                      .threads = threads > 0 ? threads : pool_ncores()};
@@ -134,7 +145,7 @@ bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *pro
   Bufs *b = mem_calloc((size_t)n + 1, sizeof(Bufs));
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   for (int i = 0; i < n; i++) {
-    size_t es = g[i].dbl ? 8 : 4;
+    size_t es = es_ab(&g[i], native);
     int64_t na = g[i].na, nbb = g[i].nbb;
     for (int64_t t = 0; t < g[i].nb; t++) {
       if (g[i].aidx[t] + 1 > na) na = g[i].aidx[t] + 1;
@@ -142,16 +153,16 @@ bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *pro
     }
     b[i].a = mem_calloc((size_t)(na * g[i].M * g[i].K), es);
     b[i].b = mem_calloc((size_t)(nbb * g[i].K * g[i].N), es);
-    b[i].c = mem_calloc((size_t)(g[i].nb * g[i].M * g[i].N), es);
-    fill(b[i].a, g[i].dbl, na * g[i].M * g[i].K, &seed);
-    fill(b[i].b, g[i].dbl, nbb * g[i].K * g[i].N, &seed);
+    b[i].c = mem_calloc((size_t)(g[i].nb * g[i].M * g[i].N), es_c(&g[i], native));
+    fill(b[i].a, es, na * g[i].M * g[i].K, &seed);
+    fill(b[i].b, es, nbb * g[i].K * g[i].N, &seed);
   }
   for (int r = -warmup; r < reps; r++) {
     double t0 = rt_now_ms();
     /* Results that accumulate (beta = 1) keep growing across windows;
      * with operands in [-0.05, 0.05) they stay far from overflow. */
     for (int k = 0; k < gas; k++)
-      for (int i = 0; i < n; i++) run_one(&g[i], plans[i], &b[i]);
+      for (int i = 0; i < n; i++) run_one(&g[i], plans[i], &b[i], native);
     double t1 = rt_now_ms();
     if (r >= 0) ms[r] = t1 - t0;
   }

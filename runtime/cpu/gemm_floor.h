@@ -13,7 +13,10 @@
  * is batched and not transposed. */
 typedef struct RtGemm {
   const IrOp *op;
-  bool dbl;        /* f64 (dgemm); every other float type runs as sgemm */
+  bool dbl;        /* f64 (dgemm) */
+  bool bf16;       /* bf16 operands: the provider's bf16 GEMM where the executor uses it
+                    * (cpu_gemm_bf16_widen), else sgemm as for f32 and f16 */
+  bool c_bf16;     /* bf16: the result is bf16 (not a gradient buffer) */
   bool ta, tb;     /* an operand that is a group-0 permute of its last two axes (a flag) */
   bool accumulate; /* beta = 1: the result is a gradient buffer */
   int64_t M, N, K;

@@ -309,13 +309,55 @@ static void test_gemm_list_tinygpt(void **state) {
   free(text);
 }
 
+/* A bf16 program (--precision bf16): every GEMM is listed as bf16, with a
+ * bf16 result exactly where the op's result is bf16 and no gradient
+ * buffer; the floor plans and runs them on every provider (the provider's
+ * bf16 products, or gemm.c's widening and rounding). */
+static void test_gemm_list_bf16(void **state) {
+  (void)state;
+  char *text = tu_read("examples/tinygpt.gdl");
+  Diag d;
+  diag_init(&d, NULL);
+  d.quiet = true;
+  FeModel *m = tu_compile("tinygpt.gdl", text, 1, &d);
+  assert_non_null(m);
+  int np;
+  const char *const *pipe = pass_pipeline(&np);
+  PassManager pm;
+  pm_init(&pm);
+  PassOptions po = {.gas = 1, .diag = &d, .precision = IR_DT_BF16};
+  assert_int_equal(pm_run(&pm, m->func, pipe, np, &po), 0);
+  RtGemm *g;
+  int n = rt_gemm_list(m->func, &g), low_results = 0;
+  assert_true(n >= 6 * 2 + 1);
+  for (int i = 0; i < n; i++) {
+    assert_true(g[i].bf16 && !g[i].dbl);
+    assert_true(g[i].c_bf16 == (g[i].op->result->type.dtype == IR_DT_BF16 && !g[i].accumulate));
+    low_results += g[i].c_bf16;
+  }
+  assert_true(low_results >= 6 * 2 + 1); /* the forward's at least */
+  const CpuGemmProvider *const *provs;
+  int nprov = cpu_gemm_providers(&provs);
+  for (int k = 0; k < nprov; k++) {
+    char why[256], err[512];
+    if (!provs[k]->usable(why, sizeof why)) continue;
+    double ms[2] = {-1, -1};
+    if (!rt_gemm_floor(g, n, 1, 1, provs[k]->name, 0, 2, ms, err, sizeof err)) fail_msg("%s: %s", provs[k]->name, err);
+    assert_true(ms[0] >= 0 && ms[1] >= 0);
+  }
+  rt_gemm_list_free(g, n);
+  fe_model_free(m);
+  diag_free(&d);
+  free(text);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bench_json_figures),   cmocka_unit_test(test_bench_gas_counts_per_window),
       cmocka_unit_test(test_bench_ref_has_no_kernels),
       cmocka_unit_test(test_bench_epilogue_drops_a_kernel), cmocka_unit_test(test_bench_text_order),
       cmocka_unit_test(test_bench_usage_errors),   cmocka_unit_test(test_gemm_list_shapes),
-      cmocka_unit_test(test_gemm_list_tinygpt),
+      cmocka_unit_test(test_gemm_list_tinygpt),   cmocka_unit_test(test_gemm_list_bf16),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
