@@ -30,7 +30,13 @@ the fused-epilogue measurement (bench/gemm_epilogue.c).
 --precision f32,bf16 also runs gradc at each precision after f32 (`gradc
 bench --precision P`: autocast-style mixed precision, docs/DECISIONS.md)
 and prints gradc P's step against gradc f32's (target for bf16 on a CPU
-with AMX or AVX512-BF16: <= 0.5); the peers stay f32.
+with AMX or AVX512-BF16: <= 0.5); with bf16, PyTorch eager and
+torch.compile also run under torch.autocast (CPU, bfloat16) and gradc
+bf16's step is compared with the faster of them (target <= 0.8).
+--loss-curve STEPS trains the demo's model (tools/demo.sh: tinygpt, 3
+layers of width 96, on the project's docs, same flags and seed) for STEPS
+steps in f32 and in bf16 and tabulates both losses and their gap (target:
+within 2% at the end).
 --results FILE writes the tables into FILE between marker comments, with
 the machine, the command, the date and the load, leaving the rest as is.
 
@@ -39,7 +45,7 @@ The whole RESULTS table, on a quiet machine:
 
 Usage: bench/run.py [--gradc build/gradc] [--steps 10] [--threads 1,2] [--repeat R]
                     [--quiet-wait S] [--setup-peers] [--gemm-lib] [--only NAME] [--precision f32,bf16]
-                    [--results FILE]
+                    [--loss-curve STEPS] [--no-steps] [--results FILE]
 """
 import argparse
 import json
@@ -93,6 +99,9 @@ def parse():
     ap.add_argument("--precision", default="f32",
                     help="gradc's precisions, comma-separated (f32, bf16, f16): each beyond f32 is a gradc run "
                          "of its own, compared with gradc f32 in a table of its own")
+    ap.add_argument("--loss-curve", type=int, metavar="STEPS",
+                    help="train the demo's model STEPS steps in f32 and bf16 and compare the loss curves")
+    ap.add_argument("--no-steps", action="store_true", help="no step tables (with --loss-curve: the curve alone)")
     ap.add_argument("--results")
     return ap.parse_args()
 
@@ -174,11 +183,11 @@ def run_gradc(a, model, defs, threads, cache, gemm=None, precision=None):
     return json.loads(out), None
 
 
-def run_torch(a, model, defs, threads, compiled=False):
+def run_torch(a, model, defs, threads, compiled=False, autocast=None):
     py = peers_python(a) or PY
     cmd = pin(threads) + [py, os.path.join(ROOT, "bench", "torch_models.py"), model] + defs_args(defs) + [
         "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup)] + (
-        ["--compile"] if compiled else [])
+        ["--compile"] if compiled else []) + (["--autocast", autocast] if autocast else [])
     rc, out, err = sh(cmd)
     if rc != 0:
         return None, last_line(err, rc)
@@ -288,18 +297,88 @@ def epilogue_table(a, threads_list):
 
 
 def precision_table(rows, precisions):
-    """gradc at each precision against gradc f32: median (min) ms and the ratio of medians."""
-    head = "| config | threads | gradc f32 | " + " | ".join(f"gradc {p} | {p} / f32" for p in precisions) + " |"
-    out = [head, "|" + " --- |" * (3 + 2 * len(precisions))]
+    """gradc at each precision against gradc f32: median (min) ms and the ratio of medians; for bf16
+    also PyTorch's autocast bf16 (eager and torch.compile) and gradc bf16 against the faster."""
+    bf = "bf16" in precisions
+    head = "| config | threads | gradc f32 | " + " | ".join(
+        f"gradc {p} | {p} / f32 (target{' 0.5' if p == 'bf16' else ''})" for p in precisions) + " |"
+    if bf:
+        head += " torch autocast bf16 eager | torch autocast bf16 compile | gradc bf16 / best torch bf16 (0.8) |"
+    out = [head, "|" + " --- |" * (3 + 2 * len(precisions) + (3 if bf else 0))]
+
+    def cell(f):
+        return f"{f['step_ms_median']:.1f} ({f['step_ms_min']:.1f})" if f else "-"
+
     for name, thr, res in rows:
         f32 = res.get("gradc", (None, None))[0]
-        cells = [name, str(thr), f"{f32['step_ms_median']:.1f} ({f32['step_ms_min']:.1f})" if f32 else "-"]
+        cells = [name, str(thr), cell(f32)]
         for p in precisions:
             f = res.get("gradc-" + p, (None, None))[0]
-            cells.append(f"{f['step_ms_median']:.1f} ({f['step_ms_min']:.1f})" if f else "-")
+            cells.append(cell(f))
             cells.append(ratio(f["step_ms_median"], f32["step_ms_median"]) if f and f32 else "-")
+        if bf:
+            g = res.get("gradc-bf16", (None, None))[0]
+            peers = [res.get(w, (None, None)) for w in ("eager-bf16", "compile-bf16")]
+            cells += [cell(f) if f else (f"failed: {e}" if e else "-") for f, e in peers]
+            t = [f["step_ms_median"] for f, _ in peers if f]
+            cells.append(ratio(g["step_ms_median"], min(t)) if g and t else "-")
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def loss_curve(a, steps):
+    """The demo's training (tools/demo.sh's model, data and flags) for `steps` steps in f32 and bf16:
+    a markdown table of both losses at every tenth of the run, the validation loss at the end, and the
+    gap of the last 50 steps' mean loss (the runs see the same batches in the same order)."""
+    dims = ["-D", "V=256", "-D", "T=64", "-D", "C=96", "-D", "L=3"]
+    logs = {}
+    with tempfile.TemporaryDirectory(prefix="gradc-curve-") as tmp:
+        corpus = os.path.join(tmp, "corpus.txt")
+        with open(corpus, "wb") as f:
+            for p in ["README.md"] + sorted(os.path.join("docs", d) for d in os.listdir(os.path.join(ROOT, "docs"))
+                                            if d.endswith(".md")):
+                f.write(open(os.path.join(ROOT, p), "rb").read())
+        data, val = os.path.join(tmp, "corpus.safetensors"), os.path.join(tmp, "val.safetensors")
+        for cmd in ([a.gradc, "data", "text", corpus, "-T", "64", "--stride", "16", "-o", data],
+                    [a.gradc, "data", "text", os.path.join(ROOT, "python", "README.md"), "-T", "64", "-o", val]):
+            rc, _, err = sh(cmd)
+            if rc != 0:
+                return f"(data text failed: {last_line(err, rc)})"
+        for prec in ("f32", "bf16"):
+            log = os.path.join(tmp, f"{prec}.csv")
+            wait_quiet(a)
+            t0 = time.time()
+            rc, _, err = sh(pin(1) + [a.gradc, "train", model_path("tinygpt")] + dims + [
+                "--gas", "2", "--threads", "1", "--data", data, "--steps", str(steps), "--lr", "3e-3",
+                "--warmup", str(min(100, steps // 5)), "--cosine", "--min-lr", "3e-4", "--clip", "1", "--seed", "1",
+                "--val-data", val, "--val-every", str(max(steps // 5, 1)), "--precision", prec, "--log", log])
+            if rc != 0:
+                return f"(train --precision {prec} failed: {last_line(err, rc)})"
+            rows = [l.split(",") for l in open(log).read().splitlines()]
+            logs[prec] = (rows[0], rows[1:], time.time() - t0)
+    head, f32, _ = logs["f32"]
+    _, bf16, _ = logs["bf16"]
+    col = {h: i for i, h in enumerate(head)}
+
+    def num(r, k):
+        return float(r[col[k]]) if k in col and r[col[k]] not in ("", "nan") else None
+
+    lines = ["| step | f32 total loss | bf16 total loss | bf16 / f32 - 1 |", "|---|---|---|---|"]
+    marks = sorted({1} | {max(1, steps * k // 10) for k in range(1, 11)})
+    for s in marks:
+        x, y = num(f32[s - 1], "total"), num(bf16[s - 1], "total")
+        lines.append(f"| {s} | {x:.4f} | {y:.4f} | {y / x - 1:+.2%} |")
+    last = min(50, steps)
+    mx = sum(num(r, "total") for r in f32[-last:]) / last
+    my = sum(num(r, "total") for r in bf16[-last:]) / last
+    vx, vy = num(f32[-1], "val_total"), num(bf16[-1], "val_total")
+    lines.append("")
+    lines.append(f"Mean total loss over the last {last} steps: f32 {mx:.4f}, bf16 {my:.4f}, gap {my / mx - 1:+.2%} "
+                 f"(target: within 2%).  Validation loss at step {steps}: f32 {vx:.4f}, bf16 {vy:.4f}, gap "
+                 f"{vy / vx - 1:+.2%}.  Wall time: f32 {logs['f32'][2]:.0f} s, bf16 {logs['bf16'][2]:.0f} s "
+                 f"(train, 1 thread)." if vx and vy else
+                 f"Mean total loss over the last {last} steps: f32 {mx:.4f}, bf16 {my:.4f}, gap {my / mx - 1:+.2%}.")
+    return "\n".join(lines)
 
 
 def machine():
@@ -309,7 +388,7 @@ def machine():
     fam = re.search(r"CPU family:\s*(\d+)", out)
     mod = re.search(r"^Model:\s*(\d+)", out, re.M)
     flags = re.search(r"Flags:\s*(.*)", out)
-    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16") if flags and f in flags.group(1).split()]
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if flags and f in flags.group(1).split()]
     rc, date, _ = sh(["date", "-u"])
     fm = f" family {fam.group(1)} model {mod.group(1)}" if fam and mod else ""
     return (f"{model.group(1) if model else '?'}{fm}, {cpus.group(1) if cpus else '?'} cores ({', '.join(isa)})",
@@ -359,7 +438,8 @@ def main():
     peers = [] if a.no_peers or a.gemm_lib_only else (
         ["eager", "compile", "jax"] if peers_python(a) else ["eager"])
     low = [p for p in a.precision.split(",") if p and p != "f32"]
-    configs = [(name, model, defs) for name, model, defs in CONFIGS if not (a.only and a.only not in name)]
+    configs = [(name, model, defs) for name, model, defs in CONFIGS
+               if not (a.only and a.only not in name) and not a.no_steps]
     cells = [(name, model, defs, thr) for name, model, defs in configs for thr in threads]
     best = {}       # cell -> who -> (fig, err)
     prov_best = {}  # cell -> provider -> (fig, err)
@@ -370,7 +450,8 @@ def main():
         for r in range(a.repeat):
             for i, (name, model, defs, thr) in enumerate(cells):
                 runs = ([] if a.gemm_lib_only else [("gradc", None)] + [("gradc-" + p, None) for p in low]) + [
-                    (p, None) for p in peers]
+                    (p, None) for p in peers] + [(p + "-bf16", None) for p in peers
+                                                 if "bf16" in low and p in ("eager", "compile")]
                 if a.gemm_lib:
                     runs += [("gemm:" + p, p) for p in PROVIDERS]
                 for who, gemm in runs:
@@ -388,8 +469,9 @@ def main():
                         fig, err = run_jax(a, model, defs, thr)
                         mins = ("compile_ms",)
                     else:
-                        fig, err = run_torch(a, model, defs, thr, who == "compile")
-                        mins = ("compile_ms",) if who == "compile" else ("gemm_floor_ms",)
+                        kind, _, ac = who.partition("-")
+                        fig, err = run_torch(a, model, defs, thr, kind == "compile", ac or None)
+                        mins = ("compile_ms",) if kind == "compile" else ("gemm_floor_ms",)
                     table = prov_best.setdefault(i, {}) if gemm else best.setdefault(i, {})
                     key = gemm or who
                     old = table.get(key, (None, None))[0]
@@ -406,10 +488,10 @@ def main():
             g = best.get(i, {}).get("gradc", (None, None))[0]
             if a.gemm_lib:
                 prov_rows.append((name, thr, res, g["gemm_provider"] if g else "-"))
-        table = step_table(rows, best_floor) if not a.gemm_lib_only else None
+        table = step_table(rows, best_floor) if not a.gemm_lib_only and rows else None
         if table:
             print(table)
-        prec_table = precision_table(rows, low) if low and not a.gemm_lib_only else None
+        prec_table = precision_table(rows, low) if low and not a.gemm_lib_only and rows else None
         if prec_table:
             print()
             print(prec_table)
@@ -421,6 +503,10 @@ def main():
             print(lib_table)
             print()
             print(epi)
+    curve = loss_curve(a, a.loss_curve) if a.loss_curve else None
+    if curve:
+        print()
+        print(curve)
     if a.results:
         cpu, date = machine()
         cmd = "bench/run.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
@@ -438,6 +524,9 @@ def main():
             text = replace_section(text, "steps", head + "\n\n" + table)
         if prec_table:
             text = replace_section(text, "precision", head + "\n\n" + prec_table)
+        if curve:
+            text = replace_section(text, "loss-curve", f"Machine: {cpu}.  Date: {date}.  Command: `{cmd}`.\n\n"
+                                   + curve)
         if lib_table:
             text = replace_section(text, "gemm-lib", head + "\n\n" + lib_table + "\n\nFused epilogues "
                                    "(bench/gemm_epilogue.c, tinygpt large's shapes):\n\n" + epi)

@@ -30,8 +30,10 @@ Prints one JSON object:
 With --compile the step runs through torch.compile and the object has
 compile_ms (the cold first call) instead of the op counts and the floor.
 
+With --autocast bf16 the forward runs under torch.autocast (CPU, bfloat16).
+
 Usage: torch_models.py tinygpt|mlp|mlp2 [-D NAME=V]... [--threads N] [--steps N]
-       [--warmup N] [--compile]
+       [--warmup N] [--compile] [--autocast bf16]
 """
 import argparse
 import json
@@ -54,6 +56,10 @@ def parse():
                     help="run the step through torch.compile(model); compile_ms is the cold first call "
                          "(tracing, Inductor's code generation and one step), and the op counts and the "
                          "GEMM floor are left out")
+    ap.add_argument("--autocast", choices=["bf16"],
+                    help="run the forward under torch.autocast('cpu', dtype=torch.bfloat16), as PyTorch's "
+                         "mixed precision does on the CPU (params and their grads stay f32): the peer of "
+                         "`gradc bench --precision bf16`")
     ap.add_argument("--loss-from", nargs=2, metavar=("PARAMS", "INPUTS"),
                     help="print the loss on these safetensors files (written by gradc init and gradc data "
                          "random) instead of timing: the twin against `gradc run`")
@@ -236,7 +242,11 @@ fwd = torch.compile(model) if args.compile else model
 
 def step():
     model.zero_grad(set_to_none=True)
-    loss = fwd(*inputs)
+    if args.autocast:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = fwd(*inputs)
+    else:
+        loss = fwd(*inputs)
     loss.backward()
     return loss
 
