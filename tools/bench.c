@@ -45,7 +45,7 @@ const char bench_help[] =
     "  --warmup windows, default 2; --steps timed windows, default 10).  Prints `name: value`\n"
     "  lines, times in ms per window: compile_ms (cold, cache bypassed), compile_warm_ms (from\n"
     "  the object cache), step_ms_median, step_ms_min, gemm_floor_ms (the window's GEMMs alone,\n"
-    "  same provider and threads), kernels_per_step (kernel and GEMM launches), gemms_per_step,\n"
+    "  same provider, threads and types), kernels_per_step (kernel and GEMM launches), gemms_per_step,\n"
     "  peak_bytes (the step's arena), peak_rss_bytes, gemm_provider (GRADC_GEMM=onednn|openblas|blis\n"
     "  overrides the host's measured choice).  --json prints one JSON object instead;\n"
     "  --print-gemms lists the GEMMs on stderr (`gemm M N K BATCH TA TB BETA`, bench/gemm_lib.c).\n"
