@@ -291,9 +291,6 @@ static gradc_status check_options(const gradc_compile_options *o) {
     return api_fail(GRADC_ERR_USER, "gradc: error: unsupported target '%s' (this build has: %s)", o->target,
                     rt_backend_targets(targets, sizeof targets));
   if (o->threads < 0) return api_fail(GRADC_ERR_USER, "gradc: error: threads must be >= 0 (got %d)", o->threads);
-  if (o->precision && strcmp(o->precision, "f16") == 0 && o->zero1 && o->dp > 1)
-    return api_fail(GRADC_ERR_USER, "gradc: error: --precision f16 does not work with --zero1 yet (its loss scale "
-                                    "needs the whole gradients; use bf16, or no --zero1)");
   if (o->precision && strcmp(o->precision, "f32") != 0 && strcmp(o->precision, "bf16") != 0 &&
       strcmp(o->precision, "f16") != 0)
     return api_fail(GRADC_ERR_USER, "gradc: error: unknown precision '%s' (expected f32, bf16 or f16)", o->precision);

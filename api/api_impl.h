@@ -191,8 +191,11 @@ void api_zero_free(ZeroLayout *z);
 bool api_zero_reduce_scatter(const gradc_program *p, StepResult *r, char *err, size_t errlen);
 /* All-gather the slices back into whole gradients. */
 bool api_zero_gather_grads(const gradc_program *p, StepResult *r, char *err, size_t errlen);
-/* The squared global norm of sharded gradients (all-reduced sums of squares). */
-bool api_zero_norm2(const gradc_program *p, const StepResult *r, double *out, char *err, size_t errlen);
+/* The squared global norm of sharded gradients (all-reduced sums of squares),
+ * after dividing this rank's slices and the losses by the loss scale (f16;
+ * 1 otherwise): api_unscale_norm2 for ZeRO-1.  Not finite on every rank
+ * when any rank's slice overflowed (the sum carries the inf or NaN). */
+bool api_zero_norm2(const gradc_program *p, StepResult *r, double scale, double *out, char *err, size_t errlen);
 /* All-gather the params' owned slices (after an update) into every rank's whole params. */
 bool api_zero_gather_params(const gradc_program *p, StFile *params, char *err, size_t errlen);
 /* All-gather an optimiser slot (per param: this rank's slice) into whole

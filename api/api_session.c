@@ -281,7 +281,8 @@ gradc_status gradc_session_run(gradc_session *s) {
   s->grads_sharded = sharded;
   double ss = 0;
   if (sharded) {
-    if (!api_zero_norm2(s->p, &r, &ss, err, sizeof err)) return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
+    if (!api_zero_norm2(s->p, &s->res, s->loss_scale, &ss, err, sizeof err))
+      return api_fail(GRADC_ERR_USER, "gradc: error: %s", err);
   } else if (s->loss_scale != 1.0) {
     ss = api_unscale_norm2(&s->res, s->loss_scale);
   } else {

@@ -215,13 +215,19 @@ bool api_zero_gather_grads(const gradc_program *p, StepResult *r, char *err, siz
   return ok;
 }
 
-bool api_zero_norm2(const gradc_program *p, const StepResult *r, double *out, char *err, size_t errlen) {
+bool api_zero_norm2(const gradc_program *p, StepResult *r, double scale, double *out, char *err, size_t errlen) {
   const ZeroLayout *z = p->zero;
   int *pi = grad_params(p, r);
-  double ss = 0;
+  double ss = 0, inv = 1.0 / scale;
+  if (scale != 1.0)
+    for (int i = 0; i < r->nlosses; i++) r->losses[i] *= inv;
   for (int k = 0; k < r->ngrads; k++) {
     int i = pi[k];
-    for (int64_t j = z->lo[i]; j < z->lo[i] + z->len[i]; j++) ss += r->grads[k][j] * r->grads[k][j];
+    double *g = r->grads[k];
+    for (int64_t j = z->lo[i]; j < z->lo[i] + z->len[i]; j++) {
+      if (scale != 1.0) g[j] *= inv; /* exact: S is a power of two */
+      ss += g[j] * g[j];
+    }
   }
   free(pi);
   bool ok = comm_all_reduce(&p->comm->dp_group, &ss, &ss, 1, COMM_F64, COMM_SUM, hash_str("zero1.norm"), err, errlen);

@@ -352,8 +352,9 @@ static void test_mixed_f16_overflow_skips_the_step(void **state) {
   gradc_program_free(p);
 }
 
-/* The same on 2 data-parallel ranks through `gradc train`: an overflow on
- * rank 1 alone (after the gradients were reduced) skips the step on both,
+/* The same on 2 data-parallel ranks through `gradc train`, with and
+ * without ZeRO-1: an overflow on rank 1 alone (after the gradients were
+ * reduced; with --zero1 in rank 1's slice or not) skips the step on both,
  * and the run ends with the params, scale and log of a one-process run
  * that overflowed at the same step. */
 static void test_mixed_f16_overflow_on_one_rank_skips_on_every_rank(void **state) {
@@ -370,26 +371,29 @@ static void test_mixed_f16_overflow_on_one_rank_skips_on_every_rank(void **state
   if (tu_sh_err(one, sizeof one, err1, sizeof err1, "GRADC_TEST_INF_STEP=3 %s %s --params-out %s/p1.st --log %s/l1.csv",
                 GRADC_BINARY, args, dir, dir) != 0)
     fail_msg("one process: %s", err1);
-  if (tu_sh_err(two, sizeof two, err2, sizeof err2,
-                "GRADC_TEST_INF_STEP=3:1 " MPIRUN " -np 2 %s %s --dp 2 --params-out %s/p2.st --log %s/l2.csv",
-                GRADC_BINARY, args, dir, dir) != 0)
-    fail_msg("two ranks: %s%s", two, err2);
   assert_int_equal(dp_count(err1, "1 skipped for an f16 overflow"), 1);
-  assert_int_equal(dp_count(err2, "1 skipped for an f16 overflow"), 1);
-  char p1[512], p2[512];
-  snprintf(p1, sizeof p1, "%s/p1.st", dir);
-  snprintf(p2, sizeof p2, "%s/p2.st", dir);
-  /* f16 rounds each rank's smaller micro-batch products on their own
-   * (2^-11 relative), so the two runs agree to f16's precision, not
-   * f32's; a step taken on one rank and not the other would move W1 by
-   * about lr / |W1| (5e-2) apart. */
-  double e = dp_file_rel(p2, p1, "f16 params, 2 ranks vs 1", 2e-3, NULL);
-  print_message("f16 params, 2 ranks vs 1: relative error %.3g\n", e);
-  /* Row 4 (the window of step 3) skipped with the scale halved, in both
-   * logs: 65536 doubles after steps 1-2, halves at 4, doubles again
+  const char *modes[2] = {"", " --zero1"};
+  for (int m = 0; m < 2; m++) {
+    if (tu_sh_err(two, sizeof two, err2, sizeof err2,
+                  "GRADC_TEST_INF_STEP=3:1 " MPIRUN " -np 2 %s %s --dp 2%s --params-out %s/p2-%d.st --log %s/l2-%d.csv",
+                  GRADC_BINARY, args, modes[m], dir, m, dir, m) != 0)
+      fail_msg("two ranks%s: %s%s", modes[m], two, err2);
+    assert_int_equal(dp_count(err2, "1 skipped for an f16 overflow"), 1);
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/p1.st", dir);
+    snprintf(p2, sizeof p2, "%s/p2-%d.st", dir, m);
+    /* f16 rounds each rank's smaller micro-batch products on their own
+     * (2^-11 relative), so the two runs agree to f16's precision, not
+     * f32's; a step taken on one rank and not the other would move W1 by
+     * about lr / |W1| (5e-2) apart. */
+    double e = dp_file_rel(p2, p1, "f16 params, 2 ranks vs 1", 2e-3, NULL);
+    print_message("f16 params, 2 ranks%s vs 1: relative error %.3g\n", modes[m], e);
+  }
+  /* Row 4 (the window of step 3) skipped with the scale halved, in every
+   * log: 65536 doubles after steps 1-2, halves at 4, doubles again
    * after 5-6. */
-  const char *logs[2] = {"l1.csv", "l2.csv"};
-  for (int k = 0; k < 2; k++) {
+  const char *logs[3] = {"l1.csv", "l2-0.csv", "l2-1.csv"};
+  for (int k = 0; k < 3; k++) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, logs[k]);
     FILE *f = fopen(path, "r");
