@@ -274,21 +274,29 @@ static void test_gemm_list_shapes(void **state) {
   ir_func_free(f);
 }
 
-/* On a compiled model: the GEMM list is every matmul of the program. */
-static void test_gemm_list_tinygpt(void **state) {
-  (void)state;
-  char *text = tu_read("examples/tinygpt.gdl");
-  Diag d;
-  diag_init(&d, NULL);
-  d.quiet = true;
-  FeModel *m = tu_compile("tinygpt.gdl", text, 1, &d);
+/* examples/tinygpt.gdl through the pass pipeline at a precision (f32:
+ * IR_DT_F32); *text and *d are the caller's to free with the model. */
+static FeModel *compile_tinygpt(IrDType precision, char **text, Diag *d) {
+  *text = tu_read("examples/tinygpt.gdl");
+  diag_init(d, NULL);
+  d->quiet = true;
+  FeModel *m = tu_compile("tinygpt.gdl", *text, 1, d);
   assert_non_null(m);
   int np;
   const char *const *pipe = pass_pipeline(&np);
   PassManager pm;
   pm_init(&pm);
-  PassOptions po = {.gas = 1, .diag = &d};
+  PassOptions po = {.gas = 1, .diag = d, .precision = precision};
   assert_int_equal(pm_run(&pm, m->func, pipe, np, &po), 0);
+  return m;
+}
+
+/* On a compiled model: the GEMM list is every matmul of the program. */
+static void test_gemm_list_tinygpt(void **state) {
+  (void)state;
+  char *text;
+  Diag d;
+  FeModel *m = compile_tinygpt(IR_DT_F32, &text, &d);
   int matmuls = 0;
   for (int i = 0; i < m->func->nops; i++) matmuls += m->func->ops[i]->opcode == IR_OP_MATMUL;
   RtGemm *g;
@@ -315,18 +323,9 @@ static void test_gemm_list_tinygpt(void **state) {
  * bf16 products, or gemm.c's widening and rounding). */
 static void test_gemm_list_bf16(void **state) {
   (void)state;
-  char *text = tu_read("examples/tinygpt.gdl");
+  char *text;
   Diag d;
-  diag_init(&d, NULL);
-  d.quiet = true;
-  FeModel *m = tu_compile("tinygpt.gdl", text, 1, &d);
-  assert_non_null(m);
-  int np;
-  const char *const *pipe = pass_pipeline(&np);
-  PassManager pm;
-  pm_init(&pm);
-  PassOptions po = {.gas = 1, .diag = &d, .precision = IR_DT_BF16};
-  assert_int_equal(pm_run(&pm, m->func, pipe, np, &po), 0);
+  FeModel *m = compile_tinygpt(IR_DT_BF16, &text, &d);
   RtGemm *g;
   int n = rt_gemm_list(m->func, &g), low_results = 0;
   assert_true(n >= 6 * 2 + 1);
