@@ -114,17 +114,6 @@ const char data_text_help[] =
 
 /* ---- small helpers ---- */
 
-static int error(int code, const char *fmt, ...) GRADC_PRINTF(2, 3);
-static int error(int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fputs("gradc: error: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  return code;
-}
-
 static void warning(const char *fmt, ...) GRADC_PRINTF(1, 2);
 static void warning(const char *fmt, ...) {
   va_list ap;
@@ -173,9 +162,9 @@ int cmd_data_text(int argc, char **argv) {
                    .npositional = &nfiles, .too_many = "too many text files"};
   int rc = flags_parse(&spec, argc, argv, 1);
   if (rc) return rc;
-  if (!nfiles) return error(1, "data text needs a text file (see gradc help data)");
-  if (!T) return error(1, "data text needs -T N, the context length (see gradc help data)");
-  if (!output) return error(1, "data text needs -o DATA.safetensors (see gradc help data)");
+  if (!nfiles) return tools_error("data text needs a text file (see gradc help data)");
+  if (!T) return tools_error("data text needs -T N, the context length (see gradc help data)");
+  if (!output) return tools_error("data text needs -o DATA.safetensors (see gradc help data)");
   if (!stride) stride = T;
   {
     ToolsPath in[256];
@@ -190,7 +179,7 @@ int cmd_data_text(int argc, char **argv) {
     size_t a = comma ? (size_t)(comma - names) : 0;
     if (!comma || a == 0 || !comma[1] || strchr(comma + 1, ',') || a >= sizeof idx_name ||
         strlen(comma + 1) >= sizeof tgt_name || strncmp(names, comma + 1, a) == 0)
-      return error(1, "--names expects two different names IDX,TARGETS, got '%s'", names);
+      return tools_error("--names expects two different names IDX,TARGETS, got '%s'", names);
     memcpy(idx_name, names, a);
     idx_name[a] = 0;
     strcpy(tgt_name, comma + 1);
@@ -205,7 +194,7 @@ int cmd_data_text(int argc, char **argv) {
     char *s = read_file(files[i], &len, &err);
     if (!s) {
       sb_free(&text);
-      return error(1, "%s: %s", files[i], err);
+      return tools_error("%s: %s", files[i], err);
     }
     sb_putn(&text, s, len);
     free(s);
@@ -214,8 +203,8 @@ int cmd_data_text(int argc, char **argv) {
   int64_t len = (int64_t)text.len;
   if (len < T + 1) {
     sb_free(&text);
-    return error(1, "%s: %" PRId64 " bytes of text, too few for one sample of %" PRId64 " tokens and its target",
-                 files[0], len, T);
+    return tools_error("%s: %" PRId64 " bytes of text, too few for one sample of %" PRId64 " tokens and its target",
+      files[0], len, T);
   }
   int64_t N = (len - T - 1) / stride + 1;
 
@@ -240,7 +229,7 @@ int cmd_data_text(int argc, char **argv) {
   if ((uint64_t)N * (uint64_t)T > ((uint64_t)1 << 31)) {
     sb_free(&text);
     sb_free(&vocab);
-    return error(1, "%" PRId64 " samples of %" PRId64 " tokens is too large a dataset; raise --stride", N, T);
+    return tools_error("%" PRId64 " samples of %" PRId64 " tokens is too large a dataset; raise --stride", N, T);
   }
   int32_t *idx = mem_alloc(sizeof(int32_t) * (size_t)(N * T)), *tgt = mem_alloc(sizeof(int32_t) * (size_t)(N * T));
   for (int64_t n = 0; n < N; n++)
@@ -264,7 +253,7 @@ int cmd_data_text(int argc, char **argv) {
   cli_tensors_set_meta(st, "text_bytes", buf);
   char err[1024];
   if (!cli_tensors_write(st, output, err, sizeof err))
-    rc = error(1, "%s", err);
+    rc = tools_error("%s", err);
   else
     fprintf(stderr,
             "%s: %" PRId64 " samples of %" PRId64 " tokens from %" PRId64 " bytes (stride %" PRId64
@@ -390,32 +379,33 @@ static int parse_train_args(int argc, char **argv, TrainArgs *a) {
   a->kind = a->optimizer && strcmp(a->optimizer, "sgd") == 0 ? GRADC_SGD : GRADC_ADAMW;
   a->nan_skip = a->nan_policy && strcmp(a->nan_policy, "skip") == 0;
   a->bucket_bytes = tools_bucket_bytes(a->bucket_mb);
-  if (!a->model) return error(1, "train needs a model file or artifact (see gradc help train)");
-  if (!a->data) return error(1, "train needs --data DATA.safetensors (see gradc help data)");
+  if (!a->model) return tools_error("train needs a model file or artifact (see gradc help train)");
+  if (!a->data) return tools_error("train needs --data DATA.safetensors (see gradc help data)");
   if (a->target && strcmp(a->target, "cpu") != 0 && strcmp(a->target, "ref") != 0 && !cli_is_cuda_target(a->target))
-    return error(1, "unsupported --target '%s' (this build has: cpu, ref%s)", a->target, cli_cuda_targets());
+    return tools_error("unsupported --target '%s' (this build has: cpu, ref%s)", a->target, cli_cuda_targets());
   if (cli_is_cuda_target(a->target) && cli_need_device()) return 1;
   bool sgd = a->kind == GRADC_SGD;
   if (!sgd && (a->momentum_set || a->dampening_set || a->nesterov))
-    return error(1, "--momentum, --dampening and --nesterov are options of --optimizer sgd");
+    return tools_error("--momentum, --dampening and --nesterov are options of --optimizer sgd");
   if (sgd && (a->beta1_set || a->beta2_set || a->eps_set))
-    return error(1, "--beta1, --beta2 and --eps are options of --optimizer adamw");
+    return tools_error("--beta1, --beta2 and --eps are options of --optimizer adamw");
   if (a->nesterov && (a->momentum <= 0 || a->dampening != 0))
-    return error(1, "--nesterov needs --momentum > 0 and no dampening (as torch.optim.SGD)");
+    return tools_error("--nesterov needs --momentum > 0 and no dampening (as torch.optim.SGD)");
   if ((a->beta1_set && a->beta1 >= 1) || (a->beta2_set && a->beta2 >= 1))
-    return error(1, "--beta1 and --beta2 must be below 1");
+    return tools_error("--beta1 and --beta2 must be below 1");
   if (a->cosine && a->schedule && strcmp(a->schedule, "cosine") != 0)
-    return error(1, "--cosine and --schedule %s disagree; pass one", a->schedule);
+    return tools_error("--cosine and --schedule %s disagree; pass one", a->schedule);
   if (!a->schedule) a->schedule = a->cosine ? "cosine" : "constant";
   if (a->min_lr_set && strcmp(a->schedule, "constant") == 0)
-    return error(1, "--min-lr applies to --schedule linear or cosine");
-  if (a->init_partial && !a->init) return error(1, "--init-partial needs --init FILE");
-  if (a->warmup > a->steps) return error(1, "--warmup %" PRId64 " is longer than --steps %" PRId64, a->warmup, a->steps);
-  if (a->checkpoint_every && !a->checkpoint) return error(1, "--checkpoint-every needs --checkpoint FILE");
-  if (a->init && a->resume) return error(1, "--init and --resume both set the params; pass one");
-  if (a->val_every && !a->val_data) return error(1, "--val-every needs --val-data FILE");
+    return tools_error("--min-lr applies to --schedule linear or cosine");
+  if (a->init_partial && !a->init) return tools_error("--init-partial needs --init FILE");
+  if (a->warmup > a->steps)
+    return tools_error("--warmup %" PRId64 " is longer than --steps %" PRId64, a->warmup, a->steps);
+  if (a->checkpoint_every && !a->checkpoint) return tools_error("--checkpoint-every needs --checkpoint FILE");
+  if (a->init && a->resume) return tools_error("--init and --resume both set the params; pass one");
+  if (a->val_every && !a->val_data) return tools_error("--val-every needs --val-data FILE");
   if (a->log && !ends_with(a->log, ".csv") && !ends_with(a->log, ".jsonl"))
-    return error(1, "--log: '%s' should end in .csv or .jsonl", a->log);
+    return tools_error("--log: '%s' should end in .csv or .jsonl", a->log);
   return 0;
 }
 
@@ -458,7 +448,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
   memset(d, 0, sizeof *d);
   char err[1024];
   d->st = cli_tensors_new();
-  if (!cli_tensors_read(d->st, path, err, sizeof err)) return error(1, "%s", err);
+  if (!cli_tensors_read(d->st, path, err, sizeof err)) return tools_error("%s", err);
   int ni = gradc_program_num_inputs(p);
   d->feed = mem_calloc((size_t)(ni ? ni : 1), sizeof *d->feed);
   d->n = -1;
@@ -473,8 +463,8 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
     shape_str(want, sizeof want, in.shape, in.rank, f->batched ? 1 : 0);
     f->index = cli_tensors_find(d->st, in.name);
     if (f->index < 0)
-      return error(1, "%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
-                   cli_dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
+      return tools_error("%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
+      cli_dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
     f->t = cli_tensors_at(d->st, f->index);
     const cli_tensor *t = &f->t;
     bool is_int = in.dtype == GRADC_I32 || in.dtype == GRADC_I64;
@@ -485,18 +475,18 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
     for (int k = f->batched ? 1 : 0; shape_ok && k < in.rank; k++) shape_ok = t->shape[k] == in.shape[k];
     if (t_low || is_int != t_int || !shape_ok) {
       shape_str(got, sizeof got, t->shape, t->rank, 0);
-      return error(1, "%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name,
-                   is_int ? "I32 or I64" : "F32 or F64", f->batched ? "[N]+" : "", want,
-                   f->batched ? "samples along the first axis" : "the input as it is", cli_dtype_file_name(t->dtype),
-                   got);
+      return tools_error("%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name,
+      is_int ? "I32 or I64" : "F32 or F64", f->batched ? "[N]+" : "", want,
+      f->batched ? "samples along the first axis" : "the input as it is", cli_dtype_file_name(t->dtype),
+      got);
     }
     int64_t per = 1;
     for (int k = f->batched ? 1 : 0; k < in.rank; k++) per *= in.shape[k];
     f->row_bytes = (size_t)per * cli_dtype_size(t->dtype);
     if (f->batched) {
       if (d->n >= 0 && t->shape[0] != d->n)
-        return error(1, "%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t->shape[0],
-                     d->feed[0].name, d->n);
+        return tools_error("%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t->shape[0],
+      d->feed[0].name, d->n);
       if (d->n < 0) {
         d->n = t->shape[0];
         d->b = in.shape[0];
@@ -514,12 +504,12 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
   for (int i = 0; i < cli_tensors_count(d->st); i++) {
     bool used = false;
     for (int j = 0; j < d->nfeed; j++) used |= d->feed[j].index == i;
-    if (!used) return error(1, "%s: tensor '%s' is not an input of the model", path, cli_tensors_at(d->st, i).name);
+    if (!used) return tools_error("%s: tensor '%s' is not an input of the model", path, cli_tensors_at(d->st, i).name);
   }
   if (d->n < 0) { /* no batched input: every step sees the same data */
     d->n = d->b = 1;
   } else if (d->n < d->b) {
-    return error(1, "%s: %" PRId64 " samples, fewer than one window of %" PRId64, path, d->n, d->b);
+    return tools_error("%s: %" PRId64 " samples, fewer than one window of %" PRId64, path, d->n, d->b);
   }
   if (!d->tokens_per_window) d->tokens_per_window = d->b;
   d->wpe = d->n / d->b;
@@ -598,7 +588,7 @@ static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
   char err[1024];
   if (!cli_tensors_read(f, path, err, sizeof err)) {
     cli_tensors_free(f);
-    return error(1, "%s", err);
+    return tools_error("%s", err);
   }
   gradc_status st = gradc_session_load_checkpoint(s, path);
   if (st != GRADC_OK) {
@@ -613,13 +603,13 @@ static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
     char *end = NULL;
     uint64_t k = key ? strtoull(key, &end, 16) : 0;
     if (!key || !end || *end || !n || !b)
-      rc = error(1, "%s: checkpoint at step %" PRId64 " (mid-epoch) has no data order (train.epoch_key); "
-                    "it was not written by gradc train",
-                 path, step);
+      rc = tools_error("%s: checkpoint at step %" PRId64 " (mid-epoch) has no data order (train.epoch_key); "
+                       "it was not written by gradc train",
+      path, step);
     else if (strtoll(n, NULL, 10) != d->n || strtoll(b, NULL, 10) != d->b)
-      rc = error(1, "%s: checkpoint was taken mid-epoch on %s samples in windows of %s; --data has %" PRId64
-                    " in windows of %" PRId64 ", so the data order cannot continue",
-                 path, n, b, d->n, d->b);
+      rc = tools_error("%s: checkpoint was taken mid-epoch on %s samples in windows of %s; --data has %" PRId64
+                       " in windows of %" PRId64 ", so the data order cannot continue",
+      path, n, b, d->n, d->b);
     else
       data_shuffle(d, k);
   }
@@ -797,7 +787,7 @@ static int log_open(Log *lg, const char *path, const gradc_program *p, bool resu
   if (!lg->out) {
     sb_free(&header);
     sb_free(&kept);
-    return error(1, "%s: %s", path, strerror(errno));
+    return tools_error("%s: %s", path, strerror(errno));
   }
   if (!lg->jsonl) fprintf(lg->out, "%s\n", sb_str(&header));
   fputs(sb_str(&kept), lg->out);
@@ -878,7 +868,7 @@ static void log_row(Log *lg, const gradc_program *p, int64_t step, double lr, co
 
 static int log_close(Log *lg, const char *path, int nl) {
   int rc = 0;
-  if (lg->out && (ferror(lg->out) | fclose(lg->out))) rc = error(1, "%s: %s", path, strerror(errno ? errno : EIO));
+  if (lg->out && (ferror(lg->out) | fclose(lg->out))) rc = tools_error("%s: %s", path, strerror(errno ? errno : EIO));
   if (lg->col)
     for (int i = 0; i < nl; i++) free((void *)lg->col[i]);
   free(lg->col);
@@ -896,7 +886,7 @@ static int write_plot(const char *path, const char *title, const gradc_program *
   char err[1024];
   char head[512];
   snprintf(head, sizeof head, "%s: training loss%s", title, vh ? " and val loss" : "");
-  int rc = plot_svg(path, head, "step", "loss", s, ns, err, sizeof err) ? 0 : error(1, "%s", err);
+  int rc = plot_svg(path, head, "step", "loss", s, ns, err, sizeof err) ? 0 : tools_error("%s", err);
   free(s);
   return rc;
 }
@@ -1016,18 +1006,18 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     return st == GRADC_OK ? 0 : cli_report(st);
   }
   if (a->defs.n || a->target)
-    return error(1, "%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
+    return tools_error("%s: an artifact fixes its sizes and target; -D and --target apply to model source", a->model);
   st = gradc_program_load(a->model, p);
   if (st != GRADC_OK) return cli_report(st);
   if (a->gas_set && a->gas != gradc_program_gas(*p))
-    return error(1, "%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
+    return tools_error("%s: the artifact was compiled for --gas %d, not %d", a->model, gradc_program_gas(*p), a->gas);
   if (a->precision && strcmp(a->precision, gradc_program_precision(*p)) != 0)
-    return error(1, "%s: the artifact was compiled for --precision %s, not %s", a->model, gradc_program_precision(*p),
-                 a->precision);
+    return tools_error("%s: the artifact was compiled for --precision %s, not %s", a->model,
+                       gradc_program_precision(*p), a->precision);
   if (a->dp_set && a->dp != gradc_program_dp(*p))
-    return error(1, "%s: the artifact was compiled for --dp %d, not %d", a->model, gradc_program_dp(*p), a->dp);
+    return tools_error("%s: the artifact was compiled for --dp %d, not %d", a->model, gradc_program_dp(*p), a->dp);
   if (a->tp_set && a->tp != gradc_program_tp(*p))
-    return error(1, "%s: the artifact was compiled for --tp %d, not %d", a->model, gradc_program_tp(*p), a->tp);
+    return tools_error("%s: the artifact was compiled for --tp %d, not %d", a->model, gradc_program_tp(*p), a->tp);
   return 0;
 }
 
@@ -1164,7 +1154,7 @@ static int run_open(Run *r) {
   if ((rc = set_optimizer(a, s))) return rc;
   r->f16 = strcmp(gradc_program_precision(p), "f16") == 0;
   if (!r->f16 && (a->init_scale || a->scale_window || a->scale_hysteresis))
-    return error(1, "--init-scale, --scale-window and --scale-hysteresis are options of --precision f16");
+    return tools_error("--init-scale, --scale-window and --scale-hysteresis are options of --precision f16");
   if (r->f16) {
     gradc_loss_scale_options ls;
     gradc_loss_scale_options_init(&ls);
@@ -1385,8 +1375,8 @@ static int run_steps(Run *r) {
     if (nonfinite_window(r, loss, grad_norm, why, sizeof why)) {
       if (pr.tty) fputc('\n', stderr);
       if (!a->nan_skip) {
-        error(1, "step %" PRId64 ": %s; stopping without taking the step (try a lower --lr, --clip, or "
-                 "--nan-policy skip)", r->step + 1, why);
+        tools_error("step %" PRId64 ": %s; stopping without taking the step (try a lower --lr, --clip, or "
+                    "--nan-policy skip)", r->step + 1, why);
         rc = keep_last_good(r, true);
         break;
       }
@@ -1406,8 +1396,8 @@ static int run_steps(Run *r) {
     }
     if (gradc_session_find_nonfinite(s, why, sizeof why)) {
       if (pr.tty) fputc('\n', stderr);
-      error(1, "step %" PRId64 ": after the update, %s is not finite; stopping (try a lower --lr or --momentum, "
-               "or --clip)", r->step + 1, why);
+      tools_error("step %" PRId64 ": after the update, %s is not finite; stopping (try a lower --lr or --momentum, "
+                  "or --clip)", r->step + 1, why);
       rc = keep_last_good(r, false);
       break;
     }
