@@ -45,16 +45,6 @@ static double loss_of(const char *text, const char *name) {
   return strtod(p + strlen(key), NULL);
 }
 
-/* A file of the scratch directory (malloc'd). */
-static char *read_scratch(const char *name) {
-  char path[256];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  const char *why;
-  char *s = read_file(path, NULL, &why);
-  if (!s) fail_msg("%s: %s", path, why);
-  return s;
-}
-
 static void close_to(double got, double want, double rel, const char *what) {
   if (!(fabs(got - want) <= rel * fabs(want))) fail_msg("%s: got %.9g, want %.9g", what, got, want);
 }
@@ -393,7 +383,7 @@ static void test_train_val_data_logs_eval(void **state) {
            dir, dir, dir, dir, dir));
   assert_non_null(strstr(err, "val step 3: loss ce "));
   assert_non_null(strstr(err, "val step 7: loss ce ")); /* the last step */
-  char *csv = read_scratch("l.csv");
+  char *csv = tu_read_in(dir, "l.csv");
   assert_non_null(strstr(csv, "step,lr,ce,total,grad_norm,elapsed_s,val_ce,val_total\n"));
   /* The last row's val_total is eval's on the params after the last step. */
   char *last = strrchr(csv, '\n');
@@ -404,7 +394,7 @@ static void test_train_val_data_logs_eval(void **state) {
   free(csv);
   ok(gradc("eval " TG " -D V=256 --params %s/po.st --data %s/dig.st", dir, dir));
   close_to(val, loss_of(out, "total"), 1e-7, "val_total of the last row");
-  char *svg = read_scratch("l.svg");
+  char *svg = tu_read_in(dir, "l.svg");
   assert_non_null(strstr(svg, "val total"));
   free(svg);
 }

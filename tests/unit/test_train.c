@@ -50,15 +50,6 @@ static void write_text(const char *name, const char *text, size_t n) {
   assert_int_equal(fclose(f), 0);
 }
 
-static char *read_text(const char *name) {
-  char path[256];
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  const char *err;
-  char *s = read_file(path, NULL, &err);
-  if (!s) fail_msg("%s: %s", path, err);
-  return s;
-}
-
 /* Run gradc in the scratch directory; stdout and stderr come back
  * (malloc'd), the exit status is returned. */
 static int gradc(const char *args, char **out, char **err) {
@@ -72,7 +63,7 @@ static int gradc(const char *args, char **out, char **err) {
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) sb_putn(&sb, buf, n);
   int st = pclose(p);
-  char *e = read_text("stderr.txt");
+  char *e = tu_read_in(dir, "stderr.txt");
   if (err)
     *err = e;
   else
@@ -197,7 +188,7 @@ static void test_train_resume_is_bit_identical(void **state) {
   gradc_ok(TRAIN "--stop-after 10 --checkpoint ck3.safetensors --checkpoint-every 4");
   gradc_ok(TRAIN "--resume ck3.safetensors --log tail.csv");
 
-  char *a = read_text("straight.csv"), *b = read_text("resumed.csv"), *c = read_text("tail.csv");
+  char *a = tu_read_in(dir, "straight.csv"), *b = tu_read_in(dir, "resumed.csv"), *c = tu_read_in(dir, "tail.csv");
   char *a2 = without_elapsed(a), *b2 = without_elapsed(b), *c2 = without_elapsed(c);
   assert_int_equal(count_lines(a), 21);
   assert_string_equal(a2, b2);
@@ -221,7 +212,7 @@ static void test_train_refuses_truncated_checkpoint(void **state) {
   snprintf(path, sizeof path, "%s/whole.safetensors", dir);
   struct stat sb;
   assert_int_equal(stat(path, &sb), 0);
-  char *whole = read_text("whole.safetensors");
+  char *whole = tu_read_in(dir, "whole.safetensors");
   write_text("cut.safetensors", whole, (size_t)sb.st_size / 2);
   free(whole);
   char *err;
@@ -277,13 +268,13 @@ static void test_train_progress_redraws_on_a_terminal(void **state) {
 static void test_train_log_and_plot(void **state) {
   gradc_ok("train bigram.gdl --data data.safetensors --steps 7 --optimizer sgd --lr 0.5 --momentum 0.9 "
            "--log run.csv --plot loss.svg");
-  char *csv = read_text("run.csv");
+  char *csv = tu_read_in(dir, "run.csv");
   assert_int_equal(count_lines(csv), 8);
   assert_true(strncmp(csv, "step,lr,ce,l2,total,grad_norm,elapsed_s\n1,0.5,", 45) == 0);
   assert_non_null(strstr(csv, "\n7,0.5,"));
   free(csv);
 
-  char *svg = read_text("loss.svg");
+  char *svg = tu_read_in(dir, "loss.svg");
   assert_true(strncmp(svg, "<?xml", 5) == 0);
   assert_non_null(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
   assert_non_null(strstr(svg, "</svg>\n"));
@@ -296,7 +287,7 @@ static void test_train_log_and_plot(void **state) {
   free(svg);
 
   gradc_ok("train bigram.gdl --data data.safetensors --steps 3 --log run.jsonl");
-  char *jl = read_text("run.jsonl");
+  char *jl = tu_read_in(dir, "run.jsonl");
   assert_int_equal(count_lines(jl), 3);
   int step = 0;
   for (char *save = NULL, *line = strtok_r(jl, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {

@@ -20,6 +20,15 @@ char *tu_read(const char *rel) {
   return s;
 }
 
+char *tu_read_in(const char *dir, const char *name) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  const char *err = NULL;
+  char *s = read_file(path, NULL, &err);
+  if (!s) fail_msg("%s: %s", path, err);
+  return s;
+}
+
 FeModel *tu_compile(const char *name, const char *text, int gas, Diag *d) {
   static SrcFile src; /* the model keeps a copy of this struct */
   src.name = name;

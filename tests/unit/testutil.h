@@ -16,6 +16,9 @@
 const char *tu_path(const char *rel);
 /* Whole file from the source tree (malloc'd); fails the test if unreadable. */
 char *tu_read(const char *rel);
+/* Whole file `name` of directory dir, a test's scratch directory (malloc'd);
+ * fails the test if unreadable. */
+char *tu_read_in(const char *dir, const char *name);
 /* Compile model text (named `name` in diagnostics) with K = gas; diagnostics
  * are kept in d (quiet).  Returns NULL on errors. */
 FeModel *tu_compile(const char *name, const char *text, int gas, Diag *d);
