@@ -437,6 +437,7 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
                     .bucket_bytes = p->bucket_bytes,
                     .zero1 = p->zero1,
                     .no_inplace = p->backend->no_inplace,
+                    .no_colsums = p->backend->no_colsums,
                     .precision = p->precision};
   int rc = pm_run(&pm, p->func, names, n, &po);
   if (pmo) *pmo = pm; /* the caller reads the per-pass times */

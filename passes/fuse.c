@@ -501,7 +501,7 @@ static void merge_candidates(Fuse *fu, const int *depth) {
 }
 
 /* Group f's ops into kernels (fu's union-find), not yet ordered. */
-static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
+static void group_ops(IrFunc *f, const PassOptions *o, Arena *scratch, Fuse *out) {
   int n = f->nops;
   Fuse fu;
   memset(&fu, 0, sizeof fu);
@@ -522,7 +522,8 @@ static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
   for (int i = 0; i < n; i++) {
     IrOp *op = f->ops[i];
     op->mark = i;
-    fu.kind[i] = kp_op_group0(op->opcode) ? K_GROUP0 : kp_op_rowwise(op) ? K_ROW : K_LOOP;
+    bool row = kp_op_rowwise(op) && !(o->no_colsums && kp_op_colsum(op));
+    fu.kind[i] = kp_op_group0(op->opcode) ? K_GROUP0 : row ? K_ROW : K_LOOP;
     fu.parent[i] = i;
     fu.next[i] = -1;
     fu.head[i] = i;
@@ -572,7 +573,6 @@ static void group_ops(IrFunc *f, Arena *scratch, Fuse *out) {
 /* ------------------------------------------------------------------ */
 
 PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
-  (void)o;
   bool changed = false;
   int n = f->nops, nn = n ? n : 1;
   IrOp **old_order = ARENA_ARRAY(scratch, IrOp *, nn);
@@ -582,10 +582,10 @@ PassResult pass_fuse(IrFunc *f, const PassOptions *o, Arena *scratch) {
     old_group[i] = f->ops[i]->group;
   }
   Fuse fu;
-  group_ops(f, scratch, &fu);
+  group_ops(f, o, scratch, &fu);
   if (rematerialise(&fu)) {
     changed = true;
-    group_ops(f, scratch, &fu);
+    group_ops(f, o, scratch, &fu);
   }
   schedule(&fu);
   if (f->nops != n) changed = true;

@@ -78,8 +78,29 @@ static bool reduces_last_axis(const IrOp *op) {
 
 static bool reduction_none(const IrOp *op) { return strcmp(ir_attr_get_str(op, "reduction", "mean"), "none") == 0; }
 
+bool kp_colsum_operand(const IrType *t) {
+  int r = t->shape.rank;
+  if (r < 3 || (t->dtype != IR_DT_F32 && t->dtype != IR_DT_F64) || t->shape.dim[r - 2] < 2) return false;
+  int64_t groups = 1;
+  for (int k = 0; k < r - 2; k++) groups *= t->shape.dim[k];
+  return groups >= KP_COLSUM_MIN_GROUPS;
+}
+
+bool kp_op_colsum(const IrOp *op) {
+  if (op->opcode != IR_OP_SUM || !ir_attr_get_int(op, "keepdim", 0) || !kp_colsum_operand(&op->args[0]->type))
+    return false;
+  const IrType *t = &op->args[0]->type;
+  const int64_t *axes;
+  int64_t a;
+  return ir_attr_get_ints(op, "axes", &axes) == 1 && ir_norm_axis(axes[0], t->shape.rank, &a) && a == t->shape.rank - 2;
+}
+
+KpRowKind kp_op_row_kind(const IrOp *op) { return kp_op_colsum(op) ? KP_ROW_COLSUM : kp_row_kind(op->opcode); }
+
+bool kp_op_row_alone(const IrOp *op) { return kp_op_rowwise(op) && !kp_op_colsum(op); }
+
 bool kp_op_rowwise(const IrOp *op) {
-  switch (kp_row_kind(op->opcode)) {
+  switch (kp_op_row_kind(op)) {
   case KP_ROW_EW: return op->opcode != IR_OP_MSE_LOSS || reduction_none(op);
   case KP_ROW_LN:
   case KP_ROW_RMS:
@@ -88,6 +109,7 @@ bool kp_op_rowwise(const IrOp *op) {
   case KP_ROW_EMB:
   case KP_ROW_UNSLICE:
   case KP_ROW_RAND: return true;
+  case KP_ROW_COLSUM: return true;
   case KP_ROW_RED:
   case KP_ROW_LSE: return reduces_last_axis(op);
   case KP_ROW_SOFTMAX: {
@@ -181,11 +203,15 @@ static int space_axis(int n, int e, int k, int i) { return n - 1 - e - (k - 1 - 
 /* The equations of op: how its values lie relative to each other. */
 static void relate_op(Solver *s, IrOp *op) {
   IrValue *y = op->result, **x = op->args;
-  switch (kp_row_kind(op->opcode)) {
+  switch (kp_op_row_kind(op)) {
   case KP_ROW_RED:
   case KP_ROW_LSE:
     pin(s, x[0]);
     relate(s, y, x[0], ir_attr_get_int(op, "keepdim", 0) ? 0 : 1);
+    break;
+  case KP_ROW_COLSUM: /* the result broadcasts over the summed axis */
+    pin(s, x[0]);
+    same(s, y, x[0]);
     break;
   case KP_ROW_SOFTMAX:
   case KP_ROW_CMASK:
@@ -289,7 +315,10 @@ static bool check_rows(IrOp *const *ops, int n, const KpRowLayout *out, char *wh
   for (int k = 0; k < n; k++) {
     IrOp *op = ops[k];
     IrValue *row = NULL;
-    switch (kp_row_kind(op->opcode)) {
+    switch (kp_op_row_kind(op)) {
+    case KP_ROW_COLSUM:
+      if (!ir_shape_eq(&op->args[0]->type.shape, sp)) return errf(why, whylen, "a column sum's operand must cover the rows");
+      break;
     case KP_ROW_RED:
     case KP_ROW_LSE:
     case KP_ROW_SOFTMAX:
@@ -335,6 +364,7 @@ static bool mark_outputs(KpRowLayout *out, KpUsedOutside used_outside, void *ctx
       int ax = space_axis(rank, sl->eoff, vs->rank, d);
       if (vs->dim[d] == sp->dim[ax]) covered[ax] = true;
     }
+    if (sl->colsum) covered[rank - 2] = true; /* written once per group of rows */
     for (int d = 0; d + 1 < rank; d++)
       if (sp->dim[d] > 1 && !covered[d]) return errf(why, whylen, "an output would be written by several rows");
   }
@@ -355,6 +385,9 @@ bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ct
     if (out->slots[yi].defined) return errf(why, whylen, "a value is defined twice");
     out->slots[yi].defined = true;
     out->slots[yi].mapped = true;
+    out->slots[yi].colsum = kp_op_colsum(op);
+    for (int i = 0; i < op->nargs; i++)
+      if (kp_row_slot(out, op->args[i])->colsum) return errf(why, whylen, "a column sum is read in its kernel");
     relate_op(&s, op);
     if (s.conflict) return errf(why, whylen, "'%s' would need two row layouts for one value", ir_op_info[op->opcode].name);
   }
@@ -366,8 +399,13 @@ bool kp_row_layout(IrOp *const *ops, int n, KpUsedOutside used_outside, void *ct
     if (t->defined) return errf(why, whylen, "a gathered operand computed in the kernel");
   }
   int rank = 0;
-  return anchor(&s, &rank, why, whylen) && find_space(out, rank, why, whylen) && check_rows(ops, n, out, why, whylen) &&
-         mark_outputs(out, used_outside, ctx, why, whylen);
+  if (!anchor(&s, &rank, why, whylen) || !find_space(out, rank, why, whylen) || !check_rows(ops, n, out, why, whylen) ||
+      !mark_outputs(out, used_outside, ctx, why, whylen))
+    return false;
+  out->group = 1;
+  for (int i = 0; i < out->nslots; i++)
+    if (out->slots[i].colsum) out->group = out->space.dim[rank - 2];
+  return true;
 }
 
 /* ------------------------------------------------------------------ */
@@ -428,7 +466,7 @@ bool kp_kernels_find(const IrFunc *f, Arena *a, KpKernels *out, char *err, size_
     k->n = j - i;
     k->name = kernel_name(a, g, k->ops, k->n);
     char why[256];
-    if (k->n == 1 && !kp_op_rowwise(k->ops[0]))
+    if (k->n == 1 && !kp_op_row_alone(k->ops[0]))
       k->row = false;
     else if (kp_row_layout(k->ops, k->n, used_by, out->used_outside, a, &k->layout, why, sizeof why))
       k->row = true;

@@ -14,6 +14,8 @@ typedef enum {
   KP_ROW_NONE,    /* not a row op */
   KP_ROW_EW,      /* elementwise (and broadcast, grad.seed, loss.term, mse_loss "none") */
   KP_ROW_RED,     /* sum, mean, max over the row */
+  KP_ROW_COLSUM,  /* sum over the axis before the row (keepdim): each column summed over a
+                     group of rows, written once the group is done (kp_op_colsum) */
   KP_ROW_LSE,     /* logsumexp over the row */
   KP_ROW_SOFTMAX, /* softmax, log_softmax */
   KP_ROW_LN,      /* mean and variance, then scale and shift */
@@ -49,6 +51,16 @@ typedef enum {
 
 /* kernel.c's op table: what the kernel model does with each op. */
 KpRowKind kp_row_kind(IrOpcode opc);
+/* What op does over a row: kp_row_kind, or KP_ROW_COLSUM for a column sum. */
+KpRowKind kp_op_row_kind(const IrOp *op);
+/* A column sum: sum over exactly the axis before the last (keepdim=true) of
+ * an f32 or f64 operand of rank >= 3 whose leading axes hold at least
+ * KP_COLSUM_MIN_GROUPS groups of rows.  In a row kernel with other ops it
+ * makes each parallel iteration a group of rows; alone it is a loop
+ * kernel (kp_op_row_alone). */
+#define KP_COLSUM_MIN_GROUPS 4
+bool kp_op_colsum(const IrOp *op);
+bool kp_colsum_operand(const IrType *t); /* whether that sum of a value of type t is one */
 /* KP_LOOP_PERMUTE for any permute (kp_loop_plan tells a transpose). */
 KpLoopKind kp_loop_kind(IrOpcode opc);
 /* The case labels of every op that is not POINT (ops.def), the last without its
@@ -93,6 +105,8 @@ bool kp_op_group0(IrOpcode opc);
  * (permute, slice, concat, embedding_grad, other reductions, ...) are
  * kernels of their own with a general loop nest. */
 bool kp_op_rowwise(const IrOp *op);
+/* Whether op, as a kernel of its own, is a row kernel (else a loop kernel). */
+bool kp_op_row_alone(const IrOp *op);
 
 /* A row kernel iterates over an iteration shape `space` [..., cols]: the
  * outer (parallel) loop runs over the rows (the product of the leading
@@ -109,11 +123,14 @@ typedef struct KpSlot {
   bool defined; /* defined by an op of the kernel; false: a kernel input */
   bool output;  /* defined here and used outside the kernel */
   bool varies;  /* varies along the row (one value per element); false: one value per row */
+  bool colsum;  /* a column sum's result: complete (and written) once its group of rows is done */
 } KpSlot;
 
 typedef struct KpRowLayout {
   IrShape space;
   int64_t rows, cols;
+  int64_t group; /* rows per parallel iteration: 1, or the space's axis before the row when a
+                    column sum (KP_ROW_COLSUM) accumulates over it */
   KpSlot *slots; /* inputs and results, in order of first appearance */
   int nslots;
 } KpRowLayout;

@@ -12,7 +12,10 @@
  * logsumexp and cross_entropy take the row maximum in one loop and the
  * sum of exponentials around it in the next; a norm the mean, then the
  * sum of squared deviations (or only the sum of squares); the normalised
- * values come in the loop after their statistics.  Both code generators
+ * values come in the loop after their statistics.  A column sum adds each
+ * element of its operand, in the operand's loop, to its column's total over
+ * the group of rows it sums (KpRowLayout.group), and is written when the
+ * group's last row is done; nothing in the kernel reads it.  Both code generators
  * emit this schedule: the CPU one keeps values between loops in row
  * scratch, the CUDA one computes them again where a loop needs them. */
 #include <string.h>
@@ -40,6 +43,10 @@ static void schedule(KpRowStep *p, int ax, int a) {
   case KP_ROW_RED:
     p->pass[0] = ax;
     p->fin[0] = p->at = ax + 1;
+    break;
+  case KP_ROW_COLSUM: /* accumulated in a loop; written when its group of rows is done */
+    p->pass[0] = ax;
+    p->at = ax + 1;
     break;
   case KP_ROW_LSE: /* the maximum, then the sum of exponentials */
     p->pass[0] = ax;
@@ -95,7 +102,7 @@ bool kp_row_plan(const KpRowLayout *l, IrOp *const *ops, int n, Arena *a, KpRowP
     KpRowStep *p = &out->steps[k];
     const IrOp *op = ops[k];
     p->op = op;
-    p->kind = kp_row_kind(op->opcode);
+    p->kind = kp_op_row_kind(op);
     p->pass[0] = p->pass[1] = p->pass[2] = p->fin[0] = p->fin[1] = -1;
     p->y = slot_of(l, op->result);
     int all = 0; /* when all operands are available */

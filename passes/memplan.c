@@ -187,7 +187,7 @@ static void write_in_place(const IrFunc *f, const int *step, const int *root, co
   for (int i = 0, j; i < f->nops; i = j) {
     int g = f->ops[i]->group;
     for (j = i + 1; g > 0 && j < f->nops && f->ops[j]->group == g; j++) {}
-    if (g <= 0 || (j - i == 1 && !kp_op_rowwise(f->ops[i]))) continue;
+    if (g <= 0 || (j - i == 1 && !kp_op_row_alone(f->ops[i]))) continue;
     KpRowLayout l;
     if (!kp_row_layout(f->ops + i, j - i, used_outside, &out, scratch, &l, NULL, 0)) continue;
     for (int q = i; q < j; q++) {

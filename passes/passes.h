@@ -25,6 +25,8 @@ typedef struct PassOptions {
                              so dp-reduce inserts no all-reduces */
   bool no_inplace;        /* memplan: no kernel writes an output over a dying operand (the CUDA
                              generator's kernels do not order their loads for it) */
+  bool no_colsums;        /* fuse: no row kernel sums a column over a group of rows (KP_ROW_COLSUM: the CUDA
+                             generator's row kernels do not); split-reductions splits no column sums */
   IrDType precision;      /* --precision: IR_DT_BF16 or IR_DT_F16 casts f32 GEMMs down (autocast, gas-fold's
                              loss scale for f16); zero or IR_DT_F32: f32 throughout */
 } PassOptions;

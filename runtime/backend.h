@@ -30,6 +30,7 @@ typedef struct Backend {
   /* The pass pipeline its functions are compiled with (passes.h). */
   const char *const *(*pipeline)(int *n);
   bool no_inplace;  /* PassOptions.no_inplace: no kernel writes over its operand */
+  bool no_colsums;  /* PassOptions.no_colsums: no row kernel sums columns over a group of rows */
   bool llvm_optim;  /* the optimiser step runs generated LLVM kernels (else the C loop; the same bits) */
   /* Whether it can compile in this process (a library it loads is
    * there), else a user error in err; NULL: always. */

@@ -177,6 +177,7 @@ static void plan(Row *R, int k) {
   case KP_ROW_CMASK:
   case KP_ROW_UNSLICE:
   case KP_ROW_RAND: break;
+  case KP_ROW_COLSUM: /* the CUDA back end compiles with PassOptions.no_colsums */
   case KP_ROW_NONE: cu_error(g, "'%s' does not fit a row kernel", ir_op_info[op->opcode].name); break;
   }
 }
@@ -373,6 +374,7 @@ static const char *elem(Row *R, int i) {
     return temp(R, s, i, type, e);
   }
   case KP_ROW_RED:
+  case KP_ROW_COLSUM:
   case KP_ROW_LSE:
   case KP_ROW_CE:
   case KP_ROW_NONE: break;
@@ -554,6 +556,7 @@ static void section(Row *R, int k) {
       if (y->out) write_row_output(R, y);
       break;
     }
+    case KP_ROW_COLSUM:
     case KP_ROW_NONE: cu_error(g, "'%s' in a row kernel", ir_op_info[op->opcode].name); break;
     }
   }

@@ -57,6 +57,22 @@ bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n) {
   return false;
 }
 
+/* LLVM's remarks and warnings (a vectorisation hint it could not follow)
+ * are not the user's business; an error (none is expected) is printed. */
+static void diagnostic(LLVMDiagnosticInfoRef di, void *ctx) {
+  (void)ctx;
+  if (LLVMGetDiagInfoSeverity(di) != LLVMDSError) return;
+  char *msg = LLVMGetDiagInfoDescription(di);
+  fprintf(stderr, "gradc: LLVM: %s\n", msg ? msg : "unknown error");
+  LLVMDisposeMessage(msg);
+}
+
+LLVMContextRef cg_context_new(void) {
+  LLVMContextRef ctx = LLVMContextCreate();
+  LLVMContextSetDiagnosticHandler(ctx, diagnostic, NULL);
+  return ctx;
+}
+
 bool cg_emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, char **obj, size_t *objlen, char *err, size_t n) {
   char *msg = NULL;
   LLVMMemoryBufferRef buf = NULL;
@@ -354,7 +370,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
   g.f = f;
   g.err = err;
   g.errlen = errlen;
-  g.ctx = LLVMContextCreate();
+  g.ctx = cg_context_new();
   g.mod = LLVMModuleCreateWithNameInContext(f->name ? f->name : "gradc", g.ctx);
   char *triple = LLVMGetTargetMachineTriple(tm);
   LLVMSetTarget(g.mod, triple);

@@ -46,6 +46,8 @@ typedef struct Gen {
 /* llvm.c: an LLVMErrorRef consumed into "LLVM: what: message" (true when
  * there was none; errors are reported with support's errf). */
 bool cg_check_llvm(LLVMErrorRef e, const char *what, char *err, size_t n);
+/* A context whose diagnostic handler drops LLVM's remarks and warnings. */
+LLVMContextRef cg_context_new(void);
 /* mod as object code for tm, copied into *obj (malloc'd, *objlen bytes);
  * false with the reason in err. */
 bool cg_emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, char **obj, size_t *objlen, char *err, size_t n);

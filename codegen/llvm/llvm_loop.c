@@ -127,8 +127,9 @@ static void loop_extent(const IrOp *op, int64_t *iters, int64_t *cost) {
 void gen_kernel_extent(const IrFunc *f, IrOp **ops, int n, const KpRowLayout *l, int64_t *iters, int64_t *cost) {
   (void)f;
   if (l) {
-    *iters = l->rows;
-    *cost = l->cols * (n > 0 ? n : 1);
+    int64_t group = l->group > 1 ? l->group : 1;
+    *iters = l->rows / group;
+    *cost = l->cols * (n > 0 ? n : 1) * group;
     return;
   }
   loop_extent(ops[0], iters, cost);

@@ -216,7 +216,7 @@ static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err
   memset(&g, 0, sizeof g);
   g.err = err;
   g.errlen = errlen;
-  g.ctx = LLVMContextCreate();
+  g.ctx = cg_context_new();
   g.mod = LLVMModuleCreateWithNameInContext("gradc_optim", g.ctx);
   char *triple = LLVMGetTargetMachineTriple(tm);
   LLVMSetTarget(g.mod, triple);

@@ -4,6 +4,10 @@
  *     for r in [begin, end):            rows of the iteration space
  *       section 0; loop 0 over j; section 1; loop 1 over j; ...; section K
  *
+ * (with a column sum, [begin, end) are groups of G rows, rows [begin G,
+ * end G): the sum's totals are zeroed at a group's first row, added to in
+ * its operand's loop, and written after the group's last row).
+ *
  * The passes come from the kernel plan (kp_row_plan, passes/kernel_row.c);
  * this file adds the CPU's policy over them.  An elementwise op whose
  * result varies along the row runs in a loop where all its operands are
@@ -45,6 +49,7 @@ typedef struct Plan {
                          max and sum of exponentials over the same operand it reuses, or -1 */
   LLVMValueRef erow;  /* the owner of row statistics a softmax reads: exp(x - max) of the
                          row, kept by the sum's loop for the softmax's output loop */
+  LLVMValueRef colacc; /* a column sum's totals of the group of rows so far, one per column */
   int y;              /* result slot */
   int x[3];           /* operand slots */
 } Plan;
@@ -310,6 +315,7 @@ static void section_step(Row *R, Plan *p, int k) {
     double init = 0;
     switch (p->kind) {
     case KP_ROW_RED: ai = 0, init = op->opcode == IR_OP_MAX ? -INFINITY : 0; break;
+    case KP_ROW_COLSUM: break; /* zeroed when its group of rows starts (emit_rows) */
     case KP_ROW_LSE:
     case KP_ROW_SOFTMAX:
     case KP_ROW_CE: ai = i == 0 ? 0 : i == 1 ? 1 : -1, init = i == 0 ? -INFINITY : 0; break;
@@ -415,6 +421,7 @@ static void section_step(Row *R, Plan *p, int k) {
   case KP_ROW_RAND:
     if (p->fin[0] == k) define(R, p->y, random_elem(R, p), -1);
     break;
+  case KP_ROW_COLSUM:
   case KP_ROW_ONEHOT:
   case KP_ROW_EMB:
   case KP_ROW_CMASK:
@@ -478,6 +485,13 @@ static void loop_step(Row *R, Plan *p, int k) {
       LLVMValueRef x = elem_val(R, p->x[0], k), acc = gen_acc_get(g, p->acc[0]);
       gen_acc_set(g, p->acc[0],
                   op->opcode == IR_OP_MAX ? gen_max_step(g, acc, x) : gen_add_reassoc(g, acc, gen_widen(g, x)));
+    }
+    break;
+  case KP_ROW_COLSUM:
+    if (p->p[0] == k) {
+      LLVMValueRef a = LLVMBuildInBoundsGEP2(g->b, gen_acc_type(g, dt), p->colacc, &R->j, 1, "");
+      LLVMValueRef cur = LLVMBuildLoad2(g->b, gen_acc_type(g, dt), a, "");
+      LLVMBuildStore(g->b, LLVMBuildFAdd(g->b, cur, gen_widen(g, elem_val(R, p->x[0], k)), ""), a);
     }
     break;
   case KP_ROW_LSE:
@@ -622,14 +636,13 @@ static bool must_defer(Row *R, const RSlot *o) {
  * vectors only, with no remainder. */
 #define CAUSAL_VEC 16
 
-/* Tell the vectoriser not to interleave the loop whose latch is block latch. */
-static void no_interleave(Gen *g, LLVMBasicBlockRef latch) {
+/* A hint to the vectoriser (key = value) for the loop whose latch is block latch. */
+static void loop_hint(Gen *g, LLVMBasicBlockRef latch, const char *key, int value) {
   LLVMValueRef br = LLVMGetBasicBlockTerminator(latch);
   if (!br) return;
   LLVMMetadataRef tmp = LLVMTemporaryMDNode(g->ctx, NULL, 0);
-  const char *key = "llvm.loop.interleave.count";
   LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, key, strlen(key)),
-                           LLVMValueAsMetadata(LLVMConstInt(g->t_i32, 1, 0))};
+                           LLVMValueAsMetadata(LLVMConstInt(g->t_i32, (unsigned long long)value, 0))};
   LLVMMetadataRef ops[2] = {tmp, LLVMMDNodeInContext2(g->ctx, kv, 2)};
   LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, 2);
   LLVMMetadataReplaceAllUsesWith(tmp, loop);
@@ -706,6 +719,7 @@ static void alloc_state(Row *R) {
       p->acc[1] = gen_acc(g, wide);
       break;
     case KP_ROW_RMS: p->acc[0] = gen_acc(g, wide); break;
+    case KP_ROW_COLSUM: p->colacc = gen_alloca(g, wide, R->l->cols > 0 ? R->l->cols : 1); break;
     case KP_ROW_EW:
     case KP_ROW_ONEHOT:
     case KP_ROW_EMB:
@@ -730,7 +744,45 @@ static void alloc_state(Row *R) {
   }
 }
 
-/* The loop over the rows [begin, end): sections and loops over the row. */
+/* The vector width for loop k when an f32 column sum accumulates in it
+ * (else 0): 16 floats, a 512-bit vector.  Its f64 totals would otherwise
+ * make the vectoriser halve the loop's width, and every other op of the
+ * loop runs at it. */
+static int colsum_width(Row *R, int k) {
+  for (int q = 0; q < R->np; q++) {
+    const Plan *p = &R->plan[q];
+    if (p->kind == KP_ROW_COLSUM && p->p[0] == k && p->op->args[0]->type.dtype == IR_DT_F32) return 16;
+  }
+  return 0;
+}
+
+/* The column sums' totals where `when` holds: zeroed (at the first row of
+ * a group), or written (after its last row, accumulated into a gradient
+ * buffer as any output). */
+static void colsums(Row *R, LLVMValueRef when, bool write) {
+  Gen *g = R->g;
+  for (int q = 0; q < R->np; q++) {
+    Plan *p = &R->plan[q];
+    RSlot *y = &R->s[p->y];
+    if (p->kind != KP_ROW_COLSUM || (write && !y->mem)) continue;
+    IrDType dt = p->op->result->type.dtype;
+    LLVMTypeRef at = gen_acc_type(g, dt);
+    GenLoop cl;
+    LLVMValueRef n = LLVMBuildSelect(g->b, when, gen_i64(g, R->l->cols), gen_i64(g, 0), "");
+    gen_loop_begin(g, &cl, gen_i64(g, 0), n, write ? "colsum" : "colzero");
+    R->j = cl.iv;
+    LLVMValueRef a = LLVMBuildInBoundsGEP2(g->b, at, p->colacc, &cl.iv, 1, "");
+    if (write)
+      gen_store(g, slot_ptr(R, y, y->rowptr, col_index(R, y)), gen_narrow(g, LLVMBuildLoad2(g->b, at, a, ""), dt), dt,
+                y->buf.grad, y->buf.scope);
+    else
+      LLVMBuildStore(g->b, LLVMConstReal(at, 0.0), a);
+    gen_loop_end(g, &cl);
+  }
+}
+
+/* The loop over the rows [begin, end) (of groups of rows, when a column
+ * sum sums over them): sections and loops over the row. */
 static void emit_rows(Row *R, int K, const bool *loop_used) {
   Gen *g = R->g;
   /* Row-invariant addresses and per-row inputs are set up once. */
@@ -745,9 +797,15 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
     }
   }
 
+  /* The parallel iterations are groups of rows when a column sum sums over them. */
+  int64_t G = R->l->group > 1 ? R->l->group : 1;
+  LLVMValueRef lo = g->begin, hi = g->end;
+  if (G > 1) lo = LLVMBuildNSWMul(g->b, lo, gen_i64(g, G), ""), hi = LLVMBuildNSWMul(g->b, hi, gen_i64(g, G), "");
   GenLoop rows;
-  gen_loop_begin(g, &rows, g->begin, g->end, "row");
+  gen_loop_begin(g, &rows, lo, hi, "row");
   R->r = rows.iv;
+  LLVMValueRef in_group = G > 1 ? LLVMBuildURem(g->b, R->r, gen_i64(g, G), "") : zero;
+  colsums(R, LLVMBuildICmp(g->b, LLVMIntEQ, in_group, zero, ""), false);
   for (int i = 0; i < R->ns; i++) {
     RSlot *s = &R->s[i];
     if (!s->mem || row_invariant(R, s)) continue;
@@ -776,8 +834,10 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
     for (int q = 0; q < R->np; q++) loop_step(R, &R->plan[q], k);
     LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
+    int width = colsum_width(R, k);
+    if (width) loop_hint(g, latch, "llvm.loop.vectorize.width", width);
     if (cs) {
-      no_interleave(g, latch);
+      loop_hint(g, latch, "llvm.loop.interleave.count", 1);
       LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
       LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
       GenLoop tl;
@@ -797,6 +857,7 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
     gen_store(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), v, dt, false, s->buf.scope);
     gen_loop_end(g, &cl);
   }
+  colsums(R, LLVMBuildICmp(g->b, LLVMIntEQ, in_group, gen_i64(g, G - 1), ""), true);
   gen_loop_end(g, &rows);
 }
 

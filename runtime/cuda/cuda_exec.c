@@ -607,6 +607,7 @@ const Backend rt_backend_cuda = {
     .accepts = cuda_accepts,
     .pipeline = pass_pipeline_cpu, /* the same kernels and memory plan as the CPU's */
     .no_inplace = true,
+    .no_colsums = true,
     .usable = cuda_usable,
     .compile = cuda_compile,
     .save = cuda_save,

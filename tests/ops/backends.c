@@ -391,14 +391,14 @@ void ot_trivial_plan(IrFunc *f) {
   free(grad);
 }
 
-bool ot_passes(IrFunc *f, const char *const *names, int n, bool no_inplace, char *err, size_t errlen) {
+bool ot_passes(IrFunc *f, const char *const *names, int n, bool cuda, char *err, size_t errlen) {
   PassManager pm;
   pm_init(&pm);
   pm.verify = true;
   Diag d;
   diag_init(&d, NULL);
   d.quiet = true;
-  PassOptions o = {.gas = 1, .diag = &d, .no_inplace = no_inplace};
+  PassOptions o = {.gas = 1, .diag = &d, .no_inplace = cuda, .no_colsums = cuda};
   int rc = pm_run(&pm, f, names, n, &o);
   if (rc != 0) snprintf(err, errlen, "passes failed (%d): %s", rc, sb_str(&d.log));
   diag_free(&d);

@@ -52,7 +52,8 @@ IrValue *ot_case_emit(IrFunc *f, const OpCase *c, int row, bool share, OtInputs 
 /* ---- grouping, planning, passes ---- */
 void ot_one_kernel_per_op(IrFunc *f);     /* every op outside the executor's set its own kernel */
 void ot_trivial_plan(IrFunc *f);          /* every value its own slot; values read by `grad` gradient buffers */
-bool ot_passes(IrFunc *f, const char *const *names, int n, bool no_inplace, char *err, size_t errlen);
+/* cuda: with the CUDA back end's PassOptions (no_inplace, no_colsums). */
+bool ot_passes(IrFunc *f, const char *const *names, int n, bool cuda, char *err, size_t errlen);
 bool ot_verify(IrFunc *f, char *err, size_t errlen);
 
 /* ---- elements in an arena (a value's storage, dtype, offset) ---- */

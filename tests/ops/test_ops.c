@@ -132,8 +132,9 @@ static bool f32_row(const OpCase *c) {
 }
 
 /* Every back-end row in functions by op kind; fused: f32 rows only, with
- * shared operands, through `fuse`, else one kernel per op. */
-static int build_fns(Fn *fns, bool fused, bool no_inplace) {
+ * shared operands, through `fuse`, else one kernel per op; cuda: with the
+ * CUDA back end's pass options. */
+static int build_fns(Fn *fns, bool fused, bool cuda) {
   memset(fns, 0, sizeof *fns * NGROUPS);
   for (int r = 0; r < op_ncases; r++) {
     const OpCase *c = &op_cases[r];
@@ -158,7 +159,7 @@ static int build_fns(Fn *fns, bool fused, bool no_inplace) {
     char err[4096];
     if (fused) {
       static const char *const p[] = {"fuse"};
-      if (!ot_passes(fns[g].f, p, 1, no_inplace, err, sizeof err)) fail_msg("%s: %s", fns[g].name, err);
+      if (!ot_passes(fns[g].f, p, 1, cuda, err, sizeof err)) fail_msg("%s: %s", fns[g].name, err);
     } else {
       ot_one_kernel_per_op(fns[g].f);
     }

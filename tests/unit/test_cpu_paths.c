@@ -5,8 +5,9 @@
  * gradient buffers), weight gradients of batched activations folded into
  * one GEMM, and stacked params read and differentiated through range views
  * (w[l] aliases its slice of the param; w[l]'s gradient is accumulated by
- * its GEMM straight into its range of the gradient buffer), and attention's
- * heads read and written by GEMMs through strided views.  Every loss and
+ * its GEMM straight into its range of the gradient buffer), bias
+ * gradients summed as column sums inside the kernels of their operands,
+ * and attention's heads read and written by GEMMs through strided views.  Every loss and
  * gradient equals step_run_ref's within 1e-5 relative (f32) or 1e-12
  * (f64), at 1 to 4 threads (the stacked and attention cases at 1 and 3),
  * K = 1 and 3. */
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "passes/kernel.h"
 #include "passes/passes.h"
 #include "runtime/runtime.h"
 #include "testutil.h"
@@ -250,6 +252,68 @@ static void test_cpu_stacked_views(void **state) {
         char label[64];
         snprintf(label, sizeof label, "stacked %s threads=%d K=%d", prec ? "f64" : "f32", threads, K);
         double e = run_both(f, K, threads, 21 + (uint64_t)K, prec ? 1e-12 : 1e-5, label);
+        print_message("  %-28s worst relative error %.3g\n", label, e);
+      }
+      fe_model_free(m);
+    }
+    free(text);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Column sums                                                         */
+/* ------------------------------------------------------------------ */
+
+/* Bias gradients over [B, T]: split-reductions sums each over T first, a
+ * column sum that joins the kernel making its operand (the gelu and tanh
+ * backwards), whose parallel iterations are then groups of T rows; the
+ * B x C partials are summed after and accumulate over the window into
+ * the gradient buffer.  pos's gradient sums over B only (no column sum). */
+static const char colsum_src[] =
+    "model colsum {\n"
+    "  batch B = 24\n"
+    "  dim T = 10\n"
+    "  dim C = 64\n"
+    "  input x : f32[B, T, C]\n"
+    "  input y : i32[B, T]\n"
+    "  param w : f32[C, C] init normal(0, 0.1)\n"
+    "  param b : f32[C]\n"
+    "  param b2 : f32[C]\n"
+    "  param pos : f32[T, C]\n"
+    "  param head : f32[C, C] init normal(0, 0.1)\n"
+    "  h = gelu(x @ w + b + pos)\n"
+    "  g = tanh(h @ w + b2)\n"
+    "  loss ce = cross_entropy(g @ head, y)\n"
+    "}\n";
+
+static void test_cpu_colsums(void **state) {
+  (void)state;
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  for (int prec = 0; prec < 2; prec++) {
+    char *text = prec ? replace_all(colsum_src, "f32", "f64") : strdup(colsum_src);
+    for (int K = 1; K <= 3; K += 2) {
+      Diag d;
+      FeModel *m = tu_compile("colsum.gdl", text, K, &d);
+      if (!m) fail_msg("colsum.gdl: %s", sb_str(&d.log));
+      diag_free(&d);
+      IrFunc *f = m->func;
+      run_pipeline(f, pipe, n, K);
+      /* Both bias gradients are column sums in the kernels of their operands. */
+      Arena a;
+      arena_init(&a);
+      KpKernels ks;
+      char err[256];
+      if (!kp_kernels_find(f, &a, &ks, err, sizeof err)) fail_msg("kernels: %s", err);
+      int fused = 0;
+      for (int k = 0; k < ks.n; k++)
+        if (ks.k[k].row && ks.k[k].layout.group == 10 && ks.k[k].n > 1) fused++;
+      assert_int_equal(fused, 2);
+      arena_free(&a);
+      for (int threads = 1; threads <= 3; threads++) {
+        char label[64];
+        snprintf(label, sizeof label, "colsum %s threads=%d K=%d", prec ? "f64" : "f32", threads, K);
+        double e = run_both(f, K, threads, 31 + (uint64_t)K, prec ? 1e-12 : 1e-5, label);
         print_message("  %-28s worst relative error %.3g\n", label, e);
       }
       fe_model_free(m);
@@ -594,6 +658,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_gemm_pieces),
       cmocka_unit_test(test_cpu_stacked_views),
+      cmocka_unit_test(test_cpu_colsums),
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_unslice_fallback),
       cmocka_unit_test(test_cpu_write_over),

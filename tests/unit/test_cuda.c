@@ -88,7 +88,7 @@ static FeModel *load_model(const char *rel, const char *const *defs) {
   const char *const *pipe = pass_pipeline_cpu(&n);
   PassManager pm;
   pm_init(&pm);
-  PassOptions po = {.gas = 1, .diag = &d, .src = &src, .no_inplace = true};
+  PassOptions po = {.gas = 1, .diag = &d, .src = &src, .no_inplace = true, .no_colsums = true};
   if (pm_run(&pm, m->func, pipe, n, &po) != 0) fail_msg("%s: the CPU pipeline failed: %s", rel, sb_str(&d.log));
   diag_free(&d);
   return m;
