@@ -322,6 +322,7 @@ static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
   }
   g->entry = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "entry");
   LLVMPositionBuilderAtEnd(g->b, g->entry);
+  g->nexact_bf16 = 0;
   gen_scopes_begin(g);
   for (int i = 0; i < ki->nbufs; i++) gen_scope_add(g, ki->bufs[i]);
   gen_scopes_end(g);

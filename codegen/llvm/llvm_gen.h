@@ -39,6 +39,11 @@ typedef struct Gen {
   char *err;
   size_t errlen;
   bool failed;
+  /* The last registers known to hold a bf16 value exactly (gen_round's
+   * results, bf16 loads): a bf16 store of one keeps its top half instead
+   * of rounding again.  Reset for each kernel. */
+  LLVMValueRef exact_bf16[16];
+  int nexact_bf16;
 } Gen;
 
 /* Record the first error (a value without storage, ...); emission goes on

@@ -251,8 +251,18 @@ static LLVMValueRef f32_to_bf16(Gen *g, LLVMValueRef x) {
   return LLVMBuildTrunc(g->b, LLVMBuildLShr(g->b, r, i32c(g, 16), ""), g->t_i16, "");
 }
 
+/* bf16 bits -> the float they are; the register is then exact (gen_store). */
 static LLVMValueRef bf16_to_f32(Gen *g, LLVMValueRef h) {
-  return from_bits(g, LLVMBuildShl(g->b, LLVMBuildZExt(g->b, h, g->t_i32, ""), i32c(g, 16), ""));
+  LLVMValueRef x = from_bits(g, LLVMBuildShl(g->b, LLVMBuildZExt(g->b, h, g->t_i32, ""), i32c(g, 16), ""));
+  g->exact_bf16[g->nexact_bf16++ % 16] = x;
+  return x;
+}
+
+static bool exact_bf16(const Gen *g, LLVMValueRef x) {
+  int n = g->nexact_bf16 < 16 ? g->nexact_bf16 : 16;
+  for (int i = 0; i < n; i++)
+    if (g->exact_bf16[i] == x) return true;
+  return false;
 }
 
 /* Round a float to f16's precision in the float domain: spacing
@@ -308,10 +318,7 @@ static LLVMValueRef f16_to_f32(Gen *g, LLVMValueRef h16) {
 }
 
 LLVMValueRef gen_round(Gen *g, LLVMValueRef x, IrDType dt) {
-  if (dt == IR_DT_BF16) {
-    LLVMValueRef r = bf16_to_f32(g, f32_to_bf16(g, x));
-    return LLVMBuildSelect(g->b, gen_isnan(g, x), x, r, "");
-  }
+  if (dt == IR_DT_BF16) return bf16_to_f32(g, f32_to_bf16(g, x)); /* a NaN stays a (quiet) NaN */
   if (dt == IR_DT_F16) return round_f16(g, x);
   return x;
 }
@@ -472,7 +479,10 @@ void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad, 
   }
   switch (dt) {
   case IR_DT_BOOL: x = LLVMBuildZExt(g->b, x, g->t_i8, ""); break;
-  case IR_DT_BF16: x = f32_to_bf16(g, x); break;
+  case IR_DT_BF16:
+    x = exact_bf16(g, x) ? LLVMBuildTrunc(g->b, LLVMBuildLShr(g->b, bits(g, x), i32c(g, 16), ""), g->t_i16, "")
+                         : f32_to_bf16(g, x);
+    break;
   case IR_DT_F16: x = f32_to_f16(g, x); break;
   case IR_DT_F32:
   case IR_DT_F64:
