@@ -334,6 +334,9 @@ const char *cpu_program_gemm_provider(const CpuProgram *p);
 /* Kernels its GEMMs run as epilogues (exec.c plan_epilogues): launches
  * the program does not make. */
 int cpu_program_absorbed_kernels(const CpuProgram *p);
+/* GEMMs whose pieces read a transposed A copied dense per row block
+ * (exec.c gemm_schedule: bf16 on the provider's own kernels). */
+int cpu_program_packed_gemms(const CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

@@ -81,6 +81,7 @@ typedef struct Gemm {
   CpuGemm *plans[8];
   int nplans;
   bool widen; /* bf16/f16 A and B widened to f32 scratch first (f16 always; bf16 where f32 is faster) */
+  bool pack_a; /* each row block of a transposed A copied dense before its piece runs (gemm_schedule) */
   const IrValue *aroot, *broot; /* the stored values A and B are read from (plan_epilogues' overlap checks) */
   /* The kernel after it that the provider runs as it writes C
    * (plan_epilogues): the epilogue, the byte offset of its bias or
@@ -269,6 +270,8 @@ static bool plan_gemm(const KpViews *vs, const IrOp *op, Gemm *g, char *err, siz
                          * the BLAS's column-major C^T: its 16-wide tiles
                          * run along our rows' length) */
 #define GEMM_COL_UNIT 16
+#define GEMM_DENSE_ROWS 128 /* bf16 row blocks at least this tall run dense (gemm_schedule) */
+#define GEMM_PACK_MAX_K 512 /* and with A transposed, when K is at most this */
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -280,14 +283,14 @@ static int64_t block_len(int64_t len, int64_t want, int64_t unit) {
 
 /* Cut each batch matrix of g into about q pieces: the pm x pn grid with
  * pm * pn <= q closest to q, then packing least (pn * M*K + pm * K*N
- * elements packed over the grid). */
-static void gemm_grid(Gemm *g, int64_t q) {
+ * elements packed over the grid); with rows, q row blocks. */
+static void gemm_grid(Gemm *g, int64_t q, bool rows) {
   int64_t best_n = 0;
   double best_pack = 0;
   g->pm = g->pn = 1;
   g->mblk = g->M;
   g->nblk = g->N;
-  for (int64_t pm = 1; pm <= q; pm++) {
+  for (int64_t pm = rows ? q : 1; pm <= q; pm++) {
     int64_t mblk = block_len(g->M, pm, GEMM_ROW_UNIT), nblk = block_len(g->N, q / pm, GEMM_COL_UNIT);
     int64_t gm = ceil_div(g->M, mblk), gn = ceil_div(g->N, nblk);
     double pack = (double)gn * (double)(g->M * g->K) + (double)gm * (double)(g->K * g->N);
@@ -306,8 +309,21 @@ static void gemm_grid(Gemm *g, int64_t q) {
  * batch of tiny GEMMs (attention's heads) is mostly call overhead, which
  * splits over threads as well as flops do.  q pieces per batch matrix: the
  * fewest that keep every thread busy to within 1/8 (a batch of 3 on 2
- * threads is cut in 6), none under GEMM_MIN_PIECE_FLOPS. */
+ * threads is cut in 6), none under GEMM_MIN_PIECE_FLOPS.
+ *
+ * A bf16 GEMM the provider multiplies itself (not widened) is cut in row
+ * blocks only where they are at least GEMM_DENSE_ROWS tall and, with A
+ * transposed, K is at most GEMM_PACK_MAX_K; each row block of a transposed
+ * A is then copied dense before its piece runs (pack_a).  Every piece
+ * reads and writes dense matrices: oneDNN 2.6 runs its AMX kernels
+ * (brg:avx512_core_amx_bf16) on dense operands only and falls back to
+ * gemm:jit on a strided one (a column block of B or C, a row block of a
+ * transposed A), which ran mlp2's weight gradients (K = 256) at half the
+ * speed, while at tinygpt's K = 2048 gemm:jit was the faster of the two.
+ * Shorter blocks keep the grid that packs least: every piece reorders all
+ * of B for the AMX tiles (docs/DECISIONS.md "Who threads it"). */
 static void gemm_schedule(Gemm *g, int nt, bool library) {
+  g->pack_a = false;
   double flops = 2.0 * (double)(g->M * g->N) * (double)g->K;
   g->pm = g->pn = 1;
   g->mblk = g->M;
@@ -321,7 +337,11 @@ static void gemm_schedule(Gemm *g, int nt, bool library) {
   if (g->inline_run) return;
   int64_t most = (int64_t)(flops / GEMM_MIN_PIECE_FLOPS), q = 1;
   while (q < most && 8 * ceil_div(g->nb * q, nt) * nt > 9 * g->nb * q) q++;
-  if (q > 1) gemm_grid(g, q);
+  bool rows = g->dt == IR_DT_BF16 && !g->widen && !g->tc && g->M >= q * GEMM_DENSE_ROWS &&
+              (!g->ta || g->K <= GEMM_PACK_MAX_K);
+  if (q > 1) gemm_grid(g, q, rows);
+  g->pack_a = rows && g->ta && g->pm > 1;
+  GRADC_ASSERT(!g->pack_a || g->pn == 1); /* one piece per row block writes its packed A */
 }
 
 /* Whether g's provider writes its bf16 result itself (rounding its f32
@@ -338,7 +358,7 @@ static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
   if (g->tc) {
     d.ta = !g->tb, d.tb = !g->ta, d.M = n, d.N = m, d.lda = g->ldb, d.ldb = g->lda;
   } else {
-    d.ta = g->ta, d.tb = g->tb, d.M = m, d.N = n, d.lda = g->lda, d.ldb = g->ldb;
+    d.ta = g->ta, d.tb = g->tb, d.M = m, d.N = n, d.lda = g->pack_a ? m : g->lda, d.ldb = g->ldb;
   }
   return d;
 }
@@ -366,7 +386,6 @@ static bool add_plan(Gemm *g, const CpuGemmProvider *prov, CpuGemmDesc d, char *
 /* Every plan g's runs need: the grid's (up to) four piece shapes, for
  * each beta it runs with. */
 static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, size_t n) {
-  g->widen = g->dt == IR_DT_F16 || (g->dt == IR_DT_BF16 && cpu_gemm_bf16_widen(prov));
   int64_t ms[2] = {g->mblk, g->M - (g->pm - 1) * g->mblk}, ns[2] = {g->nblk, g->N - (g->pn - 1) * g->nblk};
   for (int b = 0; b < 2; b++) {
     bool acc = b == 1;
@@ -384,6 +403,7 @@ typedef struct GemmRun {
   char *cbase;               /* where C lies: the arena, or f32 scratch for a bf16/f16 result */
   bool acc;                  /* beta = 1 */
   char *arena;               /* the arena (an epilogue's bias or residual lies in it) */
+  char *pack;                /* pack_a: scratch for A's row blocks, K x mblk each, per batch matrix */
 } GemmRun;
 
 static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
@@ -402,6 +422,11 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
     int64_t m0 = qm * g->mblk, n0 = qn * g->nblk;
     int64_t M = g->M - m0 < g->mblk ? g->M - m0 : g->mblk, N = g->N - n0 < g->nblk ? g->N - n0 : g->nblk;
     a += (g->ta ? m0 : m0 * g->lda) * es;
+    if (g->pack_a) { /* the K x M columns of A^T this piece reads, dense (one piece per row block) */
+      char *d = r->pack + (t * g->pm + qm) * g->K * g->mblk * es;
+      for (int64_t k = 0; k < g->K; k++) memcpy(d + k * M * es, a + k * g->lda * es, (size_t)(M * es));
+      a = d;
+    }
     b += (g->tb ? n0 * g->ldb : n0) * es;
     c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * esc;
     const CpuGemm *plan = piece_plan(g, M, N, r->acc);
@@ -483,11 +508,13 @@ static int64_t low_extent(const int64_t *off, int64_t nb, int64_t per) {
 }
 
 /* The f32 scratch g needs (CpuProgram.low): its product when the result is
- * bf16/f16, and its operands when they are widened. */
+ * bf16/f16, its operands when they are widened, and A's row blocks when
+ * they are packed (after the product). */
 static int64_t low_scratch(const Gemm *g) {
   if (g->dt != IR_DT_BF16 && g->dt != IR_DT_F16) return 0;
   int64_t n = g->cdt == IR_DT_F32 || gemm_writes_low(g) ? 0 : low_extent(g->coff, g->nb, g->M * g->N);
   if (g->widen) n += low_extent(g->aoff, g->nb, g->M * g->K) + low_extent(g->boff, g->nb, g->K * g->N);
+  if (g->pack_a) n += ceil_div(g->nb * g->pm * g->K * g->mblk, 2); /* bf16 */
   return n;
 }
 
@@ -495,7 +522,7 @@ static int64_t low_scratch(const Gemm *g) {
 static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
   bool acc = g->accumulate && !(first && g->store_first);
   GemmRun r = {g, g->aarg >= 0 ? p->argbase[g->aarg] : p->arena + g->a,
-               g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, p->arena + g->c, acc, p->arena};
+               g->barg >= 0 ? p->argbase[g->barg] : p->arena + g->b, p->arena + g->c, acc, p->arena, NULL};
   bool low = g->dt == IR_DT_BF16 || g->dt == IR_DT_F16, round = low && g->cdt != IR_DT_F32 && !gemm_writes_low(g);
   int64_t nc = round ? low_extent(g->coff, g->nb, g->M * g->N) : 0;
   if (low) {
@@ -512,6 +539,7 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
       r.bbase = (const char *)(s + na);
     }
   }
+  if (g->pack_a) r.pack = (char *)(p->low + nc);
   if (g->inline_run) gemm_pieces(&r, 0, g->nb * g->pm * g->pn);
   else pool_run(p->pool, g->nb * g->pm * g->pn, 1, gemm_pieces, &r);
   if (round) low_copy_run(p, p->low, p->arena + g->c, nc, g->cdt, false);
@@ -1021,6 +1049,12 @@ static void unfuse_epilogue(CpuProgram *p, Gemm *g) {
   g->nplans = 0;
 }
 
+int cpu_program_packed_gemms(const CpuProgram *p) {
+  int n = 0;
+  for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_GEMM && p->code[i].gemm.pack_a;
+  return n;
+}
+
 int cpu_program_absorbed_kernels(const CpuProgram *p) {
   int n = 0;
   for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_KERNEL && p->code[i].absorbed;
@@ -1134,6 +1168,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   for (int i = 0; i < p->ncode; i++) {
     Gemm *g = &p->code[i].gemm;
     if (p->code[i].kind != I_GEMM) continue;
+    g->widen = g->dt == IR_DT_F16 || (g->dt == IR_DT_BF16 && cpu_gemm_bf16_widen(p->gemm));
     gemm_schedule(g, p->threads, library);
     char e[1024];
     bool ok = gemm_plan_pieces(g, p->gemm, e, sizeof e);

@@ -201,6 +201,54 @@ static void test_cpu_gemm_pieces(void **state) {
   }
 }
 
+/* bf16 GEMMs (autocast) cut in row blocks with A transposed, each block
+ * of A copied dense before its piece runs (exec.c gemm_schedule): the
+ * weight gradients dW = x^T dh (1040 rows: blocks of 520 at 2 threads,
+ * 352 and a shorter last one at 3, 264 and 248 at 4) and a batch of three
+ * dV = q^T db (520 rows each, the packed blocks apart per batch matrix;
+ * cut at 2 and 4 threads, whole at 3), all whole at 1 thread.  GRADC_GEMM_BF16=native takes the provider's bf16 products,
+ * where the rows are cut, whatever this host measured faster.  Against
+ * the interpreter running the same autocast program (its GEMMs in
+ * double): bf16's rounding of the results, as test_mixed allows. */
+static const char gemm_pieces_bf16_text[] =
+    "func @pieces16(%x: f32[48,1040] input batch, %q: f32[3,32,520] input batch, %W: f32[1040,80] param, "
+    "%V: f32[3,520,64] param) {\n"
+    "  %h = matmul %x, %W : f32[48,80]\n"
+    "  %b = matmul %q, %V : f32[3,32,64]\n"
+    "  %h2 = mul %h, %h : f32[48,80]\n"
+    "  %s1 = sum %h2 {axes=[0,1], keepdim=false} : f32\n"
+    "  %b2 = mul %b, %b : f32[3,32,64]\n"
+    "  %s2 = sum %b2 {axes=[0,1,2], keepdim=false} : f32\n"
+    "  loss %s1 {name=\"h\"}\n"
+    "  loss %s2 {name=\"b\"}\n"
+    "}\n";
+
+static void test_cpu_gemm_pieces_bf16(void **state) {
+  (void)state;
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  setenv("GRADC_GEMM_BF16", "native", 1);
+  const int want[5] = {0, 0, 2, 1, 2}; /* packed GEMMs by threads: at 3 the batch of three runs whole */
+  for (int threads = 1; threads <= 4; threads++)
+    for (int K = 1; K <= 3; K += 2) {
+      IrFunc *f = read_ir(gemm_pieces_bf16_text);
+      run_passes(f, pipe, n, (PassOptions){.gas = K, .precision = IR_DT_BF16});
+      char err[1024];
+      CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
+      CpuProgram *p = cpu_program_new(f, &o, err, sizeof err);
+      if (!p) fail_msg("cpu_program_new: %s", err);
+      int packed = cpu_program_packed_gemms(p);
+      cpu_program_free(p);
+      assert_int_equal(packed, want[threads]);
+      char label[64];
+      snprintf(label, sizeof label, "pieces bf16 threads=%d K=%d", threads, K);
+      double e = run_both(f, K, threads, 41 + (uint64_t)K, 2e-2, label);
+      print_message("  %-28s %d packed, worst relative error %.3g\n", label, packed, e);
+      ir_func_free(f);
+    }
+  unsetenv("GRADC_GEMM_BF16");
+}
+
 /* ------------------------------------------------------------------ */
 /* Stacked params and batched activations                              */
 /* ------------------------------------------------------------------ */
@@ -657,6 +705,7 @@ static void test_cpu_gemm_epilogues(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_gemm_pieces),
+      cmocka_unit_test(test_cpu_gemm_pieces_bf16),
       cmocka_unit_test(test_cpu_stacked_views),
       cmocka_unit_test(test_cpu_colsums),
       cmocka_unit_test(test_cpu_attention_views),
