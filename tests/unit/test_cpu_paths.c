@@ -1,8 +1,9 @@
 /* test_cpu_paths.c - the CPU back end's fast paths against the reference
  * interpreter: GEMMs cut into pieces over the thread pool (batches, row
  * blocks, column blocks, a grid of both with 4 threads, uneven with 3,
- * accumulating into
- * gradient buffers), weight gradients of batched activations folded into
+ * accumulating into gradient buffers; bf16 row blocks of a transposed A
+ * copied dense, within bf16's rounding), weight gradients of batched
+ * activations folded into
  * one GEMM, and stacked params read and differentiated through range views
  * (w[l] aliases its slice of the param; w[l]'s gradient is accumulated by
  * its GEMM straight into its range of the gradient buffer), bias
@@ -206,10 +207,11 @@ static void test_cpu_gemm_pieces(void **state) {
  * weight gradients dW = x^T dh (1040 rows: blocks of 520 at 2 threads,
  * 352 and a shorter last one at 3, 264 and 248 at 4) and a batch of three
  * dV = q^T db (520 rows each, the packed blocks apart per batch matrix;
- * cut at 2 and 4 threads, whole at 3), all whole at 1 thread.  GRADC_GEMM_BF16=native takes the provider's bf16 products,
- * where the rows are cut, whatever this host measured faster.  Against
- * the interpreter running the same autocast program (its GEMMs in
- * double): bf16's rounding of the results, as test_mixed allows. */
+ * cut at 2 and 4 threads, whole at 3), all whole at 1 thread.
+ * GRADC_GEMM_BF16=native takes the provider's bf16 products, where the
+ * rows are cut, whatever this host measured faster.  Against the
+ * interpreter running the same autocast program (its GEMMs in double):
+ * bf16's rounding of the results, as test_mixed allows. */
 static const char gemm_pieces_bf16_text[] =
     "func @pieces16(%x: f32[48,1040] input batch, %q: f32[3,32,520] input batch, %W: f32[1040,80] param, "
     "%V: f32[3,520,64] param) {\n"
