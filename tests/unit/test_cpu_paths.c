@@ -3,15 +3,14 @@
  * blocks, column blocks, a grid of both with 4 threads, uneven with 3,
  * accumulating into gradient buffers; bf16 row blocks of a transposed A
  * copied dense, within bf16's rounding), weight gradients of batched
- * activations folded into
- * one GEMM, and stacked params read and differentiated through range views
- * (w[l] aliases its slice of the param; w[l]'s gradient is accumulated by
- * its GEMM straight into its range of the gradient buffer), bias
- * gradients summed as column sums inside the kernels of their operands,
- * and attention's heads read and written by GEMMs through strided views.  Every loss and
- * gradient equals step_run_ref's within 1e-5 relative (f32) or 1e-12
- * (f64), at 1 to 4 threads (the stacked and attention cases at 1 and 3),
- * K = 1 and 3. */
+ * activations folded into one GEMM, stacked params read and
+ * differentiated through range views (w[l] aliases its slice of the
+ * param; w[l]'s gradient is accumulated by its GEMM straight into its
+ * range of the gradient buffer), bias gradients summed as column sums
+ * inside the kernels of their operands, and attention's heads read and
+ * written by GEMMs through strided views.  Every loss and gradient equals
+ * step_run_ref's within 1e-5 relative (f32) or 1e-12 (f64), at 1 to 4
+ * threads (the stacked and attention cases at 1 and 3), K = 1 and 3. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
