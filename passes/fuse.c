@@ -349,21 +349,60 @@ static bool fuse_outside(const IrOp *op, void *ctx) {
  * size.  (A bias, which varies along the row, is left out: recomputing an
  * activation's x @ W + b in its gradient's kernel saved the forward's
  * write but cost the backward more, one more load per element, measured on tinygpt
- * large: 0.6 ms a window slower in all.)  Every reader of v outside E's
+ * large: 0.6 ms a window slower in all.)  Except where the large operand
+ * is a widening cast of a bf16 or f16 value in memory (a mixed-precision
+ * GEMM's result): v = cast(x16) + bias is then recomputed from x16, its
+ * reader loads 2 bytes an element instead of 4 (the bias stays in cache),
+ * the forward writes nothing, and x16 is half v's size; the reader's
+ * kernel gets copies of the cast and E.  Every reader of v outside E's
  * kernel must be a row-kernel op (a GEMM reading v keeps it stored
  * anyway).  Each reading kernel gets its own copy of E, placed before
  * its first reader; grouping then runs again, so the copy joins it. */
 #define REMAT_MIN_ELEMS 4096
+#define REMAT_BEFORE 4 /* copies placed before one op: two values, each with its cast */
+
+static void place_before(IrOp **before, int *nbefore, int i, IrOp *op) {
+  GRADC_ASSERT(nbefore[i] < REMAT_BEFORE);
+  before[REMAT_BEFORE * i + nbefore[i]++] = op;
+}
 
 static bool remat_op(IrOpcode opc) { return opc == IR_OP_ADD || opc == IR_OP_SUB || opc == IR_OP_MUL; }
+
+/* A non-const op of the function as grouped (not a copy made since). */
+static bool op_here(const Fuse *fu, const IrOp *op) {
+  int d = pos_of(op);
+  return d >= 0 && d < fu->n && fu->f->ops[d] == op && op->opcode != IR_OP_CONST;
+}
+
+/* Whether value a is in memory anyway: an argument, or defined by a
+ * non-const op outside kernel ke, or read outside it. */
+static bool stored_anyway(Fuse *fu, const IrValue *a, int ke) {
+  if (!a->def) return true;
+  if (!op_here(fu, a->def)) return false;
+  int d = pos_of(a->def);
+  if (node(fu, d) != ke) return true;
+  for (int j = 0; j < fu->nusers[d]; j++)
+    if (node(fu, fu->users[d][j]) != ke) return true;
+  return false;
+}
+
+/* A widening cast of a large bf16 or f16 value that is in memory anyway. */
+static bool low_widening(Fuse *fu, const IrValue *a, int ke) {
+  const IrOp *c = a->def;
+  if (!c || c->opcode != IR_OP_CAST || (a->type.dtype != IR_DT_F32 && a->type.dtype != IR_DT_F64)) return false;
+  const IrValue *x = c->args[0];
+  if (x->type.dtype != IR_DT_BF16 && x->type.dtype != IR_DT_F16) return false;
+  return op_here(fu, c) && stored_anyway(fu, x, ke);
+}
 
 static bool rematerialise(Fuse *fu) {
   IrFunc *f = fu->f;
   int n = fu->n;
   /* by op index: the copy of E that op reads instead of v (one per kernel) */
   IrValue **copy_for = ARENA_ARRAY(fu->a, IrValue *, n ? n : 1);
-  IrOp **before = ARENA_ARRAY(fu->a, IrOp *, n ? n : 1); /* copies, by the index of the op they precede */
-  IrOp **extra = ARENA_ARRAY(fu->a, IrOp *, n ? n : 1);  /* a second copy before the same op: rare */
+  /* copies, REMAT_BEFORE at most by the index of the op they precede */
+  IrOp **before = ARENA_ARRAY(fu->a, IrOp *, REMAT_BEFORE * (n ? n : 1));
+  int *nbefore = ARENA_ARRAY(fu->a, int, n ? n : 1);
   bool any = false;
   for (int e = 0; e < n; e++) {
     IrOp *E = f->ops[e];
@@ -371,27 +410,26 @@ static bool rematerialise(Fuse *fu) {
     if (fu->kind[e] != K_ROW || !remat_op(E->opcode) || !v || ir_numel(&v->type.shape) < REMAT_MIN_ELEMS ||
         (v->type.dtype != IR_DT_F32 && v->type.dtype != IR_DT_F64))
       continue;
-    int ke = root(fu, e), big = 0;
-    bool ok = true;
+    int ke = root(fu, e), big = 0, low = -1; /* low: the large operand's index when it is a low_widening */
+    for (int k = 0; k < E->nargs; k++)
+      if (ir_numel(&E->args[k]->type.shape) == ir_numel(&v->type.shape)) {
+        big++;
+        if (low_widening(fu, E->args[k], ke)) low = k;
+      }
+    bool ok = big == 1;
     for (int k = 0; k < E->nargs && ok; k++) {
       const IrValue *a = E->args[k];
       const IrShape *as = &a->type.shape;
       bool large = ir_numel(as) == ir_numel(&v->type.shape);
-      big += large;
-      if (!large && as->rank > 0 && as->dim[as->rank - 1] != 1) ok = false; /* varies along the row */
-      if (a->def && ok) {
-        /* The large operand must be in memory already (defined elsewhere or
-         * read elsewhere); a per-row one may become a (small) output of E's kernel. */
-        int d = pos_of(a->def);
-        ok = d >= 0 && d < n && f->ops[d] == a->def && a->def->opcode != IR_OP_CONST;
-        if (ok && large && node(fu, d) == ke) {
-          bool out = false;
-          for (int j = 0; j < fu->nusers[d]; j++) out |= node(fu, fu->users[d][j]) != ke;
-          ok = out;
-        }
-      }
+      if (k == low) continue;
+      /* varies along the row: only beside a low-precision large operand, as one row (a bias) */
+      if (!large && as->rank > 0 && as->dim[as->rank - 1] != 1 && (low < 0 || ir_numel(as) != as->dim[as->rank - 1]))
+        ok = false;
+      /* The large operand must be in memory already (defined elsewhere or
+       * read elsewhere); a per-row one may become a (small) output of E's kernel. */
+      if (a->def && ok) ok = large ? stored_anyway(fu, a, ke) : op_here(fu, a->def);
     }
-    if (!ok || big != 1) continue;
+    if (!ok) continue;
     int outside = 0;
     for (int k = 0; k < fu->nusers[e] && ok; k++) {
       int u = fu->users[e][k];
@@ -406,12 +444,15 @@ static bool rematerialise(Fuse *fu) {
       int first = u;
       for (int j = 0; j < fu->nusers[e]; j++)
         if (root(fu, fu->users[e][j]) == ku && fu->users[e][j] < first) first = fu->users[e][j];
-      IrValue *c = ir_emit(f, E->opcode, E->args, E->nargs, E->attrs, E->nattrs, NULL, E->loc); /* placed below */
-      if (!before[first]) before[first] = c->def;
-      else if (!extra[first]) extra[first] = c->def;
-      else {
-        GRADC_ASSERT(!"more than two copies before one op");
+      IrValue *args[3];
+      memcpy(args, E->args, sizeof(IrValue *) * (size_t)E->nargs);
+      if (low >= 0) { /* the widening cast too, first */
+        const IrOp *w = E->args[low]->def;
+        args[low] = ir_cast(f, w->args[0], w->result->type.dtype, w->loc);
+        place_before(before, nbefore, first, args[low]->def);
       }
+      IrValue *c = ir_emit(f, E->opcode, args, E->nargs, E->attrs, E->nattrs, NULL, E->loc); /* placed below */
+      place_before(before, nbefore, first, c->def);
       for (int j = 0; j < fu->nusers[e]; j++)
         if (root(fu, fu->users[e][j]) == ku) copy_for[fu->users[e][j]] = c;
       any = true;
@@ -432,8 +473,7 @@ static bool rematerialise(Fuse *fu) {
   IrOp **ops = ARENA_ARRAY(fu->a, IrOp *, f->nops);
   int m = 0;
   for (int i = 0; i < n; i++) {
-    if (before[i]) ops[m++] = before[i];
-    if (extra[i]) ops[m++] = extra[i];
+    for (int k = 0; k < nbefore[i]; k++) ops[m++] = before[REMAT_BEFORE * i + k];
     ops[m++] = f->ops[i];
   }
   GRADC_ASSERT(m == f->nops);
