@@ -257,14 +257,14 @@ static dnnl_memory_t *args_for(Ctx *x, const Prim *p, const void *a, const void 
   const dnnl_memory_desc_t *mds[NARGS] = {&p->a, &p->b, &p->c, NULL, NULL};
   if (p->d.epilogue == CPU_EPI_RESIDUAL) mds[3] = &p->extra;
   else if (p->d.epilogue != CPU_EPI_NONE) mds[3] = &p->bias;
-  dnnl_memory_desc_t smd;
-  if (p->scratch) {
-    dnnl_status_t st = dnnl_memory_desc_init_by_tag(&smd, 1, (dnnl_dims_t){(int64_t)p->scratch}, dnnl_u8, dnnl_a);
-    GRADC_ASSERT(st == dnnl_success);
-    mds[4] = &smd;
-  }
   void *ptr[NARGS] = {(void *)a, (void *)b, c, (void *)extra, x->scratch};
   if (s->prim != p) {
+    dnnl_memory_desc_t smd;
+    if (p->scratch) {
+      dnnl_status_t st = dnnl_memory_desc_init_by_tag(&smd, 1, (dnnl_dims_t){(int64_t)p->scratch}, dnnl_u8, dnnl_a);
+      GRADC_ASSERT(st == dnnl_success);
+      mds[4] = &smd;
+    }
     for (int k = 0; k < NARGS; k++) {
       if (s->m[k]) dnnl_memory_destroy(s->m[k]);
       s->m[k] = NULL;
