@@ -127,6 +127,19 @@ static double run_both(IrFunc *f, int K, int threads, uint64_t seed, double tol,
   return worst;
 }
 
+/* Model text (name for errors) compiled for K micro-batches and run
+ * through the CPU pipeline. */
+static FeModel *planned_model(const char *name, const char *text, int K) {
+  Diag d;
+  FeModel *m = tu_compile(name, text, K, &d);
+  if (!m) fail_msg("%s: %s", name, sb_str(&d.log));
+  diag_free(&d);
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  run_pipeline(m->func, pipe, n, K);
+  return m;
+}
+
 static char *replace_all(const char *s, const char *from, const char *to) {
   size_t nf = strlen(from), nt = strlen(to), cap = strlen(s) * 2 + 16, k = 0;
   char *r = malloc(cap);
@@ -278,17 +291,11 @@ static const char stacked_src[] =
 
 static void test_cpu_stacked_views(void **state) {
   (void)state;
-  int n;
-  const char *const *pipe = pass_pipeline_cpu(&n);
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(stacked_src, "f32", "f64") : strdup(stacked_src);
     for (int K = 1; K <= 3; K += 2) {
-      Diag d;
-      FeModel *m = tu_compile("stacked.gdl", text, K, &d);
-      if (!m) fail_msg("stacked.gdl: %s", sb_str(&d.log));
-      diag_free(&d);
+      FeModel *m = planned_model("stacked.gdl", text, K);
       IrFunc *f = m->func;
-      run_pipeline(f, pipe, n, K);
       /* No copies: every slice and unslice is a group-0 view, and no
        * matmul is batched. */
       for (int i = 0; i < f->nops; i++) {
@@ -337,17 +344,11 @@ static const char colsum_src[] =
 
 static void test_cpu_colsums(void **state) {
   (void)state;
-  int n;
-  const char *const *pipe = pass_pipeline_cpu(&n);
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(colsum_src, "f32", "f64") : strdup(colsum_src);
     for (int K = 1; K <= 3; K += 2) {
-      Diag d;
-      FeModel *m = tu_compile("colsum.gdl", text, K, &d);
-      if (!m) fail_msg("colsum.gdl: %s", sb_str(&d.log));
-      diag_free(&d);
+      FeModel *m = planned_model("colsum.gdl", text, K);
       IrFunc *f = m->func;
-      run_pipeline(f, pipe, n, K);
       /* Both bias gradients are column sums in the kernels of their operands. */
       Arena a;
       arena_init(&a);
@@ -401,17 +402,11 @@ static const char attention_src[] =
 
 static void test_cpu_attention_views(void **state) {
   (void)state;
-  int n;
-  const char *const *pipe = pass_pipeline_cpu(&n);
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(attention_src, "f32", "f64") : strdup(attention_src);
     for (int K = 1; K <= 3; K += 2) {
-      Diag d;
-      FeModel *m = tu_compile("attn.gdl", text, K, &d);
-      if (!m) fail_msg("attn.gdl: %s", sb_str(&d.log));
-      diag_free(&d);
+      FeModel *m = planned_model("attn.gdl", text, K);
       IrFunc *f = m->func;
-      run_pipeline(f, pipe, n, K);
       /* No copies: every permute, slice and concat is a view or an alias. */
       int views = 0;
       for (int i = 0; i < f->nops; i++) {
