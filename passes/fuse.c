@@ -370,7 +370,7 @@ static bool fuse_outside(const IrOp *op, void *ctx) {
  * anyway).  Each reading kernel gets its own copy of E, placed before
  * its first reader; grouping then runs again, so the copy joins it. */
 #define REMAT_MIN_ELEMS 4096
-#define REMAT_BEFORE 4 /* copies placed before one op: two values, each with its cast */
+#define REMAT_BEFORE 6 /* copies placed before one op: one per operand it reads, each with its cast */
 
 static void place_before(IrOp **before, int *nbefore, int i, IrOp *op) {
   GRADC_ASSERT(nbefore[i] < REMAT_BEFORE);
