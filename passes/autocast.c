@@ -35,10 +35,7 @@
  * Requires: the forward function, before autodiff.  Guarantees: no matmul
  * with f32 operands is left when PassOptions.precision is bf16 or f16;
  * with f32 (the default) nothing changes. */
-#include <stdlib.h>
-
 #include "passes.h"
-#include "support/support.h"
 
 static bool moves(const IrOp *op) {
   return op->opcode == IR_OP_RESHAPE || op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_SLICE;
@@ -62,13 +59,12 @@ static IrValue *narrow(IrFunc *f, IrValue *a, IrDType low, IrLoc loc, IrValue **
 }
 
 PassResult pass_autocast(IrFunc *f, const PassOptions *o, Arena *scratch) {
-  (void)scratch;
   IrDType low = o->precision;
   if (low != IR_DT_BF16 && low != IR_DT_F16) return PASS_UNCHANGED;
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->opcode == IR_OP_GRAD) return PASS_UNCHANGED; /* after autodiff: too late, and not needed */
   int nops = f->nops, changed = 0, nmemo = f->nvalues;
-  IrValue **memo = mem_calloc((size_t)nmemo + 1, sizeof *memo);
+  IrValue **memo = ARENA_ARRAY(scratch, IrValue *, nmemo + 1);
   for (int i = 0; i < nops; i++) f->ops[i]->mark = 0;
   for (int i = 0; i < nops; i++) {
     IrOp *op = f->ops[i];
@@ -83,7 +79,6 @@ PassResult pass_autocast(IrFunc *f, const PassOptions *o, Arena *scratch) {
     op->mark = 1;
     changed++;
   }
-  free(memo);
   if (!changed) return PASS_UNCHANGED;
   ir_func_remove_marked(f);
   if (!ir_func_topo_sort(f)) GRADC_ASSERT(!"autocast produced a cycle");

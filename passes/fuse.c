@@ -497,17 +497,15 @@ static bool rematerialise(Fuse *fu) {
  * edges between row-kernel ops, then siblings over one value. */
 /* Whether op, a row op reading value x made by a row op, is gelu's
  * derivative to be fused forward (the exception above): x is not a bias
- * added to a widened low-precision value. */
-static bool derivative_forward(const IrOp *op, const IrValue *x) {
+ * added to a widened low-precision value, which rematerialise recomputes
+ * instead (its large operand a low_widening). */
+static bool derivative_forward(Fuse *fu, const IrOp *op, const IrValue *x) {
   if (op->opcode != IR_OP_GELU_GRAD && op->opcode != IR_OP_GELU_ERF_GRAD) return false;
   const IrOp *e = x->def;
   if (!e || !remat_op(e->opcode)) return true;
-  for (int k = 0; k < e->nargs; k++) {
-    const IrOp *c = e->args[k]->def;
-    if (c && c->opcode == IR_OP_CAST && ir_numel(&e->args[k]->type.shape) == ir_numel(&x->type.shape) &&
-        (c->args[0]->type.dtype == IR_DT_BF16 || c->args[0]->type.dtype == IR_DT_F16))
-      return false;
-  }
+  int ke = node(fu, pos_of(e));
+  for (int k = 0; k < e->nargs; k++)
+    if (ir_numel(&e->args[k]->type.shape) == ir_numel(&x->type.shape) && low_widening(fu, e->args[k], ke)) return false;
   return true;
 }
 
@@ -534,7 +532,7 @@ static void merge_candidates(Fuse *fu, const int *depth) {
       IrOp *d = op->args[k]->def;
       if (!d || fu->kind[pos_of(d)] != K_ROW) continue;
       int64_t w = ir_numel(&op->args[k]->type.shape);
-      ADD_CAND(w + derivative_forward(op, op->args[k]), pos_of(d), i, NULL); /* ahead of equal weights */
+      ADD_CAND(w + derivative_forward(fu, op, op->args[k]), pos_of(d), i, NULL); /* ahead of equal weights */
     }
   }
   /* Siblings: row-kernel readers of one value (not a const), in depth order, consecutive pairs. */
