@@ -127,19 +127,6 @@ static double run_both(IrFunc *f, int K, int threads, uint64_t seed, double tol,
   return worst;
 }
 
-/* Model text (name for errors) compiled for K micro-batches and run
- * through the CPU pipeline. */
-static FeModel *planned_model(const char *name, const char *text, int K) {
-  Diag d;
-  FeModel *m = tu_compile(name, text, K, &d);
-  if (!m) fail_msg("%s: %s", name, sb_str(&d.log));
-  diag_free(&d);
-  int n;
-  const char *const *pipe = pass_pipeline_cpu(&n);
-  run_pipeline(m->func, pipe, n, K);
-  return m;
-}
-
 static char *replace_all(const char *s, const char *from, const char *to) {
   size_t nf = strlen(from), nt = strlen(to), cap = strlen(s) * 2 + 16, k = 0;
   char *r = malloc(cap);
@@ -155,6 +142,45 @@ static char *replace_all(const char *s, const char *from, const char *to) {
   }
   r[k] = 0;
   return r;
+}
+
+/* A model case: its f32 source, run as written and in f64, at K = 1 and
+ * 3: compiled through the CPU pipeline, its structure checked by check,
+ * then run against the interpreter at threads 1 to 3 in steps of
+ * thread_step (seed + K). */
+typedef struct ModelCase {
+  const char *name;
+  const char *src;
+  int thread_step;
+  uint64_t seed;
+  void (*check)(IrFunc *f);
+} ModelCase;
+
+static void run_model_case(const ModelCase *c) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.gdl", c->name);
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  for (int prec = 0; prec < 2; prec++) {
+    char *text = prec ? replace_all(c->src, "f32", "f64") : strdup(c->src);
+    for (int K = 1; K <= 3; K += 2) {
+      Diag d;
+      FeModel *m = tu_compile(file, text, K, &d);
+      if (!m) fail_msg("%s: %s", file, sb_str(&d.log));
+      diag_free(&d);
+      IrFunc *f = m->func;
+      run_pipeline(f, pipe, n, K);
+      c->check(f);
+      for (int threads = 1; threads <= 3; threads += c->thread_step) {
+        char label[64];
+        snprintf(label, sizeof label, "%s %s threads=%d K=%d", c->name, prec ? "f64" : "f32", threads, K);
+        double e = run_both(f, K, threads, c->seed + (uint64_t)K, prec ? 1e-12 : 1e-5, label);
+        print_message("  %-30s worst relative error %.3g\n", label, e);
+      }
+      fe_model_free(m);
+    }
+    free(text);
+  }
 }
 
 /* ------------------------------------------------------------------ */
@@ -289,31 +315,20 @@ static const char stacked_src[] =
     "  loss ce = cross_entropy(h @ head, y)\n"
     "}\n";
 
+/* No copies: every slice and unslice is a group-0 view, and no matmul is
+ * batched. */
+static void check_stacked(IrFunc *f) {
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode == IR_OP_SLICE || op->opcode == IR_OP_UNSLICE) assert_int_equal(op->group, 0);
+    if (op->opcode == IR_OP_MATMUL) assert_true(op->args[0]->type.shape.rank <= 3 && op->args[1]->type.shape.rank <= 2);
+    if (op->opcode == IR_OP_UNSLICE) assert_int_equal(op->result->storage, IR_STORE_GRAD);
+  }
+}
+
 static void test_cpu_stacked_views(void **state) {
   (void)state;
-  for (int prec = 0; prec < 2; prec++) {
-    char *text = prec ? replace_all(stacked_src, "f32", "f64") : strdup(stacked_src);
-    for (int K = 1; K <= 3; K += 2) {
-      FeModel *m = planned_model("stacked.gdl", text, K);
-      IrFunc *f = m->func;
-      /* No copies: every slice and unslice is a group-0 view, and no
-       * matmul is batched. */
-      for (int i = 0; i < f->nops; i++) {
-        const IrOp *op = f->ops[i];
-        if (op->opcode == IR_OP_SLICE || op->opcode == IR_OP_UNSLICE) assert_int_equal(op->group, 0);
-        if (op->opcode == IR_OP_MATMUL) assert_true(op->args[0]->type.shape.rank <= 3 && op->args[1]->type.shape.rank <= 2);
-        if (op->opcode == IR_OP_UNSLICE) assert_int_equal(op->result->storage, IR_STORE_GRAD);
-      }
-      for (int threads = 1; threads <= 3; threads += 2) {
-        char label[64];
-        snprintf(label, sizeof label, "stacked %s threads=%d K=%d", prec ? "f64" : "f32", threads, K);
-        double e = run_both(f, K, threads, 21 + (uint64_t)K, prec ? 1e-12 : 1e-5, label);
-        print_message("  %-28s worst relative error %.3g\n", label, e);
-      }
-      fe_model_free(m);
-    }
-    free(text);
-  }
+  run_model_case(&(ModelCase){"stacked", stacked_src, 2, 21, check_stacked});
 }
 
 /* ------------------------------------------------------------------ */
@@ -342,34 +357,23 @@ static const char colsum_src[] =
     "  loss ce = cross_entropy(g @ head, y)\n"
     "}\n";
 
+/* Both bias gradients are column sums in the kernels of their operands. */
+static void check_colsums(IrFunc *f) {
+  Arena a;
+  arena_init(&a);
+  KpKernels ks;
+  char err[256];
+  if (!kp_kernels_find(f, &a, &ks, err, sizeof err)) fail_msg("kernels: %s", err);
+  int fused = 0;
+  for (int k = 0; k < ks.n; k++)
+    if (ks.k[k].row && ks.k[k].layout.group == 10 && ks.k[k].n > 1) fused++;
+  assert_int_equal(fused, 2);
+  arena_free(&a);
+}
+
 static void test_cpu_colsums(void **state) {
   (void)state;
-  for (int prec = 0; prec < 2; prec++) {
-    char *text = prec ? replace_all(colsum_src, "f32", "f64") : strdup(colsum_src);
-    for (int K = 1; K <= 3; K += 2) {
-      FeModel *m = planned_model("colsum.gdl", text, K);
-      IrFunc *f = m->func;
-      /* Both bias gradients are column sums in the kernels of their operands. */
-      Arena a;
-      arena_init(&a);
-      KpKernels ks;
-      char err[256];
-      if (!kp_kernels_find(f, &a, &ks, err, sizeof err)) fail_msg("kernels: %s", err);
-      int fused = 0;
-      for (int k = 0; k < ks.n; k++)
-        if (ks.k[k].row && ks.k[k].layout.group == 10 && ks.k[k].n > 1) fused++;
-      assert_int_equal(fused, 2);
-      arena_free(&a);
-      for (int threads = 1; threads <= 3; threads++) {
-        char label[64];
-        snprintf(label, sizeof label, "colsum %s threads=%d K=%d", prec ? "f64" : "f32", threads, K);
-        double e = run_both(f, K, threads, 31 + (uint64_t)K, prec ? 1e-12 : 1e-5, label);
-        print_message("  %-28s worst relative error %.3g\n", label, e);
-      }
-      fe_model_free(m);
-    }
-    free(text);
-  }
+  run_model_case(&(ModelCase){"colsum", colsum_src, 1, 31, check_colsums});
 }
 
 /* Causal attention with heads (tinygpt's): q, k and v are read out of
@@ -400,32 +404,21 @@ static const char attention_src[] =
     "  loss ce = cross_entropy(o, y)\n"
     "}\n";
 
+/* No copies: every permute, slice and concat is a view or an alias. */
+static void check_attention(IrFunc *f) {
+  int views = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    bool mover = op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_SLICE || op->opcode == IR_OP_CONCAT;
+    if (mover) assert_int_equal(op->group, 0);
+    if (op->opcode == IR_OP_MATMUL && op->result->storage == IR_STORE_NONE) views++;
+  }
+  assert_true(views >= 4); /* att @ v, dq, dk, dv write in place */
+}
+
 static void test_cpu_attention_views(void **state) {
   (void)state;
-  for (int prec = 0; prec < 2; prec++) {
-    char *text = prec ? replace_all(attention_src, "f32", "f64") : strdup(attention_src);
-    for (int K = 1; K <= 3; K += 2) {
-      FeModel *m = planned_model("attn.gdl", text, K);
-      IrFunc *f = m->func;
-      /* No copies: every permute, slice and concat is a view or an alias. */
-      int views = 0;
-      for (int i = 0; i < f->nops; i++) {
-        const IrOp *op = f->ops[i];
-        bool mover = op->opcode == IR_OP_PERMUTE || op->opcode == IR_OP_SLICE || op->opcode == IR_OP_CONCAT;
-        if (mover) assert_int_equal(op->group, 0);
-        if (op->opcode == IR_OP_MATMUL && op->result->storage == IR_STORE_NONE) views++;
-      }
-      assert_true(views >= 4); /* att @ v, dq, dk, dv write in place */
-      for (int threads = 1; threads <= 3; threads += 2) {
-        char label[64];
-        snprintf(label, sizeof label, "attention %s threads=%d K=%d", prec ? "f64" : "f32", threads, K);
-        double e = run_both(f, K, threads, 31 + (uint64_t)K, prec ? 1e-12 : 1e-5, label);
-        print_message("  %-30s worst relative error %.3g\n", label, e);
-      }
-      fe_model_free(m);
-    }
-    free(text);
-  }
+  run_model_case(&(ModelCase){"attention", attention_src, 2, 31, check_attention});
 }
 
 /* An unslice that memplan cannot fill in place (its operand is an input,
