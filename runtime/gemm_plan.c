@@ -61,6 +61,34 @@ void rt_gemm_batch_index(const IrShape *batch, const IrShape *ob, int64_t *out) 
   }
 }
 
+bool rt_gemm_grid(const int64_t *const off[3], int64_t nb, RtGemmGrid *g) {
+  if (nb < 2) return false;
+  int64_t n2 = nb; /* the shortest run of equal steps of the three */
+  for (int k = 0; k < 3; k++) {
+    int64_t r = 1;
+    while (r < nb && off[k][r] - off[k][r - 1] == off[k][1] - off[k][0]) r++;
+    if (r < n2) n2 = r;
+  }
+  if (nb % n2) return false;
+  g->n1 = nb / n2;
+  g->n2 = n2;
+  for (int k = 0; k < 3; k++) {
+    g->s2[k] = n2 > 1 ? off[k][1] - off[k][0] : 0;
+    g->s1[k] = g->n1 > 1 ? off[k][n2] - off[k][0] : 0;
+    for (int64_t t = 0; t < nb; t++)
+      if (off[k][t] != off[k][0] + t / n2 * g->s1[k] + t % n2 * g->s2[k]) return false;
+  }
+  if (n2 == nb) { /* one level: as the outer one, which pieces split */
+    g->n1 = nb;
+    g->n2 = 1;
+    for (int k = 0; k < 3; k++) {
+      g->s1[k] = g->s2[k];
+      g->s2[k] = 0;
+    }
+  }
+  return true;
+}
+
 static void alloc_offsets(RtGemmPlan *g) {
   g->aoff = mem_calloc((size_t)g->nb, sizeof(int64_t));
   g->boff = mem_calloc((size_t)g->nb, sizeof(int64_t));

@@ -49,6 +49,19 @@ void rt_gemm_plan_free(RtGemmPlan *g);
  * a batch of shape `batch` reads; broadcast dims (size 1) repeat theirs. */
 void rt_gemm_batch_index(const IrShape *batch, const IrShape *ob, int64_t *out);
 
+/* A plan's nb matrices as a grid of n1 x n2: matrix t = o*n2 + i of A
+ * (B, C: k = 1, 2) at off[k][0] + o*s1[k] + i*s2[k], a stride 0 where
+ * every o (i) reads one matrix; n2 = 1 where one level does (attention's
+ * heads as columns of [B, T, C] need two: C/NH apart within a sample,
+ * T*C between samples).  False when the offsets are no such grid or nb
+ * is 1.  What lets a batch run as one BLAS call (gemm.h's batch and
+ * outer levels). */
+typedef struct RtGemmGrid {
+  int64_t n1, n2;
+  int64_t s1[3], s2[3];
+} RtGemmGrid;
+bool rt_gemm_grid(const int64_t *const off[3], int64_t nb, RtGemmGrid *g);
+
 /* ------------------------------------------------------------------ */
 /* Helpers of the executors                                            */
 /* ------------------------------------------------------------------ */

@@ -337,6 +337,9 @@ int cpu_program_absorbed_kernels(const CpuProgram *p);
 /* GEMMs whose pieces read a transposed A copied dense per row block
  * (exec.c gemm_schedule: bf16 on the provider's own kernels). */
 int cpu_program_packed_gemms(const CpuProgram *p);
+/* GEMMs whose batch runs as a few batched provider calls rather than a
+ * call per matrix (exec.c gemm_group). */
+int cpu_program_batched_gemms(const CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

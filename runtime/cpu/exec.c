@@ -78,6 +78,11 @@ typedef struct Gemm {
   bool inline_run;
   int threads; /* the provider's threads per call: 1, or all of them (GRADC_GEMM_THREADS=library) */
   int64_t pm, pn, mblk, nblk;
+  /* A batch whose matrices lie on a grid (rt_gemm_grid) runs as a few
+   * provider calls, bo rows of the grid each (gemm_group); bo 0: a call
+   * per matrix. */
+  RtGemmGrid grid;
+  int64_t bo;
   CpuGemm *plans[8];
   int nplans;
   bool widen; /* bf16/f16 A and B widened to f32 scratch first (f16 always; bf16 where f32 is faster) */
@@ -344,14 +349,37 @@ static void gemm_schedule(Gemm *g, int nt, bool library) {
   GRADC_ASSERT(!g->pack_a || g->pn == 1); /* one piece per row block writes its packed A */
 }
 
+/* A batch of matrices too small to cut (one piece each) whose offsets
+ * are a grid runs as one provider call per block of bo grid rows: one
+ * call in all inline or where the provider threads it, else a block per
+ * thread when that keeps them busy to within 1/8.  A batched call
+ * multiplies the batch in one go where a call per matrix paid the
+ * library's per-call work each time: oneDNN 2.6.3 takes 9.2 us for
+ * attention's 32 heads of 32x32x16 in one call against 20.8 us in 32
+ * (tinygpt small, one thread; docs/DECISIONS.md). */
+static void gemm_group(Gemm *g, int nt) {
+  g->bo = 0;
+  const int64_t *const off[3] = {g->aoff, g->boff, g->coff};
+  RtGemmGrid q;
+  if (g->nb < 2 || g->pm * g->pn != 1 || g->epi != CPU_EPI_NONE || !rt_gemm_grid(off, g->nb, &q)) return;
+  int64_t bo = g->inline_run ? q.n1 : ceil_div(q.n1, nt);
+  if (!g->inline_run && 8 * bo * nt > 9 * q.n1) return;
+  g->grid = q;
+  g->bo = bo;
+}
+
+/* Pieces of one run of g. */
+static int64_t gemm_npieces(const Gemm *g) { return g->bo ? ceil_div(g->grid.n1, g->bo) : g->nb * g->pm * g->pn; }
+
 /* Whether g's provider writes its bf16 result itself (rounding its f32
  * accumulator as the cast after it would): a bf16 GEMM that is not
  * widened, into a bf16 buffer.  Otherwise a bf16/f16 result is the f32
  * product rounded by low_copy. */
 static bool gemm_writes_low(const Gemm *g) { return g->dt == IR_DT_BF16 && !g->widen && g->cdt == IR_DT_BF16; }
 
-/* The provider's descriptor of one m x n piece (a tc GEMM as C^T = B^T A^T). */
-static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
+/* The provider's descriptor of one m x n piece (a tc GEMM as C^T = B^T
+ * A^T), of `rows` rows of g's grid (0: one matrix). */
+static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc, int64_t rows) {
   CpuGemmType t = g->dt == IR_DT_F64 ? CPU_GEMM_F64 : g->dt == IR_DT_BF16 && !g->widen ? CPU_GEMM_BF16 : CPU_GEMM_F32;
   CpuGemmDesc d = {.type = t, .accumulate = acc, .c_bf16 = gemm_writes_low(g), .K = g->K,
                    .ldc = g->ldc, .threads = g->threads, .epilogue = g->epi, .ldr = g->ldr};
@@ -360,39 +388,54 @@ static CpuGemmDesc piece_desc(const Gemm *g, int64_t m, int64_t n, bool acc) {
   } else {
     d.ta = g->ta, d.tb = g->tb, d.M = m, d.N = n, d.lda = g->pack_a ? m : g->lda, d.ldb = g->ldb;
   }
+  if (rows) {
+    const RtGemmGrid *q = &g->grid;
+    int ka = g->tc ? 1 : 0, kb = 1 - ka; /* the provider's A is B when C is transposed */
+    if (q->n2 == 1) {
+      d.batch = rows, d.stride_a = q->s1[ka], d.stride_b = q->s1[kb], d.stride_c = q->s1[2];
+    } else {
+      d.outer = rows, d.outer_a = q->s1[ka], d.outer_b = q->s1[kb], d.outer_c = q->s1[2];
+      d.batch = q->n2, d.stride_a = q->s2[ka], d.stride_b = q->s2[kb], d.stride_c = q->s2[2];
+    }
+  }
   return d;
 }
 
-/* The plan of an m x n piece (planned by gemm_plan_pieces). */
-static const CpuGemm *piece_plan(const Gemm *g, int64_t m, int64_t n, bool acc) {
-  for (int i = 0; i < g->nplans; i++) {
-    const CpuGemmDesc *d = cpu_gemm_desc(g->plans[i]);
-    if (d->accumulate == acc && (g->tc ? d->N == m && d->M == n : d->M == m && d->N == n)) return g->plans[i];
-  }
+static bool same_piece(const CpuGemmDesc *x, const CpuGemmDesc *y) {
+  return x->M == y->M && x->N == y->N && x->accumulate == y->accumulate && x->batch == y->batch &&
+         x->outer == y->outer;
+}
+
+/* The plan of an m x n piece of `rows` grid rows (planned by gemm_plan_pieces). */
+static const CpuGemm *piece_plan(const Gemm *g, int64_t m, int64_t n, bool acc, int64_t rows) {
+  CpuGemmDesc want = piece_desc(g, m, n, acc, rows);
+  for (int i = 0; i < g->nplans; i++)
+    if (same_piece(cpu_gemm_desc(g->plans[i]), &want)) return g->plans[i];
   GRADC_ASSERT(!"a GEMM piece without a plan");
   return NULL;
 }
 
 static bool add_plan(Gemm *g, const CpuGemmProvider *prov, CpuGemmDesc d, char *err, size_t n) {
-  for (int i = 0; i < g->nplans; i++) {
-    const CpuGemmDesc *e = cpu_gemm_desc(g->plans[i]);
-    if (e->M == d.M && e->N == d.N && e->accumulate == d.accumulate) return true;
-  }
+  for (int i = 0; i < g->nplans; i++)
+    if (same_piece(cpu_gemm_desc(g->plans[i]), &d)) return true;
   GRADC_ASSERT(g->nplans < (int)(sizeof g->plans / sizeof *g->plans));
   g->plans[g->nplans] = cpu_gemm_plan(prov, &d, err, n);
   return g->plans[g->nplans++] != NULL;
 }
 
-/* Every plan g's runs need: the grid's (up to) four piece shapes, for
- * each beta it runs with. */
+/* Every plan g's runs need: the grid's (up to) four piece shapes, or
+ * the batch's (up to) two block heights, for each beta it runs with. */
 static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, size_t n) {
   int64_t ms[2] = {g->mblk, g->M - (g->pm - 1) * g->mblk}, ns[2] = {g->nblk, g->N - (g->pn - 1) * g->nblk};
+  int64_t rows[2] = {g->bo, g->grid.n1 - (gemm_npieces(g) - 1) * g->bo};
   for (int b = 0; b < 2; b++) {
     bool acc = b == 1;
     if (acc ? !g->accumulate : g->accumulate && !g->store_first) continue;
     for (int i = 0; i < 2; i++)
-      for (int j = 0; j < 2; j++)
-        if (!add_plan(g, prov, piece_desc(g, ms[i], ns[j], acc), err, n)) return false;
+      for (int j = 0; j < 2; j++) {
+        CpuGemmDesc d = g->bo ? piece_desc(g, g->M, g->N, acc, rows[j]) : piece_desc(g, ms[i], ns[j], acc, 0);
+        if (!add_plan(g, prov, d, err, n)) return false;
+      }
   }
   return true;
 }
@@ -414,6 +457,18 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
    * the provider writes bf16). */
   int64_t es = g->dt == IR_DT_F64 ? 8 : g->dt == IR_DT_BF16 && !g->widen ? 2 : 4;
   int64_t esc = g->dt == IR_DT_F64 ? 8 : gemm_writes_low(g) ? 2 : 4;
+  if (g->bo) { /* blocks of grid rows, one call each */
+    for (int64_t i = begin; i < end; i++) {
+      int64_t o = i * g->bo, rows = g->grid.n1 - o < g->bo ? g->grid.n1 - o : g->bo;
+      const char *a = r->abase + (g->aoff[0] + o * g->grid.s1[0]) * es;
+      const char *b = r->bbase + (g->boff[0] + o * g->grid.s1[1]) * es;
+      char *c = r->cbase + (g->coff[0] + o * g->grid.s1[2]) * esc;
+      const CpuGemm *plan = piece_plan(g, g->M, g->N, r->acc, rows);
+      if (g->tc) cpu_gemm_run(plan, b, a, c, NULL);
+      else cpu_gemm_run(plan, a, b, c, NULL);
+    }
+    return;
+  }
   int64_t per = g->pm * g->pn;
   for (int64_t i = begin; i < end; i++) {
     int64_t t = i / per, qm = i % per / g->pn, qn = i % g->pn;
@@ -429,7 +484,7 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
     }
     b += (g->tb ? n0 * g->ldb : n0) * es;
     c += (g->tc ? n0 * g->ldc + m0 : m0 * g->ldc + n0) * esc;
-    const CpuGemm *plan = piece_plan(g, M, N, r->acc);
+    const CpuGemm *plan = piece_plan(g, M, N, r->acc, 0);
     /* The piece's part of the bias (columns n0...) or residual (rows m0...). */
     const float *extra = NULL;
     if (g->epi == CPU_EPI_RESIDUAL) extra = (const float *)(r->arena + g->extra) + m0 * g->ldr + n0;
@@ -540,8 +595,8 @@ static void run_gemm(CpuProgram *p, const Gemm *g, bool first) {
     }
   }
   if (g->pack_a) r.pack = (char *)(p->low + nc);
-  if (g->inline_run) gemm_pieces(&r, 0, g->nb * g->pm * g->pn);
-  else pool_run(p->pool, g->nb * g->pm * g->pn, 1, gemm_pieces, &r);
+  if (g->inline_run) gemm_pieces(&r, 0, gemm_npieces(g));
+  else pool_run(p->pool, gemm_npieces(g), 1, gemm_pieces, &r);
   if (round) low_copy_run(p, p->low, p->arena + g->c, nc, g->cdt, false);
 }
 
@@ -1055,6 +1110,12 @@ int cpu_program_packed_gemms(const CpuProgram *p) {
   return n;
 }
 
+int cpu_program_batched_gemms(const CpuProgram *p) {
+  int n = 0;
+  for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_GEMM && p->code[i].gemm.bo > 0;
+  return n;
+}
+
 int cpu_program_absorbed_kernels(const CpuProgram *p) {
   int n = 0;
   for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_KERNEL && p->code[i].absorbed;
@@ -1170,6 +1231,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     if (p->code[i].kind != I_GEMM) continue;
     g->widen = g->dt == IR_DT_F16 || (g->dt == IR_DT_BF16 && cpu_gemm_bf16_widen(p->gemm));
     gemm_schedule(g, p->threads, library);
+    gemm_group(g, p->threads);
     char e[1024];
     bool ok = gemm_plan_pieces(g, p->gemm, e, sizeof e);
     bool fused = true;

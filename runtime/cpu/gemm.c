@@ -25,6 +25,19 @@
 #include "support/support.h"
 
 /* ------------------------------------------------------------------ */
+/* Batches                                                             */
+/* ------------------------------------------------------------------ */
+
+int64_t cpu_gemm_count(const CpuGemmDesc *d) { return (d->outer > 0 ? d->outer : 1) * (d->batch > 0 ? d->batch : 1); }
+
+void cpu_gemm_offsets(const CpuGemmDesc *d, int64_t u, int64_t *a, int64_t *b, int64_t *c) {
+  int64_t nb = d->batch > 0 ? d->batch : 1, o = u / nb, t = u % nb;
+  *a = o * d->outer_a + t * d->stride_a;
+  *b = o * d->outer_b + t * d->stride_b;
+  *c = o * d->outer_c + t * d->stride_c;
+}
+
+/* ------------------------------------------------------------------ */
 /* The plain loops: a build without any GEMM library                   */
 /* ------------------------------------------------------------------ */
 #if !defined(GRADC_HAVE_ONEDNN) && !defined(GRADC_HAVE_BLAS) && !defined(GRADC_HAVE_BLIS)
@@ -49,19 +62,20 @@ static void *loops_plan(const CpuGemmDesc *d, char *err, size_t n) {
 static void loops_run(void *p, const CpuGemmDesc *d, const void *a, const void *b, void *c, const float *extra) {
   (void)p, (void)extra;
   bool dbl = d->type == CPU_GEMM_F64;
-  int64_t nb = d->batch > 0 ? d->batch : 1;
-  for (int64_t t = 0; t < nb; t++)
+  for (int64_t u = 0; u < cpu_gemm_count(d); u++)
     for (int64_t i = 0; i < d->M; i++)
       for (int64_t j = 0; j < d->N; j++) {
+        int64_t oa, ob, oc;
+        cpu_gemm_offsets(d, u, &oa, &ob, &oc);
         double s = 0;
         float sf = 0;
         for (int64_t k = 0; k < d->K; k++) {
-          int64_t ia = t * d->stride_a + (d->ta ? k * d->lda + i : i * d->lda + k);
-          int64_t ib = t * d->stride_b + (d->tb ? j * d->ldb + k : k * d->ldb + j);
+          int64_t ia = oa + (d->ta ? k * d->lda + i : i * d->lda + k);
+          int64_t ib = ob + (d->tb ? j * d->ldb + k : k * d->ldb + j);
           if (dbl) s += ((const double *)a)[ia] * ((const double *)b)[ib];
           else sf += ((const float *)a)[ia] * ((const float *)b)[ib];
         }
-        int64_t ic = t * d->stride_c + i * d->ldc + j;
+        int64_t ic = oc + i * d->ldc + j;
         if (dbl) ((double *)c)[ic] = s + (d->accumulate ? ((double *)c)[ic] : 0);
         else ((float *)c)[ic] = sf + (d->accumulate ? ((float *)c)[ic] : 0.0f);
       }
@@ -131,7 +145,12 @@ struct CpuGemm {
 const CpuGemmDesc *cpu_gemm_desc(const CpuGemm *g) { return &g->d; }
 bool cpu_gemm_fused(const CpuGemm *g) { return g->d.epilogue != CPU_EPI_NONE && !g->epi_loop; }
 
-static int64_t nbatch(const CpuGemmDesc *d) { return d->batch > 0 ? d->batch : 1; }
+/* The fallbacks' f32 copies (widened operands, a product in scratch)
+ * hold every matrix of the batch, contiguous, outer-major. */
+static void dense_batch(const CpuGemmDesc *d, int64_t per, int64_t *stride, int64_t *outer) {
+  *stride = per;
+  *outer = (d->batch > 0 ? d->batch : 1) * per;
+}
 
 CpuGemm *cpu_gemm_plan(const CpuGemmProvider *p, const CpuGemmDesc *d, char *err, size_t n) {
   CpuGemm *g = mem_calloc(1, sizeof *g);
@@ -150,7 +169,7 @@ CpuGemm *cpu_gemm_plan(const CpuGemmProvider *p, const CpuGemmDesc *d, char *err
     g->round_c = true;
     g->pd.c_bf16 = false;
     g->pd.ldc = d->N;
-    g->pd.stride_c = d->M * d->N;
+    dense_batch(d, d->M * d->N, &g->pd.stride_c, &g->pd.outer_c);
     g->impl = p->plan(&g->pd, why, sizeof why);
   }
   if (!g->impl && d->type == CPU_GEMM_BF16) {
@@ -158,8 +177,8 @@ CpuGemm *cpu_gemm_plan(const CpuGemmProvider *p, const CpuGemmDesc *d, char *err
     g->pd.type = CPU_GEMM_F32;
     g->pd.lda = d->ta ? d->M : d->K;
     g->pd.ldb = d->tb ? d->K : d->N;
-    g->pd.stride_a = d->stride_a ? d->M * d->K : 0;
-    g->pd.stride_b = d->stride_b ? d->K * d->N : 0;
+    if (d->stride_a || d->outer_a) dense_batch(d, d->M * d->K, &g->pd.stride_a, &g->pd.outer_a);
+    if (d->stride_b || d->outer_b) dense_batch(d, d->K * d->N, &g->pd.stride_b, &g->pd.outer_b);
     g->impl = p->plan(&g->pd, why, sizeof why);
   }
   if (!g->impl && d->epilogue != CPU_EPI_NONE) {
@@ -183,7 +202,7 @@ CpuGemm *cpu_gemm_plan(const CpuGemmProvider *p, const CpuGemmDesc *d, char *err
     g->scratch_c = true;
     g->pd.accumulate = false;
     g->pd.ldc = d->N;
-    g->pd.stride_c = d->M * d->N;
+    dense_batch(d, d->M * d->N, &g->pd.stride_c, &g->pd.outer_c);
   }
   return g;
 }
@@ -220,15 +239,21 @@ static float epilogue(CpuGemmEpilogue e, float x, const float *extra, int64_t i,
 
 void cpu_gemm_run(const CpuGemm *g, const void *a, const void *b, void *c, const float *extra) {
   const CpuGemmDesc *d = &g->d;
-  int64_t nb = nbatch(d);
+  int64_t nb = cpu_gemm_count(d), oa, ob, oc;
   float *wa = NULL, *wb = NULL, *sc = NULL;
   if (g->widen) {
     int64_t ra = d->ta ? d->K : d->M, ca = d->ta ? d->M : d->K, rb = d->tb ? d->N : d->K, cb = d->tb ? d->K : d->N;
-    int64_t na = d->stride_a ? nb : 1, nbb = d->stride_b ? nb : 1;
+    int64_t na = d->stride_a || d->outer_a ? nb : 1, nbb = d->stride_b || d->outer_b ? nb : 1;
     wa = mem_alloc(sizeof(float) * (size_t)(na * ra * ca + 1));
     wb = mem_alloc(sizeof(float) * (size_t)(nbb * rb * cb + 1));
-    for (int64_t t = 0; t < na; t++) widen((const uint16_t *)a + t * d->stride_a, ra, ca, d->lda, wa + t * ra * ca);
-    for (int64_t t = 0; t < nbb; t++) widen((const uint16_t *)b + t * d->stride_b, rb, cb, d->ldb, wb + t * rb * cb);
+    for (int64_t u = 0; u < na; u++) {
+      cpu_gemm_offsets(d, u, &oa, &ob, &oc);
+      widen((const uint16_t *)a + oa, ra, ca, d->lda, wa + u * ra * ca);
+    }
+    for (int64_t u = 0; u < nbb; u++) {
+      cpu_gemm_offsets(d, u, &oa, &ob, &oc);
+      widen((const uint16_t *)b + ob, rb, cb, d->ldb, wb + u * rb * cb);
+    }
     a = wa;
     b = wb;
   }
@@ -236,17 +261,19 @@ void cpu_gemm_run(const CpuGemm *g, const void *a, const void *b, void *c, const
   if (g->scratch_c || g->round_c) out = sc = mem_alloc(sizeof(float) * (size_t)(nb * d->M * d->N + 1));
   g->p->run(g->impl, &g->pd, a, b, out, extra);
   if (g->round_c)
-    for (int64_t t = 0; t < nb; t++)
+    for (int64_t u = 0; u < nb; u++)
       for (int64_t i = 0; i < d->M; i++) {
-        uint16_t *row = (uint16_t *)c + t * d->stride_c + i * d->ldc;
-        const float *src = sc + (t * d->M + i) * d->N;
+        cpu_gemm_offsets(d, u, &oa, &ob, &oc);
+        uint16_t *row = (uint16_t *)c + oc + i * d->ldc;
+        const float *src = sc + (u * d->M + i) * d->N;
         for (int64_t j = 0; j < d->N; j++) row[j] = ir_f32_to_bf16(src[j]);
       }
   if (g->epi_loop) { /* f32 results only: epilogues are for f32 and bf16 GEMMs */
-    for (int64_t t = 0; t < nb; t++)
+    for (int64_t u = 0; u < nb; u++)
       for (int64_t i = 0; i < d->M; i++) {
-        float *row = (float *)c + t * d->stride_c + i * d->ldc;
-        const float *src = sc ? sc + (t * d->M + i) * d->N : row;
+        cpu_gemm_offsets(d, u, &oa, &ob, &oc);
+        float *row = (float *)c + oc + i * d->ldc;
+        const float *src = sc ? sc + (u * d->M + i) * d->N : row;
         for (int64_t j = 0; j < d->N; j++) {
           float v = epilogue(d->epilogue, src[j], extra, i, j, d->ldr);
           row[j] = sc ? row[j] + v : v;

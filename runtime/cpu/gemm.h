@@ -32,10 +32,14 @@ typedef enum { CPU_GEMM_F32, CPU_GEMM_F64, CPU_GEMM_BF16 } CpuGemmType;
  * the epilogue's result: C += epilogue(AB) (oneDNN's sum post-op last). */
 typedef enum { CPU_EPI_NONE, CPU_EPI_BIAS, CPU_EPI_BIAS_GELU, CPU_EPI_BIAS_RELU, CPU_EPI_RESIDUAL } CpuGemmEpilogue;
 
-/* C[t] (+)= op(A[t]) op(B[t]) for t < batch, row-major: element (i, j)
- * of a matrix X with leading dimension ldx is at i*ldx + j, and op(X) is
- * X transposed when tx.  A[t] starts stride_a elements after A[t-1]
- * (0: every t reads one A), likewise B and C. */
+/* C[o][t] (+)= op(A[o][t]) op(B[o][t]) for o < outer, t < batch,
+ * row-major: element (i, j) of a matrix X with leading dimension ldx is
+ * at i*ldx + j, and op(X) is X transposed when tx.  A[o][t] starts
+ * o*outer_a + t*stride_a elements after A[0][0] (a stride 0: every o, or
+ * every t, reads one A), likewise B and C.  Two levels, so that one call
+ * multiplies attention's heads of every sample where the heads are
+ * columns of a [B, T, C] tensor (strides C/NH within a sample, T*C
+ * between samples). */
 typedef struct CpuGemmDesc {
   CpuGemmType type;
   bool ta, tb;
@@ -44,12 +48,19 @@ typedef struct CpuGemmDesc {
   int64_t M, N, K;
   int64_t lda, ldb, ldc;
   int64_t batch, stride_a, stride_b, stride_c; /* batch 0 means 1 */
+  int64_t outer, outer_a, outer_b, outer_c;     /* outer 0 means 1 */
   int threads;     /* threads one call may use: 1 inside the executor's pool pieces */
   CpuGemmEpilogue epilogue;
   int64_t ldr;     /* RESIDUAL: the residual's leading dimension */
 } CpuGemmDesc;
 
 typedef struct CpuGemm CpuGemm; /* a planned shape; owned by whoever planned it */
+
+/* Matrices of d's batch (outer x batch), and the element offsets of
+ * matrix u (outer-major: u = o*batch + t) of A, B and C: for the
+ * providers that loop over a batch. */
+int64_t cpu_gemm_count(const CpuGemmDesc *d);
+void cpu_gemm_offsets(const CpuGemmDesc *d, int64_t u, int64_t *a, int64_t *b, int64_t *c);
 
 /* A provider.  Every member is set; `usable` says why one cannot run here
  * (not built, its library's CPU detection is wrong for this CPU). */

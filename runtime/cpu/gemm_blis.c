@@ -34,18 +34,17 @@ static void run(void *p, const CpuGemmDesc *d, const void *a, const void *b, voi
   bli_rntm_init(&rntm);
   bli_rntm_set_num_threads(d->threads, &rntm);
   trans_t TA = d->ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, TB = d->tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE;
-  int64_t nb = d->batch > 0 ? d->batch : 1;
-  for (int64_t t = 0; t < nb; t++) {
+  for (int64_t u = 0; u < cpu_gemm_count(d); u++) {
+    int64_t oa, ob, oc;
+    cpu_gemm_offsets(d, u, &oa, &ob, &oc);
     if (d->type == CPU_GEMM_F64) {
       double one = 1.0, beta = d->accumulate ? 1.0 : 0.0;
-      bli_dgemm_ex(TA, TB, d->M, d->N, d->K, &one, (double *)a + t * d->stride_a, d->lda, 1,
-                   (double *)b + t * d->stride_b, d->ldb, 1, &beta, (double *)c + t * d->stride_c, d->ldc, 1, NULL,
-                   &rntm);
+      bli_dgemm_ex(TA, TB, d->M, d->N, d->K, &one, (double *)a + oa, d->lda, 1, (double *)b + ob, d->ldb, 1, &beta,
+                   (double *)c + oc, d->ldc, 1, NULL, &rntm);
     } else {
       float one = 1.0f, beta = d->accumulate ? 1.0f : 0.0f;
-      bli_sgemm_ex(TA, TB, d->M, d->N, d->K, &one, (float *)a + t * d->stride_a, d->lda, 1,
-                   (float *)b + t * d->stride_b, d->ldb, 1, &beta, (float *)c + t * d->stride_c, d->ldc, 1, NULL,
-                   &rntm);
+      bli_sgemm_ex(TA, TB, d->M, d->N, d->K, &one, (float *)a + oa, d->lda, 1, (float *)b + ob, d->ldb, 1, &beta,
+                   (float *)c + oc, d->ldc, 1, NULL, &rntm);
     }
   }
 }

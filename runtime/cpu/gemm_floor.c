@@ -5,9 +5,10 @@
  * rt_gemm_list reads the matmul ops of a function the way the CPU executor
  * plans them from the IR (runtime/gemm_plan.c's rt_gemm_plan_ir,
  * docs/BACKEND.md): torch.matmul semantics (1-D operands, broadcast batch
- * dims as a loop of calls), a group-0 permute of the last two axes becomes
- * a transpose flag, a left-only batch folds into M, and a result in a
- * gradient buffer accumulates (beta = 1).
+ * dims; a batch on a grid is one call, as the executor makes it), a
+ * group-0 permute of the last two axes becomes a transpose flag, a
+ * left-only batch folds into M, and a result in a gradient buffer
+ * accumulates (beta = 1).
  * rt_gemm_floor runs that list on private buffers through a GEMM provider
  * (gemm.h: the one the program multiplies with), each GEMM whole, threaded
  * by the provider itself, and times each window.  bf16 GEMMs run as the
@@ -109,10 +110,38 @@ static void fill(void *p, size_t es, int64_t n, uint64_t *seed) {
   }
 }
 
+/* A batch whose matrices lie on a grid (they do unless a broadcast
+ * operand repeats irregularly) runs as one call, as the executor runs it
+ * (exec.c gemm_group): the batch levels of d (left unset: a call per
+ * matrix). */
+static void batch_levels(const RtGemm *g, CpuGemmDesc *d) {
+  int64_t *off[3] = {mem_calloc((size_t)g->nb, sizeof(int64_t)), mem_calloc((size_t)g->nb, sizeof(int64_t)),
+                     mem_calloc((size_t)g->nb, sizeof(int64_t))};
+  for (int64_t t = 0; t < g->nb; t++) {
+    off[0][t] = g->aidx[t] * g->M * g->K;
+    off[1][t] = g->bidx[t] * g->K * g->N;
+    off[2][t] = t * g->M * g->N;
+  }
+  RtGemmGrid q;
+  bool grid = rt_gemm_grid((const int64_t *const *)off, g->nb, &q);
+  if (grid && q.n2 == 1) {
+    d->batch = q.n1, d->stride_a = q.s1[0], d->stride_b = q.s1[1], d->stride_c = q.s1[2];
+  } else if (grid) {
+    d->outer = q.n1, d->outer_a = q.s1[0], d->outer_b = q.s1[1], d->outer_c = q.s1[2];
+    d->batch = q.n2, d->stride_a = q.s2[0], d->stride_b = q.s2[1], d->stride_c = q.s2[2];
+  }
+  for (int k = 0; k < 3; k++) free(off[k]);
+}
+
 /* One op's calls through the provider's plan of its shape. */
 static void run_one(const RtGemm *g, const CpuGemm *plan, const Bufs *b, bool native) {
   int64_t mk = g->M * g->K, kn = g->K * g->N, mn = g->M * g->N;
   size_t es = es_ab(g, native), esc = es_c(g, native);
+  if (cpu_gemm_count(cpu_gemm_desc(plan)) > 1) { /* the whole batch in one call */
+    cpu_gemm_run(plan, (const char *)b->a + (size_t)(g->aidx[0] * mk) * es,
+                 (const char *)b->b + (size_t)(g->bidx[0] * kn) * es, b->c, NULL);
+    return;
+  }
   for (int64_t t = 0; t < g->nb; t++) {
     const char *a = (const char *)b->a + (size_t)(g->aidx[t] * mk) * es;
     const char *bm = (const char *)b->b + (size_t)(g->bidx[t] * kn) * es;
@@ -134,6 +163,7 @@ bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *pro
                      .accumulate = g[i].accumulate, .M = g[i].M, .N = g[i].N, .K = g[i].K,
                      .lda = g[i].ta ? g[i].M : g[i].K, .ldb = g[i].tb ? g[i].K : g[i].N, .ldc = g[i].N,
                      .threads = threads > 0 ? threads : pool_ncores()};
+    batch_levels(&g[i], &d);
     plans[i] = cpu_gemm_plan(prov, &d, err, errlen);
     ok = plans[i] != NULL;
   }

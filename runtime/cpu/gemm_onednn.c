@@ -8,8 +8,8 @@
  * AMX, its jit sgemm for AVX2); the choice of provider measures it rather
  * than trusting that.  What the matmul primitive does here:
  *   - operands are strided memory descriptors: a transpose is a pair of
- *     strides, a batch a leading dimension (stride 0: a broadcast
- *     operand, dimension 1);
+ *     strides, each batch level a leading dimension (stride 0: a
+ *     broadcast operand, dimension 1);
  *   - beta = 1 is the sum post-op; bias is the matmul's bias argument;
  *     gelu (tanh) and relu eltwise post-ops; the residual a binary add post-op;
  *   - bf16 A and B into f32 C, or into bf16 C (the primitive rounds its
@@ -126,8 +126,10 @@ static int nprims;
 
 /* The descriptor as a cache key: every field, padding excluded. */
 static uint64_t desc_hash(const CpuGemmDesc *d) {
-  int64_t k[16] = {d->type, d->ta, d->tb, d->accumulate, d->M, d->N, d->K, d->lda, d->ldb, d->ldc,
-                   d->batch, d->stride_a, d->stride_b, d->stride_c, d->threads, (d->epilogue * 1000003 + d->ldr) * 2 + d->c_bf16};
+  int64_t k[20] = {d->type,      d->ta,       d->tb,       d->accumulate, d->M,       d->N,       d->K,
+                   d->lda,       d->ldb,      d->ldc,      d->batch,      d->stride_a, d->stride_b, d->stride_c,
+                   d->outer,     d->outer_a,  d->outer_b,  d->outer_c,    d->threads,
+                   (d->epilogue * 1000003 + d->ldr) * 2 + d->c_bf16};
   return hash_bytes(k, sizeof k, HASH_SEED);
 }
 
@@ -135,20 +137,30 @@ static bool desc_eq(const CpuGemmDesc *x, const CpuGemmDesc *y) {
   return x->type == y->type && x->ta == y->ta && x->tb == y->tb && x->accumulate == y->accumulate && x->M == y->M &&
          x->N == y->N && x->K == y->K && x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc &&
          x->batch == y->batch && x->stride_a == y->stride_a && x->stride_b == y->stride_b &&
-         x->stride_c == y->stride_c && x->threads == y->threads && x->epilogue == y->epilogue && x->ldr == y->ldr &&
+         x->stride_c == y->stride_c && x->outer == y->outer && x->outer_a == y->outer_a &&
+         x->outer_b == y->outer_b && x->outer_c == y->outer_c && x->threads == y->threads && x->epilogue == y->epilogue && x->ldr == y->ldr &&
          x->c_bf16 == y->c_bf16;
 }
 
+/* The batch levels of a descriptor, outer first: none, one (batch) or
+ * two (outer, batch); their sizes in n. */
+static int batch_levels(const CpuGemmDesc *d, int64_t n[2]) {
+  n[0] = d->outer > 1 ? d->outer : d->batch > 1 ? d->batch : 1;
+  n[1] = d->batch > 1 ? d->batch : 1;
+  return d->outer > 1 ? 2 : d->batch > 1 ? 1 : 0;
+}
+
 /* A matrix rows x cols (logical), stored row-major with leading dimension
- * ld, transposed when t; with a batch dimension in front when batched
- * (stride 0: one matrix broadcast over the batch). */
-static dnnl_status_t matrix_md(dnnl_memory_desc_t *md, bool batched, int64_t nb, int64_t stride, int64_t rows,
+ * ld, transposed when t; with nl batch dimensions of sizes n and element
+ * strides s in front (stride 0: one matrix broadcast over that level,
+ * dimension 1). */
+static dnnl_status_t matrix_md(dnnl_memory_desc_t *md, int nl, const int64_t *n, const int64_t *s, int64_t rows,
                                int64_t cols, int64_t ld, bool t, dnnl_data_type_t dt) {
   dnnl_dims_t dims, strides;
   int nd = 0;
-  if (batched) {
-    dims[nd] = stride ? nb : 1;
-    strides[nd++] = stride ? stride : rows * cols;
+  for (int l = 0; l < nl; l++) {
+    dims[nd] = s[l] ? n[l] : 1;
+    strides[nd++] = s[l] ? s[l] : rows * cols;
   }
   dims[nd] = rows;
   strides[nd++] = t ? 1 : ld;
@@ -173,14 +185,17 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   dnnl_post_ops_t po = NULL;
   dnnl_primitive_desc_t pd = NULL;
   dnnl_data_type_t in = d->type == CPU_GEMM_BF16 ? dnnl_bf16 : dnnl_f32;
-  bool batched = d->batch > 1;
-  int64_t nb = d->batch > 1 ? d->batch : 1;
-  CHECK(matrix_md(&p->a, batched, nb, d->stride_a, d->M, d->K, d->lda, d->ta, in));
-  CHECK(matrix_md(&p->b, batched, nb, d->stride_b, d->K, d->N, d->ldb, d->tb, in));
-  CHECK(matrix_md(&p->c, batched, nb, d->stride_c ? d->stride_c : d->M * d->ldc, d->M, d->N, d->ldc, false,
-                   d->c_bf16 ? dnnl_bf16 : dnnl_f32));
+  int64_t nb[2], one[2] = {1, 1}, none[2] = {0, 0};
+  int nl = batch_levels(d, nb);
+  int64_t sa[2] = {d->outer_a, d->stride_a}, sb[2] = {d->outer_b, d->stride_b}, sc[2] = {d->outer_c, d->stride_c};
+  if (nl == 1) sa[0] = d->stride_a, sb[0] = d->stride_b, sc[0] = d->stride_c;
+  for (int l = 0; l < nl; l++)
+    if (!sc[l]) sc[l] = l == nl - 1 ? d->M * d->ldc : nb[l + 1] * sc[l + 1]; /* C's matrices never repeat */
+  CHECK(matrix_md(&p->a, nl, nb, sa, d->M, d->K, d->lda, d->ta, in));
+  CHECK(matrix_md(&p->b, nl, nb, sb, d->K, d->N, d->ldb, d->tb, in));
+  CHECK(matrix_md(&p->c, nl, nb, sc, d->M, d->N, d->ldc, false, d->c_bf16 ? dnnl_bf16 : dnnl_f32));
   bool bias = d->epilogue == CPU_EPI_BIAS || d->epilogue == CPU_EPI_BIAS_GELU || d->epilogue == CPU_EPI_BIAS_RELU;
-  if (bias) CHECK(matrix_md(&p->bias, batched, 1, 0, 1, d->N, d->N, false, dnnl_f32));
+  if (bias) CHECK(matrix_md(&p->bias, nl, one, none, 1, d->N, d->N, false, dnnl_f32));
   dnnl_matmul_desc_t md;
   CHECK(dnnl_matmul_desc_init(&md, &p->a, &p->b, bias ? &p->bias : NULL, &p->c));
   CHECK(dnnl_primitive_attr_create(&attr));
@@ -189,7 +204,7 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   if (d->epilogue == CPU_EPI_BIAS_GELU) CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0.f, 0.f));
   if (d->epilogue == CPU_EPI_BIAS_RELU) CHECK(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.f, 0.f));
   if (d->epilogue == CPU_EPI_RESIDUAL) {
-    CHECK(matrix_md(&p->extra, batched, nb, 0, d->M, d->N, d->ldr, false, dnnl_f32));
+    CHECK(matrix_md(&p->extra, nl, one, none, d->M, d->N, d->ldr, false, dnnl_f32));
     CHECK(dnnl_post_ops_append_binary(po, dnnl_binary_add, &p->extra));
   }
   if (d->accumulate) CHECK(dnnl_post_ops_append_sum(po, 1.0f));

@@ -54,16 +54,17 @@ static void run(void *p, const CpuGemmDesc *d, const void *a, const void *b, voi
   (void)p, (void)extra;
   if (openblas_get_num_threads() != d->threads) openblas_set_num_threads(d->threads);
   enum CBLAS_TRANSPOSE TA = d->ta ? CblasTrans : CblasNoTrans, TB = d->tb ? CblasTrans : CblasNoTrans;
-  int64_t nb = d->batch > 0 ? d->batch : 1;
-  for (int64_t t = 0; t < nb; t++) {
+  for (int64_t u = 0; u < cpu_gemm_count(d); u++) {
+    int64_t oa, ob, oc;
+    cpu_gemm_offsets(d, u, &oa, &ob, &oc);
     if (d->type == CPU_GEMM_F64)
-      cblas_dgemm(CblasRowMajor, TA, TB, (blasint)d->M, (blasint)d->N, (blasint)d->K, 1.0,
-                  (const double *)a + t * d->stride_a, (blasint)d->lda, (const double *)b + t * d->stride_b,
-                  (blasint)d->ldb, d->accumulate ? 1.0 : 0.0, (double *)c + t * d->stride_c, (blasint)d->ldc);
+      cblas_dgemm(CblasRowMajor, TA, TB, (blasint)d->M, (blasint)d->N, (blasint)d->K, 1.0, (const double *)a + oa,
+                  (blasint)d->lda, (const double *)b + ob, (blasint)d->ldb, d->accumulate ? 1.0 : 0.0,
+                  (double *)c + oc, (blasint)d->ldc);
     else
-      cblas_sgemm(CblasRowMajor, TA, TB, (blasint)d->M, (blasint)d->N, (blasint)d->K, 1.0f,
-                  (const float *)a + t * d->stride_a, (blasint)d->lda, (const float *)b + t * d->stride_b,
-                  (blasint)d->ldb, d->accumulate ? 1.0f : 0.0f, (float *)c + t * d->stride_c, (blasint)d->ldc);
+      cblas_sgemm(CblasRowMajor, TA, TB, (blasint)d->M, (blasint)d->N, (blasint)d->K, 1.0f, (const float *)a + oa,
+                  (blasint)d->lda, (const float *)b + ob, (blasint)d->ldb, d->accumulate ? 1.0f : 0.0f,
+                  (float *)c + oc, (blasint)d->ldc);
   }
 }
 

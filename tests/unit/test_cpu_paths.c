@@ -416,8 +416,37 @@ static void check_attention(IrFunc *f) {
   assert_true(views >= 4); /* att @ v, dq, dk, dv write in place */
 }
 
+/* The batched GEMMs (the heads' products, forward and backward) each run
+ * as batched provider calls, one inline and one block of samples per
+ * thread: their matrices are a grid of B x NH (exec.c gemm_group). */
+static void check_batched_calls(void) {
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  Diag d;
+  FeModel *m = tu_compile("attention.gdl", attention_src, 1, &d);
+  if (!m) fail_msg("%s", sb_str(&d.log));
+  diag_free(&d);
+  run_pipeline(m->func, pipe, n, 1);
+  int batched = 0;
+  for (int i = 0; i < m->func->nops; i++) {
+    const IrOp *op = m->func->ops[i];
+    batched += op->opcode == IR_OP_MATMUL && op->group == 0 && op->args[1]->type.shape.rank > 2;
+  }
+  assert_int_equal(batched, 6); /* q k^T and att v, and two gradients of each */
+  for (int threads = 1; threads <= 3; threads += 2) {
+    char err[1024];
+    CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
+    CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
+    if (!p) fail_msg("cpu_program_new: %s", err);
+    assert_int_equal(cpu_program_batched_gemms(p), batched);
+    cpu_program_free(p);
+  }
+  fe_model_free(m);
+}
+
 static void test_cpu_attention_views(void **state) {
   (void)state;
+  check_batched_calls();
   run_model_case(&(ModelCase){"attention", attention_src, 2, 31, check_attention});
 }
 

@@ -322,6 +322,104 @@ static void test_gemm_providers_exact(void **state) {
   assert_int_equal(bad, 0);
 }
 
+/* Two batch levels (gemm.h's outer and batch), laid out as attention's
+ * heads are: S[b][h] = Q[b][h] K[b][h]^T with Q and K the columns h*D...
+ * of a [B, T, 3C] buffer (C = NH*D), S dense [B, NH, T, T]; then
+ * Y[b][h] = S[b][h] V[b][h] written into the columns h*D of a [B, T, C]
+ * buffer; and a B operand repeated over the outer level (stride 0).  The
+ * operands are exact in every type (exact_values), so every provider, in
+ * f32, f64 and bf16, with beta 0 and 1, must give the plain loop's sums
+ * exactly. */
+typedef struct Levels {
+  const char *what;
+  int64_t M, N, K, outer, batch;
+  bool tb;
+  int64_t lda, ldb, ldc, oa, sa, ob, sb, oc, sc, a0, b0; /* leading dims, outer / inner strides, first offsets */
+} Levels;
+
+static int check_levels(const CpuGemmProvider *p, const Levels *l, CpuGemmType type, bool acc, int threads) {
+  int64_t span = (l->outer + 1) * l->oa + (l->batch + 1) * l->sa + l->M * l->lda + l->a0;
+  int64_t bspan = (l->outer + 1) * l->ob + (l->batch + 1) * l->sb + (l->tb ? l->N : l->K) * l->ldb + l->b0;
+  int64_t cspan = l->outer * l->oc + l->batch * l->sc + l->M * l->ldc;
+  double *a = malloc(sizeof(double) * (size_t)span), *b = malloc(sizeof(double) * (size_t)bspan);
+  double *c0 = malloc(sizeof(double) * (size_t)cspan);
+  exact_values(a, span, 11);
+  exact_values(b, bspan, 12);
+  exact_values(c0, cspan, 13);
+  size_t es = type == CPU_GEMM_F64 ? 8 : type == CPU_GEMM_F32 ? 4 : 2, esc = type == CPU_GEMM_F64 ? 8 : 4;
+  char *A = calloc((size_t)span, es), *B = calloc((size_t)bspan, es), *C = calloc((size_t)cspan, esc);
+  for (int64_t i = 0; i < span; i++) {
+    if (es == 8) ((double *)A)[i] = a[i];
+    else if (es == 4) ((float *)A)[i] = (float)a[i];
+    else ((uint16_t *)A)[i] = to_bf16(a[i]);
+  }
+  for (int64_t i = 0; i < bspan; i++) {
+    if (es == 8) ((double *)B)[i] = b[i];
+    else if (es == 4) ((float *)B)[i] = (float)b[i];
+    else ((uint16_t *)B)[i] = to_bf16(b[i]);
+  }
+  for (int64_t i = 0; i < cspan; i++) {
+    if (esc == 8) ((double *)C)[i] = c0[i];
+    else ((float *)C)[i] = (float)c0[i];
+  }
+  CpuGemmDesc d = {.type = type, .tb = l->tb, .accumulate = acc, .M = l->M, .N = l->N, .K = l->K, .lda = l->lda,
+                   .ldb = l->ldb, .ldc = l->ldc, .batch = l->batch, .stride_a = l->sa, .stride_b = l->sb,
+                   .stride_c = l->sc, .outer = l->outer, .outer_a = l->oa, .outer_b = l->ob, .outer_c = l->oc,
+                   .threads = threads};
+  char err[512];
+  CpuGemm *g = cpu_gemm_plan(p, &d, err, sizeof err);
+  if (!g) fail_msg("%s: cannot plan %s: %s", p->name, l->what, err);
+  cpu_gemm_run(g, A + l->a0 * (int64_t)es, B + l->b0 * (int64_t)es, C, NULL);
+  cpu_gemm_free(g);
+  /* The plain loop, and every element C's matrices do not cover left as it was. */
+  double *want = malloc(sizeof(double) * (size_t)cspan);
+  memcpy(want, c0, sizeof(double) * (size_t)cspan);
+  for (int64_t o = 0; o < l->outer; o++)
+    for (int64_t t = 0; t < l->batch; t++)
+      for (int64_t i = 0; i < l->M; i++)
+        for (int64_t j = 0; j < l->N; j++) {
+          double sum = 0;
+          for (int64_t k = 0; k < l->K; k++) {
+            double x = a[l->a0 + o * l->oa + t * l->sa + i * l->lda + k];
+            double y = b[l->b0 + o * l->ob + t * l->sb + (l->tb ? j * l->ldb + k : k * l->ldb + j)];
+            sum += x * y;
+          }
+          int64_t at = o * l->oc + t * l->sc + i * l->ldc + j;
+          want[at] = (acc ? c0[at] : 0) + sum;
+        }
+  int bad = 0;
+  for (int64_t i = 0; i < cspan; i++) {
+    double got = esc == 8 ? ((double *)C)[i] : ((float *)C)[i];
+    if (got != want[i]) {
+      if (bad < 3)
+        print_error("%s %s %s beta=%d threads=%d: C[%lld] = %.9g, want %.9g\n", p->name, type_name(type), l->what,
+                    acc, threads, (long long)i, got, want[i]);
+      bad++;
+    }
+  }
+  free(a), free(b), free(c0), free(A), free(B), free(C), free(want);
+  return bad;
+}
+
+static void test_gemm_providers_batch_levels(void **state) {
+  (void)state;
+  enum { NB = 3, NH = 2, T = 5, D = 4, C = NH * D };
+  const Levels cases[] = {
+      {"q k^T of heads", T, T, D, NB, NH, true, 3 * C, 3 * C, T, T * 3 * C, D, T * 3 * C, D, NH * T * T, T * T, 0, C},
+      {"att v into heads", T, D, T, NB, NH, false, T, 3 * C, C, NH * T * T, T * T, T * 3 * C, D, T * C, D, 0, 2 * C},
+      {"a B shared by the outer level", T, D, T, NB, NH, false, T, D, C, NH * T * T, T * T, 0, T * D, T * C, D, 0, 0},
+      {"one level as the outer", T, T, D, NB * NH, 1, true, D, D, T, T * D, 0, T * D, 0, T * T, 0, 0, 0},
+  };
+  const CpuGemmProvider *provs[4];
+  int np = built(provs), bad = 0;
+  CpuGemmType types[3] = {CPU_GEMM_F32, CPU_GEMM_F64, CPU_GEMM_BF16};
+  for (int k = 0; k < np; k++)
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+      for (int t = 0; t < 3; t++)
+        for (int acc = 0; acc < 2; acc++) bad += check_levels(provs[k], &cases[c], types[t], acc, 1 + (t == 0 && acc));
+  assert_int_equal(bad, 0);
+}
+
 /* Random operands: the rounding bound of an f32 sum of K products. */
 static void provider_rounding(const CpuGemmProvider *p) {
   Shape list[] = {{96, 80, 300, 1, false, true, false}, {64, 48, 512, 2, true, false, true}};
@@ -611,6 +709,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_providers_exact),
       cmocka_unit_test(test_gemm_providers_rounding),
       cmocka_unit_test(test_gemm_providers_epilogues),
+      cmocka_unit_test(test_gemm_providers_batch_levels),
   };
   const struct CMUnitTest choice[] = {
       cmocka_unit_test(test_gemm_select_cached),
