@@ -187,6 +187,8 @@ bool step_inject_inf(void);
  * a double, x rounded to dt (ir_round_dtype) and stored. */
 double rt_elem_get(const void *p, IrDType dt, int64_t i);
 void rt_elem_set(void *p, IrDType dt, int64_t i, double x);
+/* n elements of p as doubles into dst, the type dispatched once. */
+void rt_elems_get(const void *p, IrDType dt, int64_t n, double *dst);
 /* Whether a bound tensor's elements are dtype dt's bytes already (a plain
  * copy of *es bytes each). */
 bool rt_tensor_plain(const StTensor *t, IrDType dt, int64_t *es);

@@ -468,6 +468,16 @@ double rt_elem_get(const void *p, IrDType dt, int64_t i) {
   return 0;
 }
 
+void rt_elems_get(const void *p, IrDType dt, int64_t n, double *dst) {
+  if (dt == IR_DT_F32) {
+    for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)p)[i];
+  } else if (dt == IR_DT_F64) {
+    memcpy(dst, p, sizeof(double) * (size_t)n);
+  } else {
+    for (int64_t i = 0; i < n; i++) dst[i] = rt_elem_get(p, dt, i);
+  }
+}
+
 void rt_elem_set(void *p, IrDType dt, int64_t i, double x) {
   switch (dt) {
   case IR_DT_F32: ((float *)p)[i] = (float)x; break;
@@ -631,12 +641,11 @@ void step_add_state(StepResult *r, const IrOp *op, int k, int gas, const void *e
   if (strcmp(w, "concat") == 0) {
     /* This rank's samples follow the ranks before it; zeros elsewhere, so
      * step_dp_end's sum over the ranks gathers them. */
-    dst += ((int64_t)step_dp_rank() * gas + k) * n;
-    for (int64_t e = 0; e < n; e++) dst[e] = rt_elem_get(elems, dt, e);
+    rt_elems_get(elems, dt, n, dst + ((int64_t)step_dp_rank() * gas + k) * n);
   } else if (strcmp(w, "sum") == 0) {
     for (int64_t e = 0; e < n; e++) dst[e] = ir_round_dtype(dst[e] + rt_elem_get(elems, dt, e), odt);
   } else if (k == gas - 1) {
-    for (int64_t e = 0; e < n; e++) dst[e] = rt_elem_get(elems, dt, e);
+    rt_elems_get(elems, dt, n, dst);
   }
 }
 
