@@ -324,7 +324,7 @@ static void test_api_run_matches_step_run_ref(void **state) {
       float *out = malloc(sizeof(float) * (size_t)ne);
       check_ok(gradc_session_get_grad(s, r.grad_names[g], out, (size_t)ne));
       for (int64_t e = 0; e < ne; e++)
-        if (fabs(out[e] - r.grads[g][e]) > tol * (1 + fabs(r.grads[g][e])))
+        if (!(fabs(out[e] - r.grads[g][e]) <= tol * (1 + fabs(r.grads[g][e]))))
           fail_msg("%s: grad %s[%lld] = %.9g, step_run_ref %.9g", targets[ti], r.grad_names[g], (long long)e, out[e],
                    r.grads[g][e]);
       free(out);
@@ -377,7 +377,7 @@ static void test_api_gas_k1_vs_k4(void **state) {
       check_ok(gradc_session_get_grad(s1, names[k], g1, (size_t)sizes[k]));
       check_ok(gradc_session_get_grad(s4, names[k], g4, (size_t)sizes[k]));
       for (int e = 0; e < sizes[k]; e++)
-        if (fabs(g1[e] - g4[e]) > 1e-5 * (1 + fabs(g1[e])))
+        if (!(fabs(g1[e] - g4[e]) <= 1e-5 * (1 + fabs(g1[e]))))
           fail_msg("%s: %s[%d]: K=1 %.9g, K=4 %.9g", targets[ti], names[k], e, g1[e], g4[e]);
     }
     assert_true(fabs(gradc_session_grad_norm(s1) - gradc_session_grad_norm(s4)) < 1e-5);
@@ -579,7 +579,7 @@ static void expect_steps(const char *src, const gradc_optimizer_options *o, cons
     check_ok(gradc_session_get_param(s, "w", f64 ? (void *)w64 : (void *)w32, 2));
     for (int k = 0; k < 2; k++) {
       double got = f64 ? w64[k] : w32[k];
-      if (fabs(got - want[t][k]) > tol * fabs(want[t][k]))
+      if (!(fabs(got - want[t][k]) <= tol * fabs(want[t][k])))
         fail_msg("%s step %d: w[%d] = %.17g, expected %.17g", src + 6, t + 1, k, got, want[t][k]);
     }
   }
@@ -693,7 +693,7 @@ static void test_api_clip_and_schedule(void **state) {
                            0.14456400944391146, 0.1, 0.1};
   for (int t = 0; t < 12; t++) {
     double lr = gradc_session_lr(s);
-    if (fabs(lr - want[t]) > 1e-15) fail_msg("step %d: lr %.17g, expected %.17g", t, lr, want[t]);
+    if (!(fabs(lr - want[t]) <= 1e-15)) fail_msg("step %d: lr %.17g, expected %.17g", t, lr, want[t]);
     check_ok(gradc_session_step(s));
   }
   gradc_session_free(s);

@@ -431,7 +431,7 @@ static void test_conv_forward_matches_direct_definitions(void **state) {
     }
     const double *got = st.val[v->id];
     for (int64_t e = 0; e < n; e++)
-      if (fabs(got[e] - want[e]) > 1e-12 * (1 + fabs(want[e])))
+      if (!(fabs(got[e] - want[e]) <= 1e-12 * (1 + fabs(want[e]))))
         fail_msg("%s: element %lld is %.17g, the definition gives %.17g", names[t], (long long)e, got[e], want[e]);
     print_message("  %s: %lld elements equal the direct definition\n", names[t], (long long)n);
     free(want);

@@ -58,12 +58,12 @@ static double loss_of(const float *w) {
 static void check_run(gradc_session *s, const float *w, const char *what) {
   assert_int_equal(gradc_session_run(s), GRADC_OK);
   double got = gradc_session_loss(s, 0), want = loss_of(w);
-  if (fabs(got - want) > 1e-4 * (1 + fabs(want))) fail_msg("%s: loss %.9g, by hand %.9g", what, got, want);
+  if (!(fabs(got - want) <= 1e-4 * (1 + fabs(want)))) fail_msg("%s: loss %.9g, by hand %.9g", what, got, want);
   float g[D * J];
   assert_int_equal(gradc_session_get_grad(s, "W", g, D * J), GRADC_OK);
   for (int d = 0; d < D; d++)
     for (int j = 0; j < J; j++)
-      if (fabs(g[d * J + j] - colsum(d)) > 1e-4) fail_msg("%s: dW[%d][%d] %.9g, by hand %.9g", what, d, j, g[d * J + j], colsum(d));
+      if (!(fabs(g[d * J + j] - colsum(d)) <= 1e-4)) fail_msg("%s: dW[%d][%d] %.9g, by hand %.9g", what, d, j, g[d * J + j], colsum(d));
 }
 
 static gradc_program *compile(int gas) {

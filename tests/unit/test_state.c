@@ -309,7 +309,7 @@ static void run_and_check(const char *prefix, const char *target, int gas, const
   const char *line = strstr(out, "loss ce ");
   assert_non_null(line);
   assert_int_equal(sscanf(line, "loss ce %lf", &ce), 1);
-  if (fabs(ce - h.ce) > 1e-5 * h.ce) fail_msg("%s --gas %d: loss ce %.9g, want %.9g", target, gas, ce, h.ce);
+  if (!(fabs(ce - h.ce) <= 1e-5 * h.ce)) fail_msg("%s --gas %d: loss ce %.9g, want %.9g", target, gas, ce, h.ce);
   StFile o, b, g;
   char path[512], e[512];
   snprintf(path, sizeof path, "%s/o.st", tmpdir);

@@ -204,10 +204,10 @@ static void expect_window(const StepResult *r, const int64_t *y, double tol) {
   reference(y, &ce, &l2, dW);
   assert_int_equal(r->nlosses, 2);
   assert_int_equal(r->ngrads, 2);
-  if (fabs(r->losses[0] - ce) > tol) fail_msg("loss ce: got %.17g, want %.17g", r->losses[0], ce);
-  if (fabs(r->losses[1] - l2) > tol) fail_msg("loss l2: got %.17g, want %.17g", r->losses[1], l2);
+  if (!(fabs(r->losses[0] - ce) <= tol)) fail_msg("loss ce: got %.17g, want %.17g", r->losses[0], ce);
+  if (!(fabs(r->losses[1] - l2) <= tol)) fail_msg("loss l2: got %.17g, want %.17g", r->losses[1], l2);
   for (int i = 0; i < 12; i++)
-    if (fabs(r->grads[0][i] - dW[i]) > tol) fail_msg("dW[%d]: got %.17g, want %.17g", i, r->grads[0][i], dW[i]);
+    if (!(fabs(r->grads[0][i] - dW[i]) <= tol)) fail_msg("dW[%d]: got %.17g, want %.17g", i, r->grads[0][i], dW[i]);
   for (int i = 0; i < 4; i++) assert_true(r->grads[1][i] == 0.0); /* b: no grad output */
 }
 
