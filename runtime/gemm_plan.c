@@ -75,6 +75,7 @@ bool rt_gemm_grid(const int64_t *const off[3], int64_t nb, RtGemmGrid *g) {
   for (int k = 0; k < 3; k++) {
     g->s2[k] = n2 > 1 ? off[k][1] - off[k][0] : 0;
     g->s1[k] = g->n1 > 1 ? off[k][n2] - off[k][0] : 0;
+    if (g->s1[k] < 0 || g->s2[k] < 0) return false; /* a BLAS's batch strides are not negative */
     for (int64_t t = 0; t < nb; t++)
       if (off[k][t] != off[k][0] + t / n2 * g->s1[k] + t % n2 * g->s2[k]) return false;
   }

@@ -53,8 +53,8 @@ void rt_gemm_batch_index(const IrShape *batch, const IrShape *ob, int64_t *out);
  * (B, C: k = 1, 2) at off[k][0] + o*s1[k] + i*s2[k], a stride 0 where
  * every o (i) reads one matrix; n2 = 1 where one level does (attention's
  * heads as columns of [B, T, C] need two: C/NH apart within a sample,
- * T*C between samples).  False when the offsets are no such grid or nb
- * is 1.  What lets a batch run as one BLAS call (gemm.h's batch and
+ * T*C between samples).  False when the offsets are no such grid, a
+ * stride is negative, or nb is 1.  What lets a batch run as one BLAS call (gemm.h's batch and
  * outer levels). */
 typedef struct RtGemmGrid {
   int64_t n1, n2;

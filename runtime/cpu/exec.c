@@ -428,7 +428,7 @@ static bool add_plan(Gemm *g, const CpuGemmProvider *prov, CpuGemmDesc d, char *
  * the batch's (up to) two block heights, for each beta it runs with. */
 static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, size_t n) {
   int64_t ms[2] = {g->mblk, g->M - (g->pm - 1) * g->mblk}, ns[2] = {g->nblk, g->N - (g->pn - 1) * g->nblk};
-  int64_t rows[2] = {g->bo, g->grid.n1 - (gemm_npieces(g) - 1) * g->bo};
+  int64_t rows[2] = {g->bo, g->bo ? g->grid.n1 - (gemm_npieces(g) - 1) * g->bo : 0};
   for (int b = 0; b < 2; b++) {
     bool acc = b == 1;
     if (acc ? !g->accumulate : g->accumulate && !g->store_first) continue;

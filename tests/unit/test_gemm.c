@@ -24,6 +24,7 @@
 #include "passes/passes.h"
 #include "runtime/cpu/gemm_floor.h"
 #include "runtime/cpu/gemm.h"
+#include "runtime/gemm_plan.h"
 #include "runtime/io/artifact.h"
 #include "runtime/runtime.h"
 #include "support/support.h"
@@ -420,6 +421,42 @@ static void test_gemm_providers_batch_levels(void **state) {
   assert_int_equal(bad, 0);
 }
 
+/* rt_gemm_grid, by hand: attention's heads (two levels), one level, a
+ * broadcast operand, and offsets that are no grid. */
+static void test_gemm_grid_offsets(void **state) {
+  (void)state;
+  enum { NB = 8, NH = 4 };
+  int64_t a[NB * NH], b[NB * NH], c[NB * NH], z[NB * NH] = {0};
+  for (int t = 0; t < NB * NH; t++) {
+    a[t] = 7 + t / NH * 6144 + t % NH * 16; /* q: columns of [B, T, 3C] */
+    b[t] = 64 + t / NH * 6144 + t % NH * 16;
+    c[t] = t * 1024; /* dense [B, NH, T, T] */
+  }
+  RtGemmGrid g;
+  assert_true(rt_gemm_grid((const int64_t *const[3]){a, b, c}, NB * NH, &g));
+  assert_int_equal(g.n1, NB);
+  assert_int_equal(g.n2, NH);
+  assert_int_equal(g.s1[0], 6144);
+  assert_int_equal(g.s2[0], 16);
+  assert_int_equal(g.s1[2], NH * 1024);
+  assert_int_equal(g.s2[2], 1024);
+  /* One level (every stride constant) is the outer one; a broadcast B has stride 0. */
+  assert_true(rt_gemm_grid((const int64_t *const[3]){c, z, c}, NB * NH, &g));
+  assert_int_equal(g.n1, NB * NH);
+  assert_int_equal(g.n2, 1);
+  assert_int_equal(g.s1[0], 1024);
+  assert_int_equal(g.s1[1], 0);
+  assert_int_equal(g.s2[2], 0);
+  /* No grid: one offset out of step, a negative stride, a single matrix. */
+  int64_t bad[NB * NH];
+  memcpy(bad, a, sizeof a);
+  bad[NB * NH - 1] += 1;
+  assert_false(rt_gemm_grid((const int64_t *const[3]){bad, b, c}, NB * NH, &g));
+  int64_t down[3] = {30, 20, 10}, up[3] = {0, 10, 20};
+  assert_false(rt_gemm_grid((const int64_t *const[3]){down, up, up}, 3, &g));
+  assert_false(rt_gemm_grid((const int64_t *const[3]){a, b, c}, 1, &g));
+}
+
 /* Random operands: the rounding bound of an f32 sum of K products. */
 static void provider_rounding(const CpuGemmProvider *p) {
   Shape list[] = {{96, 80, 300, 1, false, true, false}, {64, 48, 512, 2, true, false, true}};
@@ -710,6 +747,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_providers_rounding),
       cmocka_unit_test(test_gemm_providers_epilogues),
       cmocka_unit_test(test_gemm_providers_batch_levels),
+      cmocka_unit_test(test_gemm_grid_offsets),
   };
   const struct CMUnitTest choice[] = {
       cmocka_unit_test(test_gemm_select_cached),
