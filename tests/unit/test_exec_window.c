@@ -140,11 +140,11 @@ static void test_exec_window_session_sees_every_param_change(void **state) {
   rmdir(dir);
 }
 
-/* lin.gdl for K micro-batches through the CPU pipeline, as the executor's
- * program on one thread; the model in *m (free both). */
-static CpuProgram *cpu_program(int gas, FeModel **m) {
+/* A model for K micro-batches through the CPU pipeline, as the
+ * executor's program on one thread; the model in *m (free both). */
+static CpuProgram *cpu_program_of(const char *file, const char *src, int gas, FeModel **m) {
   Diag d;
-  *m = tu_compile("lin.gdl", lin_src, gas, &d);
+  *m = tu_compile(file, src, gas, &d);
   assert_non_null(*m);
   int n;
   const char *const *names = pass_pipeline_cpu(&n);
@@ -158,6 +158,24 @@ static CpuProgram *cpu_program(int gas, FeModel **m) {
   CpuProgram *p = cpu_program_new((*m)->func, &o, err, sizeof err);
   if (!p) fail_msg("%s", err);
   return p;
+}
+
+static CpuProgram *cpu_program(int gas, FeModel **m) { return cpu_program_of("lin.gdl", lin_src, gas, m); }
+
+/* Window i's inputs: other values every window. */
+static void window_inputs(StFile *in, int i) {
+  int64_t xshape[2] = {B, D};
+  make_x();
+  for (int k = 0; k < B * D; k++) X[k] *= (float)(i + 1);
+  st_init(in);
+  st_add(in, "x", ST_F32, 2, xshape, X);
+}
+
+/* The params file of W. */
+static void w_params(StFile *a, float *w) {
+  int64_t wshape[2] = {D, J};
+  st_init(a);
+  st_add(a, "W", ST_F32, 2, wshape, w);
 }
 
 /* The executor: a params generation held with other tensors is copied. */
@@ -204,17 +222,12 @@ static void test_exec_window_recycled_result_is_refilled(void **state) {
   CpuProgram *p = cpu_program(4, &m); /* K = 4: micro-batches of 2 */
   char err[1024];
   float w[D * J] = {1, -2, 3, 0.5f, 5, 6};
-  int64_t wshape[2] = {D, J}, xshape[2] = {B, D};
   StFile a;
-  st_init(&a);
-  st_add(&a, "W", ST_F32, 2, wshape, w);
+  w_params(&a, w);
   double *first = NULL;
   for (int i = 0; i < 4; i++) {
-    make_x();
-    for (int k = 0; k < B * D; k++) X[k] *= (float)(i + 1); /* other inputs every window */
     StFile in;
-    st_init(&in);
-    st_add(&in, "x", ST_F32, 2, xshape, X);
+    window_inputs(&in, i);
     StepResult r;
     bool skip = i == 2; /* this window only: the gradients stay in the arena */
     if (skip) cpu_program_skip_grads(p);
@@ -258,32 +271,16 @@ static const char lin_out_src[] = "model linout {\n"
 
 static void test_exec_window_recycled_outputs_are_refilled(void **state) {
   (void)state;
-  Diag d;
-  FeModel *m = tu_compile("linout.gdl", lin_out_src, 4, &d);
-  assert_non_null(m);
-  int n;
-  const char *const *names = pass_pipeline_cpu(&n);
-  PassManager pm;
-  pm_init(&pm);
-  PassOptions po = {.gas = 4, .diag = &d};
-  assert_int_equal(pm_run(&pm, m->func, names, n, &po), 0);
-  diag_free(&d);
+  FeModel *m;
+  CpuProgram *p = cpu_program_of("linout.gdl", lin_out_src, 4, &m);
   char err[1024];
-  CpuOptions o = {.threads = 1};
-  CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
-  if (!p) fail_msg("%s", err);
   float w[D * J] = {1, -2, 3, 0.5f, 5, 6};
-  int64_t wshape[2] = {D, J}, xshape[2] = {B, D};
   StFile a;
-  st_init(&a);
-  st_add(&a, "W", ST_F32, 2, wshape, w);
+  w_params(&a, w);
   double *first = NULL;
   for (int i = 0; i < 3; i++) {
-    make_x();
-    for (int k = 0; k < B * D; k++) X[k] *= (float)(i + 1);
     StFile in;
-    st_init(&in);
-    st_add(&in, "x", ST_F32, 2, xshape, X);
+    window_inputs(&in, i);
     StepResult r;
     if (!cpu_step_run(p, 4, &a, "P", &in, "I", &r, err, sizeof err)) fail_msg("%s", err);
     st_free(&in);
