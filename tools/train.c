@@ -204,7 +204,7 @@ int cmd_data_text(int argc, char **argv) {
   if (len < T + 1) {
     sb_free(&text);
     return tools_error("%s: %" PRId64 " bytes of text, too few for one sample of %" PRId64 " tokens and its target",
-      files[0], len, T);
+                       files[0], len, T);
   }
   int64_t N = (len - T - 1) / stride + 1;
 
@@ -464,7 +464,7 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
     f->index = cli_tensors_find(d->st, in.name);
     if (f->index < 0)
       return tools_error("%s: no tensor '%s' (the model's input %s : %s%s%s)", path, in.name, in.name,
-      cli_dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
+                         cli_dtype_name(in.dtype), f->batched ? "[N]+" : "", want);
     f->t = cli_tensors_at(d->st, f->index);
     const cli_tensor *t = &f->t;
     bool is_int = in.dtype == GRADC_I32 || in.dtype == GRADC_I64;
@@ -476,17 +476,17 @@ static int data_open(Data *d, const char *path, const gradc_program *p) {
     if (t_low || is_int != t_int || !shape_ok) {
       shape_str(got, sizeof got, t->shape, t->rank, 0);
       return tools_error("%s: tensor '%s': expected %s%s%s (%s), got %s%s", path, in.name,
-      is_int ? "I32 or I64" : "F32 or F64", f->batched ? "[N]+" : "", want,
-      f->batched ? "samples along the first axis" : "the input as it is", cli_dtype_file_name(t->dtype),
-      got);
+                         is_int ? "I32 or I64" : "F32 or F64", f->batched ? "[N]+" : "", want,
+                         f->batched ? "samples along the first axis" : "the input as it is",
+                         cli_dtype_file_name(t->dtype), got);
     }
     int64_t per = 1;
     for (int k = f->batched ? 1 : 0; k < in.rank; k++) per *= in.shape[k];
     f->row_bytes = (size_t)per * cli_dtype_size(t->dtype);
     if (f->batched) {
       if (d->n >= 0 && t->shape[0] != d->n)
-        return tools_error("%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name, t->shape[0],
-      d->feed[0].name, d->n);
+        return tools_error("%s: tensor '%s' has %" PRId64 " samples, tensor '%s' %" PRId64, path, in.name,
+                           t->shape[0], d->feed[0].name, d->n);
       if (d->n < 0) {
         d->n = t->shape[0];
         d->b = in.shape[0];
@@ -605,11 +605,11 @@ static int load_checkpoint(gradc_session *s, const char *path, Data *d) {
     if (!key || !end || *end || !n || !b)
       rc = tools_error("%s: checkpoint at step %" PRId64 " (mid-epoch) has no data order (train.epoch_key); "
                        "it was not written by gradc train",
-      path, step);
+                       path, step);
     else if (strtoll(n, NULL, 10) != d->n || strtoll(b, NULL, 10) != d->b)
       rc = tools_error("%s: checkpoint was taken mid-epoch on %s samples in windows of %s; --data has %" PRId64
                        " in windows of %" PRId64 ", so the data order cannot continue",
-      path, n, b, d->n, d->b);
+                       path, n, b, d->n, d->b);
     else
       data_shuffle(d, k);
   }
