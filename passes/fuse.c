@@ -406,6 +406,15 @@ static bool low_widening(Fuse *fu, const IrValue *a, int ke) {
   return op_here(fu, c) && stored_anyway(fu, x, ke);
 }
 
+/* Which operand of e, an op of kernel ke whose result has numel
+ * elements, is that many elements and a low_widening; -1 if none. */
+static int low_operand(Fuse *fu, const IrOp *e, int64_t numel, int ke) {
+  int low = -1;
+  for (int k = 0; k < e->nargs; k++)
+    if (ir_numel(&e->args[k]->type.shape) == numel && low_widening(fu, e->args[k], ke)) low = k;
+  return low;
+}
+
 static bool rematerialise(Fuse *fu) {
   IrFunc *f = fu->f;
   int n = fu->n;
@@ -421,12 +430,9 @@ static bool rematerialise(Fuse *fu) {
     if (fu->kind[e] != K_ROW || !remat_op(E->opcode) || !v || ir_numel(&v->type.shape) < REMAT_MIN_ELEMS ||
         (v->type.dtype != IR_DT_F32 && v->type.dtype != IR_DT_F64))
       continue;
-    int ke = root(fu, e), big = 0, low = -1; /* low: the large operand's index when it is a low_widening */
-    for (int k = 0; k < E->nargs; k++)
-      if (ir_numel(&E->args[k]->type.shape) == ir_numel(&v->type.shape)) {
-        big++;
-        if (low_widening(fu, E->args[k], ke)) low = k;
-      }
+    int ke = root(fu, e), big = 0;
+    int low = low_operand(fu, E, ir_numel(&v->type.shape), ke); /* the large operand, when a low_widening */
+    for (int k = 0; k < E->nargs; k++) big += ir_numel(&E->args[k]->type.shape) == ir_numel(&v->type.shape);
     bool ok = big == 1;
     for (int k = 0; k < E->nargs && ok; k++) {
       const IrValue *a = E->args[k];
@@ -493,8 +499,6 @@ static bool rematerialise(Fuse *fu) {
   return true;
 }
 
-/* Try every candidate merge of fu's kernels, best first: producer->consumer
- * edges between row-kernel ops, then siblings over one value. */
 /* Whether op, a row op reading value x made by a row op, is gelu's
  * derivative to be fused forward (the exception above): x is not a bias
  * added to a widened low-precision value, which rematerialise recomputes
@@ -502,12 +506,11 @@ static bool rematerialise(Fuse *fu) {
 static bool derivative_forward(Fuse *fu, const IrOp *op, const IrValue *x) {
   if (op->opcode != IR_OP_GELU_GRAD && op->opcode != IR_OP_GELU_ERF_GRAD) return false;
   const IrOp *e = x->def;
-  if (!e || !remat_op(e->opcode)) return true;
-  int ke = node(fu, pos_of(e));
-  for (int k = 0; k < e->nargs; k++)
-    if (ir_numel(&e->args[k]->type.shape) == ir_numel(&x->type.shape) && low_widening(fu, e->args[k], ke)) return false;
-  return true;
+  return !e || !remat_op(e->opcode) || low_operand(fu, e, ir_numel(&x->type.shape), node(fu, pos_of(e))) < 0;
 }
+
+/* Try every candidate merge of fu's kernels, best first: producer->consumer
+ * edges between row-kernel ops, then siblings over one value. */
 
 static void merge_candidates(Fuse *fu, const int *depth) {
   IrFunc *f = fu->f;

@@ -108,7 +108,7 @@ bool kp_op_rowwise(const IrOp *op) {
   case KP_ROW_ONEHOT:
   case KP_ROW_EMB:
   case KP_ROW_UNSLICE:
-  case KP_ROW_RAND: return true;
+  case KP_ROW_RAND:
   case KP_ROW_COLSUM: return true;
   case KP_ROW_RED:
   case KP_ROW_LSE: return reduces_last_axis(op);

@@ -14,6 +14,8 @@
 
 #include "codegen/codegen.h"
 
+#define GEN_EXACT_BF16 16 /* Gen.exact_bf16's ring */
+
 typedef struct Gen {
   const IrFunc *f;
   LLVMContextRef ctx;
@@ -42,7 +44,7 @@ typedef struct Gen {
   /* The last registers known to hold a bf16 value exactly (gen_round's
    * results, bf16 loads): a bf16 store of one keeps its top half instead
    * of rounding again.  Reset for each kernel. */
-  LLVMValueRef exact_bf16[16];
+  LLVMValueRef exact_bf16[GEN_EXACT_BF16];
   int nexact_bf16;
 } Gen;
 

@@ -240,6 +240,10 @@ LLVMValueRef gen_add_reassoc(Gen *g, LLVMValueRef a, LLVMValueRef b) {
 /* bf16 and f16, inline                                                */
 /* ------------------------------------------------------------------ */
 
+/* The top 16 of 32 bits: a bf16 value's bits. */
+static LLVMValueRef top_half(Gen *g, LLVMValueRef u) {
+  return LLVMBuildTrunc(g->b, LLVMBuildLShr(g->b, u, i32c(g, 16), ""), g->t_i16, "");
+}
 
 /* f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN. */
 static LLVMValueRef f32_to_bf16(Gen *g, LLVMValueRef x) {
@@ -247,19 +251,19 @@ static LLVMValueRef f32_to_bf16(Gen *g, LLVMValueRef x) {
   LLVMValueRef lsb = LLVMBuildAnd(g->b, LLVMBuildLShr(g->b, u, i32c(g, 16), ""), i32c(g, 1), "");
   LLVMValueRef r = LLVMBuildAdd(g->b, u, LLVMBuildAdd(g->b, lsb, i32c(g, 0x7fff), ""), "");
   LLVMValueRef nan = LLVMBuildOr(g->b, u, i32c(g, 0x400000), "");
-  r = LLVMBuildSelect(g->b, gen_isnan(g, x), nan, r, "");
-  return LLVMBuildTrunc(g->b, LLVMBuildLShr(g->b, r, i32c(g, 16), ""), g->t_i16, "");
+  return top_half(g, LLVMBuildSelect(g->b, gen_isnan(g, x), nan, r, ""));
 }
 
 /* bf16 bits -> the float they are; the register is then exact (gen_store). */
 static LLVMValueRef bf16_to_f32(Gen *g, LLVMValueRef h) {
   LLVMValueRef x = from_bits(g, LLVMBuildShl(g->b, LLVMBuildZExt(g->b, h, g->t_i32, ""), i32c(g, 16), ""));
-  g->exact_bf16[g->nexact_bf16++ % 16] = x;
+  g->exact_bf16[g->nexact_bf16++ % GEN_EXACT_BF16] = x;
   return x;
 }
 
+/* Whether register x is known to hold a bf16 value exactly (Gen.exact_bf16). */
 static bool exact_bf16(const Gen *g, LLVMValueRef x) {
-  int n = g->nexact_bf16 < 16 ? g->nexact_bf16 : 16;
+  int n = g->nexact_bf16 < GEN_EXACT_BF16 ? g->nexact_bf16 : GEN_EXACT_BF16;
   for (int i = 0; i < n; i++)
     if (g->exact_bf16[i] == x) return true;
   return false;
@@ -479,10 +483,7 @@ void gen_store(Gen *g, LLVMValueRef ptr, LLVMValueRef x, IrDType dt, bool grad, 
   }
   switch (dt) {
   case IR_DT_BOOL: x = LLVMBuildZExt(g->b, x, g->t_i8, ""); break;
-  case IR_DT_BF16:
-    x = exact_bf16(g, x) ? LLVMBuildTrunc(g->b, LLVMBuildLShr(g->b, bits(g, x), i32c(g, 16), ""), g->t_i16, "")
-                         : f32_to_bf16(g, x);
-    break;
+  case IR_DT_BF16: x = exact_bf16(g, x) ? top_half(g, bits(g, x)) : f32_to_bf16(g, x); break;
   case IR_DT_F16: x = f32_to_f16(g, x); break;
   case IR_DT_F32:
   case IR_DT_F64:

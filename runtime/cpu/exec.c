@@ -432,11 +432,14 @@ static bool gemm_plan_pieces(Gemm *g, const CpuGemmProvider *prov, char *err, si
   for (int b = 0; b < 2; b++) {
     bool acc = b == 1;
     if (acc ? !g->accumulate : g->accumulate && !g->store_first) continue;
+    if (g->bo) { /* whole matrices, blocks of grid rows */
+      for (int i = 0; i < 2; i++)
+        if (!add_plan(g, prov, piece_desc(g, g->M, g->N, acc, rows[i]), err, n)) return false;
+      continue;
+    }
     for (int i = 0; i < 2; i++)
-      for (int j = 0; j < 2; j++) {
-        CpuGemmDesc d = g->bo ? piece_desc(g, g->M, g->N, acc, rows[j]) : piece_desc(g, ms[i], ns[j], acc, 0);
-        if (!add_plan(g, prov, d, err, n)) return false;
-      }
+      for (int j = 0; j < 2; j++)
+        if (!add_plan(g, prov, piece_desc(g, ms[i], ns[j], acc, 0), err, n)) return false;
   }
   return true;
 }

@@ -156,20 +156,27 @@ typedef struct ModelCase {
   void (*check)(IrFunc *f);
 } ModelCase;
 
+/* A model's source compiled for K micro-batches through the CPU pipeline
+ * (free with fe_model_free). */
+static FeModel *planned_model(const char *file, const char *text, int K) {
+  int n;
+  const char *const *pipe = pass_pipeline_cpu(&n);
+  Diag d;
+  FeModel *m = tu_compile(file, text, K, &d);
+  if (!m) fail_msg("%s: %s", file, sb_str(&d.log));
+  diag_free(&d);
+  run_pipeline(m->func, pipe, n, K);
+  return m;
+}
+
 static void run_model_case(const ModelCase *c) {
   char file[64];
   snprintf(file, sizeof file, "%s.gdl", c->name);
-  int n;
-  const char *const *pipe = pass_pipeline_cpu(&n);
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(c->src, "f32", "f64") : strdup(c->src);
     for (int K = 1; K <= 3; K += 2) {
-      Diag d;
-      FeModel *m = tu_compile(file, text, K, &d);
-      if (!m) fail_msg("%s: %s", file, sb_str(&d.log));
-      diag_free(&d);
+      FeModel *m = planned_model(file, text, K);
       IrFunc *f = m->func;
-      run_pipeline(f, pipe, n, K);
       c->check(f);
       for (int threads = 1; threads <= 3; threads += c->thread_step) {
         char label[64];
@@ -420,13 +427,7 @@ static void check_attention(IrFunc *f) {
  * as batched provider calls, one inline and one block of samples per
  * thread: their matrices are a grid of B x NH (exec.c gemm_group). */
 static void check_batched_calls(void) {
-  int n;
-  const char *const *pipe = pass_pipeline_cpu(&n);
-  Diag d;
-  FeModel *m = tu_compile("attention.gdl", attention_src, 1, &d);
-  if (!m) fail_msg("%s", sb_str(&d.log));
-  diag_free(&d);
-  run_pipeline(m->func, pipe, n, 1);
+  FeModel *m = planned_model("attention.gdl", attention_src, 1);
   int batched = 0;
   for (int i = 0; i < m->func->nops; i++) {
     const IrOp *op = m->func->ops[i];
@@ -687,19 +688,13 @@ static int absorbed_kernels(IrFunc *f) {
 
 static void test_cpu_gemm_epilogues(void **state) {
   (void)state;
-  int n;
-  const char *const *pipe = pass_pipeline_cpu(&n);
   const char *prov = getenv("GRADC_GEMM");
   const char *modes[] = {"fused", "all", "off"};
   for (int mode = 0; mode < 3; mode++) {
     setenv("GRADC_GEMM_EPILOGUES", modes[mode], 1);
     for (int K = 1; K <= 3; K += 2) {
-      Diag d;
-      FeModel *m = tu_compile("epi.gdl", epilogue_src, K, &d);
-      if (!m) fail_msg("epi.gdl: %s", sb_str(&d.log));
-      diag_free(&d);
+      FeModel *m = planned_model("epi.gdl", epilogue_src, K);
       IrFunc *f = m->func;
-      run_pipeline(f, pipe, n, K);
       /* bias + relu, bias, residual, bias + gelu (the logits' sum joins
        * cross_entropy's kernel); by default not the residual, and only
        * where the provider has post-ops. */
