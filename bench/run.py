@@ -40,6 +40,13 @@ within 2% at the end).
 --results FILE writes the tables into FILE between marker comments, with
 the machine, the command, the date and the load, leaving the rest as is.
 
+After the tables (and in the header --results writes) it prints the
+conditions the runs had: one core's f32 FMA throughput before and after
+(bench/fma_peak.c, at each thread count: the same CPU model has run here
+at 238 GFLOP/s a core on one host and 80-150 on another, so milliseconds
+from two runs compare only beside it) and the share of CPU time the
+hypervisor stole during the runs (/proc/stat).
+
 The whole RESULTS table, on a quiet machine:
   bench/run.py --setup-peers --gemm-lib --repeat 3 --quiet-wait 30 --results bench/RESULTS.md
 
@@ -420,6 +427,68 @@ def load():
     return open("/proc/loadavg").read().split()[0]
 
 
+def cpu_ticks():
+    """(steal, all) ticks of every CPU so far (/proc/stat).  Steal is time a
+    virtual CPU was ready but the hypervisor ran something else: other
+    guests' work, which neither the load average nor --quiet-wait's busy
+    count can tell apart from the run's own, slows a run down as much."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return (f[7] if len(f) > 7 else 0), sum(f[:8])
+
+
+class Steal:
+    """The share of CPU time stolen during each run, and over all of them."""
+    def __init__(self):
+        self.stolen = self.total = 0
+        self.worst = 0.0
+
+    def run(self, fn, *args):
+        s0, t0 = cpu_ticks()
+        out = fn(*args)
+        s1, t1 = cpu_ticks()
+        share = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+        self.stolen, self.total = self.stolen + s1 - s0, self.total + t1 - t0
+        self.worst = max(self.worst, share)
+        return out, share
+
+    def text(self):
+        if not self.total:
+            return ""
+        return (f"CPU time stolen by the hypervisor during the runs (/proc/stat): "
+                f"{100 * self.stolen / self.total:.1f}% (worst run {100 * self.worst:.1f}%).")
+
+
+def fma_peak(a, threads_list):
+    """bench/fma_peak.c at each thread count: (isa, [GFLOP/s a core at each]), or None."""
+    build = os.path.dirname(os.path.abspath(a.gradc))
+    rc, _, err = sh(["cmake", "--build", build, "--target", "fma_peak"])
+    exe = os.path.join(build, "fma_peak")
+    if rc != 0 or not os.path.exists(exe):
+        return None
+    isa, per = "?", []
+    for thr in threads_list:
+        wait_quiet(a)
+        rc, out, err = sh(pin(thr) + [exe, str(thr)])
+        f = out.split()
+        if rc != 0 or len(f) != 3:
+            return None
+        isa = f[0]
+        per.append(f[1])
+    return isa, per
+
+
+def peak_text(threads_list, before, after):
+    """What one core's FMAs sustained before and after the runs: the same CPU
+    model runs at different speeds on different hosts, and one shared host
+    at different speeds over a day (its neighbours, its clocks)."""
+    if not before or not after:
+        return ""
+    def at(per):
+        return ", ".join(f"{g} at {t} thread{'s' if t > 1 else ''}" for t, g in zip(threads_list, per))
+    return (f"f32 FMA peak a core (bench/fma_peak.c, {before[0]}, GFLOP/s): {at(before[1])} before the runs; "
+            f"{at(after[1])} after.")
+
+
 def replace_section(text, tag, body):
     begin, end = f"<!-- run.py:{tag} -->", f"<!-- /run.py:{tag} -->"
     block = f"{begin}\n{body}\n{end}"
@@ -441,6 +510,8 @@ def main():
     configs = [(name, model, defs) for name, model, defs in CONFIGS
                if not (a.only and a.only not in name) and not a.no_steps]
     cells = [(name, model, defs, thr) for name, model, defs in configs for thr in threads]
+    peak0 = fma_peak(a, threads) if cells else None
+    steal = Steal()
     best = {}       # cell -> who -> (fig, err)
     prov_best = {}  # cell -> provider -> (fig, err)
     with tempfile.TemporaryDirectory(prefix="gradc-bench-") as tmp:
@@ -460,24 +531,27 @@ def main():
                     # (and the host's GEMM provider measured afresh).
                     cache = os.path.join(tmp, f"cache-{model}-{i}-{r}-{who}")
                     if who == "gradc" or gemm:
-                        fig, err = run_gradc(a, model, defs, thr, cache, gemm)
+                        (fig, err), stolen = steal.run(run_gradc, a, model, defs, thr, cache, gemm)
                         mins = GRADC_MINS
                     elif who.startswith("gradc-"):
-                        fig, err = run_gradc(a, model, defs, thr, cache, None, who[len("gradc-"):])
+                        (fig, err), stolen = steal.run(run_gradc, a, model, defs, thr, cache, None,
+                                                       who[len("gradc-"):])
                         mins = GRADC_MINS
                     elif who == "jax":
-                        fig, err = run_jax(a, model, defs, thr)
+                        (fig, err), stolen = steal.run(run_jax, a, model, defs, thr)
                         mins = ("compile_ms",)
                     else:
                         kind, _, ac = who.partition("-")
-                        fig, err = run_torch(a, model, defs, thr, kind == "compile", ac or None)
+                        (fig, err), stolen = steal.run(run_torch, a, model, defs, thr, kind == "compile",
+                                                       ac or None)
                         mins = ("compile_ms",) if kind == "compile" else ("gemm_floor_ms",)
                     table = prov_best.setdefault(i, {}) if gemm else best.setdefault(i, {})
                     key = gemm or who
                     old = table.get(key, (None, None))[0]
                     new = fastest(old, fig, mins) if fig else old
                     table[key] = (new, None if new else err)
-                    print(f"round {r + 1}: {name} threads={thr} {who}: {fig or err}", file=sys.stderr)
+                    print(f"round {r + 1}: {name} threads={thr} {who}: {fig or err} (steal {100 * stolen:.1f}%)",
+                          file=sys.stderr)
         rows = [(name, thr, best.get(i, {})) for i, (name, model, defs, thr) in enumerate(cells)]
         best_floor, prov_rows = {}, []
         for i, (name, model, defs, thr) in enumerate(cells):
@@ -503,6 +577,10 @@ def main():
             print(lib_table)
             print()
             print(epi)
+    peak1 = fma_peak(a, threads) if cells else None
+    conditions = " ".join(x for x in (peak_text(threads, peak0, peak1), steal.text()) if x)
+    if conditions:
+        print("\n" + conditions)
     curve = loss_curve(a, a.loss_curve) if a.loss_curve else None
     if curve:
         print()
@@ -519,7 +597,7 @@ def main():
         head = (f"Machine: {cpu}.  Date: {date}.  Command: `{cmd}` "
                 f"({a.steps} timed windows after {a.warmup} warm-up, target {a.target}; best of {a.repeat} "
                 f"runs per cell, in rounds over all cells).  Peers: {', '.join(versions) or 'none'}.  "
-                f"Load average before / after: {load0} / {load()}.")
+                f"Load average before / after: {load0} / {load()}." + (" " + conditions if conditions else ""))
         if table:
             text = replace_section(text, "steps", head + "\n\n" + table)
         if prec_table:
