@@ -262,6 +262,61 @@ static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
   return tm;
 }
 
+bool cg_module_begin(Gen *g, const char *name, char *err, size_t errlen) {
+  LLVMTargetMachineRef tm = host_machine(err, errlen);
+  if (!tm) return false;
+  g->tm = tm;
+  g->err = err;
+  g->errlen = errlen;
+  g->ctx = cg_context_new();
+  g->mod = LLVMModuleCreateWithNameInContext(name, g->ctx);
+  char *triple = LLVMGetTargetMachineTriple(tm);
+  LLVMSetTarget(g->mod, triple);
+  LLVMDisposeMessage(triple);
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
+  LLVMSetModuleDataLayout(g->mod, td);
+  LLVMDisposeTargetData(td);
+  g->b = LLVMCreateBuilderInContext(g->ctx);
+  g->t_void = LLVMVoidTypeInContext(g->ctx);
+  g->t_i1 = LLVMInt1TypeInContext(g->ctx);
+  g->t_i8 = LLVMInt8TypeInContext(g->ctx);
+  g->t_i16 = LLVMInt16TypeInContext(g->ctx);
+  g->t_i32 = LLVMInt32TypeInContext(g->ctx);
+  g->t_i64 = LLVMInt64TypeInContext(g->ctx);
+  g->t_f32 = LLVMFloatTypeInContext(g->ctx);
+  g->t_f64 = LLVMDoubleTypeInContext(g->ctx);
+  g->t_ptr = LLVMPointerTypeInContext(g->ctx, 0);
+  return true;
+}
+
+bool cg_module_finish(Gen *g, const char *what, bool unroll, bool dump, char **obj, size_t *objlen) {
+  bool ok = !g->failed;
+  char *msg = NULL;
+  if (ok && LLVMVerifyModule(g->mod, LLVMReturnStatusAction, &msg))
+    ok = errf(g->err, g->errlen, "LLVM: the %s does not verify: %.400s", what, msg ? msg : "");
+  LLVMDisposeMessage(msg);
+  if (ok) {
+    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+    LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+    LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
+    if (!unroll) LLVMPassBuilderOptionsSetLoopUnrolling(po, 0);
+    ok = cg_check_llvm(LLVMRunPasses(g->mod, "default<O3>", g->tm, po), "optimising", g->err, g->errlen);
+    LLVMDisposePassBuilderOptions(po);
+  }
+  if (ok && dump) {
+    char *text = LLVMPrintModuleToString(g->mod);
+    fputs(text, stderr);
+    LLVMDisposeMessage(text);
+  }
+  ok = ok && cg_emit_object(g->tm, g->mod, obj, objlen, g->err, g->errlen);
+  LLVMDisposeBuilder(g->b);
+  LLVMDisposeModule(g->mod);
+  LLVMContextDispose(g->ctx);
+  LLVMDisposeTargetMachine(g->tm);
+  return ok;
+}
+
 /* ------------------------------------------------------------------ */
 /* Emission                                                            */
 /* ------------------------------------------------------------------ */
@@ -364,33 +419,10 @@ static void emit_wrapper(Gen *g, KInfo *ki, LLVMValueRef body) {
  * (malloc'd). */
 static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *ks, int n, bool dump, char **obj,
                           size_t *objlen, char *err, size_t errlen) {
-  LLVMTargetMachineRef tm = host_machine(err, errlen);
-  if (!tm) return false;
   Gen g;
   memset(&g, 0, sizeof g);
   g.f = f;
-  g.err = err;
-  g.errlen = errlen;
-  g.ctx = cg_context_new();
-  g.mod = LLVMModuleCreateWithNameInContext(f->name ? f->name : "gradc", g.ctx);
-  char *triple = LLVMGetTargetMachineTriple(tm);
-  LLVMSetTarget(g.mod, triple);
-  LLVMDisposeMessage(triple);
-  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
-  LLVMSetModuleDataLayout(g.mod, td);
-  LLVMDisposeTargetData(td);
-  g.b = LLVMCreateBuilderInContext(g.ctx);
-  g.t_void = LLVMVoidTypeInContext(g.ctx);
-  g.t_i1 = LLVMInt1TypeInContext(g.ctx);
-  g.t_i8 = LLVMInt8TypeInContext(g.ctx);
-  g.t_i16 = LLVMInt16TypeInContext(g.ctx);
-  g.t_i32 = LLVMInt32TypeInContext(g.ctx);
-  g.t_i64 = LLVMInt64TypeInContext(g.ctx);
-  g.t_f32 = LLVMFloatTypeInContext(g.ctx);
-  g.t_f64 = LLVMDoubleTypeInContext(g.ctx);
-  g.t_ptr = LLVMPointerTypeInContext(g.ctx, 0);
-
-  bool ok = true;
+  if (!cg_module_begin(&g, f->name ? f->name : "gradc", err, errlen)) return false;
   for (int i = 0; i < n && !g.failed; i++) {
     KInfo *rep = ks[i];
     if (rep->copies <= 1) {
@@ -401,32 +433,8 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
     for (KInfo *x = rep; x < all + nall; x++)
       if (&all[x->rep] == rep) emit_wrapper(&g, x, body);
   }
-  if (g.failed) ok = false;
-  char *msg = NULL;
-  if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg)) {
-    ok = errf(err, errlen, "LLVM: the generated module does not verify: %.400s", msg ? msg : "");
-  }
-  LLVMDisposeMessage(msg);
-  if (ok) {
-    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
-    LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
-    LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-    LLVMPassBuilderOptionsSetLoopUnrolling(po, 0); /* full unrolling of short rows costs more compile time than it saves */
-    ok = cg_check_llvm(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
-    LLVMDisposePassBuilderOptions(po);
-  }
-  if (ok && dump) {
-    char *s = LLVMPrintModuleToString(g.mod);
-    fputs(s, stderr);
-    LLVMDisposeMessage(s);
-  }
-  ok = ok && cg_emit_object(tm, g.mod, obj, objlen, err, errlen);
-  LLVMDisposeBuilder(g.b);
-  LLVMDisposeModule(g.mod);
-  LLVMContextDispose(g.ctx);
-  LLVMDisposeTargetMachine(tm);
-  return ok;
+  /* Full unrolling of short rows costs more compile time than it saves. */
+  return cg_module_finish(&g, "generated module", false, dump, obj, objlen);
 }
 
 /* The object bundle: "GRDCOBJ1", a u32 count, then per object a u64

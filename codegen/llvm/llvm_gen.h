@@ -20,6 +20,7 @@ typedef struct Gen {
   const IrFunc *f;
   LLVMContextRef ctx;
   LLVMModuleRef mod;
+  LLVMTargetMachineRef tm; /* cg_module_begin's, freed by cg_module_finish */
   LLVMBuilderRef b;
   LLVMTypeRef t_void, t_i1, t_i8, t_i16, t_i32, t_i64, t_f32, t_f64, t_ptr;
   /* The kernel being emitted: void name(ptr arena, i64 begin, i64 end),
@@ -58,6 +59,13 @@ LLVMContextRef cg_context_new(void);
 /* mod as object code for tm, copied into *obj (malloc'd, *objlen bytes);
  * false with the reason in err. */
 bool cg_emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, char **obj, size_t *objlen, char *err, size_t n);
+/* A module for the host CPU (its features; PIC, -O3 code generation) in a fresh context, g's builder and types set;
+ * errors go to err.  False (nothing to free) when there is no host target. */
+bool cg_module_begin(Gen *g, const char *name, char *err, size_t n);
+/* Verify, optimise (default<O3>, loop unrolling only when unroll; the
+ * module printed to stderr when dump), emit object code to *obj, and free
+ * what cg_module_begin made.  what names the module in a verifier error. */
+bool cg_module_finish(Gen *g, const char *what, bool unroll, bool dump, char **obj, size_t *objlen);
 void gen_error(Gen *g, const char *fmt, ...) GRADC_PRINTF(2, 3);
 
 /* llvm_ops.c: types, constants, memory */

@@ -14,13 +14,9 @@
  * the host CPU, emitted as object code (cached in the on-disk cache under
  * kind "cpu-optim") and loaded with its own ORC LLJIT. */
 #include <llvm-c/Core.h>
-#include <llvm-c/Analysis.h>
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
-#include <llvm-c/Target.h>
-#include <llvm-c/TargetMachine.h>
-#include <llvm-c/Transforms/PassBuilder.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,74 +184,16 @@ static void emit_kernel(Gen *g, CgOptimKind kind, bool f64) {
     emit_adamw(&c);
 }
 
-static LLVMTargetMachineRef host_machine(char *err, size_t errlen) {
-  char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
-  LLVMTargetRef target = NULL;
-  char *msg = NULL;
-  LLVMTargetMachineRef tm = NULL;
-  if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
-    errf(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "");
-  } else {
-    tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocPIC,
-                                 LLVMCodeModelDefault);
-    if (!tm) errf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
-  }
-  LLVMDisposeMessage(msg);
-  LLVMDisposeMessage(triple);
-  LLVMDisposeMessage(cpu);
-  LLVMDisposeMessage(feat);
-  return tm;
-}
-
 /* Build, verify, optimise and emit the kernels of kinds; object bytes to
  * *obj (malloc'd). */
 static bool compile_object(unsigned kinds, char **obj, size_t *objlen, char *err, size_t errlen) {
-  LLVMTargetMachineRef tm = host_machine(err, errlen);
-  if (!tm) return false;
   Gen g;
   memset(&g, 0, sizeof g);
-  g.err = err;
-  g.errlen = errlen;
-  g.ctx = cg_context_new();
-  g.mod = LLVMModuleCreateWithNameInContext("gradc_optim", g.ctx);
-  char *triple = LLVMGetTargetMachineTriple(tm);
-  LLVMSetTarget(g.mod, triple);
-  LLVMDisposeMessage(triple);
-  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
-  LLVMSetModuleDataLayout(g.mod, td);
-  LLVMDisposeTargetData(td);
-  g.b = LLVMCreateBuilderInContext(g.ctx);
-  g.t_void = LLVMVoidTypeInContext(g.ctx);
-  g.t_i1 = LLVMInt1TypeInContext(g.ctx);
-  g.t_i8 = LLVMInt8TypeInContext(g.ctx);
-  g.t_i16 = LLVMInt16TypeInContext(g.ctx);
-  g.t_i32 = LLVMInt32TypeInContext(g.ctx);
-  g.t_i64 = LLVMInt64TypeInContext(g.ctx);
-  g.t_f32 = LLVMFloatTypeInContext(g.ctx);
-  g.t_f64 = LLVMDoubleTypeInContext(g.ctx);
-  g.t_ptr = LLVMPointerTypeInContext(g.ctx, 0);
+  if (!cg_module_begin(&g, "gradc_optim", err, errlen)) return false;
   for (int k = 0; k < 2; k++)
     if (kinds & (1u << k))
       for (int f64 = 0; f64 < 2; f64++) emit_kernel(&g, (CgOptimKind)k, f64);
-  bool ok = !g.failed;
-  char *msg = NULL;
-  if (ok && LLVMVerifyModule(g.mod, LLVMReturnStatusAction, &msg))
-    ok = errf(err, errlen, "LLVM: the optimiser module does not verify: %.400s", msg ? msg : "");
-  LLVMDisposeMessage(msg);
-  if (ok) {
-    LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-    LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
-    LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
-    LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-    ok = cg_check_llvm(LLVMRunPasses(g.mod, "default<O3>", tm, po), "optimising", err, errlen);
-    LLVMDisposePassBuilderOptions(po);
-  }
-  ok = ok && cg_emit_object(tm, g.mod, obj, objlen, err, errlen);
-  LLVMDisposeBuilder(g.b);
-  LLVMDisposeModule(g.mod);
-  LLVMContextDispose(g.ctx);
-  LLVMDisposeTargetMachine(tm);
-  return ok;
+  return cg_module_finish(&g, "optimiser module", true, false, obj, objlen);
 }
 
 /* Load the object into a fresh JIT and look the kernels up. */
