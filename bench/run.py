@@ -18,7 +18,8 @@ Step table columns:
   floor          gradc's GEMM floor with that provider, and the best
                  provider's floor (with --gemm-lib; else the same)
   step/floor     gradc step / best floor (target <= 1.05)
-  eager, compile, jax   the peers' median step ms
+  eager, compile, jax   the peers' median step ms; beside eager's, torch's
+                 GEMM floor (the step's mm/bmm/addmm alone, torch_models.py)
   vs best torch  gradc step / the faster of eager and torch.compile
                  (targets: tinygpt large 0.8, tinygpt small 0.6, mlp and mlp2 0.8)
   RSS            peak RSS MB, gradc / torch eager
@@ -231,7 +232,7 @@ def step_table(rows, best_floor):
     """rows: (name, thr, {who: (fig, err)}); best_floor: (name, thr) -> (ms, provider)."""
     lines = [
         "| model | thr | gradc step ms (med/min) | provider | floor ms own / best (provider) | step/best floor "
-        "| torch eager ms | torch.compile ms | jax jit ms | gradc / best torch (target) | RSS MB gradc / torch "
+        "| torch eager ms (its GEMM floor) | torch.compile ms | jax jit ms | gradc / best torch (target) | RSS MB gradc / torch "
         "| cold compile ms gradc / torch.compile / jax |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -256,7 +257,9 @@ def step_table(rows, best_floor):
         lines.append("| " + " | ".join([
             name, str(thr), f"{g['step_ms_median']:.2f} / {g['step_ms_min']:.2f}", g["gemm_provider"],
             f"{g['gemm_floor_ms']:.2f} / {bf:.2f} ({bprov})", ratio(g["step_ms_median"], bf),
-            med(eager), med(comp), med(jx), vs, f"{mb(g['peak_rss_bytes'])} / {rss_t}", " / ".join(cc)]) + " |")
+            med(eager) + (f" ({eager[0]['gemm_floor_ms']:.2f})" if eager and eager[0] and eager[0].get("gemm_floor_ms")
+                          else ""),
+            med(comp), med(jx), vs, f"{mb(g['peak_rss_bytes'])} / {rss_t}", " / ".join(cc)]) + " |")
     return "\n".join(lines)
 
 
