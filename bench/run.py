@@ -44,7 +44,7 @@ the machine, the command, the date and the load, leaving the rest as is.
 After the tables (and in the header --results writes) it prints the
 conditions the runs had: one core's f32 FMA throughput before and after
 (bench/fma_peak.c, at each thread count: the same CPU model has run here
-at 238 GFLOP/s a core on one host and 80-150 on another, so milliseconds
+at 238 GFLOP/s a core on one host and 60-155 on another, so milliseconds
 from two runs compare only beside it) and the share of CPU time the
 hypervisor stole during the runs (/proc/stat).
 
