@@ -232,8 +232,8 @@ def step_table(rows, best_floor):
     """rows: (name, thr, {who: (fig, err)}); best_floor: (name, thr) -> (ms, provider)."""
     lines = [
         "| model | thr | gradc step ms (med/min) | provider | floor ms own / best (provider) | step/best floor "
-        "| torch eager ms (its GEMM floor) | torch.compile ms | jax jit ms | gradc / best torch (target) | RSS MB gradc / torch "
-        "| cold compile ms gradc / torch.compile / jax |",
+        "| torch eager ms (its GEMM floor) | torch.compile ms | jax jit ms | gradc / best torch (target) "
+        "| RSS MB gradc / torch | cold compile ms gradc / torch.compile / jax |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 

@@ -511,7 +511,6 @@ static bool derivative_forward(Fuse *fu, const IrOp *op, const IrValue *x) {
 
 /* Try every candidate merge of fu's kernels, best first: producer->consumer
  * edges between row-kernel ops, then siblings over one value. */
-
 static void merge_candidates(Fuse *fu, const int *depth) {
   IrFunc *f = fu->f;
   int n = fu->n, nn = n ? n : 1;

@@ -59,8 +59,9 @@ LLVMContextRef cg_context_new(void);
 /* mod as object code for tm, copied into *obj (malloc'd, *objlen bytes);
  * false with the reason in err. */
 bool cg_emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, char **obj, size_t *objlen, char *err, size_t n);
-/* A module for the host CPU (its features; PIC, -O3 code generation) in a fresh context, g's builder and types set;
- * errors go to err.  False (nothing to free) when there is no host target. */
+/* A module for the host CPU (its features; PIC, -O3 code generation) in a
+ * fresh context, g's builder and types set; errors go to err.  False
+ * (nothing to free) when there is no host target. */
 bool cg_module_begin(Gen *g, const char *name, char *err, size_t n);
 /* Verify, optimise (default<O3>, loop unrolling only when unroll; the
  * module printed to stderr when dump), emit object code to *obj, and free
