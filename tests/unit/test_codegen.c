@@ -268,9 +268,11 @@ static void test_codegen_softmax_fwd_bwd(void **state) {
   assert_true(st.kernels >= 2);
 }
 
-/* A causal softmax computes its exponentials up to the diagonal only
- * (rounded up to whole vectors) and fills the rest: T = 37 has rows whose
- * loop stops short of the row (i < 32) and rows that run to its end. */
+/* A causal softmax over rows of 512 or more computes its exponentials up
+ * to the diagonal only (rounded up to whole vectors) and fills the rest:
+ * T = 521 has rows whose loop stops short of the row (i < 512) and rows
+ * that run to its end.  Shorter rows (T = 37) run the loop over the whole
+ * row, the masked columns' exponentials 0. */
 static void test_codegen_causal_softmax(void **state) {
   const char *src = "model cs {\n"
                     "  batch B = 3\n  dim T = 37\n"
@@ -279,6 +281,14 @@ static void test_codegen_causal_softmax(void **state) {
                     "  loss l = sum(p * w) + sum(p * p)\n"
                     "}\n";
   OtStats st = check_model("cs.gdl", src, 88, NULL);
+  assert_true(st.kernels >= 2);
+  const char *longrows = "model cs {\n"
+                         "  batch B = 1\n  dim T = 521\n"
+                         "  input x : f32[B, 1, T, T]\n  param w : f32[T]\n"
+                         "  p = softmax(causal_mask(x * 0.5), axis=-1)\n"
+                         "  loss l = sum(p * w) + sum(p * p)\n"
+                         "}\n";
+  st = check_model("cs.gdl", longrows, 90, NULL);
   assert_true(st.kernels >= 2);
 }
 
