@@ -760,6 +760,13 @@ static void count_launches(const gradc_program *p, cli_bench_figures *fig) {
   fig->kernels_per_step = ref ? 0 : (kernels + gemms) * p->gas;
 }
 
+double cli_gemm_select_ms(void) {
+  char err[1024];
+  double t0 = rt_now_ms();
+  (void)cpu_gemm_select(NULL, err, sizeof err); /* an unknown GRADC_GEMM fails the compile after it */
+  return rt_now_ms() - t0;
+}
+
 int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int threads, bool allow_tf32,
               bool print_gemms, cli_bench_figures *fig) {
   memset(fig, 0, sizeof *fig);

@@ -157,6 +157,12 @@ typedef struct cli_bench_figures {
 int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int threads, bool allow_tf32,
               bool print_gemms, cli_bench_figures *out);
 
+/* The host's GEMM provider choice as a compile without a cache makes it
+ * (measured, not read from the cache; once a process): its milliseconds,
+ * so that `gradc bench` can time the cold compile without this once-a-host
+ * measurement and report it apart. */
+double cli_gemm_select_ms(void);
+
 /* ------------------------------------------------------------------ */
 /* Tensor files (safetensors) for datasets and checkpoints             */
 /* ------------------------------------------------------------------ */

@@ -22,6 +22,10 @@
  *   gemm_provider    the CPU's GEMM provider that ran the step and the
  *                    floor (onednn, openblas, blis; runtime/cpu/gemm.h),
  *                    after the contract's figures
+ *   gemm_select_ms   the host's measurement that chooses it, which a
+ *                    compile without a cache would make and a cached host
+ *                    reads from the cache: made before the cold compile, so
+ *                    that compile_ms times the compile alone (0 on cuda)
  *
  * Times are milliseconds per window, printed with %.3f.  --json prints the
  * same figures as one JSON object.  Nothing else goes to stdout.
@@ -47,8 +51,10 @@ const char bench_help[] =
     "  the object cache), step_ms_median, step_ms_min, gemm_floor_ms (the window's GEMMs alone,\n"
     "  same provider, threads and types), kernels_per_step (kernel and GEMM launches), gemms_per_step,\n"
     "  peak_bytes (the step's arena), peak_rss_bytes, gemm_provider (GRADC_GEMM=onednn|openblas|blis\n"
-    "  overrides the host's measured choice).  --json prints one JSON object instead;\n"
-    "  --print-gemms lists the GEMMs on stderr (`gemm M N K BATCH TA TB BETA`, bench/gemm_lib.c).\n"
+    "  overrides the host's measured choice), gemm_select_ms (that measurement, made once a host\n"
+    "  and cached; bench makes it before the cold compile, which it leaves out).  --json prints\n"
+    "  one JSON object instead; --print-gemms lists the GEMMs on stderr (`gemm M N K BATCH TA TB\n"
+    "  BETA`, bench/gemm_lib.c).\n"
     "  --forward-only times the forward alone, compiled as infer compiles it (no autodiff, no\n"
     "  gradient buffers: compare its compile_ms and peak_bytes with the training step's).\n";
 
@@ -70,6 +76,7 @@ typedef struct BenchArgs {
 
 typedef struct Figures {
   double compile_ms, compile_warm_ms;
+  double gemm_select_ms; /* the host's GEMM provider measurement, apart from compile_ms */
   cli_bench_figures run; /* the rest, measured through api/cli.h */
 } Figures;
 
@@ -149,6 +156,7 @@ static void print_figures(const Figures *f, bool json) {
     cJSON_AddNumberToObject(o, "peak_bytes", (double)g->peak_bytes);
     cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)g->peak_rss_bytes);
     cJSON_AddStringToObject(o, "gemm_provider", g->gemm_provider ? g->gemm_provider : "");
+    cJSON_AddNumberToObject(o, "gemm_select_ms", ms3(f->gemm_select_ms));
     char *s = cJSON_PrintUnformatted(o);
     if (!s) abort();
     printf("%s\n", s);
@@ -165,6 +173,7 @@ static void print_figures(const Figures *f, bool json) {
     printf("peak_bytes: %lld\n", (long long)g->peak_bytes);
     printf("peak_rss_bytes: %lld\n", (long long)g->peak_rss_bytes);
     printf("gemm_provider: %s\n", g->gemm_provider ? g->gemm_provider : "");
+    printf("gemm_select_ms: %.3f\n", f->gemm_select_ms);
   }
   fflush(stdout);
 }
@@ -172,7 +181,11 @@ static void print_figures(const Figures *f, bool json) {
 static int bench(const BenchArgs *a) {
   Figures fig = {0};
   gradc_program *p = NULL;
-  /* Cold: no cache at all. */
+  /* Cold: no object cache.  The host's GEMM provider choice, which a
+   * compile without a cache measures (once a process) and a user's
+   * compile reads from the cache after the host's first, is made first
+   * and reported apart. */
+  if (!cli_is_cuda_target(a->target)) fig.gemm_select_ms = cli_gemm_select_ms();
   int rc = compile(a, false, &p, &fig.compile_ms);
   if (rc) return rc;
   gradc_program_free(p);

@@ -75,11 +75,14 @@ static cJSON *bench_json(const char *args) {
   if (!o) print_error("not JSON:\n%s\n", out);
   assert_non_null(o);
   assert_true(cJSON_IsObject(o));
-  assert_int_equal(cJSON_GetArraySize(o), NFIGURES + 1);
-  /* After the contract's figures, the GEMM provider: one this build has. */
+  assert_int_equal(cJSON_GetArraySize(o), NFIGURES + 2);
+  /* After the contract's figures, the GEMM provider (one this build has)
+   * and the time of the measurement that chose it. */
   const cJSON *gp = cJSON_GetObjectItemCaseSensitive(o, "gemm_provider");
   assert_true(cJSON_IsString(gp));
   assert_non_null(cpu_gemm_provider_find(gp->valuestring));
+  const cJSON *gs = cJSON_GetObjectItemCaseSensitive(o, "gemm_select_ms");
+  assert_true(cJSON_IsNumber(gs) && isfinite(gs->valuedouble) && gs->valuedouble >= 0);
   for (int i = 0; i < NFIGURES; i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, figure_names[i]);
     if (!cJSON_IsNumber(v)) print_error("missing figure %s in\n%s\n", figure_names[i], out);
@@ -156,7 +159,8 @@ static void test_bench_ref_has_no_kernels(void **state) {
 }
 
 /* The text form: exactly the nine `name: value` lines, in order, times
- * with three decimals and counts as integers, then `gemm_provider: NAME`. */
+ * with three decimals and counts as integers, then `gemm_provider: NAME`
+ * and `gemm_select_ms: X.XXX`. */
 static void test_bench_text_order(void **state) {
   (void)state;
   int status;
@@ -181,6 +185,11 @@ static void test_bench_text_order(void **state) {
   assert_non_null(line);
   assert_true(strncmp(line, "gemm_provider: ", 15) == 0);
   assert_non_null(cpu_gemm_provider_find(line + 15));
+  line = strtok_r(NULL, "\n", &save);
+  assert_non_null(line);
+  assert_true(strncmp(line, "gemm_select_ms: ", 16) == 0);
+  const char *dot = strchr(line + 16, '.');
+  assert_true(dot && strlen(dot + 1) == 3 && strtod(line + 16, NULL) >= 0);
   line = strtok_r(NULL, "\n", &save);
   assert_null(line);
   free(out);
