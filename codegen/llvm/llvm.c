@@ -6,7 +6,8 @@
  * in one module, emitted by llvm_row.c (row kernels) or llvm_loop.c (one
  * op in a general loop nest); the module is optimised for the host CPU
  * with LLVMRunPasses("default<O3>"), emitted as object code with
- * LLVMTargetMachineEmitToMemoryBuffer (kernels are split into chunks,
+ * LLVMTargetMachineEmitToMemoryBuffer (without loop strength reduction:
+ * init_llvm; kernels are split into chunks,
  * each its own LLVM context and module, compiled on a thread pool) and
  * loaded with ORC LLJIT
  * (LLVMOrcLLJITAddObjectFile), libm and libc symbols resolved from the
@@ -26,6 +27,7 @@
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Object.h>
 #include <llvm-c/Orc.h>
+#include <llvm-c/Support.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
@@ -94,6 +96,14 @@ static bool init_ok;
 static bool host_avx512; /* the host has AVX-512F (prefer_wide_vectors) */
 static void init_llvm(void) {
   init_ok = !LLVMInitializeNativeTarget() && !LLVMInitializeNativeAsmPrinter();
+  /* Code generation without loop strength reduction: it was a third of
+   * LLVM's time on the kernels (193 of 510 ms of llc on tinygpt large's)
+   * and the kernels ran as fast without it (docs/DECISIONS.md).  LLVM's
+   * options are the process's: a program that embeds gradc and uses the
+   * same libLLVM gets it too, and its code stays correct (the pass only
+   * chooses addressing). */
+  const char *argv[] = {"gradc", "-disable-lsr"};
+  LLVMParseCommandLineOptions(2, argv, NULL);
   char *feat = LLVMGetHostCPUFeatures();
   host_avx512 = feat && strstr(feat, "+avx512f") != NULL;
   LLVMDisposeMessage(feat);

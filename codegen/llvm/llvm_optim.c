@@ -243,6 +243,7 @@ CgOptim *cg_optim_compile(unsigned kinds_mask, const char *cache_dir, char *err,
   m->kinds = kinds_mask & 3u;
   uint64_t key = hash_bytes(host, strlen(host), HASH_SEED);
   key = hash_bytes(OPTIM_VERSION, strlen(OPTIM_VERSION), key);
+  key = hash_bytes(cg_generator_id(), strlen(cg_generator_id()), key); /* codegen/'s edits, as the kernels' keys */
   key = hash_bytes(&m->kinds, sizeof m->kinds, key);
   if (cache_dir) {
     size_t len = 0;
