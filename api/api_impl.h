@@ -135,6 +135,10 @@ gradc_status api_program_compile(const char *name, const char *text, const gradc
  * and sums the gradients' squares (the global norm's; not finite: the
  * window overflowed). */
 double api_unscale_norm2(StepResult *r, double scale);
+/* The sum of g[0, n)'s squares, in a fixed order whatever the machine
+ * (eight running sums over the elements mod 8, then added in turn), so
+ * that every path that sums gradients' squares gets the same bits. */
+double api_sum_squares(const double *g, int64_t n);
 double api_program_loss_scale(const gradc_program *p); /* what the next api_run_window* scales by */
 /* The seed and step of the random draws (dropout, rand_like, randn_like)
  * of the next api_run_window* windows (0 and 0 until set). */

@@ -286,10 +286,7 @@ gradc_status gradc_session_run(gradc_session *s) {
   } else if (s->loss_scale != 1.0) {
     ss = api_unscale_norm2(&s->res, s->loss_scale);
   } else {
-    for (int i = 0; i < r.ngrads; i++) {
-      int64_t n = ir_numel(&r.grad_types[i].shape);
-      for (int64_t j = 0; j < n; j++) ss += r.grads[i][j] * r.grads[i][j];
-    }
+    for (int i = 0; i < r.ngrads; i++) ss += api_sum_squares(r.grads[i], ir_numel(&r.grad_types[i].shape));
   }
   s->grad_norm = sqrt(ss);
   s->overflow = false;

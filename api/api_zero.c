@@ -224,10 +224,9 @@ bool api_zero_norm2(const gradc_program *p, StepResult *r, double scale, double 
   for (int k = 0; k < r->ngrads; k++) {
     int i = pi[k];
     double *g = r->grads[k];
-    for (int64_t j = z->lo[i]; j < z->lo[i] + z->len[i]; j++) {
-      if (scale != 1.0) g[j] *= inv; /* exact: S is a power of two */
-      ss += g[j] * g[j];
-    }
+    if (scale != 1.0)
+      for (int64_t j = z->lo[i]; j < z->lo[i] + z->len[i]; j++) g[j] *= inv; /* exact: S is a power of two */
+    ss += api_sum_squares(g + z->lo[i], z->len[i]);
   }
   free(pi);
   bool ok = comm_all_reduce(&p->comm->dp_group, &ss, &ss, 1, COMM_F64, COMM_SUM, hash_str("zero1.norm"), err, errlen);
