@@ -417,33 +417,42 @@ gradc_status gradc_session_skip_step(gradc_session *s) {
 /* ------------------------------------------------------------------ */
 
 /* The first element of x[0, n) that is an inf or a NaN (all exponent bits
- * set), or -1.  A branch-free pass over the bits first, so the common case
- * (all finite) costs one read of the data. */
+ * set), or -1.  Blocks of 64 are tested with straight-line code over the
+ * bits (which -O2 vectorises: a loop of unknown length it would leave
+ * scalar, 8% of tinygpt small's training), so the common case (all
+ * finite) costs one read of the data; the first block with one is then
+ * searched. */
+#define NONFINITE_BLOCK 64
 static int64_t first_nonfinite(const void *x, StDType dt, int64_t n) {
+  if (dt != ST_F32 && dt != ST_F64) return -1;
+  const unsigned char *b = x;
+  int64_t i = 0;
   if (dt == ST_F32) {
-    const unsigned char *b = x;
-    uint32_t any = 0;
-    for (int64_t i = 0; i < n; i++) {
-      uint32_t u;
-      memcpy(&u, b + 4 * i, 4);
-      any |= (u & 0x7f800000u) == 0x7f800000u;
+    for (; i + NONFINITE_BLOCK <= n; i += NONFINITE_BLOCK) {
+      uint32_t any = 0;
+      for (int k = 0; k < NONFINITE_BLOCK; k++) {
+        uint32_t u;
+        memcpy(&u, b + 4 * (i + k), 4);
+        any |= (u & 0x7f800000u) == 0x7f800000u;
+      }
+      if (any) break;
     }
-    if (!any) return -1;
-    for (int64_t i = 0; i < n; i++) {
+    for (; i < n; i++) {
       float v;
       memcpy(&v, b + 4 * i, 4);
       if (!isfinite(v)) return i;
     }
-  } else if (dt == ST_F64) {
-    const unsigned char *b = x;
-    uint64_t any = 0;
-    for (int64_t i = 0; i < n; i++) {
-      uint64_t u;
-      memcpy(&u, b + 8 * i, 8);
-      any |= (u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+  } else {
+    for (; i + NONFINITE_BLOCK <= n; i += NONFINITE_BLOCK) {
+      uint64_t any = 0;
+      for (int k = 0; k < NONFINITE_BLOCK; k++) {
+        uint64_t u;
+        memcpy(&u, b + 8 * (i + k), 8);
+        any |= (u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+      }
+      if (any) break;
     }
-    if (!any) return -1;
-    for (int64_t i = 0; i < n; i++) {
+    for (; i < n; i++) {
       double v;
       memcpy(&v, b + 8 * i, 8);
       if (!isfinite(v)) return i;
