@@ -189,6 +189,8 @@ double rt_elem_get(const void *p, IrDType dt, int64_t i);
 void rt_elem_set(void *p, IrDType dt, int64_t i, double x);
 /* n elements of p as doubles into dst, the type dispatched once. */
 void rt_elems_get(const void *p, IrDType dt, int64_t n, double *dst);
+/* y[0, n) = x[0, n) widened (the arrays do not overlap). */
+void rt_widen_f32(double *restrict y, const float *restrict x, int64_t n);
 /* Whether a bound tensor's elements are dtype dt's bytes already (a plain
  * copy of *es bytes each). */
 bool rt_tensor_plain(const StTensor *t, IrDType dt, int64_t *es);

@@ -468,9 +468,20 @@ double rt_elem_get(const void *p, IrDType dt, int64_t i) {
   return 0;
 }
 
+/* Groups of 8 between restrict parameters vectorise at -O2: GCC honours
+ * restrict on parameters, not on local pointers, and leaves a loop of
+ * unknown length scalar (the gradients' widening out of the arena, such a
+ * loop, was 4% of tinygpt small's training). */
+void rt_widen_f32(double *restrict y, const float *restrict x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) y[i + j] = x[i + j];
+  for (; i < n; i++) y[i] = x[i];
+}
+
 void rt_elems_get(const void *p, IrDType dt, int64_t n, double *dst) {
   if (dt == IR_DT_F32) {
-    for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)p)[i];
+    rt_widen_f32(dst, p, n);
   } else if (dt == IR_DT_F64) {
     memcpy(dst, p, sizeof(double) * (size_t)n);
   } else {

@@ -1421,15 +1421,7 @@ static void bulk_chunk(void *ctx, int64_t begin, int64_t end) {
   switch (b->kind) {
   case BULK_COPY: memcpy(b->dst + begin, b->src + begin, (size_t)(end - begin)); break;
   case BULK_ZERO: memset(b->dst + begin, 0, (size_t)(end - begin)); break;
-  case BULK_WIDEN: {
-    const float *restrict x = (const float *)b->src + begin;
-    double *restrict y = (double *)b->dst + begin;
-    int64_t n = end - begin, i = 0;
-    for (; i + 8 <= n; i += 8) /* straight-line groups of 8 vectorise at -O2 */
-      for (int j = 0; j < 8; j++) y[i + j] = x[i + j];
-    for (; i < n; i++) y[i] = x[i];
-    break;
-  }
+  case BULK_WIDEN: rt_widen_f32((double *)b->dst + begin, (const float *)b->src + begin, end - begin); break;
   }
 }
 
