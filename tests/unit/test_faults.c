@@ -466,6 +466,66 @@ static void test_checkpoint_refuses_nonfinite_params(void **state) {
   gradc_program_free(p);
 }
 
+/* The check after an update finds the first inf or NaN wherever it lies:
+ * in a block it reads whole (params of 200 f32 and 150 f64 elements, in
+ * blocks of 64), the first of several, and in the elements after the last
+ * whole block. */
+static void test_nonfinite_search_finds_the_first(void **state) {
+  (void)state;
+  write_text("wide.gdl", "model wide {\n"
+                         "  batch B = 2\n"
+                         "  input x : f32[B, 200]\n"
+                         "  param w : f32[200] init normal(0, 0.5)\n"
+                         "  param v : f64[150] init normal(0, 0.5)\n"
+                         "  loss l = sum(x * w)\n"
+                         "  loss m = sum(v * v)\n"
+                         "}\n");
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  gradc_program *p;
+  gradc_session *s;
+  assert_int_equal(gradc_program_compile_file(in_dir("wide.gdl"), &o, &p), GRADC_OK);
+  assert_int_equal(gradc_session_new(p, &s), GRADC_OK);
+  assert_int_equal(gradc_session_init_params(s, 3), GRADC_OK);
+  assert_int_equal(gradc_session_save_checkpoint(s, in_dir("wide.safetensors")), GRADC_OK);
+  StFile f;
+  char err[1024];
+  assert_true(st_read(in_dir("wide.safetensors"), &f, err, sizeof err));
+  struct {
+    const char *param;
+    int64_t at[2]; /* elements set non-finite (-1: none) */
+    const char *want;
+  } cases[] = {
+      {"w", {130, 190}, "param 'w' (nan at element 130)"}, {"w", {3, 70}, "param 'w' (nan at element 3)"},
+      {"w", {199, -1}, "param 'w' (nan at element 199)"},  {"v", {64, 100}, "param 'v' (nan at element 64)"},
+      {"v", {149, -1}, "param 'v' (nan at element 149)"},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    StFile params;
+    st_init(&params);
+    for (int i = 0; i < f.n; i++) {
+      StTensor *t = st_add(&params, f.t[i].name, f.t[i].dtype, f.t[i].rank, f.t[i].shape, f.t[i].data);
+      if (strcmp(t->name, cases[c].param) != 0) continue;
+      for (int k = 0; k < 2 && cases[c].at[k] >= 0; k++) {
+        if (t->dtype == ST_F32) ((float *)t->data)[cases[c].at[k]] = k ? INFINITY : NAN;
+        else ((double *)t->data)[cases[c].at[k]] = k ? INFINITY : NAN;
+      }
+    }
+    assert_true(st_write(in_dir("bad.safetensors"), &params, err, sizeof err));
+    st_free(&params);
+    assert_int_equal(gradc_session_load_params(s, in_dir("bad.safetensors")), GRADC_OK);
+    char what[256];
+    assert_int_equal(gradc_session_find_nonfinite(s, what, sizeof what), 1);
+    assert_string_equal(what, cases[c].want);
+  }
+  assert_int_equal(gradc_session_load_params(s, in_dir("wide.safetensors")), GRADC_OK);
+  char what[256];
+  assert_int_equal(gradc_session_find_nonfinite(s, what, sizeof what), 0);
+  st_free(&f);
+  gradc_session_free(s);
+  gradc_program_free(p);
+}
+
 /* The step number in "step N: loss 'odd' is nan", or -1. */
 static int64_t nan_step(const char *err) {
   const char *at = strstr(err, ": loss 'odd' is nan");
@@ -927,6 +987,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stale_temps_of_dead_writers_only),
       cmocka_unit_test(test_checkpoint_refuses_nonfinite_params),
+      cmocka_unit_test(test_nonfinite_search_finds_the_first),
       cmocka_unit_test(test_nonfinite_update_keeps_the_last_good_checkpoint),
       cmocka_unit_test(test_nan_loss_stops_or_skips),
       cmocka_unit_test(test_max_loss_warns),
