@@ -178,9 +178,9 @@ void api_set_draws(gradc_program *p, uint64_t seed, uint64_t step) {
 double api_program_loss_scale(const gradc_program *p) { return p->loss_scale > 0 ? p->loss_scale : 1.0; }
 
 /* Eight sums rather than one: one running sum is a chain of dependent
- * adds (4 cycles an element), the first cost of a small model's step
- * after its kernels (tinygpt small: about 200 us a window).  The groups of
- * eight are straight-line code, which -O2 keeps in registers or vectors. */
+ * adds (an add's latency an element), the first cost of a small model's
+ * step after its kernels (tinygpt small: about 200 us a window).  The
+ * groups of eight are straight-line code, which -O2 keeps in registers. */
 double api_sum_squares(const double *g, int64_t n) {
   double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
   int64_t j = 0;
