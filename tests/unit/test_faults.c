@@ -424,16 +424,23 @@ static void test_nonfinite_update_keeps_the_last_good_checkpoint(void **state) {
   same_tensors("bad.safetensors", "two.safetensors");
 }
 
+/* A session of the model in the scratch directory's file `model`, its
+ * params initialised (seed 3); its program in *p. */
+static gradc_session *new_session(const char *model, gradc_program **p) {
+  gradc_compile_options o;
+  gradc_compile_options_init(&o);
+  gradc_session *s;
+  assert_int_equal(gradc_program_compile_file(in_dir(model), &o, p), GRADC_OK);
+  assert_int_equal(gradc_session_new(*p, &s), GRADC_OK);
+  assert_int_equal(gradc_session_init_params(s, 3), GRADC_OK);
+  return s;
+}
+
 /* The C API refuses to write a non-finite state and leaves the file alone. */
 static void test_checkpoint_refuses_nonfinite_params(void **state) {
   (void)state;
-  gradc_compile_options o;
-  gradc_compile_options_init(&o);
   gradc_program *p;
-  gradc_session *s;
-  assert_int_equal(gradc_program_compile_file(in_dir("tiny.gdl"), &o, &p), GRADC_OK);
-  assert_int_equal(gradc_session_new(p, &s), GRADC_OK);
-  assert_int_equal(gradc_session_init_params(s, 3), GRADC_OK);
+  gradc_session *s = new_session("tiny.gdl", &p);
   char what[256];
   assert_int_equal(gradc_session_find_nonfinite(s, what, sizeof what), 0);
   assert_int_equal(gradc_session_save_checkpoint(s, in_dir("api.safetensors")), GRADC_OK);
@@ -480,13 +487,8 @@ static void test_nonfinite_search_finds_the_first(void **state) {
                          "  loss l = sum(x * w)\n"
                          "  loss m = sum(v * v)\n"
                          "}\n");
-  gradc_compile_options o;
-  gradc_compile_options_init(&o);
   gradc_program *p;
-  gradc_session *s;
-  assert_int_equal(gradc_program_compile_file(in_dir("wide.gdl"), &o, &p), GRADC_OK);
-  assert_int_equal(gradc_session_new(p, &s), GRADC_OK);
-  assert_int_equal(gradc_session_init_params(s, 3), GRADC_OK);
+  gradc_session *s = new_session("wide.gdl", &p);
   assert_int_equal(gradc_session_save_checkpoint(s, in_dir("wide.safetensors")), GRADC_OK);
   StFile f;
   char err[1024];
