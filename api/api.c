@@ -180,30 +180,36 @@ double api_program_loss_scale(const gradc_program *p) { return p->loss_scale > 0
 /* Eight sums rather than one: one running sum is a chain of dependent
  * adds (an add's latency an element), the first cost of a small model's
  * step after its kernels (tinygpt small: about 200 us a window).  The
- * groups of eight are straight-line code, which -O2 keeps in registers. */
-double api_sum_squares(const double *g, int64_t n) {
+ * groups of eight are straight-line code, which -O2 keeps in registers.
+ * With scale, each element is first multiplied by inv in place, in the
+ * same pass. */
+static inline double sum_squares(double *g, int64_t n, bool scale, double inv) {
   double a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
+    if (scale)
+      for (int k = 0; k < 8; k++) g[j + k] *= inv;
     a0 += g[j] * g[j], a1 += g[j + 1] * g[j + 1], a2 += g[j + 2] * g[j + 2], a3 += g[j + 3] * g[j + 3];
     a4 += g[j + 4] * g[j + 4], a5 += g[j + 5] * g[j + 5], a6 += g[j + 6] * g[j + 6], a7 += g[j + 7] * g[j + 7];
   }
   double t[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-  for (int k = 0; j < n; j++, k++) t[k] += g[j] * g[j];
+  for (int k = 0; j < n; j++, k++) {
+    if (scale) g[j] *= inv;
+    t[k] += g[j] * g[j];
+  }
   double ss = 0;
   for (int k = 0; k < 8; k++) ss += t[k];
   return ss;
 }
 
+double api_sum_squares(const double *g, int64_t n) { return sum_squares((double *)g, n, false, 1.0); }
+
+double api_unscale_sum_squares(double *g, int64_t n, double inv) { return sum_squares(g, n, true, inv); }
+
 double api_unscale_norm2(StepResult *r, double scale) {
   double inv = 1.0 / scale, ss = 0;
   for (int i = 0; i < r->nlosses; i++) r->losses[i] *= inv;
-  for (int i = 0; i < r->ngrads; i++) {
-    int64_t n = ir_numel(&r->grad_types[i].shape);
-    double *g = r->grads[i];
-    for (int64_t j = 0; j < n; j++) g[j] *= inv; /* exact: the scale is a power of two */
-    ss += api_sum_squares(g, n);
-  }
+  for (int i = 0; i < r->ngrads; i++) ss += api_unscale_sum_squares(r->grads[i], ir_numel(&r->grad_types[i].shape), inv);
   return ss;
 }
 

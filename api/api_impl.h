@@ -139,6 +139,9 @@ double api_unscale_norm2(StepResult *r, double scale);
  * (eight running sums over the elements mod 8, then added in turn), so
  * that every path that sums gradients' squares gets the same bits. */
 double api_sum_squares(const double *g, int64_t n);
+/* The same after g[0, n) *= inv in place, in one pass (inv a power of two:
+ * exact, so the sum is that of the unscaled gradients' squares). */
+double api_unscale_sum_squares(double *g, int64_t n, double inv);
 double api_program_loss_scale(const gradc_program *p); /* what the next api_run_window* scales by */
 /* The seed and step of the random draws (dropout, rand_like, randn_like)
  * of the next api_run_window* windows (0 and 0 until set). */

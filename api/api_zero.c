@@ -223,10 +223,8 @@ bool api_zero_norm2(const gradc_program *p, StepResult *r, double scale, double 
     for (int i = 0; i < r->nlosses; i++) r->losses[i] *= inv;
   for (int k = 0; k < r->ngrads; k++) {
     int i = pi[k];
-    double *g = r->grads[k];
-    if (scale != 1.0)
-      for (int64_t j = z->lo[i]; j < z->lo[i] + z->len[i]; j++) g[j] *= inv; /* exact: S is a power of two */
-    ss += api_sum_squares(g + z->lo[i], z->len[i]);
+    double *g = r->grads[k] + z->lo[i];
+    ss += scale != 1.0 ? api_unscale_sum_squares(g, z->len[i], inv) : api_sum_squares(g, z->len[i]);
   }
   free(pi);
   bool ok = comm_all_reduce(&p->comm->dp_group, &ss, &ss, 1, COMM_F64, COMM_SUM, hash_str("zero1.norm"), err, errlen);
