@@ -42,6 +42,10 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
 /* The kernels, indexed by group id (kernels[g] for g in 1..n; [0] unused). */
 const CgKernel *cg_module_kernel(const CgModule *m, int group);
 int cg_module_nkernels(const CgModule *m);
+/* The kernel a group-0 matmul runs as (passes/kernel_bmm.c: a batch of
+ * small f32 products), NULL when it is a GEMM (or m is NULL).  Such
+ * kernels have group ids after the IR's, up to cg_module_nkernels. */
+const CgKernel *cg_module_matmul(const CgModule *m, const IrOp *op);
 void cg_module_free(CgModule *m);
 
 /* The module's object code (owned by m: a small bundle of object files,

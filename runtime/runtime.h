@@ -344,6 +344,9 @@ int cpu_program_packed_gemms(const CpuProgram *p);
 /* GEMMs whose batch runs as a few batched provider calls rather than a
  * call per matrix (exec.c gemm_group). */
 int cpu_program_batched_gemms(const CpuProgram *p);
+/* Matmuls that run as generated kernels (passes/kernel_bmm.c: batches of
+ * small f32 products) rather than provider GEMMs. */
+int cpu_program_matmul_kernels(const CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

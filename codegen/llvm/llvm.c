@@ -39,12 +39,17 @@
 
 #include "cg_source_hash.h" /* GRADC_CG_SOURCE_HASH: made by the build (cmake/cg_hash.cmake) */
 #include "llvm_gen.h"
+#include "passes/passes.h" /* plan_in_group0: the views GEMMs (and matmul kernels) read */
 
 
 struct CgModule {
   LLVMOrcLLJITRef jit;
   CgKernel *kernels; /* by group id, [0] unused */
   int maxgroup;
+  /* Group-0 matmuls generated as kernels (passes/kernel_bmm.c), by
+   * group ids after the IR's: bmm_ops[i] is kernel first_bmm + i. */
+  const IrOp **bmm_ops;
+  int nbmm, first_bmm;
   char *obj;         /* the object file (malloc'd) */
   size_t objlen;
   Arena names;
@@ -93,7 +98,7 @@ bool cg_emit_object(LLVMTargetMachineRef tm, LLVMModuleRef mod, char **obj, size
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static bool init_ok;
-static bool host_avx512; /* the host has AVX-512F (prefer_wide_vectors) */
+static bool host_avx512; /* the host has AVX-512F (prefer_wide_vectors, gen_host_avx512) */
 static void init_llvm(void) {
   init_ok = !LLVMInitializeNativeTarget() && !LLVMInitializeNativeAsmPrinter();
   /* Code generation without loop strength reduction: it was a third of
@@ -107,6 +112,11 @@ static void init_llvm(void) {
   char *feat = LLVMGetHostCPUFeatures();
   host_avx512 = feat && strstr(feat, "+avx512f") != NULL;
   LLVMDisposeMessage(feat);
+}
+
+bool gen_host_avx512(void) {
+  pthread_once(&init_once, init_llvm);
+  return host_avx512;
 }
 
 /* ------------------------------------------------------------------ */
@@ -123,6 +133,7 @@ typedef struct KInfo {
   int64_t iters, cost;
   const IrValue **bufs; /* the arena values it touches (gen_kernel_buffers) */
   int nbufs;
+  const KpBmm *bmm; /* a group-0 matmul generated as a kernel (ops[0]), or NULL */
   const char *key; /* its code without the buffers' offsets */
   int rep;         /* the first kernel of the same key (index into Kernels.k) */
   int copies;      /* kernels sharing this one's key (on the representative) */
@@ -132,6 +143,7 @@ typedef struct Kernels {
   KInfo *k;
   int n;
   int maxgroup;
+  int first_bmm; /* the group id of the first matmul kernel (maxgroup + 1 when none) */
   Arena a;
 } Kernels;
 
@@ -143,6 +155,15 @@ static const char *kernel_key(Arena *a, const KInfo *ki) {
   StrBuf sb;
   sb_init(&sb);
   char tb[IR_TYPE_STR_MAX];
+  if (ki->bmm) { /* the plan's numbers say its code; its roots are the buffers */
+    const KpBmm *p = ki->bmm;
+    sb_printf(&sb, "bmm %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld;", (long long)p->M, (long long)p->N,
+              (long long)p->K, (long long)p->aoff, (long long)p->boff, (long long)p->coff, (long long)p->am,
+              (long long)p->ak, (long long)p->bk, (long long)p->bn, (long long)p->cm, (long long)p->nbatch);
+    for (int d = 0; d < p->nbatch; d++)
+      sb_printf(&sb, "%lld:%lld:%lld:%lld;", (long long)p->bdim[d], (long long)p->as[d], (long long)p->bs[d],
+                (long long)p->cs[d]);
+  }
   for (int i = 0; i < ki->nbufs; i++) {
     const IrValue *v = ki->bufs[i];
     int cls = i, same = -1;
@@ -223,6 +244,43 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     ki->nbufs = gen_kernel_buffers(ki->ops, ki->n, ki->row ? &ki->layout : NULL, ki->bufs);
     ki->key = kernel_key(&K->a, ki);
   }
+  /* Then the group-0 matmuls that run as generated kernels. */
+  K->first_bmm = K->maxgroup + 1;
+  KpViews vs;
+  kp_views_find(f, plan_in_group0, NULL, &vs);
+  int nbmm = 0;
+  for (int i = 0; i < f->nops; i++) {
+    KpBmm p;
+    nbmm += kp_bmm_plan(&vs, f->ops[i], &p);
+  }
+  if (nbmm > 0) {
+    KInfo *all = ARENA_ARRAY(&K->a, KInfo, K->n + nbmm);
+    if (K->n) memcpy(all, K->k, sizeof(KInfo) * (size_t)K->n);
+    K->k = all;
+  }
+  for (int i = 0; i < f->nops && nbmm > 0; i++) {
+    KpBmm *p = ARENA_NEW(&K->a, KpBmm);
+    if (!kp_bmm_plan(&vs, f->ops[i], p)) continue;
+    KInfo *ki = &K->k[K->n++];
+    memset(ki, 0, sizeof *ki);
+    ki->group = ++K->maxgroup;
+    ki->ops = f->ops + i;
+    ki->n = 1;
+    ki->bmm = p;
+    char name[64];
+    snprintf(name, sizeof name, "k%d_matmul", ki->group);
+    ki->name = arena_strdup(&K->a, name);
+    gen_bmm_extent(p, &ki->iters, &ki->cost);
+    ki->bufs = ARENA_ARRAY(&K->a, const IrValue *, 3);
+    const IrValue *roots[3] = {p->a, p->b, p->c};
+    for (int r = 0; r < 3; r++) {
+      bool seen = false;
+      for (int q = 0; q < ki->nbufs; q++) seen |= ki->bufs[q] == roots[r];
+      if (!seen) ki->bufs[ki->nbufs++] = roots[r];
+    }
+    ki->key = kernel_key(&K->a, ki);
+  }
+  kp_views_free(&vs);
   /* Representatives of each key. */
   StrMap reps;
   strmap_init(&reps);
@@ -391,7 +449,9 @@ static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
   gen_scopes_begin(g);
   for (int i = 0; i < ki->nbufs; i++) gen_scope_add(g, ki->bufs[i]);
   gen_scopes_end(g);
-  if (ki->row)
+  if (ki->bmm)
+    gen_bmm_kernel(g, ki->bmm);
+  else if (ki->row)
     gen_row_kernel(g, ki->ops, ki->n, &ki->layout);
   else
     gen_loop_kernel(g, ki->ops[0]);
@@ -654,7 +714,12 @@ static CgModule *module_new(const Kernels *K) {
   arena_init(&m->names);
   m->maxgroup = K->maxgroup;
   m->kernels = calloc((size_t)K->maxgroup + 1, sizeof(CgKernel));
-  if (!m->kernels) abort();
+  m->first_bmm = K->first_bmm;
+  m->nbmm = K->maxgroup - K->first_bmm + 1;
+  m->bmm_ops = calloc((size_t)m->nbmm + 1, sizeof(IrOp *));
+  if (!m->kernels || !m->bmm_ops) abort();
+  for (int i = 0; i < K->n; i++)
+    if (K->k[i].bmm) m->bmm_ops[K->k[i].group - K->first_bmm] = K->k[i].ops[0];
   return m;
 }
 
@@ -665,6 +730,7 @@ void cg_module_free(CgModule *m) {
     if (e) LLVMConsumeError(e);
   }
   free(m->kernels);
+  free(m->bmm_ops);
   free(m->obj);
   arena_free(&m->names);
   free(m);
@@ -779,3 +845,9 @@ const CgKernel *cg_module_kernel(const CgModule *m, int group) {
 }
 
 int cg_module_nkernels(const CgModule *m) { return m->maxgroup; }
+
+const CgKernel *cg_module_matmul(const CgModule *m, const IrOp *op) {
+  for (int i = 0; m && i < m->nbmm; i++)
+    if (m->bmm_ops[i] == op) return cg_module_kernel(m, m->first_bmm + i);
+  return NULL;
+}

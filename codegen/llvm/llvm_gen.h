@@ -167,5 +167,11 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l);
 void gen_loop_kernel(Gen *g, const IrOp *op);
 /* Iterations and cost without emitting anything (also for loading objects). */
 void gen_kernel_extent(const IrFunc *f, IrOp **ops, int n, const KpRowLayout *l, int64_t *iters, int64_t *cost);
+/* llvm_bmm.c: a batch of small products (passes/kernel_bmm.c's plan) as
+ * the body of g->fn; its iterations are the batch's matrices. */
+void gen_bmm_kernel(Gen *g, const KpBmm *p);
+void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost);
+/* llvm.c: whether the host has AVX-512F (vectors of 16 floats, 32 registers). */
+bool gen_host_avx512(void);
 
 #endif

@@ -651,6 +651,13 @@ static void emit(CpuProgram *p, Instr in) { p->code[p->ncode++] = in; }
 /* Check one group-0 op and add what it needs to the program. */
 static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   IrOpcode opc = op->opcode;
+#ifdef GRADC_HAVE_LLVM
+  const CgKernel *bmm = opc == IR_OP_MATMUL ? cg_module_matmul(p->cg, op) : NULL;
+  if (bmm) { /* a batch of small products, generated (passes/kernel_bmm.c) */
+    emit(p, (Instr){.kind = I_KERNEL, .op = op, .kernel = bmm});
+    return true;
+  }
+#endif
   if (opc == IR_OP_MATMUL) {
     Instr in = {.kind = I_GEMM, .op = op};
     if (!plan_gemm(&p->views, op, &in.gemm, err, n)) {
@@ -963,7 +970,8 @@ static void plan_zeroing(CpuProgram *p) {
  * tensors themselves) is not copied into the arena: its GEMMs read the
  * caller's tensor, as torch reads a batch in place.  A tensor that needs
  * converting (an f64 file for an f32 arg) is still copied, and its GEMMs
- * then read the arena; copy_args sets argbase either way. */
+ * then read the arena; copy_args sets argbase either way.  Matmuls that
+ * run as generated kernels read the arena, so their args are copied. */
 static void plan_direct_args(CpuProgram *p) {
   const IrFunc *f = p->f;
   p->direct = mem_calloc((size_t)f->nargs + 1, sizeof(bool));
@@ -975,11 +983,28 @@ static void plan_direct_args(CpuProgram *p) {
   }
   for (int k = 0; k < f->nops; k++) {
     const IrOp *op = f->ops[k];
-    bool gemm_side = op->group == 0 && (op->opcode == IR_OP_MATMUL || op->opcode == IR_OP_RESHAPE ||
+    bool gemm = op->opcode == IR_OP_MATMUL;
+#ifdef GRADC_HAVE_LLVM
+    gemm &= !cg_module_matmul(p->cg, op); /* a generated kernel reads the arena (and below) */
+#endif
+    bool gemm_side = op->group == 0 && (gemm || op->opcode == IR_OP_RESHAPE ||
                                         op->opcode == IR_OP_WINDOW_SUM ||
                                         (op->opcode == IR_OP_PERMUTE && rt_is_flag_permute(op->result)));
     for (int j = 0; j < op->nargs && !gemm_side; j++) {
       const IrValue *r = rt_storage_root(op->args[j]);
+      for (int i = 0; i < f->nargs; i++)
+        if (f->args[i] == r) p->direct[i] = false;
+    }
+  }
+  /* A matmul kernel reads its operands' roots in the arena, through any
+   * flag transposes and reshapes between them and the args. */
+  for (int c = 0; c < p->ncode; c++) {
+    const IrOp *op = p->code[c].op;
+    if (p->code[c].kind != I_KERNEL || op->opcode != IR_OP_MATMUL) continue;
+    for (int j = 0; j < op->nargs; j++) {
+      KpView v;
+      if (!kp_view_in(&p->views, op->args[j], &v)) continue;
+      const IrValue *r = rt_storage_root(v.root);
       for (int i = 0; i < f->nargs; i++)
         if (f->args[i] == r) p->direct[i] = false;
     }
@@ -1071,7 +1096,7 @@ static void plan_epilogues(CpuProgram *p) {
   for (int i = 0; i + 1 < p->ncode; i++) {
     Gemm *g = &p->code[i].gemm;
     const Instr *next = &p->code[i + 1];
-    if (p->code[i].kind != I_GEMM || next->kind != I_KERNEL) continue;
+    if (p->code[i].kind != I_GEMM || next->kind != I_KERNEL || next->op->group == 0) continue;
     const IrValue *c = p->code[i].op->result;
     if (g->dt != IR_DT_F32 || g->accumulate || g->nb != 1 || g->tc || g->ldc != g->N || g->coff[0] != 0 ||
         c->storage != IR_STORE_ARENA || g->c != c->offset || uses[c->id] != 1)
@@ -1117,6 +1142,12 @@ int cpu_program_packed_gemms(const CpuProgram *p) {
 int cpu_program_batched_gemms(const CpuProgram *p) {
   int n = 0;
   for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_GEMM && p->code[i].gemm.bo > 0;
+  return n;
+}
+
+int cpu_program_matmul_kernels(const CpuProgram *p) {
+  int n = 0;
+  for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_KERNEL && p->code[i].op->opcode == IR_OP_MATMUL;
   return n;
 }
 

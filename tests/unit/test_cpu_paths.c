@@ -423,32 +423,98 @@ static void check_attention(IrFunc *f) {
   assert_true(views >= 4); /* att @ v, dq, dk, dv write in place */
 }
 
-/* The batched GEMMs (the heads' products, forward and backward) each run
- * as batched provider calls, one inline and one block of samples per
- * thread: their matrices are a grid of B x NH (exec.c gemm_group). */
+/* The batched products (the heads', forward and backward): in f32 each
+ * is a generated kernel reading and writing the views (kernel_bmm.c); in
+ * f64 each runs as batched provider calls, one inline and one block of
+ * samples per thread: their matrices are a grid of B x NH (exec.c
+ * gemm_group). */
 static void check_batched_calls(void) {
-  FeModel *m = planned_model("attention.gdl", attention_src, 1);
-  int batched = 0;
-  for (int i = 0; i < m->func->nops; i++) {
-    const IrOp *op = m->func->ops[i];
-    batched += op->opcode == IR_OP_MATMUL && op->group == 0 && op->args[1]->type.shape.rank > 2;
+  for (int prec = 0; prec < 2; prec++) {
+    char *text = prec ? replace_all(attention_src, "f32", "f64") : strdup(attention_src);
+    FeModel *m = planned_model("attention.gdl", text, 1);
+    int batched = 0;
+    for (int i = 0; i < m->func->nops; i++) {
+      const IrOp *op = m->func->ops[i];
+      batched += op->opcode == IR_OP_MATMUL && op->group == 0 && op->args[1]->type.shape.rank > 2;
+    }
+    assert_int_equal(batched, 6); /* q k^T and att v, and two gradients of each */
+    for (int threads = 1; threads <= 3; threads += 2) {
+      char err[1024];
+      CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
+      CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
+      if (!p) fail_msg("cpu_program_new: %s", err);
+      assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : batched);
+      assert_int_equal(cpu_program_batched_gemms(p), prec ? batched : 0);
+      cpu_program_free(p);
+    }
+    fe_model_free(m);
+    free(text);
   }
-  assert_int_equal(batched, 6); /* q k^T and att v, and two gradients of each */
-  for (int threads = 1; threads <= 3; threads += 2) {
-    char err[1024];
-    CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
-    CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
-    if (!p) fail_msg("cpu_program_new: %s", err);
-    assert_int_equal(cpu_program_batched_gemms(p), batched);
-    cpu_program_free(p);
-  }
-  fe_model_free(m);
 }
 
 static void test_cpu_attention_views(void **state) {
   (void)state;
   check_batched_calls();
   run_model_case(&(ModelCase){"attention", attention_src, 2, 31, check_attention});
+}
+
+/* Batches of small products as generated kernels (kernel_bmm.c), in the
+ * shapes attention does not make: rows that are no multiple of a register
+ * tile (7, 9), rows of C and B that end in a partial vector (21, 19
+ * columns), a param broadcast over the batch (rank 3 against rank 4), B
+ * transposed (its panel gathered), and the gradients' products with A
+ * transposed and C written transposed.  Each product is weighted
+ * elementwise by an input before it is summed, so every element of
+ * every result counts, in its place.  One product per matrix is too big
+ * (64 x 64 x 64 multiply-adds: a GEMM) and one runs in f64 (a GEMM). */
+static const char bmm_src[] =
+    "model bmm {\n"
+    "  batch B = 3\n"
+    "  dim H = 3\n"
+    "  input x : f32[B, H, 7, 5]\n"
+    "  input w1 : f32[B, H, 7, 21]\n"
+    "  input w2 : f32[B, H, 9, 21]\n"
+    "  input w3 : f32[B, H, 7, 19]\n"
+    "  input big : f32[B, 64, 64]\n"
+    "  param P : f32[H, 5, 21] init normal(0, 0.3)\n"
+    "  param R : f32[H, 9, 7] init normal(0, 0.3)\n"
+    "  param Q : f32[H, 19, 5] init normal(0, 0.3)\n"
+    "  param G : f32[64, 64] init normal(0, 0.1)\n"
+    "  y1 = x @ P\n"
+    "  y2 = R @ y1\n"
+    "  y3 = x @ transpose(Q, -2, -1)\n"
+    "  y4 = big @ (big * G)\n"
+    "  loss l = sum(y1 * w1) + sum(y2 * w2) + sum(y3 * w3) + 1e-3 * sum(y4)\n"
+    "}\n";
+
+static void check_bmm(IrFunc *f) { (void)f; }
+
+static void test_cpu_bmm_kernels(void **state) {
+  (void)state;
+  for (int prec = 0; prec < 2; prec++) {
+    char *text = prec ? replace_all(bmm_src, "f32", "f64") : strdup(bmm_src);
+    FeModel *m = planned_model("bmm.gdl", text, 1);
+    int products = 0, big = 0;
+    for (int i = 0; i < m->func->nops; i++) {
+      const IrOp *op = m->func->ops[i];
+      if (op->opcode != IR_OP_MATMUL || op->group != 0) continue;
+      products++;
+      big += op->result->type.shape.dim[op->result->type.shape.rank - 1] == 64;
+    }
+    char err[1024];
+    CpuOptions o = {.threads = 2, .cache_dir = getenv("GRADC_CACHE_DIR")};
+    CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
+    if (!p) fail_msg("cpu_program_new: %s", err);
+    /* y1, y2, y3 and the gradients of P, R, Q and y1 (the one through R):
+     * every product but the big ones (y4 and G's gradient) */
+    assert_int_equal(big, 2);
+    assert_int_equal(products, 9);
+    assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : products - big);
+    cpu_program_free(p);
+    fe_model_free(m);
+    free(text);
+  }
+  run_model_case(&(ModelCase){"bmm", bmm_src, 1, 41, check_bmm});
 }
 
 /* An unslice that memplan cannot fill in place (its operand is an input,
@@ -722,6 +788,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_stacked_views),
       cmocka_unit_test(test_cpu_colsums),
       cmocka_unit_test(test_cpu_attention_views),
+      cmocka_unit_test(test_cpu_bmm_kernels),
       cmocka_unit_test(test_cpu_unslice_fallback),
       cmocka_unit_test(test_cpu_write_over),
       cmocka_unit_test(test_cpu_direct_args),
