@@ -5,7 +5,9 @@
  *
  * multiplies batch matrices [begin, end).  Each matrix's B is copied into
  * a panel of K rows of N floats rounded up to whole vectors (zeros after
- * N) unless it already has unit-stride rows of whole vectors; C is then
+ * N) unless it already has unit-stride rows of whole vectors (a
+ * transposed B in blocks transposed in registers where its sizes are
+ * whole vectors, else element by element); C is then
  * computed in register tiles of MR rows by NT vectors: for each k, NT
  * vector loads of the panel's row k, MR broadcasts of A(i, k) and MR x NT
  * multiply-adds, the tile stored once after its K steps.  A is read one
@@ -99,6 +101,42 @@ static void emit_tile(Gen *g, const Bmm *m, LLVMValueRef m0, int rows, LLVMValue
   }
 }
 
+/* A vl x vl block of B into the panel when B's columns are its unit
+ * stride (B transposed: q k^T, dO v^T): vl vector loads down columns n0..,
+ * a transpose in registers (log2 vl stages, each swapping the
+ * off-diagonal s x s blocks of every 2s x 2s block with one two-source
+ * shuffle a vector), vl vector stores along the panel's rows k0... */
+static void pack_block(Gen *g, const Bmm *m, LLVMValueRef b, LLVMValueRef panel, int64_t npad, LLVMValueRef k0,
+                       LLVMValueRef n0) {
+  const KpBmm *p = m->p;
+  int vl = m->vl;
+  LLVMValueRef r[16];
+  for (int j = 0; j < vl; j++) {
+    LLVMValueRef at = add(g, mul(g, add(g, n0, gen_i64(g, j)), p->bn), k0);
+    r[j] = LLVMBuildLoad2(g->b, m->vt, gep_f32(g, b, at), "");
+    LLVMSetAlignment(r[j], 4);
+  }
+  for (int st = vl / 2; st >= 1; st /= 2) {
+    LLVMValueRef lo[16], hi[16];
+    for (int j = 0; j < vl; j++) {
+      lo[j] = LLVMConstInt(g->t_i32, (unsigned)((j & st) ? vl + j - st : j), 0);
+      hi[j] = LLVMConstInt(g->t_i32, (unsigned)((j & st) ? vl + j : j + st), 0);
+    }
+    LLVMValueRef mlo = LLVMConstVector(lo, (unsigned)vl), mhi = LLVMConstVector(hi, (unsigned)vl);
+    for (int i = 0; i < vl; i++) {
+      if (i & st) continue;
+      LLVMValueRef x = r[i], y = r[i + st];
+      r[i] = LLVMBuildShuffleVector(g->b, x, y, mlo, "");
+      r[i + st] = LLVMBuildShuffleVector(g->b, x, y, mhi, "");
+    }
+  }
+  for (int i = 0; i < vl; i++) {
+    LLVMValueRef at = add(g, mul(g, add(g, k0, gen_i64(g, i)), npad), n0);
+    LLVMValueRef st = LLVMBuildStore(g->b, r[i], gep_f32(g, panel, at));
+    LLVMSetAlignment(st, 4);
+  }
+}
+
 /* Rows of C for the column tile at n0 of nv vectors: tiles of mr rows in a
  * loop, then one of the rows left. */
 static void emit_rows(Gen *g, const Bmm *m, int mr, LLVMValueRef n0, int nv, int tail) {
@@ -156,6 +194,14 @@ void gen_bmm_kernel(Gen *g, const KpBmm *p) {
   LLVMValueRef b = gep_f32(g, B.base, boff);
   if (direct) {
     m.b = b;
+  } else if (p->bk == 1 && p->K % m.vl == 0 && tail == 0) { /* whole blocks of a transposed B */
+    m.b = panel;
+    GenLoop k, n;
+    gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, p->K / m.vl), "tk");
+    gen_loop_begin(g, &n, gen_i64(g, 0), gen_i64(g, whole), "tn");
+    pack_block(g, &m, b, panel, npad, mul(g, k.iv, m.vl), mul(g, n.iv, m.vl));
+    gen_loop_end(g, &n);
+    gen_loop_end(g, &k);
   } else {
     m.b = panel;
     GenLoop k, n;
