@@ -155,7 +155,10 @@ static const char *kernel_key(Arena *a, const KInfo *ki) {
   StrBuf sb;
   sb_init(&sb);
   char tb[IR_TYPE_STR_MAX];
-  if (ki->bmm) { /* the plan's numbers say its code; its roots are the buffers */
+  if (ki->bmm) {
+    /* The plan's numbers say its code; its buffers (the roots) differ only
+     * in where they are (its loads carry no alias scopes), or in being
+     * one address (gen_buf then reads one offset for both). */
     const KpBmm *p = ki->bmm;
     sb_printf(&sb, "bmm %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld;", (long long)p->M, (long long)p->N,
               (long long)p->K, (long long)p->aoff, (long long)p->boff, (long long)p->coff, (long long)p->am,
@@ -163,6 +166,17 @@ static const char *kernel_key(Arena *a, const KInfo *ki) {
     for (int d = 0; d < p->nbatch; d++)
       sb_printf(&sb, "%lld:%lld:%lld:%lld;", (long long)p->bdim[d], (long long)p->as[d], (long long)p->bs[d],
                 (long long)p->cs[d]);
+    for (int i = 0; i < ki->nbufs; i++) {
+      int same = -1;
+      for (int j = 0; j < i && same < 0; j++)
+        if (ki->bufs[j]->offset == ki->bufs[i]->offset &&
+            ir_numel(&ki->bufs[j]->type.shape) == ir_numel(&ki->bufs[i]->type.shape))
+          same = j;
+      sb_printf(&sb, "b%d:%d;", i, same);
+    }
+    const char *key = arena_strdup(a, sb_str(&sb));
+    sb_free(&sb);
+    return key;
   }
   for (int i = 0; i < ki->nbufs; i++) {
     const IrValue *v = ki->bufs[i];

@@ -158,12 +158,23 @@ void gen_bmm_kernel(Gen *g, const KpBmm *p) {
   int64_t whole = p->N / m.vl, tail = p->N % m.vl, nvec = whole + (tail > 0);
   int nt = nvec < BMM_MAX_VECS ? (int)nvec : BMM_MAX_VECS;
   /* Rows a tile: what the registers hold beside nt panel vectors and a
-   * broadcast, spread evenly over M (32 rows as 11 + 11 + 10, not 14 +
-   * 14 + 4). */
+   * broadcast, at most; a divisor of M from half that on, so that every
+   * tile is one body (32 rows as 4 x 8 with two vectors a row: compile
+   * time), else spread evenly over M (37 as 13 + 12 + 12, not 14 + 14 +
+   * 9). */
   int mr = (regs - nt - 1) / nt;
   if (mr > BMM_MAX_ROWS) mr = BMM_MAX_ROWS;
-  int64_t ntiles = (p->M + mr - 1) / mr;
-  mr = (int)((p->M + ntiles - 1) / ntiles);
+  int div = 0;
+  for (int r = mr; r >= (mr + 1) / 2 && !div; r--)
+    if (p->M % r == 0) div = r;
+  if (p->M <= mr) {
+    mr = (int)p->M;
+  } else if (div) {
+    mr = div;
+  } else {
+    int64_t ntiles = (p->M + mr - 1) / mr;
+    mr = (int)((p->M + ntiles - 1) / ntiles);
+  }
 
   GenBuf A = gen_buf(g, p->a), B = gen_buf(g, p->b), C = gen_buf(g, p->c);
   bool direct = p->bn == 1 && tail == 0; /* B's rows are whole vectors already */
