@@ -47,7 +47,9 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   out->N = vb.shape.dim[rb - 1];
   if (vb.shape.dim[rb - 2] != out->K || vc.shape.dim[rc - 2] != out->M || vc.shape.dim[rc - 1] != out->N) return false;
   if (out->M < 1 || out->N < 1 || out->K < 1) return false;
-  if (out->M * out->N * out->K > KP_BMM_MAX_MACS) return false;
+  if (out->M > KP_BMM_MAX_MACS || out->N > KP_BMM_MAX_MACS || out->K > KP_BMM_MAX_MACS ||
+      out->M * out->N * out->K > KP_BMM_MAX_MACS) /* (each first: no overflow) */
+    return false;
   out->nbatch = rc - 2;
   out->nb = 1;
   for (int d = 0; d < out->nbatch; d++) {

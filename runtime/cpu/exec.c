@@ -983,11 +983,7 @@ static void plan_direct_args(CpuProgram *p) {
   }
   for (int k = 0; k < f->nops; k++) {
     const IrOp *op = f->ops[k];
-    bool gemm = op->opcode == IR_OP_MATMUL;
-#ifdef GRADC_HAVE_LLVM
-    gemm &= !cg_module_matmul(p->cg, op); /* a generated kernel reads the arena (and below) */
-#endif
-    bool gemm_side = op->group == 0 && (gemm || op->opcode == IR_OP_RESHAPE ||
+    bool gemm_side = op->group == 0 && (op->opcode == IR_OP_MATMUL || op->opcode == IR_OP_RESHAPE ||
                                         op->opcode == IR_OP_WINDOW_SUM ||
                                         (op->opcode == IR_OP_PERMUTE && rt_is_flag_permute(op->result)));
     for (int j = 0; j < op->nargs && !gemm_side; j++) {
