@@ -19,7 +19,9 @@
  * variable; the caller, once no chunk is left to take, spins as long for
  * the chunks still running, then sleeps until the thread that finishes
  * the last one wakes it. */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -98,7 +100,17 @@ static void *worker(void *arg) {
   }
 }
 
+/* The CPUs this process may run on: its affinity mask (taskset, a
+ * container's cpuset, mpirun's binding), as OpenMP and PyTorch count them,
+ * not every online CPU.  A pool wider than the mask time-slices its
+ * threads on the same cores: tinygpt small under `taskset -c 0` trained at
+ * two thirds of the rate of --threads 1 (docs/DECISIONS.md). */
 int pool_ncores(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (int)n : 1;
 }

@@ -196,7 +196,7 @@ double rng_normal(Rng *r);  /* standard normal (Box-Muller) */
 typedef struct Pool Pool;
 /* Process iterations [begin, end) of a loop; ctx is pool_run's. */
 typedef void (*PoolFn)(void *ctx, int64_t begin, int64_t end);
-int pool_ncores(void);           /* online CPU cores (>= 1) */
+int pool_ncores(void);           /* CPUs in the process's affinity mask (>= 1) */
 /* A pool of nthreads threads in all, the caller of pool_run included
  * (nthreads <= 0: pool_ncores()).  Free with pool_free. */
 Pool *pool_new(int nthreads);

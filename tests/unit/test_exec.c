@@ -9,9 +9,12 @@
  * broadcast batch dims, gradient accumulation with beta = 1), window sums,
  * aliases and consts.  Gradients accumulate: K = 4 equals the sum of four
  * K = 1 runs on the slices; the arena does not grow with K; the thread pool
- * visits every iteration once. */
+ * visits every iteration once and is as wide as the process's affinity
+ * mask. */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include <dirent.h>
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -635,12 +638,35 @@ static void test_pool_visits_every_iteration_once(void **state) {
       }
     pool_free(p);
   }
-  assert_true(pool_ncores() >= 1);
+}
+
+/* A process pinned to some CPUs (taskset, a cpuset, mpirun's binding) gets
+ * a default pool of that many threads, not one per online CPU: the mask is
+ * narrowed to its first CPU and restored. */
+static void test_pool_counts_the_affinity_mask(void **state) {
+  (void)state;
+  cpu_set_t all, one;
+  assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+  assert_int_equal(pool_ncores(), CPU_COUNT(&all));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) first++;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+  int narrowed = pool_ncores();
+  Pool *p = pool_new(0);
+  int width = pool_size(p);
+  pool_free(p);
+  assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+  assert_int_equal(narrowed, 1);
+  assert_int_equal(width, 1);
+  assert_int_equal(pool_ncores(), CPU_COUNT(&all));
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_visits_every_iteration_once),
+      cmocka_unit_test(test_pool_counts_the_affinity_mask),
       cmocka_unit_test(test_exec_gemm_paths),
       cmocka_unit_test(test_exec_gradients_accumulate),
       cmocka_unit_test(test_exec_errors),
