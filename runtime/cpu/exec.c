@@ -510,6 +510,18 @@ static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
   k->fn(k->arena, begin, end);
 }
 
+/* Iterations a chunk of a kernel takes: chunks of about INLINE_WORK, as
+ * many as a multiple of the threads, of equal size.  Chunks of
+ * INLINE_WORK / cost iterations left the last one short (a layer norm of
+ * 256 rows in chunks of 163 and 93), and the thread that took the long one
+ * set the kernel's time. */
+static int64_t kernel_grain(int64_t iters, int64_t cost, int threads) {
+  int64_t n = ceil_div(iters * cost, INLINE_WORK);
+  n = ceil_div(n, threads) * threads;
+  if (n > iters) n = iters;
+  return ceil_div(iters, n);
+}
+
 static void run_kernel(CpuProgram *p, const CgKernel *k) {
   int64_t cost = k->cost > 0 ? k->cost : 1;
   if (k->iters <= 0) return;
@@ -518,8 +530,7 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
     return;
   }
   KernelRun run = {k->fn, p->arena};
-  int64_t grain = INLINE_WORK / cost;
-  pool_run(p->pool, k->iters, grain > 0 ? grain : 1, kernel_chunk, &run);
+  pool_run(p->pool, k->iters, kernel_grain(k->iters, cost, pool_size(p->pool)), kernel_chunk, &run);
 }
 
 /* The widening and rounding loops of the low-precision GEMMs (ir.h's
