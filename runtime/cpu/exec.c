@@ -512,9 +512,9 @@ static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
 
 /* Iterations a chunk of a kernel takes: chunks of about INLINE_WORK, as
  * many as a multiple of the threads, of equal size.  Chunks of
- * INLINE_WORK / cost iterations left the last one short (a layer norm of
- * 256 rows in chunks of 163 and 93), and the thread that took the long one
- * set the kernel's time. */
+ * INLINE_WORK / cost iterations left the last one short (tinygpt small's
+ * 32 head products in chunks of 10, 10, 10 and 2), and the thread that
+ * took more set the kernel's time. */
 static int64_t kernel_grain(int64_t iters, int64_t cost, int threads) {
   int64_t n = ceil_div(iters * cost, INLINE_WORK);
   n = ceil_div(n, threads) * threads;
