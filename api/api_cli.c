@@ -767,6 +767,12 @@ double cli_gemm_select_ms(void) {
   return rt_now_ms() - t0;
 }
 
+/* Rounds of timed steps, each followed by a round of the GEMM floor. */
+#define BENCH_ROUNDS 4
+
+/* Round r's part of n items cut into `rounds` (the first ones larger). */
+static int round_share(int n, int rounds, int r) { return n / rounds + (r < n % rounds); }
+
 int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int threads, bool allow_tf32,
               bool print_gemms, cli_bench_figures *fig) {
   memset(fig, 0, sizeof *fig);
@@ -786,42 +792,67 @@ int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int thread
   rt_init_params(p->params, api_nstate(p), seed, &params); /* params and buffers */
   rt_random_inputs(p->func, p->gas, seed + 1, &inputs);
   double *ms = mem_calloc((size_t)steps, sizeof(double));
-  int rc = run_steps(p, warmup, steps, &params, &inputs, ms);
+  int reps = steps < 3 ? 3 : steps;
+  double *fms = mem_calloc((size_t)reps, sizeof(double));
+  /* The CPU's floor is timed in rounds between the steps' (BENCH_ROUNDS):
+   * a shared host's speed drifts over seconds, and a floor timed after
+   * every step saw another machine than the steps did. */
+  bool cuda = false;
+#ifdef GRADC_HAVE_CUDA
+  cuda = api_cuda_program(p) != NULL;
+#endif
+  int rounds = cuda || steps < BENCH_ROUNDS ? 1 : BENCH_ROUNDS;
+  int rc = run_steps(p, warmup, round_share(steps, rounds, 0), &params, &inputs, ms);
+  RtGemm *g = NULL;
+  int ng = 0;
+  RtGemmFloor *fl = NULL;
+  char ferr[1024];
   if (!rc) {
-    fig->step_ms_median = median(ms, steps);
-    fig->step_ms_min = ms[0]; /* sorted by median */
     /* Before the floor, whose private buffers are no part of a step. */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fig->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024;
-
-    RtGemm *g;
-    int ng = rt_gemm_list(p->func, &g);
+    ng = rt_gemm_list(p->func, &g);
     /* The floor multiplies with the program's provider (the host's
      * choice for the interpreter, which has none of its own). */
-    char ferr[1024], dir[4096];
+    char dir[4096];
     if (api_cpu_program(p)) fig->gemm_provider = cpu_program_gemm_provider(api_cpu_program(p));
     else {
       const CpuGemmProvider *gp = cpu_gemm_select(!p->no_cache && cache_dir(dir, sizeof dir) ? dir : NULL, ferr, sizeof ferr);
       fig->gemm_provider = gp ? gp->name : "";
     }
     if (print_gemms) list_gemms(g, ng);
-    int reps = steps < 3 ? 3 : steps;
-    double *fms = mem_calloc((size_t)reps, sizeof(double));
 #ifdef GRADC_HAVE_CUDA
-    if (api_cuda_program(p) && !cuda_gemm_floor(api_cuda_program(p), p->gas, reps, fms, ferr, sizeof ferr))
-      rc = fail("%s", ferr);
-    else if (!api_cuda_program(p))
+    if (cuda && !cuda_gemm_floor(api_cuda_program(p), p->gas, reps, fms, ferr, sizeof ferr)) rc = fail("%s", ferr);
 #endif
-      if (!rt_gemm_floor(g, ng, p->gas, threads, fig->gemm_provider, 1, reps, fms, ferr, sizeof ferr))
-        rc = fail("%s", ferr);
+    if (!cuda && !(fl = rt_gemm_floor_new(g, ng, p->gas, threads, fig->gemm_provider, ferr, sizeof ferr)))
+      rc = fail("%s", ferr);
+  }
+  int done = round_share(steps, rounds, 0), fdone = 0;
+  for (int r = 0; !rc && fl && r < rounds; r++) {
+    if (r > 0) {
+      /* The provider's own threads (the floor's) spin a while after its
+       * last call: let them sleep before the steps' threads run, and warm
+       * the step's buffers again with one untimed window. */
+      struct timespec pause = {0, 100 * 1000 * 1000};
+      nanosleep(&pause, NULL);
+      rc = run_steps(p, 1, round_share(steps, rounds, r), &params, &inputs, ms + done);
+      done += round_share(steps, rounds, r);
+    }
+    int nf = round_share(reps, rounds, r);
+    if (!rc) rt_gemm_floor_time(fl, 1, nf, fms + fdone);
+    fdone += nf;
+  }
+  if (!rc) {
+    fig->step_ms_median = median(ms, steps);
+    fig->step_ms_min = ms[0]; /* sorted by median */
     fig->gemm_floor_ms = ng ? median(fms, reps) : 0;
-    free(fms);
-    rt_gemm_list_free(g, ng);
-
     count_launches(p, fig);
     fig->peak_bytes = p->func->arena_size;
   }
+  rt_gemm_floor_free(fl);
+  rt_gemm_list_free(g, ng);
+  free(fms);
   free(ms);
   st_free(&params);
   st_free(&inputs);

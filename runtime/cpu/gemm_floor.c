@@ -150,12 +150,36 @@ static void run_one(const RtGemm *g, const CpuGemm *plan, const Bufs *b, bool na
   }
 }
 
-bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *provider, int warmup, int reps, double *ms,
-                   char *err, size_t errlen) {
+struct RtGemmFloor {
+  const RtGemm *g;
+  int n, gas;
+  bool native; /* bf16 GEMMs as the provider's own, as the executor runs them */
+  CpuGemm **plans;
+  Bufs *b;
+};
+
+static void floor_free_parts(CpuGemm **plans, Bufs *b, int n) {
+  for (int i = 0; i < n; i++) {
+    if (b) {
+      free(b[i].a);
+      free(b[i].b);
+      free(b[i].c);
+    }
+    cpu_gemm_free(plans[i]);
+  }
+  free(b);
+  free(plans);
+}
+
+RtGemmFloor *rt_gemm_floor_new(const RtGemm *g, int n, int gas, int threads, const char *provider, char *err,
+                               size_t errlen) {
   const CpuGemmProvider *prov = provider ? cpu_gemm_provider_find(provider) : NULL;
-  if (!prov) return errf(err, errlen, "no GEMM provider '%s' in this build", provider ? provider : "(none)");
+  if (!prov) {
+    errf(err, errlen, "no GEMM provider '%s' in this build", provider ? provider : "(none)");
+    return NULL;
+  }
   CpuGemm **plans = mem_calloc((size_t)n + 1, sizeof(CpuGemm *));
-  bool ok = true, native = false; /* bf16 GEMMs as the provider's own, as the executor runs them */
+  bool ok = true, native = false;
   for (int i = 0; i < n && !native; i++) native = g[i].bf16 && !cpu_gemm_bf16_widen(prov);
   for (int i = 0; i < n && ok; i++) {
     CpuGemmType t = g[i].dbl ? CPU_GEMM_F64 : g[i].bf16 && native ? CPU_GEMM_BF16 : CPU_GEMM_F32;
@@ -168,9 +192,8 @@ bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *pro
     ok = plans[i] != NULL;
   }
   if (!ok) {
-    for (int i = 0; i < n; i++) cpu_gemm_free(plans[i]);
-    free(plans);
-    return false;
+    floor_free_parts(plans, NULL, n);
+    return NULL;
   }
   Bufs *b = mem_calloc((size_t)n + 1, sizeof(Bufs));
   uint64_t seed = 0x9e3779b97f4a7c15ull;
@@ -187,22 +210,34 @@ bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *pro
     fill(b[i].a, es, na * g[i].M * g[i].K, &seed);
     fill(b[i].b, es, nbb * g[i].K * g[i].N, &seed);
   }
+  RtGemmFloor *fl = mem_calloc(1, sizeof *fl);
+  *fl = (RtGemmFloor){g, n, gas, native, plans, b};
+  return fl;
+}
+
+void rt_gemm_floor_time(RtGemmFloor *fl, int warmup, int reps, double *ms) {
   for (int r = -warmup; r < reps; r++) {
     double t0 = rt_now_ms();
     /* Results that accumulate (beta = 1) keep growing across windows;
      * with operands in [-0.05, 0.05) they stay far from overflow. */
-    for (int k = 0; k < gas; k++)
-      for (int i = 0; i < n; i++) run_one(&g[i], plans[i], &b[i], native);
+    for (int k = 0; k < fl->gas; k++)
+      for (int i = 0; i < fl->n; i++) run_one(&fl->g[i], fl->plans[i], &fl->b[i], fl->native);
     double t1 = rt_now_ms();
     if (r >= 0) ms[r] = t1 - t0;
   }
-  for (int i = 0; i < n; i++) {
-    free(b[i].a);
-    free(b[i].b);
-    free(b[i].c);
-    cpu_gemm_free(plans[i]);
-  }
-  free(b);
-  free(plans);
+}
+
+void rt_gemm_floor_free(RtGemmFloor *fl) {
+  if (!fl) return;
+  floor_free_parts(fl->plans, fl->b, fl->n);
+  free(fl);
+}
+
+bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *provider, int warmup, int reps, double *ms,
+                   char *err, size_t errlen) {
+  RtGemmFloor *fl = rt_gemm_floor_new(g, n, gas, threads, provider, err, errlen);
+  if (!fl) return false;
+  rt_gemm_floor_time(fl, warmup, reps, ms);
+  rt_gemm_floor_free(fl);
   return true;
 }

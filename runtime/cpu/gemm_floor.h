@@ -42,6 +42,14 @@ double rt_gemm_flops(const RtGemm *g, int n);
  * this build lacks, a shape it cannot plan). */
 bool rt_gemm_floor(const RtGemm *g, int n, int gas, int threads, const char *provider, int warmup, int reps, double *ms,
                    char *err, size_t errlen);
+/* The same in parts, so that a caller can time the floor between its own
+ * runs: the plans and buffers (NULL with a message, as above), `reps`
+ * windows after `warmup` (ms: reps entries), and freeing them. */
+typedef struct RtGemmFloor RtGemmFloor;
+RtGemmFloor *rt_gemm_floor_new(const RtGemm *g, int n, int gas, int threads, const char *provider, char *err,
+                               size_t errlen);
+void rt_gemm_floor_time(RtGemmFloor *fl, int warmup, int reps, double *ms);
+void rt_gemm_floor_free(RtGemmFloor *fl);
 
 /* Wall-clock milliseconds (CLOCK_MONOTONIC). */
 double rt_now_ms(void);

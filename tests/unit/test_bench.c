@@ -111,6 +111,14 @@ static void test_bench_json_figures(void **state) {
     assert_true(fig(o, "peak_bytes") >= 2 * MLP_PARAM_BYTES + MLP_INPUT_BYTES);
   }
   cJSON_Delete(o);
+  /* Five steps: the floor is timed in rounds between them (2, 1, 1, 1
+   * steps); every step and every floor window is timed (an untimed entry
+   * would read 0). */
+  o = bench_json("--json --steps 5 " MLP_DEFS " --target " TARGET);
+  assert_true(fig(o, "step_ms_min") > 0);
+  assert_true(fig(o, "step_ms_min") <= fig(o, "step_ms_median"));
+  assert_true(fig(o, "gemm_floor_ms") > 0);
+  cJSON_Delete(o);
 }
 
 /* K micro-batches: every GEMM and kernel runs K times a window. */
