@@ -20,10 +20,13 @@
  * the chunks still running, then sleeps until the thread that finishes
  * the last one wakes it. */
 #define _GNU_SOURCE /* sched_getaffinity */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "support.h"
@@ -100,19 +103,108 @@ static void *worker(void *arg) {
   }
 }
 
+int pool_quota_cpus_of(const char *quota, const char *period) {
+  char *end;
+  if (!quota) return 0;
+  errno = 0;
+  long long q = strtoll(quota, &end, 10);
+  if (end == quota || errno || q <= 0) return 0; /* "max" (v2), -1 (v1): no limit */
+  long long per = 100000;                        /* the kernel's default period */
+  const char *ps = period ? period : end;        /* v2: "quota period" in one file */
+  while (*ps == ' ') ps++;
+  if (*ps && *ps != '\n') {
+    per = strtoll(ps, &end, 10);
+    if (end == ps || errno || per <= 0) return 0;
+  }
+  long long n = (q + per - 1) / per;
+  return n > 4096 ? 4096 : (int)n;
+}
+
+/* The first line of the file dir/name, or NULL. */
+static char *read_line(const char *dir, const char *name, char *buf, size_t n) {
+  char path[4352];
+  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return NULL;
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char *r = fgets(buf, (int)n, f);
+  fclose(f);
+  return r;
+}
+
+/* The least limit on the cgroup directory root/rel and on its parents up
+ * to root (a parent's limit applies to its children), 0 when none. */
+static int quota_up(const char *root, const char *rel, bool v2) {
+  char d[4096], q[128], per[128];
+  if (snprintf(d, sizeof d, "%s%s", root, rel) >= (int)sizeof d) return 0;
+  size_t top = strlen(root);
+  int best = 0;
+  for (;;) {
+    int n = v2 ? pool_quota_cpus_of(read_line(d, "cpu.max", q, sizeof q), NULL)
+               : pool_quota_cpus_of(read_line(d, "cpu.cfs_quota_us", q, sizeof q),
+                                    read_line(d, "cpu.cfs_period_us", per, sizeof per));
+    if (n > 0 && (best == 0 || n < best)) best = n;
+    char *slash = strrchr(d, '/');
+    if (!slash || (size_t)(slash - d) < top) return best;
+    *slash = '\0'; /* root/a/b -> root/a -> root */
+  }
+}
+
+/* Whether the comma-separated controller list ctl names "cpu". */
+static bool names_cpu(const char *ctl) {
+  for (const char *p = ctl; *p;) {
+    size_t n = strcspn(p, ",");
+    if (n == 3 && strncmp(p, "cpu", 3) == 0) return true;
+    p += n + (p[n] == ',');
+  }
+  return false;
+}
+
+/* CPUs a CFS bandwidth limit leaves this process (docker --cpus, a
+ * Kubernetes CPU limit): ceil(quota / period) over its cgroup and the
+ * cgroup's parents, v2 (cpu.max) or v1 (cpu.cfs_quota_us), 0 when none.
+ * A container sees its own cgroup as the hierarchy's root: a path that is
+ * not under the mount is read at the root. */
+static int quota_cpus(void) {
+  FILE *f = fopen("/proc/self/cgroup", "r");
+  if (!f) return 0;
+  char line[4096];
+  int best = 0;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    if (!c2) continue;
+    *c2 = '\0';
+    const char *ctl = c1 + 1, *rel = strcmp(c2 + 1, "/") == 0 ? "" : c2 + 1;
+    bool v2 = ctl[0] == '\0';
+    const char *root = v2 ? "/sys/fs/cgroup" : NULL;
+    if (!v2 && names_cpu(ctl))
+      root = access("/sys/fs/cgroup/cpu", F_OK) == 0 ? "/sys/fs/cgroup/cpu" : "/sys/fs/cgroup/cpu,cpuacct";
+    if (!root) continue;
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s%s", root, rel) >= (int)sizeof dir || access(dir, F_OK) != 0) rel = "";
+    int n = quota_up(root, rel, v2);
+    if (n > 0 && (best == 0 || n < best)) best = n;
+  }
+  fclose(f);
+  return best;
+}
+
 /* The CPUs this process may run on: its affinity mask (taskset, a
  * container's cpuset, mpirun's binding), as OpenMP and PyTorch count them,
- * not every online CPU.  A pool wider than the mask time-slices its
- * threads on the same cores: tinygpt small under `taskset -c 0` trained at
- * two thirds of the rate of --threads 1 (docs/DECISIONS.md). */
+ * not every online CPU, and no more than a CPU quota allows.  A pool wider
+ * than that time-slices its threads or is throttled: tinygpt small under
+ * `taskset -c 0` trained at two thirds of the rate of --threads 1, under a
+ * one-CPU quota at four fifths (docs/DECISIONS.md). */
 int pool_ncores(void) {
+  int n = 0;
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    int n = CPU_COUNT(&set);
-    if (n > 0) return n;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) {
+    long on = sysconf(_SC_NPROCESSORS_ONLN);
+    n = on > 0 ? (int)on : 1;
   }
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? (int)n : 1;
+  int q = quota_cpus();
+  return q > 0 && q < n ? q : n;
 }
 
 Pool *pool_new(int nthreads) {

@@ -196,7 +196,11 @@ double rng_normal(Rng *r);  /* standard normal (Box-Muller) */
 typedef struct Pool Pool;
 /* Process iterations [begin, end) of a loop; ctx is pool_run's. */
 typedef void (*PoolFn)(void *ctx, int64_t begin, int64_t end);
-int pool_ncores(void);           /* CPUs in the process's affinity mask (>= 1) */
+int pool_ncores(void);           /* CPUs in the process's affinity mask, at most its CPU quota (>= 1) */
+/* A CFS quota as CPUs, ceil(quota / period): cgroup v2's cpu.max line
+ * ("150000 100000", "max 100000"; period NULL) or v1's cpu.cfs_quota_us
+ * and cpu.cfs_period_us; 0 for no limit or text that is not one. */
+int pool_quota_cpus_of(const char *quota, const char *period);
 /* A pool of nthreads threads in all, the caller of pool_run included
  * (nthreads <= 0: pool_ncores()).  Free with pool_free. */
 Pool *pool_new(int nthreads);

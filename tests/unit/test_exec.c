@@ -16,6 +16,9 @@
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -663,10 +666,70 @@ static void test_pool_counts_the_affinity_mask(void **state) {
   assert_int_equal(pool_ncores(), CPU_COUNT(&all));
 }
 
+/* A CFS quota's text as CPUs: cgroup v2's cpu.max, v1's two files. */
+static void test_pool_reads_cpu_quotas(void **state) {
+  (void)state;
+  assert_int_equal(pool_quota_cpus_of("max 100000\n", NULL), 0);
+  assert_int_equal(pool_quota_cpus_of("150000 100000\n", NULL), 2);
+  assert_int_equal(pool_quota_cpus_of("100000 100000", NULL), 1);
+  assert_int_equal(pool_quota_cpus_of("50000 100000\n", NULL), 1);
+  assert_int_equal(pool_quota_cpus_of("400000 50000\n", NULL), 8);
+  assert_int_equal(pool_quota_cpus_of("-1\n", "100000\n"), 0);
+  assert_int_equal(pool_quota_cpus_of("250000\n", "100000\n"), 3);
+  assert_int_equal(pool_quota_cpus_of("200000\n", NULL), 2); /* v1 without its period file: the default 100 ms */
+  assert_int_equal(pool_quota_cpus_of("200000\n", "0\n"), 0);
+  assert_int_equal(pool_quota_cpus_of("lots", NULL), 0);
+  assert_int_equal(pool_quota_cpus_of("", NULL), 0);
+  assert_int_equal(pool_quota_cpus_of(NULL, "100000"), 0);
+}
+
+static bool write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
+/* A process in a cgroup (v1's cpu hierarchy, where this machine lets the
+ * test make one) whose parent has a one-CPU quota gets a pool of one: the
+ * limit is read up the hierarchy.  Skipped where cgroups cannot be made. */
+static void test_pool_follows_a_cgroup_quota(void **state) {
+  (void)state;
+  char top[128], inner[160], path[200];
+  snprintf(top, sizeof top, "/sys/fs/cgroup/cpu/gradc-test-%d", (int)getpid());
+  snprintf(inner, sizeof inner, "%s/inner", top);
+  if (mkdir(top, 0755) != 0) {
+    print_message("note: skipped: cannot make a v1 cpu cgroup here\n");
+    return;
+  }
+  snprintf(path, sizeof path, "%s/cpu.cfs_period_us", top);
+  bool ok = write_file(path, "100000");
+  snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", top);
+  ok = ok && write_file(path, "100000") && mkdir(inner, 0755) == 0;
+  int got = -1;
+  if (ok) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      char procs[200], me[32];
+      snprintf(procs, sizeof procs, "%s/cgroup.procs", inner);
+      snprintf(me, sizeof me, "%d", (int)getpid());
+      _exit(write_file(procs, me) ? pool_ncores() : 255);
+    }
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) got = WEXITSTATUS(status);
+  }
+  rmdir(inner);
+  rmdir(top);
+  assert_true(ok);
+  assert_int_equal(got, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_visits_every_iteration_once),
       cmocka_unit_test(test_pool_counts_the_affinity_mask),
+      cmocka_unit_test(test_pool_reads_cpu_quotas),
+      cmocka_unit_test(test_pool_follows_a_cgroup_quota),
       cmocka_unit_test(test_exec_gemm_paths),
       cmocka_unit_test(test_exec_gradients_accumulate),
       cmocka_unit_test(test_exec_errors),
