@@ -27,7 +27,7 @@ typedef struct CgKernel {
 typedef struct CgOptions {
   const char *cache_dir; /* object-code cache directory, NULL = no cache */
   bool dump_llvm;        /* print each kernel's optimised LLVM IR to stderr */
-  int threads;           /* threads compiling kernels in parallel; 0: every core */
+  int threads;           /* threads compiling kernels in parallel; 0: pool_ncores() */
 } CgOptions;
 
 typedef struct CgModule CgModule;
@@ -42,6 +42,9 @@ CgModule *cg_llvm_compile(const IrFunc *f, const CgOptions *o, char *err, size_t
 /* The kernels, indexed by group id (kernels[g] for g in 1..n; [0] unused). */
 const CgKernel *cg_module_kernel(const CgModule *m, int group);
 int cg_module_nkernels(const CgModule *m);
+/* How many objects the kernels were compiled into: one per thread that
+ * compiled them (CgOptions.threads), fewer for a few kernels. */
+int cg_module_chunks(const CgModule *m);
 /* The kernel a group-0 matmul runs as (passes/kernel_bmm.c: a batch of
  * small f32 products), NULL when it is a GEMM (or m is NULL).  Such
  * kernels have group ids after the IR's, up to cg_module_nkernels. */

@@ -50,7 +50,7 @@ typedef struct gradc_program gradc_program;
 typedef struct gradc_compile_options {
   int gas;            /* micro-batches per window, K >= 1 (default 1) */
   const char *target; /* "cpu" (default) or "ref" (the reference interpreter) */
-  int threads;        /* CPU threads, 0 = one per core */
+  int threads;        /* CPU threads (kernels, GEMMs, the compile), 0 = one per CPU the process may use */
   const char *const *def_names; /* dim overrides, as -D NAME=VALUE */
   const int64_t *def_values;
   int ndefs;

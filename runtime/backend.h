@@ -18,7 +18,7 @@
 
 typedef struct BackendOptions {
   const char *target;    /* the target as given ("cpu", "cuda:sm_90") */
-  int threads;           /* threads for kernels, GEMMs and compilers; 0: every core */
+  int threads;           /* threads for kernels, GEMMs and compilers; 0: pool_ncores() */
   const char *cache_dir; /* compiled-kernel cache (NULL: none) */
 } BackendOptions;
 

@@ -301,7 +301,7 @@ void step_rank_copy(const IrOp *op, int rank, size_t es, const void *const *src,
 /* exec.c: the CPU executor (docs/BACKEND.md)                           */
 /* ------------------------------------------------------------------ */
 typedef struct CpuOptions {
-  int threads;           /* threads for kernels and GEMMs (--threads); 0 = the number of cores */
+  int threads;           /* threads for kernels, GEMMs and the kernels' compile (--threads); 0 = pool_ncores() */
   const char *cache_dir; /* kernel object-code cache (NULL: none) */
   const char *gemm;      /* GEMM provider by name (an artifact's); NULL: the host's (runtime/cpu/gemm.h) */
 } CpuOptions;

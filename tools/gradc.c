@@ -52,7 +52,7 @@ typedef struct Args {
   const char *dot;
   bool time_passes;
   bool verify;
-  int threads;   /* --threads N, 0 = one per core */
+  int threads;   /* --threads N, 0 = one per CPU the process may use (pool_ncores) */
   bool no_cache; /* --no-cache */
   bool print_kernels;      /* --print-kernels: the CUDA kernels' source to stderr */
   const char *kernels_dir; /* --kernels-dir DIR: one .cu file per kernel */

@@ -860,6 +860,12 @@ const CgKernel *cg_module_kernel(const CgModule *m, int group) {
 
 int cg_module_nkernels(const CgModule *m) { return m->maxgroup; }
 
+int cg_module_chunks(const CgModule *m) {
+  uint32_t n = 0;
+  if (m->objlen >= sizeof bundle_magic + 4) memcpy(&n, m->obj + sizeof bundle_magic, 4);
+  return (int)n;
+}
+
 const CgKernel *cg_module_matmul(const CgModule *m, const IrOp *op) {
   for (int i = 0; m && i < m->nbmm; i++)
     if (m->bmm_ops[i] == op) return cg_module_kernel(m, m->first_bmm + i);

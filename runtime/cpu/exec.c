@@ -1212,7 +1212,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
   free(started);
   if (maxg > 0 && !p->cg) {
 #ifdef GRADC_HAVE_LLVM
-    CgOptions co = {.cache_dir = o->cache_dir, .dump_llvm = false};
+    CgOptions co = {.cache_dir = o->cache_dir, .dump_llvm = false, .threads = o->threads};
     p->cg = cg_llvm_compile(f, &co, err, errlen);
     if (!p->cg) goto error;
 #else

@@ -112,6 +112,27 @@ static void eval_unary(const IrOpcode *ops, int nops, const float *xs, int n, do
   ir_func_free(f);
 }
 
+/* CgOptions.threads bounds the threads that compile: 24 kernels that
+ * share no body (exp over 24 lengths) compile as one object on one
+ * thread and as three on three; every kernel runs either way. */
+static void test_codegen_threads_bound_the_compile(void **state) {
+  (void)state;
+  for (int threads = 1; threads <= 3; threads += 2) {
+    IrFunc *f = ir_func_new("chunks");
+    for (int k = 0; k < 24; k++) sink(f, un(f, IR_OP_EXP, input(f, "x", ty(IR_DT_F32, 1, 10 + k))));
+    ot_one_kernel_per_op(f);
+    ot_trivial_plan(f);
+    char err[512];
+    CgOptions o = {.threads = threads};
+    CgModule *m = cg_llvm_compile(f, &o, err, sizeof err);
+    if (!m) fail_msg("%s", err);
+    assert_int_equal(cg_module_chunks(m), threads);
+    for (int g = 1; g <= 24; g++) assert_non_null(cg_module_kernel(m, g));
+    cg_module_free(m);
+    ir_func_free(f);
+  }
+}
+
 static void test_codegen_exp_tanh_accuracy(void **state) {
   enum { N = 4001 };
   static const IrOpcode ops[] = {IR_OP_EXP, IR_OP_TANH};
@@ -475,6 +496,7 @@ static void test_codegen_unplanned_value_is_an_error(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_codegen_threads_bound_the_compile),
       cmocka_unit_test(test_codegen_exp_tanh_accuracy),
       cmocka_unit_test(test_codegen_sigmoid_gelu_accuracy),
       cmocka_unit_test(test_codegen_softmax_by_hand),
