@@ -194,7 +194,7 @@ static int quota_cpus(void) {
  * not every online CPU, and no more than a CPU quota allows.  A pool wider
  * than that time-slices its threads or is throttled: tinygpt small under
  * `taskset -c 0` trained at two thirds of the rate of --threads 1, under a
- * one-CPU quota at four fifths (docs/DECISIONS.md). */
+ * one-CPU quota at two thirds to four fifths (docs/DECISIONS.md). */
 int pool_ncores(void) {
   int n = 0;
   cpu_set_t set;
