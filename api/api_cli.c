@@ -836,8 +836,9 @@ int cli_bench(gradc_program *p, int warmup, int steps, uint64_t seed, int thread
        * the step's buffers again with one untimed window. */
       struct timespec pause = {0, 100 * 1000 * 1000};
       nanosleep(&pause, NULL);
-      rc = run_steps(p, 1, round_share(steps, rounds, r), &params, &inputs, ms + done);
-      done += round_share(steps, rounds, r);
+      int ns = round_share(steps, rounds, r);
+      rc = run_steps(p, 1, ns, &params, &inputs, ms + done);
+      done += ns;
     }
     int nf = round_share(reps, rounds, r);
     if (!rc) rt_gemm_floor_time(fl, 1, nf, fms + fdone);

@@ -120,28 +120,27 @@ int pool_quota_cpus_of(const char *quota, const char *period) {
   return n > 4096 ? 4096 : (int)n;
 }
 
-/* The first line of the file dir/name, or NULL. */
-static char *read_line(const char *dir, const char *name, char *buf, size_t n) {
+/* The file dir/name (malloc'd), or NULL. */
+static char *read_in(const char *dir, const char *name) {
   char path[4352];
+  const char *why;
+  size_t len;
   if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return NULL;
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  char *r = fgets(buf, (int)n, f);
-  fclose(f);
-  return r;
+  return read_file(path, &len, &why);
 }
 
 /* The least limit on the cgroup directory root/rel and on its parents up
  * to root (a parent's limit applies to its children), 0 when none. */
 static int quota_up(const char *root, const char *rel, bool v2) {
-  char d[4096], q[128], per[128];
+  char d[4096];
   if (snprintf(d, sizeof d, "%s%s", root, rel) >= (int)sizeof d) return 0;
   size_t top = strlen(root);
   int best = 0;
   for (;;) {
-    int n = v2 ? pool_quota_cpus_of(read_line(d, "cpu.max", q, sizeof q), NULL)
-               : pool_quota_cpus_of(read_line(d, "cpu.cfs_quota_us", q, sizeof q),
-                                    read_line(d, "cpu.cfs_period_us", per, sizeof per));
+    char *q = read_in(d, v2 ? "cpu.max" : "cpu.cfs_quota_us"), *per = v2 ? NULL : read_in(d, "cpu.cfs_period_us");
+    int n = pool_quota_cpus_of(q, per);
+    free(q);
+    free(per);
     if (n > 0 && (best == 0 || n < best)) best = n;
     char *slash = strrchr(d, '/');
     if (!slash || (size_t)(slash - d) < top) return best;

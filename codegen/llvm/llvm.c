@@ -525,6 +525,13 @@ static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *k
  * length and its bytes (little-endian, as every supported host). */
 static const char bundle_magic[8] = {'G', 'R', 'D', 'C', 'O', 'B', 'J', '1'};
 
+/* Whether obj starts as a bundle does, and its object count. */
+static bool bundle_count(const char *obj, size_t len, uint32_t *n) {
+  if (len < sizeof bundle_magic + 4 || memcmp(obj, bundle_magic, sizeof bundle_magic) != 0) return false;
+  memcpy(n, obj + sizeof bundle_magic, 4);
+  return true;
+}
+
 typedef struct Chunk {
   KInfo **ks;
   int n;
@@ -685,9 +692,7 @@ static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen)
   /* the bundle's objects */
   const char *p = m->obj, *end = m->obj + m->objlen;
   uint32_t n = 0;
-  if (m->objlen < sizeof bundle_magic + 4 || memcmp(p, bundle_magic, sizeof bundle_magic) != 0)
-    return errf(err, errlen, "not a gradc object bundle");
-  memcpy(&n, p + sizeof bundle_magic, 4);
+  if (!bundle_count(m->obj, m->objlen, &n)) return errf(err, errlen, "not a gradc object bundle");
   p += sizeof bundle_magic + 4;
   for (uint32_t i = 0; i < n; i++) {
     uint64_t len;
@@ -862,8 +867,7 @@ int cg_module_nkernels(const CgModule *m) { return m->maxgroup; }
 
 int cg_module_chunks(const CgModule *m) {
   uint32_t n = 0;
-  if (m->objlen >= sizeof bundle_magic + 4) memcpy(&n, m->obj + sizeof bundle_magic, 4);
-  return (int)n;
+  return bundle_count(m->obj, m->objlen, &n) ? (int)n : 0;
 }
 
 const CgKernel *cg_module_matmul(const CgModule *m, const IrOp *op) {

@@ -10,17 +10,17 @@
  * aliases and consts.  Gradients accumulate: K = 4 equals the sum of four
  * K = 1 runs on the slices; the arena does not grow with K; the thread pool
  * visits every iteration once and is as wide as the process's affinity
- * mask. */
+ * mask and its cgroup's CPU quota allow. */
 #define _GNU_SOURCE /* sched_setaffinity */
 #include <dirent.h>
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "passes/passes.h"
 #include "runtime/runtime.h"
