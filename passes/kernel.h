@@ -340,14 +340,17 @@ bool kp_row_plan(const KpRowLayout *l, IrOp *const *ops, int n, Arena *a, KpRowP
 /* ------------------------------------------------------------------ */
 /* kernel_bmm.c: a batch of small products as a generated kernel       */
 /* ------------------------------------------------------------------ */
-/* A group-0 f32 matmul whose batch is many small matrices (attention's
- * heads) runs as a generated kernel on the CPU instead of a BLAS call
- * (docs/BACKEND.md "Small batched products"): C = A B for every batch
- * matrix t in [0, nb), A, B and C read and written through the views
- * GEMMs use (kp_views_find with group-0 ops outside).  Element (i, k) of
- * matrix t of A is at element off_a(t) + i am + k ak of the root a (B:
- * (k, n) at bk, bn; C: (i, n) at cm, 1), off_x(t) = xoff + sum over the
- * result's batch axes d of idx_d(t) xs[d] (0 where x broadcasts). */
+/* A group-0 f32 matmul a BLAS multiplies far below the core's speed runs
+ * as a generated kernel on the CPU instead (docs/BACKEND.md "Small and
+ * skinny products"): a batch of many small matrices (attention's heads),
+ * or one matrix with N or K at most KP_SKINNY (a classifier's logits and
+ * their gradients).  C = A B for every batch matrix t in [0, nb), A, B
+ * and C read and written through the views GEMMs use (kp_views_find with
+ * group-0 ops outside), C += A B where C is a gradient buffer (acc).
+ * Element (i, k) of matrix t of A is at element off_a(t) + i am + k ak of
+ * the root a (B: (k, n) at bk, bn; C: (i, n) at cm, cn), off_x(t) = xoff +
+ * sum over the result's batch axes d of idx_d(t) xs[d] (0 where x
+ * broadcasts). */
 typedef struct KpBmm {
   const IrValue *a, *b, *c; /* the stored values the views lie in */
   int64_t M, N, K, nb;
@@ -355,17 +358,24 @@ typedef struct KpBmm {
   int64_t bdim[IR_MAX_RANK];
   int64_t as[IR_MAX_RANK], bs[IR_MAX_RANK], cs[IR_MAX_RANK];
   int64_t aoff, boff, coff;
-  int64_t am, ak, bk, bn, cm;
+  int64_t am, ak, bk, bn, cm, cn;
+  bool acc; /* C is (in) a gradient buffer: the product is added to it */
 } KpBmm;
-#define KP_BMM_MAX_MACS 131072  /* multiply-adds per matrix at most */
+#define KP_BMM_MAX_MACS 131072  /* multiply-adds per matrix of a batch at most */
 #define KP_BMM_MAX_PANEL 16384  /* floats of B's packed panel (K x N rounded up to 16) at most */
+#define KP_SKINNY 16            /* N or K of a single product at most */
 /* Whether the CPU generates op (a matmul) as such a kernel, and its plan:
- * f32 operands and result, a batch of at least two matrices of at most
- * KP_BMM_MAX_MACS multiply-adds, C unit-strided along its rows and not a
- * gradient buffer (no accumulation).  vs: kp_views_find's views with
- * group-0 ops outside. */
+ * f32 operands and result, B's panel (unless B's rows are whole vectors
+ * of 16) at most KP_BMM_MAX_PANEL floats, and either
+ *   - a batch of at least two matrices of at most KP_BMM_MAX_MACS
+ *     multiply-adds each, C unit-strided along its rows or its columns
+ *     (then C^T = B^T A^T is planned: cn 1), or
+ *   - a single product (both operands rank 2) whose sum runs over at most
+ *     KP_SKINNY (K: the product is its stores), or with at most KP_SKINNY
+ *     columns and A transposed, planned as C^T = B^T A^T so that the
+ *     vectors run along M (a classifier's weight gradient, h^T dlogits:
+ *     cn is then C's row stride).
+ * vs: kp_views_find's views with group-0 ops outside. */
 bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out);
-/* The element offsets of batch matrix t (in A, B, C's roots). */
-void kp_bmm_offsets(const KpBmm *p, int64_t t, int64_t *a, int64_t *b, int64_t *c);
 
 #endif

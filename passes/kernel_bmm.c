@@ -1,15 +1,17 @@
-/* kernel_bmm.c - a batch of small products as a generated kernel
- * (kernel.h's KpBmm, docs/BACKEND.md "Small batched products").
+/* kernel_bmm.c - small and skinny products as generated kernels
+ * (kernel.h's KpBmm, docs/BACKEND.md "Small and skinny products").
  *
  * Attention's products are batches of small matrices read out of `qkv`
  * and written into `[B, T, C]` as strided views.  A BLAS takes such a
  * batch badly: oneDNN runs strided batches with its gemm:jit kernels,
  * 50-67 us for tinygpt small's 32 heads of 32x32x16 in a step, where
- * the multiply-adds alone are ~8 us of one core.  So the CPU back end
- * generates these products itself, reading the views directly.  This
- * file decides which matmuls qualify and derives their strides from the
- * same views the executor's GEMMs use; codegen/llvm/llvm_bmm.c emits the
- * kernel and runtime/cpu/exec.c runs it in place of the GEMM. */
+ * the multiply-adds alone are ~8 us of one core.  A single product with
+ * 10 columns or a sum over 10 (an MLP's logits, their gradients) fares
+ * as badly: 18-49 GFLOP/s.  So the CPU back end generates these products
+ * itself, reading the views directly.  This file decides which matmuls
+ * qualify and derives their strides from the same views the executor's
+ * GEMMs use; codegen/llvm/llvm_bmm.c emits the kernel and
+ * runtime/cpu/exec.c runs it in place of the GEMM. */
 #include <string.h>
 
 #include "kernel.h"
@@ -28,6 +30,19 @@ static int64_t batch_stride(const KpView *x, int nbatch, int d) {
   return a >= 0 && x->shape.dim[a] != 1 ? x->stride[a] : 0;
 }
 
+/* p as C^T = B^T A^T. */
+static void transpose(KpBmm *p) {
+  KpBmm t = *p;
+  p->M = t.N, p->N = t.M;
+  p->a = t.b, p->b = t.a;
+  p->aoff = t.boff, p->boff = t.aoff;
+  p->am = t.bn, p->ak = t.bk;
+  p->bk = t.ak, p->bn = t.am;
+  p->cm = t.cn, p->cn = t.cm;
+  memcpy(p->as, t.bs, sizeof p->as);
+  memcpy(p->bs, t.as, sizeof p->bs);
+}
+
 bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   memset(out, 0, sizeof *out);
   if (op->opcode != IR_OP_MATMUL || op->group != 0) return false;
@@ -36,19 +51,21 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   KpView va, vb, vc;
   if (!kp_view_in(vs, A, &va) || !kp_view_in(vs, B, &vb) || !kp_view_out(vs, C, &vc)) return false;
   int ra = va.shape.rank, rb = vb.shape.rank, rc = vc.shape.rank;
-  /* Both operands batched: a product with one matrix on the right is one
-   * GEMM over all rows of the left (gemm_plan.c folds it). */
-  if (ra < 3 || rb < 3 || ra > rc || rb > rc) return false;
+  /* Both operands batched, or a single product: a product with one
+   * matrix on the right is one GEMM over all rows of the left (gemm_plan.c
+   * folds it). */
+  bool single = ra == 2 && rb == 2 && rc == 2;
+  if (!single && (ra < 3 || rb < 3 || ra > rc || rb > rc)) return false;
   if (va.root->storage == IR_STORE_NONE || vb.root->storage == IR_STORE_NONE || vc.root->storage == IR_STORE_NONE)
     return false;
-  if (storage_root(vc.root)->storage == IR_STORE_GRAD) return false;
+  out->acc = storage_root(vc.root)->storage == IR_STORE_GRAD;
   out->M = va.shape.dim[ra - 2];
   out->K = va.shape.dim[ra - 1];
   out->N = vb.shape.dim[rb - 1];
   if (vb.shape.dim[rb - 2] != out->K || vc.shape.dim[rc - 2] != out->M || vc.shape.dim[rc - 1] != out->N) return false;
   if (out->M < 1 || out->N < 1 || out->K < 1) return false;
-  if (out->M > KP_BMM_MAX_MACS || out->N > KP_BMM_MAX_MACS || out->K > KP_BMM_MAX_MACS ||
-      out->M * out->N * out->K > KP_BMM_MAX_MACS) /* (each first: no overflow) */
+  if (!single && (out->M > KP_BMM_MAX_MACS || out->N > KP_BMM_MAX_MACS || out->K > KP_BMM_MAX_MACS ||
+                  out->M * out->N * out->K > KP_BMM_MAX_MACS)) /* (each first: no overflow) */
     return false;
   out->nbatch = rc - 2;
   out->nb = 1;
@@ -63,37 +80,26 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
     out->bs[d] = batch_stride(&vb, out->nbatch, d);
     out->cs[d] = vc.stride[d];
   }
-  if (out->nb < 2) return false;
+  if (!single && out->nb < 2) return false;
   out->a = va.root, out->b = vb.root, out->c = vc.root;
   out->aoff = va.offset, out->boff = vb.offset, out->coff = vc.offset;
   out->am = va.stride[ra - 2], out->ak = va.stride[ra - 1];
   out->bk = vb.stride[rb - 2], out->bn = vb.stride[rb - 1];
   out->cm = vc.stride[rc - 2];
-  int64_t cn = vc.stride[rc - 1];
-  if (out->N > 1 && cn != 1) {
+  out->cn = vc.stride[rc - 1];
+  bool narrow = false;
+  if (out->N > 1 && out->cn != 1) {
     /* C written down its columns (a transposed view): C^T = B^T A^T,
      * whose rows have the unit stride. */
     if (out->M > 1 && out->cm != 1) return false;
-    KpBmm t = *out;
-    out->M = t.N, out->N = t.M;
-    out->a = t.b, out->b = t.a;
-    out->aoff = t.boff, out->boff = t.aoff;
-    out->am = t.bn, out->ak = t.bk;
-    out->bk = t.ak, out->bn = t.am;
-    out->cm = cn;
-    memcpy(out->as, t.bs, sizeof out->as);
-    memcpy(out->bs, t.as, sizeof out->bs);
+    transpose(out);
+  } else if (single && out->K > KP_SKINNY && out->N <= KP_SKINNY && out->am == 1 && out->M % 16 == 0) {
+    /* Few columns, A transposed: C^T's rows are whole vectors of A's
+     * rows, read in place. */
+    transpose(out);
+    narrow = true;
   }
-  return out->K * ((out->N + 15) / 16 * 16) <= KP_BMM_MAX_PANEL;
-}
-
-void kp_bmm_offsets(const KpBmm *p, int64_t t, int64_t *a, int64_t *b, int64_t *c) {
-  *a = p->aoff, *b = p->boff, *c = p->coff;
-  for (int d = p->nbatch - 1; d >= 0; d--) {
-    int64_t i = t % p->bdim[d];
-    t /= p->bdim[d];
-    *a += i * p->as[d];
-    *b += i * p->bs[d];
-    *c += i * p->cs[d];
-  }
+  if (single && out->K > KP_SKINNY && !narrow) return false;
+  bool direct = out->bn == 1 && out->N % 16 == 0; /* B's rows are read in place, no panel */
+  return direct || (out->K <= KP_BMM_MAX_PANEL && out->K * ((out->N + 15) / 16 * 16) <= KP_BMM_MAX_PANEL);
 }

@@ -1,21 +1,25 @@
-/* llvm_bmm.c - a batch of small products as one kernel (passes/kernel_bmm.c
- * decides which matmuls, docs/BACKEND.md "Small batched products").
+/* llvm_bmm.c - small and skinny products as kernels (passes/kernel_bmm.c
+ * decides which matmuls, docs/BACKEND.md "Small and skinny products").
  *
  *   void kN_matmul(ptr arena, i64 begin, i64 end)
  *
- * multiplies batch matrices [begin, end).  Each matrix's B is copied into
- * a panel of K rows of N floats rounded up to whole vectors (zeros after
- * N) unless it already has unit-stride rows of whole vectors (a
- * transposed B in blocks transposed in registers where its sizes are
- * whole vectors, else element by element); C is then
- * computed in register tiles of MR rows by NT vectors: for each k, NT
- * vector loads of the panel's row k, MR broadcasts of A(i, k) and MR x NT
- * multiply-adds, the tile stored once after its K steps.  A is read one
- * element at a time, so any strides serve (a transposed A included); the
- * panel takes any strides of B.  The sum over k runs in order with one
- * rounding a step (a fused multiply-add where the CPU has one), as a BLAS
- * does, not in the reference interpreter's f64.  Sizes and strides are
- * constants, so every index is folded into addressing. */
+ * multiplies batch matrices [begin, end), or for a single product (nb
+ * 1) the register tiles [begin, end) of its one matrix.  A matrix's B is
+ * copied into a panel of K rows of N floats rounded up to whole vectors
+ * (zeros after N) unless it already has unit-stride rows of whole
+ * vectors (a transposed B in blocks transposed in registers where its
+ * sizes are whole vectors, else element by element): for each batch
+ * matrix, or once a call for a single product.  C is then computed in
+ * register tiles of MR rows by NT vectors: for each k, NT vector loads of
+ * the panel's row k, MR broadcasts of A(i, k) and MR x NT multiply-adds,
+ * the tile stored once after its K steps (added to C where C is a
+ * gradient buffer).  A is read one element at a time, so any strides
+ * serve (a transposed A included); the panel takes any strides of B, and
+ * C any strides (C^T's rows down C's columns stored one at a time).
+ * The sum over k runs in order with one rounding a step (a fused
+ * multiply-add where the CPU has one), as a BLAS does, not in the
+ * reference interpreter's f64.  Sizes and strides are constants, so
+ * every index is folded into addressing. */
 #include <string.h>
 
 #include "llvm_gen.h"
@@ -30,6 +34,43 @@ typedef struct Bmm {
   LLVMValueRef a, b, c; /* element 0 of this matrix in A, B's rows (the panel or B itself), C */
   int64_t bk;          /* B's row stride as read (Npad for the panel) */
 } Bmm;
+
+/* A product's register tiles, the same for its kernel and its extent. */
+typedef struct BmmTiling {
+  int vl;                    /* floats a vector */
+  int64_t whole, tail, nvec; /* whole vectors of a row of C, the floats after them, vectors in all */
+  int nt;                    /* vectors of a tile's row */
+  int mr;                    /* rows of a (full) tile */
+} BmmTiling;
+
+static BmmTiling bmm_tiling(const KpBmm *p) {
+  BmmTiling t;
+  t.vl = gen_host_avx512() ? 16 : 8;
+  int regs = gen_host_avx512() ? 32 : 16;
+  t.whole = p->N / t.vl, t.tail = p->N % t.vl, t.nvec = t.whole + (t.tail > 0);
+  t.nt = t.nvec < BMM_MAX_VECS ? (int)t.nvec : BMM_MAX_VECS;
+  /* Rows a tile: what the registers hold beside nt panel vectors and a
+   * broadcast, at most; a divisor of M from half that on, so that every
+   * tile is one body (32 rows as 4 x 8 with two vectors a row: compile
+   * time), else spread evenly over M (37 as 13 + 12 + 12, not 14 + 14 +
+   * 9).  A single product's iterations are its tiles of rows, so there
+   * the full tiles come first and one shorter one after them. */
+  int mr = (regs - t.nt - 1) / t.nt;
+  if (mr > BMM_MAX_ROWS) mr = BMM_MAX_ROWS;
+  int div = 0;
+  for (int r = mr; r >= (mr + 1) / 2 && !div; r--)
+    if (p->M % r == 0) div = r;
+  if (p->M <= mr) {
+    mr = (int)p->M;
+  } else if (div) {
+    mr = div;
+  } else if (p->nb > 1) {
+    int64_t ntiles = (p->M + mr - 1) / mr;
+    mr = (int)((p->M + ntiles - 1) / ntiles);
+  }
+  t.mr = mr;
+  return t;
+}
 
 static LLVMValueRef gep_f32(Gen *g, LLVMValueRef base, LLVMValueRef idx) {
   return LLVMBuildInBoundsGEP2(g->b, g->t_f32, base, &idx, 1, "");
@@ -83,18 +124,32 @@ static void emit_tile(Gen *g, const Bmm *m, LLVMValueRef m0, int rows, LLVMValue
   }
   gen_loop_end(g, &k);
   for (int r = 0; r < rows; r++) {
-    LLVMValueRef crow = add(g, mul(g, add(g, m0, gen_i64(g, r)), p->cm), n0);
+    LLVMValueRef crow = add(g, mul(g, add(g, m0, gen_i64(g, r)), p->cm), mul(g, n0, p->cn));
     for (int v = 0; v < nv; v++) {
       LLVMValueRef y = gen_acc_get(g, acc[r][v]);
-      LLVMValueRef at = add(g, crow, gen_i64(g, (int64_t)v * m->vl));
-      if (v < nv - 1 || tail == m->vl) {
-        LLVMValueRef st = LLVMBuildStore(g->b, y, gep_f32(g, m->c, at));
+      LLVMValueRef at = add(g, crow, gen_i64(g, (int64_t)v * m->vl * p->cn));
+      if (p->cn == 1 && (v < nv - 1 || tail == m->vl)) {
+        LLVMValueRef ptr = gep_f32(g, m->c, at);
+        if (p->acc) {
+          LLVMValueRef old = LLVMBuildLoad2(g->b, m->vt, ptr, "");
+          LLVMSetAlignment(old, 4);
+          y = LLVMBuildFAdd(g->b, old, y, "");
+        }
+        LLVMValueRef st = LLVMBuildStore(g->b, y, ptr);
         LLVMSetAlignment(st, 4);
         continue;
       }
-      for (int j = 0; j < tail; j++) { /* the row's last columns, one at a time */
+      /* a partial vector, or C^T's row down C's column: one at a time */
+      int cols = v < nv - 1 ? m->vl : tail;
+      for (int j = 0; j < cols; j++) {
         LLVMValueRef e = LLVMBuildExtractElement(g->b, y, LLVMConstInt(g->t_i32, (unsigned)j, 0), "");
-        LLVMValueRef st = LLVMBuildStore(g->b, e, gep_f32(g, m->c, add(g, at, gen_i64(g, j))));
+        LLVMValueRef ptr = gep_f32(g, m->c, add(g, at, gen_i64(g, j * p->cn)));
+        if (p->acc) {
+          LLVMValueRef old = LLVMBuildLoad2(g->b, g->t_f32, ptr, "");
+          LLVMSetAlignment(old, 4);
+          e = LLVMBuildFAdd(g->b, old, e, "");
+        }
+        LLVMValueRef st = LLVMBuildStore(g->b, e, ptr);
         LLVMSetAlignment(st, 4);
       }
     }
@@ -150,38 +205,101 @@ static void emit_rows(Gen *g, const Bmm *m, int mr, LLVMValueRef n0, int nv, int
   if (rest > 0) emit_tile(g, m, gen_i64(g, full * mr), (int)rest, n0, nv, tail);
 }
 
-void gen_bmm_kernel(Gen *g, const KpBmm *p) {
-  Bmm m = {.p = p};
-  m.vl = gen_host_avx512() ? 16 : 8;
-  int regs = gen_host_avx512() ? 32 : 16;
-  m.vt = LLVMVectorType(g->t_f32, (unsigned)m.vl);
-  int64_t whole = p->N / m.vl, tail = p->N % m.vl, nvec = whole + (tail > 0);
-  int nt = nvec < BMM_MAX_VECS ? (int)nvec : BMM_MAX_VECS;
-  /* Rows a tile: what the registers hold beside nt panel vectors and a
-   * broadcast, at most; a divisor of M from half that on, so that every
-   * tile is one body (32 rows as 4 x 8 with two vectors a row: compile
-   * time), else spread evenly over M (37 as 13 + 12 + 12, not 14 + 14 +
-   * 9). */
-  int mr = (regs - nt - 1) / nt;
-  if (mr > BMM_MAX_ROWS) mr = BMM_MAX_ROWS;
-  int div = 0;
-  for (int r = mr; r >= (mr + 1) / 2 && !div; r--)
-    if (p->M % r == 0) div = r;
-  if (p->M <= mr) {
-    mr = (int)p->M;
-  } else if (div) {
-    mr = div;
-  } else {
-    int64_t ntiles = (p->M + mr - 1) / mr;
-    mr = (int)((p->M + ntiles - 1) / ntiles);
+/* The matrix's B at b into the panel (in blocks transposed in registers
+ * where B is transposed and its sizes are whole vectors). */
+static void emit_panel(Gen *g, const Bmm *m, const BmmTiling *t, LLVMValueRef b, LLVMValueRef panel) {
+  const KpBmm *p = m->p;
+  int64_t npad = t->nvec * m->vl;
+  if (p->bk == 1 && p->K % m->vl == 0 && t->tail == 0) { /* whole blocks of a transposed B */
+    GenLoop k, n;
+    gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, p->K / m->vl), "tk");
+    gen_loop_begin(g, &n, gen_i64(g, 0), gen_i64(g, t->whole), "tn");
+    pack_block(g, m, b, panel, npad, mul(g, k.iv, m->vl), mul(g, n.iv, m->vl));
+    gen_loop_end(g, &n);
+    gen_loop_end(g, &k);
+    return;
   }
+  GenLoop k, n;
+  gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, p->K), "pk");
+  gen_loop_begin(g, &n, gen_i64(g, 0), gen_i64(g, p->N), "pn");
+  LLVMValueRef x = LLVMBuildLoad2(g->b, g->t_f32, gep_f32(g, b, add(g, mul(g, k.iv, p->bk), mul(g, n.iv, p->bn))), "");
+  LLVMSetAlignment(x, 4);
+  LLVMBuildStore(g->b, x, gep_f32(g, panel, add(g, mul(g, k.iv, npad), n.iv)));
+  gen_loop_end(g, &n);
+  gen_loop_end(g, &k);
+}
 
+static LLVMValueRef icmp(Gen *g, LLVMIntPredicate pr, LLVMValueRef x, LLVMValueRef y) {
+  return LLVMBuildICmp(g->b, pr, x, y, "");
+}
+
+/* if (cond) { then } else { other }, as blocks: if_begin, the then part,
+ * if_else, the other part, if_end. */
+typedef struct BmmIf {
+  LLVMBasicBlockRef other, done;
+} BmmIf;
+
+static void if_begin(Gen *g, BmmIf *f, LLVMValueRef cond) {
+  LLVMBasicBlockRef then = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "then");
+  f->other = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "else");
+  f->done = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "fi");
+  LLVMBuildCondBr(g->b, cond, then, f->other);
+  LLVMPositionBuilderAtEnd(g->b, then);
+}
+
+static void if_else(Gen *g, BmmIf *f) {
+  LLVMBuildBr(g->b, f->done);
+  LLVMPositionBuilderAtEnd(g->b, f->other);
+}
+
+static void if_end(Gen *g, BmmIf *f) {
+  LLVMBuildBr(g->b, f->done);
+  LLVMPositionBuilderAtEnd(g->b, f->done);
+}
+
+/* A single product's tile (rt, ct): rows rt * mr on (mr of them, or the
+ * rows left in the last row tile), the column tile ct (nt vectors, or the
+ * vectors left in the last one). */
+static void emit_single_tile(Gen *g, const Bmm *m, const BmmTiling *t, LLVMValueRef rt, LLVMValueRef ct) {
+  int64_t full = m->p->M / t->mr, fullc = t->whole / t->nt;
+  int rest = (int)(m->p->M % t->mr), left = (int)(t->nvec - fullc * t->nt);
+  int lasttail = t->tail > 0 ? (int)t->tail : m->vl;
+  LLVMValueRef m0 = mul(g, rt, t->mr), n0 = mul(g, ct, (int64_t)t->nt * m->vl);
+  for (int part = 0; part < 2; part++) { /* full rows, then the rows left */
+    int rows = part ? rest : t->mr;
+    if (rows == 0 || (part == 0 && full == 0)) continue;
+    BmmIf rif;
+    bool rsplit = rest > 0 && full > 0;
+    if (rsplit && part == 0) if_begin(g, &rif, icmp(g, LLVMIntSLT, rt, gen_i64(g, full)));
+    if (left == 0) {
+      emit_tile(g, m, m0, rows, n0, t->nt, m->vl);
+    } else if (fullc == 0) {
+      emit_tile(g, m, m0, rows, n0, left, lasttail);
+    } else {
+      BmmIf cif;
+      if_begin(g, &cif, icmp(g, LLVMIntSLT, ct, gen_i64(g, fullc)));
+      emit_tile(g, m, m0, rows, n0, t->nt, m->vl);
+      if_else(g, &cif);
+      emit_tile(g, m, m0, rows, n0, left, lasttail);
+      if_end(g, &cif);
+    }
+    if (rsplit) {
+      if (part == 0) if_else(g, &rif);
+      else if_end(g, &rif);
+    }
+  }
+}
+
+void gen_bmm_kernel(Gen *g, const KpBmm *p) {
+  BmmTiling t = bmm_tiling(p);
+  Bmm m = {.p = p, .vl = t.vl};
+  m.vt = LLVMVectorType(g->t_f32, (unsigned)m.vl);
   GenBuf A = gen_buf(g, p->a), B = gen_buf(g, p->b), C = gen_buf(g, p->c);
-  bool direct = p->bn == 1 && tail == 0; /* B's rows are whole vectors already */
-  int64_t npad = nvec * m.vl;
+  bool direct = p->bn == 1 && t.tail == 0; /* B's rows are whole vectors already */
+  int64_t npad = t.nvec * m.vl;
   LLVMValueRef panel = direct ? NULL : gen_alloca(g, g->t_f32, p->K * npad);
   m.bk = direct ? p->bk : npad;
-  if (!direct && tail > 0) { /* the panel's columns past N stay zero */
+  if (!direct && t.tail > 0) { /* the panel's columns past N stay zero */
     GenLoop k;
     gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, p->K), "zk");
     for (int64_t j = p->N; j < npad; j++)
@@ -189,10 +307,37 @@ void gen_bmm_kernel(Gen *g, const KpBmm *p) {
     gen_loop_end(g, &k);
   }
 
-  GenLoop t;
-  gen_loop_begin(g, &t, g->begin, g->end, "t");
+  if (p->nb == 1) {
+    /* One matrix, its register tiles the iterations, row-major (t = rt *
+     * nct + ct): C is written along its rows, which a product summing
+     * over a few k is bound by (column-major tiles, each packing only its
+     * panel columns, took twice as long on mlp's 256x1024x10). */
+    int64_t nct = (t.nvec + t.nt - 1) / t.nt;
+    m.a = gep_f32(g, A.base, gen_i64(g, p->aoff));
+    m.c = gep_f32(g, C.base, gen_i64(g, p->coff));
+    LLVMValueRef b = gep_f32(g, B.base, gen_i64(g, p->boff));
+    m.b = direct ? b : panel;
+    if (!direct) emit_panel(g, &m, &t, b, panel);
+    GenAcc rt = gen_acc(g, g->t_i64), ct = gen_acc(g, g->t_i64);
+    gen_acc_set(g, rt, LLVMBuildSDiv(g->b, g->begin, gen_i64(g, nct), ""));
+    gen_acc_set(g, ct, LLVMBuildSRem(g->b, g->begin, gen_i64(g, nct), ""));
+    GenLoop it;
+    gen_loop_begin(g, &it, g->begin, g->end, "tile");
+    LLVMValueRef r = gen_acc_get(g, rt), c = gen_acc_get(g, ct);
+    emit_single_tile(g, &m, &t, r, c);
+    LLVMValueRef c1 = add(g, c, gen_i64(g, 1));
+    LLVMValueRef wrap = icmp(g, LLVMIntEQ, c1, gen_i64(g, nct));
+    gen_acc_set(g, ct, LLVMBuildSelect(g->b, wrap, gen_i64(g, 0), c1, ""));
+    gen_acc_set(g, rt, LLVMBuildSelect(g->b, wrap, add(g, r, gen_i64(g, 1)), r, ""));
+    gen_loop_end(g, &it);
+    LLVMBuildRetVoid(g->b);
+    return;
+  }
+
+  GenLoop bt;
+  gen_loop_begin(g, &bt, g->begin, g->end, "t");
   LLVMValueRef aoff = gen_i64(g, p->aoff), boff = gen_i64(g, p->boff), coff = gen_i64(g, p->coff);
-  LLVMValueRef rest = t.iv;
+  LLVMValueRef rest = bt.iv;
   for (int d = p->nbatch - 1; d >= 0; d--) {
     LLVMValueRef i = d > 0 ? LLVMBuildURem(g->b, rest, gen_i64(g, p->bdim[d]), "") : rest;
     if (d > 0) rest = LLVMBuildUDiv(g->b, rest, gen_i64(g, p->bdim[d]), "");
@@ -203,43 +348,32 @@ void gen_bmm_kernel(Gen *g, const KpBmm *p) {
   m.a = gep_f32(g, A.base, aoff);
   m.c = gep_f32(g, C.base, coff);
   LLVMValueRef b = gep_f32(g, B.base, boff);
-  if (direct) {
-    m.b = b;
-  } else if (p->bk == 1 && p->K % m.vl == 0 && tail == 0) { /* whole blocks of a transposed B */
-    m.b = panel;
-    GenLoop k, n;
-    gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, p->K / m.vl), "tk");
-    gen_loop_begin(g, &n, gen_i64(g, 0), gen_i64(g, whole), "tn");
-    pack_block(g, &m, b, panel, npad, mul(g, k.iv, m.vl), mul(g, n.iv, m.vl));
-    gen_loop_end(g, &n);
-    gen_loop_end(g, &k);
-  } else {
-    m.b = panel;
-    GenLoop k, n;
-    gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, p->K), "pk");
-    gen_loop_begin(g, &n, gen_i64(g, 0), gen_i64(g, p->N), "pn");
-    LLVMValueRef x = LLVMBuildLoad2(g->b, g->t_f32, gep_f32(g, b, add(g, mul(g, k.iv, p->bk), mul(g, n.iv, p->bn))), "");
-    LLVMSetAlignment(x, 4);
-    LLVMBuildStore(g->b, x, gep_f32(g, panel, add(g, mul(g, k.iv, npad), n.iv)));
-    gen_loop_end(g, &n);
-    gen_loop_end(g, &k);
-  }
-  /* Column tiles of nt whole vectors, then the vectors left (the last
-   * of them partial when N is not a multiple of vl). */
-  int64_t ctiles = whole / nt;
+  m.b = direct ? b : panel;
+  if (!direct) emit_panel(g, &m, &t, b, panel);
+  /* Column tiles outside, rows inside: a column tile's panel stays in
+   * the cache over the matrix's rows. */
+  int64_t ctiles = t.whole / t.nt;
   if (ctiles > 0) {
     GenLoop ct;
     gen_loop_begin(g, &ct, gen_i64(g, 0), gen_i64(g, ctiles), "cols");
-    emit_rows(g, &m, mr, mul(g, ct.iv, (int64_t)nt * m.vl), nt, m.vl);
+    emit_rows(g, &m, t.mr, mul(g, ct.iv, (int64_t)t.nt * m.vl), t.nt, m.vl);
     gen_loop_end(g, &ct);
   }
-  int left = (int)(nvec - ctiles * nt);
-  if (left > 0) emit_rows(g, &m, mr, gen_i64(g, ctiles * nt * m.vl), left, tail > 0 ? (int)tail : m.vl);
-  gen_loop_end(g, &t);
+  int left = (int)(t.nvec - ctiles * t.nt);
+  if (left > 0) emit_rows(g, &m, t.mr, gen_i64(g, ctiles * t.nt * m.vl), left, t.tail > 0 ? (int)t.tail : m.vl);
+  gen_loop_end(g, &bt);
   LLVMBuildRetVoid(g->b);
 }
 
 void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost) {
+  /* elements touched, roughly: 8 multiply-adds an element */
+  if (p->nb == 1) { /* a single product's iterations are its tiles */
+    BmmTiling t = bmm_tiling(p);
+    int64_t cols = (int64_t)t.nt * t.vl;
+    *iters = (p->M + t.mr - 1) / t.mr * ((t.nvec + t.nt - 1) / t.nt);
+    *cost = t.mr * cols * p->K / 8 + t.mr * cols;
+    return;
+  }
   *iters = p->nb;
-  *cost = p->M * p->N * p->K / 8 + p->M * p->N; /* elements touched, roughly: 8 multiply-adds an element */
+  *cost = p->M * p->N * p->K / 8 + p->M * p->N;
 }

@@ -522,6 +522,56 @@ static void test_cpu_bmm_kernels(void **state) {
   run_model_case(&(ModelCase){"bmm", bmm_src, 1, 41, check_bmm});
 }
 
+/* Single products a BLAS runs far below its speed, as generated kernels
+ * (kernel_bmm.c): sums over a few k (u @ E, K = 5; dh = dlogits W2^T,
+ * K = 10, B transposed; dr v^T, K = 1) and the classifier's weight
+ * gradient h^T dlogits (10 columns, A transposed), planned as C^T = B^T
+ * A^T and added down C's columns into its gradient buffer (over the
+ * micro-batches), v's one column the same way.  51 rows (17 a
+ * micro-batch of 3) leave a short last row tile, and 48 or 33 columns a
+ * partial vector or tile.  The logits themselves (10 columns, a sum over
+ * 48, A in place) and the first layer's products stay GEMMs. */
+static const char skinny_src[] =
+    "model skinny {\n"
+    "  batch B = 51\n"
+    "  input x : f32[B, 40]\n"
+    "  input u : f32[B, 5]\n"
+    "  input w : f32[B, 33]\n"
+    "  input wr : f32[B, 1]\n"
+    "  input y : i32[B]\n"
+    "  param W1 : f32[40, 48] init normal(0, 0.2)\n"
+    "  param W2 : f32[48, 10] init normal(0, 0.3)\n"
+    "  param E : f32[5, 33] init normal(0, 0.3)\n"
+    "  param v : f32[48, 1] init normal(0, 0.3)\n"
+    "  h = tanh(x @ W1)\n"
+    "  logits = h @ W2\n"
+    "  z = u @ E\n"
+    "  r = h @ v\n"
+    "  loss ce = cross_entropy(logits, y)\n"
+    "  loss zw = 0.1 * sum(z * w) + sum(r * wr)\n"
+    "}\n";
+
+static void check_skinny(IrFunc *f) { (void)f; }
+
+static void test_cpu_skinny_products(void **state) {
+  (void)state;
+  for (int prec = 0; prec < 2; prec++) {
+    char *text = prec ? replace_all(skinny_src, "f32", "f64") : strdup(skinny_src);
+    FeModel *m = planned_model("skinny.gdl", text, 1);
+    char err[1024];
+    CpuOptions o = {.threads = 2, .cache_dir = getenv("GRADC_CACHE_DIR")};
+    CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
+    if (!p) fail_msg("cpu_program_new: %s", err);
+    /* z, h's two gradients (dlogits W2^T, dr v^T: K = 1), dW2 and dv;
+     * f64 products stay GEMMs */
+    assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : 5);
+    cpu_program_free(p);
+    fe_model_free(m);
+    free(text);
+  }
+  run_model_case(&(ModelCase){"skinny", skinny_src, 1, 43, check_skinny});
+}
+
 /* An unslice that memplan cannot fill in place (its operand is an input,
  * not made by a GEMM or a kernel) is a kernel of its own, and right. */
 static const char unslice_text[] =
@@ -794,6 +844,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_colsums),
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_bmm_kernels),
+      cmocka_unit_test(test_cpu_skinny_products),
       cmocka_unit_test(test_cpu_unslice_fallback),
       cmocka_unit_test(test_cpu_write_over),
       cmocka_unit_test(test_cpu_direct_args),
