@@ -191,6 +191,17 @@ static void run_model_case(const ModelCase *c) {
   }
 }
 
+/* count(p) of f's CPU program on `threads` threads. */
+static int program_count(IrFunc *f, int threads, int (*count)(const CpuProgram *)) {
+  char err[1024];
+  CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
+  CpuProgram *p = cpu_program_new(f, &o, err, sizeof err);
+  if (!p) fail_msg("cpu_program_new: %s", err);
+  int n = count(p);
+  cpu_program_free(p);
+  return n;
+}
+
 /* ------------------------------------------------------------------ */
 /* GEMM pieces                                                         */
 /* ------------------------------------------------------------------ */
@@ -281,12 +292,7 @@ static void test_cpu_gemm_pieces_bf16(void **state) {
     for (int K = 1; K <= 3; K += 2) {
       IrFunc *f = read_ir(gemm_pieces_bf16_text);
       run_passes(f, pipe, n, (PassOptions){.gas = K, .precision = IR_DT_BF16});
-      char err[1024];
-      CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
-      CpuProgram *p = cpu_program_new(f, &o, err, sizeof err);
-      if (!p) fail_msg("cpu_program_new: %s", err);
-      int packed = cpu_program_packed_gemms(p);
-      cpu_program_free(p);
+      int packed = program_count(f, threads, cpu_program_packed_gemms);
       assert_int_equal(packed, want[threads]);
       char label[64];
       snprintf(label, sizeof label, "pieces bf16 threads=%d K=%d", threads, K);
@@ -495,6 +501,9 @@ static const char bmm_src[] =
 
 static void check_bmm(IrFunc *f) { (void)f; }
 
+/* How many of f's matmuls the CPU back end generates as kernels. */
+static int matmul_kernels(IrFunc *f) { return program_count(f, 2, cpu_program_matmul_kernels); }
+
 static void test_cpu_bmm_kernels(void **state) {
   (void)state;
   for (int prec = 0; prec < 2; prec++) {
@@ -507,15 +516,10 @@ static void test_cpu_bmm_kernels(void **state) {
       products++;
       big += op->result->type.shape.dim[op->result->type.shape.rank - 1] == 64;
     }
-    char err[1024];
-    CpuOptions o = {.threads = 2, .cache_dir = getenv("GRADC_CACHE_DIR")};
-    CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
-    if (!p) fail_msg("cpu_program_new: %s", err);
     /* every product but the big ones (y4 and G's gradient) */
     assert_int_equal(big, 2);
     assert_true(products - big >= 8); /* y1, y2, y3, y5 and at least one gradient product of each */
-    assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : products - big);
-    cpu_program_free(p);
+    assert_int_equal(matmul_kernels(m->func), prec ? 0 : products - big);
     fe_model_free(m);
     free(text);
   }
@@ -551,25 +555,18 @@ static const char skinny_src[] =
     "  loss zw = 0.1 * sum(z * w) + sum(r * wr)\n"
     "}\n";
 
-static void check_skinny(IrFunc *f) { (void)f; }
-
 static void test_cpu_skinny_products(void **state) {
   (void)state;
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(skinny_src, "f32", "f64") : strdup(skinny_src);
     FeModel *m = planned_model("skinny.gdl", text, 1);
-    char err[1024];
-    CpuOptions o = {.threads = 2, .cache_dir = getenv("GRADC_CACHE_DIR")};
-    CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
-    if (!p) fail_msg("cpu_program_new: %s", err);
     /* z, h's two gradients (dlogits W2^T, dr v^T: K = 1), dW2 and dv;
      * f64 products stay GEMMs */
-    assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : 5);
-    cpu_program_free(p);
+    assert_int_equal(matmul_kernels(m->func), prec ? 0 : 5);
     fe_model_free(m);
     free(text);
   }
-  run_model_case(&(ModelCase){"skinny", skinny_src, 1, 43, check_skinny});
+  run_model_case(&(ModelCase){"skinny", skinny_src, 1, 43, check_bmm});
 }
 
 /* An unslice that memplan cannot fill in place (its operand is an input,
@@ -797,15 +794,7 @@ static const char epilogue_src[] =
     "  loss ce = cross_entropy(logits, y)\n"
     "}\n";
 
-static int absorbed_kernels(IrFunc *f) {
-  char err[1024];
-  CpuOptions o = {.threads = 1, .cache_dir = getenv("GRADC_CACHE_DIR")};
-  CpuProgram *p = cpu_program_new(f, &o, err, sizeof err);
-  if (!p) fail_msg("cpu_program_new: %s", err);
-  int n = cpu_program_absorbed_kernels(p);
-  cpu_program_free(p);
-  return n;
-}
+static int absorbed_kernels(IrFunc *f) { return program_count(f, 1, cpu_program_absorbed_kernels); }
 
 static void test_cpu_gemm_epilogues(void **state) {
   (void)state;
