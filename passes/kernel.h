@@ -371,7 +371,8 @@ typedef struct KpBmm {
  *     multiply-adds each, C unit-strided along its rows or its columns
  *     (then C^T = B^T A^T is planned: cn 1), or
  *   - a single product (both operands rank 2) whose sum runs over at most
- *     KP_SKINNY (K: the product is its stores), or with at most KP_SKINNY
+ *     KP_SKINNY (K: the product is its stores; not into a gradient
+ *     buffer, which a GEMM stores first), or with at most KP_SKINNY
  *     columns and A transposed, planned as C^T = B^T A^T so that the
  *     vectors run along M (a classifier's weight gradient, h^T dlogits:
  *     cn is then C's row stride).

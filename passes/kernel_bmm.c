@@ -100,6 +100,11 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
     narrow = true;
   }
   if (single && out->K > KP_SKINNY && !narrow) return false;
+  /* A short sum into a gradient buffer stays a GEMM: the GEMM stores its
+   * first micro-batch (exec.c plan_zeroing), where the kernel would add
+   * into a zeroed buffer, twice the stores of a product that is its
+   * stores.  (A narrow product's C is at most 16 columns.) */
+  if (single && out->acc && !narrow) return false;
   bool direct = out->bn == 1 && out->N % 16 == 0; /* B's rows are read in place, no panel */
   return direct || (out->K <= KP_BMM_MAX_PANEL && out->K * ((out->N + 15) / 16 * 16) <= KP_BMM_MAX_PANEL);
 }

@@ -534,7 +534,9 @@ static void test_cpu_bmm_kernels(void **state) {
  * micro-batches), v's one column the same way.  51 rows (17 a
  * micro-batch of 3) leave a short last row tile, and 48 or 33 columns a
  * partial vector or tile.  The logits themselves (10 columns, a sum over
- * 48, A in place) and the first layer's products stay GEMMs. */
+ * 48, A in place), the first layer's products and P40's gradient A8^T
+ * dy8 (a sum over 8 into a gradient buffer, which a GEMM stores first)
+ * stay GEMMs. */
 static const char skinny_src[] =
     "model skinny {\n"
     "  batch B = 51\n"
@@ -547,12 +549,15 @@ static const char skinny_src[] =
     "  param W2 : f32[48, 10] init normal(0, 0.3)\n"
     "  param E : f32[5, 33] init normal(0, 0.3)\n"
     "  param v : f32[48, 1] init normal(0, 0.3)\n"
+    "  param A8 : f32[8, 40] init normal(0, 0.3)\n"
+    "  param P40 : f32[40, 48] init normal(0, 0.3)\n"
     "  h = tanh(x @ W1)\n"
     "  logits = h @ W2\n"
     "  z = u @ E\n"
     "  r = h @ v\n"
+    "  y8 = A8 @ P40\n"
     "  loss ce = cross_entropy(logits, y)\n"
-    "  loss zw = 0.1 * sum(z * w) + sum(r * wr)\n"
+    "  loss zw = 0.1 * sum(z * w) + sum(r * wr) + 0.01 * sum(y8 * y8)\n"
     "}\n";
 
 static void test_cpu_skinny_products(void **state) {
