@@ -111,24 +111,18 @@ static void store_lanes(Gen *g, const Bmm *m, LLVMValueRef ptr, LLVMValueRef y, 
   }
   LLVMValueRef mask = LLVMConstVector(bits, (unsigned)m->vl);
   LLVMValueRef align = LLVMConstInt(g->t_i32, 4, 0);
-  if (p->cn == 1) {
-    LLVMTypeRef over[2] = {m->vt, LLVMTypeOf(ptr)};
-    if (p->acc) {
-      LLVMValueRef la[4] = {ptr, align, mask, LLVMConstNull(m->vt)};
-      y = LLVMBuildFAdd(g->b, intrinsic(g, "llvm.masked.load", over, 2, la, 4), y, "");
-    }
-    LLVMValueRef sa[4] = {y, ptr, align, mask};
-    intrinsic(g, "llvm.masked.store", over, 2, sa, 4);
-    return;
-  }
-  LLVMValueRef ptrs = LLVMBuildGEP2(g->b, g->t_f32, ptr, (LLVMValueRef[]){LLVMConstVector(idx, (unsigned)m->vl)}, 1, "");
-  LLVMTypeRef over[2] = {m->vt, LLVMTypeOf(ptrs)};
+  /* Contiguous lanes: a masked load and store; else a gather and scatter
+   * through a vector of pointers. */
+  bool unit = p->cn == 1;
+  LLVMValueRef lanes = LLVMConstVector(idx, (unsigned)m->vl);
+  LLVMValueRef at = unit ? ptr : LLVMBuildGEP2(g->b, g->t_f32, ptr, &lanes, 1, "");
+  LLVMTypeRef over[2] = {m->vt, LLVMTypeOf(at)};
   if (p->acc) {
-    LLVMValueRef la[4] = {ptrs, align, mask, LLVMConstNull(m->vt)};
-    y = LLVMBuildFAdd(g->b, intrinsic(g, "llvm.masked.gather", over, 2, la, 4), y, "");
+    LLVMValueRef la[4] = {at, align, mask, LLVMConstNull(m->vt)};
+    y = LLVMBuildFAdd(g->b, intrinsic(g, unit ? "llvm.masked.load" : "llvm.masked.gather", over, 2, la, 4), y, "");
   }
-  LLVMValueRef sa[4] = {y, ptrs, align, mask};
-  intrinsic(g, "llvm.masked.scatter", over, 2, sa, 4);
+  LLVMValueRef sa[4] = {y, at, align, mask};
+  intrinsic(g, unit ? "llvm.masked.store" : "llvm.masked.scatter", over, 2, sa, 4);
 }
 
 /* One register tile: rows [m0, m0 + rows) of C, nv vectors from column n0
