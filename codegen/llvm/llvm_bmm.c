@@ -15,7 +15,7 @@
  * the tile stored once after its K steps (added to C where C is a
  * gradient buffer).  A is read one element at a time, so any strides
  * serve (a transposed A included); the panel takes any strides of B, and
- * C any strides (C^T's rows down C's columns stored one at a time).
+ * C any strides (C^T's rows down C's columns stored as scatters).
  * The sum over k runs in order with one rounding a step (a fused
  * multiply-add where the CPU has one), as a BLAS does, not in the
  * reference interpreter's f64.  Sizes and strides are constants, so
@@ -86,18 +86,9 @@ static LLVMValueRef splat(Gen *g, const Bmm *m, LLVMValueRef x) {
 }
 
 static LLVMValueRef fmuladd(Gen *g, LLVMValueRef x, LLVMValueRef y, LLVMValueRef acc) {
-  static const char name[] = "llvm.fmuladd";
-  unsigned id = LLVMLookupIntrinsicID(name, sizeof name - 1);
   LLVMTypeRef t = LLVMTypeOf(acc);
-  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(g->mod, id, &t, 1);
   LLVMValueRef args[3] = {x, y, acc};
-  return LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, &t, 1), fn, args, 3, "");
-}
-
-static LLVMValueRef intrinsic(Gen *g, const char *name, LLVMTypeRef *over, int nover, LLVMValueRef *args, int nargs) {
-  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(g->mod, id, over, (size_t)nover);
-  return LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, over, (size_t)nover), fn, args, (unsigned)nargs, "");
+  return gen_intrinsic(g, "llvm.fmuladd", &t, 1, args, 3);
 }
 
 /* The first `cols` lanes of y into C from ptr on, p->cn apart (added to
@@ -119,10 +110,10 @@ static void store_lanes(Gen *g, const Bmm *m, LLVMValueRef ptr, LLVMValueRef y, 
   LLVMTypeRef over[2] = {m->vt, LLVMTypeOf(at)};
   if (p->acc) {
     LLVMValueRef la[4] = {at, align, mask, LLVMConstNull(m->vt)};
-    y = LLVMBuildFAdd(g->b, intrinsic(g, unit ? "llvm.masked.load" : "llvm.masked.gather", over, 2, la, 4), y, "");
+    y = LLVMBuildFAdd(g->b, gen_intrinsic(g, unit ? "llvm.masked.load" : "llvm.masked.gather", over, 2, la, 4), y, "");
   }
   LLVMValueRef sa[4] = {y, at, align, mask};
-  intrinsic(g, unit ? "llvm.masked.store" : "llvm.masked.scatter", over, 2, sa, 4);
+  gen_intrinsic(g, unit ? "llvm.masked.store" : "llvm.masked.scatter", over, 2, sa, 4);
 }
 
 /* One register tile: rows [m0, m0 + rows) of C, nv vectors from column n0

@@ -118,6 +118,9 @@ LLVMValueRef gen_buf_load(Gen *g, const GenBuf *b, LLVMValueRef idx);
 void gen_buf_store(Gen *g, const GenBuf *b, LLVMValueRef idx, LLVMValueRef x);
 
 /* Arithmetic helpers on registers. */
+/* A call of an intrinsic overloaded on the types over[0..nover) (an error
+ * through gen_error where LLVM has none of that name). */
+LLVMValueRef gen_intrinsic(Gen *g, const char *name, LLVMTypeRef *over, int nover, LLVMValueRef *args, int nargs);
 LLVMValueRef gen_call1(Gen *g, const char *intrinsic, LLVMValueRef x); /* "llvm.exp", overloaded on x */
 LLVMValueRef gen_libm1(Gen *g, const char *fname, LLVMValueRef x);     /* "tanh": tanhf for float */
 LLVMValueRef gen_exp(Gen *g, LLVMValueRef x); /* f32 inline (vectorisable), f64 libm */

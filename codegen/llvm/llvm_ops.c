@@ -87,29 +87,26 @@ static LLVMValueRef f32c(Gen *g, double v) { return LLVMConstReal(g->t_f32, v); 
 /* Intrinsics and libm                                                 */
 /* ------------------------------------------------------------------ */
 
-LLVMValueRef gen_call1(Gen *g, const char *name, LLVMValueRef x) {
+LLVMValueRef gen_intrinsic(Gen *g, const char *name, LLVMTypeRef *over, int nover, LLVMValueRef *args, int nargs) {
   unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
   if (!id) {
     gen_error(g, "LLVM has no intrinsic %s", name);
-    return x;
+    return args[0];
   }
+  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(g->mod, id, over, (size_t)nover);
+  LLVMTypeRef ft = LLVMIntrinsicGetType(g->ctx, id, over, (size_t)nover);
+  return LLVMBuildCall2(g->b, ft, fn, args, (unsigned)nargs, "");
+}
+
+LLVMValueRef gen_call1(Gen *g, const char *name, LLVMValueRef x) {
   LLVMTypeRef t = LLVMTypeOf(x);
-  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(g->mod, id, &t, 1);
-  LLVMTypeRef ft = LLVMIntrinsicGetType(g->ctx, id, &t, 1);
-  return LLVMBuildCall2(g->b, ft, fn, &x, 1, "");
+  return gen_intrinsic(g, name, &t, 1, &x, 1);
 }
 
 static LLVMValueRef call2(Gen *g, const char *name, LLVMValueRef x, LLVMValueRef y) {
-  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
-  if (!id) {
-    gen_error(g, "LLVM has no intrinsic %s", name);
-    return x;
-  }
   LLVMTypeRef t = LLVMTypeOf(x);
-  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(g->mod, id, &t, 1);
-  LLVMTypeRef ft = LLVMIntrinsicGetType(g->ctx, id, &t, 1);
   LLVMValueRef args[2] = {x, y};
-  return LLVMBuildCall2(g->b, ft, fn, args, 2, "");
+  return gen_intrinsic(g, name, &t, 1, args, 2);
 }
 
 LLVMValueRef gen_libm1(Gen *g, const char *fname, LLVMValueRef x) {
@@ -624,10 +621,8 @@ LLVMValueRef gen_convert(Gen *g, LLVMValueRef x, IrDType from, IrDType to) {
   }
   if (is_float(from) && to == IR_DT_I32) {
     /* toward zero as a C cast; non-finite values give 0 (saturating in range) */
-    unsigned id = LLVMLookupIntrinsicID("llvm.fptosi.sat", 15);
     LLVMTypeRef ts[2] = {g->t_i32, LLVMTypeOf(x)};
-    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(g->mod, id, ts, 2);
-    LLVMValueRef r = LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, ts, 2), fn, &x, 1, "");
+    LLVMValueRef r = gen_intrinsic(g, "llvm.fptosi.sat", ts, 2, &x, 1);
     return LLVMBuildSelect(g->b, gen_isfinite(g, x), r, i32c(g, 0), "");
   }
   if (is_float(from) && to == IR_DT_BOOL) return LLVMBuildFCmp(g->b, LLVMRealUNE, x, LLVMConstReal(LLVMTypeOf(x), 0), "");
