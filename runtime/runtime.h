@@ -58,8 +58,10 @@ int64_t st_numel(const StTensor *t);
  * to nearest even; i32 and bool exact), so an f32 program computes what f32
  * hardware would up to the order of operations.  With exact_f64 no rounding
  * is done (finite-difference checks).  Plain, unfused, obviously right. */
+typedef struct InterpCountPlan InterpCountPlan;
 typedef struct InterpOptions {
   bool exact_f64;
+  const InterpCountPlan *count; /* the count phase's plan (interp_count_plan_new); NULL: found each run */
 } InterpOptions;
 
 typedef enum {
@@ -84,6 +86,18 @@ typedef struct InterpState {
 bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *const *window_sums,
                 InterpPhase phase, const InterpOptions *opt, char *err, size_t errlen);
 void interp_free(InterpState *st);
+/* What the count phase of f runs, found once for the windows of a
+ * program rather than by a walk over all of f's ops in each: the ops
+ * that window.sum operands and index operands depend on (program order),
+ * the window.sum ops, the ops whose index ranges it checks, and which of
+ * f's arguments it reads (arg_needed[i] for f->args[i]). */
+struct InterpCountPlan {
+  int nops, nsums, nchecks;
+  const IrOp **ops, **sums, **checks;
+  bool *arg_needed;
+};
+InterpCountPlan *interp_count_plan_new(const IrFunc *f);
+void interp_count_plan_free(InterpCountPlan *p);
 /* The operand of op that holds indices (embedding rows, cross_entropy
  * targets, one_hot classes), or -1.  The count phase checks their ranges
  * before any micro-batch runs, so every back end rejects a bad index with
@@ -151,12 +165,10 @@ int step_grad_slot(const StepResult *r, const IrOp *grad);
 /* Point args[i] at micro-batch k of each argument's window data (data[i]
  * window-sized doubles, or NULL). */
 void step_micro_args(const IrFunc *f, int k, double *const *data, double **args);
-/* Whether f needs the count phase (window.sum ops, or index operands whose
- * ranges it checks); arg_needed[i]: whether it reads f->args[i]. */
-bool step_window_needs(const IrFunc *f, bool *arg_needed);
-/* The window sums: the count phase over each micro-batch.  data[i] holds
- * f->args[i] window-sized (NULL where no window.sum needs it); wsum[value
- * id] gets each window.sum result (malloc'd; the caller frees). */
+/* The window sums: the count phase over each micro-batch (opt->count,
+ * when given, says what it runs).  data[i] holds f->args[i] window-sized
+ * (NULL where no window.sum needs it); wsum[value id] gets each
+ * window.sum result (malloc'd; the caller frees). */
 bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **wsum, const InterpOptions *opt,
                       char *err, size_t errlen);
 
@@ -202,10 +214,11 @@ void rt_tensor_convert(const StTensor *t, int64_t begin, int64_t n, IrDType dt, 
 typedef bool (*StepStoreFn)(void *ctx, int64_t offset, const void *src, size_t n, char *err, size_t errlen);
 /* The consts that group-0 ops read (they live in the persistent region). */
 bool step_store_consts(const IrFunc *f, StepStoreFn store, void *ctx, char *err, size_t errlen);
-/* The window sums (step_window_sums over the bound tensors), each stored
- * as its dtype where the plan put it. */
-bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bound, StepStoreFn store, void *ctx,
-                            char *err, size_t errlen);
+/* The window sums (step_window_sums over the bound tensors, by the
+ * executor's count plan), each stored as its dtype where the memory plan
+ * put it. */
+bool step_store_window_sums(const IrFunc *f, const InterpCountPlan *count, int gas, const StTensor *const *bound,
+                            StepStoreFn store, void *ctx, char *err, size_t errlen);
 /* Each rng.state's words for micro-batch k (step_rng_words), and each
  * loss.scale's f32 value (step_loss_scale), where the plan put them. */
 bool step_store_rng(const IrFunc *f, int gas, int k, StepStoreFn store, void *ctx, char *err, size_t errlen);

@@ -325,41 +325,24 @@ void step_micro_args(const IrFunc *f, int k, double *const *data, double **args)
   }
 }
 
-bool step_window_needs(const IrFunc *f, bool *arg_needed) {
-  bool *need = mem_calloc((size_t)f->nvalues + 1, sizeof(bool));
-  bool any = false;
-  for (int i = f->nops - 1; i >= 0; i--) {
-    const IrOp *op = f->ops[i];
-    bool want = op->opcode == IR_OP_WINDOW_SUM || (op->result && need[op->result->id]);
-    int ix = interp_index_operand(op);
-    any |= op->opcode == IR_OP_WINDOW_SUM || ix >= 0;
-    if (want)
-      for (int j = 0; j < op->nargs; j++) need[op->args[j]->id] = true;
-    if (ix >= 0) need[op->args[ix]->id] = true; /* the count phase checks index ranges */
-  }
-  for (int i = 0; i < f->nargs; i++) arg_needed[i] = need[f->args[i]->id];
-  free(need);
-  return any;
-}
-
 bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **wsum, const InterpOptions *opt,
                       char *err, size_t errlen) {
-  bool any = false, ok = true;
-  for (int i = 0; i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    any |= interp_index_operand(op) >= 0;
-    if (op->opcode != IR_OP_WINDOW_SUM) continue;
-    wsum[op->result->id] = mem_calloc((size_t)ir_numel(&op->result->type.shape), sizeof(double));
-    any = true;
+  InterpOptions o = opt ? *opt : (InterpOptions){0};
+  InterpCountPlan *own = o.count ? NULL : interp_count_plan_new(f);
+  if (own) o.count = own;
+  const InterpCountPlan *plan = o.count;
+  for (int i = 0; i < plan->nsums; i++) {
+    const IrValue *r = plan->sums[i]->result;
+    wsum[r->id] = mem_calloc((size_t)ir_numel(&r->type.shape), sizeof(double));
   }
+  bool ok = true;
   double **args = mem_calloc((size_t)f->nargs + 1, sizeof(double *));
   InterpState st = {0};
-  for (int k = 0; ok && any && k < gas; k++) {
+  for (int k = 0; ok && (plan->nsums || plan->nchecks) && k < gas; k++) {
     step_micro_args(f, k, data, args);
-    ok = interp_run(&st, f, args, NULL, INTERP_COUNT, opt, err, errlen);
-    for (int i = 0; ok && i < f->nops; i++) {
-      const IrOp *op = f->ops[i];
-      if (op->opcode != IR_OP_WINDOW_SUM) continue;
+    ok = interp_run(&st, f, args, NULL, INTERP_COUNT, &o, err, errlen);
+    for (int i = 0; ok && i < plan->nsums; i++) {
+      const IrOp *op = plan->sums[i];
       const double *v = st.val[op->args[0]->id];
       int64_t n = ir_numel(&op->result->type.shape);
       for (int64_t j = 0; j < n; j++) wsum[op->result->id][j] += v[j];
@@ -367,6 +350,7 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
     if (ok) interp_free(&st);
   }
   free(args);
+  interp_count_plan_free(own);
   /* Data-parallel: the window is every rank's micro-batches. */
   return ok && step_dp_reduce_sums(f, wsum, err, errlen);
 }
@@ -559,33 +543,29 @@ bool step_store_consts(const IrFunc *f, StepStoreFn store, void *ctx, char *err,
   return true;
 }
 
-bool step_store_window_sums(const IrFunc *f, int gas, const StTensor *const *bound, StepStoreFn store, void *ctx,
-                            char *err, size_t errlen) {
-  bool *needed = mem_calloc((size_t)f->nargs + 1, sizeof(bool));
-  if (!step_window_needs(f, needed)) {
-    free(needed);
-    return true;
-  }
+bool step_store_window_sums(const IrFunc *f, const InterpCountPlan *count, int gas, const StTensor *const *bound,
+                            StepStoreFn store, void *ctx, char *err, size_t errlen) {
+  if (!count->nsums && !count->nchecks) return true;
   double **data = mem_calloc((size_t)f->nargs + 1, sizeof(double *));
   double **wsum = mem_calloc((size_t)f->nvalues + 1, sizeof(double *));
   for (int i = 0; i < f->nargs; i++) {
-    if (!needed[i]) continue;
+    if (!count->arg_needed[i]) continue;
     int64_t n = st_numel(bound[i]);
     data[i] = mem_calloc((size_t)n, sizeof(double));
     step_load(bound[i], 0, n, data[i]);
   }
-  bool ok = step_window_sums(f, gas, data, wsum, NULL, err, errlen);
-  for (int i = 0; ok && i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_WINDOW_SUM || op->result->storage == IR_STORE_NONE) continue;
-    ok = store_values(op->result->offset, op->result->type.dtype, ir_numel(&op->result->type.shape),
-                      wsum[op->result->id], false, store, ctx, err, errlen);
+  InterpOptions o = {.count = count};
+  bool ok = step_window_sums(f, gas, data, wsum, &o, err, errlen);
+  for (int i = 0; ok && i < count->nsums; i++) {
+    const IrValue *r = count->sums[i]->result;
+    if (r->storage == IR_STORE_NONE) continue;
+    ok = store_values(r->offset, r->type.dtype, ir_numel(&r->type.shape), wsum[r->id], false, store, ctx, err,
+                      errlen);
   }
   for (int i = 0; i < f->nargs; i++) free(data[i]);
-  for (int i = 0; i < f->nvalues; i++) free(wsum[i]);
+  for (int i = 0; i < count->nsums; i++) free(wsum[count->sums[i]->result->id]);
   free(data);
   free(wsum);
-  free(needed);
   return ok;
 }
 

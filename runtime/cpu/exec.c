@@ -29,7 +29,8 @@
  * micro-batch 0), copies the params in unless the arena holds them
  * already (the caller's params generation, cpu_program_set_params_gen,
  * and the same tensors), stores the window sums (the interpreter's count
- * phase, step_store_window_sums), then for each micro-batch copies its
+ * phase, step_store_window_sums, over the ops the program's count plan
+ * found once), then for each micro-batch copies its
  * input slices in and runs the program; at the end the gradients are read
  * out of their buffers.
  *
@@ -143,6 +144,7 @@ struct CpuProgram {
   int ncode;
   StepGradBuf *grads;
   int ngrads;
+  InterpCountPlan *count; /* the window's count phase (window sums, index checks) */
   bool *reduced; /* per gradient buffer: a data-parallel bucket all-reduces it (its `grad` reads a last=true wait) */
   /* What the window zeroes: the gradient buffers less the parts a
    * store-first GEMM writes whole (byte ranges in the arena). */
@@ -630,6 +632,7 @@ void cpu_program_free(CpuProgram *p) {
   free(p->code);
   free(p->low);
   free(p->grads);
+  interp_count_plan_free(p->count);
   free(p->reduced);
   free(p->zero);
   free(p->arena_src);
@@ -1245,6 +1248,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
    * reads a last=true wait (a stacked param reduced by slices has one per
    * slice). */
   p->grads = step_grad_bufs(f, &p->ngrads);
+  p->count = interp_count_plan_new(f);
   p->reduced = mem_calloc((size_t)p->ngrads + 1, sizeof(bool));
   for (int i = 0; i < p->ngrads; i++) {
     const char *name = f->args[p->grads[i].arg]->name;
@@ -1653,7 +1657,7 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
     p->arena_gen = 0; /* while the params are copied */
     copy_args(p, bound, -1, keep);
     p->arena_gen = gen;
-    ok = step_store_window_sums(f, gas, bound, store, p->arena, err, errlen);
+    ok = step_store_window_sums(f, p->count, gas, bound, store, p->arena, err, errlen);
   }
   p->gas = gas;
   for (int k = 0; ok && k < gas; k++) {

@@ -76,6 +76,7 @@ struct CudaProgram {
   int nstates;
   StepGradBuf *grads;
   int ngrads;
+  InterpCountPlan *count; /* the window's count phase (window sums, index checks) */
   CUgraphExec graph;
   bool use_graph;
   int64_t runs; /* micro-batches run */
@@ -180,6 +181,7 @@ void cuda_program_free(CudaProgram *p) {
   free(p->losses);
   free(p->states);
   free(p->grads);
+  interp_count_plan_free(p->count);
   kp_views_free(&p->views);
   cg_cuda_free(p->m);
   free(p);
@@ -295,6 +297,7 @@ static bool build_code(CudaProgram *p, char *err, size_t errlen) {
     return rt_op_fail(err, errlen, op, "is not in a kernel (the CUDA target runs fuse before memplan)");
   }
   p->grads = step_grad_bufs(f, &p->ngrads);
+  p->count = interp_count_plan_new(f);
   return true;
 }
 
@@ -453,7 +456,7 @@ bool cuda_step_run(CudaProgram *p, int gas, const StFile *params, const char *pa
                                    (size_t)p->grads[i].numel * ir_dtype_size(p->grads[i].dt)),
                     "clearing gradients", err, errlen);
   double t0 = rt_now_ms(), dev = 0;
-  ok = ok && copy_args(p, bound, -1, err, errlen) && step_store_window_sums(f, gas, bound, store, p, err, errlen);
+  ok = ok && copy_args(p, bound, -1, err, errlen) && step_store_window_sums(f, p->count, gas, bound, store, p, err, errlen);
   for (int k = 0; ok && k < gas; k++) {
     ok = copy_args(p, bound, k, err, errlen) && step_store_rng(f, gas, k, store, p, err, errlen);
     double t1 = rt_now_ms();

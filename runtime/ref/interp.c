@@ -916,6 +916,64 @@ static bool check_indices(Ctx *c, const IrOp *op, const double *v) {
   return true;
 }
 
+InterpCountPlan *interp_count_plan_new(const IrFunc *f) {
+  InterpCountPlan *p = mem_calloc(1, sizeof *p);
+  bool *need = mem_calloc((size_t)f->nvalues + 1, sizeof(bool));
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    int ix = interp_index_operand(op);
+    if (op->opcode == IR_OP_WINDOW_SUM) p->nsums++, need[op->args[0]->id] = true;
+    if (ix >= 0) p->nchecks++, need[op->args[ix]->id] = true;
+  }
+  for (int i = f->nops - 1; i >= 0; i--) {
+    const IrOp *op = f->ops[i];
+    if (op->result && need[op->result->id])
+      for (int j = 0; j < op->nargs; j++) need[op->args[j]->id] = true;
+  }
+  p->ops = mem_calloc((size_t)f->nops + 1, sizeof *p->ops);
+  p->sums = mem_calloc((size_t)p->nsums + 1, sizeof *p->sums);
+  p->checks = mem_calloc((size_t)p->nchecks + 1, sizeof *p->checks);
+  p->nsums = p->nchecks = 0;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->result && need[op->result->id]) p->ops[p->nops++] = op;
+    if (op->opcode == IR_OP_WINDOW_SUM) p->sums[p->nsums++] = op;
+    if (interp_index_operand(op) >= 0) p->checks[p->nchecks++] = op;
+  }
+  p->arg_needed = mem_calloc((size_t)f->nargs + 1, sizeof(bool));
+  for (int i = 0; i < f->nargs; i++) p->arg_needed[i] = need[f->args[i]->id];
+  free(need);
+  return p;
+}
+
+void interp_count_plan_free(InterpCountPlan *p) {
+  if (!p) return;
+  free(p->ops);
+  free(p->sums);
+  free(p->checks);
+  free(p->arg_needed);
+  free(p);
+}
+
+/* Evaluate one op into st->val (its operands must have values). */
+static bool run_op(Ctx *c, const IrOp *op) {
+  InterpState *st = c->st;
+  for (int j = 0; j < op->nargs; j++) {
+    const IrValue *a = op->args[j];
+    if (!st->val[a->id])
+      return fail(c, "%s: operand %d (%s%%%s) has no value", opname(op), j + 1, a->def ? "" : "argument ",
+                  a->name ? a->name : "?");
+  }
+  if (!op->result) return eval(c, op, NULL);
+  int64_t n = numel_of(op->result);
+  double *out = alloc_vals(n);
+  st->val[op->result->id] = out;
+  bool ok = eval(c, op, out);
+  if (ok && !c->opt->exact_f64)
+    for (int64_t k = 0; k < n; k++) out[k] = ir_round_dtype(out[k], op->result->type.dtype);
+  return ok;
+}
+
 bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *const *window_sums,
                 InterpPhase phase, const InterpOptions *opt, char *err, size_t errlen) {
   static const InterpOptions defaults = {0};
@@ -931,50 +989,21 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
     for (int64_t k = 0; k < n; k++) v[k] = c.opt->exact_f64 ? args[i][k] : ir_round_dtype(args[i][k], a->type.dtype);
     st->val[a->id] = v;
   }
-  /* In the count phase, only what window.sum operands depend on runs. */
-  bool *need = NULL;
-  if (phase == INTERP_COUNT) {
-    need = calloc((size_t)(f->nvalues > 0 ? f->nvalues : 1), sizeof(bool));
-    if (!need) abort();
-    for (int i = 0; i < f->nops; i++) {
-      const IrOp *op = f->ops[i];
-      if (op->opcode == IR_OP_WINDOW_SUM) need[op->args[0]->id] = true;
-      if (interp_index_operand(op) >= 0) need[op->args[interp_index_operand(op)]->id] = true;
-    }
-    for (int i = f->nops - 1; i >= 0; i--) {
-      const IrOp *op = f->ops[i];
-      if (op->result && need[op->result->id])
-        for (int j = 0; j < op->nargs; j++) need[op->args[j]->id] = true;
-    }
-  }
   bool ok = true;
-  for (int i = 0; i < f->nops && ok; i++) {
-    const IrOp *op = f->ops[i];
-    if (need && !(op->result && need[op->result->id])) continue;
-    for (int j = 0; j < op->nargs && ok; j++) {
-      const IrValue *a = op->args[j];
-      if (!st->val[a->id])
-        ok = fail(&c, "%s: operand %d (%s%%%s) has no value", opname(op), j + 1, a->def ? "" : "argument ",
-                  a->name ? a->name : "?");
+  if (phase == INTERP_COUNT) {
+    /* Only what window.sum operands and index operands depend on runs. */
+    InterpCountPlan *own = c.opt->count ? NULL : interp_count_plan_new(f);
+    const InterpCountPlan *plan = own ? own : c.opt->count;
+    for (int i = 0; ok && i < plan->nops; i++) ok = run_op(&c, plan->ops[i]);
+    for (int i = 0; ok && i < plan->nchecks; i++) {
+      const IrOp *op = plan->checks[i];
+      const double *v = st->val[op->args[interp_index_operand(op)]->id];
+      if (v) ok = check_indices(&c, op, v);
     }
-    if (!ok) break;
-    if (!op->result) {
-      ok = eval(&c, op, NULL);
-      continue;
-    }
-    int64_t n = numel_of(op->result);
-    double *out = alloc_vals(n);
-    st->val[op->result->id] = out;
-    ok = eval(&c, op, out);
-    if (ok && !c.opt->exact_f64)
-      for (int64_t k = 0; k < n; k++) out[k] = ir_round_dtype(out[k], op->result->type.dtype);
+    interp_count_plan_free(own);
+  } else {
+    for (int i = 0; ok && i < f->nops; i++) ok = run_op(&c, f->ops[i]);
   }
-  for (int i = 0; ok && phase == INTERP_COUNT && i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    int ix = interp_index_operand(op);
-    if (ix >= 0 && st->val[op->args[ix]->id]) ok = check_indices(&c, op, st->val[op->args[ix]->id]);
-  }
-  free(need);
   if (c.coll) {
     for (int i = 0; i < f->nvalues; i++) step_coll_free(&c.coll[i]);
     free(c.coll);

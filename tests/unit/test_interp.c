@@ -620,6 +620,29 @@ static void test_interp_window_phases(void **state) {
   assert_null(st.val[seed->id]);
   assert_null(st.val[emb->id]);
   interp_free(&st);
+  /* The plan a program finds once: the sum (the window.sum operand's
+   * cone), the window.sum, the embedding's index check; x and idx read,
+   * the table not. */
+  InterpCountPlan *plan = interp_count_plan_new(f);
+  assert_int_equal(plan->nops, 1);
+  assert_ptr_equal(plan->ops[0], s->def);
+  assert_int_equal(plan->nsums, 1);
+  assert_ptr_equal(plan->sums[0], ws->def);
+  assert_int_equal(plan->nchecks, 1);
+  assert_ptr_equal(plan->checks[0], emb->def);
+  assert_true(plan->arg_needed[0] && plan->arg_needed[1]);
+  assert_false(plan->arg_needed[2]);
+  /* Run by the plan, the count phase computes and checks the same. */
+  InterpOptions po = {.count = plan};
+  assert_true(interp_run(&st, f, args, NULL, INTERP_COUNT, &po, err, sizeof err));
+  EXPECT(&st, s, 0, 6);
+  assert_null(st.val[emb->id]);
+  interp_free(&st);
+  iv[0] = 7;
+  assert_false(interp_run(&st, f, args, NULL, INTERP_COUNT, &po, err, sizeof err));
+  assert_string_equal(err, "embedding: index 7 (element 0) out of range [0, 2)");
+  iv[0] = 1;
+  interp_count_plan_free(plan);
   /* Step phase: window.sum comes from the window sums. */
   double **sums = calloc((size_t)f->nvalues, sizeof(double *));
   double w = 10;
