@@ -53,7 +53,7 @@ hypervisor stole during the runs (/proc/stat).
 The whole RESULTS table, on a quiet machine:
   bench/run.py --setup-peers --gemm-lib --repeat 3 --quiet-wait 30 --results bench/RESULTS.md
 
-Usage: bench/run.py [--gradc build/gradc] [--steps 10] [--threads 1,2] [--repeat R]
+Usage: bench/run.py [--gradc build/gradc] [--steps N] [--threads 1,2] [--repeat R]
                     [--quiet-wait S] [--setup-peers] [--gemm-lib] [--only NAME] [--precision f32,bf16]
                     [--loss-curve STEPS] [--no-steps] [--results FILE]
 """
@@ -70,13 +70,17 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"  # Debian's torch
 
+# name, model, -D values, timed windows (without --steps): a median of 10
+# windows of 2-30 ms moved by 10-20% between runs on a shared host, so the
+# short models time 50 (a second or two a run); tinygpt large's 10 windows
+# take 3-6 s already.
 CONFIGS = [
-    ("tinygpt large", "tinygpt", ["B=16", "T=128", "C=256", "L=4", "NH=4", "V=96"]),
-    ("tinygpt small", "tinygpt", ["B=8", "T=32", "C=64", "L=2"]),
+    ("tinygpt large", "tinygpt", ["B=16", "T=128", "C=256", "L=4", "NH=4", "V=96"], 10),
+    ("tinygpt small", "tinygpt", ["B=8", "T=32", "C=64", "L=2"], 50),
     # examples/mlp.gdl has one hidden layer (D -> H -> 10), benched as written.
-    ("mlp", "mlp", ["B=256", "D=784", "H=1024"]),
+    ("mlp", "mlp", ["B=256", "D=784", "H=1024"], 50),
     # The benchmarks' 784-1024-1024-10 MLP: bench/models/mlp2.gdl, two hidden layers.
-    ("mlp2", "mlp2", ["B=256", "D=784", "H=1024"]),
+    ("mlp2", "mlp2", ["B=256", "D=784", "H=1024"], 50),
 ]
 
 
@@ -89,7 +93,7 @@ def model_path(model):
 def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gradc", default=os.path.join(ROOT, "build", "gradc"))
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, help="timed windows of every cell (default: CONFIGS', 10 or 50)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--target", default="cpu")
@@ -179,9 +183,9 @@ def last_line(err, rc):
     return err.strip().splitlines()[-1] if err.strip() else f"exit {rc}"
 
 
-def run_gradc(a, model, defs, threads, cache, gemm=None, precision=None):
+def run_gradc(a, model, defs, threads, steps, cache, gemm=None, precision=None):
     cmd = pin(threads) + [a.gradc, "bench", model_path(model)] + defs_args(defs) + [
-        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup), "--target", a.target,
+        "--threads", str(threads), "--steps", str(steps), "--warmup", str(a.warmup), "--target", a.target,
         "--json"] + (["--precision", precision] if precision else [])
     env = dict(os.environ, GRADC_CACHE_DIR=cache)
     env.pop("GRADC_GEMM", None)
@@ -193,10 +197,10 @@ def run_gradc(a, model, defs, threads, cache, gemm=None, precision=None):
     return json.loads(out), None
 
 
-def run_torch(a, model, defs, threads, compiled=False, autocast=None):
+def run_torch(a, model, defs, threads, steps, compiled=False, autocast=None):
     py = peers_python(a) or PY
     cmd = pin(threads) + [py, os.path.join(ROOT, "bench", "torch_models.py"), model] + defs_args(defs) + [
-        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup)] + (
+        "--threads", str(threads), "--steps", str(steps), "--warmup", str(a.warmup)] + (
         ["--compile"] if compiled else []) + (["--autocast", autocast] if autocast else [])
     rc, out, err = sh(cmd)
     if rc != 0:
@@ -204,7 +208,7 @@ def run_torch(a, model, defs, threads, compiled=False, autocast=None):
     return json.loads(out.strip().splitlines()[-1]), None
 
 
-def run_jax(a, model, defs, threads):
+def run_jax(a, model, defs, threads, steps):
     py = peers_python(a)
     if not py:
         return None, "no peers venv"
@@ -212,7 +216,7 @@ def run_jax(a, model, defs, threads):
     if threads == 1:
         env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     cmd = pin(threads) + [py, os.path.join(ROOT, "bench", "jax_models.py"), model] + defs_args(defs) + [
-        "--threads", str(threads), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+        "--threads", str(threads), "--steps", str(steps), "--warmup", str(a.warmup)]
     rc, out, err = sh(cmd, env)
     if rc != 0:
         return None, last_line(err, rc)
@@ -512,9 +516,9 @@ def main():
     peers = [] if a.no_peers or a.gemm_lib_only else (
         ["eager", "compile", "jax"] if peers_python(a) else ["eager"])
     low = [p for p in a.precision.split(",") if p and p != "f32"]
-    configs = [(name, model, defs) for name, model, defs in CONFIGS
+    configs = [(name, model, defs, a.steps or steps) for name, model, defs, steps in CONFIGS
                if not (a.only and a.only not in name) and not a.no_steps]
-    cells = [(name, model, defs, thr) for name, model, defs in configs for thr in threads]
+    cells = [(name, model, defs, steps, thr) for name, model, defs, steps in configs for thr in threads]
     peak0 = fma_peak(a, threads) if cells else None
     steal = Steal()
     selects = []    # gradc's gemm_select_ms, every run
@@ -525,7 +529,7 @@ def main():
         # disturbance of this shared machine lasts minutes, and would spoil
         # every repeat of the one cell it falls on.
         for r in range(a.repeat):
-            for i, (name, model, defs, thr) in enumerate(cells):
+            for i, (name, model, defs, steps, thr) in enumerate(cells):
                 runs = ([] if a.gemm_lib_only else [("gradc", None)] + [("gradc-" + p, None) for p in low]) + [
                     (p, None) for p in peers] + [(p + "-bf16", None) for p in peers
                                                  if "bf16" in low and p in ("eager", "compile")]
@@ -537,18 +541,18 @@ def main():
                     # (and the host's GEMM provider measured afresh).
                     cache = os.path.join(tmp, f"cache-{model}-{i}-{r}-{who}")
                     if who == "gradc" or gemm:
-                        (fig, err), stolen = steal.run(run_gradc, a, model, defs, thr, cache, gemm)
+                        (fig, err), stolen = steal.run(run_gradc, a, model, defs, thr, steps, cache, gemm)
                         mins = GRADC_MINS
                     elif who.startswith("gradc-"):
-                        (fig, err), stolen = steal.run(run_gradc, a, model, defs, thr, cache, None,
+                        (fig, err), stolen = steal.run(run_gradc, a, model, defs, thr, steps, cache, None,
                                                        who[len("gradc-"):])
                         mins = GRADC_MINS
                     elif who == "jax":
-                        (fig, err), stolen = steal.run(run_jax, a, model, defs, thr)
+                        (fig, err), stolen = steal.run(run_jax, a, model, defs, thr, steps)
                         mins = ("compile_ms",)
                     else:
                         kind, _, ac = who.partition("-")
-                        (fig, err), stolen = steal.run(run_torch, a, model, defs, thr, kind == "compile",
+                        (fig, err), stolen = steal.run(run_torch, a, model, defs, thr, steps, kind == "compile",
                                                        ac or None)
                         mins = ("compile_ms",) if kind == "compile" else ("gemm_floor_ms",)
                     if fig and who.startswith("gradc") and "gemm_select_ms" in fig:
@@ -560,9 +564,9 @@ def main():
                     table[key] = (new, None if new else err)
                     print(f"round {r + 1}: {name} threads={thr} {who}: {fig or err} (steal {100 * stolen:.1f}%)",
                           file=sys.stderr)
-        rows = [(name, thr, best.get(i, {})) for i, (name, model, defs, thr) in enumerate(cells)]
+        rows = [(name, thr, best.get(i, {})) for i, (name, model, defs, steps, thr) in enumerate(cells)]
         best_floor, prov_rows = {}, []
-        for i, (name, model, defs, thr) in enumerate(cells):
+        for i, (name, model, defs, steps, thr) in enumerate(cells):
             res = prov_best.get(i, {})
             floors = [(f["gemm_floor_ms"], p) for p, (f, _) in res.items() if f]
             if floors:
@@ -604,8 +608,9 @@ def main():
             f = next((best[i][who][0] for i in best if best[i].get(who, (None,))[0]), None)
             if f:
                 versions.append(f"{field} {f[field]}")
+        windows = ", ".join(f"{steps} for {name}" for name, _, _, steps in configs) or "none"
         head = (f"Machine: {cpu}.  Date: {date}.  Command: `{cmd}` "
-                f"({a.steps} timed windows after {a.warmup} warm-up, target {a.target}; best of {a.repeat} "
+                f"(timed windows: {windows}; each after {a.warmup} warm-up, target {a.target}; best of {a.repeat} "
                 f"runs per cell, in rounds over all cells).  Peers: {', '.join(versions) or 'none'}.  "
                 f"Load average before / after: {load0} / {load()}." + (" " + conditions if conditions else ""))
         if table:
