@@ -3,6 +3,7 @@
  * for zero bytes still returns a unique pointer.  Sizes a user controls
  * (dims, file headers) are checked against mem_limit before they get
  * here, so that what cannot fit is an error naming it, not an abort. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -44,19 +45,31 @@ bool mem_mul(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_over
 
 bool mem_add(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
+uint64_t mem_limit_of(const char *text) {
+  char *end;
+  errno = 0;
+  unsigned long long c = strtoull(text, &end, 10);
+  if (end == text || errno || (*end && *end != '\n' && *end != ' ') || text[0] == '-') return 0;
+  return c;
+}
+
+static uint64_t cgroup_memory(const char *dir, bool v2) {
+  char buf[64];
+  return cgroup_read(dir, v2 ? "memory.max" : "memory.limit_in_bytes", buf, sizeof buf) ? mem_limit_of(buf) : 0;
+}
+
+uint64_t mem_cgroup_limit(void) { return cgroup_least_limit("memory", cgroup_memory); }
+
 uint64_t mem_limit(void) {
   static uint64_t limit;
   if (limit) return limit;
   uint64_t m = UINT64_MAX;
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
   if (pages > 0 && size > 0) m = (uint64_t)pages * (uint64_t)size;
-  /* A container's memory limit (cgroup v2) when it is lower. */
-  FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
-  if (f) {
-    unsigned long long c;
-    if (fscanf(f, "%llu", &c) == 1 && c > 0 && c < m) m = c;
-    fclose(f);
-  }
+  /* A container's limit, when it is lower (v1 writes "no limit" as a
+   * number near 2^63). */
+  uint64_t c = mem_cgroup_limit();
+  if (c > 0 && c < m) m = c;
   limit = m;
   return m;
 }

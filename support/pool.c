@@ -120,73 +120,18 @@ int pool_quota_cpus_of(const char *quota, const char *period) {
   return n > 4096 ? 4096 : (int)n;
 }
 
-/* The file dir/name (malloc'd), or NULL. */
-static char *read_in(const char *dir, const char *name) {
-  char path[4352];
-  const char *why;
-  size_t len;
-  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return NULL;
-  return read_file(path, &len, &why);
-}
-
-/* The least limit on the cgroup directory root/rel and on its parents up
- * to root (a parent's limit applies to its children), 0 when none. */
-static int quota_up(const char *root, const char *rel, bool v2) {
-  char d[4096];
-  if (snprintf(d, sizeof d, "%s%s", root, rel) >= (int)sizeof d) return 0;
-  size_t top = strlen(root);
-  int best = 0;
-  for (;;) {
-    char *q = read_in(d, v2 ? "cpu.max" : "cpu.cfs_quota_us"), *per = v2 ? NULL : read_in(d, "cpu.cfs_period_us");
-    int n = pool_quota_cpus_of(q, per);
-    free(q);
-    free(per);
-    if (n > 0 && (best == 0 || n < best)) best = n;
-    char *slash = strrchr(d, '/');
-    if (!slash || (size_t)(slash - d) < top) return best;
-    *slash = '\0'; /* root/a/b -> root/a -> root */
-  }
-}
-
-/* Whether the comma-separated controller list ctl names "cpu". */
-static bool names_cpu(const char *ctl) {
-  for (const char *p = ctl; *p;) {
-    size_t n = strcspn(p, ",");
-    if (n == 3 && strncmp(p, "cpu", 3) == 0) return true;
-    p += n + (p[n] == ',');
-  }
-  return false;
+/* CPUs a CFS bandwidth limit on one cgroup directory leaves. */
+static uint64_t cgroup_cpus(const char *dir, bool v2) {
+  char q[128], per[64];
+  if (!cgroup_read(dir, v2 ? "cpu.max" : "cpu.cfs_quota_us", q, sizeof q)) return 0;
+  bool has_per = !v2 && cgroup_read(dir, "cpu.cfs_period_us", per, sizeof per);
+  return (uint64_t)pool_quota_cpus_of(q, has_per ? per : NULL);
 }
 
 /* CPUs a CFS bandwidth limit leaves this process (docker --cpus, a
  * Kubernetes CPU limit): ceil(quota / period) over its cgroup and the
- * cgroup's parents, v2 (cpu.max) or v1 (cpu.cfs_quota_us), 0 when none.
- * A container sees its own cgroup as the hierarchy's root: a path that is
- * not under the mount is read at the root. */
-static int quota_cpus(void) {
-  FILE *f = fopen("/proc/self/cgroup", "r");
-  if (!f) return 0;
-  char line[4096];
-  int best = 0;
-  while (fgets(line, sizeof line, f)) {
-    line[strcspn(line, "\n")] = '\0';
-    char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-    if (!c2) continue;
-    *c2 = '\0';
-    const char *ctl = c1 + 1, *rel = strcmp(c2 + 1, "/") == 0 ? "" : c2 + 1;
-    bool v2 = ctl[0] == '\0';
-    const char *root = v2 ? "/sys/fs/cgroup" : NULL;
-    if (!v2 && names_cpu(ctl))
-      root = access("/sys/fs/cgroup/cpu", F_OK) == 0 ? "/sys/fs/cgroup/cpu" : "/sys/fs/cgroup/cpu,cpuacct";
-    if (!root) continue;
-    char dir[4096];
-    if (snprintf(dir, sizeof dir, "%s%s", root, rel) >= (int)sizeof dir || access(dir, F_OK) != 0) rel = "";
-    int n = quota_up(root, rel, v2);
-    if (n > 0 && (best == 0 || n < best)) best = n;
-  }
-  fclose(f);
-  return best;
-}
+ * cgroup's parents, v2 (cpu.max) or v1 (cpu.cfs_quota_us), 0 when none. */
+static int quota_cpus(void) { return (int)cgroup_least_limit("cpu", cgroup_cpus); }
 
 /* The CPUs this process may run on: its affinity mask (taskset, a
  * container's cpuset, mpirun's binding), as OpenMP and PyTorch count them,

@@ -74,11 +74,29 @@ char *mem_strndup(const char *s, size_t n);
 bool mem_mul(uint64_t a, uint64_t b, uint64_t *out);
 bool mem_add(uint64_t a, uint64_t b, uint64_t *out);
 /* The most memory this process can hope for: the machine's physical
- * memory, or its cgroup's limit when that is lower (UINT64_MAX if unknown). */
+ * memory, or its cgroups' limit when that is lower (cgroup_least_limit:
+ * v2's memory.max, v1's memory.limit_in_bytes; UINT64_MAX if unknown). */
 uint64_t mem_limit(void);
+/* A cgroup memory limit's text as bytes: "max" (v2, none) and text that
+ * is not a number give 0. */
+uint64_t mem_limit_of(const char *text);
+/* The cgroups' memory limit alone, read now (mem_limit reads it once); 0 when none. */
+uint64_t mem_cgroup_limit(void);
 /* Whether bytes can fit in memory: else false, with "WHAT needs N bytes,
  * more than the M bytes of memory this machine has" in err. */
 bool mem_fits(const char *what, uint64_t bytes, char *err, size_t errlen);
+
+/* ------------------------------------------------------------------ */
+/* cgroup.c: a container's limits                                      */
+/* ------------------------------------------------------------------ */
+/* One controller's limit on the cgroup directory dir (v2: of the unified
+ * hierarchy), 0 when it sets none. */
+typedef uint64_t (*CgroupLimitFn)(const char *dir, bool v2);
+/* The least non-zero limit(dir) over this process's cgroup of controller
+ * ("cpu", "memory") and its parents, in v2 and in v1; 0 when none. */
+uint64_t cgroup_least_limit(const char *controller, CgroupLimitFn limit);
+/* The first line of dir/name, without its newline, into buf. */
+bool cgroup_read(const char *dir, const char *name, char *buf, size_t n);
 
 /* ------------------------------------------------------------------ */
 /* file.c: whole files                                                 */

@@ -2,6 +2,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -176,6 +179,60 @@ static void test_slice_indices_as_python(void **state) {
   assert_int_equal(slice_indices(10, &start, 2, 1), 0);
 }
 
+/* A cgroup memory limit's text: v2's memory.max ("max" or bytes), v1's
+ * memory.limit_in_bytes (bytes; "no limit" near 2^63). */
+static void test_mem_limit_of_reads_cgroup_text(void **state) {
+  (void)state;
+  assert_int_equal(mem_limit_of("max"), 0);
+  assert_int_equal(mem_limit_of("1073741824"), 1073741824ull);
+  assert_int_equal(mem_limit_of("268435456\n"), 268435456ull);
+  assert_true(mem_limit_of("9223372036854771712") == 9223372036854771712ull);
+  assert_int_equal(mem_limit_of(""), 0);
+  assert_int_equal(mem_limit_of("-1"), 0);
+  assert_int_equal(mem_limit_of("lots"), 0);
+  assert_int_equal(mem_limit_of("12x"), 0);
+}
+
+static bool put_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
+/* A process in a cgroup (v1's memory hierarchy, where this machine lets
+ * the test make one) whose parent has a 256 MiB limit sees it: the limit
+ * is read up the hierarchy, not at the root alone.  Skipped where cgroups
+ * cannot be made. */
+static void test_mem_limit_follows_a_cgroup(void **state) {
+  (void)state;
+  char top[128], inner[160], path[200];
+  snprintf(top, sizeof top, "/sys/fs/cgroup/memory/gradc-test-%d", (int)getpid());
+  snprintf(inner, sizeof inner, "%s/inner", top);
+  if (mkdir(top, 0755) != 0) {
+    print_message("note: skipped: cannot make a v1 memory cgroup here\n");
+    return;
+  }
+  snprintf(path, sizeof path, "%s/memory.limit_in_bytes", top);
+  bool ok = put_text(path, "268435456") && mkdir(inner, 0755) == 0;
+  int got = -1;
+  if (ok) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      char procs[200], me[32];
+      snprintf(procs, sizeof procs, "%s/cgroup.procs", inner);
+      snprintf(me, sizeof me, "%d", (int)getpid());
+      _exit(!put_text(procs, me) ? 255 : mem_cgroup_limit() == 268435456ull ? 1 : 0);
+    }
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) got = WEXITSTATUS(status);
+  }
+  rmdir(inner);
+  rmdir(top);
+  assert_true(ok);
+  assert_int_equal(got, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arena_alloc_zeroed_and_aligned),
@@ -187,6 +244,8 @@ int main(void) {
       cmocka_unit_test(test_cache_round_trip_and_corruption),
       cmocka_unit_test(test_write_file_atomic_parts_and_failure),
       cmocka_unit_test(test_mem_helpers_never_return_null),
+      cmocka_unit_test(test_mem_limit_of_reads_cgroup_text),
+      cmocka_unit_test(test_mem_limit_follows_a_cgroup),
       cmocka_unit_test(test_slice_indices_as_python),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
