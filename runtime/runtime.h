@@ -61,7 +61,7 @@ int64_t st_numel(const StTensor *t);
 typedef struct InterpCountPlan InterpCountPlan;
 typedef struct InterpOptions {
   bool exact_f64;
-  const InterpCountPlan *count; /* the count phase's plan (interp_count_plan_new); NULL: found each run */
+  const InterpCountPlan *count; /* f's count phase (interp_count_plan_new(f)); NULL: found each run */
 } InterpOptions;
 
 typedef enum {
