@@ -18,8 +18,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "passes/passes.h"
@@ -683,44 +681,16 @@ static void test_pool_reads_cpu_quotas(void **state) {
   assert_int_equal(pool_quota_cpus_of(NULL, "100000"), 0);
 }
 
-static bool write_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  if (!f) return false;
-  bool ok = fputs(text, f) >= 0;
-  return fclose(f) == 0 && ok;
-}
+static int child_pool_cores(void) { return pool_ncores(); }
 
 /* A process in a cgroup (v1's cpu hierarchy, where this machine lets the
  * test make one) whose parent has a one-CPU quota gets a pool of one: the
  * limit is read up the hierarchy.  Skipped where cgroups cannot be made. */
 static void test_pool_follows_a_cgroup_quota(void **state) {
   (void)state;
-  char top[128], inner[160], path[200];
-  snprintf(top, sizeof top, "/sys/fs/cgroup/cpu/gradc-test-%d", (int)getpid());
-  snprintf(inner, sizeof inner, "%s/inner", top);
-  if (mkdir(top, 0755) != 0) {
-    print_message("note: skipped: cannot make a v1 cpu cgroup here\n");
-    return;
-  }
-  snprintf(path, sizeof path, "%s/cpu.cfs_period_us", top);
-  bool ok = write_file(path, "100000");
-  snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", top);
-  ok = ok && write_file(path, "100000") && mkdir(inner, 0755) == 0;
-  int got = -1;
-  if (ok) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      char procs[200], me[32];
-      snprintf(procs, sizeof procs, "%s/cgroup.procs", inner);
-      snprintf(me, sizeof me, "%d", (int)getpid());
-      _exit(write_file(procs, me) ? pool_ncores() : 255);
-    }
-    int status = 0;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) got = WEXITSTATUS(status);
-  }
-  rmdir(inner);
-  rmdir(top);
-  assert_true(ok);
+  const char *files[] = {"cpu.cfs_period_us", "cpu.cfs_quota_us"}, *texts[] = {"100000", "100000"};
+  int got = tu_in_cgroup("cpu", files, texts, 2, child_pool_cores);
+  if (got == -1) return;
   assert_int_equal(got, 1);
 }
 

@@ -2,9 +2,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "testutil.h"
 
@@ -193,12 +190,7 @@ static void test_mem_limit_of_reads_cgroup_text(void **state) {
   assert_int_equal(mem_limit_of("12x"), 0);
 }
 
-static bool put_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  if (!f) return false;
-  bool ok = fputs(text, f) >= 0;
-  return fclose(f) == 0 && ok;
-}
+static int child_sees_256_mib(void) { return mem_cgroup_limit() == 268435456ull; }
 
 /* A process in a cgroup (v1's memory hierarchy, where this machine lets
  * the test make one) whose parent has a 256 MiB limit sees it: the limit
@@ -206,30 +198,9 @@ static bool put_text(const char *path, const char *text) {
  * cannot be made. */
 static void test_mem_limit_follows_a_cgroup(void **state) {
   (void)state;
-  char top[128], inner[160], path[200];
-  snprintf(top, sizeof top, "/sys/fs/cgroup/memory/gradc-test-%d", (int)getpid());
-  snprintf(inner, sizeof inner, "%s/inner", top);
-  if (mkdir(top, 0755) != 0) {
-    print_message("note: skipped: cannot make a v1 memory cgroup here\n");
-    return;
-  }
-  snprintf(path, sizeof path, "%s/memory.limit_in_bytes", top);
-  bool ok = put_text(path, "268435456") && mkdir(inner, 0755) == 0;
-  int got = -1;
-  if (ok) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      char procs[200], me[32];
-      snprintf(procs, sizeof procs, "%s/cgroup.procs", inner);
-      snprintf(me, sizeof me, "%d", (int)getpid());
-      _exit(!put_text(procs, me) ? 255 : mem_cgroup_limit() == 268435456ull ? 1 : 0);
-    }
-    int status = 0;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) got = WEXITSTATUS(status);
-  }
-  rmdir(inner);
-  rmdir(top);
-  assert_true(ok);
+  const char *files[] = {"memory.limit_in_bytes"}, *texts[] = {"268435456"};
+  int got = tu_in_cgroup("memory", files, texts, 1, child_sees_256_mib);
+  if (got == -1) return;
   assert_int_equal(got, 1);
 }
 

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,4 +98,44 @@ void tu_gradc(const char *fmt, ...) {
 void tu_rm_rf(const char *dir) {
   char out[64];
   tu_sh(out, sizeof out, "rm -rf %s", dir);
+}
+
+static bool put_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
+int tu_in_cgroup(const char *hierarchy, const char *const *files, const char *const *texts, int nfiles,
+                 int (*child)(void)) {
+  char top[160], inner[192], path[256];
+  snprintf(top, sizeof top, "/sys/fs/cgroup/%s/gradc-test-%d", hierarchy, (int)getpid());
+  snprintf(inner, sizeof inner, "%s/inner", top);
+  if (mkdir(top, 0755) != 0) {
+    print_message("note: skipped: cannot make a v1 %s cgroup here\n", hierarchy);
+    return -1;
+  }
+  bool ok = true;
+  for (int i = 0; ok && i < nfiles; i++) {
+    snprintf(path, sizeof path, "%s/%s", top, files[i]);
+    ok = put_text(path, texts[i]);
+  }
+  ok = ok && mkdir(inner, 0755) == 0;
+  int got = -2;
+  if (ok) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      char me[32];
+      snprintf(path, sizeof path, "%s/cgroup.procs", inner);
+      snprintf(me, sizeof me, "%d", (int)getpid());
+      _exit(put_text(path, me) ? child() : 255);
+    }
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) != 255)
+      got = WEXITSTATUS(status);
+  }
+  rmdir(inner);
+  rmdir(top);
+  return got;
 }

@@ -32,5 +32,13 @@ int tu_sh_err(char *out, size_t n, char *err, size_t m, const char *fmt, ...) GR
 void tu_gradc(const char *fmt, ...) GRADC_PRINTF(1, 2);
 /* Remove the directory dir and everything in it (a test's scratch files). */
 void tu_rm_rf(const char *dir);
+/* In cgroup v1's hierarchy at /sys/fs/cgroup/HIERARCHY: a cgroup whose
+ * files get the given texts (files[i] = texts[i]) and a child cgroup
+ * without any; a child process moved into the inner one runs child() and
+ * exits with what it returns (0-254).  Returns that status; -1 (with a
+ * note) where this machine does not let the test make cgroups, -2 when
+ * the set-up failed after the cgroup was made. */
+int tu_in_cgroup(const char *hierarchy, const char *const *files, const char *const *texts, int nfiles,
+                 int (*child)(void));
 
 #endif
