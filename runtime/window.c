@@ -350,9 +350,10 @@ bool step_window_sums(const IrFunc *f, int gas, double *const *data, double **ws
     if (ok) interp_free(&st);
   }
   free(args);
-  interp_count_plan_free(own);
   /* Data-parallel: the window is every rank's micro-batches. */
-  return ok && step_dp_reduce_sums(f, wsum, err, errlen);
+  ok = ok && step_dp_reduce_sums(plan, wsum, err, errlen);
+  interp_count_plan_free(own);
+  return ok;
 }
 
 

@@ -246,7 +246,7 @@ int step_dp_size(void);
 int step_dp_rank(void);
 /* Point bound[i] of each batched input at this rank's slice. */
 void step_dp_slice(const IrFunc *f, const StTensor **bound);
-/* All-reduce the window.sum results (wsum[value id]) over the ranks. */
-bool step_dp_reduce_sums(const IrFunc *f, double **wsum, char *err, size_t n);
+/* All-reduce the window.sum results (wsum[value id] of count's sums) over the ranks. */
+bool step_dp_reduce_sums(const InterpCountPlan *count, double **wsum, char *err, size_t n);
 
 #endif

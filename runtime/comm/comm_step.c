@@ -96,29 +96,26 @@ void step_dp_slice(const IrFunc *f, const StTensor **bound) {
   }
 }
 
-bool step_dp_reduce_sums(const IrFunc *f, double **wsum, char *err, size_t n) {
+bool step_dp_reduce_sums(const InterpCountPlan *count, double **wsum, char *err, size_t n) {
   if (step_dp_size() == 1) return true;
   int64_t total = 0;
-  for (int i = 0; i < f->nops; i++)
-    if (f->ops[i]->opcode == IR_OP_WINDOW_SUM) total += ir_numel(&f->ops[i]->result->type.shape);
+  for (int i = 0; i < count->nsums; i++) total += ir_numel(&count->sums[i]->result->type.shape);
   if (total == 0) return true;
   /* One all-reduce for every window sum, packed in op order. */
   double *buf = mem_calloc((size_t)total, sizeof(double));
   int64_t k = 0;
-  for (int i = 0; i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_WINDOW_SUM) continue;
-    int64_t m = ir_numel(&op->result->type.shape);
-    memcpy(buf + k, wsum[op->result->id], sizeof(double) * (size_t)m);
+  for (int i = 0; i < count->nsums; i++) {
+    const IrValue *r = count->sums[i]->result;
+    int64_t m = ir_numel(&r->type.shape);
+    memcpy(buf + k, wsum[r->id], sizeof(double) * (size_t)m);
     k += m;
   }
   bool ok = comm_all_reduce(current->g, buf, buf, total, COMM_F64, COMM_SUM, hash_str("window.sum"), err, n);
   k = 0;
-  for (int i = 0; ok && i < f->nops; i++) {
-    const IrOp *op = f->ops[i];
-    if (op->opcode != IR_OP_WINDOW_SUM) continue;
-    int64_t m = ir_numel(&op->result->type.shape);
-    memcpy(wsum[op->result->id], buf + k, sizeof(double) * (size_t)m);
+  for (int i = 0; ok && i < count->nsums; i++) {
+    const IrValue *r = count->sums[i]->result;
+    int64_t m = ir_numel(&r->type.shape);
+    memcpy(wsum[r->id], buf + k, sizeof(double) * (size_t)m);
     k += m;
   }
   free(buf);
