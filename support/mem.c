@@ -3,6 +3,7 @@
  * for zero bytes still returns a unique pointer.  Sizes a user controls
  * (dims, file headers) are checked against mem_limit before they get
  * here, so that what cannot fit is an error naming it, not an abort. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,10 +47,12 @@ bool mem_mul(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_over
 bool mem_add(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
 uint64_t mem_limit_of(const char *text) {
+  /* Digits first: strtoull would skip blanks and negate a '-' after them. */
+  if (!isdigit((unsigned char)text[0])) return 0;
   char *end;
   errno = 0;
   unsigned long long c = strtoull(text, &end, 10);
-  if (end == text || errno || (*end && *end != '\n' && *end != ' ') || text[0] == '-') return 0;
+  if (errno || (*end && *end != '\n' && *end != ' ')) return 0;
   return c;
 }
 

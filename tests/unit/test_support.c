@@ -186,6 +186,8 @@ static void test_mem_limit_of_reads_cgroup_text(void **state) {
   assert_true(mem_limit_of("9223372036854771712") == 9223372036854771712ull);
   assert_int_equal(mem_limit_of(""), 0);
   assert_int_equal(mem_limit_of("-1"), 0);
+  assert_int_equal(mem_limit_of(" -1"), 0); /* strtoull alone reads 2^64 - 1 */
+  assert_int_equal(mem_limit_of(" 4096"), 0);
   assert_int_equal(mem_limit_of("lots"), 0);
   assert_int_equal(mem_limit_of("12x"), 0);
 }
