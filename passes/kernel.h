@@ -360,16 +360,25 @@ typedef struct KpBmm {
   int64_t aoff, boff, coff;
   int64_t am, ak, bk, bn, cm, cn;
   bool acc; /* C is (in) a gradient buffer: the product is added to it */
+  /* Where the matrices of A and B are known to hold zeros (KP_ZERO_*),
+   * as the kernel reads them: its sum over k skips them, whole register
+   * tiles at a time (a causal attention's P v, P^T dO, dS k, q^T dS). */
+  unsigned azero, bzero;
 } KpBmm;
+#define KP_ZERO_LOWER 1u /* zero where the column index exceeds the row's (a causal softmax) */
+#define KP_ZERO_UPPER 2u /* zero where it is below (the transpose of one) */
 #define KP_BMM_MAX_MACS 131072  /* multiply-adds per matrix of a batch at most */
+#define KP_BMM_MAX_MACS_ZEROS 67108864 /* ... where an operand has known zeros (T 1024, 64 wide heads) */
 #define KP_BMM_MAX_PANEL 16384  /* floats of B's packed panel (K x N rounded up to 16) at most */
 #define KP_SKINNY 16            /* N or K of a single product at most */
 /* Whether the CPU generates op (a matmul) as such a kernel, and its plan:
  * f32 operands and result, B's panel (unless B's rows are whole vectors
  * of 16) at most KP_BMM_MAX_PANEL floats, and either
  *   - a batch of at least two matrices of at most KP_BMM_MAX_MACS
- *     multiply-adds each, C unit-strided along its rows or its columns
- *     (then C^T = B^T A^T is planned: cn 1), or
+ *     multiply-adds each (KP_BMM_MAX_MACS_ZEROS where A or B has known
+ *     zeros: a causal softmax's products, half of whose terms the kernel
+ *     skips), C unit-strided along its rows or its columns (then C^T =
+ *     B^T A^T is planned: cn 1), or
  *   - a single product (both operands rank 2) whose sum runs over at most
  *     KP_SKINNY (K: the product is its stores; not into a gradient
  *     buffer, which a GEMM stores first), or with at most KP_SKINNY

@@ -10,8 +10,10 @@
  * as badly: 18-49 GFLOP/s.  So the CPU back end generates these products
  * itself, reading the views directly.  This file decides which matmuls
  * qualify and derives their strides from the same views the executor's
- * GEMMs use; codegen/llvm/llvm_bmm.c emits the kernel and
- * runtime/cpu/exec.c runs it in place of the GEMM. */
+ * GEMMs use, and which operands are known to be zero on one side of
+ * the diagonal (a causal attention's), whose terms the kernel skips;
+ * codegen/llvm/llvm_bmm.c emits the kernel and runtime/cpu/exec.c runs
+ * it in place of the GEMM. */
 #include <string.h>
 
 #include "kernel.h"
@@ -30,9 +32,77 @@ static int64_t batch_stride(const KpView *x, int nbatch, int d) {
   return a >= 0 && x->shape.dim[a] != 1 ? x->stride[a] : 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* Known zeros                                                         */
+/* ------------------------------------------------------------------ */
+
+/* Where the matrices of v (its last two axes) are known to hold zeros
+ * (KP_ZERO_* bits), from the ops that make it:
+ *   - softmax over the last axis of causal_mask(x): e^-inf is 0 above the
+ *     diagonal (the CPU's exp returns exactly 0 there, as the
+ *     interpreter's does);
+ *   - a constant 0: everywhere;
+ *   - mul: the zeros of either operand, select and add/sub/neg/cast the
+ *     zeros both (all) operands share; an operand broadcast along the
+ *     matrix axes brings none;
+ *   - a permute swapping the last two axes swaps lower and upper, one
+ *     keeping them keeps them, a reshape keeping them keeps them.
+ * mul's rule takes 0 * x as 0, so a product that skips such zeros
+ * differs from the full one only where the other operand holds an inf
+ * or a NaN (0 * inf is NaN).  The walk stops after `depth` ops. */
+static unsigned known_zeros(const IrValue *v, int depth);
+
+static unsigned flip_zeros(unsigned z) { return (z & KP_ZERO_LOWER) << 1 | (z & KP_ZERO_UPPER) >> 1; }
+
+/* The zeros operand x brings to a result of shape r: none where x is
+ * broadcast along the matrix axes (a zero constant is zero everywhere). */
+static unsigned operand_zeros(const IrValue *x, const IrShape *r, int depth) {
+  const IrShape *s = &x->type.shape;
+  bool whole = s->rank >= 2 && s->dim[s->rank - 1] == r->dim[r->rank - 1] && s->dim[s->rank - 2] == r->dim[r->rank - 2];
+  bool zero = x->def && x->def->opcode == IR_OP_CONST && ir_attr_get_float(x->def, "value", 1.0) == 0.0;
+  if (zero) return KP_ZERO_LOWER | KP_ZERO_UPPER;
+  return whole ? known_zeros(x, depth) : 0;
+}
+
+static unsigned known_zeros(const IrValue *v, int depth) {
+  const IrOp *d = v->def;
+  const IrShape *s = &v->type.shape;
+  if (!d || depth <= 0 || s->rank < 2 || !ir_dtype_is_float(v->type.dtype)) return 0;
+  const int r = s->rank;
+  const IrOpcode op = d->opcode;
+  if (op == IR_OP_CONST) return ir_attr_get_float(d, "value", 1.0) == 0.0 ? KP_ZERO_LOWER | KP_ZERO_UPPER : 0;
+  if (op == IR_OP_SOFTMAX) {
+    int64_t axis = ir_attr_get_int(d, "axis", -1);
+    const IrValue *x = d->args[0];
+    return (axis == r - 1 || axis == -1) && x->def && x->def->opcode == IR_OP_CAUSAL_MASK ? KP_ZERO_LOWER : 0;
+  }
+  if (op == IR_OP_MUL) return operand_zeros(d->args[0], s, depth - 1) | operand_zeros(d->args[1], s, depth - 1);
+  if (op == IR_OP_SELECT) return operand_zeros(d->args[1], s, depth - 1) & operand_zeros(d->args[2], s, depth - 1);
+  if (op == IR_OP_ADD || op == IR_OP_SUB)
+    return operand_zeros(d->args[0], s, depth - 1) & operand_zeros(d->args[1], s, depth - 1);
+  if (op == IR_OP_NEG || op == IR_OP_CAST) return operand_zeros(d->args[0], s, depth - 1);
+  if (op == IR_OP_PERMUTE) {
+    const int64_t *perm;
+    if (ir_attr_get_ints(d, "perm", &perm) != r) return 0;
+    unsigned z = known_zeros(d->args[0], depth - 1);
+    if (perm[r - 2] == r - 2 && perm[r - 1] == r - 1) return z;
+    if (perm[r - 2] == r - 1 && perm[r - 1] == r - 2) return flip_zeros(z);
+    return 0;
+  }
+  if (op == IR_OP_RESHAPE) {
+    const IrShape *x = &d->args[0]->type.shape;
+    bool keeps = x->rank >= 2 && x->dim[x->rank - 1] == s->dim[r - 1] && x->dim[x->rank - 2] == s->dim[r - 2];
+    return keeps ? known_zeros(d->args[0], depth - 1) : 0;
+  }
+  return 0;
+}
+
+#define ZEROS_DEPTH 8 /* a causal attention's dS is 5 ops from its softmax */
+
 /* p as C^T = B^T A^T. */
 static void transpose(KpBmm *p) {
   KpBmm t = *p;
+  p->azero = flip_zeros(t.bzero), p->bzero = flip_zeros(t.azero);
   p->M = t.N, p->N = t.M;
   p->a = t.b, p->b = t.a;
   p->aoff = t.boff, p->boff = t.aoff;
@@ -64,9 +134,11 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   out->N = vb.shape.dim[rb - 1];
   if (vb.shape.dim[rb - 2] != out->K || vc.shape.dim[rc - 2] != out->M || vc.shape.dim[rc - 1] != out->N) return false;
   if (out->M < 1 || out->N < 1 || out->K < 1) return false;
-  if (!single && (out->M > KP_BMM_MAX_MACS || out->N > KP_BMM_MAX_MACS || out->K > KP_BMM_MAX_MACS ||
-                  out->M * out->N * out->K > KP_BMM_MAX_MACS)) /* (each first: no overflow) */
-    return false;
+  out->azero = known_zeros(A, ZEROS_DEPTH);
+  out->bzero = known_zeros(B, ZEROS_DEPTH);
+  int64_t most = out->azero || out->bzero ? KP_BMM_MAX_MACS_ZEROS : KP_BMM_MAX_MACS;
+  if (!single && (out->M > most || out->N > most || out->K > most || out->M * out->N * out->K > most))
+    return false; /* (each first: no overflow) */
   out->nbatch = rc - 2;
   out->nb = 1;
   for (int d = 0; d < out->nbatch; d++) {

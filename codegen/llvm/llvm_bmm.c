@@ -13,7 +13,8 @@
  * register tiles of MR rows by NT vectors: for each k, NT vector loads of
  * the panel's row k, MR broadcasts of A(i, k) and MR x NT multiply-adds,
  * the tile stored once after its K steps (added to C where C is a
- * gradient buffer).  A is read one element at a time, so any strides
+ * gradient buffer); where A or B has known zeros (a causal softmax's),
+ * a tile's k run only over the terms that can be nonzero.  A is read one element at a time, so any strides
  * serve (a transposed A included); the panel takes any strides of B, and
  * C any strides (C^T's rows down C's columns stored as scatters).
  * The sum over k runs in order with one rounding a step (a fused
@@ -116,6 +117,35 @@ static void store_lanes(Gen *g, const Bmm *m, LLVMValueRef ptr, LLVMValueRef y, 
   gen_intrinsic(g, unit ? "llvm.masked.store" : "llvm.masked.scatter", over, 2, sa, 4);
 }
 
+static LLVMValueRef imin(Gen *g, LLVMValueRef x, LLVMValueRef y) {
+  LLVMValueRef args[2] = {x, y};
+  return gen_intrinsic(g, "llvm.smin", &g->t_i64, 1, args, 2);
+}
+
+static LLVMValueRef imax(Gen *g, LLVMValueRef x, LLVMValueRef y) {
+  LLVMValueRef args[2] = {x, y};
+  return gen_intrinsic(g, "llvm.smax", &g->t_i64, 1, args, 2);
+}
+
+/* The k that the tile at rows [m0, m0 + rows), columns [n0, n0 + nv
+ * vectors) sums over: all of K, less where A's or B's known zeros
+ * (kernel.h's KP_ZERO_*) make every term of the tile 0.  A zero where
+ * k > i (a causal P) ends the sum at the tile's last row, one where k < i
+ * starts it at the first; in B (rows k, columns j) a zero where j > k
+ * starts it at the first column, one where j < k ends it at the last.
+ * A causal attention's P v then does (1 + 2 + ... + n) / n^2 of the
+ * multiply-adds over its n row tiles. */
+static void k_range(Gen *g, const Bmm *m, LLVMValueRef m0, int rows, LLVMValueRef n0, int nv, LLVMValueRef *lo,
+                    LLVMValueRef *hi) {
+  const KpBmm *p = m->p;
+  *lo = gen_i64(g, 0);
+  *hi = gen_i64(g, p->K);
+  if (p->azero & KP_ZERO_LOWER) *hi = imin(g, *hi, add(g, m0, gen_i64(g, rows)));
+  if (p->azero & KP_ZERO_UPPER) *lo = imax(g, *lo, m0);
+  if (p->bzero & KP_ZERO_LOWER) *lo = imax(g, *lo, n0);
+  if (p->bzero & KP_ZERO_UPPER) *hi = imin(g, *hi, add(g, n0, gen_i64(g, (int64_t)nv * m->vl)));
+}
+
 /* One register tile: rows [m0, m0 + rows) of C, nv vectors from column n0
  * on, the last of them holding only `tail` columns (vl when whole). */
 static void emit_tile(Gen *g, const Bmm *m, LLVMValueRef m0, int rows, LLVMValueRef n0, int nv, int tail) {
@@ -128,8 +158,10 @@ static void emit_tile(Gen *g, const Bmm *m, LLVMValueRef m0, int rows, LLVMValue
       gen_acc_set(g, acc[r][v], zero);
     }
   LLVMValueRef arow = mul(g, m0, p->am);
+  LLVMValueRef klo, khi;
+  k_range(g, m, m0, rows, n0, nv, &klo, &khi);
   GenLoop k;
-  gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, p->K), "k");
+  gen_loop_begin(g, &k, klo, khi, "k");
   LLVMValueRef bv[BMM_MAX_VECS];
   LLVMValueRef brow = add(g, mul(g, k.iv, m->bk), n0);
   for (int v = 0; v < nv; v++) {

@@ -9,7 +9,8 @@
  * range of the gradient buffer), bias gradients summed as column sums
  * inside the kernels of their operands, attention's heads read and
  * written through strided views (by generated kernels in f32, by GEMMs
- * in f64), and small batched products as generated kernels.  Every loss and gradient equals
+ * in f64), small batched products as generated kernels, and the products
+ * of a causal softmax skipping its zeros.  Every loss and gradient equals
  * step_run_ref's within 1e-5 relative (f32) or 1e-12 (f64), at 1 to 4
  * threads (the stacked and attention cases at 1 and 3), K = 1 and 3. */
 #include <math.h>
@@ -526,6 +527,77 @@ static void test_cpu_bmm_kernels(void **state) {
   run_model_case(&(ModelCase){"bmm", bmm_src, 1, 41, check_bmm});
 }
 
+/* Products of a causal softmax P, its transpose and their gradients
+ * (kernel_bmm.c's known zeros): P x and P^T x (A zero above or below the
+ * diagonal), z P and z P^T (B), and backward the same four kinds against
+ * dS (zero above the diagonal after the mask's gradient) and P.  40 rows
+ * are 4 tiles of 10, 40 columns a tile of 32 and one of 8, so every kind
+ * of bound (a sum ending at a tile's last row or column, or starting at
+ * its first) is taken with tiles that cut the diagonal and tiles that
+ * miss it; the results against the interpreter show that the terms the
+ * kernels skip are 0. */
+static const char causal_src[] =
+    "model causal {\n"
+    "  batch B = 3\n"
+    "  dim T = 40\n"
+    "  input s : f32[B, 2, T, T]\n"
+    "  input xin : f32[B, 2, T, 24]\n"
+    "  input zin : f32[B, 2, 24, T]\n"
+    "  input w1 : f32[B, 2, T, 24]\n"
+    "  input w3 : f32[B, 2, 24, T]\n"
+    "  param g : f32[2, T, T] init normal(1, 0.5)\n"
+    "  param mx : f32[24] init normal(1, 0.3)\n"
+    "  param mz : f32[T] init normal(1, 0.3)\n"
+    "  P = softmax(causal_mask(s * g), axis=-1)\n"
+    "  x = xin * mx\n"
+    "  z = zin * mz\n"
+    "  Pt = transpose(P, -2, -1)\n"
+    "  loss l = sum((P @ x) * w1) + sum((Pt @ x) * w1) + sum((z @ P) * w3) + sum((z @ Pt) * w3)\n"
+    "}\n";
+
+/* Every matmul of f the CPU generates, by the known zeros of its plan:
+ * n[0] none, n[1] some in A, n[2] some in B. */
+static void count_zeros(const IrFunc *f, int n[3]) {
+  KpViews vs;
+  kp_views_find(f, plan_in_group0, NULL, &vs);
+  n[0] = n[1] = n[2] = 0;
+  for (int i = 0; i < f->nops; i++) {
+    KpBmm p;
+    if (!kp_bmm_plan(&vs, f->ops[i], &p)) continue;
+    assert_false(p.azero && p.bzero); /* no product here has two triangular operands */
+    n[p.azero ? 1 : p.bzero ? 2 : 0]++;
+  }
+  kp_views_free(&vs);
+}
+
+static void check_causal(IrFunc *f) {
+  int n[3];
+  count_zeros(f, n);
+  bool f64 = false;
+  for (int i = 0; i < f->nargs; i++) f64 |= f->args[i]->type.dtype == IR_DT_F64;
+  if (f64) { /* GEMMs, not kernels */
+    assert_int_equal(n[0] + n[1] + n[2], 0);
+    return;
+  }
+  /* the four forward products and x's and z's gradients (P^T dy1, P dy2,
+   * dy3 P^T, dy4 P) skip zeros; P's gradients (dy1 x^T, ...) do not */
+  assert_int_equal(n[1] + n[2], 8);
+  assert_true(n[1] >= 2 && n[2] >= 2);
+}
+
+static void test_cpu_causal_products(void **state) {
+  (void)state;
+  run_model_case(&(ModelCase){"causal", causal_src, 2, 47, check_causal});
+  /* attention: att v, dv = P^T dO, dq = dS k and dk = q^T dS skip zeros;
+   * q k^T and dO v^T do not */
+  FeModel *m = planned_model("attention.gdl", attention_src, 1);
+  int n[3];
+  count_zeros(m->func, n);
+  assert_int_equal(n[1] + n[2], 4);
+  assert_int_equal(n[0], 2);
+  fe_model_free(m);
+}
+
 /* Single products a BLAS runs far below its speed, as generated kernels
  * (kernel_bmm.c): sums over a few k (u @ E, K = 5; dh = dlogits W2^T,
  * K = 10, B transposed; dr v^T, K = 1) and the classifier's weight
@@ -838,6 +910,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_colsums),
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_bmm_kernels),
+      cmocka_unit_test(test_cpu_causal_products),
       cmocka_unit_test(test_cpu_skinny_products),
       cmocka_unit_test(test_cpu_unslice_fallback),
       cmocka_unit_test(test_cpu_write_over),
