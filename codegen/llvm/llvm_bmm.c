@@ -14,8 +14,9 @@
  * the panel's row k, MR broadcasts of A(i, k) and MR x NT multiply-adds,
  * the tile stored once after its K steps (added to C where C is a
  * gradient buffer); where A or B has known zeros (a causal softmax's),
- * a tile's k run only over the terms that can be nonzero.  A is read one element at a time, so any strides
- * serve (a transposed A included); the panel takes any strides of B, and
+ * a tile's sum over k runs only over the terms that can be nonzero.  A
+ * is read one element at a time, so any strides serve (a transposed A
+ * included); the panel takes any strides of B, and
  * C any strides (C^T's rows down C's columns stored as scatters).
  * The sum over k runs in order with one rounding a step (a fused
  * multiply-add where the CPU has one), as a BLAS does, not in the
