@@ -54,13 +54,16 @@ static unsigned known_zeros(const IrValue *v, int depth);
 
 static unsigned flip_zeros(unsigned z) { return (z & KP_ZERO_LOWER) << 1 | (z & KP_ZERO_UPPER) >> 1; }
 
+static bool zero_const(const IrValue *x) {
+  return x->def && x->def->opcode == IR_OP_CONST && ir_attr_get_float(x->def, "value", 1.0) == 0.0;
+}
+
 /* The zeros operand x brings to a result of shape r: none where x is
  * broadcast along the matrix axes (a zero constant is zero everywhere). */
 static unsigned operand_zeros(const IrValue *x, const IrShape *r, int depth) {
   const IrShape *s = &x->type.shape;
   bool whole = s->rank >= 2 && s->dim[s->rank - 1] == r->dim[r->rank - 1] && s->dim[s->rank - 2] == r->dim[r->rank - 2];
-  bool zero = x->def && x->def->opcode == IR_OP_CONST && ir_attr_get_float(x->def, "value", 1.0) == 0.0;
-  if (zero) return KP_ZERO_LOWER | KP_ZERO_UPPER;
+  if (zero_const(x)) return KP_ZERO_LOWER | KP_ZERO_UPPER;
   return whole ? known_zeros(x, depth) : 0;
 }
 
@@ -70,7 +73,7 @@ static unsigned known_zeros(const IrValue *v, int depth) {
   if (!d || depth <= 0 || s->rank < 2 || !ir_dtype_is_float(v->type.dtype)) return 0;
   const int r = s->rank;
   const IrOpcode op = d->opcode;
-  if (op == IR_OP_CONST) return ir_attr_get_float(d, "value", 1.0) == 0.0 ? KP_ZERO_LOWER | KP_ZERO_UPPER : 0;
+  if (op == IR_OP_CONST) return zero_const(v) ? KP_ZERO_LOWER | KP_ZERO_UPPER : 0;
   if (op == IR_OP_SOFTMAX) {
     int64_t axis = ir_attr_get_int(d, "axis", -1);
     const IrValue *x = d->args[0];
