@@ -4,7 +4,8 @@
  * and `memplan`) into native code through the LLVM C API: one LLVM
  * function per kernel, optimised with LLVMRunPasses("default<O3>"), emitted
  * as object code and loaded with ORC LLJIT.  A kernel addresses all its
- * data through the arena base pointer and constant offsets. */
+ * data through the arena base pointer and constant offsets, or offsets
+ * from a table where kernels that differ only in them share one code. */
 #ifndef GRADC_CODEGEN_H
 #define GRADC_CODEGEN_H
 
@@ -14,14 +15,15 @@
 /* A compiled kernel: processes its iterations [begin, end) (its outer,
  * parallel loop: rows, blocks, ...); the executor splits [0, iters) across
  * threads.  The arena is the step's single buffer (IrFunc.arena_size). */
-typedef void (*CgKernelFn)(char *arena, int64_t begin, int64_t end);
+typedef void (*CgKernelFn)(char *arena, int64_t begin, int64_t end, const int64_t *offs);
 
 typedef struct CgKernel {
-  int group;        /* the IrOp.group it implements */
-  const char *name; /* e.g. "k7_layer_norm_gelu" (also the symbol name) */
-  CgKernelFn fn;
-  int64_t iters;    /* number of parallel iterations */
-  int64_t cost;     /* rough work per iteration (elements touched), for splitting */
+  int group;           /* the IrOp.group it implements */
+  const char *name;    /* e.g. "k7_layer_norm_gelu" (the symbol of code it alone runs) */
+  CgKernelFn fn;       /* called as fn(arena, begin, end, offs) */
+  const int64_t *offs; /* its buffers' offsets where fn is code kernels share, else NULL */
+  int64_t iters;       /* number of parallel iterations */
+  int64_t cost;        /* rough work per iteration (elements touched), for splitting */
 } CgKernel;
 
 typedef struct CgOptions {

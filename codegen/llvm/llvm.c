@@ -1,9 +1,10 @@
 /* llvm.c - the CPU back end's driver (DESIGN.md §6, docs/BACKEND.md):
  * every kernel of a planned function becomes one LLVM function
  *
- *   void kN_<ops>(ptr arena, i64 begin, i64 end)
+ *   void kN_<ops>(ptr arena, i64 begin, i64 end, ptr offs)
  *
- * in one module, emitted by llvm_row.c (row kernels) or llvm_loop.c (one
+ * (kernels whose code differs only in their buffers' offsets share one,
+ * body<N>, given the offsets in offs: emit_body) in one module, emitted by llvm_row.c (row kernels) or llvm_loop.c (one
  * op in a general loop nest); the module is optimised for the host CPU
  * with LLVMRunPasses("default<O3>"), emitted as object code with
  * LLVMTargetMachineEmitToMemoryBuffer (without loop strength reduction:
@@ -52,7 +53,7 @@ struct CgModule {
   int nbmm, first_bmm;
   char *obj;         /* the object file (malloc'd) */
   size_t objlen;
-  Arena names;
+  Arena names; /* the kernels' names and offset tables */
   bool from_cache;
 };
 
@@ -434,15 +435,28 @@ static void prefer_wide_vectors(Gen *g, LLVMValueRef fn) {
   LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex, a);
 }
 
-/* The body of kernel ki: the kernel itself (void name(arena, begin, end),
- * offsets as constants), or with shared = true a body every kernel of its
- * key calls (void name(arena, begin, end, offs)). */
+/* The symbol of representative ki's code: its own name, or body<group>
+ * where kernels share it. */
+static void body_name(const KInfo *ki, char *buf, size_t n) {
+  if (ki->copies > 1) snprintf(buf, n, "body%d", ki->group);
+  else snprintf(buf, n, "%s", ki->name);
+}
+
+/* The code of kernel ki: void name(arena, begin, end, offs), every
+ * kernel's signature (CgKernelFn).  Alone (shared = false) it is named
+ * for the kernel and its buffers' offsets are constants; with shared =
+ * true it is the body every kernel of its key runs, named body<group>,
+ * and buffer i is at arena + offs[i], the table the kernel's CgKernel
+ * holds (load_object).  Kernels call their body directly rather than
+ * through a wrapper each: on tinygpt large's 88 kernels of 16 keys the
+ * wrappers, two instructions each, were a tenth of the cold compile
+ * (LLVM's pipelines run per function). */
 static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
   LLVMTypeRef params[4] = {g->t_ptr, g->t_i64, g->t_i64, g->t_ptr};
-  LLVMTypeRef ft = LLVMFunctionType(g->t_void, params, shared ? 4 : 3, 0);
+  LLVMTypeRef ft = LLVMFunctionType(g->t_void, params, 4, 0);
   char name[64];
-  snprintf(name, sizeof name, "body%d", ki->group);
-  g->fn = LLVMAddFunction(g->mod, shared ? name : ki->name, ft);
+  body_name(ki, name, sizeof name);
+  g->fn = LLVMAddFunction(g->mod, name, ft);
   g->group = ki->group;
   g->arena = LLVMGetParam(g->fn, 0);
   g->begin = LLVMGetParam(g->fn, 1);
@@ -451,13 +465,9 @@ static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
   LLVMSetValueName2(g->arena, "arena", 5);
   LLVMSetValueName2(g->begin, "begin", 5);
   LLVMSetValueName2(g->end, "end", 3);
+  LLVMSetValueName2(LLVMGetParam(g->fn, 3), "offs", 4);
   add_attr(g, g->fn, "nounwind");
   prefer_wide_vectors(g, g->fn);
-  if (shared) {
-    LLVMSetValueName2(g->offs, "offs", 4);
-    LLVMSetLinkage(g->fn, LLVMInternalLinkage);
-    add_attr(g, g->fn, "noinline"); /* compiled once, called by every kernel of the key */
-  }
   g->entry = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "entry");
   LLVMPositionBuilderAtEnd(g->b, g->entry);
   g->nexact_bf16 = 0;
@@ -476,48 +486,15 @@ static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
   return g->fn;
 }
 
-/* kernel ki as a call of its key's shared body with its own offsets. */
-static void emit_wrapper(Gen *g, KInfo *ki, LLVMValueRef body) {
-  LLVMTypeRef params[3] = {g->t_ptr, g->t_i64, g->t_i64};
-  LLVMValueRef fn = LLVMAddFunction(g->mod, ki->name, LLVMFunctionType(g->t_void, params, 3, 0));
-  add_attr(g, fn, "nounwind");
-  LLVMValueRef *offs = malloc(sizeof(LLVMValueRef) * (size_t)(ki->nbufs ? ki->nbufs : 1));
-  if (!offs) abort();
-  for (int i = 0; i < ki->nbufs; i++) offs[i] = gen_i64(g, ki->bufs[i]->offset);
-  LLVMValueRef init = LLVMConstArray2(g->t_i64, offs, (uint64_t)ki->nbufs);
-  free(offs);
-  char name[64];
-  snprintf(name, sizeof name, "offs%d", ki->group);
-  LLVMValueRef table = LLVMAddGlobal(g->mod, LLVMTypeOf(init), name);
-  LLVMSetInitializer(table, init);
-  LLVMSetGlobalConstant(table, 1);
-  LLVMSetLinkage(table, LLVMPrivateLinkage);
-  LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->ctx, fn, "entry"));
-  LLVMValueRef args[4] = {LLVMGetParam(fn, 0), LLVMGetParam(fn, 1), LLVMGetParam(fn, 2), table};
-  LLVMTypeRef bparams[4] = {g->t_ptr, g->t_i64, g->t_i64, g->t_ptr};
-  LLVMBuildCall2(g->b, LLVMFunctionType(g->t_void, bparams, 4, 0), body, args, 4, "");
-  LLVMBuildRetVoid(g->b);
-}
-
-/* Build, verify, optimise and emit one module holding the kernels of the
- * representatives ks[0..n) (of all[0..nall)); its object bytes to *obj
- * (malloc'd). */
-static bool compile_chunk(const IrFunc *f, KInfo *all, int nall, KInfo *const *ks, int n, bool dump, char **obj,
-                          size_t *objlen, char *err, size_t errlen) {
+/* Build, verify, optimise and emit one module holding the code of the
+ * representatives ks[0..n); its object bytes to *obj (malloc'd). */
+static bool compile_chunk(const IrFunc *f, KInfo *const *ks, int n, bool dump, char **obj, size_t *objlen, char *err,
+                          size_t errlen) {
   Gen g;
   memset(&g, 0, sizeof g);
   g.f = f;
   if (!cg_module_begin(&g, f->name ? f->name : "gradc", err, errlen)) return false;
-  for (int i = 0; i < n && !g.failed; i++) {
-    KInfo *rep = ks[i];
-    if (rep->copies <= 1) {
-      emit_body(&g, rep, false);
-      continue;
-    }
-    LLVMValueRef body = emit_body(&g, rep, true);
-    for (KInfo *x = rep; x < all + nall; x++)
-      if (&all[x->rep] == rep) emit_wrapper(&g, x, body);
-  }
+  for (int i = 0; i < n && !g.failed; i++) emit_body(&g, ks[i], ks[i]->copies > 1);
   /* Full unrolling of short rows costs more compile time than it saves. */
   return cg_module_finish(&g, "generated module", false, dump, obj, objlen);
 }
@@ -554,7 +531,7 @@ static void compile_chunks(void *ctx, int64_t begin, int64_t end) {
   ChunkJob *job = ctx;
   for (int64_t i = begin; i < end; i++) {
     Chunk *c = &job->c[i];
-    c->ok = compile_chunk(job->f, job->K->k, job->K->n, c->ks, c->n, job->dump, &c->obj, &c->len, c->err, sizeof c->err);
+    c->ok = compile_chunk(job->f, c->ks, c->n, job->dump, &c->obj, &c->len, c->err, sizeof c->err);
   }
 }
 
@@ -706,13 +683,21 @@ static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen)
     p += len;
   }
   for (int i = 0; i < K->n; i++) {
-    const KInfo *ki = &K->k[i];
+    const KInfo *ki = &K->k[i], *rep = &K->k[ki->rep];
+    char sym[64];
+    body_name(rep, sym, sizeof sym);
     LLVMOrcExecutorAddress addr = 0;
-    if (!cg_check_llvm(LLVMOrcLLJITLookup(m->jit, &addr, ki->name), ki->name, err, errlen)) return false;
+    if (!cg_check_llvm(LLVMOrcLLJITLookup(m->jit, &addr, sym), ki->name, err, errlen)) return false;
     CgKernel *k = &m->kernels[ki->group];
     k->group = ki->group;
     k->name = arena_strdup(&m->names, ki->name);
     k->fn = (CgKernelFn)(uintptr_t)addr;
+    k->offs = NULL;
+    if (rep->copies > 1) { /* its buffers' offsets, in the order the body registered them */
+      int64_t *offs = ARENA_ARRAY(&m->names, int64_t, ki->nbufs > 0 ? ki->nbufs : 1);
+      for (int j = 0; j < ki->nbufs; j++) offs[j] = ki->bufs[j]->offset;
+      k->offs = offs;
+    }
     k->iters = ki->iters;
     k->cost = ki->cost;
   }

@@ -1,7 +1,7 @@
 /* llvm_bmm.c - small and skinny products as kernels (passes/kernel_bmm.c
  * decides which matmuls, docs/BACKEND.md "Small and skinny products").
  *
- *   void kN_matmul(ptr arena, i64 begin, i64 end)
+ *   void kN_matmul(ptr arena, i64 begin, i64 end, ptr offs)
  *
  * multiplies batch matrices [begin, end), or for a single product (nb
  * 1) the register tiles [begin, end) of its one matrix.  A matrix's B is

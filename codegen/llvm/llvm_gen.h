@@ -23,9 +23,10 @@ typedef struct Gen {
   LLVMTargetMachineRef tm; /* cg_module_begin's, freed by cg_module_finish */
   LLVMBuilderRef b;
   LLVMTypeRef t_void, t_i1, t_i8, t_i16, t_i32, t_i64, t_f32, t_f64, t_ptr;
-  /* The kernel being emitted: void name(ptr arena, i64 begin, i64 end),
-   * or a shared body void name(ptr arena, i64 begin, i64 end, ptr offs)
-   * that finds buffer i (in registration order) at arena + offs[i]. */
+  /* The kernel being emitted: void name(ptr arena, i64 begin, i64 end,
+   * ptr offs), its buffers at constant offsets (offs unused and NULL), or
+   * a body kernels share (offs set here) that finds buffer i (in
+   * registration order) at arena + offs[i]. */
   LLVMValueRef fn, arena, begin, end, offs;
   LLVMBasicBlockRef entry; /* allocas and loop-invariant addresses go here */
   int group;

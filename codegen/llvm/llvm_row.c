@@ -1,6 +1,6 @@
 /* llvm_row.c - row kernels (docs/BACKEND.md): one function per kernel,
  *
- *   void kN(ptr arena, i64 begin, i64 end)
+ *   void kN(ptr arena, i64 begin, i64 end, ptr offs)
  *     for r in [begin, end):            rows of the iteration space
  *       section 0; loop 0 over j; section 1; loop 1 over j; ...; section K
  *

@@ -503,13 +503,13 @@ static void gemm_pieces(void *ctx, int64_t begin, int64_t end) {
 }
 
 typedef struct KernelRun {
-  CgKernelFn fn;
+  const CgKernel *k;
   char *arena;
 } KernelRun;
 
 static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
-  KernelRun *k = ctx;
-  k->fn(k->arena, begin, end);
+  KernelRun *r = ctx;
+  r->k->fn(r->arena, begin, end, r->k->offs);
 }
 
 /* Iterations a chunk of a kernel takes: chunks of about INLINE_WORK, as
@@ -528,10 +528,10 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
   int64_t cost = k->cost > 0 ? k->cost : 1;
   if (k->iters <= 0) return;
   if (pool_size(p->pool) == 1 || k->iters == 1 || k->iters * cost < INLINE_WORK) {
-    k->fn(p->arena, 0, k->iters);
+    k->fn(p->arena, 0, k->iters, k->offs);
     return;
   }
-  KernelRun run = {k->fn, p->arena};
+  KernelRun run = {k, p->arena};
   pool_run(p->pool, k->iters, kernel_grain(k->iters, cost, pool_size(p->pool)), kernel_chunk, &run);
 }
 

@@ -753,8 +753,8 @@ bool ot_cpu_check(IrFunc *f, OtInputs *in, const char *what, OtStats *st, char *
     write_inputs(arena, f->ops + i, j - i, g, &ref);
     if (trace) fprintf(stderr, "running %s over %lld\n", k->name, (long long)k->iters);
     int64_t half = k->iters / 2;
-    k->fn(arena, 0, half);
-    k->fn(arena, half, k->iters);
+    k->fn(arena, 0, half, k->offs);
+    k->fn(arena, half, k->iters, k->offs);
     matches &= check_outputs(what, k->name, f->ops + i, j - i, is_out, arena, &ref, &ot_tol_cpu, st, err, errlen);
     if (st) st->kernels++;
     i = j;

@@ -103,7 +103,7 @@ static void eval_unary(const IrOpcode *ops, int nops, const float *xs, int n, do
   for (int i = 0; i < n; i++) ot_put(arena, x, i, xs[i]);
   for (int g = 1; g <= nops; g++) {
     const CgKernel *k = cg_module_kernel(m, g);
-    k->fn(arena, 0, k->iters);
+    k->fn(arena, 0, k->iters, k->offs);
   }
   for (int k = 0; k < nops; k++)
     for (int i = 0; i < n; i++) out[k * n + i] = ot_get(arena, y[k], i);
@@ -413,7 +413,7 @@ static float run_small(const IrFunc *f, const CgModule *m) {
   const CgKernel *k = cg_module_kernel(m, 1);
   assert_non_null(k);
   assert_int_equal(k->iters, 4);
-  k->fn(arena, 0, k->iters);
+  k->fn(arena, 0, k->iters, k->offs);
   const IrValue *out = NULL;
   for (int i = 0; i < f->nops; i++)
     if (f->ops[i]->group == 1) out = f->ops[i]->result;
@@ -481,6 +481,25 @@ static void test_codegen_shared_bodies(void **state) {
   OtStats st = check_built(f, true, 91);
   assert_int_equal(st.kernels, 6);
   assert_int_equal(st.outputs, 6);
+  /* One body for the six, run with each kernel's own table of offsets
+   * (no wrapper functions: load_object points every kernel at it). */
+  char err[512];
+  CgOptions o = {0};
+  CgModule *m = cg_llvm_compile(f, &o, err, sizeof err);
+  if (!m) fail_msg("compile: %s", err);
+  const CgKernel *first = NULL;
+  int seen = 0;
+  for (int g = 1; g <= cg_module_nkernels(m); g++) {
+    const CgKernel *k = cg_module_kernel(m, g);
+    if (!k) continue;
+    assert_non_null(k->offs);
+    if (!first) first = k;
+    assert_ptr_equal(k->fn, first->fn);
+    if (k != first) assert_true(memcmp(k->offs, first->offs, 2 * sizeof(int64_t)) != 0);
+    seen++;
+  }
+  assert_int_equal(seen, 6);
+  cg_module_free(m);
   ir_func_free(f);
 }
 
