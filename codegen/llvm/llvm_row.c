@@ -636,16 +636,25 @@ static bool must_defer(Row *R, const RSlot *o) {
  * vectors only, with no remainder. */
 #define CAUSAL_VEC 16
 
-/* A hint to the vectoriser (key = value) for the loop whose latch is block latch. */
-static void loop_hint(Gen *g, LLVMBasicBlockRef latch, const char *key, int value) {
+/* The vectoriser's hints for the loop whose latch is block latch: its
+ * vector width (0: the vectoriser's choice) and whether it may
+ * interleave (run several vectors an iteration). */
+static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, bool interleave) {
   LLVMValueRef br = LLVMGetBasicBlockTerminator(latch);
-  if (!br) return;
-  LLVMMetadataRef tmp = LLVMTemporaryMDNode(g->ctx, NULL, 0);
-  LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, key, strlen(key)),
-                           LLVMValueAsMetadata(LLVMConstInt(g->t_i32, (unsigned long long)value, 0))};
-  LLVMMetadataRef ops[2] = {tmp, LLVMMDNodeInContext2(g->ctx, kv, 2)};
-  LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, 2);
-  LLVMMetadataReplaceAllUsesWith(tmp, loop);
+  if (!br || (!width && interleave)) return;
+  LLVMMetadataRef ops[3];
+  int n = 0;
+  ops[n++] = LLVMTemporaryMDNode(g->ctx, NULL, 0);
+  const char *keys[2] = {"llvm.loop.vectorize.width", "llvm.loop.interleave.count"};
+  int values[2] = {width, 1};
+  for (int i = 0; i < 2; i++) {
+    if (i == 0 ? !width : interleave) continue;
+    LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, keys[i], strlen(keys[i])),
+                             LLVMValueAsMetadata(LLVMConstInt(g->t_i32, (unsigned long long)values[i], 0))};
+    ops[n++] = LLVMMDNodeInContext2(g->ctx, kv, 2);
+  }
+  LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, (size_t)n);
+  LLVMMetadataReplaceAllUsesWith(ops[0], loop);
   LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9), LLVMMetadataAsValue(g->ctx, loop));
 }
 
@@ -844,10 +853,12 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
     for (int q = 0; q < R->np; q++) loop_step(R, &R->plan[q], k);
     LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
-    int width = colsum_width(R, k);
-    if (width) loop_hint(g, latch, "llvm.loop.vectorize.width", width);
+    /* The causal exp loop runs whole vectors only (CAUSAL_VEC), not
+     * interleaved.  Not interleaving every loop without a sum or a
+     * maximum saved 3% of the compile and cost tinygpt small's softmax
+     * and gelu kernels 1-3% (docs/DECISIONS.md "Compile time"). */
+    loop_hints(g, latch, colsum_width(R, k), !cs);
     if (cs) {
-      loop_hint(g, latch, "llvm.loop.interleave.count", 1);
       LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
       LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
       GenLoop tl;
