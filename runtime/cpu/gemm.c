@@ -4,8 +4,9 @@
  * the choice of provider per host (gemm.h, docs/BACKEND.md).
  *
  * The choice: GRADC_GEMM names a provider; otherwise each usable provider
- * multiplies a few representative shapes (a few hundred MFLOP each, one
- * thread, best of three after a warm-up, well under a second in all) and
+ * multiplies a few representative shapes (about a hundred MFLOP each, one
+ * thread, the providers taking turns, each shape's best of six after a
+ * warm-up, about 0.1 s in all) and
  * the fastest wins (by 10% over the order of preference).  The result is cached in gradc's cache directory,
  * keyed by the CPU's identity (cpuid) and every provider's version string
  * (which includes the core OpenBLAS detected and the kernels BLIS chose),
@@ -360,43 +361,46 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-/* Shapes of the models' GEMMs: a projection, a weight gradient (A
- * transposed, accumulating) and an input gradient (B transposed).
- * 2*M*N*K: 67, 134 and 134 MFLOP. */
+/* Shapes of the models' GEMMs: a projection with its bias (fused where
+ * the provider has post-ops, else a pass over C after the product, as
+ * the executor's bias kernel makes), a weight gradient (A transposed,
+ * accumulating) and an input gradient (B transposed).  2*M*N*K: 67, 134
+ * and 134 MFLOP. */
 static const struct {
   int64_t M, N, K;
   bool ta, tb, acc;
+  CpuGemmEpilogue epi; /* f32 only (the bf16 measurement times bare products) */
 } shapes[] = {
-    {512, 256, 256, false, false, false},
-    {256, 256, 1024, true, false, true},
-    {1024, 256, 256, false, true, false},
+    {512, 256, 256, false, false, false, CPU_EPI_BIAS},
+    {256, 256, 1024, true, false, true, CPU_EPI_NONE},
+    {1024, 256, 256, false, true, false, CPU_EPI_NONE},
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
-/* ms over the shapes (each its best of 3 after a warm-up); < 0 if a shape
- * cannot be planned. */
-static double measure_one(const CpuGemmProvider *p, float *a, float *b, float *c) {
-  double total = 0;
-  for (int s = 0; s < NSHAPES; s++) {
-    CpuGemmDesc d = {.type = CPU_GEMM_F32, .ta = shapes[s].ta, .tb = shapes[s].tb, .accumulate = shapes[s].acc,
-                     .M = shapes[s].M, .N = shapes[s].N, .K = shapes[s].K, .threads = 1};
-    d.lda = d.ta ? d.M : d.K;
-    d.ldb = d.tb ? d.K : d.N;
-    d.ldc = d.N;
-    char err[512];
-    CpuGemm *g = cpu_gemm_plan(p, &d, err, sizeof err);
-    if (!g) return -1;
-    double best = INFINITY;
-    for (int r = 0; r < 4; r++) {
-      double t0 = now_ms();
-      cpu_gemm_run(g, a, b, c, NULL);
-      double t = now_ms() - t0;
-      if (r > 0 && t < best) best = t;
-    }
-    cpu_gemm_free(g);
-    total += best;
+/* Rounds of the measurement: one to warm up, then MEASURE_ROUNDS timed. */
+#define MEASURE_ROUNDS 6
+
+/* ms[i] for each provider i with plan[i] set: over the shapes, each its
+ * best of MEASURE_ROUNDS after a warm-up.  The providers take turns, a
+ * round of every shape each, so that a moment when the host is slow (a
+ * neighbour's burst on a shared machine) falls on all of them rather than
+ * on whichever was being timed (docs/DECISIONS.md "GEMM providers"). */
+static void measure_all(CpuGemm *(*plan)[NSHAPES], int n, float *a, float *b, float *c, double *ms) {
+  double best[16][NSHAPES];
+  for (int i = 0; i < n; i++)
+    for (int s = 0; s < NSHAPES; s++) best[i][s] = INFINITY;
+  for (int r = 0; r <= MEASURE_ROUNDS; r++)
+    for (int i = 0; i < n; i++)
+      for (int s = 0; s < NSHAPES && plan[i][0]; s++) {
+        double t0 = now_ms();
+        cpu_gemm_run(plan[i][s], a, b, c, b); /* b's first N values the bias */
+        double t = now_ms() - t0;
+        if (r > 0 && t < best[i][s]) best[i][s] = t;
+      }
+  for (int i = 0; i < n; i++) {
+    ms[i] = plan[i][0] ? 0 : -1;
+    for (int s = 0; s < NSHAPES && plan[i][0]; s++) ms[i] += best[i][s];
   }
-  return total;
 }
 
 /* bf16: the provider's own kernels against f32 ones on the operands
@@ -484,18 +488,39 @@ int cpu_gemm_measure(double *ms, char (*why)[256], int nmax) {
   }
   float *a = mem_alloc(most * sizeof(float)), *b = mem_alloc(most * sizeof(float)), *c = mem_alloc(most * sizeof(float));
   for (size_t i = 0; i < most; i++) a[i] = b[i] = c[i] = (float)((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
-  int best = -1;
-  for (int i = 0; i < NPROVIDERS && i < nmax; i++) {
+  int n = NPROVIDERS < nmax ? NPROVIDERS : nmax;
+  if (n > 16) n = 16;
+  CpuGemm *plan[16][NSHAPES];
+  memset(plan, 0, sizeof plan);
+  for (int i = 0; i < n; i++) {
     why[i][0] = 0;
-    ms[i] = -1;
     if (!registry[i]->usable(why[i], sizeof why[i])) continue;
-    ms[i] = measure_one(registry[i], a, b, c);
-    if (ms[i] < 0) snprintf(why[i], sizeof why[i], "cannot plan an f32 GEMM");
+    for (int s = 0; s < NSHAPES; s++) {
+      CpuGemmDesc d = {.type = CPU_GEMM_F32, .ta = shapes[s].ta, .tb = shapes[s].tb, .accumulate = shapes[s].acc,
+                       .M = shapes[s].M, .N = shapes[s].N, .K = shapes[s].K, .threads = 1,
+                       .epilogue = shapes[s].epi};
+      d.lda = d.ta ? d.M : d.K;
+      d.ldb = d.tb ? d.K : d.N;
+      d.ldc = d.N;
+      char err[512];
+      plan[i][s] = cpu_gemm_plan(registry[i], &d, err, sizeof err);
+      if (!plan[i][s]) {
+        snprintf(why[i], sizeof why[i], "cannot plan an f32 GEMM");
+        for (int t = 0; t < s; t++) cpu_gemm_free(plan[i][t]);
+        plan[i][0] = NULL;
+        break;
+      }
+    }
+  }
+  measure_all(plan, n, a, b, c, ms);
+  int best = -1;
+  for (int i = 0; i < n; i++) {
+    for (int s = 0; s < NSHAPES && plan[i][0]; s++) cpu_gemm_free(plan[i][s]);
     /* A later provider must be clearly faster (10%) to displace an
      * earlier one: noise on a busy machine should not flip the choice
      * (and with it the rounding of every GEMM) from one host measurement
      * to the next. */
-    else if (best < 0 || ms[i] < 0.9 * ms[best]) best = i;
+    if (ms[i] >= 0 && (best < 0 || ms[i] < 0.9 * ms[best])) best = i;
   }
   free(a);
   free(b);

@@ -632,6 +632,41 @@ static void test_gemm_select_cached(void **state) {
   free(e);
 }
 
+/* The measurement's entry: a time for every usable provider (each
+ * multiplies every shape, the projection's bias included), a reason for
+ * every other, and the choice the rule makes from those times (a later
+ * provider displaces an earlier one when 10% faster). */
+static void test_gemm_measure_entry(void **state) {
+  (void)state;
+  char cache[512], prov[64], err[8192];
+  snprintf(cache, sizeof cache, "%s/measured", tmpdir);
+  assert_int_equal(bench_provider("", cache, prov, sizeof prov, err, sizeof err), 0);
+  size_t len;
+  char *e = cache_get(cache, CPU_GEMM_CACHE_KIND, cpu_gemm_host_key(), &len);
+  assert_non_null(e);
+  const CpuGemmProvider *const *all;
+  int np = cpu_gemm_providers(&all);
+  const char *best = NULL;
+  double best_ms = 0;
+  for (int i = 0; i < np; i++) {
+    char why[256], key[80];
+    snprintf(key, sizeof key, "\nms %s ", all[i]->name);
+    const char *m = strstr(e, key);
+    if (!all[i]->usable(why, sizeof why)) {
+      snprintf(key, sizeof key, "\nskipped %s ", all[i]->name);
+      assert_non_null(strstr(e, key));
+      continue;
+    }
+    if (!m) fail_msg("no time for usable provider %s in:\n%s", all[i]->name, e);
+    double ms = strtod(m + strlen(key), NULL);
+    assert_true(ms > 0 && ms < 10000);
+    if (!best || ms < 0.9 * best_ms) best = all[i]->name, best_ms = ms;
+  }
+  assert_non_null(best);
+  assert_string_equal(prov, best);
+  free(e);
+}
+
 static void test_gemm_select_corrupt_entry_remeasured(void **state) {
   (void)state;
   char cache[512], prov[64], err[8192], path[1024];
@@ -751,6 +786,7 @@ int main(void) {
   };
   const struct CMUnitTest choice[] = {
       cmocka_unit_test(test_gemm_select_cached),
+      cmocka_unit_test(test_gemm_measure_entry),
       cmocka_unit_test(test_gemm_select_corrupt_entry_remeasured),
       cmocka_unit_test(test_gemm_select_env_and_no_cache),
       cmocka_unit_test(test_gemm_artifact_records_provider),
