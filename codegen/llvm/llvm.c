@@ -4,8 +4,9 @@
  *   void kN_<ops>(ptr arena, i64 begin, i64 end, ptr offs)
  *
  * (kernels whose code differs only in their buffers' offsets share one,
- * body<N>, given the offsets in offs: emit_body) in one module, emitted by llvm_row.c (row kernels) or llvm_loop.c (one
- * op in a general loop nest); the module is optimised for the host CPU
+ * body<N>, given the offsets in offs: emit_body) in one module, emitted
+ * by llvm_row.c (row kernels) or llvm_loop.c (one op in a general loop
+ * nest); the module is optimised for the host CPU
  * with LLVMRunPasses("default<O3>"), emitted as object code with
  * LLVMTargetMachineEmitToMemoryBuffer (without loop strength reduction:
  * init_llvm; kernels are split into chunks,
@@ -442,16 +443,16 @@ static void body_name(const KInfo *ki, char *buf, size_t n) {
   else snprintf(buf, n, "%s", ki->name);
 }
 
-/* The code of kernel ki: void name(arena, begin, end, offs), every
- * kernel's signature (CgKernelFn).  Alone (shared = false) it is named
- * for the kernel and its buffers' offsets are constants; with shared =
- * true it is the body every kernel of its key runs, named body<group>,
- * and buffer i is at arena + offs[i], the table the kernel's CgKernel
- * holds (load_object).  Kernels call their body directly rather than
+/* The code of representative ki: void name(arena, begin, end, offs),
+ * every kernel's signature (CgKernelFn).  Alone (ki->copies 1) it is
+ * named for the kernel and its buffers' offsets are constants; shared,
+ * it is the body every kernel of its key runs, named body<group>, and
+ * buffer i is at arena + offs[i], the table the kernel's CgKernel holds
+ * (load_object).  Kernels call their body directly rather than
  * through a wrapper each: on tinygpt large's 88 kernels of 16 keys the
  * wrappers, two instructions each, were a tenth of the cold compile
  * (LLVM's pipelines run per function). */
-static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
+static void emit_body(Gen *g, const KInfo *ki) {
   LLVMTypeRef params[4] = {g->t_ptr, g->t_i64, g->t_i64, g->t_ptr};
   LLVMTypeRef ft = LLVMFunctionType(g->t_void, params, 4, 0);
   char name[64];
@@ -461,7 +462,7 @@ static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
   g->arena = LLVMGetParam(g->fn, 0);
   g->begin = LLVMGetParam(g->fn, 1);
   g->end = LLVMGetParam(g->fn, 2);
-  g->offs = shared ? LLVMGetParam(g->fn, 3) : NULL;
+  g->offs = ki->copies > 1 ? LLVMGetParam(g->fn, 3) : NULL;
   LLVMSetValueName2(g->arena, "arena", 5);
   LLVMSetValueName2(g->begin, "begin", 5);
   LLVMSetValueName2(g->end, "end", 3);
@@ -483,7 +484,6 @@ static LLVMValueRef emit_body(Gen *g, KInfo *ki, bool shared) {
   gen_scopes_free(g);
   g->offs = NULL;
   allow_contraction(g->fn);
-  return g->fn;
 }
 
 /* Build, verify, optimise and emit one module holding the code of the
@@ -494,7 +494,7 @@ static bool compile_chunk(const IrFunc *f, KInfo *const *ks, int n, bool dump, c
   memset(&g, 0, sizeof g);
   g.f = f;
   if (!cg_module_begin(&g, f->name ? f->name : "gradc", err, errlen)) return false;
-  for (int i = 0; i < n && !g.failed; i++) emit_body(&g, ks[i], ks[i]->copies > 1);
+  for (int i = 0; i < n && !g.failed; i++) emit_body(&g, ks[i]);
   /* Full unrolling of short rows costs more compile time than it saves. */
   return cg_module_finish(&g, "generated module", false, dump, obj, objlen);
 }

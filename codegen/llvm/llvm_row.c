@@ -636,6 +636,13 @@ static bool must_defer(Row *R, const RSlot *o) {
  * vectors only, with no remainder. */
 #define CAUSAL_VEC 16
 
+/* One loop hint, key = value. */
+static LLVMMetadataRef hint_node(Gen *g, const char *key, int value) {
+  LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, key, strlen(key)),
+                           LLVMValueAsMetadata(LLVMConstInt(g->t_i32, (unsigned long long)value, 0))};
+  return LLVMMDNodeInContext2(g->ctx, kv, 2);
+}
+
 /* The vectoriser's hints for the loop whose latch is block latch: its
  * vector width (0: the vectoriser's choice) and whether it may
  * interleave (run several vectors an iteration). */
@@ -644,15 +651,9 @@ static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, bool interlea
   if (!br || (!width && interleave)) return;
   LLVMMetadataRef ops[3];
   int n = 0;
-  ops[n++] = LLVMTemporaryMDNode(g->ctx, NULL, 0);
-  const char *keys[2] = {"llvm.loop.vectorize.width", "llvm.loop.interleave.count"};
-  int values[2] = {width, 1};
-  for (int i = 0; i < 2; i++) {
-    if (i == 0 ? !width : interleave) continue;
-    LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, keys[i], strlen(keys[i])),
-                             LLVMValueAsMetadata(LLVMConstInt(g->t_i32, (unsigned long long)values[i], 0))};
-    ops[n++] = LLVMMDNodeInContext2(g->ctx, kv, 2);
-  }
+  ops[n++] = LLVMTemporaryMDNode(g->ctx, NULL, 0); /* the loop's own node, itself */
+  if (width) ops[n++] = hint_node(g, "llvm.loop.vectorize.width", width);
+  if (!interleave) ops[n++] = hint_node(g, "llvm.loop.interleave.count", 1);
   LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, (size_t)n);
   LLVMMetadataReplaceAllUsesWith(ops[0], loop);
   LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9), LLVMMetadataAsValue(g->ctx, loop));

@@ -377,6 +377,17 @@ static const struct {
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof *shapes))
 
+/* Shape s as a dense one-thread descriptor of type t (the epilogue set
+ * by the caller). */
+static CpuGemmDesc shape_desc(int s, CpuGemmType t) {
+  CpuGemmDesc d = {.type = t, .ta = shapes[s].ta, .tb = shapes[s].tb, .accumulate = shapes[s].acc,
+                   .M = shapes[s].M, .N = shapes[s].N, .K = shapes[s].K, .threads = 1};
+  d.lda = d.ta ? d.M : d.K;
+  d.ldb = d.tb ? d.K : d.N;
+  d.ldc = d.N;
+  return d;
+}
+
 /* Rounds of the measurement: one to warm up, then MEASURE_ROUNDS timed. */
 #define MEASURE_ROUNDS 6
 
@@ -421,11 +432,7 @@ static double measure_bf16(const CpuGemmProvider *p, bool native, const uint16_t
                            float *b, float *c) {
   double total = 0;
   for (int s = 0; s < NSHAPES; s++) {
-    CpuGemmDesc d = {.type = native ? CPU_GEMM_BF16 : CPU_GEMM_F32, .ta = shapes[s].ta, .tb = shapes[s].tb,
-                     .accumulate = shapes[s].acc, .M = shapes[s].M, .N = shapes[s].N, .K = shapes[s].K, .threads = 1};
-    d.lda = d.ta ? d.M : d.K;
-    d.ldb = d.tb ? d.K : d.N;
-    d.ldc = d.N;
+    CpuGemmDesc d = shape_desc(s, native ? CPU_GEMM_BF16 : CPU_GEMM_F32);
     char err[512];
     CpuGemm *g = cpu_gemm_plan(p, &d, err, sizeof err);
     if (!g) return INFINITY;
@@ -496,12 +503,8 @@ int cpu_gemm_measure(double *ms, char (*why)[256], int nmax) {
     why[i][0] = 0;
     if (!registry[i]->usable(why[i], sizeof why[i])) continue;
     for (int s = 0; s < NSHAPES; s++) {
-      CpuGemmDesc d = {.type = CPU_GEMM_F32, .ta = shapes[s].ta, .tb = shapes[s].tb, .accumulate = shapes[s].acc,
-                       .M = shapes[s].M, .N = shapes[s].N, .K = shapes[s].K, .threads = 1,
-                       .epilogue = shapes[s].epi};
-      d.lda = d.ta ? d.M : d.K;
-      d.ldb = d.tb ? d.K : d.N;
-      d.ldc = d.N;
+      CpuGemmDesc d = shape_desc(s, CPU_GEMM_F32);
+      d.epilogue = shapes[s].epi;
       char err[512];
       plan[i][s] = cpu_gemm_plan(registry[i], &d, err, sizeof err);
       if (!plan[i][s]) {
