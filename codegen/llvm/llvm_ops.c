@@ -211,7 +211,9 @@ LLVMValueRef gen_isfinite(Gen *g, LLVMValueRef x) {
 LLVMValueRef gen_max_step(Gen *g, LLVMValueRef m, LLVMValueRef x) {
   if (LLVMGetTypeKind(LLVMTypeOf(x)) == LLVMIntegerTypeKind)
     return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, x, m, ""), x, m, "");
-  return call2(g, "llvm.maximum", m, x);
+  LLVMValueRef r = call2(g, "llvm.maximum", m, x);
+  LLVMSetFastMathFlags(r, LLVMFastMathNoSignedZeros);
+  return r;
 }
 
 LLVMTypeRef gen_acc_type(Gen *g, IrDType dt) { return dt == IR_DT_I32 ? g->t_i32 : g->t_f64; }
