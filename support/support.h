@@ -227,6 +227,9 @@ int pool_size(const Pool *p);    /* 1 for a NULL pool */
  * across the pool's threads and the caller; returns when all are done.
  * One pool_run at a time per pool (p may be NULL: run inline). */
 void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx);
+/* Wake the workers that sleep, to spin for a job about to come (the start
+ * of a step, whose host work then hides their wake-up).  p may be NULL. */
+void pool_wake(Pool *p);
 void pool_free(Pool *p);
 
 /* ------------------------------------------------------------------ */

@@ -1639,6 +1639,7 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last,
 bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *params_path, const StFile *inputs,
                   const char *inputs_path, StepResult *out, char *err, size_t errlen) {
   const IrFunc *f = p->f;
+  pool_wake(p->pool); /* workers asleep since the last window: up while the arguments are bound and copied */
   memset(out, 0, sizeof *out);
   uint64_t gen = p->params_gen;
   p->params_gen = 0; /* for this window only */

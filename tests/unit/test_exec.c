@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "passes/passes.h"
@@ -641,6 +642,33 @@ static void test_pool_visits_every_iteration_once(void **state) {
   }
 }
 
+/* pool_wake rouses workers asleep since the last job; they spin a while
+ * for the next one and sleep again when none comes.  Jobs after a wake,
+ * after a wake that no job followed, after several wakes in a row and
+ * with nobody asleep still visit every iteration once; a wake of a NULL
+ * pool does nothing, and a pool frees right after a wake. */
+static void test_pool_wake_keeps_jobs_whole(void **state) {
+  (void)state;
+  pool_wake(NULL);
+  const struct timespec asleep = {0, 5 * 1000 * 1000}; /* 100 times the workers' spin */
+  for (int threads = 2; threads <= 4; threads++) {
+    Pool *p = pool_new(threads);
+    for (int rep = 0; rep < 12; rep++) {
+      nanosleep(&asleep, NULL);
+      for (int w = 0; w <= rep % 3; w++) pool_wake(p);
+      if (rep % 4 == 3) nanosleep(&asleep, NULL); /* woken for nothing: asleep again */
+      atomic_int hits[97];
+      for (int i = 0; i < 97; i++) atomic_init(&hits[i], 0);
+      Cover c = {hits, 0};
+      pool_run(p, 97, 3, cover, &c);
+      pool_wake(p); /* right after a job: the workers are still spinning */
+      for (int i = 0; i < 97; i++) assert_int_equal(atomic_load(&hits[i]), 1);
+    }
+    pool_wake(p);
+    pool_free(p);
+  }
+}
+
 /* A process pinned to some CPUs (taskset, a cpuset, mpirun's binding) gets
  * a default pool of that many threads, not one per online CPU: the mask is
  * narrowed to its first CPU and restored. */
@@ -697,6 +725,7 @@ static void test_pool_follows_a_cgroup_quota(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_visits_every_iteration_once),
+      cmocka_unit_test(test_pool_wake_keeps_jobs_whole),
       cmocka_unit_test(test_pool_counts_the_affinity_mask),
       cmocka_unit_test(test_pool_reads_cpu_quotas),
       cmocka_unit_test(test_pool_follows_a_cgroup_quota),
