@@ -207,7 +207,9 @@ LLVMValueRef gen_isfinite(Gen *g, LLVMValueRef x) {
 }
 
 /* llvm.maximum propagates NaN like the interpreter's loop and vectorises
- * as a reduction; only the sign of a zero maximum may differ. */
+ * as a reduction; only the sign of a zero maximum may differ, and saying
+ * so (nsz) lets x86 reduce a vector of maxima without testing signs
+ * (docs/DECISIONS.md "Row maxima ignore the sign of a zero"). */
 LLVMValueRef gen_max_step(Gen *g, LLVMValueRef m, LLVMValueRef x) {
   if (LLVMGetTypeKind(LLVMTypeOf(x)) == LLVMIntegerTypeKind)
     return LLVMBuildSelect(g->b, LLVMBuildICmp(g->b, LLVMIntSGT, x, m, ""), x, m, "");
