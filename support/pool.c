@@ -181,6 +181,14 @@ Pool *pool_new(int nthreads) {
 
 int pool_size(const Pool *p) { return p ? p->nthreads : 1; }
 
+void pool_wake(Pool *p) {
+  if (!p || atomic_load(&p->sleepers) == 0) return;
+  pthread_mutex_lock(&p->mu);
+  p->pokes++;
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->mu);
+}
+
 void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
@@ -202,13 +210,9 @@ void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx) {
   atomic_store(&p->gen, g);
   /* Spinning workers see gen change by themselves; only sleeping ones
    * need the (system-call) broadcast.  A worker counts itself a sleeper
-   * under the mutex before it checks gen, so taking the mutex here orders
+   * under the mutex before it checks gen, so taking the mutex (pool_wake) orders
    * the two: either it sees the new gen or we see it asleep. */
-  if (atomic_load(&p->sleepers) > 0) {
-    pthread_mutex_lock(&p->mu);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
-  }
+  pool_wake(p);
   run_chunks(p, g);
   for (int spins = 0; atomic_load(&p->done) < nchunks && spins < SPIN; spins++) cpu_relax();
   if (atomic_load(&p->done) < nchunks) {
@@ -216,14 +220,6 @@ void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx) {
     while (atomic_load(&p->done) < nchunks) pthread_cond_wait(&p->finished, &p->mu);
     pthread_mutex_unlock(&p->mu);
   }
-}
-
-void pool_wake(Pool *p) {
-  if (!p || atomic_load(&p->sleepers) == 0) return;
-  pthread_mutex_lock(&p->mu);
-  p->pokes++;
-  pthread_cond_broadcast(&p->wake);
-  pthread_mutex_unlock(&p->mu);
 }
 
 void pool_free(Pool *p) {
