@@ -126,19 +126,31 @@ static LLVMValueRef bits(Gen *g, LLVMValueRef x) { return LLVMBuildBitCast(g->b,
 static LLVMValueRef from_bits(Gen *g, LLVMValueRef i) { return LLVMBuildBitCast(g->b, i, g->t_f32, ""); }
 static LLVMValueRef fc(LLVMValueRef like, double v) { return LLVMConstReal(LLVMTypeOf(like), v); }
 
+/* The round-to-integer constant of exp_reduced: 1.5 * 2^23, whose ulp
+ * is 1, plus the exponent bias. */
+#define EXP_SHIFT (12582912.0 + 127.0)
+#define EXP_SHIFT_BITS 0x4B40007F /* its bits as an f32 */
+
 /* The core of Cephes expf for a clamped f32 argument xc: e^r for
  * r = xc - n ln 2 (ln 2 in two parts, n = round(xc log2 e)) by a degree-6
- * polynomial; n as an i32 in *n, for the caller to scale by 2^n. */
-static LLVMValueRef exp_reduced(Gen *g, LLVMValueRef xc, LLVMValueRef *n) {
+ * polynomial.  n comes from one multiply-add, t = xc log2 e + EXP_SHIFT,
+ * which leaves n + 127 in the low bits of t's significand: *tb, t's bits,
+ * shifted left 23 is 2^n as a float (the bits of 1.5 * 2^23 shift out), and
+ * t - EXP_SHIFT is n exactly.  That replaces a round, a float-to-int
+ * conversion and an integer add, on the pipes the kernels of exp are bound by. */
+static LLVMValueRef exp_reduced(Gen *g, LLVMValueRef xc, LLVMValueRef *tb) {
   LLVMBuilderRef b = g->b;
-  LLVMValueRef fx = gen_call1(g, "llvm.roundeven", LLVMBuildFMul(b, xc, fc(xc, 1.44269504088896341), ""));
+  LLVMTypeRef ft = LLVMTypeOf(xc);
+  LLVMValueRef args[3] = {xc, fc(xc, 1.44269504088896341), fc(xc, EXP_SHIFT)};
+  LLVMValueRef t = gen_intrinsic(g, "llvm.fmuladd", &ft, 1, args, 3); /* exact: the callers clamp |xc| below 150 */
+  LLVMValueRef fx = LLVMBuildFSub(b, t, fc(xc, EXP_SHIFT), "");
   LLVMValueRef r = LLVMBuildFSub(b, xc, LLVMBuildFMul(b, fx, fc(xc, 0.693359375), ""), "");
   r = LLVMBuildFSub(b, r, LLVMBuildFMul(b, fx, fc(xc, -2.12194440e-4), ""), "");
   static const double c[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
                              4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
   LLVMValueRef y = fc(xc, c[0]);
   for (int i = 1; i < 6; i++) y = LLVMBuildFAdd(b, LLVMBuildFMul(b, y, r, ""), fc(xc, c[i]), "");
-  *n = LLVMBuildFPToSI(b, fx, g->t_i32, ""); /* exact: the callers clamp |xc| below 150 */
+  *tb = bits(g, t);
   return LLVMBuildFAdd(b, LLVMBuildFAdd(b, LLVMBuildFMul(b, y, LLVMBuildFMul(b, r, r, ""), ""), r, ""), fc(xc, 1.0), "");
 }
 
@@ -155,6 +167,7 @@ LLVMValueRef gen_exp(Gen *g, LLVMValueRef x) {
   LLVMBuilderRef b = g->b;
   LLVMValueRef n, xc = call2(g, "llvm.maxnum", call2(g, "llvm.minnum", x, fc(x, 89.0)), fc(x, -104.0));
   LLVMValueRef y = exp_reduced(g, xc, &n);
+  n = LLVMBuildSub(b, n, i32c(g, EXP_SHIFT_BITS), "");
   LLVMValueRef n1 = LLVMBuildAShr(b, n, i32c(g, 1), ""), n2 = LLVMBuildSub(b, n, n1, "");
   y = LLVMBuildFMul(b, LLVMBuildFMul(b, y, pow2i(g, n1), ""), pow2i(g, n2), "");
   y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, x, fc(x, 88.72283935546875), ""), fc(x, INFINITY), y, "");
@@ -174,11 +187,13 @@ LLVMValueRef gen_exp_nonpos(Gen *g, LLVMValueRef x) {
   if (LLVMTypeOf(x) != g->t_f32) return gen_call1(g, "llvm.exp", x);
   LLVMBuilderRef b = g->b;
   const double lo = -87.3365478515625; /* ln FLT_MIN, to f32 */
-  LLVMValueRef n, xc = call2(g, "llvm.maxnum", x, fc(x, lo)); /* NaN -> lo: no poison below */
-  LLVMValueRef y = exp_reduced(g, xc, &n);
-  y = LLVMBuildFMul(b, y, pow2i(g, n), ""); /* -126 <= n <= 0 */
-  y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, x, fc(x, lo), ""), fc(x, 0.0), y, "");
-  return LLVMBuildSelect(b, gen_isnan(g, x), x, y, "");
+  /* One compare both clamps and zeroes.  A NaN passes it and stays NaN to
+   * the end: the rounding by EXP_SHIFT has no float-to-int conversion to
+   * make it poison, and NaN times any 2^n is NaN. */
+  LLVMValueRef under = LLVMBuildFCmp(b, LLVMRealOLT, x, fc(x, lo), "");
+  LLVMValueRef n, y = exp_reduced(g, LLVMBuildSelect(b, under, fc(x, lo), x, ""), &n);
+  y = LLVMBuildFMul(b, y, from_bits(g, LLVMBuildShl(b, n, i32c(g, 23), "")), ""); /* 2^n, -126 <= n <= 0 */
+  return LLVMBuildSelect(b, under, fc(x, 0.0), y, "");
 }
 
 /* tanh in f32 without a libm call (Cephes tanhf): an odd polynomial below
@@ -648,18 +663,18 @@ static LLVMValueRef sigmoid(Gen *g, LLVMValueRef x) {
   return LLVMBuildSelect(g->b, pos, LLVMBuildFDiv(g->b, one, d, ""), LLVMBuildFDiv(g->b, e, d, ""), "");
 }
 
-/* p = sigmoid(2u) and 1 - p without cancellation: e = exp(-2|u|). */
-static void sigmoid2(Gen *g, LLVMValueRef u, LLVMValueRef *p, LLVMValueRef *q) {
-  LLVMTypeRef t = LLVMTypeOf(u);
-  LLVMValueRef e = gen_exp_nonpos(g, LLVMBuildFMul(g->b, gen_call1(g, "llvm.fabs", u), LLVMConstReal(t, -2.0), ""));
+/* p = sigmoid(v) and 1 - p without cancellation: e = exp(-|v|). */
+static void sigmoid_pq(Gen *g, LLVMValueRef v, LLVMValueRef *p, LLVMValueRef *q) {
+  LLVMTypeRef t = LLVMTypeOf(v);
+  LLVMValueRef e = gen_exp_nonpos(g, LLVMBuildFNeg(g->b, gen_call1(g, "llvm.fabs", v), ""));
   LLVMValueRef big = LLVMBuildFDiv(g->b, LLVMConstReal(t, 1.0), LLVMBuildFAdd(g->b, LLVMConstReal(t, 1.0), e, ""), "");
   LLVMValueRef small = LLVMBuildFMul(g->b, e, big, "");
-  LLVMValueRef pos = LLVMBuildFCmp(g->b, LLVMRealOGE, u, LLVMConstReal(t, 0), "");
+  LLVMValueRef pos = LLVMBuildFCmp(g->b, LLVMRealOGE, v, LLVMConstReal(t, 0), "");
   *p = LLVMBuildSelect(g->b, pos, big, small, "");
   *q = LLVMBuildSelect(g->b, pos, small, big, "");
 }
 
-/* u = c (x + a x^3) */
+/* u = c (x + a x^3), in f64 as the interpreter writes it. */
 static LLVMValueRef gelu_u(Gen *g, LLVMValueRef x) {
   LLVMTypeRef t = LLVMTypeOf(x);
   LLVMValueRef x3 = LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, x, x, ""), x, "");
@@ -667,45 +682,56 @@ static LLVMValueRef gelu_u(Gen *g, LLVMValueRef x) {
   return LLVMBuildFMul(g->b, LLVMConstReal(t, GELU_C), in, "");
 }
 
+/* In f32: p = sigmoid(2u) and q = 1 - p for 2u = x (2c + 2ca x^2), with
+ * x^2 in *x2.  With the constants folded so, 2u takes two multiplies and a
+ * multiply-add, where c (x + a x^3) and then -2|u| took four and one: the
+ * gelu kernels are bound by the multiply pipes (docs/DECISIONS.md). */
+static void gelu_pq(Gen *g, LLVMValueRef x, LLVMValueRef *x2, LLVMValueRef *p, LLVMValueRef *q) {
+  LLVMTypeRef t = LLVMTypeOf(x);
+  *x2 = LLVMBuildFMul(g->b, x, x, "");
+  LLVMValueRef k = LLVMBuildFAdd(g->b, LLVMBuildFMul(g->b, *x2, LLVMConstReal(t, 2.0 * GELU_C * GELU_A), ""),
+                                 LLVMConstReal(t, 2.0 * GELU_C), "");
+  sigmoid_pq(g, LLVMBuildFMul(g->b, x, k, ""), p, q);
+}
+
 /* gelu: f64 as the interpreter writes it (0.5 x (1 + tanh u)); in f32,
  * x * sigmoid(2u), the same function without the cancellation of 1 + tanh
  * that f32 could not afford. */
 static LLVMValueRef gelu(Gen *g, LLVMValueRef x) {
   LLVMTypeRef t = LLVMTypeOf(x);
-  LLVMValueRef u = gelu_u(g, x);
   if (t == g->t_f64) {
-    LLVMValueRef th = gen_libm1(g, "tanh", u);
+    LLVMValueRef th = gen_libm1(g, "tanh", gelu_u(g, x));
     LLVMValueRef h = LLVMBuildFMul(g->b, LLVMConstReal(t, 0.5), x, "");
     return LLVMBuildFMul(g->b, h, LLVMBuildFAdd(g->b, LLVMConstReal(t, 1.0), th, ""), "");
   }
-  LLVMValueRef p, q;
-  sigmoid2(g, u, &p, &q);
+  LLVMValueRef x2, p, q;
+  gelu_pq(g, x, &x2, &p, &q);
   return LLVMBuildFMul(g->b, x, p, "");
 }
 
 /* d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh u;
- * in f32 with 1 + t = 2p and 1 - t = 2q (p = sigmoid(2u), q = 1 - p). */
+ * in f32 with 1 + t = 2p and 1 - t = 2q (p = sigmoid(2u), q = 1 - p):
+ * p + 2x p q (c + 3ca x^2). */
 static LLVMValueRef gelu_grad(Gen *g, LLVMValueRef x) {
   LLVMTypeRef t = LLVMTypeOf(x);
-  LLVMValueRef u = gelu_u(g, x);
-  LLVMValueRef x2 = LLVMBuildFMul(g->b, x, x, "");
-  LLVMValueRef poly = LLVMBuildFMul(
-      g->b, LLVMConstReal(t, GELU_C),
-      LLVMBuildFAdd(g->b, LLVMConstReal(t, 1.0), LLVMBuildFMul(g->b, LLVMConstReal(t, 3.0 * GELU_A), x2, ""), ""), "");
   if (t == g->t_f64) {
-    LLVMValueRef th = gen_libm1(g, "tanh", u);
+    LLVMValueRef x2 = LLVMBuildFMul(g->b, x, x, "");
+    LLVMValueRef poly = LLVMBuildFMul(
+        g->b, LLVMConstReal(t, GELU_C),
+        LLVMBuildFAdd(g->b, LLVMConstReal(t, 1.0), LLVMBuildFMul(g->b, LLVMConstReal(t, 3.0 * GELU_A), x2, ""), ""), "");
+    LLVMValueRef th = gen_libm1(g, "tanh", gelu_u(g, x));
     LLVMValueRef a = LLVMBuildFMul(g->b, LLVMConstReal(t, 0.5), LLVMBuildFAdd(g->b, LLVMConstReal(t, 1.0), th, ""), "");
     LLVMValueRef omt2 = LLVMBuildFSub(g->b, LLVMConstReal(t, 1.0), LLVMBuildFMul(g->b, th, th, ""), "");
     LLVMValueRef bb = LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, LLVMConstReal(t, 0.5), x, ""), omt2, ""),
                                     poly, "");
     return LLVMBuildFAdd(g->b, a, bb, "");
   }
-  LLVMValueRef p, q;
-  sigmoid2(g, u, &p, &q);
-  /* 0.5 (1 + t) = p;  0.5 x (1 - t^2) = 2 x p q */
-  LLVMValueRef bb = LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, LLVMConstReal(t, 2.0), x, ""),
-                                                      LLVMBuildFMul(g->b, p, q, ""), ""),
-                                  poly, "");
+  LLVMValueRef x2, p, q;
+  gelu_pq(g, x, &x2, &p, &q);
+  LLVMValueRef poly = LLVMBuildFAdd(g->b, LLVMBuildFMul(g->b, x2, LLVMConstReal(t, 3.0 * GELU_C * GELU_A), ""),
+                                    LLVMConstReal(t, GELU_C), "");
+  LLVMValueRef bb = LLVMBuildFMul(g->b, LLVMBuildFAdd(g->b, x, x, ""),
+                                  LLVMBuildFMul(g->b, LLVMBuildFMul(g->b, p, q, ""), poly, ""), "");
   return LLVMBuildFAdd(g->b, p, bb, "");
 }
 
