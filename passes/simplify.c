@@ -2,8 +2,9 @@
  * Folds elementwise ops over scalar constants (never window.sum: window
  * weights are run-time values, DESIGN.md §3 rule 2), and removes x*1, x+0,
  * x-0, x/1, neg(neg x), casts and reshapes/broadcasts to the same type,
- * reshape chains, permute chains and identity permutes, and turns a
- * broadcast constant into a shaped constant.  Folding computes with
+ * reshape chains, permute chains and identity permutes, turns a
+ * broadcast constant into a shaped constant, and writes a layer_norm or
+ * rms_norm whose statistics the function also computes over them.  Folding computes with
  * ir/scalar.c, as the interpreter does.  Requires: definitions precede
  * uses.  Guarantees: the same values at every output (up to f32 rounding of
  * folded constants, done as the interpreter rounds). */
@@ -41,6 +42,76 @@ static bool fold(IrOp *op, double *out) {
 
 static bool same_type(IrValue *a, IrValue *b) { return ir_type_eq(&a->type, &b->type); }
 
+/* ------------------------------------------------------------------ */
+/* Norms over the statistics the function computes anyway              */
+/* ------------------------------------------------------------------ */
+
+/* The result of an op of f with this opcode and operands (b NULL: one
+ * operand), or NULL. */
+static IrValue *find_op(const IrFunc *f, IrOpcode k, const IrValue *a, const IrValue *b) {
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    if (op->opcode == k && op->result && op->nargs == (b ? 2 : 1) && op->args[0] == a && (!b || op->args[1] == b))
+      return op->result;
+  }
+  return NULL;
+}
+
+/* mean(x) over x's last axis, kept, as a norm's statistics take it. */
+static IrValue *find_row_mean(const IrFunc *f, const IrValue *x) {
+  int64_t last = x->type.shape.rank - 1;
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    const int64_t *ax;
+    if (op->opcode != IR_OP_MEAN || op->args[0] != x || !ir_attr_get_int(op, "keepdim", 0)) continue;
+    if (ir_attr_get_ints(op, "axes", &ax) == 1 && ax[0] == last) return op->result;
+  }
+  return NULL;
+}
+
+/* rsqrt(v + eps), with eps a scalar constant equal to the norm's. */
+static IrValue *find_rsqrt_eps(const IrFunc *f, const IrValue *v, double eps) {
+  for (int i = 0; i < f->nops; i++) {
+    const IrOp *op = f->ops[i];
+    double c;
+    if (op->opcode != IR_OP_ADD || op->args[0] != v || !const_val(op->args[1], &c) || c != eps ||
+        op->args[1]->type.shape.rank != 0)
+      continue;
+    IrValue *r = find_op(f, IR_OP_RSQRT, op->result, NULL);
+    if (r) return r;
+  }
+  return NULL;
+}
+
+/* A layer_norm (rms_norm) whose row statistics the function computes as
+ * well, as autodiff's backward recomputes them (passes/autodiff_rules.c:
+ * xc = x - mean(x), rstd = rsqrt(mean(xc * xc) + eps); for rms_norm
+ * r = rsqrt(mean(x * x) + eps)), becomes xc * rstd * w + b (x * r * w)
+ * over them: the forward kernel then computes each statistic once, where
+ * the fused norm summed the row twice more for its own (docs/DECISIONS.md
+ * "A norm over its backward's statistics").  NULL when they are not all
+ * there (a forward-only compile, or gradients for b alone). */
+static IrValue *norm_over_stats(IrFunc *f, IrOp *op) {
+  IrValue *x = op->args[0], *r = op->result;
+  double eps = ir_op_eps(op);
+  IrValue *y;
+  if (op->opcode == IR_OP_LAYER_NORM) {
+    IrValue *mu = find_row_mean(f, x), *xc = mu ? find_op(f, IR_OP_SUB, x, mu) : NULL;
+    IrValue *sq = xc ? find_op(f, IR_OP_MUL, xc, xc) : NULL, *var = sq ? find_row_mean(f, sq) : NULL;
+    IrValue *rstd = var ? find_rsqrt_eps(f, var, eps) : NULL;
+    if (!rstd) return NULL;
+    y = ir_binary(f, IR_OP_MUL, ir_binary(f, IR_OP_MUL, xc, rstd, op->loc), op->args[1], op->loc);
+    y = ir_binary(f, IR_OP_ADD, y, op->args[2], op->loc);
+  } else {
+    IrValue *sq = find_op(f, IR_OP_MUL, x, x), *ms = sq ? find_row_mean(f, sq) : NULL;
+    IrValue *rr = ms ? find_rsqrt_eps(f, ms, eps) : NULL;
+    if (!rr) return NULL;
+    y = ir_binary(f, IR_OP_MUL, ir_binary(f, IR_OP_MUL, x, rr, op->loc), op->args[1], op->loc);
+  }
+  GRADC_ASSERT(same_type(y, r));
+  return y;
+}
+
 /* A replacement for op's result, or NULL. */
 static IrValue *simplify_op(IrFunc *f, IrOp *op) {
   IrValue *x = op->nargs > 0 ? op->args[0] : NULL, *y = op->nargs > 1 ? op->args[1] : NULL;
@@ -58,6 +129,8 @@ static IrValue *simplify_op(IrFunc *f, IrOp *op) {
     if (is_const(x, 1) && same_type(y, r)) return y;
   } else if (k == IR_OP_DIV) {
     if (is_const(y, 1) && same_type(x, r)) return x;
+  } else if (k == IR_OP_LAYER_NORM || k == IR_OP_RMS_NORM) {
+    return norm_over_stats(f, op);
   } else if (k == IR_OP_NEG) {
     if (x->def && x->def->opcode == IR_OP_NEG) return x->def->args[0];
   } else if (k == IR_OP_CAST) {

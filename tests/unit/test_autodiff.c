@@ -379,6 +379,87 @@ static void test_autodiff_collectives_pair_up(void **state) {
                    IR_OP_ALL_REDUCE_WAIT, SH(4, 3));
 }
 
+/* L = sum(layer_norm(x, w, b) * c) + sum(rms_norm(x, w) ** 2)... with
+ * rms_norm squared by a multiply: the forward over [6, 10] in f64. */
+static IrFunc *norms_model(void) {
+  IrFunc *f = ir_func_new("norms");
+  IrValue *x = param(f, "x", IR_DT_F64, SH(6, 10));
+  IrValue *w = param(f, "w", IR_DT_F64, SH(10));
+  IrValue *b = param(f, "b", IR_DT_F64, SH(10));
+  IrValue *c = input(f, "c", IR_DT_F64, SH(6, 10));
+  IrAttr eps = ir_attr_float("eps", 1e-5);
+  IrValue *ln = ir_emit(f, IR_OP_LAYER_NORM, (IrValue *[]){x, w, b}, 3, &eps, 1, NULL, L0);
+  IrValue *rms = ir_emit(f, IR_OP_RMS_NORM, (IrValue *[]){x, w}, 2, &eps, 1, NULL, L0);
+  IrValue *l = ir_binary(f, IR_OP_ADD, sum_all(f, ir_binary(f, IR_OP_MUL, ln, c, L0)),
+                         sum_all(f, ir_binary(f, IR_OP_MUL, rms, rms, L0)), L0);
+  loss(f, l, "L");
+  return f;
+}
+
+/* simplify, then dce for the ops it left unused. */
+static void simplify(IrFunc *f) {
+  Arena scratch;
+  arena_init(&scratch);
+  PassOptions o = {.gas = 1};
+  (void)pass_simplify(f, &o, &scratch);
+  (void)pass_dce(f, &o, &scratch);
+  arena_free(&scratch);
+  char err[512] = "";
+  if (!ir_verify(f, err, sizeof err)) fail_msg("verifier: %s", err);
+}
+
+static double loss_of(IrFunc *f, InterpState *st) {
+  for (int i = 0; i < f->nops; i++)
+    if (f->ops[i]->opcode == IR_OP_LOSS) return st->val[f->ops[i]->args[0]->id][0];
+  fail_msg("no loss");
+  return 0;
+}
+
+/* After autodiff, simplify writes layer_norm and rms_norm over the row
+ * statistics their backward recomputes (passes/simplify.c): no norm op is
+ * left, and the loss and every gradient are the unsimplified function's
+ * (the same formulas in f64, up to rounding).  Without a backward there
+ * are no statistics to share, and the norms stay. */
+static void test_autodiff_norms_over_backward_statistics(void **state) {
+  (void)state;
+  IrFunc *plain = norms_model(), *simp = norms_model(), *fwd = norms_model();
+  assert_int_equal(run_autodiff(plain), PASS_CHANGED);
+  assert_int_equal(run_autodiff(simp), PASS_CHANGED);
+  simplify(simp);
+  simplify(fwd);
+  assert_int_equal(count_ops(plain, IR_OP_LAYER_NORM, 0), 1);
+  assert_int_equal(count_ops(plain, IR_OP_RMS_NORM, 0), 1);
+  assert_int_equal(count_ops(simp, IR_OP_LAYER_NORM, 0), 0);
+  assert_int_equal(count_ops(simp, IR_OP_RMS_NORM, 0), 0);
+  assert_int_equal(count_ops(fwd, IR_OP_LAYER_NORM, 0), 1);
+  assert_int_equal(count_ops(fwd, IR_OP_RMS_NORM, 0), 1);
+  double xv[60], wv[10], bv[10], cv[60];
+  for (int i = 0; i < 60; i++) {
+    xv[i] = sin(0.7 * i) * (1 + i % 7) + 0.3 * (i / 10); /* rows with different means and spreads */
+    cv[i] = cos(1.3 * i);
+  }
+  for (int i = 0; i < 10; i++) wv[i] = 1 + 0.1 * i, bv[i] = 0.05 * i - 0.2;
+  double *args[4] = {xv, wv, bv, cv};
+  InterpState a, b;
+  eval(plain, args, &a);
+  eval(simp, args, &b);
+  double la = loss_of(plain, &a), lb = loss_of(simp, &b);
+  if (!(fabs(la - lb) <= 1e-12 * fabs(la))) fail_msg("loss %.17g, unsimplified %.17g", lb, la);
+  const char *names[] = {"x", "w", "b"};
+  const int n[] = {60, 10, 10};
+  for (int k = 0; k < 3; k++) {
+    const double *ga = grad_of(plain, &a, names[k]), *gb = grad_of(simp, &b, names[k]);
+    for (int i = 0; i < n[k]; i++)
+      if (!(fabs(ga[i] - gb[i]) <= 1e-12 * (1 + fabs(ga[i]))))
+        fail_msg("d%s[%d] = %.17g, unsimplified %.17g", names[k], i, gb[i], ga[i]);
+  }
+  interp_free(&a);
+  interp_free(&b);
+  ir_func_free(plain);
+  ir_func_free(simp);
+  ir_func_free(fwd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_autodiff_fanout_sums),
@@ -394,6 +475,7 @@ int main(void) {
       cmocka_unit_test(test_autodiff_no_dead_backward),
       cmocka_unit_test(test_autodiff_twice_is_unchanged),
       cmocka_unit_test(test_autodiff_collectives_pair_up),
+      cmocka_unit_test(test_autodiff_norms_over_backward_statistics),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
