@@ -4,10 +4,11 @@
  * x-0, x/1, neg(neg x), casts and reshapes/broadcasts to the same type,
  * reshape chains, permute chains and identity permutes, turns a
  * broadcast constant into a shaped constant, and writes a layer_norm or
- * rms_norm whose statistics the function also computes over them.  Folding computes with
- * ir/scalar.c, as the interpreter does.  Requires: definitions precede
- * uses.  Guarantees: the same values at every output (up to f32 rounding of
- * folded constants, done as the interpreter rounds). */
+ * rms_norm whose statistics the function also computes over them.
+ * Folding computes with ir/scalar.c, as the interpreter does.  Requires:
+ * definitions precede uses.  Guarantees: the same values at every output
+ * (up to f32 rounding of folded constants, done as the interpreter rounds,
+ * and of a rewritten norm's statistics, which are the backward's). */
 #include <string.h>
 
 #include "passes.h"
