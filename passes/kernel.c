@@ -653,12 +653,8 @@ bool kp_view_matrix(const KpView *v, bool *trans, int64_t *ld) {
   return false;
 }
 
-/* Users of every value (op, operand index), by value id. */
-typedef struct Uses {
-  int *start, *n;
-  const IrOp **op;
-  int *arg;
-} Uses;
+/* Users of every value (op, operand index), by value id (kernel.h). */
+typedef KpUses Uses;
 
 static void uses_build(const IrFunc *f, Uses *u) {
   int nv = f->nvalues, total = 0;
@@ -685,6 +681,7 @@ static void uses_free(Uses *u) {
   free(u->n);
   free(u->op);
   free(u->arg);
+  memset(u, 0, sizeof *u);
 }
 
 /* Whether v feeds a `grad`, directly or through adds (which memplan may
@@ -872,17 +869,16 @@ void kp_views_find(const IrFunc *f, bool (*outside)(const IrOp *op, void *ctx), 
   out->user = calloc((size_t)nv + 1, sizeof(IrOp *));
   KpView *view = calloc((size_t)nv + 1, sizeof(KpView));
   if (!out->place || !out->user || !view) abort();
-  Uses u;
-  uses_build(f, &u);
-  find_view_ins(f, outside, ctx, &u, out->place, view);
-  find_view_outs(f, outside, ctx, &u, out);
-  uses_free(&u);
+  uses_build(f, &out->uses);
+  find_view_ins(f, outside, ctx, &out->uses, out->place, view);
+  find_view_outs(f, outside, ctx, &out->uses, out);
   free(view);
 }
 
 void kp_views_free(KpViews *vs) {
   free(vs->place);
   free(vs->user);
+  uses_free(&vs->uses);
   vs->place = NULL;
   vs->user = NULL;
 }

@@ -203,10 +203,19 @@ typedef struct KpView {
  *             straight into that value's buffer with strides */
 enum { KP_MEM, KP_VIEW_IN, KP_VIEW_OUT };
 
+/* Every value's readers: for value id v, ops op[start[v] .. start[v] + n[v])
+ * read it as their operand arg[...]. */
+typedef struct KpUses {
+  int *start, *n;
+  const IrOp **op;
+  int *arg;
+} KpUses;
+
 typedef struct KpViews {
   unsigned char *place; /* by value id */
   const IrOp **user;    /* by value id: the op a KP_VIEW_OUT value is written through */
   int n;
+  KpUses uses;          /* the function's readers of every value */
 } KpViews;
 
 /* Classify every value of f; `outside(op, ctx)` says whether op runs
@@ -364,6 +373,12 @@ typedef struct KpBmm {
    * as the kernel reads them: its sum over k skips them, whole register
    * tiles at a time (a causal attention's P v, P^T dO, dS k, q^T dS). */
   unsigned azero, bzero;
+  /* Where no reader of C needs its matrices (KP_ZERO_*, as the kernel
+   * writes C): a causal attention's q k^T, which causal_mask replaces
+   * above the diagonal, and dO v^T, which the softmax's backward
+   * multiplies by P's zeros there.  The kernel stores zeros in the
+   * register tiles that lie wholly there instead of computing them. */
+  unsigned cdead;
 } KpBmm;
 #define KP_ZERO_LOWER 1u /* zero where the column index exceeds the row's (a causal softmax) */
 #define KP_ZERO_UPPER 2u /* zero where it is below (the transpose of one) */

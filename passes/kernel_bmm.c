@@ -102,10 +102,60 @@ static unsigned known_zeros(const IrValue *v, int depth) {
 
 #define ZEROS_DEPTH 8 /* a causal attention's dS is 5 ops from its softmax */
 
+/* Where no reader of v needs the matrices of v (KP_ZERO_* bits over its
+ * last two axes), from what every reader does with them:
+ *   - causal_mask(v) replaces v where the column exceeds the row;
+ *   - mul(v, z) is 0 wherever z is a known zero (known_zeros), whatever
+ *     finite value v holds there, and needs nothing of v where its own
+ *     result is dead;
+ *   - an elementwise op (add, sub, neg, cast, select's branches) needs v
+ *     only where its result is needed, as does a reshape or permute
+ *     keeping the last two axes (one swapping them swaps the regions);
+ *   - any other reader (a reduction, an output, another product) needs
+ *     all of v.
+ * A product skipping a dead region stores zeros there, so that the mul
+ * rule's "finite" holds.  The walk stops after `depth` ops. */
+static unsigned dead_region(const KpViews *vs, const IrValue *v, int depth) {
+  const IrShape *s = &v->type.shape;
+  if (depth <= 0 || s->rank < 2) return 0;
+  const KpUses *u = &vs->uses;
+  unsigned dead = KP_ZERO_LOWER | KP_ZERO_UPPER;
+  for (int k = u->start[v->id]; k < u->start[v->id] + u->n[v->id] && dead; k++) {
+    const IrOp *w = u->op[k];
+    const IrValue *y = w->result;
+    int arg = u->arg[k];
+    /* the reader's result has v's matrices: its regions are v's */
+    bool same = y && y->type.shape.rank >= 2 && y->type.shape.dim[y->type.shape.rank - 1] == s->dim[s->rank - 1] &&
+                y->type.shape.dim[y->type.shape.rank - 2] == s->dim[s->rank - 2];
+    const IrOpcode op = w->opcode;
+    unsigned need_not = 0;
+    if (!same) {
+      /* v broadcast into larger matrices, or a reduction over them */
+    } else if (op == IR_OP_CAUSAL_MASK) {
+      need_not = arg == 0 ? KP_ZERO_LOWER : 0;
+    } else if (op == IR_OP_MUL) {
+      need_not = operand_zeros(w->args[1 - arg], s, ZEROS_DEPTH) | dead_region(vs, y, depth - 1);
+    } else if ((op == IR_OP_SELECT && arg > 0) || op == IR_OP_ADD || op == IR_OP_SUB || op == IR_OP_NEG ||
+               op == IR_OP_CAST || op == IR_OP_RESHAPE) {
+      need_not = dead_region(vs, y, depth - 1);
+    } else if (op == IR_OP_PERMUTE) {
+      const int64_t *perm;
+      int r = y->type.shape.rank;
+      if (ir_attr_get_ints(w, "perm", &perm) == r) {
+        if (perm[r - 2] == r - 2 && perm[r - 1] == r - 1) need_not = dead_region(vs, y, depth - 1);
+        else if (perm[r - 2] == r - 1 && perm[r - 1] == r - 2) need_not = flip_zeros(dead_region(vs, y, depth - 1));
+      }
+    }
+    dead &= need_not;
+  }
+  return dead;
+}
+
 /* p as C^T = B^T A^T. */
 static void transpose(KpBmm *p) {
   KpBmm t = *p;
   p->azero = flip_zeros(t.bzero), p->bzero = flip_zeros(t.azero);
+  p->cdead = flip_zeros(t.cdead);
   p->M = t.N, p->N = t.M;
   p->a = t.b, p->b = t.a;
   p->aoff = t.boff, p->boff = t.aoff;
@@ -139,6 +189,9 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   if (out->M < 1 || out->N < 1 || out->K < 1) return false;
   out->azero = known_zeros(A, ZEROS_DEPTH);
   out->bzero = known_zeros(B, ZEROS_DEPTH);
+  /* Dead regions of a batch written whole into its own buffer: another
+   * value's readers would see the zeros through a view. */
+  if (!single && !out->acc && vc.root == C && C->storage == IR_STORE_ARENA) out->cdead = dead_region(vs, C, ZEROS_DEPTH);
   int64_t most = out->azero || out->bzero ? KP_BMM_MAX_MACS_ZEROS : KP_BMM_MAX_MACS;
   if (!single && (out->M > most || out->N > most || out->K > most || out->M * out->N * out->K > most))
     return false; /* (each first: no overflow) */

@@ -162,10 +162,10 @@ static const char *kernel_key(Arena *a, const KInfo *ki) {
      * in where they are (its loads carry no alias scopes), or in being
      * one address (gen_buf then reads one offset for both). */
     const KpBmm *p = ki->bmm;
-    sb_printf(&sb, "bmm %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %d %u %u;", (long long)p->M,
+    sb_printf(&sb, "bmm %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %d %u %u %u;", (long long)p->M,
               (long long)p->N, (long long)p->K, (long long)p->aoff, (long long)p->boff, (long long)p->coff,
               (long long)p->am, (long long)p->ak, (long long)p->bk, (long long)p->bn, (long long)p->cm,
-              (long long)p->cn, (long long)p->nbatch, (int)p->acc, p->azero, p->bzero);
+              (long long)p->cn, (long long)p->nbatch, (int)p->acc, p->azero, p->bzero, p->cdead);
     for (int d = 0; d < p->nbatch; d++)
       sb_printf(&sb, "%lld:%lld:%lld:%lld;", (long long)p->bdim[d], (long long)p->as[d], (long long)p->bs[d],
                 (long long)p->cs[d]);

@@ -51,6 +51,7 @@ static BmmTiling bmm_tiling(const KpBmm *p) {
   int regs = gen_host_avx512() ? 32 : 16;
   t.whole = p->N / t.vl, t.tail = p->N % t.vl, t.nvec = t.whole + (t.tail > 0);
   t.nt = t.nvec < BMM_MAX_VECS ? (int)t.nvec : BMM_MAX_VECS;
+  if (p->cdead) t.nt = 1; /* the dead region's edge in steps of one vector */
   /* Rows a tile: what the registers hold beside nt panel vectors and a
    * broadcast, at most; a divisor of M from half that on, so that every
    * tile is one body (32 rows as 4 x 8 with two vectors a row: compile
@@ -240,13 +241,49 @@ static void pack_block(Gen *g, const Bmm *m, LLVMValueRef b, LLVMValueRef panel,
   }
 }
 
+/* Zeros into rows [r0, r1) of C, nv vectors from column n0 on, the last
+ * of them holding only `tail` columns. */
+static void emit_zero_rows(Gen *g, const Bmm *m, LLVMValueRef r0, LLVMValueRef r1, LLVMValueRef n0, int nv, int tail) {
+  const KpBmm *p = m->p;
+  LLVMValueRef zero = LLVMConstNull(m->vt);
+  GenLoop r;
+  gen_loop_begin(g, &r, r0, r1, "dead");
+  LLVMValueRef crow = add(g, mul(g, r.iv, p->cm), mul(g, n0, p->cn));
+  for (int v = 0; v < nv; v++) {
+    LLVMValueRef ptr = gep_f32(g, m->c, add(g, crow, gen_i64(g, (int64_t)v * m->vl * p->cn)));
+    if (p->cn == 1 && (v < nv - 1 || tail == m->vl)) {
+      LLVMValueRef st = LLVMBuildStore(g->b, zero, ptr);
+      LLVMSetAlignment(st, 4);
+    } else {
+      store_lanes(g, m, ptr, zero, v < nv - 1 ? m->vl : tail);
+    }
+  }
+  gen_loop_end(g, &r);
+}
+
 /* Rows of C for the column tile at n0 of nv vectors: tiles of mr rows in a
- * loop, then one of the rows left. */
+ * loop, then one of the rows left.  Where C has a dead region (KpBmm's
+ * cdead), the full tiles wholly inside it are zeros: with the region
+ * where the column exceeds the row, tile t (rows t mr .. t mr + mr - 1)
+ * when t mr + mr <= n0, the tiles before n0 / mr; with the region below
+ * the diagonal, when t mr exceeds the tile's last column, the tiles
+ * after (n0 + nv vl - 1) / mr.  The tile of the rows left is computed. */
 static void emit_rows(Gen *g, const Bmm *m, int mr, LLVMValueRef n0, int nv, int tail) {
-  int64_t full = m->p->M / mr, rest = m->p->M % mr;
+  const KpBmm *p = m->p;
+  int64_t full = p->M / mr, rest = p->M % mr;
   if (full > 0) {
+    LLVMValueRef lo = gen_i64(g, 0), hi = gen_i64(g, full);
+    if (p->cdead & KP_ZERO_LOWER) lo = imin(g, LLVMBuildSDiv(g->b, n0, gen_i64(g, mr), ""), hi);
+    if (p->cdead & KP_ZERO_UPPER) {
+      LLVMValueRef last = add(g, n0, gen_i64(g, (int64_t)nv * m->vl - 1));
+      hi = imax(g, lo, imin(g, hi, add(g, LLVMBuildSDiv(g->b, last, gen_i64(g, mr), ""), gen_i64(g, 1))));
+    }
+    if (p->cdead) {
+      emit_zero_rows(g, m, gen_i64(g, 0), mul(g, lo, mr), n0, nv, tail);
+      emit_zero_rows(g, m, mul(g, hi, mr), gen_i64(g, full * mr), n0, nv, tail);
+    }
     GenLoop rt;
-    gen_loop_begin(g, &rt, gen_i64(g, 0), gen_i64(g, full), "rows");
+    gen_loop_begin(g, &rt, lo, hi, "rows");
     emit_tile(g, m, mul(g, rt.iv, mr), mr, n0, nv, tail);
     gen_loop_end(g, &rt);
   }

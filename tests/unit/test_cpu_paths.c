@@ -556,22 +556,24 @@ static const char causal_src[] =
     "}\n";
 
 /* Every matmul of f the CPU generates, by the known zeros of its plan:
- * n[0] none, n[1] some in A, n[2] some in B. */
-static void count_zeros(const IrFunc *f, int n[3]) {
+ * n[0] none, n[1] some in A, n[2] some in B; n[3] of them have a dead
+ * region in C. */
+static void count_zeros(const IrFunc *f, int n[4]) {
   KpViews vs;
   kp_views_find(f, plan_in_group0, NULL, &vs);
-  n[0] = n[1] = n[2] = 0;
+  n[0] = n[1] = n[2] = n[3] = 0;
   for (int i = 0; i < f->nops; i++) {
     KpBmm p;
     if (!kp_bmm_plan(&vs, f->ops[i], &p)) continue;
     assert_false(p.azero && p.bzero); /* no product here has two triangular operands */
     n[p.azero ? 1 : p.bzero ? 2 : 0]++;
+    n[3] += p.cdead != 0;
   }
   kp_views_free(&vs);
 }
 
 static void check_causal(IrFunc *f) {
-  int n[3];
+  int n[4];
   count_zeros(f, n);
   bool f64 = false;
   for (int i = 0; i < f->nargs; i++) f64 |= f->args[i]->type.dtype == IR_DT_F64;
@@ -580,21 +582,26 @@ static void check_causal(IrFunc *f) {
     return;
   }
   /* the four forward products and x's and z's gradients (P^T dy1, P dy2,
-   * dy3 P^T, dy4 P) skip zeros; P's gradients (dy1 x^T, ...) do not */
+   * dy3 P^T, dy4 P) skip zeros; P's gradients (dy1 x^T, ...) do not, but
+   * the softmax's backward multiplies them by P's zeros: each has a dead
+   * region (as computed, two of them transposed) */
   assert_int_equal(n[1] + n[2], 8);
   assert_true(n[1] >= 2 && n[2] >= 2);
+  assert_int_equal(n[3], 4);
 }
 
 static void test_cpu_causal_products(void **state) {
   (void)state;
   run_model_case(&(ModelCase){"causal", causal_src, 2, 47, check_causal});
   /* attention: att v, dv = P^T dO, dq = dS k and dk = q^T dS skip zeros;
-   * q k^T and dO v^T do not */
+   * q k^T and dO v^T do not, but nothing reads them above the diagonal
+   * (the mask replaces q k^T there, P's zeros multiply dO v^T) */
   FeModel *m = planned_model("attention.gdl", attention_src, 1);
-  int n[3];
+  int n[4];
   count_zeros(m->func, n);
   assert_int_equal(n[1] + n[2], 4);
   assert_int_equal(n[0], 2);
+  assert_int_equal(n[3], 2);
   fe_model_free(m);
 }
 
