@@ -191,7 +191,8 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   out->bzero = known_zeros(B, ZEROS_DEPTH);
   /* Dead regions of a batch written whole into its own buffer: another
    * value's readers would see the zeros through a view. */
-  if (!single && !out->acc && vc.root == C && C->storage == IR_STORE_ARENA) out->cdead = dead_region(vs, C, ZEROS_DEPTH);
+  if (!single && !out->acc && vc.root == C && C->storage == IR_STORE_ARENA)
+    out->cdead = dead_region(vs, C, ZEROS_DEPTH);
   int64_t most = out->azero || out->bzero || out->cdead ? KP_BMM_MAX_MACS_ZEROS : KP_BMM_MAX_MACS;
   if (!single && (out->M > most || out->N > most || out->K > most || out->M * out->N * out->K > most))
     return false; /* (each first: no overflow) */

@@ -133,7 +133,8 @@ static LLVMValueRef fc(LLVMValueRef like, double v) { return LLVMConstReal(LLVMT
 
 /* The core of Cephes expf for a clamped f32 argument xc: e^r for
  * r = xc - n ln 2 (ln 2 in two parts, n = round(xc log2 e)) by a degree-7
- * polynomial, 1 + r + r^2 P(r) with P of degree 5.  n comes from one multiply-add, t = xc log2 e + EXP_SHIFT,
+ * polynomial, 1 + r + r^2 P(r) with P of degree 5.  n comes from one
+ * multiply-add, t = xc log2 e + EXP_SHIFT,
  * which leaves n + 127 in the low bits of t's significand: *tb, t's bits,
  * shifted left 23 is 2^n as a float (the bits of 1.5 * 2^23 shift out), and
  * t - EXP_SHIFT is n exactly.  That replaces a round, a float-to-int
