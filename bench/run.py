@@ -47,8 +47,14 @@ After the tables (and in the header --results writes) it prints the
 conditions the runs had: one core's f32 FMA throughput before and after
 (bench/fma_peak.c, at each thread count: the same CPU model has run here
 at 238 GFLOP/s a core on one host and 60-155 on another, so milliseconds
-from two runs compare only beside it) and the share of CPU time the
-hypervisor stole during the runs (/proc/stat).
+from two runs compare only beside it), the share of CPU time the
+hypervisor stole during the runs (/proc/stat), and a cache line's round
+trip between the two cores just before and just after each multi-thread
+run, the larger of the two (bench/core_latency.c: a VM's two CPUs sit on
+one die of the host or on two, which the host can change within seconds;
+apart, a two-thread step that hands its rows from core to core runs at
+about one thread's speed), over all runs and over the runs the table
+keeps.
 
 The whole RESULTS table, on a quiet machine:
   bench/run.py --setup-peers --gemm-lib --repeat 3 --quiet-wait 30 --results bench/RESULTS.md
@@ -486,6 +492,38 @@ def fma_peak(a, threads_list):
     return isa, per
 
 
+def core_latency(a):
+    """bench/core_latency.c on the first two CPUs: a cache line's round trip
+    between them in ns, or None.  A VM's two CPUs sit on one die of the host
+    or on two, and the host moves them: a two-thread step hands its rows
+    from core to core and runs at one thread's speed across dies."""
+    build = os.path.dirname(os.path.abspath(a.gradc))
+    exe = os.path.join(build, "core_latency")
+    if not os.path.exists(exe):
+        rc, _, _ = sh(["cmake", "--build", build, "--target", "core_latency"])
+        if rc != 0 or not os.path.exists(exe):
+            return None
+    rc, out, _ = sh(pin(2) + [exe])
+    f = out.split()
+    return float(f[0]) if rc == 0 and len(f) == 3 else None
+
+
+def latency_text(all_ns, kept):
+    """The round trips of the multi-thread runs, and those of the runs the
+    table keeps (gradc's and its peers')."""
+    if not all_ns:
+        return ""
+    def span(v):
+        return f"{min(v):.0f}-{max(v):.0f}" if v else "-"
+    g = [ns for who, ns in kept if who == "gradc"]
+    o = [ns for who, ns in kept if who != "gradc"]
+    return (f"A cache line's round trip between the two cores (bench/core_latency.c; the larger of "
+            f"the ones just before and just after each multi-thread run): {span(all_ns)} ns; in the runs "
+            f"the table keeps, gradc's {span(g)}, "
+            f"its peers' {span(o)} (some hosts move the two CPUs between one die and two: "
+            f"about 55 against 330 ns on the AMD EPYC).")
+
+
 def peak_text(threads_list, before, after):
     """What one core's FMAs sustained before and after the runs: the same CPU
     model runs at different speeds on different hosts, and one shared host
@@ -522,6 +560,7 @@ def main():
     peak0 = fma_peak(a, threads) if cells else None
     steal = Steal()
     selects = []    # gradc's gemm_select_ms, every run
+    rtts = []       # core_latency around every multi-thread run
     best = {}       # cell -> who -> (fig, err)
     prov_best = {}  # cell -> provider -> (fig, err)
     with tempfile.TemporaryDirectory(prefix="gradc-bench-") as tmp:
@@ -537,6 +576,7 @@ def main():
                     runs += [("gemm:" + p, p) for p in PROVIDERS]
                 for who, gemm in runs:
                     wait_quiet(a)
+                    rtt = core_latency(a) if thr > 1 else None
                     # A fresh cache each time: cold, then warm from what the cold run wrote
                     # (and the host's GEMM provider measured afresh).
                     cache = os.path.join(tmp, f"cache-{model}-{i}-{r}-{who}")
@@ -555,6 +595,13 @@ def main():
                         (fig, err), stolen = steal.run(run_torch, a, model, defs, thr, steps, kind == "compile",
                                                        ac or None)
                         mins = ("compile_ms",) if kind == "compile" else ("gemm_floor_ms",)
+                    # The host can move the CPUs within a run: the worse of before and after.
+                    after = core_latency(a) if rtt is not None else None
+                    rtt = max(rtt, after) if after is not None else None
+                    if rtt is not None:
+                        rtts.append(rtt)
+                    if fig and rtt is not None:
+                        fig["core_rtt_ns"] = rtt
                     if fig and who.startswith("gradc") and "gemm_select_ms" in fig:
                         selects.append(fig["gemm_select_ms"])
                     table = prov_best.setdefault(i, {}) if gemm else best.setdefault(i, {})
@@ -562,8 +609,8 @@ def main():
                     old = table.get(key, (None, None))[0]
                     new = fastest(old, fig, mins) if fig else old
                     table[key] = (new, None if new else err)
-                    print(f"round {r + 1}: {name} threads={thr} {who}: {fig or err} (steal {100 * stolen:.1f}%)",
-                          file=sys.stderr)
+                    print(f"round {r + 1}: {name} threads={thr} {who}: {fig or err} (steal {100 * stolen:.1f}%"
+                          + (f", core round trip {rtt:.0f} ns" if rtt is not None else "") + ")", file=sys.stderr)
         rows = [(name, thr, best.get(i, {})) for i, (name, model, defs, steps, thr) in enumerate(cells)]
         best_floor, prov_rows = {}, []
         for i, (name, model, defs, steps, thr) in enumerate(cells):
@@ -592,7 +639,10 @@ def main():
     peak1 = fma_peak(a, threads) if cells else None
     select = (f"gradc's GEMM provider measurement (gemm_select_ms, once a host; outside the cold compile): "
               f"{min(selects):.0f}-{max(selects):.0f} ms." if selects else "")
-    conditions = " ".join(x for x in (peak_text(threads, peak0, peak1), steal.text(), select) if x)
+    kept = [(who, f["core_rtt_ns"]) for res in best.values() for who, (f, _) in res.items()
+            if f and "core_rtt_ns" in f and (who == "gradc" or who in ("eager", "compile", "jax"))]
+    conditions = " ".join(x for x in (peak_text(threads, peak0, peak1), steal.text(), select,
+                                      latency_text(rtts, kept)) if x)
     if conditions:
         print("\n" + conditions)
     curve = loss_curve(a, a.loss_curve) if a.loss_curve else None
