@@ -386,6 +386,7 @@ typedef struct KpBmm {
 #define KP_BMM_MAX_MACS_ZEROS 67108864 /* ... where an operand has known zeros (T 1024, 64 wide heads) */
 #define KP_BMM_MAX_PANEL 16384  /* floats of B's packed panel (K x N rounded up to 16) at most */
 #define KP_SKINNY 16            /* N or K of a single product at most */
+#define KP_BMM_MAX_WGRAD_MACS 4194304 /* multiply-adds of a small weight gradient at most (256 x 256 x 64) */
 /* Whether the CPU generates op (a matmul) as such a kernel, and its plan:
  * f32 operands and result, B's panel (unless B's rows are whole vectors
  * of 16) at most KP_BMM_MAX_PANEL floats, and either
@@ -399,7 +400,11 @@ typedef struct KpBmm {
  *     buffer, which a GEMM stores first), or with at most KP_SKINNY
  *     columns and A transposed, planned as C^T = B^T A^T so that the
  *     vectors run along M (a classifier's weight gradient, h^T dlogits:
- *     cn is then C's row stride).
+ *     cn is then C's row stride), or
+ *   - a small weight gradient: a single product with A transposed (A's
+ *     rows unit-strided: x^T dy) summing over more than KP_SKINNY, of at
+ *     most KP_BMM_MAX_WGRAD_MACS multiply-adds, into a gradient buffer
+ *     or not.
  * vs: kp_views_find's views with group-0 ops outside. */
 bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out);
 

@@ -151,6 +151,12 @@ static unsigned dead_region(const KpViews *vs, const IrValue *v, int depth) {
   return dead;
 }
 
+/* Whether p's matrix takes at most `most` multiply-adds (each size
+ * compared first: no overflow). */
+static bool macs_within(const KpBmm *p, int64_t most) {
+  return p->M <= most && p->N <= most && p->K <= most && p->M * p->N * p->K <= most;
+}
+
 /* p as C^T = B^T A^T. */
 static void transpose(KpBmm *p) {
   KpBmm t = *p;
@@ -194,8 +200,7 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   if (!single && !out->acc && vc.root == C && C->storage == IR_STORE_ARENA)
     out->cdead = dead_region(vs, C, ZEROS_DEPTH);
   int64_t most = out->azero || out->bzero || out->cdead ? KP_BMM_MAX_MACS_ZEROS : KP_BMM_MAX_MACS;
-  if (!single && (out->M > most || out->N > most || out->K > most || out->M * out->N * out->K > most))
-    return false; /* (each first: no overflow) */
+  if (!single && !macs_within(out, most)) return false;
   out->nbatch = rc - 2;
   out->nb = 1;
   for (int d = 0; d < out->nbatch; d++) {
@@ -228,12 +233,18 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
     transpose(out);
     narrow = true;
   }
-  if (single && out->K > KP_SKINNY && !narrow) return false;
+  /* A small weight gradient (A transposed: x^T dy over the rows of a
+   * batch), which the kernel multiplies faster than the library at these
+   * sizes (docs/DECISIONS.md "Small weight gradients"). */
+  bool wgrad = single && !narrow && out->am == 1 && out->M > 1 && out->K > KP_SKINNY &&
+               macs_within(out, KP_BMM_MAX_WGRAD_MACS);
+  if (single && out->K > KP_SKINNY && !narrow && !wgrad) return false;
   /* A short sum into a gradient buffer stays a GEMM: the GEMM stores its
    * first micro-batch (exec.c plan_zeroing), where the kernel would add
    * into a zeroed buffer, twice the stores of a product that is its
-   * stores.  (A narrow product's C is at most 16 columns.) */
-  if (single && out->acc && !narrow) return false;
+   * stores.  (A narrow product's C is at most 16 columns; a small weight
+   * gradient's sum is long.) */
+  if (single && out->acc && !narrow && !wgrad) return false;
   bool direct = out->bn == 1 && out->N % 16 == 0; /* B's rows are read in place, no panel */
   return direct || (out->K <= KP_BMM_MAX_PANEL && out->K * ((out->N + 15) / 16 * 16) <= KP_BMM_MAX_PANEL);
 }

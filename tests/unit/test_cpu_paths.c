@@ -209,11 +209,12 @@ static int program_count(IrFunc *f, int threads, int (*count)(const CpuProgram *
 
 /* GEMMs big enough to be cut (over 2 MFLOP): rows of a tall product, a
  * batch, columns of a wide weight gradient with A transposed (M = 24 is
- * short, N = 400 wide), B transposed, and gradients accumulating over the
- * window into their buffers (beta = 1) piece by piece. */
+ * short, N = 1040 wide: too big for a small weight gradient's kernel),
+ * B transposed, and gradients accumulating over the window into their
+ * buffers (beta = 1) piece by piece. */
 static const char gemm_pieces_text[] =
     "func @pieces(%x: f32[200,96] input batch, %q: f32[8,64,64] input batch, %W: f32[96,130] param, "
-    "%V: f32[8,64,64] param, %U: f32[24,400] param) {\n"
+    "%V: f32[8,64,64] param, %U: f32[24,1040] param) {\n"
     "  %h = matmul %x, %W : f32[200,130]\n"
     "  %Wt = permute %W {perm=[1,0]} : f32[130,96]\n"
     "  %g = matmul %h, %Wt : f32[200,96]\n"
@@ -222,9 +223,9 @@ static const char gemm_pieces_text[] =
     "  %xt = permute %xs {perm=[1,0]} : f32[24,200]\n"
     "  %h2 = matmul %h, %Wt : f32[200,96]\n"
     "  %wide = matmul %x, %W : f32[200,130]\n"
-    "  %w3 = concat %wide, %wide, %wide, %h {axis=1} : f32[200,520]\n"
-    "  %w4 = slice %w3 {starts=[0,0], stops=[200,400], steps=[1,1]} : f32[200,400]\n"
-    "  %dU = matmul %xt, %w4 : f32[24,400]\n"
+    "  %w3 = concat %wide, %wide, %wide, %wide, %wide, %wide, %wide, %wide, %h {axis=1} : f32[200,1170]\n"
+    "  %w4 = slice %w3 {starts=[0,0], stops=[200,1040], steps=[1,1]} : f32[200,1040]\n"
+    "  %dU = matmul %xt, %w4 : f32[24,1040]\n"
     "  grad %dU {name=\"U\"}\n"
     "  %ht = permute %x {perm=[1,0]} : f32[96,200]\n"
     "  %dW = matmul %ht, %h : f32[96,130]\n"
@@ -435,7 +436,8 @@ static void check_attention(IrFunc *f) {
  * is a generated kernel reading and writing the views (kernel_bmm.c); in
  * f64 each runs as batched provider calls, one inline and one block of
  * samples per thread: their matrices are a grid of B x NH (exec.c
- * gemm_group). */
+ * gemm_group).  In f32 the two weight gradients (x^T dqkv, 48 x 144 over
+ * 96 rows, and the projection's) are small enough to be kernels too. */
 static void check_batched_calls(void) {
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(attention_src, "f32", "f64") : strdup(attention_src);
@@ -451,7 +453,7 @@ static void check_batched_calls(void) {
       CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
       CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
       if (!p) fail_msg("cpu_program_new: %s", err);
-      assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : batched);
+      assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : batched + 2);
       assert_int_equal(cpu_program_batched_gemms(p), prec ? batched : 0);
       cpu_program_free(p);
     }
@@ -595,12 +597,13 @@ static void test_cpu_causal_products(void **state) {
   run_model_case(&(ModelCase){"causal", causal_src, 2, 47, check_causal});
   /* attention: att v, dv = P^T dO, dq = dS k and dk = q^T dS skip zeros;
    * q k^T and dO v^T do not, but nothing reads them above the diagonal
-   * (the mask replaces q k^T there, P's zeros multiply dO v^T) */
+   * (the mask replaces q k^T there, P's zeros multiply dO v^T); the two
+   * weight gradients have no zeros and no dead region */
   FeModel *m = planned_model("attention.gdl", attention_src, 1);
   int n[4];
   count_zeros(m->func, n);
   assert_int_equal(n[1] + n[2], 4);
-  assert_int_equal(n[0], 2);
+  assert_int_equal(n[0], 4);
   assert_int_equal(n[3], 2);
   fe_model_free(m);
 }
@@ -610,12 +613,14 @@ static void test_cpu_causal_products(void **state) {
  * K = 10, B transposed; dr v^T, K = 1) and the classifier's weight
  * gradient h^T dlogits (10 columns, A transposed), planned as C^T = B^T
  * A^T and added down C's columns into its gradient buffer (over the
- * micro-batches), v's one column the same way.  51 rows (17 a
- * micro-batch of 3) leave a short last row tile, and 48 or 33 columns a
- * partial vector or tile.  The logits themselves (10 columns, a sum over
- * 48, A in place), the first layer's products and P40's gradient A8^T
- * dy8 (a sum over 8 into a gradient buffer, which a GEMM stores first)
- * stay GEMMs. */
+ * micro-batches), v's one column the same way; and the small weight
+ * gradients x^T dh (40 x 48, a sum over 51 rows into its gradient
+ * buffer) and u^T dz (5 rows of 33).  51 rows (17 a micro-batch of 3)
+ * leave a short last row tile, and 48 or 33 columns a partial vector or
+ * tile.  The logits themselves (10 columns, a sum over 48, A in place),
+ * the first layer's product, y8 and its gradients dy8 P40^T (B
+ * transposed) and A8^T dy8 (a sum over 8 into a gradient buffer, which a
+ * GEMM stores first) stay GEMMs. */
 static const char skinny_src[] =
     "model skinny {\n"
     "  batch B = 51\n"
@@ -644,9 +649,9 @@ static void test_cpu_skinny_products(void **state) {
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(skinny_src, "f32", "f64") : strdup(skinny_src);
     FeModel *m = planned_model("skinny.gdl", text, 1);
-    /* z, h's two gradients (dlogits W2^T, dr v^T: K = 1), dW2 and dv;
-     * f64 products stay GEMMs */
-    assert_int_equal(matmul_kernels(m->func), prec ? 0 : 5);
+    /* z, h's two gradients (dlogits W2^T, dr v^T: K = 1), dW2 and dv,
+     * dW1 and dE; f64 products stay GEMMs */
+    assert_int_equal(matmul_kernels(m->func), prec ? 0 : 7);
     fe_model_free(m);
     free(text);
   }
