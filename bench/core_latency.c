@@ -5,12 +5,11 @@
  * A virtual machine's two CPUs can sit near each other on the host (one
  * die, one L3) or apart: on an AMD EPYC host the round trip measured
  * 49-67 ns at one moment and 315-340 ns at the next, as the host moved
- * them.  Two independent
- * processes do not notice (each core runs at full speed), but a step that
- * hands every kernel's rows and every GEMM's pieces from one thread to the
- * other does: tinygpt small at two threads took 1.04 ms with the cores
- * near and 1.84-1.90 ms, its one-thread time, with them apart
- * (docs/DECISIONS.md "Two threads on two dies").
+ * them.  Two independent processes do not notice (each core runs at full
+ * speed), but a step that hands every kernel's rows and every GEMM's
+ * pieces from one thread to the other does: tinygpt small at two threads
+ * took 1.04 ms with the cores near and 1.84-1.90 ms, its one-thread time,
+ * with them apart (docs/DECISIONS.md "Two threads on two dies").
  *
  * Two threads, pinned to the first two CPUs of the affinity mask, pass a
  * counter back and forth through one cache line ROUNDS times; five runs,
@@ -77,6 +76,7 @@ int main(void) {
     fprintf(stderr, "core_latency: cannot run threads on CPUs %d and %d\n", cpus[0], cpus[1]);
     return 1;
   }
+  pthread_attr_destroy(&attr);
   double best = 0;
   for (long r = 0; r < RUNS; r++) {
     double t0 = now_ns();

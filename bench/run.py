@@ -473,12 +473,24 @@ class Steal:
                 f"{100 * self.stolen / self.total:.1f}% (worst run {100 * self.worst:.1f}%).")
 
 
+_tools = {}
+
+
+def bench_tool(a, name):
+    """The path of bench/NAME.c's program in the build directory, built (or
+    brought up to date) once a run, or None where it does not build."""
+    if name not in _tools:
+        build = os.path.dirname(os.path.abspath(a.gradc))
+        rc, _, _ = sh(["cmake", "--build", build, "--target", name])
+        exe = os.path.join(build, name)
+        _tools[name] = exe if rc == 0 and os.path.exists(exe) else None
+    return _tools[name]
+
+
 def fma_peak(a, threads_list):
     """bench/fma_peak.c at each thread count: (isa, [GFLOP/s a core at each]), or None."""
-    build = os.path.dirname(os.path.abspath(a.gradc))
-    rc, _, err = sh(["cmake", "--build", build, "--target", "fma_peak"])
-    exe = os.path.join(build, "fma_peak")
-    if rc != 0 or not os.path.exists(exe):
+    exe = bench_tool(a, "fma_peak")
+    if not exe:
         return None
     isa, per = "?", []
     for thr in threads_list:
@@ -497,12 +509,9 @@ def core_latency(a):
     between them in ns, or None.  A VM's two CPUs sit on one die of the host
     or on two, and the host moves them: a two-thread step hands its rows
     from core to core and runs at one thread's speed across dies."""
-    build = os.path.dirname(os.path.abspath(a.gradc))
-    exe = os.path.join(build, "core_latency")
-    if not os.path.exists(exe):
-        rc, _, _ = sh(["cmake", "--build", build, "--target", "core_latency"])
-        if rc != 0 or not os.path.exists(exe):
-            return None
+    exe = bench_tool(a, "core_latency")
+    if not exe:
+        return None
     rc, out, _ = sh(pin(2) + [exe])
     f = out.split()
     return float(f[0]) if rc == 0 and len(f) == 3 else None
@@ -640,7 +649,7 @@ def main():
     select = (f"gradc's GEMM provider measurement (gemm_select_ms, once a host; outside the cold compile): "
               f"{min(selects):.0f}-{max(selects):.0f} ms." if selects else "")
     kept = [(who, f["core_rtt_ns"]) for res in best.values() for who, (f, _) in res.items()
-            if f and "core_rtt_ns" in f and (who == "gradc" or who in ("eager", "compile", "jax"))]
+            if f and "core_rtt_ns" in f and who in ("gradc", "eager", "compile", "jax")]
     conditions = " ".join(x for x in (peak_text(threads, peak0, peak1), steal.text(), select,
                                       latency_text(rtts, kept)) if x)
     if conditions:
