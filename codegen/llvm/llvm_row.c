@@ -644,16 +644,23 @@ static LLVMMetadataRef hint_node(Gen *g, const char *key, int value) {
 }
 
 /* The vectoriser's hints for the loop whose latch is block latch: its
- * vector width (0: the vectoriser's choice) and whether it may
- * interleave (run several vectors an iteration). */
-static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, bool interleave) {
+ * vector width (0: the vectoriser's choice), whether it may interleave
+ * (run several vectors an iteration), and whether its vector loop is then
+ * unrolled whole (`unroll`; see short_colsums). */
+static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, bool interleave, bool unroll) {
   LLVMValueRef br = LLVMGetBasicBlockTerminator(latch);
-  if (!br || (!width && interleave)) return;
-  LLVMMetadataRef ops[3];
+  if (!br || (!width && interleave && !unroll)) return;
+  LLVMMetadataRef ops[4];
   int n = 0;
   ops[n++] = LLVMTemporaryMDNode(g->ctx, NULL, 0); /* the loop's own node, itself */
   if (width) ops[n++] = hint_node(g, "llvm.loop.vectorize.width", width);
   if (!interleave) ops[n++] = hint_node(g, "llvm.loop.interleave.count", 1);
+  if (unroll) { /* for the vector loop only: the scalar loop unrolled first would not vectorise */
+    const char *full = "llvm.loop.unroll.full", *key = "llvm.loop.vectorize.followup_vectorized";
+    LLVMMetadataRef u = LLVMMDStringInContext2(g->ctx, full, strlen(full));
+    LLVMMetadataRef kv[2] = {LLVMMDStringInContext2(g->ctx, key, strlen(key)), LLVMMDNodeInContext2(g->ctx, &u, 1)};
+    ops[n++] = LLVMMDNodeInContext2(g->ctx, kv, 2);
+  }
   LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, (size_t)n);
   LLVMMetadataReplaceAllUsesWith(ops[0], loop);
   LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9), LLVMMetadataAsValue(g->ctx, loop));
@@ -776,6 +783,25 @@ static int colsum_width(Row *R, int k) {
   return 0;
 }
 
+/* Rows at most this long have their column sums' f64 totals kept in
+ * registers: see short_colsums. */
+#define SHORT_COLSUM_COLS 64
+
+/* Whether this kernel's column loops are unrolled whole once vectorised:
+ * when it has a column sum over rows of at most SHORT_COLSUM_COLS.  Its
+ * totals (and the row's scratch) are then addressed at constant offsets,
+ * so SROA keeps them in registers from row to row, where otherwise each
+ * row loaded and stored every total: the three column sums of tinygpt
+ * small's norm backwards are 3 x 64 doubles, 24 512-bit loads and 24
+ * stores a row of 64 floats (docs/DECISIONS.md "Short rows' column sums
+ * in registers").  Longer rows have more totals than registers. */
+static bool short_colsums(const Row *R) {
+  if (R->l->group <= 1 || R->l->cols <= 0 || R->l->cols > SHORT_COLSUM_COLS) return false;
+  for (int q = 0; q < R->np; q++)
+    if (R->plan[q].kind == KP_ROW_COLSUM) return true;
+  return false;
+}
+
 /* The column sums' totals where `when` holds: zeroed (at the first row of
  * a group), or written (after its last row, accumulated into a gradient
  * buffer as any output). */
@@ -797,7 +823,9 @@ static void colsums(Row *R, LLVMValueRef when, bool write) {
                 y->buf.grad, y->buf.scope);
     else
       LLVMBuildStore(g->b, LLVMConstReal(at, 0.0), a);
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
+    loop_hints(g, latch, 0, true, short_colsums(R));
   }
 }
 
@@ -858,7 +886,7 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
      * interleaved.  Not interleaving every loop without a sum or a
      * maximum saved 3% of the compile and cost tinygpt small's softmax
      * and gelu kernels 1-3% (docs/DECISIONS.md "Compile time"). */
-    loop_hints(g, latch, colsum_width(R, k), !cs);
+    loop_hints(g, latch, colsum_width(R, k), !cs, short_colsums(R));
     if (cs) {
       LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
       LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
@@ -877,7 +905,9 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
     IrDType dt = s->cs->v->type.dtype;
     LLVMValueRef v = gen_load(g, mat_ptr(R, s), dt, -1);
     gen_store(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), v, dt, false, s->buf.scope);
+    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
+    loop_hints(g, latch, 0, true, short_colsums(R));
   }
   colsums(R, LLVMBuildICmp(g->b, LLVMIntEQ, in_group, gen_i64(g, G - 1), ""), true);
   gen_loop_end(g, &rows);
