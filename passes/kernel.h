@@ -379,6 +379,11 @@ typedef struct KpBmm {
    * multiplies by P's zeros there.  The kernel stores zeros in the
    * register tiles that lie wholly there instead of computing them. */
   unsigned cdead;
+  /* A single product of at most KP_SKINNY columns with A's rows
+   * unit-strided along k (a classifier's logits, h W): each element of C
+   * a dot product along K, A's rows read as whole vectors and B's
+   * columns as the rows of a panel (B^T). */
+  bool dot;
 } KpBmm;
 #define KP_ZERO_LOWER 1u /* zero where the column index exceeds the row's (a causal softmax) */
 #define KP_ZERO_UPPER 2u /* zero where it is below (the transpose of one) */
@@ -386,7 +391,7 @@ typedef struct KpBmm {
 #define KP_BMM_MAX_MACS_ZEROS 67108864 /* ... where an operand has known zeros (T 1024, 64 wide heads) */
 #define KP_BMM_MAX_PANEL 16384  /* floats of B's packed panel (K x N rounded up to 16) at most */
 #define KP_SKINNY 16            /* N or K of a single product at most */
-#define KP_BMM_MAX_WGRAD_MACS 4194304 /* multiply-adds of a small weight gradient at most (256 x 256 x 64) */
+#define KP_BMM_MAX_SMALL_MACS 4194304 /* multiply-adds of a small single product at most (256 x 256 x 64) */
 /* Whether the CPU generates op (a matmul) as such a kernel, and its plan:
  * f32 operands and result, B's panel (unless B's rows are whole vectors
  * of 16) at most KP_BMM_MAX_PANEL floats, and either
@@ -395,17 +400,27 @@ typedef struct KpBmm {
  *     zeros: a causal softmax's products, half of whose terms the kernel
  *     skips), C unit-strided along its rows or its columns (then C^T =
  *     B^T A^T is planned: cn 1), or
- *   - a single product (both operands rank 2) whose sum runs over at most
- *     KP_SKINNY (K: the product is its stores; not into a gradient
- *     buffer, which a GEMM stores first), or with at most KP_SKINNY
- *     columns and A transposed, planned as C^T = B^T A^T so that the
- *     vectors run along M (a classifier's weight gradient, h^T dlogits:
- *     cn is then C's row stride), or
- *   - a small weight gradient: a single product with A transposed (A's
- *     rows unit-strided: x^T dy) summing over more than KP_SKINNY, of at
- *     most KP_BMM_MAX_WGRAD_MACS multiply-adds, into a gradient buffer
- *     or not.
+ *   - a single product (both operands rank 2, or a left operand and a
+ *     result of rank >= 3 whose rows fold into one axis each, times a
+ *     matrix: x @ W over [B, T, C], planned with M all of their rows)
+ *     whose sum runs over at most KP_SKINNY (K: the product is its
+ *     stores; not into a gradient buffer, which a GEMM stores first), or
+ *     with at most KP_SKINNY columns and A transposed, planned as C^T =
+ *     B^T A^T so that the vectors run along M (a classifier's weight
+ *     gradient, h^T dlogits: cn is then C's row stride), or
+ *   - a small single product summing over more than KP_SKINNY, of at
+ *     most KP_BMM_MAX_SMALL_MACS multiply-adds, into a gradient buffer or
+ *     not, with A transposed (a weight gradient, x^T dy) or more than
+ *     KP_SKINNY columns (x @ W, dy W^T), or
+ *   - a single product summing over more than KP_SKINNY into at most
+ *     KP_SKINNY columns with A's rows unit-strided along k (logits, h W):
+ *     dot products (KpBmm.dot), B^T's panel (N rows of K rounded up to
+ *     whole vectors) at most KP_BMM_MAX_PANEL floats, of any size.
  * vs: kp_views_find's views with group-0 ops outside. */
 bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out);
+/* A dot product's panel row stride (KpBmm.dot): K rounded up to 16 and 16
+ * more, so that the rows of B^T read side by side are not a multiple of
+ * 4 KB apart. */
+int64_t kp_dot_stride(const KpBmm *p);
 
 #endif

@@ -151,6 +151,27 @@ static unsigned dead_region(const KpViews *vs, const IrValue *v, int depth) {
   return dead;
 }
 
+/* View x of rank >= 3 as a matrix whose rows are all of its axes but the
+ * last (each axis's stride the next one's extent times its stride, axes
+ * of extent 1 aside): a batch of rows times one matrix is one product
+ * over all of them, as gemm_plan.c folds a left-only batch into M.  False
+ * (x unchanged) where the axes do not lie so. */
+static bool fold_rows(KpView *x) {
+  int r = x->shape.rank;
+  int64_t rows = x->shape.dim[r - 2], step = x->stride[r - 2];
+  for (int d = r - 3; d >= 0; d--) {
+    if (x->shape.dim[d] == 1) continue;
+    if (x->stride[d] != rows * step) return false;
+    rows *= x->shape.dim[d];
+  }
+  x->shape.dim[0] = rows;
+  x->shape.dim[1] = x->shape.dim[r - 1];
+  x->stride[0] = step;
+  x->stride[1] = x->stride[r - 1];
+  x->shape.rank = 2;
+  return true;
+}
+
 /* Whether p's matrix takes at most `most` multiply-adds (each size
  * compared first: no overflow). */
 static bool macs_within(const KpBmm *p, int64_t most) {
@@ -172,6 +193,8 @@ static void transpose(KpBmm *p) {
   memcpy(p->bs, t.as, sizeof p->bs);
 }
 
+int64_t kp_dot_stride(const KpBmm *p) { return (p->K + 15) / 16 * 16 + 16; }
+
 bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   memset(out, 0, sizeof *out);
   if (op->opcode != IR_OP_MATMUL || op->group != 0) return false;
@@ -181,8 +204,19 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   if (!kp_view_in(vs, A, &va) || !kp_view_in(vs, B, &vb) || !kp_view_out(vs, C, &vc)) return false;
   int ra = va.shape.rank, rb = vb.shape.rank, rc = vc.shape.rank;
   /* Both operands batched, or a single product: a product with one
-   * matrix on the right is one GEMM over all rows of the left (gemm_plan.c
-   * folds it). */
+   * matrix on the right is one product over all rows of the left where
+   * its rows and the result's fold into one axis each (x @ W over
+   * [B, T, C]). */
+  bool fold = ra >= 3 && rb == 2 && rc == ra;
+  for (int d = 0; fold && d < ra - 2; d++) fold = va.shape.dim[d] == vc.shape.dim[d];
+  if (fold) {
+    KpView fa = va, fc = vc;
+    fold = fold_rows(&fa) && fold_rows(&fc);
+    if (fold) {
+      va = fa, vc = fc;
+      ra = rc = 2;
+    }
+  }
   bool single = ra == 2 && rb == 2 && rc == 2;
   if (!single && (ra < 3 || rb < 3 || ra > rc || rb > rc)) return false;
   if (va.root->storage == IR_STORE_NONE || vb.root->storage == IR_STORE_NONE || vc.root->storage == IR_STORE_NONE)
@@ -193,7 +227,8 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
   out->N = vb.shape.dim[rb - 1];
   if (vb.shape.dim[rb - 2] != out->K || vc.shape.dim[rc - 2] != out->M || vc.shape.dim[rc - 1] != out->N) return false;
   if (out->M < 1 || out->N < 1 || out->K < 1) return false;
-  out->azero = known_zeros(A, ZEROS_DEPTH);
+  /* Known zeros are the IR matrices' (a folded A's rows are not one matrix's). */
+  out->azero = fold ? 0 : known_zeros(A, ZEROS_DEPTH);
   out->bzero = known_zeros(B, ZEROS_DEPTH);
   /* Dead regions of a batch written whole into its own buffer: another
    * value's readers would see the zeros through a view. */
@@ -233,18 +268,30 @@ bool kp_bmm_plan(const KpViews *vs, const IrOp *op, KpBmm *out) {
     transpose(out);
     narrow = true;
   }
-  /* A small weight gradient (A transposed: x^T dy over the rows of a
-   * batch), which the kernel multiplies faster than the library at these
-   * sizes (docs/DECISIONS.md "Small weight gradients"). */
-  bool wgrad = single && !narrow && out->am == 1 && out->M > 1 && out->K > KP_SKINNY &&
-               macs_within(out, KP_BMM_MAX_WGRAD_MACS);
-  if (single && out->K > KP_SKINNY && !narrow && !wgrad) return false;
+  /* Few columns summed over a long K with A's rows in place (logits, h
+   * W): dot products along K, whatever the size (the library runs these
+   * at a fraction of its speed; docs/DECISIONS.md "Logits as dot
+   * products"). */
+  if (single && !narrow && out->K > KP_SKINNY && out->N <= KP_SKINNY && out->ak == 1 && out->cn == 1) {
+    out->dot = true;
+    return out->N * kp_dot_stride(out) <= KP_BMM_MAX_PANEL;
+  }
+  /* A small product summing over more than KP_SKINNY, which the kernel
+   * multiplies faster than the library at these sizes: a weight gradient
+   * (A transposed, x^T dy over a batch's rows), a layer's x @ W and its
+   * dy W^T (docs/DECISIONS.md "Small weight gradients", "Small products
+   * of every layout").  Not one of at most KP_SKINNY columns with A in
+   * place (a classifier's logits): its one-vector tiles lost to oneDNN
+   * on an Intel Xeon (docs/BACKEND.md "Small and skinny products"). */
+  bool small = single && !narrow && out->M > 1 && out->K > KP_SKINNY && (out->am == 1 || out->N > KP_SKINNY) &&
+               macs_within(out, KP_BMM_MAX_SMALL_MACS);
+  if (single && out->K > KP_SKINNY && !narrow && !small) return false;
   /* A short sum into a gradient buffer stays a GEMM: the GEMM stores its
    * first micro-batch (exec.c plan_zeroing), where the kernel would add
    * into a zeroed buffer, twice the stores of a product that is its
-   * stores.  (A narrow product's C is at most 16 columns; a small weight
-   * gradient's sum is long.) */
-  if (single && out->acc && !narrow && !wgrad) return false;
+   * stores.  (A narrow product's C is at most 16 columns; a small
+   * product's sum is long.) */
+  if (single && out->acc && !narrow && !small) return false;
   bool direct = out->bn == 1 && out->N % 16 == 0; /* B's rows are read in place, no panel */
   return direct || (out->K <= KP_BMM_MAX_PANEL && out->K * ((out->N + 15) / 16 * 16) <= KP_BMM_MAX_PANEL);
 }

@@ -375,7 +375,153 @@ static void emit_single_tile(Gen *g, const Bmm *m, const BmmTiling *t, LLVMValue
   }
 }
 
+/* ------------------------------------------------------------------ */
+/* Dot products (KpBmm.dot): few columns, a long sum                    */
+/* ------------------------------------------------------------------ */
+
+/* Rows of C a dot kernel's iteration computes: its accumulators (rows x
+ * N vectors), a vector of A per row and one of B^T beside them fill the
+ * registers at most, 4 rows at most. */
+static int dot_rows(const KpBmm *p) {
+  int regs = gen_host_avx512() ? 32 : 16;
+  int r = (int)((regs - 1) / (p->N + 1));
+  return r < 1 ? 1 : r > 4 ? 4 : r > p->M ? (int)p->M : r;
+}
+
+/* The sum of x's lanes, halves added pairwise (lanes i and i + vl/2,
+ * then i and i + vl/4, ...): a fixed order, the same on every run. */
+static LLVMValueRef lane_sum(Gen *g, LLVMValueRef x, int vl) {
+  for (int w = vl / 2; w >= 1; w /= 2) {
+    LLVMValueRef lo[16], hi[16];
+    for (int j = 0; j < w; j++) {
+      lo[j] = LLVMConstInt(g->t_i32, (unsigned)j, 0);
+      hi[j] = LLVMConstInt(g->t_i32, (unsigned)(j + w), 0);
+    }
+    LLVMValueRef a = LLVMBuildShuffleVector(g->b, x, x, LLVMConstVector(lo, (unsigned)w), "");
+    LLVMValueRef b = LLVMBuildShuffleVector(g->b, x, x, LLVMConstVector(hi, (unsigned)w), "");
+    x = LLVMBuildFAdd(g->b, a, b, "");
+  }
+  return LLVMBuildExtractElement(g->b, x, LLVMConstInt(g->t_i32, 0, 0), "");
+}
+
+/* A vector of x from element at on, its first `lanes` lanes (zeros after). */
+static LLVMValueRef load_lanes(Gen *g, const Bmm *m, LLVMValueRef ptr, int lanes) {
+  if (lanes == m->vl) {
+    LLVMValueRef v = LLVMBuildLoad2(g->b, m->vt, ptr, "");
+    LLVMSetAlignment(v, 4);
+    return v;
+  }
+  LLVMValueRef bits[16];
+  for (int j = 0; j < m->vl; j++) bits[j] = LLVMConstInt(LLVMInt1TypeInContext(g->ctx), j < lanes, 0);
+  LLVMTypeRef over[2] = {m->vt, LLVMTypeOf(ptr)};
+  LLVMValueRef args[4] = {ptr, LLVMConstInt(g->t_i32, 4, 0), LLVMConstVector(bits, (unsigned)m->vl), LLVMConstNull(m->vt)};
+  return gen_intrinsic(g, "llvm.masked.load", over, 2, args, 4);
+}
+
+/* Rows [i0, i0 + rows) of C: for each k block of vl, a vector of each
+ * row of A and of each row of B^T (the panel, bt apart), rows x N
+ * multiply-adds into vectors; then each vector's lanes summed (lane_sum)
+ * into its element of C (added to it where C is a gradient buffer). */
+static void emit_dot_rows(Gen *g, const Bmm *m, LLVMValueRef i0, int rows, int64_t bt) {
+  const KpBmm *p = m->p;
+  enum { MAXR = 4, MAXN = KP_SKINNY };
+  GenAcc acc[MAXR][MAXN];
+  LLVMValueRef zero = LLVMConstNull(m->vt);
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < p->N; j++) {
+      acc[r][j] = gen_acc(g, m->vt);
+      gen_acc_set(g, acc[r][j], zero);
+    }
+  LLVMValueRef arow = mul(g, i0, p->am);
+  int64_t whole = p->K / m->vl;
+  int tail = (int)(p->K % m->vl);
+  for (int part = 0; part < 2; part++) { /* the whole vectors, then the tail */
+    if (part ? tail == 0 : whole == 0) continue;
+    GenLoop k;
+    LLVMValueRef k0;
+    if (part == 0) {
+      gen_loop_begin(g, &k, gen_i64(g, 0), gen_i64(g, whole), "dk");
+      k0 = mul(g, k.iv, m->vl);
+    } else {
+      k0 = gen_i64(g, whole * m->vl);
+    }
+    int lanes = part ? tail : m->vl;
+    LLVMValueRef av[MAXR];
+    for (int r = 0; r < rows; r++)
+      av[r] = load_lanes(g, m, gep_f32(g, m->a, add(g, add(g, arow, gen_i64(g, r * p->am)), k0)), lanes);
+    for (int j = 0; j < p->N; j++) {
+      LLVMValueRef bv = load_lanes(g, m, gep_f32(g, m->b, add(g, gen_i64(g, j * bt), k0)), lanes);
+      for (int r = 0; r < rows; r++) gen_acc_set(g, acc[r][j], fmuladd(g, av[r], bv, gen_acc_get(g, acc[r][j])));
+    }
+    if (part == 0) gen_loop_end(g, &k);
+  }
+  for (int r = 0; r < rows; r++) {
+    LLVMValueRef crow = mul(g, add(g, i0, gen_i64(g, r)), p->cm);
+    for (int j = 0; j < p->N; j++) {
+      LLVMValueRef y = lane_sum(g, gen_acc_get(g, acc[r][j]), m->vl);
+      LLVMValueRef ptr = gep_f32(g, m->c, add(g, crow, gen_i64(g, j)));
+      if (p->acc) {
+        LLVMValueRef old = LLVMBuildLoad2(g->b, g->t_f32, ptr, "");
+        LLVMSetAlignment(old, 4);
+        y = LLVMBuildFAdd(g->b, old, y, "");
+      }
+      LLVMValueRef st = LLVMBuildStore(g->b, y, ptr);
+      LLVMSetAlignment(st, 4);
+    }
+  }
+}
+
+/* A dot product kernel: its iterations are tiles of dot_rows rows of C
+ * (the last one shorter).  B^T is copied into a panel once a call, its
+ * rows kp_dot_stride apart: K rounded up to whole vectors and one more,
+ * so that the rows do not lie a multiple of 4 KB apart (ten rows of 1024
+ * floats read side by side fell in one set of the L1 cache and took the
+ * logits of mlp2 121 us against 61). */
+static void gen_dot_kernel(Gen *g, const KpBmm *p) {
+  Bmm m = {.p = p, .vl = gen_host_avx512() ? 16 : 8};
+  m.vt = LLVMVectorType(g->t_f32, (unsigned)m.vl);
+  GenBuf A = gen_buf(g, p->a), B = gen_buf(g, p->b), C = gen_buf(g, p->c);
+  m.a = gep_f32(g, A.base, gen_i64(g, p->aoff));
+  m.c = gep_f32(g, C.base, gen_i64(g, p->coff));
+  LLVMValueRef b = gep_f32(g, B.base, gen_i64(g, p->boff));
+  int64_t bt = kp_dot_stride(p);
+  m.b = gen_alloca(g, g->t_f32, p->N * bt);
+  /* B's unit stride innermost */
+  bool kin = p->bk == 1;
+  GenLoop outer, inner;
+  gen_loop_begin(g, &outer, gen_i64(g, 0), gen_i64(g, kin ? p->N : p->K), "po");
+  gen_loop_begin(g, &inner, gen_i64(g, 0), gen_i64(g, kin ? p->K : p->N), "pi");
+  LLVMValueRef k = kin ? inner.iv : outer.iv, n = kin ? outer.iv : inner.iv;
+  LLVMValueRef x = LLVMBuildLoad2(g->b, g->t_f32, gep_f32(g, b, add(g, mul(g, k, p->bk), mul(g, n, p->bn))), "");
+  LLVMSetAlignment(x, 4);
+  LLVMBuildStore(g->b, x, gep_f32(g, m.b, add(g, mul(g, n, bt), k)));
+  gen_loop_end(g, &inner);
+  gen_loop_end(g, &outer);
+  int rows = dot_rows(p);
+  int64_t full = p->M / rows;
+  int rest = (int)(p->M % rows);
+  GenLoop it;
+  gen_loop_begin(g, &it, g->begin, g->end, "tile");
+  LLVMValueRef i0 = mul(g, it.iv, rows);
+  if (rest == 0) {
+    emit_dot_rows(g, &m, i0, rows, bt);
+  } else {
+    BmmIf last;
+    if_begin(g, &last, icmp(g, LLVMIntSLT, it.iv, gen_i64(g, full)));
+    emit_dot_rows(g, &m, i0, rows, bt);
+    if_else(g, &last);
+    emit_dot_rows(g, &m, i0, rest, bt);
+    if_end(g, &last);
+  }
+  gen_loop_end(g, &it);
+  LLVMBuildRetVoid(g->b);
+}
+
 void gen_bmm_kernel(Gen *g, const KpBmm *p) {
+  if (p->dot) {
+    gen_dot_kernel(g, p);
+    return;
+  }
   BmmTiling t = bmm_tiling(p);
   Bmm m = {.p = p, .vl = t.vl};
   m.vt = LLVMVectorType(g->t_f32, (unsigned)m.vl);
@@ -452,6 +598,12 @@ void gen_bmm_kernel(Gen *g, const KpBmm *p) {
 
 void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost) {
   /* elements touched, roughly: 8 multiply-adds an element */
+  if (p->dot) { /* tiles of dot_rows rows */
+    int rows = dot_rows(p);
+    *iters = (p->M + rows - 1) / rows;
+    *cost = rows * p->N * p->K / 8 + rows * p->N;
+    return;
+  }
   if (p->nb == 1) { /* a single product's iterations are its tiles */
     BmmTiling t = bmm_tiling(p);
     int64_t cols = (int64_t)t.nt * t.vl;

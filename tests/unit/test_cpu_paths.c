@@ -209,26 +209,28 @@ static int program_count(IrFunc *f, int threads, int (*count)(const CpuProgram *
 
 /* GEMMs big enough to be cut (over 2 MFLOP): rows of a tall product, a
  * batch, columns of a wide weight gradient with A transposed (M = 24 is
- * short, N = 1040 wide: too big for a small weight gradient's kernel),
- * B transposed, and gradients accumulating over the window into their
- * buffers (beta = 1) piece by piece. */
+ * short, N = 1040 wide), B transposed, and gradients accumulating over
+ * the window into their buffers (beta = 1) piece by piece.  Every single
+ * product is over the size of those the CPU generates itself in f32
+ * (kernel_bmm.c: 200 x 130 x 176 is 4.6 M multiply-adds), and the
+ * batch's matrices over a batched kernel's. */
 static const char gemm_pieces_text[] =
-    "func @pieces(%x: f32[200,96] input batch, %q: f32[8,64,64] input batch, %W: f32[96,130] param, "
+    "func @pieces(%x: f32[200,176] input batch, %q: f32[8,64,64] input batch, %W: f32[176,130] param, "
     "%V: f32[8,64,64] param, %U: f32[24,1040] param) {\n"
     "  %h = matmul %x, %W : f32[200,130]\n"
-    "  %Wt = permute %W {perm=[1,0]} : f32[130,96]\n"
-    "  %g = matmul %h, %Wt : f32[200,96]\n"
+    "  %Wt = permute %W {perm=[1,0]} : f32[130,176]\n"
+    "  %g = matmul %h, %Wt : f32[200,176]\n"
     "  %b = matmul %q, %V : f32[8,64,64]\n"
     "  %xs = slice %x {starts=[0,0], stops=[200,24], steps=[1,1]} : f32[200,24]\n"
     "  %xt = permute %xs {perm=[1,0]} : f32[24,200]\n"
-    "  %h2 = matmul %h, %Wt : f32[200,96]\n"
+    "  %h2 = matmul %h, %Wt : f32[200,176]\n"
     "  %wide = matmul %x, %W : f32[200,130]\n"
     "  %w3 = concat %wide, %wide, %wide, %wide, %wide, %wide, %wide, %wide, %h {axis=1} : f32[200,1170]\n"
     "  %w4 = slice %w3 {starts=[0,0], stops=[200,1040], steps=[1,1]} : f32[200,1040]\n"
     "  %dU = matmul %xt, %w4 : f32[24,1040]\n"
     "  grad %dU {name=\"U\"}\n"
-    "  %ht = permute %x {perm=[1,0]} : f32[96,200]\n"
-    "  %dW = matmul %ht, %h : f32[96,130]\n"
+    "  %ht = permute %x {perm=[1,0]} : f32[176,200]\n"
+    "  %dW = matmul %ht, %h : f32[176,130]\n"
     "  grad %dW {name=\"W\"}\n"
     "  %qt = permute %q {perm=[0,2,1]} : f32[8,64,64]\n"
     "  %dV = matmul %qt, %b : f32[8,64,64]\n"
@@ -251,6 +253,7 @@ static void test_cpu_gemm_pieces(void **state) {
       for (int K = 1; K <= 3; K += 2) {
         IrFunc *f = read_ir(text);
         run_pipeline(f, pipe, n, K);
+        assert_int_equal(program_count(f, threads, cpu_program_matmul_kernels), 0); /* all of them GEMMs */
         char label[64];
         snprintf(label, sizeof label, "pieces %s threads=%d K=%d", prec ? "f64" : "f32", threads, K);
         double e = run_both(f, K, threads, 5 + (uint64_t)K, prec ? 1e-12 : 1e-5, label);
@@ -436,8 +439,11 @@ static void check_attention(IrFunc *f) {
  * is a generated kernel reading and writing the views (kernel_bmm.c); in
  * f64 each runs as batched provider calls, one inline and one block of
  * samples per thread: their matrices are a grid of B x NH (exec.c
- * gemm_group).  In f32 the two weight gradients (x^T dqkv, 48 x 144 over
- * 96 rows, and the projection's) are small enough to be kernels too. */
+ * gemm_group).  In f32 the five single products are small enough to be
+ * kernels too: the two weight gradients (x^T dqkv, 48 x 144 over 96
+ * rows, and the projection's), x @ attn_w and the projection of the
+ * heads' output, [B, T, C] each folded into 96 rows, and the
+ * projection's dO proj_w^T. */
 static void check_batched_calls(void) {
   for (int prec = 0; prec < 2; prec++) {
     char *text = prec ? replace_all(attention_src, "f32", "f64") : strdup(attention_src);
@@ -453,7 +459,7 @@ static void check_batched_calls(void) {
       CpuOptions o = {.threads = threads, .cache_dir = getenv("GRADC_CACHE_DIR")};
       CpuProgram *p = cpu_program_new(m->func, &o, err, sizeof err);
       if (!p) fail_msg("cpu_program_new: %s", err);
-      assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : batched + 2);
+      assert_int_equal(cpu_program_matmul_kernels(p), prec ? 0 : batched + 5);
       assert_int_equal(cpu_program_batched_gemms(p), prec ? batched : 0);
       cpu_program_free(p);
     }
@@ -506,6 +512,19 @@ static void check_bmm(IrFunc *f) { (void)f; }
 
 /* How many of f's matmuls the CPU back end generates as kernels. */
 static int matmul_kernels(IrFunc *f) { return program_count(f, 2, cpu_program_matmul_kernels); }
+
+/* Matmuls kernel_bmm.c plans as dot products along K. */
+static int dot_products(const IrFunc *f) {
+  KpViews vs;
+  kp_views_find(f, plan_in_group0, NULL, &vs);
+  int n = 0;
+  for (int i = 0; i < f->nops; i++) {
+    KpBmm p;
+    n += kp_bmm_plan(&vs, f->ops[i], &p) && p.dot;
+  }
+  kp_views_free(&vs);
+  return n;
+}
 
 static void test_cpu_bmm_kernels(void **state) {
   (void)state;
@@ -597,13 +616,14 @@ static void test_cpu_causal_products(void **state) {
   run_model_case(&(ModelCase){"causal", causal_src, 2, 47, check_causal});
   /* attention: att v, dv = P^T dO, dq = dS k and dk = q^T dS skip zeros;
    * q k^T and dO v^T do not, but nothing reads them above the diagonal
-   * (the mask replaces q k^T there, P's zeros multiply dO v^T); the two
-   * weight gradients have no zeros and no dead region */
+   * (the mask replaces q k^T there, P's zeros multiply dO v^T); the five
+   * single products (two of them over the folded rows of [B, T, C]) have
+   * no zeros and no dead region */
   FeModel *m = planned_model("attention.gdl", attention_src, 1);
   int n[4];
   count_zeros(m->func, n);
   assert_int_equal(n[1] + n[2], 4);
-  assert_int_equal(n[0], 4);
+  assert_int_equal(n[0], 7);
   assert_int_equal(n[3], 2);
   fe_model_free(m);
 }
@@ -613,14 +633,18 @@ static void test_cpu_causal_products(void **state) {
  * K = 10, B transposed; dr v^T, K = 1) and the classifier's weight
  * gradient h^T dlogits (10 columns, A transposed), planned as C^T = B^T
  * A^T and added down C's columns into its gradient buffer (over the
- * micro-batches), v's one column the same way; and the small weight
+ * micro-batches), v's one column the same way; the small weight
  * gradients x^T dh (40 x 48, a sum over 51 rows into its gradient
- * buffer) and u^T dz (5 rows of 33).  51 rows (17 a micro-batch of 3)
- * leave a short last row tile, and 48 or 33 columns a partial vector or
- * tile.  The logits themselves (10 columns, a sum over 48, A in place),
- * the first layer's product, y8 and its gradients dy8 P40^T (B
- * transposed) and A8^T dy8 (a sum over 8 into a gradient buffer, which a
- * GEMM stores first) stay GEMMs. */
+ * buffer) and u^T dz (5 rows of 33); and the small products with A in
+ * place, the first layer's x @ W1, y8 = A8 @ P40 and its gradient dy8
+ * P40^T (B transposed).  Few columns with A in place are dot products
+ * along K: the logits h @ W2 (10 columns, a sum over 48), r = h @ v (one
+ * column), q = w @ W6 (7 columns, a sum over 33: a partial vector) and
+ * Pd's gradient dyd Qd^T (8 columns of 6 rows, a sum over 40 with B
+ * transposed, added into its gradient buffer).  51 rows (17 a
+ * micro-batch of 3) leave a short last row tile, and 48 or 33 columns a
+ * partial vector or tile.  A8^T dy8 and Pd^T dyd (sums over 8 and 6 into
+ * a gradient buffer, which a GEMM stores first) stay GEMMs. */
 static const char skinny_src[] =
     "model skinny {\n"
     "  batch B = 51\n"
@@ -635,13 +659,18 @@ static const char skinny_src[] =
     "  param v : f32[48, 1] init normal(0, 0.3)\n"
     "  param A8 : f32[8, 40] init normal(0, 0.3)\n"
     "  param P40 : f32[40, 48] init normal(0, 0.3)\n"
+    "  param W6 : f32[33, 7] init normal(0, 0.3)\n"
+    "  param Pd : f32[6, 8] init normal(0, 0.3)\n"
+    "  param Qd : f32[8, 40] init normal(0, 0.3)\n"
     "  h = tanh(x @ W1)\n"
     "  logits = h @ W2\n"
     "  z = u @ E\n"
     "  r = h @ v\n"
     "  y8 = A8 @ P40\n"
+    "  q = w @ W6\n"
+    "  yd = Pd @ Qd\n"
     "  loss ce = cross_entropy(logits, y)\n"
-    "  loss zw = 0.1 * sum(z * w) + sum(r * wr) + 0.01 * sum(y8 * y8)\n"
+    "  loss zw = 0.1 * sum(z * w) + sum(r * wr) + 0.01 * sum(y8 * y8) + 0.1 * sum(q * q) + 0.01 * sum(yd * yd)\n"
     "}\n";
 
 static void test_cpu_skinny_products(void **state) {
@@ -650,8 +679,10 @@ static void test_cpu_skinny_products(void **state) {
     char *text = prec ? replace_all(skinny_src, "f32", "f64") : strdup(skinny_src);
     FeModel *m = planned_model("skinny.gdl", text, 1);
     /* z, h's two gradients (dlogits W2^T, dr v^T: K = 1), dW2 and dv,
-     * dW1 and dE; f64 products stay GEMMs */
-    assert_int_equal(matmul_kernels(m->func), prec ? 0 : 7);
+     * dW1 and dE, x @ W1, y8 and dy8 P40^T, yd (K = 8) and dW6; the dot
+     * products logits, r, q and dPd; f64 products stay GEMMs */
+    assert_int_equal(matmul_kernels(m->func), prec ? 0 : 16);
+    assert_int_equal(dot_products(m->func), prec ? 0 : 4);
     fe_model_free(m);
     free(text);
   }
@@ -857,10 +888,12 @@ static void test_cpu_direct_args(void **state) {
  * the other providers none; GRADC_GEMM_EPILOGUES=all takes all four
  * (post-ops, or gemm.c's loop), =off none.  Sizes make the GEMMs split into
  * pieces at 2 and 3 threads (each piece reads its part of the bias or
- * residual). */
+ * residual), and keep them over the size of products the CPU generates
+ * itself (kernel_bmm.c) in every micro-batch: 216 x 160 x 128 is 4.4 M
+ * multiply-adds. */
 static const char epilogue_src[] =
     "model epi {\n"
-    "  batch B = 96\n"
+    "  batch B = 432\n"
     "  dim D = 128\n"
     "  dim H = 160\n"
     "  input x : f32[B, D]\n"
@@ -891,7 +924,7 @@ static void test_cpu_gemm_epilogues(void **state) {
   const char *modes[] = {"fused", "all", "off"};
   for (int mode = 0; mode < 3; mode++) {
     setenv("GRADC_GEMM_EPILOGUES", modes[mode], 1);
-    for (int K = 1; K <= 3; K += 2) {
+    for (int K = 1; K <= 2; K++) {
       FeModel *m = planned_model("epi.gdl", epilogue_src, K);
       IrFunc *f = m->func;
       /* bias + relu, bias, residual, bias + gelu (the logits' sum joins
