@@ -3,14 +3,24 @@
  * blocks on it.
  *
  * pool_run writes the job (function, context, chunking) into the pool,
- * then publishes it by storing one 64-bit ticket, (generation, chunk
- * count, next chunk), and bumping the wake counter.  Everyone, the caller
- * included, takes chunks by compare-and-swap on the ticket, which fails
- * once the generation is not the one the taker woke for: a worker that
- * wakes late cannot take a chunk of a finished job or of the next one.
- * The job's fields are read only after a successful take, and the caller
- * rewrites them only after every taken chunk is done, so they are stable
- * while anyone uses them; the caller never waits for idle workers.
+ * then deals its chunks out in contiguous shares, thread t (the caller
+ * is thread 0) the t-th share, by storing one 64-bit slot per thread,
+ * (generation, end of its share, next chunk), and bumping the wake
+ * counter.  Each thread takes its own share's chunks from the front by
+ * compare-and-swap on its slot, then the chunks other threads have not
+ * started from the back of their shares (so a thread that is late,
+ * descheduled or asleep holds up nobody).  A take fails once the slot's
+ * generation is not the one the taker woke for: a worker that wakes late
+ * cannot take a chunk of a finished job or of the next one.  The job's
+ * fields are read only after a successful take, and the caller rewrites
+ * them only after every taken chunk is done, so they are stable while
+ * anyone uses them; the caller never waits for idle workers.
+ *
+ * Why shares: a kernel's iterations are rows (or row tiles) in order, so
+ * with the same thread taking the same part of every job, the rows one
+ * thread writes in one kernel are the ones it reads in the next, from its
+ * own cache rather than from the other core's (docs/DECISIONS.md
+ * "Chunks in shares, by thread").
  *
  * Waiting never burns a core for long and never yields in a loop (on a
  * machine with as many threads as cores, sched_yield storms cost more
@@ -33,15 +43,28 @@
 
 #include "support.h"
 
-/* ticket = generation << 32 | chunk count << 16 | next chunk */
-#define T_GEN(t) ((uint32_t)((t) >> 32))
-#define T_COUNT(t) ((int64_t)(((t) >> 16) & 0xffff))
-#define T_NEXT(t) ((int64_t)((t) & 0xffff))
+/* A thread's slot: generation << 32 | end of its share << 16 | next
+ * chunk of it; chunks [next, end) are left. */
+#define S_GEN(t) ((uint32_t)((t) >> 32))
+#define S_END(t) ((int64_t)(((t) >> 16) & 0xffff))
+#define S_NEXT(t) ((int64_t)((t) & 0xffff))
+#define S_ONE_END ((uint64_t)1 << 16)
 #define MAX_CHUNKS 0xffff
+
+/* On a cache line of its own: the owner and thieves write it. */
+typedef struct Slot {
+  _Alignas(64) _Atomic uint64_t w;
+} Slot;
+
+typedef struct Worker {
+  struct Pool *pool;
+  int id; /* 1 .. nthreads - 1 */
+} Worker;
 
 struct Pool {
   int nthreads; /* the caller included */
   pthread_t *threads;
+  Worker *workers;
   pthread_mutex_t mu;
   pthread_cond_t wake;     /* workers: a new job (gen changed) or stop */
   pthread_cond_t finished; /* the caller: the last chunk of its job is done */
@@ -49,12 +72,12 @@ struct Pool {
   atomic_bool stop;
   atomic_int sleepers;     /* workers asleep on `wake` (or about to be) */
   unsigned pokes;          /* pool_wake calls, under mu: a sleeper wakes on a change */
-  _Atomic uint64_t ticket;
+  Slot *slots;             /* by thread: its share of the current job */
   atomic_llong done;       /* chunks of the current job finished */
   /* The current job (see above for who may read it when). */
   PoolFn fn;
   void *ctx;
-  int64_t n, chunk;
+  int64_t n, chunk, nchunks;
 };
 
 /* About 50 us of pause instructions (~25 ns each on current x86). */
@@ -68,27 +91,39 @@ static void cpu_relax(void) {
 #endif
 }
 
-/* Take chunks of job generation g until none is left. */
-static void run_chunks(Pool *p, uint32_t g) {
+/* One chunk of job generation g from slot w: its first left (own, the
+ * front) or its last (another's, the back); -1 when none is left. */
+static int64_t take(_Atomic uint64_t *w, uint32_t g, bool own) {
+  uint64_t t = atomic_load(w);
   for (;;) {
-    uint64_t t = atomic_load(&p->ticket);
-    do {
-      if (T_GEN(t) != g || T_NEXT(t) >= T_COUNT(t)) return;
-    } while (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1));
-    int64_t b = T_NEXT(t) * p->chunk, e = b + p->chunk < p->n ? b + p->chunk : p->n;
-    p->fn(p->ctx, b, e);
-    if (atomic_fetch_add(&p->done, 1) + 1 == T_COUNT(t)) {
-      /* The last chunk: wake the caller if it went to sleep (it checks
-       * `done` under the mutex, so the wake-up cannot be lost). */
-      pthread_mutex_lock(&p->mu);
-      pthread_cond_signal(&p->finished);
-      pthread_mutex_unlock(&p->mu);
+    if (S_GEN(t) != g || S_NEXT(t) >= S_END(t)) return -1;
+    uint64_t left = own ? t + 1 : t - S_ONE_END;
+    if (atomic_compare_exchange_weak(w, &t, left)) return own ? S_NEXT(t) : S_END(t) - 1;
+  }
+}
+
+/* Thread `me` runs chunks of job generation g until none is left: its
+ * own share's, then the others' (the next thread's first). */
+static void run_chunks(Pool *p, uint32_t g, int me) {
+  for (int k = 0; k < p->nthreads; k++) {
+    int who = (me + k) % p->nthreads;
+    for (int64_t c; (c = take(&p->slots[who].w, g, k == 0)) >= 0;) {
+      int64_t b = c * p->chunk, e = b + p->chunk < p->n ? b + p->chunk : p->n;
+      p->fn(p->ctx, b, e);
+      if (atomic_fetch_add(&p->done, 1) + 1 == p->nchunks) {
+        /* The last chunk: wake the caller if it went to sleep (it checks
+         * `done` under the mutex, so the wake-up cannot be lost). */
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->finished);
+        pthread_mutex_unlock(&p->mu);
+      }
     }
   }
 }
 
 static void *worker(void *arg) {
-  Pool *p = arg;
+  const Worker *me = arg;
+  Pool *p = me->pool;
   unsigned seen = 0;
   for (;;) {
     for (int spins = 0; atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins < SPIN; spins++)
@@ -105,7 +140,7 @@ static void *worker(void *arg) {
     }
     if (atomic_load(&p->stop)) return NULL;
     seen = atomic_load(&p->gen);
-    run_chunks(p, seen);
+    run_chunks(p, seen, me->id);
   }
 }
 
@@ -168,14 +203,19 @@ Pool *pool_new(int nthreads) {
   atomic_init(&p->gen, 0);
   atomic_init(&p->stop, false);
   atomic_init(&p->sleepers, 0);
-  atomic_init(&p->ticket, 0);
   atomic_init(&p->done, 0);
+  p->slots = aligned_alloc(_Alignof(Slot), sizeof(Slot) * (size_t)nthreads);
+  if (!p->slots) abort(); /* as mem_alloc does */
+  for (int i = 0; i < nthreads; i++) atomic_init(&p->slots[i].w, 0);
   p->threads = mem_calloc((size_t)nthreads, sizeof(pthread_t));
-  for (int i = 1; i < nthreads; i++)
-    if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+  p->workers = mem_calloc((size_t)nthreads, sizeof(Worker));
+  for (int i = 1; i < nthreads; i++) {
+    p->workers[i] = (Worker){p, i};
+    if (pthread_create(&p->threads[i], NULL, worker, &p->workers[i]) != 0) {
       p->nthreads = i; /* run with the threads we got */
       break;
     }
+  }
   return p;
 }
 
@@ -204,16 +244,19 @@ void pool_run(Pool *p, int64_t n, int64_t grain, PoolFn fn, void *ctx) {
   p->n = n;
   p->chunk = (n + nchunks - 1) / nchunks;
   nchunks = (n + p->chunk - 1) / p->chunk;
+  p->nchunks = nchunks;
   atomic_store(&p->done, 0);
   uint32_t g = atomic_load(&p->gen) + 1;
-  atomic_store(&p->ticket, (uint64_t)g << 32 | (uint64_t)nchunks << 16);
+  for (int t = 0; t < nt; t++) /* thread t's share: chunks [t c / nt, (t + 1) c / nt) */
+    atomic_store(&p->slots[t].w,
+                 (uint64_t)g << 32 | (uint64_t)(nchunks * (t + 1) / nt) << 16 | (uint64_t)(nchunks * t / nt));
   atomic_store(&p->gen, g);
   /* Spinning workers see gen change by themselves; only sleeping ones
    * need the (system-call) broadcast.  A worker counts itself a sleeper
    * under the mutex before it checks gen, so taking the mutex (pool_wake) orders
    * the two: either it sees the new gen or we see it asleep. */
   pool_wake(p);
-  run_chunks(p, g);
+  run_chunks(p, g, 0);
   for (int spins = 0; atomic_load(&p->done) < nchunks && spins < SPIN; spins++) cpu_relax();
   if (atomic_load(&p->done) < nchunks) {
     pthread_mutex_lock(&p->mu);
@@ -233,5 +276,7 @@ void pool_free(Pool *p) {
   pthread_cond_destroy(&p->wake);
   pthread_cond_destroy(&p->finished);
   free(p->threads);
+  free(p->workers);
+  free(p->slots);
   free(p);
 }

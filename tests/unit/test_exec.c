@@ -642,6 +642,57 @@ static void test_pool_visits_every_iteration_once(void **state) {
   }
 }
 
+/* A job's chunks are dealt out in contiguous shares, thread t (the caller
+ * is thread 0) the t-th, and each thread starts at the front of its own:
+ * every chunk here waits until every thread has begun one (2 s at most),
+ * so no share is stolen before its owner starts, and the first chunks the
+ * threads run are the shares' first, t c / nt for c chunks.  Run twice a
+ * pool size, the second time on workers that slept. */
+typedef struct {
+  int gen, nt;
+  atomic_int started;
+  atomic_int first[16];
+} Deal;
+
+static _Thread_local int deal_seen;
+
+static void deal(void *ctx, int64_t b, int64_t e) {
+  Deal *d = ctx;
+  (void)e;
+  if (deal_seen != d->gen) { /* this thread's first chunk of the job */
+    deal_seen = d->gen;
+    atomic_store(&d->first[b], 1);
+    atomic_fetch_add(&d->started, 1);
+  }
+  const struct timespec tick = {0, 10 * 1000};
+  for (int i = 0; i < 200000 && atomic_load(&d->started) < d->nt; i++) nanosleep(&tick, NULL);
+}
+
+static void test_pool_deals_shares(void **state) {
+  (void)state;
+  static int gen;
+  for (int threads = 2; threads <= 4; threads++) {
+    Pool *p = pool_new(threads);
+    for (int rep = 0; rep < 2; rep++) {
+      if (rep) {
+        const struct timespec asleep = {0, 5 * 1000 * 1000};
+        nanosleep(&asleep, NULL);
+      }
+      Deal d = {.gen = ++gen, .nt = threads};
+      atomic_init(&d.started, 0);
+      for (int i = 0; i < 16; i++) atomic_init(&d.first[i], 0);
+      int chunks = 4 * threads; /* pool_run's most: one iteration a chunk */
+      pool_run(p, chunks, 1, deal, &d);
+      for (int c = 0; c < chunks; c++) {
+        bool share_start = false;
+        for (int t = 0; t < threads; t++) share_start |= c == chunks * t / threads;
+        assert_int_equal(atomic_load(&d.first[c]), share_start);
+      }
+    }
+    pool_free(p);
+  }
+}
+
 /* pool_wake rouses workers asleep since the last job; they spin a while
  * for the next one and sleep again when none comes.  Jobs after a wake,
  * after a wake that no job followed, after several wakes in a row and
@@ -725,6 +776,7 @@ static void test_pool_follows_a_cgroup_quota(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_visits_every_iteration_once),
+      cmocka_unit_test(test_pool_deals_shares),
       cmocka_unit_test(test_pool_wake_keeps_jobs_whole),
       cmocka_unit_test(test_pool_counts_the_affinity_mask),
       cmocka_unit_test(test_pool_reads_cpu_quotas),
