@@ -24,6 +24,7 @@ typedef struct CgKernel {
   const int64_t *offs; /* its buffers' offsets where fn is code kernels share, else NULL */
   int64_t iters;       /* number of parallel iterations */
   int64_t cost;        /* rough work per iteration (elements touched), for splitting */
+  int64_t setup;       /* rough work a call does before its iterations (a product's panel of B) */
 } CgKernel;
 
 typedef struct CgOptions {

@@ -132,7 +132,7 @@ typedef struct KInfo {
   bool row;
   KpRowLayout layout;
   const char *name;
-  int64_t iters, cost;
+  int64_t iters, cost, setup;
   const IrValue **bufs; /* the arena values it touches (gen_kernel_buffers) */
   int nbufs;
   const KpBmm *bmm; /* a group-0 matmul generated as a kernel (ops[0]), or NULL */
@@ -287,7 +287,7 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     char name[64];
     snprintf(name, sizeof name, "k%d_matmul", ki->group);
     ki->name = arena_strdup(&K->a, name);
-    gen_bmm_extent(p, &ki->iters, &ki->cost);
+    gen_bmm_extent(p, &ki->iters, &ki->cost, &ki->setup);
     ki->bufs = ARENA_ARRAY(&K->a, const IrValue *, 3);
     const IrValue *roots[3] = {p->a, p->b, p->c};
     for (int r = 0; r < 3; r++) {
@@ -700,6 +700,7 @@ static bool load_object(CgModule *m, const Kernels *K, char *err, size_t errlen)
     }
     k->iters = ki->iters;
     k->cost = ki->cost;
+    k->setup = ki->setup;
   }
   if (getenv("GRADC_PERF_MAP")) {
     p = m->obj + sizeof bundle_magic + 4;

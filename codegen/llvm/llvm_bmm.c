@@ -596,21 +596,25 @@ void gen_bmm_kernel(Gen *g, const KpBmm *p) {
   LLVMBuildRetVoid(g->b);
 }
 
-void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost) {
-  /* elements touched, roughly: 8 multiply-adds an element */
-  if (p->dot) { /* tiles of dot_rows rows */
+void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost, int64_t *setup) {
+  /* elements touched, roughly: 8 multiply-adds an element; a panel's
+   * element copied, one */
+  *setup = 0;
+  if (p->dot) { /* tiles of dot_rows rows, B^T's panel once a call */
     int rows = dot_rows(p);
     *iters = (p->M + rows - 1) / rows;
     *cost = rows * p->N * p->K / 8 + rows * p->N;
+    *setup = p->N * p->K;
     return;
   }
-  if (p->nb == 1) { /* a single product's iterations are its tiles */
+  if (p->nb == 1) { /* a single product's iterations are its tiles; B's panel once a call */
     BmmTiling t = bmm_tiling(p);
     int64_t cols = (int64_t)t.nt * t.vl;
     *iters = (p->M + t.mr - 1) / t.mr * ((t.nvec + t.nt - 1) / t.nt);
     *cost = t.mr * cols * p->K / 8 + t.mr * cols;
+    if (!(p->bn == 1 && t.tail == 0)) *setup = p->K * t.nvec * t.vl;
     return;
   }
-  *iters = p->nb;
+  *iters = p->nb; /* a batch matrix's panel is part of its iteration */
   *cost = p->M * p->N * p->K / 8 + p->M * p->N;
 }

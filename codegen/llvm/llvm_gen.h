@@ -174,7 +174,9 @@ void gen_kernel_extent(const IrFunc *f, IrOp **ops, int n, const KpRowLayout *l,
 /* llvm_bmm.c: a batch of small products (passes/kernel_bmm.c's plan) as
  * the body of g->fn; its iterations are the batch's matrices. */
 void gen_bmm_kernel(Gen *g, const KpBmm *p);
-void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost);
+/* A product kernel's iterations, their cost, and what a call costs before
+ * them (a single product's panel of B, copied once a call). */
+void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost, int64_t *setup);
 /* llvm.c: whether the host has AVX-512F (vectors of 16 floats, 32 registers). */
 bool gen_host_avx512(void);
 

@@ -516,9 +516,15 @@ static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
  * many as a multiple of the threads, of equal size.  Chunks of
  * INLINE_WORK / cost iterations left the last one short (tinygpt small's
  * 32 head products in chunks of 10, 10, 10 and 2), and the thread that
- * took more set the kernel's time. */
-static int64_t kernel_grain(int64_t iters, int64_t cost, int threads) {
+ * took more set the kernel's time.  A kernel whose every call first does
+ * `setup` work (a product copying B into its panel) gets chunks of at
+ * least SETUP_SHARE times that: eight chunks of a dy W^T at two threads
+ * packed W^T eight times (docs/DECISIONS.md "A panel once a thread"). */
+#define SETUP_SHARE 8
+static int64_t kernel_grain(int64_t iters, int64_t cost, int64_t setup, int threads) {
   int64_t n = ceil_div(iters * cost, INLINE_WORK);
+  if (setup > 0 && n > iters * cost / (SETUP_SHARE * setup)) n = iters * cost / (SETUP_SHARE * setup);
+  if (n < 1) n = 1;
   n = ceil_div(n, threads) * threads;
   if (n > iters) n = iters;
   return ceil_div(iters, n);
@@ -532,7 +538,7 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
     return;
   }
   KernelRun run = {k, p->arena};
-  pool_run(p->pool, k->iters, kernel_grain(k->iters, cost, pool_size(p->pool)), kernel_chunk, &run);
+  pool_run(p->pool, k->iters, kernel_grain(k->iters, cost, k->setup, pool_size(p->pool)), kernel_chunk, &run);
 }
 
 /* The widening and rounding loops of the low-precision GEMMs (ir.h's
