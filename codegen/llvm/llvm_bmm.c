@@ -119,6 +119,18 @@ static void store_lanes(Gen *g, const Bmm *m, LLVMValueRef ptr, LLVMValueRef y, 
   gen_intrinsic(g, unit ? "llvm.masked.store" : "llvm.masked.scatter", over, 2, sa, 4);
 }
 
+/* y (a vector or a float) into C at ptr, added to what is there where C
+ * is a gradient buffer. */
+static void store_c(Gen *g, const Bmm *m, LLVMValueRef ptr, LLVMValueRef y) {
+  if (m->p->acc) {
+    LLVMValueRef old = LLVMBuildLoad2(g->b, LLVMTypeOf(y), ptr, "");
+    LLVMSetAlignment(old, 4);
+    y = LLVMBuildFAdd(g->b, old, y, "");
+  }
+  LLVMValueRef st = LLVMBuildStore(g->b, y, ptr);
+  LLVMSetAlignment(st, 4);
+}
+
 static LLVMValueRef imin(Gen *g, LLVMValueRef x, LLVMValueRef y) {
   LLVMValueRef args[2] = {x, y};
   return gen_intrinsic(g, "llvm.smin", &g->t_i64, 1, args, 2);
@@ -185,14 +197,7 @@ static void emit_tile(Gen *g, const Bmm *m, LLVMValueRef m0, int rows, LLVMValue
       LLVMValueRef y = gen_acc_get(g, acc[r][v]);
       LLVMValueRef at = add(g, crow, gen_i64(g, (int64_t)v * m->vl * p->cn));
       if (p->cn == 1 && (v < nv - 1 || tail == m->vl)) {
-        LLVMValueRef ptr = gep_f32(g, m->c, at);
-        if (p->acc) {
-          LLVMValueRef old = LLVMBuildLoad2(g->b, m->vt, ptr, "");
-          LLVMSetAlignment(old, 4);
-          y = LLVMBuildFAdd(g->b, old, y, "");
-        }
-        LLVMValueRef st = LLVMBuildStore(g->b, y, ptr);
-        LLVMSetAlignment(st, 4);
+        store_c(g, m, gep_f32(g, m->c, at), y);
         continue;
       }
       /* A partial vector (masked), or C^T's row down C's column (a
@@ -458,15 +463,7 @@ static void emit_dot_rows(Gen *g, const Bmm *m, LLVMValueRef i0, int rows, int64
   for (int r = 0; r < rows; r++) {
     LLVMValueRef crow = mul(g, add(g, i0, gen_i64(g, r)), p->cm);
     for (int j = 0; j < p->N; j++) {
-      LLVMValueRef y = lane_sum(g, gen_acc_get(g, acc[r][j]), m->vl);
-      LLVMValueRef ptr = gep_f32(g, m->c, add(g, crow, gen_i64(g, j)));
-      if (p->acc) {
-        LLVMValueRef old = LLVMBuildLoad2(g->b, g->t_f32, ptr, "");
-        LLVMSetAlignment(old, 4);
-        y = LLVMBuildFAdd(g->b, old, y, "");
-      }
-      LLVMValueRef st = LLVMBuildStore(g->b, y, ptr);
-      LLVMSetAlignment(st, 4);
+      store_c(g, m, gep_f32(g, m->c, add(g, crow, gen_i64(g, j))), lane_sum(g, gen_acc_get(g, acc[r][j]), m->vl));
     }
   }
 }
