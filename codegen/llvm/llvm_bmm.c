@@ -75,6 +75,10 @@ static BmmTiling bmm_tiling(const KpBmm *p) {
   return t;
 }
 
+/* Whether the kernel reads B's rows in place (whole vectors already),
+ * rather than copying B into a panel first. */
+static bool bmm_direct(const KpBmm *p, const BmmTiling *t) { return p->bn == 1 && t->tail == 0; }
+
 static LLVMValueRef gep_f32(Gen *g, LLVMValueRef base, LLVMValueRef idx) {
   return LLVMBuildInBoundsGEP2(g->b, g->t_f32, base, &idx, 1, "");
 }
@@ -94,16 +98,20 @@ static LLVMValueRef fmuladd(Gen *g, LLVMValueRef x, LLVMValueRef y, LLVMValueRef
   return gen_intrinsic(g, "llvm.fmuladd", &t, 1, args, 3);
 }
 
+/* A vector's mask of its first `lanes` lanes. */
+static LLVMValueRef lane_mask(Gen *g, const Bmm *m, int lanes) {
+  LLVMValueRef bits[16];
+  for (int j = 0; j < m->vl; j++) bits[j] = LLVMConstInt(LLVMInt1TypeInContext(g->ctx), j < lanes, 0);
+  return LLVMConstVector(bits, (unsigned)m->vl);
+}
+
 /* The first `cols` lanes of y into C from ptr on, p->cn apart (added to
  * what is there where C is a gradient buffer). */
 static void store_lanes(Gen *g, const Bmm *m, LLVMValueRef ptr, LLVMValueRef y, int cols) {
   const KpBmm *p = m->p;
-  LLVMValueRef bits[16], idx[16];
-  for (int j = 0; j < m->vl; j++) {
-    bits[j] = LLVMConstInt(LLVMInt1TypeInContext(g->ctx), j < cols, 0);
-    idx[j] = LLVMConstInt(g->t_i64, (unsigned long long)(j * p->cn), 0);
-  }
-  LLVMValueRef mask = LLVMConstVector(bits, (unsigned)m->vl);
+  LLVMValueRef idx[16];
+  for (int j = 0; j < m->vl; j++) idx[j] = LLVMConstInt(g->t_i64, (unsigned long long)(j * p->cn), 0);
+  LLVMValueRef mask = lane_mask(g, m, cols);
   LLVMValueRef align = LLVMConstInt(g->t_i32, 4, 0);
   /* Contiguous lanes: a masked load and store; else a gather and scatter
    * through a vector of pointers. */
@@ -416,10 +424,8 @@ static LLVMValueRef load_lanes(Gen *g, const Bmm *m, LLVMValueRef ptr, int lanes
     LLVMSetAlignment(v, 4);
     return v;
   }
-  LLVMValueRef bits[16];
-  for (int j = 0; j < m->vl; j++) bits[j] = LLVMConstInt(LLVMInt1TypeInContext(g->ctx), j < lanes, 0);
   LLVMTypeRef over[2] = {m->vt, LLVMTypeOf(ptr)};
-  LLVMValueRef args[4] = {ptr, LLVMConstInt(g->t_i32, 4, 0), LLVMConstVector(bits, (unsigned)m->vl), LLVMConstNull(m->vt)};
+  LLVMValueRef args[4] = {ptr, LLVMConstInt(g->t_i32, 4, 0), lane_mask(g, m, lanes), LLVMConstNull(m->vt)};
   return gen_intrinsic(g, "llvm.masked.load", over, 2, args, 4);
 }
 
@@ -523,7 +529,7 @@ void gen_bmm_kernel(Gen *g, const KpBmm *p) {
   Bmm m = {.p = p, .vl = t.vl};
   m.vt = LLVMVectorType(g->t_f32, (unsigned)m.vl);
   GenBuf A = gen_buf(g, p->a), B = gen_buf(g, p->b), C = gen_buf(g, p->c);
-  bool direct = p->bn == 1 && t.tail == 0; /* B's rows are whole vectors already */
+  bool direct = bmm_direct(p, &t);
   int64_t npad = t.nvec * m.vl;
   LLVMValueRef panel = direct ? NULL : gen_alloca(g, g->t_f32, p->K * npad);
   m.bk = direct ? p->bk : npad;
@@ -609,7 +615,7 @@ void gen_bmm_extent(const KpBmm *p, int64_t *iters, int64_t *cost, int64_t *setu
     int64_t cols = (int64_t)t.nt * t.vl;
     *iters = (p->M + t.mr - 1) / t.mr * ((t.nvec + t.nt - 1) / t.nt);
     *cost = t.mr * cols * p->K / 8 + t.mr * cols;
-    if (!(p->bn == 1 && t.tail == 0)) *setup = p->K * t.nvec * t.vl;
+    if (!bmm_direct(p, &t)) *setup = p->K * t.nvec * t.vl;
     return;
   }
   *iters = p->nb; /* a batch matrix's panel is part of its iteration */

@@ -523,7 +523,10 @@ static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
 #define SETUP_SHARE 8
 static int64_t kernel_grain(int64_t iters, int64_t cost, int64_t setup, int threads) {
   int64_t n = ceil_div(iters * cost, INLINE_WORK);
-  if (setup > 0 && n > iters * cost / (SETUP_SHARE * setup)) n = iters * cost / (SETUP_SHARE * setup);
+  if (setup > 0) {
+    int64_t most = iters * cost / (SETUP_SHARE * setup);
+    if (n > most) n = most;
+  }
   if (n < 1) n = 1;
   n = ceil_div(n, threads) * threads;
   if (n > iters) n = iters;
