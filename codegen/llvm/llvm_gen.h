@@ -168,6 +168,9 @@ LLVMValueRef gen_random(Gen *g, const IrOp *op, LLVMValueRef e);
 /* llvm_row.c / llvm_loop.c: emit the body of g->fn (positioned at the end
  * of its entry block) for one kernel. */
 void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l);
+/* Rows one parallel iteration of that row kernel covers (its group, or the
+ * rows it runs side by side). */
+int64_t gen_row_unit(IrOp **ops, int n, const KpRowLayout *l);
 void gen_loop_kernel(Gen *g, const IrOp *op);
 /* Iterations and cost without emitting anything (also for loading objects). */
 void gen_kernel_extent(const IrFunc *f, IrOp **ops, int n, const KpRowLayout *l, int64_t *iters, int64_t *cost);

@@ -127,9 +127,9 @@ static void loop_extent(const IrOp *op, int64_t *iters, int64_t *cost) {
 void gen_kernel_extent(const IrFunc *f, IrOp **ops, int n, const KpRowLayout *l, int64_t *iters, int64_t *cost) {
   (void)f;
   if (l) {
-    int64_t group = l->group > 1 ? l->group : 1;
-    *iters = l->rows / group;
-    *cost = l->cols * (n > 0 ? n : 1) * group;
+    int64_t unit = gen_row_unit(ops, n, l);
+    *iters = l->rows / unit;
+    *cost = l->cols * (n > 0 ? n : 1) * unit;
     return;
   }
   loop_extent(ops[0], iters, cost);

@@ -6,7 +6,9 @@
  *
  * (with a column sum, [begin, end) are groups of G rows, rows [begin G,
  * end G): the sum's totals are zeroed at a group's first row, added to in
- * its operand's loop, and written after the group's last row).
+ * its operand's loop, and written after the group's last row).  Short
+ * rows that are reduced over run several an iteration, each section and
+ * loop doing the work of each row in turn (lanes_for).
  *
  * The passes come from the kernel plan (kp_row_plan, passes/kernel_row.c);
  * this file adds the CPU's policy over them.  An elementwise op whose
@@ -72,15 +74,30 @@ typedef struct RSlot {
   int reg_loop;                /* loop it belongs to; -1: a per-row register (valid for the whole row) */
 } RSlot;
 
+/* Rows a loop iteration runs side by side, at most (see row_lanes). */
+#define ROW_MAX_LANES 4
+
 typedef struct Row {
   Gen *g;
   const KpRowLayout *l;
-  RSlot *s;
+  RSlot *s; /* the current lane's slots and plans */
   int ns;
   Plan *plan;
   int np;
   LLVMValueRef r, j; /* row and column indices */
+  int nlanes;        /* rows an iteration of the row loop runs (row_lanes) */
+  RSlot *lane_s[ROW_MAX_LANES];
+  Plan *lane_plan[ROW_MAX_LANES];
+  LLVMValueRef lane_r[ROW_MAX_LANES];
+  Arena *a;
 } Row;
+
+/* Make lane u current: its slots, plans and row. */
+static void lane(Row *R, int u) {
+  R->s = R->lane_s[u];
+  R->plan = R->lane_plan[u];
+  R->r = R->lane_r[u];
+}
 
 static LLVMValueRef slot_ptr(Row *R, RSlot *s, LLVMValueRef base, LLVMValueRef idx) {
   return gen_buf_ptr(R->g, &s->buf, base, idx);
@@ -746,7 +763,10 @@ static void alloc_state(Row *R) {
       p->acc[1] = gen_acc(g, wide);
       break;
     case KP_ROW_RMS: p->acc[0] = gen_acc(g, wide); break;
-    case KP_ROW_COLSUM: p->colacc = gen_alloca(g, wide, R->l->cols > 0 ? R->l->cols : 1); break;
+    case KP_ROW_COLSUM: /* one set of totals, which every lane adds to */
+      p->colacc = R->plan == R->lane_plan[0] ? gen_alloca(g, wide, R->l->cols > 0 ? R->l->cols : 1)
+                                             : R->lane_plan[0][k].colacc;
+      break;
     case KP_ROW_EW:
     case KP_ROW_ONEHOT:
     case KP_ROW_EMB:
@@ -829,44 +849,89 @@ static void colsums(Row *R, LLVMValueRef when, bool write) {
   }
 }
 
-/* The loop over the rows [begin, end) (of groups of rows, when a column
- * sum sums over them): sections and loops over the row. */
-static void emit_rows(Row *R, int K, const bool *loop_used) {
-  Gen *g = R->g;
-  /* Row-invariant addresses and per-row inputs are set up once. */
-  LLVMValueRef zero = gen_i64(g, 0);
-  for (int i = 0; i < R->ns; i++) {
-    RSlot *s = &R->s[i];
-    if (!s->mem || !row_invariant(R, s)) continue;
-    s->rowptr = s->buf.base;
-    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-      s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
-      s->reg_loop = -1;
-    }
+/* Rows an iteration of the row loop runs (docs/DECISIONS.md "Short rows
+ * side by side"), for a kernel of layout l whose plan's steps are of
+ * kinds kinds[0..n).  Only a kernel that reduces over the row and reads
+ * the result in a later loop gains: its rows are chains of dependent
+ * instructions (the reduction's halvings, then an exp, a division or a
+ * square root) before the next loop can start.  ROW_MAX_LANES when rows
+ * are at most LANES_SHORT_COLS long; 2 when they are at most
+ * LANES_STATS_COLS long and the kernel normalises them (a norm, a
+ * softmax, logsumexp or cross_entropy); else 1.  In groups of rows, only
+ * a number that divides the group's size.  A softmax backward over rows
+ * of 128 (a sum, then elementwise work) took 2.5 times as long four rows
+ * at a time. */
+#define LANES_SHORT_COLS 64
+#define LANES_STATS_COLS 128
+static int lanes_for(const KpRowLayout *l, const KpRowKind *kinds, int n) {
+  bool reduces = false, stats = false;
+  for (int q = 0; q < n; q++) {
+    stats |= row_stats(kinds[q]) || kinds[q] == KP_ROW_LN || kinds[q] == KP_ROW_RMS;
+    reduces |= kinds[q] == KP_ROW_RED;
   }
+  int lanes = 1;
+  if ((reduces || stats) && l->cols > 0 && l->cols <= LANES_SHORT_COLS)
+    lanes = ROW_MAX_LANES;
+  else if (stats && l->cols > 0 && l->cols <= LANES_STATS_COLS)
+    lanes = 2;
+  while (lanes > 1 && l->group > 1 && l->group % lanes) lanes /= 2;
+  return lanes;
+}
 
-  /* The parallel iterations are groups of rows when a column sum sums over them. */
+/* Rows a parallel iteration of the kernel covers: its group's, or its
+ * lanes' when they divide the rows (then no loop for rows left over is
+ * needed), else 1. */
+static int64_t unit_for(const KpRowLayout *l, int lanes) {
+  if (l->group > 1) return l->group;
+  return l->rows % lanes == 0 ? lanes : 1;
+}
+
+int64_t gen_row_unit(IrOp **ops, int n, const KpRowLayout *l) {
+  Arena a;
+  arena_init(&a);
+  KpRowPlan kp;
+  int64_t unit = l->group > 1 ? l->group : 1;
+  if (kp_row_plan(l, ops, n, &a, &kp)) {
+    KpRowKind *kinds = ARENA_ARRAY(&a, KpRowKind, n ? n : 1);
+    for (int k = 0; k < n; k++) kinds[k] = kp.steps[k].kind;
+    unit = unit_for(l, lanes_for(l, kinds, n));
+  }
+  arena_free(&a);
+  return unit;
+}
+
+/* The work of rows R->lane_r[0 .. R->nlanes): sections and loops over the
+ * row, each lane's steps after the other's inside every section and loop,
+ * so that the rows' chains of dependent instructions (a row's statistics
+ * before its outputs) overlap.  in_group is lane 0's row's place in its
+ * group of rows. */
+static void row_body(Row *R, int K, const bool *loop_used, LLVMValueRef in_group) {
+  Gen *g = R->g;
+  int U = R->nlanes;
+  LLVMValueRef zero = gen_i64(g, 0);
   int64_t G = R->l->group > 1 ? R->l->group : 1;
-  LLVMValueRef lo = g->begin, hi = g->end;
-  if (G > 1) lo = LLVMBuildNSWMul(g->b, lo, gen_i64(g, G), ""), hi = LLVMBuildNSWMul(g->b, hi, gen_i64(g, G), "");
-  GenLoop rows;
-  gen_loop_begin(g, &rows, lo, hi, "row");
-  R->r = rows.iv;
-  LLVMValueRef in_group = G > 1 ? LLVMBuildURem(g->b, R->r, gen_i64(g, G), "") : zero;
+  lane(R, 0);
   colsums(R, LLVMBuildICmp(g->b, LLVMIntEQ, in_group, zero, ""), false);
-  for (int i = 0; i < R->ns; i++) {
-    RSlot *s = &R->s[i];
-    if (!s->mem || row_invariant(R, s)) continue;
-    s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(R, s));
-    if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-      s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
-      s->reg_loop = -1;
+  for (int u = 0; u < U; u++) {
+    lane(R, u);
+    for (int i = 0; i < R->ns; i++) {
+      RSlot *s = &R->s[i];
+      if (!s->mem || row_invariant(R, s)) continue;
+      s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(R, s));
+      if (!s->cs->defined && !s->elem && !s->buf.is_const) {
+        s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
+        s->reg_loop = -1;
+      }
     }
   }
   for (int k = 0; k <= K; k++) {
-    for (int q = 0; q < R->np; q++) section_step(R, &R->plan[q], k);
+    for (int u = 0; u < U; u++) {
+      lane(R, u);
+      for (int q = 0; q < R->np; q++) section_step(R, &R->plan[q], k);
+    }
     if (k == K || !loop_used[k]) continue;
-    Plan *cs = causal_exp_loop(R, k);
+    lane(R, 0);
+    Plan *cs = U == 1 ? causal_exp_loop(R, k) : NULL;
     LLVMValueRef hi = gen_i64(g, R->l->cols);
     if (cs) { /* columns j <= i (up to a whole vector) only: exp(-inf - max) past them */
       int nr = R->l->space.rank;
@@ -877,9 +942,15 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
     GenLoop cl;
     gen_loop_begin(g, &cl, zero, hi, "col");
     R->j = cl.iv;
-    for (int i = 0; i < R->ns; i++) /* before anything is written over them */
-      if (written_over(R, i)) (void)elem_val(R, i, k);
-    for (int q = 0; q < R->np; q++) loop_step(R, &R->plan[q], k);
+    for (int u = 0; u < U; u++) { /* before anything is written over them */
+      lane(R, u);
+      for (int i = 0; i < R->ns; i++)
+        if (written_over(R, i)) (void)elem_val(R, i, k);
+    }
+    for (int u = 0; u < U; u++) {
+      lane(R, u);
+      for (int q = 0; q < R->np; q++) loop_step(R, &R->plan[q], k);
+    }
     LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
     /* The causal exp loop runs whole vectors only (CAUSAL_VEC), not
@@ -896,21 +967,73 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
       gen_loop_end(g, &tl);
     }
   }
-  for (int i = 0; i < R->ns; i++) { /* deferred outputs, now that the row's operands are read */
-    RSlot *s = &R->s[i];
-    if (!s->defer) continue;
-    GenLoop cl;
-    gen_loop_begin(g, &cl, zero, gen_i64(g, R->l->cols), "store");
-    R->j = cl.iv;
-    IrDType dt = s->cs->v->type.dtype;
-    LLVMValueRef v = gen_load(g, mat_ptr(R, s), dt, -1);
-    gen_store(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), v, dt, false, s->buf.scope);
-    LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
-    gen_loop_end(g, &cl);
-    loop_hints(g, latch, 0, true, short_colsums(R));
+  for (int u = 0; u < U; u++) { /* deferred outputs, now that the row's operands are read */
+    lane(R, u);
+    for (int i = 0; i < R->ns; i++) {
+      RSlot *s = &R->s[i];
+      if (!s->defer) continue;
+      GenLoop cl;
+      gen_loop_begin(g, &cl, zero, gen_i64(g, R->l->cols), "store");
+      R->j = cl.iv;
+      IrDType dt = s->cs->v->type.dtype;
+      LLVMValueRef v = gen_load(g, mat_ptr(R, s), dt, -1);
+      gen_store(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), v, dt, false, s->buf.scope);
+      LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+      gen_loop_end(g, &cl);
+      loop_hints(g, latch, 0, true, short_colsums(R));
+    }
   }
-  colsums(R, LLVMBuildICmp(g->b, LLVMIntEQ, in_group, gen_i64(g, G - 1), ""), true);
+  lane(R, 0);
+  colsums(R, LLVMBuildICmp(g->b, LLVMIntEQ, in_group, gen_i64(g, G - U), ""), true);
+}
+
+/* The loop over the rows of the parallel iterations [begin, end) (each
+ * unit_for rows), R->nlanes rows an iteration; when the lanes do not
+ * divide the unit, the rows left over (fewer than R->nlanes) run one an
+ * iteration after it. */
+static void emit_rows(Row *R, int K, const bool *loop_used) {
+  Gen *g = R->g;
+  int U = R->nlanes;
+  /* Row-invariant addresses and per-row inputs are set up once. */
+  LLVMValueRef zero = gen_i64(g, 0);
+  for (int u = 0; u < U; u++) {
+    lane(R, u);
+    for (int i = 0; i < R->ns; i++) {
+      RSlot *s = &R->s[i];
+      if (!s->mem || !row_invariant(R, s)) continue;
+      s->rowptr = s->buf.base;
+      if (!s->cs->defined && !s->elem && !s->buf.is_const) {
+        s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
+        s->reg_loop = -1;
+      }
+    }
+  }
+  /* lane 0's slots as the rows start, for the loop over the rows left over */
+  RSlot *start = ARENA_ARRAY(R->a, RSlot, R->ns ? R->ns : 1);
+  memcpy(start, R->lane_s[0], sizeof *start * (size_t)R->ns);
+
+  /* The parallel iterations are groups of rows when a column sum sums
+   * over them, else the lanes' rows when they divide the rows (unit_for). */
+  int64_t G = R->l->group > 1 ? R->l->group : 1, unit = unit_for(R->l, U);
+  LLVMValueRef lo = g->begin, hi = g->end;
+  if (unit > 1) lo = LLVMBuildNSWMul(g->b, lo, gen_i64(g, unit), ""), hi = LLVMBuildNSWMul(g->b, hi, gen_i64(g, unit), "");
+  LLVMValueRef n = LLVMBuildSDiv(g->b, LLVMBuildNSWSub(g->b, hi, lo, ""), gen_i64(g, U), "");
+  GenLoop rows;
+  gen_loop_begin(g, &rows, zero, n, "row");
+  R->lane_r[0] = LLVMBuildNSWAdd(g->b, lo, U > 1 ? LLVMBuildNSWMul(g->b, rows.iv, gen_i64(g, U), "") : rows.iv, "");
+  for (int u = 1; u < U; u++) R->lane_r[u] = LLVMBuildNSWAdd(g->b, R->lane_r[0], gen_i64(g, u), "");
+  row_body(R, K, loop_used, G > 1 ? LLVMBuildURem(g->b, R->lane_r[0], gen_i64(g, G), "") : zero);
   gen_loop_end(g, &rows);
+  if (unit % U == 0) return;
+
+  memcpy(R->lane_s[0], start, sizeof *start * (size_t)R->ns);
+  R->nlanes = 1;
+  GenLoop rest;
+  gen_loop_begin(g, &rest, LLVMBuildNSWAdd(g->b, lo, LLVMBuildNSWMul(g->b, n, gen_i64(g, U), ""), ""), hi, "rest");
+  R->lane_r[0] = rest.iv;
+  row_body(R, K, loop_used, zero);
+  gen_loop_end(g, &rest);
+  R->nlanes = U;
 }
 
 void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
@@ -946,7 +1069,19 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
     for (int i = 0; i < 3; i++)
       if (R.plan[k].p[i] >= 0) loop_used[R.plan[k].p[i]] = true;
 
-  alloc_state(&R);
+  R.a = &a;
+  KpRowKind *kinds = ARENA_ARRAY(&a, KpRowKind, n ? n : 1);
+  for (int k = 0; k < n; k++) kinds[k] = R.plan[k].kind;
+  R.nlanes = lanes_for(l, kinds, n);
+  for (int u = 0; u < R.nlanes; u++) { /* each lane its own copy of the plans, then its own state */
+    R.lane_s[u] = u ? ARENA_ARRAY(&a, RSlot, R.ns ? R.ns : 1) : R.s;
+    R.lane_plan[u] = u ? ARENA_ARRAY(&a, Plan, n ? n : 1) : R.plan;
+    if (u) memcpy(R.lane_s[u], R.s, sizeof *R.s * (size_t)R.ns), memcpy(R.lane_plan[u], R.plan, sizeof *R.plan * (size_t)n);
+  }
+  for (int u = 0; u < R.nlanes; u++) {
+    lane(&R, u);
+    alloc_state(&R);
+  }
   emit_rows(&R, K, loop_used);
   LLVMBuildRetVoid(g->b);
   arena_free(&a);

@@ -395,6 +395,62 @@ static void test_cpu_colsums(void **state) {
   run_model_case(&(ModelCase){"colsum", colsum_src, 1, 31, check_colsums});
 }
 
+/* ------------------------------------------------------------------ */
+/* Short rows side by side                                             */
+/* ------------------------------------------------------------------ */
+
+/* Row kernels over short rows run several rows an iteration
+ * (llvm_row.c row_lanes): four rows of 40 (norms, their backwards, a
+ * softmax over rows of 7 and its backward), two of 100 (cross_entropy,
+ * log_softmax, rms_norm), in groups of rows where a column sum sums over
+ * T = 7 rows (a number no lane count divides: one row an iteration) or
+ * 14 (two rows).  B x T = 21 and 42 rows leave rows over for the loop of
+ * one row, and 2 and 3 threads cut them into chunks of odd sizes. */
+static const char lanes_src[] =
+    "model lanes {\n"
+    "  batch B = 3\n"
+    "  dim T = 7\n"
+    "  dim C = 40\n"
+    "  dim V = 100\n"
+    "  input x : f32[B, T, C]\n"
+    "  input x2 : f32[B, 2*T, C]\n"
+    "  input y : i32[B, T]\n"
+    "  param w : f32[C, C] init normal(0, 0.2)\n"
+    "  param b : f32[C]\n"
+    "  param g : f32[C] init ones\n"
+    "  param g2 : f32[V] init ones\n"
+    "  param head : f32[C, V] init normal(0, 0.2)\n"
+    "  h = layer_norm(gelu(x @ w + b), g, b)\n"
+    "  h2 = layer_norm(tanh(x2 @ w + b), g, b)\n"
+    "  att = softmax(h @ transpose(h, -2, -1), axis=-1)\n"
+    "  o = att @ h + h2[:, 0:T, :]\n"
+    "  z = o @ head\n"
+    "  loss ce = cross_entropy(z, y)\n"
+    "  loss ls = mean(log_softmax(rms_norm(z, g2), axis=-1) * z)\n"
+    "}\n";
+
+/* The rows [B, T, C] and [B, T, V] are row kernels' spaces. */
+static void check_lanes(IrFunc *f) {
+  Arena a;
+  arena_init(&a);
+  KpKernels ks;
+  char err[256];
+  if (!kp_kernels_find(f, &a, &ks, err, sizeof err)) fail_msg("kernels: %s", err);
+  int by_cols[3] = {0, 0, 0}; /* rows of 7, 40 and 100 */
+  for (int k = 0; k < ks.n; k++) {
+    if (!ks.k[k].row) continue;
+    int64_t c = ks.k[k].layout.cols;
+    by_cols[0] += c == 7, by_cols[1] += c == 40, by_cols[2] += c == 100;
+  }
+  for (int i = 0; i < 3; i++) assert_true(by_cols[i] > 0);
+  arena_free(&a);
+}
+
+static void test_cpu_row_lanes(void **state) {
+  (void)state;
+  run_model_case(&(ModelCase){"lanes", lanes_src, 1, 41, check_lanes});
+}
+
 /* Causal attention with heads (tinygpt's): q, k and v are read out of
  * the qkv projection as strided views, each head's output and the
  * gradients of q, k and v are written straight into [B, T, C] layouts
@@ -953,6 +1009,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_gemm_pieces_bf16),
       cmocka_unit_test(test_cpu_stacked_views),
       cmocka_unit_test(test_cpu_colsums),
+      cmocka_unit_test(test_cpu_row_lanes),
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_bmm_kernels),
       cmocka_unit_test(test_cpu_causal_products),
