@@ -43,7 +43,7 @@ static const char *const pipeline[] = {"shard", "autocast", "gas-fold", "autodif
 /* The CPU back end (docs/BACKEND.md). */
 static const char *const pipeline_cpu[] = {
     "shard", "autocast", "gas-fold", "autodiff", "simplify", "cse", "dce", "dp-reduce",
-    "weight-grad-gemm", "unslice-concat", "split-reductions", "split-cross-entropy", "split-draws", "fuse",
+    "weight-grad-gemm", "simplify", "dce", "unslice-concat", "split-reductions", "split-cross-entropy", "split-draws", "fuse",
     "schedule",
     "ungroup-dp-slices", "split-grad-sums", "grad-unslices", "grad-copies", "movement-kernels", "memplan",
 };

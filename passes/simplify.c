@@ -114,7 +114,34 @@ static IrValue *norm_over_stats(IrFunc *f, IrOp *op) {
 }
 
 /* A replacement for op's result, or NULL. */
-static IrValue *simplify_op(IrFunc *f, IrOp *op) {
+/* v^T of a 2-D v: the operand of a transpose, or a new transpose. */
+static IrValue *transpose2(IrFunc *f, IrValue *v, IrLoc loc) {
+  if (v->def && v->def->opcode == IR_OP_PERMUTE && v->type.shape.rank == 2) {
+    const int64_t *p;
+    if (ir_attr_get_ints(v->def, "perm", &p) == 2 && p[0] == 1) return v->def->args[0];
+  }
+  static const int64_t swap[2] = {1, 0};
+  return ir_permute(f, v, swap, loc);
+}
+
+/* (A B)^T = B^T A^T: a transposed 2-D product that nothing else reads
+ * (through reshapes that keep its shape) is the product of the
+ * transposed operands, which GEMMs and product kernels read as views.
+ * A tied embedding's gradient from the logits, x^T dy, transposed into
+ * the embedding's [V, C], was a copy of its own (tinygpt). */
+static IrValue *transposed_product(IrFunc *f, IrOp *op, const int *uses, int nv) {
+  IrValue *x = op->args[0];
+  const IrShape *s = &x->type.shape;
+  while (x->id < nv && uses[x->id] == 1 && x->def && x->def->opcode == IR_OP_RESHAPE)
+    x = x->def->args[0];
+  if (x->id >= nv || uses[x->id] != 1 || !x->def || x->def->opcode != IR_OP_MATMUL || !ir_shape_eq(&x->type.shape, s))
+    return NULL;
+  IrValue *a = x->def->args[0], *b = x->def->args[1];
+  if (a->type.shape.rank != 2 || b->type.shape.rank != 2) return NULL;
+  return ir_matmul(f, transpose2(f, b, op->loc), transpose2(f, a, op->loc), op->loc);
+}
+
+static IrValue *simplify_op(IrFunc *f, IrOp *op, const int *uses, int nv) {
   IrValue *x = op->nargs > 0 ? op->args[0] : NULL, *y = op->nargs > 1 ? op->args[1] : NULL;
   IrValue *r = op->result;
   double c;
@@ -149,6 +176,10 @@ static IrValue *simplify_op(IrFunc *f, IrOp *op) {
     bool ident = true;
     for (int i = 0; i < n; i++) ident &= p[i] == i;
     if (ident) return x;
+    if (n == 2 && r->type.shape.rank == 2) {
+      IrValue *t = transposed_product(f, op, uses, nv);
+      if (t) return t;
+    }
     if (x->def && x->def->opcode == IR_OP_PERMUTE) {
       /* permute(permute(z, q), p)[i] = z[q[p[i]]] */
       const int64_t *q;
@@ -184,6 +215,10 @@ PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch) {
    * only record replacements of existing values. */
   int nv = f->nvalues;
   IrValue **repl = ARENA_ARRAY(scratch, IrValue *, nv + 1);
+  int *uses = ARENA_ARRAY(scratch, int, nv + 1);
+  for (int i = 0; i < f->nops; i++)
+    for (int j = 0; j < f->ops[i]->nargs; j++)
+      if (f->ops[i]->args[j]->id < nv) uses[f->ops[i]->args[j]->id]++;
   int nops = f->nops;
   for (int i = 0; i < nops; i++) {
     IrOp *op = f->ops[i];
@@ -199,7 +234,15 @@ PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch) {
       continue;
     }
     if (ir_op_is(op->opcode, IR_OPF_OPAQUE)) continue;
-    IrValue *s = simplify_op(f, op);
+    int before = f->nops;
+    IrValue *s = simplify_op(f, op, uses, nv);
+    if (s && s->def && s->def->opcode == IR_OP_MATMUL && f->nops > before) {
+      /* a transposed product (transposed_product) runs where the copy did,
+       * not where the sort below would put it (before its first reader) */
+      rw_splice(f, i + 1, before);
+      i += f->nops - before;
+      nops += f->nops - before;
+    }
     if (!s || s == op->result) continue;
     if (!s->name && op->result->name) s->name = op->result->name;
     repl[op->result->id] = s;
