@@ -74,7 +74,7 @@ typedef struct RSlot {
   int reg_loop;                /* loop it belongs to; -1: a per-row register (valid for the whole row) */
 } RSlot;
 
-/* Rows a loop iteration runs side by side, at most (see row_lanes). */
+/* Rows a loop iteration runs side by side, at most (see lanes_for). */
 #define ROW_MAX_LANES 4
 
 typedef struct Row {
@@ -85,7 +85,7 @@ typedef struct Row {
   Plan *plan;
   int np;
   LLVMValueRef r, j; /* row and column indices */
-  int nlanes;        /* rows an iteration of the row loop runs (row_lanes) */
+  int nlanes;        /* rows an iteration of the row loop runs (lanes_for) */
   RSlot *lane_s[ROW_MAX_LANES];
   Plan *lane_plan[ROW_MAX_LANES];
   LLVMValueRef lane_r[ROW_MAX_LANES];

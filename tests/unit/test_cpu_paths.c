@@ -467,7 +467,7 @@ static void test_cpu_transposed_product(void **state) {
 /* ------------------------------------------------------------------ */
 
 /* Row kernels over short rows run several rows an iteration
- * (llvm_row.c row_lanes): four rows of 40 (norms, their backwards, a
+ * (llvm_row.c lanes_for): four rows of 40 (norms, their backwards, a
  * softmax over rows of 7 and its backward), two of 100 (cross_entropy,
  * log_softmax, rms_norm), in groups of rows where a column sum sums over
  * T = 7 rows (a number no lane count divides: one row an iteration) or
