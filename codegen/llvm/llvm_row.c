@@ -661,17 +661,18 @@ static LLVMMetadataRef hint_node(Gen *g, const char *key, int value) {
 }
 
 /* The vectoriser's hints for the loop whose latch is block latch: its
- * vector width (0: the vectoriser's choice), whether it may interleave
- * (run several vectors an iteration), and whether its vector loop is then
- * unrolled whole (`unroll`; see short_colsums). */
-static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, bool interleave, bool unroll) {
+ * vector width (0: the vectoriser's choice), how many vectors an
+ * iteration runs (`interleave`; 0: the vectoriser's choice, 1: one), and
+ * whether its vector loop is then unrolled whole (`unroll`; see
+ * short_colsums). */
+static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, int interleave, bool unroll) {
   LLVMValueRef br = LLVMGetBasicBlockTerminator(latch);
-  if (!br || (!width && interleave && !unroll)) return;
+  if (!br || (!width && !interleave && !unroll)) return;
   LLVMMetadataRef ops[4];
   int n = 0;
   ops[n++] = LLVMTemporaryMDNode(g->ctx, NULL, 0); /* the loop's own node, itself */
   if (width) ops[n++] = hint_node(g, "llvm.loop.vectorize.width", width);
-  if (!interleave) ops[n++] = hint_node(g, "llvm.loop.interleave.count", 1);
+  if (interleave) ops[n++] = hint_node(g, "llvm.loop.interleave.count", interleave);
   if (unroll) { /* for the vector loop only: the scalar loop unrolled first would not vectorise */
     const char *full = "llvm.loop.unroll.full", *key = "llvm.loop.vectorize.followup_vectorized";
     LLVMMetadataRef u = LLVMMDStringInContext2(g->ctx, full, strlen(full));
@@ -681,6 +682,34 @@ static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, bool interlea
   LLVMMetadataRef loop = LLVMMDNodeInContext2(g->ctx, ops, (size_t)n);
   LLVMMetadataReplaceAllUsesWith(ops[0], loop);
   LLVMSetMetadata(br, LLVMGetMDKindIDInContext(g->ctx, "llvm.loop", 9), LLVMMetadataAsValue(g->ctx, loop));
+}
+
+/* Vectors an iteration of an elementwise kernel's loop runs: 2 when no
+ * step reduces (over the row or its columns), else 0 (the vectoriser's
+ * choice).  The vectoriser ran tinygpt's gelu (its forward and
+ * derivative, an exp and a division a vector, 40 instructions) one
+ * vector an iteration, whose chain of dependent instructions the core
+ * then overlapped with the next one's only in part (docs/DECISIONS.md
+ * "Elementwise loops two vectors an iteration"). */
+static int elementwise_interleave(const Row *R) {
+  for (int q = 0; q < R->np; q++)
+    switch (R->plan[q].kind) {
+    case KP_ROW_EW:
+    case KP_ROW_ONEHOT:
+    case KP_ROW_EMB:
+    case KP_ROW_CMASK:
+    case KP_ROW_UNSLICE:
+    case KP_ROW_RAND:
+    case KP_ROW_NONE: break;
+    case KP_ROW_RED:
+    case KP_ROW_COLSUM:
+    case KP_ROW_LSE:
+    case KP_ROW_SOFTMAX:
+    case KP_ROW_CE:
+    case KP_ROW_LN:
+    case KP_ROW_RMS: return 0;
+    }
+  return 2;
 }
 
 /* Rows at least this long skip a causal softmax's masked exponentials.
@@ -845,7 +874,7 @@ static void colsums(Row *R, LLVMValueRef when, bool write) {
       LLVMBuildStore(g->b, LLVMConstReal(at, 0.0), a);
     LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
     gen_loop_end(g, &cl);
-    loop_hints(g, latch, 0, true, short_colsums(R));
+    loop_hints(g, latch, 0, 0, short_colsums(R));
   }
 }
 
@@ -957,7 +986,7 @@ static void row_body(Row *R, int K, const bool *loop_used, LLVMValueRef in_group
      * interleaved.  Not interleaving every loop without a sum or a
      * maximum saved 3% of the compile and cost tinygpt small's softmax
      * and gelu kernels 1-3% (docs/DECISIONS.md "Compile time"). */
-    loop_hints(g, latch, colsum_width(R, k), !cs, short_colsums(R));
+    loop_hints(g, latch, colsum_width(R, k), cs ? 1 : elementwise_interleave(R), short_colsums(R));
     if (cs) {
       LLVMTypeRef ft = LLVMTypeOf(cs->st[0]);
       LLVMValueRef tail = gen_exp_nonpos(g, LLVMBuildFSub(g->b, LLVMConstReal(ft, -INFINITY), cs->st[0], ""));
@@ -980,7 +1009,7 @@ static void row_body(Row *R, int K, const bool *loop_used, LLVMValueRef in_group
       gen_store(g, slot_ptr(R, s, s->rowptr, col_index(R, s)), v, dt, false, s->buf.scope);
       LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
       gen_loop_end(g, &cl);
-      loop_hints(g, latch, 0, true, short_colsums(R));
+      loop_hints(g, latch, 0, 0, short_colsums(R));
     }
   }
   lane(R, 0);
