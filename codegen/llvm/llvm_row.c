@@ -210,11 +210,14 @@ static void use_in(Row *R, int i, int k) {
   if (s->cs->defined && s->in_loop && k > s->avail) s->mat = true;
 }
 
-/* Computed in loop p[0] where its operands are: may sink to a later loop. */
-static bool sinks(const Plan *p) {
-  return p->p[0] >= 0 && (p->kind == KP_ROW_EW || p->kind == KP_ROW_ONEHOT || p->kind == KP_ROW_EMB ||
-                          p->kind == KP_ROW_CMASK || p->kind == KP_ROW_UNSLICE || p->kind == KP_ROW_RAND);
+/* A step that computes one value an element and reduces over nothing. */
+static bool elementwise(KpRowKind k) {
+  return k == KP_ROW_EW || k == KP_ROW_ONEHOT || k == KP_ROW_EMB || k == KP_ROW_CMASK || k == KP_ROW_UNSLICE ||
+         k == KP_ROW_RAND;
 }
+
+/* Computed in loop p[0] where its operands are: may sink to a later loop. */
+static bool sinks(const Plan *p) { return p->p[0] >= 0 && elementwise(p->kind); }
 
 /* Step q of the kernel plan: a per-element elementwise op runs in loop
  * pass[0], a per-row one in section pass[0]. */
@@ -693,22 +696,7 @@ static void loop_hints(Gen *g, LLVMBasicBlockRef latch, int width, int interleav
  * "Elementwise loops two vectors an iteration"). */
 static int elementwise_interleave(const Row *R) {
   for (int q = 0; q < R->np; q++)
-    switch (R->plan[q].kind) {
-    case KP_ROW_EW:
-    case KP_ROW_ONEHOT:
-    case KP_ROW_EMB:
-    case KP_ROW_CMASK:
-    case KP_ROW_UNSLICE:
-    case KP_ROW_RAND:
-    case KP_ROW_NONE: break;
-    case KP_ROW_RED:
-    case KP_ROW_COLSUM:
-    case KP_ROW_LSE:
-    case KP_ROW_SOFTMAX:
-    case KP_ROW_CE:
-    case KP_ROW_LN:
-    case KP_ROW_RMS: return 0;
-    }
+    if (!elementwise(R->plan[q].kind) && R->plan[q].kind != KP_ROW_NONE) return 0;
   return 2;
 }
 
