@@ -113,13 +113,9 @@ static IrValue *norm_over_stats(IrFunc *f, IrOp *op) {
   return y;
 }
 
-/* A replacement for op's result, or NULL. */
 /* v^T of a 2-D v: the operand of a transpose, or a new transpose. */
 static IrValue *transpose2(IrFunc *f, IrValue *v, IrLoc loc) {
-  if (v->def && v->def->opcode == IR_OP_PERMUTE && v->type.shape.rank == 2) {
-    const int64_t *p;
-    if (ir_attr_get_ints(v->def, "perm", &p) == 2 && p[0] == 1) return v->def->args[0];
-  }
+  if (rw_is_transpose(v->def)) return v->def->args[0];
   static const int64_t swap[2] = {1, 0};
   return ir_permute(f, v, swap, loc);
 }
@@ -141,6 +137,7 @@ static IrValue *transposed_product(IrFunc *f, IrOp *op, const int *uses, int nv)
   return ir_matmul(f, transpose2(f, b, op->loc), transpose2(f, a, op->loc), op->loc);
 }
 
+/* A replacement for op's result, or NULL. */
 static IrValue *simplify_op(IrFunc *f, IrOp *op, const int *uses, int nv) {
   IrValue *x = op->nargs > 0 ? op->args[0] : NULL, *y = op->nargs > 1 ? op->args[1] : NULL;
   IrValue *r = op->result;
@@ -216,9 +213,7 @@ PassResult pass_simplify(IrFunc *f, const PassOptions *o, Arena *scratch) {
   int nv = f->nvalues;
   IrValue **repl = ARENA_ARRAY(scratch, IrValue *, nv + 1);
   int *uses = ARENA_ARRAY(scratch, int, nv + 1);
-  for (int i = 0; i < f->nops; i++)
-    for (int j = 0; j < f->ops[i]->nargs; j++)
-      if (f->ops[i]->args[j]->id < nv) uses[f->ops[i]->args[j]->id]++;
+  ir_count_uses(f, uses);
   int nops = f->nops;
   for (int i = 0; i < nops; i++) {
     IrOp *op = f->ops[i];

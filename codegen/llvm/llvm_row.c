@@ -866,9 +866,18 @@ static void colsums(Row *R, LLVMValueRef when, bool write) {
   }
 }
 
+/* Slot s's row starts at rowptr; an input with one value a row is
+ * loaded there, a per-row register. */
+static void bind_row(Row *R, RSlot *s, LLVMValueRef rowptr) {
+  s->rowptr = rowptr;
+  if (!s->cs->defined && !s->elem && !s->buf.is_const) {
+    s->reg = gen_load(R->g, gen_buf_ptr(R->g, &s->buf, rowptr, gen_i64(R->g, 0)), s->cs->v->type.dtype, s->buf.scope);
+    s->reg_loop = -1;
+  }
+}
+
 /* Rows an iteration of the row loop runs (docs/DECISIONS.md "Short rows
- * side by side"), for a kernel of layout l whose plan's steps are of
- * kinds kinds[0..n).  Only a kernel that reduces over the row and reads
+ * side by side"), for a kernel of layout l and plan kp of n steps.  Only a kernel that reduces over the row and reads
  * the result in a later loop gains: its rows are chains of dependent
  * instructions (the reduction's halvings, then an exp, a division or a
  * square root) before the next loop can start.  ROW_MAX_LANES when rows
@@ -880,11 +889,12 @@ static void colsums(Row *R, LLVMValueRef when, bool write) {
  * at a time. */
 #define LANES_SHORT_COLS 64
 #define LANES_STATS_COLS 128
-static int lanes_for(const KpRowLayout *l, const KpRowKind *kinds, int n) {
+static int lanes_for(const KpRowLayout *l, const KpRowPlan *kp, int n) {
   bool reduces = false, stats = false;
   for (int q = 0; q < n; q++) {
-    stats |= row_stats(kinds[q]) || kinds[q] == KP_ROW_LN || kinds[q] == KP_ROW_RMS;
-    reduces |= kinds[q] == KP_ROW_RED;
+    KpRowKind k = kp->steps[q].kind;
+    stats |= row_stats(k) || k == KP_ROW_LN || k == KP_ROW_RMS;
+    reduces |= k == KP_ROW_RED;
   }
   int lanes = 1;
   if ((reduces || stats) && l->cols > 0 && l->cols <= LANES_SHORT_COLS)
@@ -908,11 +918,7 @@ int64_t gen_row_unit(IrOp **ops, int n, const KpRowLayout *l) {
   arena_init(&a);
   KpRowPlan kp;
   int64_t unit = l->group > 1 ? l->group : 1;
-  if (kp_row_plan(l, ops, n, &a, &kp)) {
-    KpRowKind *kinds = ARENA_ARRAY(&a, KpRowKind, n ? n : 1);
-    for (int k = 0; k < n; k++) kinds[k] = kp.steps[k].kind;
-    unit = unit_for(l, lanes_for(l, kinds, n));
-  }
+  if (kp_row_plan(l, ops, n, &a, &kp)) unit = unit_for(l, lanes_for(l, &kp, n));
   arena_free(&a);
   return unit;
 }
@@ -933,12 +939,7 @@ static void row_body(Row *R, int K, const bool *loop_used, LLVMValueRef in_group
     lane(R, u);
     for (int i = 0; i < R->ns; i++) {
       RSlot *s = &R->s[i];
-      if (!s->mem || row_invariant(R, s)) continue;
-      s->rowptr = gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(R, s));
-      if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-        s->reg = gen_load(g, s->rowptr, s->cs->v->type.dtype, s->buf.scope);
-        s->reg_loop = -1;
-      }
+      if (s->mem && !row_invariant(R, s)) bind_row(R, s, gen_buf_ptr(g, &s->buf, s->buf.base, row_offset(R, s)));
     }
   }
   for (int k = 0; k <= K; k++) {
@@ -1017,21 +1018,18 @@ static void emit_rows(Row *R, int K, const bool *loop_used) {
     lane(R, u);
     for (int i = 0; i < R->ns; i++) {
       RSlot *s = &R->s[i];
-      if (!s->mem || !row_invariant(R, s)) continue;
-      s->rowptr = s->buf.base;
-      if (!s->cs->defined && !s->elem && !s->buf.is_const) {
-        s->reg = gen_load(g, gen_buf_ptr(g, &s->buf, s->rowptr, zero), s->cs->v->type.dtype, s->buf.scope);
-        s->reg_loop = -1;
-      }
+      if (s->mem && row_invariant(R, s)) bind_row(R, s, s->buf.base);
     }
   }
-  /* lane 0's slots as the rows start, for the loop over the rows left over */
-  RSlot *start = ARENA_ARRAY(R->a, RSlot, R->ns ? R->ns : 1);
-  memcpy(start, R->lane_s[0], sizeof *start * (size_t)R->ns);
-
   /* The parallel iterations are groups of rows when a column sum sums
    * over them, else the lanes' rows when they divide the rows (unit_for). */
   int64_t G = R->l->group > 1 ? R->l->group : 1, unit = unit_for(R->l, U);
+  /* lane 0's slots as the rows start, for a loop over rows left over */
+  RSlot *start = NULL;
+  if (unit % U) {
+    start = ARENA_ARRAY(R->a, RSlot, R->ns ? R->ns : 1);
+    memcpy(start, R->lane_s[0], sizeof *start * (size_t)R->ns);
+  }
   LLVMValueRef lo = g->begin, hi = g->end;
   if (unit > 1) lo = LLVMBuildNSWMul(g->b, lo, gen_i64(g, unit), ""), hi = LLVMBuildNSWMul(g->b, hi, gen_i64(g, unit), "");
   LLVMValueRef n = LLVMBuildSDiv(g->b, LLVMBuildNSWSub(g->b, hi, lo, ""), gen_i64(g, U), "");
@@ -1087,9 +1085,7 @@ void gen_row_kernel(Gen *g, IrOp **ops, int n, const KpRowLayout *l) {
       if (R.plan[k].p[i] >= 0) loop_used[R.plan[k].p[i]] = true;
 
   R.a = &a;
-  KpRowKind *kinds = ARENA_ARRAY(&a, KpRowKind, n ? n : 1);
-  for (int k = 0; k < n; k++) kinds[k] = R.plan[k].kind;
-  R.nlanes = lanes_for(l, kinds, n);
+  R.nlanes = lanes_for(l, &kp, n);
   for (int u = 0; u < R.nlanes; u++) { /* each lane its own copy of the plans, then its own state */
     R.lane_s[u] = u ? ARENA_ARRAY(&a, RSlot, R.ns ? R.ns : 1) : R.s;
     R.lane_plan[u] = u ? ARENA_ARRAY(&a, Plan, n ? n : 1) : R.plan;
