@@ -185,11 +185,12 @@ struct CpuProgram {
  * not read) or per window (gradient buffers, params, inputs, window sums),
  * and consts are stored at start-up.  Zeroing it up front cost a large
  * model tens of milliseconds of start-up and all its resident memory at
- * once.  It comes from malloc, not a private mapping: freeing a large
- * block is what raises glibc's mmap threshold, without which every step's
+ * once.  It comes from malloc (on huge pages from 2 MiB on:
+ * mem_alloc_huge), not a private mapping: freeing a large block is what
+ * raises glibc's mmap threshold, without which every step's
  * megabyte-sized result arrays were mapped, faulted in and unmapped again
  * (a tenth of a small model's step). */
-static char *arena_new(int64_t size) { return aligned_alloc(64, (size_t)((size + 64) / 64 * 64)); }
+static char *arena_new(int64_t size) { return mem_alloc_huge((size_t)size + 64, false); }
 
 /* Bytes into the arena (window sums, consts). */
 static bool store(void *ctx, int64_t offset, const void *src, size_t n, char *err, size_t errlen) {

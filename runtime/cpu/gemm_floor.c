@@ -100,6 +100,14 @@ typedef struct Bufs {
 static size_t es_ab(const RtGemm *g, bool native) { return g->dbl ? 8 : g->bf16 && native ? 2 : 4; }
 static size_t es_c(const RtGemm *g, bool native) { return g->dbl ? 8 : g->c_bf16 && native ? 2 : 4; }
 
+/* An operand's buffer, zeroed, on huge pages as the executor's arena is
+ * (mem_alloc_huge), so that the floor and the step read memory alike. */
+static void *buffer(size_t bytes) {
+  void *p = mem_alloc_huge(bytes, true);
+  if (!p) abort();
+  return p;
+}
+
 static void fill(void *p, size_t es, int64_t n, uint64_t *seed) {
   for (int64_t i = 0; i < n; i++) {
     *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -204,9 +212,9 @@ RtGemmFloor *rt_gemm_floor_new(const RtGemm *g, int n, int gas, int threads, con
       if (g[i].aidx[t] + 1 > na) na = g[i].aidx[t] + 1;
       if (g[i].bidx[t] + 1 > nbb) nbb = g[i].bidx[t] + 1;
     }
-    b[i].a = mem_calloc((size_t)(na * g[i].M * g[i].K), es);
-    b[i].b = mem_calloc((size_t)(nbb * g[i].K * g[i].N), es);
-    b[i].c = mem_calloc((size_t)(g[i].nb * g[i].M * g[i].N), es_c(&g[i], native));
+    b[i].a = buffer((size_t)(na * g[i].M * g[i].K) * es);
+    b[i].b = buffer((size_t)(nbb * g[i].K * g[i].N) * es);
+    b[i].c = buffer((size_t)(g[i].nb * g[i].M * g[i].N) * es_c(&g[i], native));
     fill(b[i].a, es, na * g[i].M * g[i].K, &seed);
     fill(b[i].b, es, nbb * g[i].K * g[i].N, &seed);
   }

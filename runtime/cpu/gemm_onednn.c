@@ -304,7 +304,8 @@ static void run(void *plan, const CpuGemmDesc *d, const void *a, const void *b, 
   Ctx *x = ctx_get();
   if (x->cap < p->scratch) {
     free(x->scratch);
-    x->scratch = mem_alloc(p->scratch);
+    x->scratch = mem_alloc_huge(p->scratch, false);
+    if (!x->scratch) abort();
     x->cap = p->scratch;
   }
   dnnl_memory_t *m = args_for(x, p, a, b, c, extra);

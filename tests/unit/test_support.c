@@ -192,6 +192,58 @@ static void test_mem_limit_of_reads_cgroup_text(void **state) {
   assert_int_equal(mem_limit_of("12x"), 0);
 }
 
+/* The VmFlags line of the mapping of /proc/self/smaps that holds p ("" if none). */
+static void vm_flags_of(const void *p, char *flags, size_t n) {
+  flags[0] = 0;
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f) return;
+  char line[512];
+  bool in = false;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) { /* a mapping's first line; the others are "Name: ..." */
+      in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+    } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+      snprintf(flags, n, "%s", line + 8);
+      break;
+    }
+  }
+  fclose(f);
+}
+
+/* mem_alloc_huge: 2 MiB-aligned and advised as huge pages from 2 MiB on
+ * (the mapping's VmFlags say "hg" where the kernel has transparent huge
+ * pages), 64-byte aligned below, zeroed when asked, NULL for a size that
+ * cannot be had. */
+static void test_mem_alloc_huge(void **state) {
+  (void)state;
+  size_t big = (size_t)3 << 20;
+  unsigned char *p = mem_alloc_huge(big, true);
+  assert_non_null(p);
+  assert_int_equal((uintptr_t)p % ((size_t)2 << 20), 0);
+  for (size_t i = 0; i < big; i += 4093) assert_int_equal(p[i], 0);
+  assert_int_equal(p[big - 1], 0);
+  p[big - 1] = 7;
+  FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (thp) {
+    char flags[512];
+    vm_flags_of(p, flags, sizeof flags);
+    assert_non_null(strstr(flags, " hg"));
+    fclose(thp);
+  }
+  free(p);
+  unsigned char *q = mem_alloc_huge(100, true);
+  assert_non_null(q);
+  assert_int_equal((uintptr_t)q % 64, 0);
+  for (int i = 0; i < 100; i++) assert_int_equal(q[i], 0);
+  free(q);
+  void *z = mem_alloc_huge(0, false);
+  assert_non_null(z);
+  free(z);
+  assert_null(mem_alloc_huge(SIZE_MAX - 10, false));
+  assert_null(mem_alloc_huge((size_t)1 << 62, false));
+}
+
 static int child_sees_256_mib(void) { return mem_cgroup_limit() == 268435456ull; }
 
 /* A process in a cgroup (v1's memory hierarchy, where this machine lets
@@ -218,6 +270,7 @@ int main(void) {
       cmocka_unit_test(test_write_file_atomic_parts_and_failure),
       cmocka_unit_test(test_mem_helpers_never_return_null),
       cmocka_unit_test(test_mem_limit_of_reads_cgroup_text),
+      cmocka_unit_test(test_mem_alloc_huge),
       cmocka_unit_test(test_mem_limit_follows_a_cgroup),
       cmocka_unit_test(test_slice_indices_as_python),
   };
