@@ -130,6 +130,10 @@ static int compile(const BenchArgs *a, bool cached, gradc_program **p, double *m
   o.threads = a->threads;
   o.no_cache = !cached;
   o.forward_only = a->forward_only;
+  /* A training step is timed for its losses (run_steps): the outputs'
+   * copy into the result is not part of it; a forward-only one keeps
+   * them, inference's product. */
+  o.no_outputs = !a->forward_only;
   o.precision = a->precision;
   o.def_names = a->defs.name;
   o.def_values = a->defs.value;

@@ -995,6 +995,7 @@ static int open_program(const TrainArgs *a, gradc_program **p) {
     o.def_values = a->defs.value;
     o.ndefs = a->defs.n;
     o.no_cache = a->no_cache;
+    o.no_outputs = 1; /* training reads the losses, never the window's outputs */
     o.dp = a->dp;
     o.tp = a->tp;
     o.sequence_parallel = a->sequence_parallel;
