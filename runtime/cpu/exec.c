@@ -520,8 +520,9 @@ static void kernel_chunk(void *ctx, int64_t begin, int64_t end) {
  * took more set the kernel's time.  A kernel whose every call first does
  * `setup` work (a product copying B into its panel) gets chunks of at
  * least SETUP_SHARE times that: eight chunks of a dy W^T at two threads
- * packed W^T eight times (docs/DECISIONS.md "A panel once a thread"). */
-#define SETUP_SHARE 8
+ * packed W^T eight times, and with 8 times it each of two threads
+ * still packed it twice (docs/DECISIONS.md "A panel once a thread"). */
+#define SETUP_SHARE 32
 static int64_t kernel_grain(int64_t iters, int64_t cost, int64_t setup, int threads) {
   int64_t n = ceil_div(iters * cost, INLINE_WORK);
   if (setup > 0) {
