@@ -360,6 +360,9 @@ int cpu_program_batched_gemms(const CpuProgram *p);
 /* Matmuls that run as generated kernels (passes/kernel_bmm.c: batches of
  * small f32 products) rather than provider GEMMs. */
 int cpu_program_matmul_kernels(const CpuProgram *p);
+/* Pairs of generated products that run side by side, one a thread (at
+ * two threads: exec.c plan_pairs). */
+int cpu_program_paired_products(const CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

@@ -110,6 +110,7 @@ typedef struct Instr {
   bool f64;                /* I_START: f64 elements (else f32) */
   bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
   bool absorbed;           /* I_KERNEL: its GEMM runs it as an epilogue (plan_epilogues): nothing to do */
+  bool pair;               /* I_KERNEL: a product run beside the next one, each by one thread (plan_pairs) */
 } Instr;
 
 /* A data-parallel gradient bucket (dp-reduce's last=true all-reduces): in
@@ -546,6 +547,22 @@ static void run_kernel(CpuProgram *p, const CgKernel *k) {
   pool_run(p->pool, k->iters, kernel_grain(k->iters, cost, k->setup, pool_size(p->pool)), kernel_chunk, &run);
 }
 
+/* Two kernels at once, each whole on one thread (plan_pairs). */
+typedef struct PairRun {
+  const CgKernel *k[2];
+  char *arena;
+} PairRun;
+
+static void pair_chunk(void *ctx, int64_t begin, int64_t end) {
+  PairRun *r = ctx;
+  for (int64_t j = begin; j < end; j++) r->k[j]->fn(r->arena, 0, r->k[j]->iters, r->k[j]->offs);
+}
+
+static void run_pair(CpuProgram *p, const CgKernel *a, const CgKernel *b) {
+  PairRun run = {{a, b}, p->arena};
+  pool_run(p->pool, 2, 1, pair_chunk, &run);
+}
+
 /* The widening and rounding loops of the low-precision GEMMs (ir.h's
  * bit codecs; the kernels' conversions are generated). */
 typedef struct LowCopy {
@@ -672,6 +689,49 @@ void cpu_program_free(CpuProgram *p) {
 }
 
 static void emit(CpuProgram *p, Instr in) { p->code[p->ncode++] = in; }
+
+/* A stored value's bytes in the arena. */
+typedef struct Span {
+  int64_t lo, hi;
+} Span;
+static Span span_of(const IrValue *v) {
+  return (Span){v->offset, v->offset + ir_numel(&v->type.shape) * (int64_t)ir_dtype_size(v->type.dtype)};
+}
+static bool spans_meet(Span x, Span y) { return x.lo < y.hi && y.lo < x.hi; }
+
+/* Whether two generated products may run at once: neither writes bytes
+ * the other reads or writes (memplan reuses a dead value's bytes, so
+ * being different values is not enough). */
+static bool products_apart(const KpViews *vs, const IrOp *x, const IrOp *y) {
+  KpBmm a, b;
+  if (!kp_bmm_plan(vs, x, &a) || !kp_bmm_plan(vs, y, &b)) return false;
+  Span ca = span_of(a.c), cb = span_of(b.c);
+  return !spans_meet(ca, cb) && !spans_meet(ca, span_of(b.a)) && !spans_meet(ca, span_of(b.b)) &&
+         !spans_meet(cb, span_of(a.a)) && !spans_meet(cb, span_of(a.b));
+}
+
+static int64_t kernel_work(const CgKernel *k) { return k->iters * k->cost + k->setup; }
+
+/* At two threads, two adjacent generated products that are independent,
+ * each big enough to be a pool job of its own (INLINE_WORK) and the
+ * smaller at least three quarters of the larger's work, run side by side,
+ * each whole on one thread:
+ * a backward's `dy W^T` and `x^T dy`.  Cut by rows over both threads,
+ * each of them paid the hand-out, the wait and (for `dy W^T`) a copy of
+ * W^T on both threads (docs/DECISIONS.md "Products side by side"). */
+static void plan_pairs(CpuProgram *p) {
+  if (p->threads != 2) return;
+  for (int i = 0; i + 1 < p->ncode; i++) {
+    Instr *x = &p->code[i], *y = &p->code[i + 1];
+    if (x->kind != I_KERNEL || y->kind != I_KERNEL || x->op->opcode != IR_OP_MATMUL || y->op->opcode != IR_OP_MATMUL)
+      continue;
+    int64_t wx = kernel_work(x->kernel), wy = kernel_work(y->kernel);
+    int64_t lo = wx < wy ? wx : wy, hi = wx < wy ? wy : wx;
+    if (lo < INLINE_WORK || lo * 4 < hi * 3 || !products_apart(&p->views, x->op, y->op)) continue;
+    x->pair = true;
+    i++;
+  }
+}
 
 /* Check one group-0 op and add what it needs to the program. */
 static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
@@ -1172,6 +1232,12 @@ int cpu_program_matmul_kernels(const CpuProgram *p) {
   return n;
 }
 
+int cpu_program_paired_products(const CpuProgram *p) {
+  int n = 0;
+  for (int i = 0; i < p->ncode; i++) n += p->code[i].pair;
+  return n;
+}
+
 int cpu_program_absorbed_kernels(const CpuProgram *p) {
   int n = 0;
   for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_KERNEL && p->code[i].absorbed;
@@ -1251,6 +1317,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
     }
     if (!build_op(p, op, err, errlen)) goto error;
   }
+  plan_pairs(p);
   if (!plan_buckets(p, err, errlen)) goto error;
   p->colls = mem_calloc((size_t)p->ncolls + 1, sizeof(StepColl));
   p->coll_open = mem_calloc((size_t)p->ncolls + 1, sizeof(bool));
@@ -1600,6 +1667,12 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last,
     switch (in->kind) {
     case I_KERNEL:
       if (in->absorbed) continue;
+      if (in->pair) { /* both kernels' spans are the pair's time */
+        run_pair(p, in->kernel, p->code[i + 1].kernel);
+        if (t) trace_span(t, TRACE_COMPUTE, in->kernel->name, t0, trace_now_us(t));
+        in = &p->code[++i];
+        break;
+      }
       run_kernel(p, in->kernel);
       break;
     case I_GEMM: run_gemm(p, &in->gemm, first); break;

@@ -204,6 +204,44 @@ static int program_count(IrFunc *f, int threads, int (*count)(const CpuProgram *
 }
 
 /* ------------------------------------------------------------------ */
+/* Products side by side                                               */
+/* ------------------------------------------------------------------ */
+
+/* At two threads, adjacent independent products of about the same work
+ * run side by side (exec.c plan_pairs): the backward's dy V^T and h^T
+ * dy, dz W^T and u^T dz, dv C^T and (x A)^T dv, three pairs; never x A
+ * and (x A) C, adjacent too but the second reads the first.  f64 products
+ * are GEMMs: no pairs.  Against the interpreter at one to three threads,
+ * over one and three micro-batches (the weight gradients adding into
+ * their buffers). */
+static const char pairs_src[] =
+    "model pairs {\n"
+    "  batch B = 384\n"
+    "  input x : f32[B, 64]\n"
+    "  input t : f32[B, 64]\n"
+    "  param A : f32[64, 64] init normal(0, 0.2)\n"
+    "  param C : f32[64, 64] init normal(0, 0.2)\n"
+    "  param W : f32[64, 96] init normal(0, 0.2)\n"
+    "  param V : f32[96, 64] init normal(0, 0.2)\n"
+    "  u = (x @ A) @ C\n"
+    "  h = tanh(0.01 * (u @ W))\n"
+    "  e = h @ V - t\n"
+    "  loss l = mean(e * e)\n"
+    "}\n";
+
+static void check_pairs(IrFunc *f) {
+  bool f32 = f->args[0]->type.dtype == IR_DT_F32;
+  assert_int_equal(program_count(f, 2, cpu_program_paired_products), f32 ? 3 : 0);
+  assert_int_equal(program_count(f, 1, cpu_program_paired_products), 0);
+  assert_int_equal(program_count(f, 3, cpu_program_paired_products), 0);
+}
+
+static void test_cpu_paired_products(void **state) {
+  (void)state;
+  run_model_case(&(ModelCase){"pairs", pairs_src, 1, 53, check_pairs});
+}
+
+/* ------------------------------------------------------------------ */
 /* GEMM pieces                                                         */
 /* ------------------------------------------------------------------ */
 
@@ -1080,6 +1118,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_transposed_product),
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_bmm_kernels),
+      cmocka_unit_test(test_cpu_paired_products),
       cmocka_unit_test(test_cpu_causal_products),
       cmocka_unit_test(test_cpu_skinny_products),
       cmocka_unit_test(test_cpu_unslice_fallback),
