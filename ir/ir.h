@@ -375,6 +375,9 @@ double ir_scalar_cast(double x, IrDType to);
 /* x rounded to dt: f32 by a C cast, bf16/f16 to nearest even with
  * subnormals and overflow to infinity, i32 toward zero, bool to 1 or 0. */
 double ir_round_dtype(double x, IrDType dt);
+/* ir_round_dtype of each of x[0..n), in place (the dtype's case chosen
+ * once, not per element: the interpreter's loops). */
+void ir_round_dtype_n(double *x, int64_t n, IrDType dt);
 
 /* The same roundings on f32 values, as bits, for the runtime's bulk loops
  * (the executor's low-precision GEMMs, params and inputs converted into an

@@ -160,3 +160,19 @@ double ir_round_dtype(double x, IrDType dt) {
   }
   return x;
 }
+
+void ir_round_dtype_n(double *x, int64_t n, IrDType dt) {
+  switch (dt) {
+  case IR_DT_F64: return;
+  case IR_DT_F32:
+    for (int64_t i = 0; i < n; i++) x[i] = (double)(float)x[i];
+    return;
+  case IR_DT_BOOL:
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] != 0 ? 1.0 : 0.0;
+    return;
+  case IR_DT_I32:
+  case IR_DT_BF16:
+  case IR_DT_F16: break;
+  }
+  for (int64_t i = 0; i < n; i++) x[i] = ir_round_dtype(x[i], dt);
+}

@@ -126,7 +126,10 @@ static bool map1(Ctx *c, const IrOp *op, double *out) {
   if (numel_of(op->args[0]) != n) return fail(c, "%s: operand and result sizes differ", opname(op));
   IrOpcode k = op->opcode;
   IrDType to = op->result->type.dtype;
-  for (int64_t i = 0; i < n; i++) out[i] = k == IR_OP_CAST ? ir_scalar_cast(x[i], to) : ir_scalar_unary_op(op, x[i]);
+  if (k == IR_OP_CAST)
+    for (int64_t i = 0; i < n; i++) out[i] = ir_scalar_cast(x[i], to);
+  else
+    for (int64_t i = 0; i < n; i++) out[i] = ir_scalar_unary_op(op, x[i]);
   return true;
 }
 
@@ -137,7 +140,13 @@ static bool map2(Ctx *c, const IrOp *op, double *out, IrOpcode fn) {
   if (!walk_add_bcast(&w, shape_of(op->args[0])) || !walk_add_bcast(&w, shape_of(op->args[1])))
     return fail(c, "%s: operands do not broadcast to the result", opname(op));
   const double *a = in(c, op, 0), *b = in(c, op, 1);
-  int64_t n = numel_of(op->result);
+  int64_t n = numel_of(op->result), na = numel_of(op->args[0]), nb = numel_of(op->args[1]);
+  if ((na == n || na == 1) && (nb == n || nb == 1)) {
+    /* Each operand the result's layout (broadcast adds only axes of 1)
+     * or one element: indexed directly, without the walk. */
+    for (int64_t i = 0; i < n; i++) out[i] = ir_scalar_binary(fn, a[na == 1 ? 0 : i], b[nb == 1 ? 0 : i]);
+    return true;
+  }
   for (int64_t i = 0; i < n; i++, walk_next(&w)) out[i] = ir_scalar_binary(fn, a[w.off[0]], b[w.off[1]]);
   return true;
 }
@@ -970,7 +979,7 @@ static bool run_op(Ctx *c, const IrOp *op) {
   st->val[op->result->id] = out;
   bool ok = eval(c, op, out);
   if (ok && !c->opt->exact_f64)
-    for (int64_t k = 0; k < n; k++) out[k] = ir_round_dtype(out[k], op->result->type.dtype);
+    ir_round_dtype_n(out, n, op->result->type.dtype);
   return ok;
 }
 
@@ -986,7 +995,8 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
     if (!args || !args[i]) continue; /* an op that needs it reports it */
     int64_t n = numel_of(a);
     double *v = alloc_vals(n);
-    for (int64_t k = 0; k < n; k++) v[k] = c.opt->exact_f64 ? args[i][k] : ir_round_dtype(args[i][k], a->type.dtype);
+    memcpy(v, args[i], sizeof(double) * (size_t)n);
+    if (!c.opt->exact_f64) ir_round_dtype_n(v, n, a->type.dtype);
     st->val[a->id] = v;
   }
   bool ok = true;

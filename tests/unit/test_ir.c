@@ -76,6 +76,27 @@ static int teardown(void **state) {
 /* Scalars (scalar.c)                                                  */
 /* ------------------------------------------------------------------ */
 
+/* ir_round_dtype_n rounds an array as ir_round_dtype rounds each element
+ * (the same bits, NaN for NaN), for every dtype. */
+static void test_round_dtype_n_matches_elementwise(void **state) {
+  (void)state;
+  const double vals[] = {0.0,     -0.0,     1.0,          -1.5,      2.5,      3.141592653589793, 1e-40, -1e-45,
+                         65520.0, 1e39,     -3.4e38,      1.00390625, 7.9e-8,  -2147483648.0,     0.49,  -0.51,
+                         NAN,     INFINITY, -INFINITY,    1e300,     5e-324,   123456789.987654321};
+  enum { N = sizeof vals / sizeof vals[0] };
+  const IrDType dts[] = {IR_DT_F32, IR_DT_F64, IR_DT_BF16, IR_DT_F16, IR_DT_I32, IR_DT_BOOL};
+  for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+    double x[N];
+    memcpy(x, vals, sizeof x);
+    ir_round_dtype_n(x, N, dts[d]);
+    for (int i = 0; i < N; i++) {
+      double want = ir_round_dtype(vals[i], dts[d]);
+      if (isnan(want) ? !isnan(x[i]) : memcmp(&x[i], &want, sizeof want) != 0)
+        fail_msg("%s: %.17g rounds to %.17g, ir_round_dtype gives %.17g", ir_dtype_name(dts[d]), vals[i], x[i], want);
+    }
+  }
+}
+
 static void test_round_dtype_known_values(void **state) {
   (void)state;
   /* bf16: 8 significant bits. */
@@ -1063,6 +1084,7 @@ static void test_dot_lists_nodes_and_edges(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_dtype_known_values),
+      cmocka_unit_test(test_round_dtype_n_matches_elementwise),
       cmocka_unit_test(test_scalar_ops),
       cmocka_unit_test(test_op_flags_as_listed),
       cmocka_unit_test(test_op_family_and_cases),
