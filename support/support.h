@@ -68,12 +68,12 @@ void fmt_double(char *buf, size_t n, double d);
 void *mem_alloc(size_t n);
 void *mem_calloc(size_t n, size_t size);
 void *mem_realloc(void *p, size_t n);
-char *mem_strdup(const char *s);
 /* n bytes (zeroed when zero) for a large working set, NULL when memory
  * runs out: from 2 MiB on, 2 MiB-aligned and advised as transparent huge
  * pages (madvise MADV_HUGEPAGE, which the kernel's default `madvise`
  * mode waits for), else 64-byte aligned.  Release with free(). */
 void *mem_alloc_huge(size_t n, bool zero);
+char *mem_strdup(const char *s);
 char *mem_strndup(const char *s, size_t n);
 /* a * b and a + b into *out; false when the result does not fit in 64 bits. */
 bool mem_mul(uint64_t a, uint64_t b, uint64_t *out);

@@ -690,49 +690,6 @@ void cpu_program_free(CpuProgram *p) {
 
 static void emit(CpuProgram *p, Instr in) { p->code[p->ncode++] = in; }
 
-/* A stored value's bytes in the arena. */
-typedef struct Span {
-  int64_t lo, hi;
-} Span;
-static Span span_of(const IrValue *v) {
-  return (Span){v->offset, v->offset + ir_numel(&v->type.shape) * (int64_t)ir_dtype_size(v->type.dtype)};
-}
-static bool spans_meet(Span x, Span y) { return x.lo < y.hi && y.lo < x.hi; }
-
-/* Whether two generated products may run at once: neither writes bytes
- * the other reads or writes (memplan reuses a dead value's bytes, so
- * being different values is not enough). */
-static bool products_apart(const KpViews *vs, const IrOp *x, const IrOp *y) {
-  KpBmm a, b;
-  if (!kp_bmm_plan(vs, x, &a) || !kp_bmm_plan(vs, y, &b)) return false;
-  Span ca = span_of(a.c), cb = span_of(b.c);
-  return !spans_meet(ca, cb) && !spans_meet(ca, span_of(b.a)) && !spans_meet(ca, span_of(b.b)) &&
-         !spans_meet(cb, span_of(a.a)) && !spans_meet(cb, span_of(a.b));
-}
-
-static int64_t kernel_work(const CgKernel *k) { return k->iters * k->cost + k->setup; }
-
-/* At two threads, two adjacent generated products that are independent,
- * each big enough to be a pool job of its own (INLINE_WORK) and the
- * smaller at least three quarters of the larger's work, run side by side,
- * each whole on one thread:
- * a backward's `dy W^T` and `x^T dy`.  Cut by rows over both threads,
- * each of them paid the hand-out, the wait and (for `dy W^T`) a copy of
- * W^T on both threads (docs/DECISIONS.md "Products side by side"). */
-static void plan_pairs(CpuProgram *p) {
-  if (p->threads != 2) return;
-  for (int i = 0; i + 1 < p->ncode; i++) {
-    Instr *x = &p->code[i], *y = &p->code[i + 1];
-    if (x->kind != I_KERNEL || y->kind != I_KERNEL || x->op->opcode != IR_OP_MATMUL || y->op->opcode != IR_OP_MATMUL)
-      continue;
-    int64_t wx = kernel_work(x->kernel), wy = kernel_work(y->kernel);
-    int64_t lo = wx < wy ? wx : wy, hi = wx < wy ? wy : wx;
-    if (lo < INLINE_WORK || lo * 4 < hi * 3 || !products_apart(&p->views, x->op, y->op)) continue;
-    x->pair = true;
-    i++;
-  }
-}
-
 /* Check one group-0 op and add what it needs to the program. */
 static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   IrOpcode opc = op->opcode;
@@ -981,6 +938,46 @@ static void gemm_c_bytes(const Gemm *g, int64_t *lo, int64_t *hi) {
 }
 
 static bool overlaps(int64_t a0, int64_t a1, int64_t b0, int64_t b1) { return a0 < b1 && b0 < a1; }
+
+/* Whether two stored values may share bytes of the arena (value_bytes;
+ * either without storage counts as sharing). */
+static bool values_meet(const IrValue *u, const IrValue *v) {
+  int64_t u0, u1, v0, v1;
+  return !value_bytes(u, &u0, &u1) || !value_bytes(v, &v0, &v1) || overlaps(u0, u1, v0, v1);
+}
+
+/* Whether two generated products may run at once: neither writes bytes
+ * the other reads or writes (memplan reuses a dead value's bytes, so
+ * being different values is not enough). */
+static bool products_apart(const KpViews *vs, const IrOp *x, const IrOp *y) {
+  KpBmm a, b;
+  if (!kp_bmm_plan(vs, x, &a) || !kp_bmm_plan(vs, y, &b)) return false;
+  return !values_meet(a.c, b.c) && !values_meet(a.c, b.a) && !values_meet(a.c, b.b) && !values_meet(b.c, a.a) &&
+         !values_meet(b.c, a.b);
+}
+
+static int64_t kernel_work(const CgKernel *k) { return k->iters * k->cost + k->setup; }
+
+/* At two threads, two adjacent generated products that are independent,
+ * each big enough to be a pool job of its own (INLINE_WORK) and the
+ * smaller at least three quarters of the larger's work, run side by side,
+ * each whole on one thread:
+ * a backward's `dy W^T` and `x^T dy`.  Cut by rows over both threads,
+ * each of them paid the hand-out, the wait and (for `dy W^T`) a copy of
+ * W^T on both threads (docs/DECISIONS.md "Products side by side"). */
+static void plan_pairs(CpuProgram *p) {
+  if (p->threads != 2) return;
+  for (int i = 0; i + 1 < p->ncode; i++) {
+    Instr *x = &p->code[i], *y = &p->code[i + 1];
+    if (x->kind != I_KERNEL || y->kind != I_KERNEL || x->op->opcode != IR_OP_MATMUL || y->op->opcode != IR_OP_MATMUL)
+      continue;
+    int64_t wx = kernel_work(x->kernel), wy = kernel_work(y->kernel);
+    int64_t lo = wx < wy ? wx : wy, hi = wx < wy ? wy : wx;
+    if (lo < INLINE_WORK || lo * 4 < hi * 3 || !products_apart(&p->views, x->op, y->op)) continue;
+    x->pair = true;
+    i++;
+  }
+}
 
 static int cmp_range(const void *pa, const void *pb) {
   const int64_t *a = pa, *b = pb;
