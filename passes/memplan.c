@@ -324,7 +324,12 @@ static void find_needed(Plan *p, Arena *scratch) {
       if (need[op->result->id]) need[op->args[0]->id] = true;
       break;
     case PLAN_EXEC_CONST: break;
-    case PLAN_EXEC_WSUM: need[op->result->id] = true; break;
+    case PLAN_EXEC_WSUM:
+      need[op->result->id] = true;
+      /* A window of one micro-batch copies its window sums from their
+       * operands in the step (the CPU executor): they have bytes. */
+      if (op->opcode == IR_OP_WINDOW_SUM) need[op->args[0]->id] = true;
+      break;
     case PLAN_EXEC_PERMUTE: break; /* a GEMM flag: the GEMM reads its operand */
     case PLAN_EXEC_LOSS:
     case PLAN_EXEC_GRAD:
@@ -466,13 +471,12 @@ static int activation_buffers(const Plan *p, const int *root, Buf *bufs, int *bu
     if (b >= 0 && step[i] < bufs[b].t0) bufs[b].t0 = step[i];
   }
   /* Lifetimes: the last read of the value, of its aliases, or through a
-   * transpose flag.  Window sums do not read their operand. */
+   * transpose flag (a window sum's included: see find_needed). */
   for (int v = 0; v < p->nv; v++) {
     int b = bufof[root[v]];
     if (b < 0) continue;
     for (int k = ustart[v]; k < ustart[v + 1]; k++) {
       const IrOp *u = f->ops[use[k]];
-      if (u->opcode == IR_OP_WINDOW_SUM && u->group == 0) continue;
       if (step[use[k]] > bufs[b].t1) bufs[b].t1 = step[use[k]];
       /* The executors read an output's or update's value after the
        * micro-batch: it lives to the last step. */

@@ -113,6 +113,10 @@ typedef struct InterpIndexRange {
   const char *what;
 } InterpIndexRange;
 bool interp_index_range(const IrOp *op, InterpIndexRange *r);
+/* Check n indices of op's index operand, v[k] its element first + k
+ * (rounded to the operand's dtype); false with the error for the first
+ * out of range. */
+bool interp_check_indices(const IrOp *op, const double *v, int64_t n, int64_t first, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
 /* window.c: what every executor does the same way in a window          */
@@ -216,9 +220,15 @@ typedef bool (*StepStoreFn)(void *ctx, int64_t offset, const void *src, size_t n
 bool step_store_consts(const IrFunc *f, StepStoreFn store, void *ctx, char *err, size_t errlen);
 /* The window sums (step_window_sums over the bound tensors, by the
  * executor's count plan), each stored as its dtype where the memory plan
- * put it. */
+ * put it; with store NULL, only the index checks' verdict. */
 bool step_store_window_sums(const IrFunc *f, const InterpCountPlan *count, int gas, const StTensor *const *bound,
                             StepStoreFn store, void *ctx, char *err, size_t errlen);
+/* The count phase's index checks alone, for a window whose sums the step
+ * computes itself: on the bound tensors, without the interpreter, when
+ * every index operand is an argument (else through it).  The same errors
+ * as step_store_window_sums. */
+bool step_check_indices(const IrFunc *f, const InterpCountPlan *count, int gas, const StTensor *const *bound,
+                        char *err, size_t errlen);
 /* Each rng.state's words for micro-batch k (step_rng_words), and each
  * loss.scale's f32 value (step_loss_scale), where the plan put them. */
 bool step_store_rng(const IrFunc *f, int gas, int k, StepStoreFn store, void *ctx, char *err, size_t errlen);

@@ -12,7 +12,9 @@
  *     micro-batch before the first one runs for real (the divisor of a
  *     batch mean, the count of non-ignored targets), added over the
  *     data-parallel ranks, and stored where an executor's program reads
- *     them;
+ *     them; or, for an executor that takes a one-micro-batch window's
+ *     sums from its own step, the index checks alone on the bound
+ *     tensors (step_check_indices);
  *   - elements on the host: a tensor's elements as doubles, converted to
  *     an argument's dtype, and back (the bytes an arena holds);
  *   - the read-out: a loss's elements summed in order into its window
@@ -557,7 +559,7 @@ bool step_store_window_sums(const IrFunc *f, const InterpCountPlan *count, int g
   }
   InterpOptions o = {.count = count};
   bool ok = step_window_sums(f, gas, data, wsum, &o, err, errlen);
-  for (int i = 0; ok && i < count->nsums; i++) {
+  for (int i = 0; ok && store && i < count->nsums; i++) {
     const IrValue *r = count->sums[i]->result;
     if (r->storage == IR_STORE_NONE) continue;
     ok = store_values(r->offset, r->type.dtype, ir_numel(&r->type.shape), wsum[r->id], false, store, ctx, err,
@@ -568,6 +570,32 @@ bool step_store_window_sums(const IrFunc *f, const InterpCountPlan *count, int g
   free(data);
   free(wsum);
   return ok;
+}
+
+bool step_check_indices(const IrFunc *f, const InterpCountPlan *count, int gas, const StTensor *const *bound,
+                        char *err, size_t errlen) {
+  /* An index operand computed by ops (not an argument) needs the interpreter. */
+  for (int i = 0; i < count->nchecks; i++)
+    if (count->checks[i]->args[interp_index_operand(count->checks[i])]->def)
+      return step_store_window_sums(f, count, gas, bound, NULL, NULL, err, errlen);
+  double buf[512];
+  for (int i = 0; i < count->nchecks; i++) {
+    const IrOp *op = count->checks[i];
+    const IrValue *x = op->args[interp_index_operand(op)];
+    int a = 0;
+    while (f->args[a] != x) a++;
+    /* Micro-batch by micro-batch, as the interpreter numbers elements. */
+    bool split = x->role == IR_ARG_INPUT && x->batched && x->type.shape.rank > 0;
+    int64_t n = ir_numel(&x->type.shape);
+    for (int k = 0; k < (split ? gas : 1); k++)
+      for (int64_t at = 0; at < n; at += 512) {
+        int64_t m = n - at < 512 ? n - at : 512;
+        step_load(bound[a], (split ? (int64_t)k * n : 0) + at, m, buf);
+        ir_round_dtype_n(buf, m, x->type.dtype);
+        if (!interp_check_indices(op, buf, m, at, err, errlen)) return false;
+      }
+  }
+  return true;
 }
 
 bool step_store_rng(const IrFunc *f, int gas, int k, StepStoreFn store, void *ctx, char *err, size_t errlen) {

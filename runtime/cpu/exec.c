@@ -30,7 +30,9 @@
  * already (the caller's params generation, cpu_program_set_params_gen,
  * and the same tensors), stores the window sums (the interpreter's count
  * phase, step_store_window_sums, over the ops the program's count plan
- * found once), then for each micro-batch copies its
+ * found once; a window of one micro-batch on one rank only checks its
+ * indices, step_check_indices, and its I_WSUM instructions copy the sums
+ * from their operands in the step), then for each micro-batch copies its
  * input slices in and runs the program; at the end the gradients are read
  * out of their buffers.
  *
@@ -98,14 +100,26 @@ typedef struct Gemm {
   int absorbs;
 } Gemm;
 
-typedef enum { I_KERNEL, I_GEMM, I_COPY, I_LOSS, I_START, I_WAIT, I_BUCKET_START, I_BUCKET_WAIT, I_RANK, I_STATE } InstrKind;
+typedef enum {
+  I_KERNEL,
+  I_GEMM,
+  I_COPY,
+  I_WSUM, /* a window sum from its operand: a copy, in a window of one micro-batch on one rank only */
+  I_LOSS,
+  I_START,
+  I_WAIT,
+  I_BUCKET_START,
+  I_BUCKET_WAIT,
+  I_RANK,
+  I_STATE
+} InstrKind;
 
 typedef struct Instr {
   InstrKind kind;
   const IrOp *op;
   const CgKernel *kernel;
   Gemm gemm;
-  int64_t src, dst, bytes; /* I_COPY, I_START (send, recv), I_WAIT (dst); I_LOSS, I_STATE: src = offset of the operand */
+  int64_t src, dst, bytes; /* I_COPY, I_WSUM, I_START (send, recv), I_WAIT (dst); I_LOSS, I_STATE: src = offset of the operand */
   int slot;                /* I_START, I_WAIT: the StepColl; I_BUCKET_*: the bucket */
   bool f64;                /* I_START: f64 elements (else f32) */
   bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
@@ -146,6 +160,10 @@ struct CpuProgram {
   StepGradBuf *grads;
   int ngrads;
   InterpCountPlan *count; /* the window's count phase (window sums, index checks) */
+  /* Every window sum is an I_WSUM (its operand has bytes in the step), so
+   * a window of one micro-batch on one rank takes them from the step
+   * (sums_here) and its count phase only checks indices. */
+  bool sums_in_step, sums_here;
   bool *reduced; /* per gradient buffer: a data-parallel bucket all-reduces it (its `grad` reads a last=true wait) */
   /* What the window zeroes: the gradient buffers less the parts a
    * store-first GEMM writes whole (byte ranges in the arena). */
@@ -715,6 +733,17 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
   if ((opc == IR_OP_PERMUTE || opc == IR_OP_RESHAPE || opc == IR_OP_SLICE || opc == IR_OP_CONCAT) &&
       kp_view_free_op(&p->views, op))
     return true;
+  if (opc == IR_OP_WINDOW_SUM && op->result->storage == IR_STORE_ARENA) {
+    /* Over one micro-batch on one rank a window sum is its operand. */
+    const IrValue *s = rt_storage_root(op->args[0]);
+    if (s->storage == IR_STORE_ARENA && s->def) {
+      int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
+      emit(p, (Instr){.kind = I_WSUM, .op = op, .src = s->offset, .dst = op->result->offset, .bytes = bytes});
+    } else {
+      p->sums_in_step = false; /* an artifact planned before window sums' operands had bytes */
+    }
+    return true;
+  }
   if (opc == IR_OP_RESHAPE || opc == IR_OP_CONST || opc == IR_OP_WINDOW_SUM || opc == IR_OP_RNG_STATE ||
       opc == IR_OP_LOSS_SCALE) {
     if (opc == IR_OP_RESHAPE && op->result->storage != IR_STORE_NONE && op->result->storage != IR_STORE_ALIAS)
@@ -1298,6 +1327,7 @@ static CpuProgram *program_new(IrFunc *f, const CpuOptions *o, CgModule *cg, cha
 #endif
   }
 
+  p->sums_in_step = true;
   for (int i = 0; i < f->nops; i++) {
     const IrOp *op = f->ops[i];
     if (op->group > 0) {
@@ -1674,6 +1704,9 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last,
       break;
     case I_GEMM: run_gemm(p, &in->gemm, first); break;
     case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;
+    case I_WSUM:
+      if (p->sums_here) memcpy(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes);
+      break;
     case I_LOSS: {
       const IrValue *v = in->op->args[0];
       step_add_loss(r, in->op, p->arena + in->src, v->type.dtype, ir_numel(&v->type.shape));
@@ -1739,7 +1772,10 @@ bool cpu_step_run(CpuProgram *p, int gas, const StFile *params, const char *para
     p->arena_gen = 0; /* while the params are copied */
     copy_args(p, bound, -1, keep);
     p->arena_gen = gen;
-    ok = step_store_window_sums(f, p->count, gas, bound, store, p->arena, err, errlen);
+    /* One micro-batch on one rank: its window sums are the step's own. */
+    p->sums_here = p->sums_in_step && gas == 1 && step_dp_size() == 1;
+    ok = p->sums_here ? step_check_indices(f, p->count, gas, bound, err, errlen)
+                      : step_store_window_sums(f, p->count, gas, bound, store, p->arena, err, errlen);
   }
   p->gas = gas;
   for (int k = 0; ok && k < gas; k++) {

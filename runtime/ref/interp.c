@@ -904,23 +904,22 @@ bool interp_index_range(const IrOp *op, InterpIndexRange *r) {
 }
 
 /* Every index of op's index operand in its range (or the ignore_index). */
-static bool check_indices(Ctx *c, const IrOp *op, const double *v) {
+bool interp_check_indices(const IrOp *op, const double *v, int64_t n, int64_t first, char *err, size_t errlen) {
   InterpIndexRange ir;
   interp_index_range(op, &ir);
-  int64_t hi = ir.hi, ignore = ir.ignore;
-  bool ignorable = ir.ignorable;
-  const char *what = ir.what;
-  const IrValue *x = op->args[interp_index_operand(op)];
-  int64_t n = numel_of(x);
   for (int64_t k = 0; k < n; k++) {
-    if (ignorable && v[k] == (double)ignore) continue;
-    if (v[k] < 0 || v[k] >= (double)hi) {
+    if (ir.ignorable && v[k] == (double)ir.ignore) continue;
+    if (v[k] >= 0 && v[k] < (double)ir.hi) continue;
+    if (err && errlen) {
       if (op->loc.file)
-        return fail(c, "%s at %s:%d:%d: %s %lld (element %lld) out of range [0, %lld)", opname(op), op->loc.file,
-                    op->loc.line, op->loc.col, what, (long long)v[k], (long long)k, (long long)hi);
-      return fail(c, "%s: %s %lld (element %lld) out of range [0, %lld)", opname(op), what, (long long)v[k],
-                  (long long)k, (long long)hi);
+        snprintf(err, errlen, "%s at %s:%d:%d: %s %lld (element %lld) out of range [0, %lld)", opname(op),
+                 op->loc.file, op->loc.line, op->loc.col, ir.what, (long long)v[k], (long long)(first + k),
+                 (long long)ir.hi);
+      else
+        snprintf(err, errlen, "%s: %s %lld (element %lld) out of range [0, %lld)", opname(op), ir.what,
+                 (long long)v[k], (long long)(first + k), (long long)ir.hi);
     }
+    return false;
   }
   return true;
 }
@@ -1007,8 +1006,8 @@ bool interp_run(InterpState *st, const IrFunc *f, double *const *args, double *c
     for (int i = 0; ok && i < plan->nops; i++) ok = run_op(&c, plan->ops[i]);
     for (int i = 0; ok && i < plan->nchecks; i++) {
       const IrOp *op = plan->checks[i];
-      const double *v = st->val[op->args[interp_index_operand(op)]->id];
-      if (v) ok = check_indices(&c, op, v);
+      const IrValue *x = op->args[interp_index_operand(op)];
+      if (st->val[x->id]) ok = interp_check_indices(op, st->val[x->id], numel_of(x), 0, err, errlen);
     }
     interp_count_plan_free(own);
   } else {
