@@ -905,8 +905,8 @@ bool interp_index_range(const IrOp *op, InterpIndexRange *r) {
 
 /* Every index of op's index operand in its range (or the ignore_index). */
 bool interp_check_indices(const IrOp *op, const double *v, int64_t n, int64_t first, char *err, size_t errlen) {
-  InterpIndexRange ir;
-  interp_index_range(op, &ir);
+  InterpIndexRange ir = {0};
+  if (!interp_index_range(op, &ir)) return true; /* no indices */
   for (int64_t k = 0; k < n; k++) {
     if (ir.ignorable && v[k] == (double)ir.ignore) continue;
     if (v[k] >= 0 && v[k] < (double)ir.hi) continue;
