@@ -734,13 +734,15 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
       kp_view_free_op(&p->views, op))
     return true;
   if (opc == IR_OP_WINDOW_SUM && op->result->storage == IR_STORE_ARENA) {
-    /* Over one micro-batch on one rank a window sum is its operand. */
+    /* Over one micro-batch on one rank a window sum is its operand (the
+     * same bytes where it has the result's dtype: an integer operand's
+     * sum is f32). */
     const IrValue *s = rt_storage_root(op->args[0]);
-    if (s->storage == IR_STORE_ARENA && s->def) {
+    if (s->storage == IR_STORE_ARENA && s->def && op->args[0]->type.dtype == op->result->type.dtype) {
       int64_t bytes = ir_numel(&op->result->type.shape) * (int64_t)ir_dtype_size(op->result->type.dtype);
       emit(p, (Instr){.kind = I_WSUM, .op = op, .src = s->offset, .dst = op->result->offset, .bytes = bytes});
     } else {
-      p->sums_in_step = false; /* an artifact planned before window sums' operands had bytes */
+      p->sums_in_step = false; /* converted, or an artifact planned before window sums' operands had bytes */
     }
     return true;
   }

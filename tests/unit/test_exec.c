@@ -411,6 +411,73 @@ static int cpu_pipeline(IrFunc *f, int gas, Diag *d) {
   return run_passes(f, names, n, gas, d);
 }
 
+/* Window sums from the step: over one micro-batch on one rank the CPU
+ * executor copies a window sum's operand into its slot (I_WSUM) instead
+ * of running the count phase; over K it is K times the operand here (a
+ * param's sum, an unbatched input's), from the count phase.  "count"
+ * sums an i32 operand into an f32 window sum: no byte copy, the count
+ * phase at K = 1 too.  Against the interpreter, each over two windows. */
+static void test_exec_window_sums_in_step(void **state) {
+  (void)state;
+  if (!have_kernels()) skip();
+  const char *texts[] = {
+      "func @share(%x: f32[6,5] input batch, %W: f32[5,7] param) {\n"
+      "  %h = matmul %x, %W : f32[6,7]\n"
+      "  %e = exp %h : f32[6,7]\n"
+      "  %s = sum %e {axes=[0,1], keepdim=false} : f32\n"
+      "  %w2 = mul %W, %W : f32[5,7]\n"
+      "  %n = sum %w2 {axes=[0,1], keepdim=false} : f32\n"
+      "  %wn = window.sum %n : f32\n"
+      "  %r = div %s, %wn : f32\n"
+      "  loss %r {name=\"share\"}\n"
+      "}\n",
+      "func @count(%x: f32[6,5] input batch, %y: i32[6] input, %W: f32[5,7] param) {\n"
+      "  %h = matmul %x, %W : f32[6,7]\n"
+      "  %e = exp %h : f32[6,7]\n"
+      "  %s = sum %e {axes=[0,1], keepdim=false} : f32\n"
+      "  %yc = sum %y {axes=[0], keepdim=false} : i32\n"
+      "  %wy = window.sum %yc : f32\n"
+      "  %one = const {value=1.0} : f32\n"
+      "  %d = add %wy, %one : f32\n"
+      "  %r = div %s, %d : f32\n"
+      "  loss %r {name=\"count\"}\n"
+      "}\n"};
+  for (int t = 0; t < 2; t++)
+    for (int K = 1; K <= 3; K += 2) {
+      Diag d;
+      diag_init(&d, NULL);
+      d.quiet = true;
+      IrFunc *ref = read_ir(texts[t]), *cpu = read_ir(texts[t]);
+      int n;
+      const char *const *pipe = pass_pipeline(&n);
+      if (run_passes(ref, pipe, n, K, &d) != 0) fail_msg("reference passes: %s", sb_str(&d.log));
+      if (cpu_pipeline(cpu, K, &d) != 0) fail_msg("CPU pipeline: %s", sb_str(&d.log));
+      diag_free(&d);
+      StFile params, inputs;
+      random_params(ref, 31 + (uint64_t)K, 0.3, &params);
+      st_init(&inputs);
+      rt_random_inputs(ref, K, 41 + (uint64_t)K, &inputs);
+      char err[1024], label[64];
+      snprintf(label, sizeof label, "%s K=%d", t ? "count" : "share", K);
+      StepResult want, got;
+      if (!step_run_ref(ref, K, &params, "PARAMS", &inputs, "INPUTS", NULL, &want, err, sizeof err))
+        fail_msg("%s: reference: %s", label, err);
+      CpuProgram *p = program(cpu, 1);
+      for (int w = 0; w < 2; w++) { /* the second window over the first one's arena */
+        if (!cpu_step_run(p, K, &params, "PARAMS", &inputs, "INPUTS", &got, err, sizeof err))
+          fail_msg("%s: cpu: %s", label, err);
+        compare(&got, &want, label, 1e-5);
+        step_result_free(&got);
+      }
+      cpu_program_free(p);
+      step_result_free(&want);
+      st_free(&params);
+      st_free(&inputs);
+      ir_func_free(ref);
+      ir_func_free(cpu);
+    }
+}
+
 static void check_model(const char *path, const char *label) {
   const char *rerr = NULL;
   char *text = read_file(path, NULL, &rerr);
@@ -782,6 +849,7 @@ int main(void) {
       cmocka_unit_test(test_pool_reads_cpu_quotas),
       cmocka_unit_test(test_pool_follows_a_cgroup_quota),
       cmocka_unit_test(test_exec_gemm_paths),
+      cmocka_unit_test(test_exec_window_sums_in_step),
       cmocka_unit_test(test_exec_gradients_accumulate),
       cmocka_unit_test(test_exec_errors),
       cmocka_unit_test(test_exec_arena_independent_of_K),
