@@ -52,6 +52,9 @@ int cg_module_chunks(const CgModule *m);
  * small f32 products), NULL when it is a GEMM (or m is NULL).  Such
  * kernels have group ids after the IR's, up to cg_module_nkernels. */
 const CgKernel *cg_module_matmul(const CgModule *m, const IrOp *op);
+/* The twin of such a kernel whose C is a gradient buffer: it stores the
+ * product where the kernel adds it (NULL for one that does not add). */
+const CgKernel *cg_module_matmul_store(const CgModule *m, const IrOp *op);
 void cg_module_free(CgModule *m);
 
 /* The module's object code (owned by m: a small bundle of object files,

@@ -373,6 +373,13 @@ int cpu_program_matmul_kernels(const CpuProgram *p);
 /* Pairs of generated products that run side by side, one a thread (at
  * two threads: exec.c plan_pairs). */
 int cpu_program_paired_products(const CpuProgram *p);
+/* Generated products into a gradient buffer that store rather than add in
+ * a window's first micro-batch (their store twins: exec.c plan_zeroing),
+ * whose bytes the window does not zero. */
+int cpu_program_store_first_products(const CpuProgram *p);
+/* Bytes of gradient buffers a window zeroes before its first micro-batch
+ * (what store-first GEMMs and products do not cover; INT32_MAX at most). */
+int cpu_program_zeroed_bytes(const CpuProgram *p);
 
 /* ------------------------------------------------------------------ */
 /* inputs.c                                                            */

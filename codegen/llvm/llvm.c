@@ -51,6 +51,7 @@ struct CgModule {
   /* Group-0 matmuls generated as kernels (passes/kernel_bmm.c), by
    * group ids after the IR's: bmm_ops[i] is kernel first_bmm + i. */
   const IrOp **bmm_ops;
+  bool *bmm_store; /* bmm_ops[i] is the store twin (cg_module_matmul_store) */
   int nbmm, first_bmm;
   char *obj;         /* the object file (malloc'd) */
   size_t objlen;
@@ -136,6 +137,7 @@ typedef struct KInfo {
   const IrValue **bufs; /* the arena values it touches (gen_kernel_buffers) */
   int nbufs;
   const KpBmm *bmm; /* a group-0 matmul generated as a kernel (ops[0]), or NULL */
+  bool store;       /* bmm: the twin of a product into a gradient buffer that stores C */
   const char *key; /* its code without the buffers' offsets */
   int rep;         /* the first kernel of the same key (index into Kernels.k) */
   int copies;      /* kernels sharing this one's key (on the representative) */
@@ -271,7 +273,8 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
     nbmm += kp_bmm_plan(&vs, f->ops[i], &p);
   }
   if (nbmm > 0) {
-    KInfo *all = ARENA_ARRAY(&K->a, KInfo, K->n + nbmm);
+    /* Room for a store twin of each (below). */
+    KInfo *all = ARENA_ARRAY(&K->a, KInfo, K->n + 2 * nbmm);
     if (K->n) memcpy(all, K->k, sizeof(KInfo) * (size_t)K->n);
     K->k = all;
   }
@@ -295,6 +298,25 @@ static bool find_kernels(const IrFunc *f, Kernels *K, char *err, size_t errlen) 
       for (int q = 0; q < ki->nbufs; q++) seen |= ki->bufs[q] == roots[r];
       if (!seen) ki->bufs[ki->nbufs++] = roots[r];
     }
+    ki->key = kernel_key(&K->a, ki);
+  }
+  /* A product that adds into a gradient buffer has a twin that stores
+   * instead (group ids after every product's): the CPU executor runs it
+   * in a window's first micro-batch where nothing before it wrote those
+   * bytes, which then need no zeroing (exec.c plan_zeroing). */
+  for (int k = 0, n = K->n; k < n; k++) {
+    if (!K->k[k].bmm || !K->k[k].bmm->acc) continue;
+    KpBmm *p = ARENA_NEW(&K->a, KpBmm);
+    *p = *K->k[k].bmm;
+    p->acc = false;
+    KInfo *ki = &K->k[K->n++];
+    *ki = K->k[k];
+    ki->group = ++K->maxgroup;
+    ki->bmm = p;
+    ki->store = true;
+    char name[64];
+    snprintf(name, sizeof name, "k%d_matmul_store", K->k[k].group);
+    ki->name = arena_strdup(&K->a, name);
     ki->key = kernel_key(&K->a, ki);
   }
   kp_views_free(&vs);
@@ -723,9 +745,13 @@ static CgModule *module_new(const Kernels *K) {
   m->first_bmm = K->first_bmm;
   m->nbmm = K->maxgroup - K->first_bmm + 1;
   m->bmm_ops = calloc((size_t)m->nbmm + 1, sizeof(IrOp *));
-  if (!m->kernels || !m->bmm_ops) abort();
-  for (int i = 0; i < K->n; i++)
-    if (K->k[i].bmm) m->bmm_ops[K->k[i].group - K->first_bmm] = K->k[i].ops[0];
+  m->bmm_store = calloc((size_t)m->nbmm + 1, sizeof(bool));
+  if (!m->kernels || !m->bmm_ops || !m->bmm_store) abort();
+  for (int i = 0; i < K->n; i++) {
+    if (!K->k[i].bmm) continue;
+    m->bmm_ops[K->k[i].group - K->first_bmm] = K->k[i].ops[0];
+    m->bmm_store[K->k[i].group - K->first_bmm] = K->k[i].store;
+  }
   return m;
 }
 
@@ -737,6 +763,7 @@ void cg_module_free(CgModule *m) {
   }
   free(m->kernels);
   free(m->bmm_ops);
+  free(m->bmm_store);
   free(m->obj);
   arena_free(&m->names);
   free(m);
@@ -857,8 +884,12 @@ int cg_module_chunks(const CgModule *m) {
   return bundle_count(m->obj, m->objlen, &n) ? (int)n : 0;
 }
 
-const CgKernel *cg_module_matmul(const CgModule *m, const IrOp *op) {
+static const CgKernel *module_matmul(const CgModule *m, const IrOp *op, bool store) {
   for (int i = 0; m && i < m->nbmm; i++)
-    if (m->bmm_ops[i] == op) return cg_module_kernel(m, m->first_bmm + i);
+    if (m->bmm_ops[i] == op && m->bmm_store[i] == store) return cg_module_kernel(m, m->first_bmm + i);
   return NULL;
 }
+
+const CgKernel *cg_module_matmul(const CgModule *m, const IrOp *op) { return module_matmul(m, op, false); }
+
+const CgKernel *cg_module_matmul_store(const CgModule *m, const IrOp *op) { return module_matmul(m, op, true); }

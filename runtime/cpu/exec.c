@@ -25,8 +25,9 @@
  *
  * cpu_step_run runs a window: it checks and binds the tensors (window.c,
  * as every executor does), zeroes the gradient buffers but the parts a
- * store-first GEMM writes whole (plan_zeroing: with beta = 0 in
- * micro-batch 0), copies the params in unless the arena holds them
+ * store-first GEMM or generated product writes whole (plan_zeroing:
+ * with beta = 0 or the product's store twin in micro-batch 0), copies
+ * the params in unless the arena holds them
  * already (the caller's params generation, cpu_program_set_params_gen,
  * and the same tensors), stores the window sums (the interpreter's count
  * phase, step_store_window_sums, over the ops the program's count plan
@@ -125,6 +126,11 @@ typedef struct Instr {
   bool issue;              /* I_BUCKET_*: this op starts / waits for the bucket (the others do nothing) */
   bool absorbed;           /* I_KERNEL: its GEMM runs it as an epilogue (plan_epilogues): nothing to do */
   bool pair;               /* I_KERNEL: a product run beside the next one, each by one thread (plan_pairs) */
+  /* I_KERNEL, a generated product into a gradient buffer: its twin that
+   * stores C rather than adding to it, and whether micro-batch 0 runs it
+   * (plan_zeroing: then nothing zeroes those bytes). */
+  const CgKernel *twin;
+  bool store_first;
 } Instr;
 
 /* A data-parallel gradient bucket (dp-reduce's last=true all-reduces): in
@@ -166,7 +172,7 @@ struct CpuProgram {
   bool sums_in_step, sums_here;
   bool *reduced; /* per gradient buffer: a data-parallel bucket all-reduces it (its `grad` reads a last=true wait) */
   /* What the window zeroes: the gradient buffers less the parts a
-   * store-first GEMM writes whole (byte ranges in the arena). */
+   * store-first GEMM or product writes whole (byte ranges in the arena). */
   int64_t (*zero)[2];
   int nzero;
   /* Params already in the arena: the generation the caller gave for the
@@ -714,7 +720,7 @@ static bool build_op(CpuProgram *p, const IrOp *op, char *err, size_t n) {
 #ifdef GRADC_HAVE_LLVM
   const CgKernel *bmm = opc == IR_OP_MATMUL ? cg_module_matmul(p->cg, op) : NULL;
   if (bmm) { /* a batch of small products, generated (passes/kernel_bmm.c) */
-    emit(p, (Instr){.kind = I_KERNEL, .op = op, .kernel = bmm});
+    emit(p, (Instr){.kind = I_KERNEL, .op = op, .kernel = bmm, .twin = cg_module_matmul_store(p->cg, op)});
     return true;
   }
 #endif
@@ -1015,23 +1021,93 @@ static int cmp_range(const void *pa, const void *pb) {
   return a[0] < b[0] ? -1 : a[0] > b[0];
 }
 
-/* Store-first GEMMs and the ranges the window zeroes.  A GEMM that
- * accumulates into a gradient buffer writes the window's first value of
- * every byte of its result when its result is one contiguous matrix
- * inside one buffer and nothing earlier in the program (a value any
- * earlier op reads or writes, or an earlier GEMM's result) touches those
- * bytes: in micro-batch 0 it stores (beta = 0), and the buffer's range it
- * covers needs no zeroing.  The rest of every buffer is zeroed as before
- * (kernels accumulate with +=). */
+/* The bytes a store-first candidate would write whole, as [lo, hi): a
+ * GEMM that accumulates (f32/f64, one contiguous matrix), or a generated
+ * product with a store twin whose C is one dense block (f32). */
+static bool store_first_bytes(const CpuProgram *p, const Instr *in, int64_t *lo, int64_t *hi) {
+  if (in->kind == I_GEMM) {
+    const Gemm *g = &in->gemm;
+    if (!g->accumulate || (g->dt != IR_DT_F32 && g->dt != IR_DT_F64)) return false;
+    if (g->nb != 1 || g->tc || (g->ldc != g->N && g->M != 1)) return false;
+    int64_t es = g->dt == IR_DT_F64 ? 8 : 4;
+    *lo = g->c;
+    *hi = g->c + g->M * g->N * es;
+    return true;
+  }
+#ifdef GRADC_HAVE_LLVM
+  KpBmm b;
+  if (in->kind != I_KERNEL || !in->twin || !kp_bmm_plan(&p->views, in->op, &b)) return false;
+  if (b.cn != 1 || (b.cm != b.N && b.M != 1)) return false;
+  int64_t dense = b.M * b.N; /* the stride of a dense batch axis, innermost first */
+  for (int d = b.nbatch - 1; d >= 0; d--) {
+    if (b.bdim[d] > 1 && b.cs[d] != dense) return false;
+    dense *= b.bdim[d];
+  }
+  *lo = b.c->offset + b.coff * 4;
+  *hi = *lo + b.nb * b.M * b.N * 4;
+  return true;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+/* The bytes an instruction may write that its op's values do not show: a
+ * GEMM's C through strides, a generated product's C root. */
+static bool writes_bytes(const CpuProgram *p, const Instr *in, int64_t *lo, int64_t *hi) {
+  if (in->kind == I_GEMM) {
+    gemm_c_bytes(&in->gemm, lo, hi);
+    return true;
+  }
+#ifdef GRADC_HAVE_LLVM
+  KpBmm b;
+  if (in->kind == I_KERNEL && in->op->group == 0 && kp_bmm_plan(&p->views, in->op, &b)) {
+    /* From C's first element to its last (f32; strides are not negative). */
+    int64_t last = (b.M - 1) * b.cm + (b.N - 1) * b.cn;
+    for (int d = 0; d < b.nbatch; d++) last += (b.bdim[d] - 1) * b.cs[d];
+    *lo = b.c->offset + b.coff * 4;
+    *hi = *lo + (last + 1) * 4;
+    return true;
+  }
+#else
+  (void)p;
+#endif
+  return false;
+}
+
+/* Store-first products and the ranges the window zeroes.  A GEMM or a
+ * generated product that accumulates into a gradient buffer writes the
+ * window's first value of every byte of its result when its result is
+ * one dense block inside one buffer and nothing earlier in the program
+ * (a value any earlier op but a range unslice or `grad` reads or writes,
+ * or an earlier product's result) touches those bytes: in micro-batch 0
+ * it stores (a GEMM with beta = 0, a product through its store twin),
+ * and the buffer's range it covers needs no zeroing.  The rest of every
+ * buffer is zeroed as before (kernels accumulate with +=). */
+/* value_bytes with a gradient buffer's elements at the buffer's own size
+ * (f32 or f64): the bytes a layer's part of a stacked param's gradient
+ * and its neighbours really occupy. */
+static bool grad_exact_bytes(const CpuProgram *p, const IrValue *v, int64_t *lo, int64_t *hi) {
+  if (!value_bytes(v, lo, hi)) return false;
+  if (v->storage != IR_STORE_GRAD) return true;
+  for (int k = 0; k < p->ngrads; k++) {
+    const StepGradBuf *b = &p->grads[k];
+    int64_t es = (int64_t)ir_dtype_size(b->dt);
+    if (v->offset >= b->offset && v->offset < b->offset + b->numel * es) {
+      *hi = v->offset + ir_numel(&v->type.shape) * es;
+      break;
+    }
+  }
+  return true;
+}
+
 static void plan_zeroing(CpuProgram *p) {
   const IrFunc *f = p->f;
   int64_t(*cover)[2] = mem_calloc((size_t)p->ncode + 1, sizeof *cover);
   int ncover = 0, opi = 0;
   for (int i = 0; i < p->ncode; i++) {
-    Gemm *g = &p->code[i].gemm;
-    if (p->code[i].kind != I_GEMM || !g->accumulate || (g->dt != IR_DT_F32 && g->dt != IR_DT_F64)) continue;
-    if (g->nb != 1 || g->tc || (g->ldc != g->N && g->M != 1)) continue;
-    int64_t es = g->dt == IR_DT_F64 ? 8 : 4, lo = g->c, hi = g->c + g->M * g->N * es;
+    int64_t lo, hi;
+    if (!store_first_bytes(p, &p->code[i], &lo, &hi)) continue;
     bool inside = false;
     for (int k = 0; k < p->ngrads && !inside; k++) {
       const StepGradBuf *b = &p->grads[k];
@@ -1042,18 +1118,21 @@ static void plan_zeroing(CpuProgram *p) {
     for (int k = 0; first && k < opi; k++) {
       const IrOp *op = f->ops[k];
       int64_t a, b;
-      if (value_bytes(op->result, &a, &b) && overlaps(a, b, lo, hi)) first = false;
+      /* A range unslice into a gradient buffer (a layer's part of a
+       * stacked param's) and a `grad` do no work: their values span the
+       * whole buffer, but only their operands' producers write it. */
+      if (op->opcode == IR_OP_GRAD || plan_range_unslice(op, &a)) continue;
+      if (grad_exact_bytes(p, op->result, &a, &b) && overlaps(a, b, lo, hi)) first = false;
       for (int j = 0; first && j < op->nargs; j++)
-        if (value_bytes(op->args[j], &a, &b) && overlaps(a, b, lo, hi)) first = false;
+        if (grad_exact_bytes(p, op->args[j], &a, &b) && overlaps(a, b, lo, hi)) first = false;
     }
     for (int k = 0; first && k < i; k++) {
       int64_t a, b;
-      if (p->code[k].kind != I_GEMM) continue;
-      gemm_c_bytes(&p->code[k].gemm, &a, &b);
-      if (overlaps(a, b, lo, hi)) first = false;
+      if (writes_bytes(p, &p->code[k], &a, &b) && overlaps(a, b, lo, hi)) first = false;
     }
     if (!first) continue;
-    g->store_first = true;
+    if (p->code[i].kind == I_GEMM) p->code[i].gemm.store_first = true;
+    else p->code[i].store_first = true;
     cover[ncover][0] = lo;
     cover[ncover++][1] = hi;
   }
@@ -1264,6 +1343,20 @@ int cpu_program_paired_products(const CpuProgram *p) {
   int n = 0;
   for (int i = 0; i < p->ncode; i++) n += p->code[i].pair;
   return n;
+}
+
+int cpu_program_store_first_products(const CpuProgram *p) {
+  int n = 0;
+  for (int i = 0; i < p->ncode; i++) n += p->code[i].kind == I_KERNEL && p->code[i].store_first;
+  return n;
+}
+
+int cpu_program_zeroed_bytes(const CpuProgram *p) {
+  int64_t n = 0;
+  for (int i = 0; i < p->nzero; i++) n += p->zero[i][1] - p->zero[i][0];
+  for (int i = 0; i < p->nbuckets; i++)
+    for (int k = 0; k < p->buckets[i].nruns; k++) n += p->buckets[i].runs[k].hi - p->buckets[i].runs[k].lo;
+  return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
 int cpu_program_absorbed_kernels(const CpuProgram *p) {
@@ -1684,8 +1777,15 @@ static bool run_rank_copy(CpuProgram *p, const Instr *in, char *err, size_t n) {
   return true;
 }
 
-/* One micro-batch; first: the window's first (store-first GEMMs store);
- * last: the window's last, where buckets communicate. */
+/* The code an I_KERNEL runs: a store-first product's twin in a window's
+ * first micro-batch (plan_zeroing). */
+static const CgKernel *kernel_of(const Instr *in, bool first) {
+  return first && in->store_first ? in->twin : in->kernel;
+}
+
+/* One micro-batch; first: the window's first (store-first GEMMs and
+ * products store); last: the window's last, where buckets communicate. */
+
 static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last, char *err, size_t n) {
   int open = 0; /* collectives in flight */
   bool ok = true;
@@ -1697,12 +1797,12 @@ static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last,
     case I_KERNEL:
       if (in->absorbed) continue;
       if (in->pair) { /* both kernels' spans are the pair's time */
-        run_pair(p, in->kernel, p->code[i + 1].kernel);
+        run_pair(p, kernel_of(in, first), kernel_of(&p->code[i + 1], first));
         if (t) trace_span(t, TRACE_COMPUTE, in->kernel->name, t0, trace_now_us(t));
         in = &p->code[++i];
         break;
       }
-      run_kernel(p, in->kernel);
+      run_kernel(p, kernel_of(in, first));
       break;
     case I_GEMM: run_gemm(p, &in->gemm, first); break;
     case I_COPY: memmove(p->arena + in->dst, p->arena + in->src, (size_t)in->bytes); break;

@@ -242,6 +242,70 @@ static void test_cpu_paired_products(void **state) {
 }
 
 /* ------------------------------------------------------------------ */
+/* Store-first products                                                */
+/* ------------------------------------------------------------------ */
+
+/* A generated product into a gradient buffer stores in micro-batch 0 (its
+ * store twin) where nothing before it wrote those bytes, and the window
+ * does not zero them: in pairs_src each of A, C, W and V gets its
+ * gradient from one product.  Here W is used twice: of its two gradient
+ * products (g = h W, then u = x W through tanh) only the first to run
+ * stores, the second adds; V's stores.  f64 products are GEMMs (their
+ * store-first is beta = 0).  Against the interpreter over one and three
+ * micro-batches, each run over two windows (run_both: the second over
+ * the first's arena). */
+static const char twice_src[] =
+    "model twice {\n"
+    "  batch B = 384\n"
+    "  input x : f32[B, 64]\n"
+    "  param W : f32[64, 64] init normal(0, 0.2)\n"
+    "  param V : f32[64, 32] init normal(0, 0.2)\n"
+    "  h = tanh(x @ W)\n"
+    "  g = (h @ W) @ V\n"
+    "  loss l = mean(g * g)\n"
+    "}\n";
+
+/* A stacked param: each layer's product writes its own part of W's
+ * buffer, so both store (the range unslices and `grad` between them do
+ * no work and do not count as touching the buffer); f64's GEMMs likewise
+ * (beta = 0): nothing of W's buffer is zeroed either way. */
+static const char layers_src[] =
+    "model layers {\n"
+    "  batch B = 384\n"
+    "  input x : f32[B, 64]\n"
+    "  param W : f32[2, 64, 64] init normal(0, 0.2)\n"
+    "  h = tanh(x @ W[0])\n"
+    "  g = h @ W[1]\n"
+    "  loss l = mean(g * g)\n"
+    "}\n";
+
+static void check_store_first_pairs(IrFunc *f) {
+  check_pairs(f);
+  bool f32 = f->args[0]->type.dtype == IR_DT_F32;
+  for (int threads = 1; threads <= 2; threads++)
+    assert_int_equal(program_count(f, threads, cpu_program_store_first_products), f32 ? 4 : 0);
+}
+
+static void check_store_first_tied(IrFunc *f) {
+  bool f32 = f->args[0]->type.dtype == IR_DT_F32;
+  assert_int_equal(program_count(f, 1, cpu_program_matmul_kernels), f32 ? 8 : 0);
+  assert_int_equal(program_count(f, 1, cpu_program_store_first_products), f32 ? 2 : 0);
+}
+
+static void check_store_first_stacked(IrFunc *f) {
+  bool f32 = f->args[0]->type.dtype == IR_DT_F32;
+  assert_int_equal(program_count(f, 1, cpu_program_store_first_products), f32 ? 2 : 0);
+  assert_int_equal(program_count(f, 1, cpu_program_zeroed_bytes), 0);
+}
+
+static void test_cpu_store_first_products(void **state) {
+  (void)state;
+  run_model_case(&(ModelCase){"pairs", pairs_src, 1, 59, check_store_first_pairs});
+  run_model_case(&(ModelCase){"twice", twice_src, 2, 61, check_store_first_tied});
+  run_model_case(&(ModelCase){"layers", layers_src, 2, 67, check_store_first_stacked});
+}
+
+/* ------------------------------------------------------------------ */
 /* GEMM pieces                                                         */
 /* ------------------------------------------------------------------ */
 
@@ -1119,6 +1183,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_attention_views),
       cmocka_unit_test(test_cpu_bmm_kernels),
       cmocka_unit_test(test_cpu_paired_products),
+      cmocka_unit_test(test_cpu_store_first_products),
       cmocka_unit_test(test_cpu_causal_products),
       cmocka_unit_test(test_cpu_skinny_products),
       cmocka_unit_test(test_cpu_unslice_fallback),
