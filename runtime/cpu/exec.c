@@ -1062,9 +1062,15 @@ static bool writes_bytes(const CpuProgram *p, const Instr *in, int64_t *lo, int6
 #ifdef GRADC_HAVE_LLVM
   KpBmm b;
   if (in->kind == I_KERNEL && in->op->group == 0 && kp_bmm_plan(&p->views, in->op, &b)) {
-    /* From C's first element to its last (f32; strides are not negative). */
+    /* From C's first element to its last (f32), or its whole root where
+     * a stride is negative. */
     int64_t last = (b.M - 1) * b.cm + (b.N - 1) * b.cn;
-    for (int d = 0; d < b.nbatch; d++) last += (b.bdim[d] - 1) * b.cs[d];
+    bool forward = b.cm >= 0 && b.cn >= 0;
+    for (int d = 0; d < b.nbatch; d++) {
+      last += (b.bdim[d] - 1) * b.cs[d];
+      forward &= b.cs[d] >= 0;
+    }
+    if (!forward) return value_bytes(b.c, lo, hi);
     *lo = b.c->offset + b.coff * 4;
     *hi = *lo + (last + 1) * 4;
     return true;
