@@ -166,6 +166,10 @@ bool step_result_init(const IrFunc *f, int gas, StepResult *r, char *err, size_t
 /* Index in r->losses of a `loss` op, in r->grads of a `grad` op (-1: none). */
 int step_loss_slot(const StepResult *r, const IrOp *loss);
 int step_grad_slot(const StepResult *r, const IrOp *grad);
+/* A batched input: its window tensor holds the K micro-batches (of every
+ * data-parallel rank) along axis 0, and a micro-batch is a slice of it;
+ * every other argument is the same whole tensor in each. */
+bool step_arg_split(const IrValue *a);
 /* Point args[i] at micro-batch k of each argument's window data (data[i]
  * window-sized doubles, or NULL). */
 void step_micro_args(const IrFunc *f, int k, double *const *data, double **args);

@@ -318,12 +318,13 @@ int step_grad_slot(const StepResult *r, const IrOp *grad) {
   return -1;
 }
 
+bool step_arg_split(const IrValue *a) { return a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0; }
+
 /* Point args[i] at micro-batch k of each argument's window data. */
 void step_micro_args(const IrFunc *f, int k, double *const *data, double **args) {
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
-    bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
-    args[i] = data[i] ? data[i] + (split ? (int64_t)k * ir_numel(&a->type.shape) : 0) : NULL;
+    args[i] = data[i] ? data[i] + (step_arg_split(a) ? (int64_t)k * ir_numel(&a->type.shape) : 0) : NULL;
   }
 }
 
@@ -376,7 +377,7 @@ void step_set_draws(uint64_t seed, uint64_t step) {
 static int64_t micro_samples(const IrFunc *f) {
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
-    if (a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0) return a->type.shape.dim[0];
+    if (step_arg_split(a)) return a->type.shape.dim[0];
   }
   return 0;
 }
@@ -585,7 +586,7 @@ bool step_check_indices(const IrFunc *f, const InterpCountPlan *count, int gas, 
     int a = 0;
     while (f->args[a] != x) a++;
     /* Micro-batch by micro-batch, as the interpreter numbers elements. */
-    bool split = x->role == IR_ARG_INPUT && x->batched && x->type.shape.rank > 0;
+    bool split = step_arg_split(x);
     int64_t n = ir_numel(&x->type.shape);
     for (int k = 0; k < (split ? gas : 1); k++)
       for (int64_t at = 0; at < n; at += 512) {

@@ -70,8 +70,6 @@ void step_dp_begin(StepDp *d) { current = d; }
 int step_dp_size(void) { return current && current->g ? current->g->size : 1; }
 int step_dp_rank(void) { return current && current->g ? current->g->rank : 0; }
 
-static bool split_arg(const IrValue *a) { return a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0; }
-
 void step_dp_slice(const IrFunc *f, const StTensor **bound) {
   StepDp *d = current;
   if (!d || step_dp_size() == 1) return;
@@ -83,7 +81,7 @@ void step_dp_slice(const IrFunc *f, const StTensor **bound) {
   int size = d->g->size, rank = d->g->rank;
   for (int i = 0; i < f->nargs; i++) {
     const StTensor *t = bound[i];
-    if (!t || !split_arg(f->args[i]) || t->shape[0] == 0) continue;
+    if (!t || !step_arg_split(f->args[i]) || t->shape[0] == 0) continue;
     /* step_bind checked the window: shape[0] = K * micro-batch * size. */
     int64_t rows = t->shape[0] / size;
     size_t row_bytes = t->nbytes / (size_t)t->shape[0];

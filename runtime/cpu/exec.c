@@ -1081,6 +1081,28 @@ static bool writes_bytes(const CpuProgram *p, const Instr *in, int64_t *lo, int6
   return false;
 }
 
+/* The gradient buffer whose bytes include byte `at` of the arena, and
+ * the end of its bytes; NULL where none does. */
+static const StepGradBuf *grad_buf_at(const CpuProgram *p, int64_t at, int64_t *end) {
+  for (int k = 0; k < p->ngrads; k++) {
+    const StepGradBuf *b = &p->grads[k];
+    *end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
+    if (at >= b->offset && at < *end) return b;
+  }
+  return NULL;
+}
+
+/* value_bytes with a gradient buffer's elements at the buffer's own size
+ * (f32 or f64): the bytes a layer's part of a stacked param's gradient
+ * and its neighbours really occupy. */
+static bool grad_exact_bytes(const CpuProgram *p, const IrValue *v, int64_t *lo, int64_t *hi) {
+  if (!value_bytes(v, lo, hi)) return false;
+  int64_t end;
+  const StepGradBuf *b = v->storage == IR_STORE_GRAD ? grad_buf_at(p, v->offset, &end) : NULL;
+  if (b) *hi = v->offset + ir_numel(&v->type.shape) * (int64_t)ir_dtype_size(b->dt);
+  return true;
+}
+
 /* Store-first products and the ranges the window zeroes.  A GEMM or a
  * generated product that accumulates into a gradient buffer writes the
  * window's first value of every byte of its result when its result is
@@ -1090,23 +1112,6 @@ static bool writes_bytes(const CpuProgram *p, const Instr *in, int64_t *lo, int6
  * it stores (a GEMM with beta = 0, a product through its store twin),
  * and the buffer's range it covers needs no zeroing.  The rest of every
  * buffer is zeroed as before (kernels accumulate with +=). */
-/* value_bytes with a gradient buffer's elements at the buffer's own size
- * (f32 or f64): the bytes a layer's part of a stacked param's gradient
- * and its neighbours really occupy. */
-static bool grad_exact_bytes(const CpuProgram *p, const IrValue *v, int64_t *lo, int64_t *hi) {
-  if (!value_bytes(v, lo, hi)) return false;
-  if (v->storage != IR_STORE_GRAD) return true;
-  for (int k = 0; k < p->ngrads; k++) {
-    const StepGradBuf *b = &p->grads[k];
-    int64_t es = (int64_t)ir_dtype_size(b->dt);
-    if (v->offset >= b->offset && v->offset < b->offset + b->numel * es) {
-      *hi = v->offset + ir_numel(&v->type.shape) * es;
-      break;
-    }
-  }
-  return true;
-}
-
 static void plan_zeroing(CpuProgram *p) {
   const IrFunc *f = p->f;
   int64_t(*cover)[2] = mem_calloc((size_t)p->ncode + 1, sizeof *cover);
@@ -1114,12 +1119,8 @@ static void plan_zeroing(CpuProgram *p) {
   for (int i = 0; i < p->ncode; i++) {
     int64_t lo, hi;
     if (!store_first_bytes(p, &p->code[i], &lo, &hi)) continue;
-    bool inside = false;
-    for (int k = 0; k < p->ngrads && !inside; k++) {
-      const StepGradBuf *b = &p->grads[k];
-      inside = lo >= b->offset && hi <= b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
-    }
-    bool first = inside;
+    int64_t end;
+    bool first = grad_buf_at(p, lo, &end) && hi <= end; /* inside one gradient buffer */
     while (opi < f->nops && f->ops[opi] != p->code[i].op) opi++;
     for (int k = 0; first && k < opi; k++) {
       const IrOp *op = f->ops[k];
@@ -1690,7 +1691,7 @@ static void copy_args(CpuProgram *p, const StTensor *const *bound, int k, bool k
   const IrFunc *f = p->f;
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
-    bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
+    bool split = step_arg_split(a);
     if (split != (k >= 0)) continue;
     int64_t n = ir_numel(&a->type.shape), begin = split ? (int64_t)k * n : 0, es;
     if (p->direct[i] && rt_tensor_plain(bound[i], a->type.dtype, &es)) { /* read in place */
@@ -1791,7 +1792,6 @@ static const CgKernel *kernel_of(const Instr *in, bool first) {
 
 /* One micro-batch; first: the window's first (store-first GEMMs and
  * products store); last: the window's last, where buckets communicate. */
-
 static bool run_micro_batch(CpuProgram *p, StepResult *r, bool first, bool last, char *err, size_t n) {
   int open = 0; /* collectives in flight */
   bool ok = true;

@@ -435,7 +435,7 @@ static bool copy_args(CudaProgram *p, const StTensor *const *bound, int k, char 
   const IrFunc *f = p->f;
   for (int i = 0; i < f->nargs; i++) {
     const IrValue *a = f->args[i];
-    bool split = a->role == IR_ARG_INPUT && a->batched && a->type.shape.rank > 0;
+    bool split = step_arg_split(a);
     if (split != (k >= 0)) continue;
     int64_t n = ir_numel(&a->type.shape);
     if (!copy_in(p, bound[i], split ? (int64_t)k * n : 0, n, a->type.dtype, a->offset, err, errlen)) return false;
