@@ -84,7 +84,8 @@ static void loops_run(void *p, const CpuGemmDesc *d, const void *a, const void *
 
 static void loops_free(void *p) { (void)p; }
 
-static const CpuGemmProvider cpu_gemm_loops = {"loops", loops_usable, loops_version, loops_plan, loops_run, loops_free};
+static const CpuGemmProvider cpu_gemm_loops = {"loops",   loops_usable, loops_version, loops_plan,
+                                                 loops_run, loops_free,   NULL};
 #endif
 
 /* ------------------------------------------------------------------ */
@@ -145,6 +146,7 @@ struct CpuGemm {
 
 const CpuGemmDesc *cpu_gemm_desc(const CpuGemm *g) { return &g->d; }
 bool cpu_gemm_fused(const CpuGemm *g) { return g->d.epilogue != CPU_EPI_NONE && !g->epi_loop; }
+const char *cpu_gemm_kernel(const CpuGemm *g) { return g->p->kernel ? g->p->kernel(g->impl) : g->p->name; }
 
 /* The fallbacks' f32 copies (widened operands, a product in scratch)
  * hold every matrix of the batch, contiguous, outer-major. */

@@ -76,6 +76,10 @@ typedef struct CpuGemmProvider {
   /* Run: a, b, c the first matrices; extra the epilogue's bias or residual. */
   void (*run)(void *plan, const CpuGemmDesc *d, const void *a, const void *b, void *c, const float *extra);
   void (*free)(void *plan);
+  /* The library's kernel a plan runs, where the provider picks among
+   * several (oneDNN's implementation name: "brg:avx512_core",
+   * "gemm:jit"); NULL where the provider is its own one kernel. */
+  const char *(*kernel)(const void *plan);
 } CpuGemmProvider;
 
 /* ------------------------------------------------------------------ */
@@ -101,6 +105,9 @@ void cpu_gemm_free(CpuGemm *g);
 const CpuGemmDesc *cpu_gemm_desc(const CpuGemm *g);
 /* Whether the provider runs g's epilogue itself (a fused post-op). */
 bool cpu_gemm_fused(const CpuGemm *g);
+/* The kernel that runs g: the provider's kernel (CpuGemmProvider.kernel),
+ * else the provider's name. */
+const char *cpu_gemm_kernel(const CpuGemm *g);
 
 /* The provider for this process: GRADC_GEMM if set (a name the build
  * does not have, or one not usable here, is a user error in err), else

@@ -51,4 +51,4 @@ static void run(void *p, const CpuGemmDesc *d, const void *a, const void *b, voi
 
 static void plan_free(void *p) { (void)p; }
 
-const CpuGemmProvider cpu_gemm_blis = {"blis", usable, version, plan, run, plan_free};
+const CpuGemmProvider cpu_gemm_blis = {"blis", usable, version, plan, run, plan_free, NULL};

@@ -16,7 +16,15 @@
  *     f32 accumulator), where the CPU has bf16 kernels (else pd creation
  *     fails and gemm.c widens to f32 and rounds);
  *   - no f64 matmul on the CPU: f64 plans fail and gemm.c hands them to
- *     the next provider.
+ *     the next provider;
+ *   - a large weight gradient (f32, one matrix, A transposed and B not,
+ *     no epilogue, at least JIT_MIN_MACS multiply-adds: x^T dy over a
+ *     batch's rows, stored or accumulated) runs on the jit sgemm
+ *     (gemm:jit) where oneDNN offers it, every other product on the
+ *     implementation oneDNN lists first (its brgemm kernels on AVX-512):
+ *     a rule of the shape, not a measurement, so every process on a CPU
+ *     picks the same kernel and rounds alike (docs/DECISIONS.md
+ *     "oneDNN's kernel for weight gradients").
  * Concurrency: the scratchpad is the caller's (user mode), so one
  * primitive can run in several threads at once; each call takes a stream,
  * a scratch buffer and the memory objects of its arguments from a small
@@ -178,6 +186,33 @@ static dnnl_status_t matrix_md(dnnl_memory_desc_t *md, int nl, const int64_t *n,
     }                                                                                                                  \
   } while (0)
 
+/* Whether d is a weight gradient, x^T dy, in the sense of the kernel
+ * rule above. */
+#define JIT_MIN_MACS (1 << 26) /* 256 x 256 x 1024 */
+static bool weight_gradient(const CpuGemmDesc *d) {
+  return d->type == CPU_GEMM_F32 && d->ta && !d->tb && d->epilogue == CPU_EPI_NONE && d->batch <= 1 &&
+         d->outer <= 1 && (double)d->M * (double)d->N * (double)d->K >= JIT_MIN_MACS;
+}
+
+/* md's implementation named `name` (oneDNN's own order, first match),
+ * or NULL where it offers none. */
+static dnnl_primitive_desc_t impl_named(const dnnl_matmul_desc_t *md, dnnl_primitive_attr_t attr, const char *name) {
+  dnnl_primitive_desc_iterator_t it;
+  if (dnnl_primitive_desc_iterator_create(&it, md, attr, engine, NULL) != dnnl_success) return NULL;
+  dnnl_primitive_desc_t found = NULL;
+  do {
+    dnnl_primitive_desc_t q = dnnl_primitive_desc_iterator_fetch(it);
+    const char *impl = NULL;
+    if (q && dnnl_primitive_desc_query(q, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+        strcmp(impl, name) == 0)
+      found = q;
+    else if (q)
+      dnnl_primitive_desc_destroy(q);
+  } while (!found && dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+  dnnl_primitive_desc_iterator_destroy(it);
+  return found;
+}
+
 static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   Prim *p = mem_calloc(1, sizeof *p);
   p->d = *d;
@@ -214,6 +249,11 @@ static Prim *build(const CpuGemmDesc *d, char *err, size_t n) {
   int old = omp_get_max_threads();
   omp_set_num_threads(d->threads);
   dnnl_status_t s = dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL);
+  dnnl_primitive_desc_t jit = s == dnnl_success && weight_gradient(d) ? impl_named(&md, attr, "gemm:jit") : NULL;
+  if (jit) {
+    dnnl_primitive_desc_destroy(pd);
+    pd = jit;
+  }
   omp_set_num_threads(old);
   if (s != dnnl_success) {
     snprintf(err, n, "oneDNN has no matmul for this shape and type (status %d)", (int)s);
@@ -325,5 +365,7 @@ static void run(void *plan, const CpuGemmDesc *d, const void *a, const void *b, 
 /* Primitives stay in the cache for the process's life. */
 static void plan_free(void *plan) { (void)plan; }
 
-const CpuGemmProvider cpu_gemm_onednn = {"onednn", usable, version, plan, run, plan_free};
+static const char *kernel(const void *plan) { return ((const Prim *)plan)->impl; }
+
+const CpuGemmProvider cpu_gemm_onednn = {"onednn", usable, version, plan, run, plan_free, kernel};
 

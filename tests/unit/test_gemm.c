@@ -502,6 +502,67 @@ static void test_gemm_providers_rounding(void **state) {
   for (int k = 0; k < np; k++) provider_rounding(provs[k]);
 }
 
+/* oneDNN's kernel per product (gemm_onednn.c): every large weight
+ * gradient of the models (f32, one matrix, A transposed, B not, stored or
+ * accumulated, one thread or two, at least 2^26 multiply-adds) on the jit
+ * sgemm; the same sizes with A in place, a weight gradient with an
+ * epilogue or in bf16, and the smaller weight gradients, on what oneDNN
+ * lists first, its brgemm kernels where the CPU has AVX-512 (the products
+ * themselves are checked against the interpreter above). */
+static void test_gemm_onednn_kernels(void **state) {
+  (void)state;
+  const CpuGemmProvider *p = cpu_gemm_provider_find("onednn");
+  char why[512];
+  if (!p || !p->usable(why, sizeof why)) {
+    printf("note: skipped: no usable oneDNN in this build\n");
+    return;
+  }
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  int nwg = 0, nsmall = 0;
+  char err[512];
+  for (int i = 0; i < nshapes; i++) {
+    const Shape *s = &shapes[i];
+    if (!s->ta || s->tb || s->nb != 1) continue;
+    bool large = (double)s->M * (double)s->N * (double)s->K >= (double)(1 << 26);
+    for (int t = 1; t <= 2; t++)
+      for (int acc = 0; acc < 2; acc++) {
+        CpuGemmDesc d = {.type = CPU_GEMM_F32, .ta = true, .accumulate = acc, .M = s->M, .N = s->N, .K = s->K,
+                         .lda = s->M, .ldb = s->N, .ldc = s->N, .threads = t};
+        CpuGemm *g = cpu_gemm_plan(p, &d, err, sizeof err);
+        assert_non_null(g);
+        if (!large) {
+          if (avx512) assert_memory_equal(cpu_gemm_kernel(g), "brg:", 4);
+          cpu_gemm_free(g);
+          nsmall++;
+          continue;
+        }
+        if (strcmp(cpu_gemm_kernel(g), "gemm:jit") != 0)
+          print_error("%lldx%lldx%lld weight gradient on %s\n", (long long)s->M, (long long)s->N, (long long)s->K,
+                      cpu_gemm_kernel(g));
+        assert_string_equal(cpu_gemm_kernel(g), "gemm:jit");
+        cpu_gemm_free(g);
+        CpuGemmDesc others[3] = {d, d, d};
+        others[0].ta = false, others[0].lda = s->K;  /* A in place */
+        others[1].epilogue = CPU_EPI_BIAS;            /* an epilogue */
+        others[1].accumulate = false;
+        others[2].type = CPU_GEMM_BF16;               /* bf16 (its own kernels) */
+        for (int k = 0; k < 3; k++) {
+          if (k == 2 && !__builtin_cpu_supports("avx512bf16")) continue; /* else widened: an f32 weight gradient */
+          g = cpu_gemm_plan(p, &others[k], err, sizeof err);
+          if (!g) continue; /* bf16 without bf16 kernels: widened, another plan's business */
+          if (avx512) assert_memory_equal(cpu_gemm_kernel(g), "brg:", 4);
+          else assert_string_not_equal(cpu_gemm_kernel(g), "");
+          cpu_gemm_free(g);
+        }
+        nwg++;
+      }
+  }
+  printf("onednn: %d large weight-gradient plans on gemm:jit, their other forms and %d smaller ones on %s\n", nwg,
+         nsmall, avx512 ? "brgemm" : "oneDNN's first choice");
+  assert_true(nwg > 0 && nsmall > 0);
+}
+
 /* Every epilogue on every provider (a post-op or gemm.c's loop), with and
  * without beta = 1, against the same arithmetic in double: C = C0*beta +
  * epilogue(AB), AB exact (multiples of 1/16), so only the epilogue's own
@@ -781,6 +842,7 @@ int main(void) {
       cmocka_unit_test(test_gemm_providers_exact),
       cmocka_unit_test(test_gemm_providers_rounding),
       cmocka_unit_test(test_gemm_providers_epilogues),
+      cmocka_unit_test(test_gemm_onednn_kernels),
       cmocka_unit_test(test_gemm_providers_batch_levels),
       cmocka_unit_test(test_gemm_grid_offsets),
   };
