@@ -127,7 +127,7 @@ void step_load(const StTensor *t, int64_t begin, int64_t n, double *out) {
  * rank). */
 static IrType window_type(const IrValue *a, int gas) {
   IrType t = step_arg_type(a); /* a sharded param's file tensor is the whole param */
-  if (a->role == IR_ARG_INPUT && a->batched && t.shape.rank > 0) t.shape.dim[0] *= (int64_t)gas * step_dp_size();
+  if (step_arg_split(a)) t.shape.dim[0] *= (int64_t)gas * step_dp_size();
   return t;
 }
 

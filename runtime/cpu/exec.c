@@ -1081,12 +1081,15 @@ static bool writes_bytes(const CpuProgram *p, const Instr *in, int64_t *lo, int6
   return false;
 }
 
+/* The end of a gradient buffer's bytes in the arena. */
+static int64_t grad_buf_end(const StepGradBuf *b) { return b->offset + b->numel * (int64_t)ir_dtype_size(b->dt); }
+
 /* The gradient buffer whose bytes include byte `at` of the arena, and
  * the end of its bytes; NULL where none does. */
 static const StepGradBuf *grad_buf_at(const CpuProgram *p, int64_t at, int64_t *end) {
   for (int k = 0; k < p->ngrads; k++) {
     const StepGradBuf *b = &p->grads[k];
-    *end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
+    *end = grad_buf_end(b);
     if (at >= b->offset && at < *end) return b;
   }
   return NULL;
@@ -1147,7 +1150,7 @@ static void plan_zeroing(CpuProgram *p) {
   p->zero = mem_calloc((size_t)(p->ngrads + ncover) + 1, sizeof *p->zero);
   for (int k = 0; k < p->ngrads; k++) {
     const StepGradBuf *b = &p->grads[k];
-    int64_t at = b->offset, end = b->offset + b->numel * (int64_t)ir_dtype_size(b->dt);
+    int64_t at = b->offset, end = grad_buf_end(b);
     for (int c = 0; c < ncover; c++) {
       if (cover[c][1] <= at || cover[c][0] >= end) continue;
       if (cover[c][0] > at) {
